@@ -1,0 +1,3 @@
+from bubo.cli import main
+
+raise SystemExit(main())

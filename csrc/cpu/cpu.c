@@ -1,0 +1,74 @@
+/* CPU feature detection: cpuid + xgetbv on x86-64, NEON is baseline on arm64. Detection runs
+ * once; the kernel tables are filled from its answer, so hot loops never test features. */
+#include "bubo/cpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+
+static unsigned long long read_xcr0(void) {
+    unsigned int eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((unsigned long long)edx << 32) | eax;
+}
+
+static int detect(bubo_isa isa) {
+    unsigned int a, b, c, d;
+    if (isa == BUBO_ISA_SCALAR) return 1;
+    if (isa == BUBO_ISA_NEON) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    int osxsave = (c >> 27) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1, avx = (c >> 28) & 1;
+    if (!osxsave || !avx) return 0;
+    unsigned long long xcr0 = read_xcr0();
+    if ((xcr0 & 0x6) != 0x6) return 0; /* the OS saves XMM and YMM state */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    int avx2 = (b >> 5) & 1;
+    int has_avx2 = avx2 && fma && f16c;
+    if (isa == BUBO_ISA_AVX2) return has_avx2;
+    /* AVX512 level */
+    int f = (b >> 16) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
+    if ((xcr0 & 0xe6) != 0xe6) return 0; /* opmask, ZMM_Hi256 and Hi16_ZMM state */
+    return has_avx2 && f && bw && vl && vnni;
+}
+#else
+static int detect(bubo_isa isa) {
+    if (isa == BUBO_ISA_SCALAR) return 1;
+#if defined(__aarch64__)
+    if (isa == BUBO_ISA_NEON) return 1;
+#endif
+    return 0;
+}
+#endif
+
+static int cached[BUBO_ISA_COUNT] = {-1, -1, -1, -1};
+
+int bubo_cpu_supports(bubo_isa isa) {
+    if ((unsigned)isa >= BUBO_ISA_COUNT) return 0;
+    if (cached[isa] < 0) cached[isa] = detect(isa);
+    return cached[isa];
+}
+
+const char *bubo_isa_name(bubo_isa isa) {
+    switch (isa) {
+    case BUBO_ISA_SCALAR: return "scalar";
+    case BUBO_ISA_AVX2: return "avx2";
+    case BUBO_ISA_AVX512: return "avx512";
+    case BUBO_ISA_NEON: return "neon";
+    default: return "?";
+    }
+}
+
+bubo_isa bubo_cpu_best_isa(void) {
+    static const bubo_isa order[] = {BUBO_ISA_AVX512, BUBO_ISA_AVX2, BUBO_ISA_NEON, BUBO_ISA_SCALAR};
+    const char *force = getenv("BUBO_FORCE_ISA");
+    int cap = -1; /* index into order from which we may pick */
+    if (force) {
+        for (int i = 0; i < 4; i++)
+            if (strcmp(force, bubo_isa_name(order[i])) == 0) cap = i;
+    }
+    for (int i = cap < 0 ? 0 : cap; i < 4; i++)
+        if (bubo_cpu_supports(order[i])) return order[i];
+    return BUBO_ISA_SCALAR;
+}

@@ -1,0 +1,40 @@
+/* Shared by the block-family files: registration hooks, the ISA target attributes and small
+ * helpers. Each family file fills its types' rows of the table in its bubo_register_* function. */
+#ifndef BUBO_QUANTS_INTERNAL_H
+#define BUBO_QUANTS_INTERNAL_H
+
+#include <math.h>
+#include <string.h>
+
+#include "bubo/quants.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define BUBO_X86 1
+#include <immintrin.h>
+/* Compile one function for a level above the baseline; the table only calls it where cpuid says yes. */
+#define BUBO_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define BUBO_TARGET_AVX512 \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
+#endif
+
+#if defined(__aarch64__)
+#define BUBO_ARM64 1
+#include <arm_neon.h>
+#endif
+
+/* Each family file defines one of these; traits.c calls them all once. */
+void bubo_register_float(bubo_type_traits *table); /* F32, F16, BF16 */
+void bubo_register_q4(bubo_type_traits *table);    /* Q4_0, Q4_1 */
+void bubo_register_q5(bubo_type_traits *table);    /* Q5_0, Q5_1 */
+void bubo_register_q8(bubo_type_traits *table);    /* Q8_0, Q8_1 (weights and activations) */
+void bubo_register_q2_k(bubo_type_traits *table);
+void bubo_register_q3_k(bubo_type_traits *table);
+void bubo_register_q4_k(bubo_type_traits *table);
+void bubo_register_q5_k(bubo_type_traits *table);
+void bubo_register_q6_k(bubo_type_traits *table);
+void bubo_register_q8_k(bubo_type_traits *table); /* Q8_K activations */
+
+static inline float bubo_h2f(bubo_f16 h) { return bubo_f16_to_f32(h); }
+static inline bubo_f16 bubo_f2h(float f) { return bubo_f32_to_f16(f); }
+
+#endif
