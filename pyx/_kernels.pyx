@@ -138,3 +138,31 @@ def vec_dot(int type_id, weights, activations, isa=None):
     with nogil:
         fn(<int>n, &s, &w[0], &y[0])
     return s
+
+
+def vec_dot_rows(int type_id, weights, activations, isa=None, int repeat=1):
+    """out[r] = dot(weight row r, activations) for a 2-D uint8 array of weight rows, on one
+    thread, `repeat` times (the microbenchmark's inner loop; the last pass's results return)."""
+    cdef const bubo_type_traits *t = _traits(type_id)
+    cdef const bubo_type_traits *a = _traits(t.vec_dot_type)
+    w2 = np.ascontiguousarray(weights, dtype=np.uint8)
+    if w2.ndim != 2 or w2.shape[1] == 0 or w2.shape[1] % t.type_size:
+        raise ValueError("weights must be 2-D: rows of whole blocks")
+    cdef const uint8_t[:, ::1] w = w2
+    cdef const uint8_t[::1] y = np.frombuffer(activations, dtype=np.uint8)
+    cdef int64_t n = (w.shape[1] // t.type_size) * t.blck_size
+    _check_len(a, n, y.shape[0])
+    cdef int i = _isa_index(isa)
+    cdef bubo_vec_dot_fn fn = bubo_get_vec_dot(type_id) if i < 0 else t.vec_dot[i]
+    if fn == NULL:
+        raise NotImplementedError(f"no {isa or 'usable'} vec_dot variant for {t.name.decode()}")
+    if repeat < 1:
+        raise ValueError("repeat must be >= 1")
+    out = np.empty(w.shape[0], dtype=np.float32)
+    cdef float[::1] o = out
+    cdef Py_ssize_t r, k, rows = w.shape[0]
+    with nogil:
+        for k in range(repeat):
+            for r in range(rows):
+                fn(<int>n, &o[r], &w[r, 0], &y[0])
+    return out
