@@ -564,3 +564,63 @@ def test_check_model_file(tmp_path):
 
     for arch in SUPPORTED_ARCHITECTURES:  # no tensors: nothing unsupported to run
         assert check_model_file(GGUFFile.from_bytes(kv_file(("general.architecture", STRING, arch)))) == arch
+
+
+# ---- the real catalog models ----------------------------------------------------------------
+
+CATALOG = ["smollm2:135m", "gemma3:270m", "qwen2.5-coder:0.5b"]
+
+
+@pytest.fixture(scope="module", params=CATALOG)
+def real_model(request):
+    from bubo import store
+
+    path = store.pull(request.param)
+    return path, GGUFFile(path), gguf.GGUFReader(path)
+
+
+@pytest.mark.models
+def test_real_model_matches_reader(real_model):
+    path, f, r = real_model
+    assert f.path == str(path)
+    md = f.metadata
+    fields = {k: v for k, v in r.fields.items() if not k.startswith("GGUF.")}
+    assert list(md) == list(fields)
+    for key, field in fields.items():
+        assert md[key] == field.contents(), key
+    assert f.version == r.fields["GGUF.version"].contents()
+    assert f.alignment == r.alignment and f.data_offset == r.data_offset
+    assert md["general.architecture"] in SUPPORTED_ARCHITECTURES
+    assert len(f.tensors) == len(r.tensors) > 0
+    for mine, theirs in zip(f.tensors, r.tensors):
+        assert (mine.name, mine.type, mine.shape, f.data_offset + mine.offset, mine.nbytes) == (
+            theirs.name, int(theirs.tensor_type), tuple(int(x) for x in theirs.shape), theirs.data_offset,
+            theirs.n_bytes), mine.name
+        assert mine.type_name.lower() == theirs.tensor_type.name.lower()
+    # a few tensors' bytes: first, last, the largest, one of each type
+    by_type = {}
+    for t in r.tensors:
+        by_type.setdefault(int(t.tensor_type), t)
+    sample = {r.tensors[0].name: r.tensors[0], r.tensors[-1].name: r.tensors[-1],
+              max(r.tensors, key=lambda t: t.n_bytes).name: max(r.tensors, key=lambda t: t.n_bytes)}
+    sample.update({t.name: t for t in by_type.values()})
+    for name, theirs in sample.items():
+        view = f.tensor_data(name)
+        assert view.nbytes == theirs.n_bytes
+        assert np.array_equal(view.view(np.uint8).reshape(-1), theirs.data.view(np.uint8).reshape(-1)), name
+        assert view.shape == theirs.data.shape or view.dtype == np.uint8, name
+
+
+@pytest.mark.models
+def test_real_model_views_share_the_mapping(real_model):
+    path, f, _ = real_model
+    name = max(f.tensors, key=lambda t: t.nbytes).name
+    a, b = f.tensor_data(name), f.tensor_data(name)
+    assert np.shares_memory(a, b)
+    assert not a.flags.writeable and not a.flags.owndata
+    # the view is the file's bytes in place: compare with a plain read at the same offset
+    info = f.tensor(name)
+    with open(path, "rb") as fh:
+        fh.seek(f.data_offset + info.offset)
+        head = fh.read(64)
+    assert a.view(np.uint8).reshape(-1)[:64].tobytes() == head
