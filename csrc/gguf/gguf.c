@@ -292,6 +292,11 @@ static bubo_status parse_value(parser *p, uint32_t type, bubo_gguf_value *out, i
 
 /* ---- sorted name index (lookup and duplicate detection) --------------------------------- */
 
+/* The indexes hold pointers to the names, which are the first members of their records, so a
+ * found name converts back to its record. */
+_Static_assert(offsetof(bubo_gguf_kv, key) == 0, "kv key must come first");
+_Static_assert(offsetof(bubo_gguf_tensor, name) == 0, "tensor name must come first");
+
 static int str_cmp(bubo_gguf_str a, bubo_gguf_str b) {
     uint64_t n = a.len < b.len ? a.len : b.len;
     int c = n ? memcmp(a.data, b.data, n) : 0;
