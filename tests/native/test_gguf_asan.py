@@ -58,6 +58,11 @@ def compile_harness(out: pathlib.Path) -> pathlib.Path:
     return exe
 
 
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    return compile_harness(tmp_path_factory.mktemp("asan"))
+
+
 def write_corpus(corpus: pathlib.Path) -> None:
     corpus.mkdir()
     for name, raw, fields in gb.fuzz_seeds():
@@ -77,8 +82,8 @@ def write_corpus(corpus: pathlib.Path) -> None:
     w.close()
 
 
-def test_gguf_reader_under_asan(tmp_path):
-    exe = compile_harness(tmp_path)
+def test_gguf_reader_under_asan(harness, tmp_path):
+    exe = harness
     write_corpus(tmp_path / "corpus")
     env = dict(os.environ,
                ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=0:allocator_may_return_null=0",
@@ -96,3 +101,17 @@ def test_gguf_reader_under_asan(tmp_path):
     assert seeds == 7 and cases > RANDOM_CASES
     assert other == 0  # no NOMEM or INVALID: nothing asks for more memory than the file justifies
     assert loaded > cases // 20 and format_errors > cases // 4
+
+
+@pytest.mark.models
+def test_real_models_under_asan(harness):
+    from bubo import store
+
+    exe = harness
+    paths = [str(store.pull(name)) for name in ("smollm2:135m", "gemma3:270m", "qwen2.5-coder:0.5b")]
+    proc = subprocess.run([str(exe), "-c", *paths], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, ASAN_OPTIONS="detect_leaks=1:halt_on_error=1"))
+    report = proc.stdout + proc.stderr
+    print(report)
+    assert proc.returncode == 0, report[-6000:]
+    assert report.count(" tensors, metadata ") == 3
