@@ -14,6 +14,8 @@ extern "C" {
 
 #define BUBO_GGUF_MAX_DIMS 4
 #define BUBO_GGUF_DEFAULT_ALIGNMENT 32
+/* Arrays nested deeper than this (an array of arrays of ... ) are refused as malformed. */
+#define BUBO_GGUF_MAX_ARRAY_DEPTH 8
 
 typedef enum {
     BUBO_GGUF_UINT8 = 0,
@@ -106,6 +108,10 @@ int bubo_gguf_get_bool(const bubo_gguf *g, const char *key, int *out);
 int bubo_gguf_get_str(const bubo_gguf *g, const char *key, bubo_gguf_str *out);
 /* 1 if s equals the NUL-terminated c. */
 int bubo_gguf_str_eq(bubo_gguf_str s, const char *c);
+
+/* BUBO_ERR_UNSUPPORTED naming the first tensor whose type bubo has no kernels for (its traits'
+ * `supported` is 0), e.g. "tensor 'blk.0.attn_q.weight' has type iq2_xxs, which bubo does not run". */
+bubo_status bubo_gguf_check_supported(const bubo_gguf *g, bubo_err *err);
 
 #ifdef __cplusplus
 }
