@@ -149,7 +149,10 @@ def test_activation_quantization(at):
         assert np.all(np.abs(y_ref - y_got) <= step * 1.0001 + 1e-30), isa
     y = K.dequantize(tid, ref.tobytes(), "scalar")
     step = np.repeat(np.abs(x.reshape(-1, blck)).max(axis=1) / 127, blck)
-    assert np.all(np.abs(y - x) <= step * 0.5001 + 1e-30)
+    # Q8_0 stores d as f16 (q is computed with the f32 d, as ggml does): the rounded scale moves
+    # an element by up to |q| * 2^-11 of a step on top of the half step.
+    half_step = 0.5001 + (127 * 2.0 ** -11 if at == T.Q8_0 else 0.0)
+    assert np.all(np.abs(y - x) <= step * half_step + 1e-30)
     assert np.all(y[:blck] == 0)
     if at == T.Q8_0:
         np.testing.assert_array_equal(ref, gq.quantize(x.reshape(1, -1), T.Q8_0).reshape(-1))
@@ -176,8 +179,9 @@ def test_bad_lengths_are_refused():
 
 # ---- real tensors ------------------------------------------------------------------------
 
+# Only 2-D tensors are checked: smollm2's F32 tensors are all 1-D norms, so it lists none.
 REAL = {
-    "smollm2:135m": [T.Q4_1, T.Q8_0, T.F32],
+    "smollm2:135m": [T.Q4_1, T.Q8_0],
     "gemma3:270m": [T.Q4_K, T.Q5_0, T.Q6_K, T.Q8_0],
     "qwen2.5-coder:0.5b": [T.Q4_K, T.Q5_0, T.Q6_K],
 }
