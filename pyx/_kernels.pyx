@@ -19,7 +19,7 @@ cdef const bubo_type_traits *_traits(int type_id) except NULL:
     return t
 
 
-cdef int _isa_index(object isa) except -1:
+cdef int _isa_index(object isa) except -2:
     if isa is None:
         return -1
     if isa not in ISA_NAMES:

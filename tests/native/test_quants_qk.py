@@ -143,3 +143,20 @@ def test_zero_blocks_and_single_block_rows(t):
         np.testing.assert_allclose(K.dequantize(int(t), one.tobytes(), isa), w, rtol=1e-6, atol=1e-6 * np.abs(w).max())
         got = K.vec_dot(int(t), one.tobytes(), qa.tobytes(), isa)
         assert abs(got - float(np.dot(w, a_deq))) <= 2e-6 * float(np.sum(np.abs(w * a_deq))) + 1e-6, (t.name, isa)
+
+
+@pytest.mark.parametrize("t", K_TYPES, ids=lambda t: t.name)
+def test_default_variant_is_the_best_isa(t):
+    """With no ISA named, the entry points run the table's pick (bubo_get_*)."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal(512).astype(np.float32)
+    w = rng.integers(0, 256, 2 * gq.GGML_QUANT_SIZES[t][1], dtype=np.uint8)
+    for off in F16_FIELDS[t]:
+        for b in range(2):
+            o = b * gq.GGML_QUANT_SIZES[t][1] + off
+            w[o:o + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    best = K.best_isa()
+    qa = K.quantize(Q8_K, a)
+    np.testing.assert_array_equal(qa, K.quantize(Q8_K, a, best))
+    np.testing.assert_array_equal(K.dequantize(int(t), w.tobytes()), K.dequantize(int(t), w.tobytes(), best))
+    assert K.vec_dot(int(t), w.tobytes(), qa.tobytes()) == K.vec_dot(int(t), w.tobytes(), qa.tobytes(), best)
