@@ -7,7 +7,7 @@
  * The 16 scales are packed 6 bits each into 12 bytes (unpack_scales_q3_K).
  *
  * The SIMD kernels multiply the unsigned u = q + 4 (0..7) and take the offset out per group:
- * sum(scale * q * a) = sum(scale * u * a) - 4 * sum_g scale[g] * bsum[g]. */
+ * with s = scale - 32, sum(s * q * a) = sum(s * u * a) - 4 * sum_g s[g] * bsum[g]. */
 #include "kquants_internal.h"
 
 /* bytes 0-7: low 4 bits of scales 0-7 (low nibble) and 8-15 (high nibble); bytes 8-11: the top
