@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-"""numpy-in, numpy-out entry points to the kernel table's variants. `isa` names a level
-("scalar", "avx2", "avx512", "neon"); None means this CPU's best."""
+"""numpy-in, numpy-out entry points to the thread pool and the kernel table's variants. `isa`
+names a level ("scalar", "avx2", "avx512", "neon"); None means this CPU's best."""
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
 
 import numpy as np
@@ -11,6 +11,8 @@ from quants cimport (bubo_type, bubo_type_traits, bubo_type_get_traits, bubo_row
                      bubo_get_to_float, bubo_get_from_float, bubo_get_vec_dot,
                      bubo_to_float_fn, bubo_from_float_fn, bubo_vec_dot_fn,
                      bubo_f16_to_f32, bubo_f32_to_f16, bubo_bf16_to_f32, bubo_f32_to_bf16)
+from threadpool cimport (bubo_pool, bubo_pool_create, bubo_pool_free, bubo_pool_n_threads,
+                         bubo_pool_run, bubo_pool_barrier)
 
 include "status.pxi"
 
@@ -167,3 +169,63 @@ def f32_to_bf16(const float[::1] x):
         for i in range(x.shape[0]):
             y[i] = bubo_f32_to_bf16(x[i])
     return out
+
+
+# ---- thread pool ------------------------------------------------------------------------------
+
+cdef class ThreadPool:
+    """A persistent pool of n threads counting the caller."""
+    cdef bubo_pool *pool
+
+    def __cinit__(self, int n_threads):
+        cdef bubo_err err
+        check_status(bubo_pool_create(n_threads, &self.pool, &err), &err, "ThreadPool")
+
+    def __dealloc__(self):
+        bubo_pool_free(self.pool)
+
+    @property
+    def n_threads(self):
+        return bubo_pool_n_threads(self.pool)
+
+
+ctypedef struct _probe_ctx:
+    bubo_pool *pool
+    int64_t run
+    int64_t *calls   # [nth] runs each thread index took part in
+    int64_t *stamps  # [nth] the phase each thread last wrote
+    int64_t *errors  # [nth] stamps that were not what the barrier promised
+
+
+cdef void _probe_share(void *vctx, int ith, int nth) noexcept nogil:
+    cdef _probe_ctx *c = <_probe_ctx *>vctx
+    cdef int j, phase
+    c.calls[ith] += 1
+    for phase in range(2):
+        c.stamps[ith] = 2 * c.run + phase
+        bubo_pool_barrier(c.pool)
+        for j in range(nth):
+            if c.stamps[j] != 2 * c.run + phase:
+                c.errors[ith] += 1
+        bubo_pool_barrier(c.pool)
+
+
+def pool_probe(ThreadPool pool, int64_t n_runs):
+    """Run a two-phase probe n_runs times: each thread stamps its slot, crosses a barrier and
+    checks every slot. Returns (calls per thread index, stamp errors per thread index)."""
+    cdef int nth = bubo_pool_n_threads(pool.pool)
+    calls = np.zeros(nth, dtype=np.int64)
+    stamps = np.full(nth, -1, dtype=np.int64)
+    errors = np.zeros(nth, dtype=np.int64)
+    cdef int64_t[::1] cv = calls, sv = stamps, ev = errors
+    cdef _probe_ctx ctx
+    ctx.pool = pool.pool
+    ctx.calls = &cv[0]
+    ctx.stamps = &sv[0]
+    ctx.errors = &ev[0]
+    cdef int64_t run
+    with nogil:
+        for run in range(n_runs):
+            ctx.run = run
+            bubo_pool_run(pool.pool, _probe_share, &ctx)
+    return calls, errors
