@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-"""numpy-in, numpy-out entry points to the thread pool and the kernel table's variants. `isa`
-names a level ("scalar", "avx2", "avx512", "neon"); None means this CPU's best."""
+"""numpy-in, numpy-out entry points to the float ops, the thread pool, the matmul driver and the
+kernel table's variants. `isa` names a level ("scalar", "avx2", "avx512", "neon"); None means this
+CPU's best."""
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
 
 import numpy as np
@@ -13,6 +14,8 @@ from quants cimport (bubo_type, bubo_type_traits, bubo_type_get_traits, bubo_row
                      bubo_f16_to_f32, bubo_f32_to_f16, bubo_bf16_to_f32, bubo_f32_to_bf16)
 from threadpool cimport (bubo_pool, bubo_pool_create, bubo_pool_free, bubo_pool_n_threads,
                          bubo_pool_run, bubo_pool_barrier)
+from ops cimport (bubo_ops, bubo_ops_for_isa, bubo_ops_best, bubo_rope_params, BUBO_ROPE_NORMAL,
+                  BUBO_ROPE_NEOX, bubo_matmul_scratch_size, bubo_matmul)
 
 include "status.pxi"
 
@@ -35,6 +38,20 @@ def supported_isas():
 
 def best_isa():
     return bubo_isa_name(bubo_cpu_best_isa()).decode()
+
+
+cdef const bubo_ops *_ops(isa) except NULL:
+    if isa is None:
+        return bubo_ops_best()
+    cdef const bubo_ops *t = bubo_ops_for_isa(_isa_from_name(isa))
+    if t == NULL:
+        raise ValueError(f"isa {isa!r} is not available on this CPU")
+    return t
+
+
+def ops_isa(isa=None):
+    """The level whose op table `isa` selects (None: the one bubo picked for this CPU)."""
+    return bubo_isa_name(_ops(isa).isa).decode()
 
 
 # ---- the type table -------------------------------------------------------------------------
@@ -171,6 +188,180 @@ def f32_to_bf16(const float[::1] x):
     return out
 
 
+# ---- ops --------------------------------------------------------------------------------------
+
+cdef _f32(a):
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def rms_norm(x, w, float eps, isa=None):
+    """Each row of x (the last axis) normalized; w (one row) or None."""
+    cdef const bubo_ops *t = _ops(isa)
+    out = _f32(x).copy()
+    cdef int64_t n = out.shape[out.ndim - 1] if out.ndim else 1
+    cdef float[:, ::1] rows = out.reshape(-1, n)
+    cdef const float[::1] wv
+    cdef const float *wp = NULL
+    if w is not None:
+        wv = _f32(w).reshape(-1)
+        if wv.shape[0] != n:
+            raise ValueError(f"w has {wv.shape[0]} elements, rows have {n}")
+        wp = &wv[0]
+    cdef Py_ssize_t r
+    with nogil:
+        for r in range(rows.shape[0]):
+            t.rms_norm(n, &rows[r, 0], &rows[r, 0], wp, eps)
+    return out
+
+
+_ROPE_MODES = {"normal": BUBO_ROPE_NORMAL, "neox": BUBO_ROPE_NEOX}
+
+
+def rope(x, pos, int n_rot, float freq_base, float freq_scale=1.0, str mode="normal", freq_factors=None, isa=None):
+    """x [n_tokens, n_heads, head_dim] rotated (a copy); pos [n_tokens] int."""
+    cdef const bubo_ops *t = _ops(isa)
+    out = _f32(x).copy()
+    if out.ndim != 3:
+        raise ValueError("x must be [n_tokens, n_heads, head_dim]")
+    cdef int64_t n_tokens = out.shape[0]
+    cdef int n_heads = out.shape[1], head_dim = out.shape[2]
+    if n_rot < 0 or n_rot % 2 or n_rot > head_dim:
+        raise ValueError(f"n_rot={n_rot} must be even and within head_dim={head_dim}")
+    if mode not in _ROPE_MODES:
+        raise ValueError(f"mode must be one of {sorted(_ROPE_MODES)}")
+    cdef const int32_t[::1] pv = np.ascontiguousarray(pos, dtype=np.int32)
+    if pv.shape[0] != n_tokens:
+        raise ValueError(f"{pv.shape[0]} positions for {n_tokens} tokens")
+    cdef bubo_rope_params p
+    p.mode = _ROPE_MODES[mode]
+    p.n_rot = n_rot
+    p.freq_base = freq_base
+    p.freq_scale = freq_scale
+    p.freq_factors = NULL
+    cdef const float[::1] ff
+    if freq_factors is not None:
+        ff = _f32(freq_factors).reshape(-1)
+        if ff.shape[0] != n_rot // 2:
+            raise ValueError(f"freq_factors needs n_rot/2 = {n_rot // 2} entries")
+        if ff.shape[0]:
+            p.freq_factors = &ff[0]
+    cdef float[::1] flat = out.reshape(-1)
+    if n_tokens and n_heads and head_dim:
+        with nogil:
+            t.rope(&flat[0], n_tokens, n_heads, head_dim, &pv[0], &p)
+    return out
+
+
+def softmax(x, float scale=1.0, mask=None, isa=None):
+    """softmax(x * scale + mask) over the last axis; mask broadcasts to x."""
+    cdef const bubo_ops *t = _ops(isa)
+    out = _f32(x).copy()
+    cdef int64_t n = out.shape[out.ndim - 1] if out.ndim else 1
+    cdef float[:, ::1] rows = out.reshape(-1, n)
+    cdef const float[:, ::1] mrows
+    cdef bint has_mask = mask is not None
+    if has_mask:
+        mrows = _f32(np.broadcast_to(np.asarray(mask, dtype=np.float32), out.shape)).reshape(-1, n)
+    cdef Py_ssize_t r
+    with nogil:
+        for r in range(rows.shape[0]):
+            t.softmax(n, &rows[r, 0], scale, &mrows[r, 0] if has_mask else NULL)
+    return out
+
+
+cdef enum _unary:
+    UNARY_SILU, UNARY_GELU, UNARY_GELU_ERF
+
+
+cdef _unary_op(int which, x, isa):
+    cdef const bubo_ops *t = _ops(isa)
+    xa = _f32(x)
+    out = np.empty_like(xa)
+    cdef const float[::1] xv = xa.reshape(-1)
+    cdef float[::1] yv = out.reshape(-1)
+    cdef int64_t n = xv.shape[0]
+    if n == 0:
+        return out
+    with nogil:
+        if which == UNARY_SILU:
+            t.silu(n, &yv[0], &xv[0])
+        elif which == UNARY_GELU:
+            t.gelu(n, &yv[0], &xv[0])
+        else:
+            t.gelu_erf(n, &yv[0], &xv[0])
+    return out
+
+
+def silu(x, isa=None):
+    return _unary_op(UNARY_SILU, x, isa)
+
+
+def gelu(x, isa=None):
+    """The tanh approximation (gelu_pytorch_tanh)."""
+    return _unary_op(UNARY_GELU, x, isa)
+
+
+def gelu_erf(x, isa=None):
+    return _unary_op(UNARY_GELU_ERF, x, isa)
+
+
+cdef enum _binary:
+    BINARY_SWIGLU, BINARY_GEGLU, BINARY_ADD, BINARY_MUL
+
+
+cdef _binary_op(int which, a, b, isa):
+    cdef const bubo_ops *t = _ops(isa)
+    aa, ba = _f32(a), _f32(b)
+    if aa.shape != ba.shape:
+        raise ValueError(f"shapes differ: {aa.shape} and {ba.shape}")
+    out = np.empty_like(aa)
+    cdef const float[::1] av = aa.reshape(-1)
+    cdef const float[::1] bv = ba.reshape(-1)
+    cdef float[::1] yv = out.reshape(-1)
+    cdef int64_t n = av.shape[0]
+    if n == 0:
+        return out
+    with nogil:
+        if which == BINARY_SWIGLU:
+            t.swiglu(n, &yv[0], &av[0], &bv[0])
+        elif which == BINARY_GEGLU:
+            t.geglu(n, &yv[0], &av[0], &bv[0])
+        elif which == BINARY_ADD:
+            t.add(n, &yv[0], &av[0], &bv[0])
+        else:
+            t.mul(n, &yv[0], &av[0], &bv[0])
+    return out
+
+
+def swiglu(gate, up, isa=None):
+    return _binary_op(BINARY_SWIGLU, gate, up, isa)
+
+
+def geglu(gate, up, isa=None):
+    return _binary_op(BINARY_GEGLU, gate, up, isa)
+
+
+def add(x, y, isa=None):
+    return _binary_op(BINARY_ADD, x, y, isa)
+
+
+def mul(x, y, isa=None):
+    return _binary_op(BINARY_MUL, x, y, isa)
+
+
+def scale(x, float s, isa=None):
+    cdef const bubo_ops *t = _ops(isa)
+    xa = _f32(x)
+    out = np.empty_like(xa)
+    cdef const float[::1] xv = xa.reshape(-1)
+    cdef float[::1] yv = out.reshape(-1)
+    cdef int64_t n = xv.shape[0]
+    if n:
+        with nogil:
+            t.scale(n, &yv[0], &xv[0], s)
+    return out
+
+
 # ---- thread pool ------------------------------------------------------------------------------
 
 cdef class ThreadPool:
@@ -229,3 +420,30 @@ def pool_probe(ThreadPool pool, int64_t n_runs):
             ctx.run = run
             bubo_pool_run(pool.pool, _probe_share, &ctx)
     return calls, errors
+
+
+# ---- matmul -----------------------------------------------------------------------------------
+
+def matmul(ThreadPool pool, int type_id, const uint8_t[::1] w, int64_t rows, int64_t cols, x):
+    """y [n_tokens, rows] = x [n_tokens, cols] @ W.T for W [rows, cols] stored as type_id blocks.
+    pool None: the calling thread alone."""
+    _traits(type_id)
+    cdef const float[:, ::1] xv = _f32(x).reshape(-1, cols)
+    cdef int64_t n_tokens = xv.shape[0]
+    cdef size_t w_size = _row_bytes(type_id, cols) * <size_t>rows
+    if <size_t>w.shape[0] != w_size:
+        raise ValueError(f"W [{rows}, {cols}] takes {w_size} bytes, got {w.shape[0]}")
+    out = np.zeros((n_tokens, rows), dtype=np.float32)
+    cdef float[:, ::1] yv = out
+    cdef size_t scratch_size = bubo_matmul_scratch_size(<bubo_type>type_id, cols, n_tokens)
+    scratch = np.empty(max(scratch_size, 1), dtype=np.uint8)
+    cdef uint8_t[::1] sv = scratch
+    cdef bubo_pool *p = pool.pool if pool is not None else NULL
+    cdef bubo_err err
+    cdef bubo_status status = BUBO_OK
+    if rows and n_tokens:
+        with nogil:
+            status = bubo_matmul(p, <bubo_type>type_id, &w[0] if w_size else NULL, rows, cols,
+                                 &xv[0, 0], n_tokens, &yv[0, 0], &sv[0], scratch_size, &err)
+    check_status(status, &err, "matmul")
+    return out
