@@ -74,13 +74,13 @@ static void event_init(pool_event *e) {
     pthread_cond_init(&e->cond, NULL);
 }
 
-/* Return once e->gen differs from seen. */
 static int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* Return once e->gen differs from seen. */
 static void event_wait(bubo_pool *pool, pool_event *e, uint32_t seen) {
     const int64_t start = now_ns();
     for (int64_t elapsed = 0; elapsed < YIELD_NS; elapsed = now_ns() - start) {
