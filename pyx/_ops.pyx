@@ -148,44 +148,44 @@ def vec_dot(int type_id, const uint8_t[::1] x, const uint8_t[::1] y, int n, isa=
 # The exact scalar conversions, one element at a time (the table's kernels are tested through
 # to_float / from_float).
 
-def f16_to_f32(const uint16_t[::1] bits):
+ctypedef float (*_widen_fn)(uint16_t h) noexcept nogil
+ctypedef uint16_t (*_narrow_fn)(float f) noexcept nogil
+
+
+cdef _widen(const uint16_t[::1] bits, _widen_fn widen):
     out = np.empty(bits.shape[0], dtype=np.float32)
     cdef float[::1] y = out
     cdef Py_ssize_t i
     with nogil:
         for i in range(bits.shape[0]):
-            y[i] = bubo_f16_to_f32(bits[i])
+            y[i] = widen(bits[i])
     return out
 
 
-def f32_to_f16(const float[::1] x):
+cdef _narrow(const float[::1] x, _narrow_fn narrow):
     out = np.empty(x.shape[0], dtype=np.uint16)
     cdef uint16_t[::1] y = out
     cdef Py_ssize_t i
     with nogil:
         for i in range(x.shape[0]):
-            y[i] = bubo_f32_to_f16(x[i])
+            y[i] = narrow(x[i])
     return out
 
 
-def bf16_to_f32(const uint16_t[::1] bits):
-    out = np.empty(bits.shape[0], dtype=np.float32)
-    cdef float[::1] y = out
-    cdef Py_ssize_t i
-    with nogil:
-        for i in range(bits.shape[0]):
-            y[i] = bubo_bf16_to_f32(bits[i])
-    return out
+def f16_to_f32(bits):
+    return _widen(bits, bubo_f16_to_f32)
 
 
-def f32_to_bf16(const float[::1] x):
-    out = np.empty(x.shape[0], dtype=np.uint16)
-    cdef uint16_t[::1] y = out
-    cdef Py_ssize_t i
-    with nogil:
-        for i in range(x.shape[0]):
-            y[i] = bubo_f32_to_bf16(x[i])
-    return out
+def f32_to_f16(x):
+    return _narrow(x, bubo_f32_to_f16)
+
+
+def bf16_to_f32(bits):
+    return _widen(bits, bubo_bf16_to_f32)
+
+
+def f32_to_bf16(x):
+    return _narrow(x, bubo_f32_to_bf16)
 
 
 # ---- ops --------------------------------------------------------------------------------------
