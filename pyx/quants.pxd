@@ -1,14 +1,23 @@
-# Mirrors csrc/include/bubo/quants.h
+# Mirrors csrc/include/bubo/quants.h (the type ids and block layouts stay in C: Python sees
+# ints and bytes).
 from libc.stdint cimport int64_t, uint16_t
+
 from cpu cimport bubo_isa
 
 cdef extern from "bubo/quants.h" nogil:
     ctypedef int bubo_type
-    int BUBO_TYPE_COUNT
+    enum:
+        BUBO_TYPE_F32
+        BUBO_TYPE_F16
+        BUBO_TYPE_BF16
+        BUBO_TYPE_COUNT
 
-    ctypedef void (*bubo_to_float_fn)(const void *x, float *y, int64_t n)
-    ctypedef void (*bubo_from_float_fn)(const float *x, void *y, int64_t n)
-    ctypedef void (*bubo_vec_dot_fn)(int n, float *s, const void *x, const void *y)
+    ctypedef uint16_t bubo_f16
+    ctypedef uint16_t bubo_bf16
+
+    ctypedef void (*bubo_to_float_fn)(const void *x, float *y, int64_t n) noexcept nogil
+    ctypedef void (*bubo_from_float_fn)(const float *x, void *y, int64_t n) noexcept nogil
+    ctypedef void (*bubo_vec_dot_fn)(int n, float *s, const void *x, const void *y) noexcept nogil
 
     ctypedef struct bubo_type_traits:
         const char *name
@@ -26,7 +35,7 @@ cdef extern from "bubo/quants.h" nogil:
     bubo_vec_dot_fn bubo_get_vec_dot(bubo_type type)
     size_t bubo_row_size(bubo_type type, int64_t n)
 
-    float bubo_f16_to_f32(uint16_t h)
-    uint16_t bubo_f32_to_f16(float f)
-    float bubo_bf16_to_f32(uint16_t h)
-    uint16_t bubo_bf16_from_f32 "bubo_f32_to_bf16"(float f)
+    float bubo_f16_to_f32(bubo_f16 h)
+    bubo_f16 bubo_f32_to_f16(float f)
+    float bubo_bf16_to_f32(bubo_bf16 h)
+    bubo_bf16 bubo_f32_to_bf16(float f)

@@ -1,9 +1,488 @@
-/* placeholder: to be written */
+/* Float element types: F32, F16 (IEEE half) and BF16 (bfloat16).
+ *
+ * "Blocks" of one element. Activations stay f32 (vec_dot_type F32 for all three), so a float
+ * matmul reads each weight element once, widens it in registers and multiplies by the raw
+ * activations: no activation quantization step.
+ *
+ * Every variant of one kernel computes the same thing; the conversions are bit-exact across
+ * variants (F16C and NEON convert with round-to-nearest-even like the scalar code), the dot
+ * products differ only in summation order. */
 #include "quants_internal.h"
 
-void bubo_register_float(bubo_type_traits *table) { (void)table; }
+/* ---- exact scalar conversions ------------------------------------------------------------ */
 
-float bubo_f16_to_f32(bubo_f16 h) { (void)h; return 0.0f; }
-bubo_f16 bubo_f32_to_f16(float f) { (void)f; return 0; }
-float bubo_bf16_to_f32(bubo_bf16 h) { (void)h; return 0.0f; }
-bubo_bf16 bubo_f32_to_bf16(float f) { (void)f; return 0; }
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float bubo_f16_to_f32(bubo_f16 h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t mant = h & 0x3ff;
+    if (exp == 0x1f) /* inf, or nan made quiet (as F16C's vcvtph2ps does) */
+        return bits_f32(sign | 0x7f800000 | (mant ? 0x400000 | (mant << 13) : 0));
+    if (exp == 0) { /* zero or subnormal: mant * 2^-24, exact in f32 */
+        float v = (float)mant * 0x1p-24f;
+        return bits_f32(sign | f32_bits(v));
+    }
+    return bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+bubo_f16 bubo_f32_to_f16(float f) {
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    x &= 0x7fffffff;
+    if (x > 0x7f800000) /* nan: quiet, keeping the payload's top bits (as vcvtps2ph does) */
+        return sign | 0x7e00 | (uint16_t)((x >> 13) & 0x3ff);
+    if (x >= 0x477ff000) /* inf, or >= 65520 = halfway between 65504 and 2^16: rounds to inf */
+        return sign | 0x7c00;
+    if (x >= 0x38800000) { /* normal half: rebias the exponent, round off 13 mantissa bits */
+        uint32_t h = ((x >> 23) - 112) << 10 | ((x >> 13) & 0x3ff);
+        uint32_t rem = x & 0x1fff;
+        h += rem > 0x1000 || (rem == 0x1000 && (h & 1)); /* a carry moves into the exponent */
+        return sign | (uint16_t)h;
+    }
+    if (x < 0x33000000) /* below 2^-25, half the smallest subnormal (2^-25 itself ties to 0) */
+        return sign;
+    /* subnormal half: value = m * 2^-24 with m = M >> (126 - e) for f32 = M * 2^(e-150) */
+    uint32_t e = x >> 23, m_full = (x & 0x7fffff) | 0x800000;
+    uint32_t shift = 126 - e; /* 14..24 */
+    uint32_t h = m_full >> shift;
+    uint32_t rem = m_full & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    h += rem > halfway || (rem == halfway && (h & 1)); /* may carry into the smallest normal */
+    return sign | (uint16_t)h;
+}
+
+float bubo_bf16_to_f32(bubo_bf16 h) { return bits_f32((uint32_t)h << 16); }
+
+bubo_bf16 bubo_f32_to_bf16(float f) {
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffff) > 0x7f800000) /* nan: truncating could leave an all-zero mantissa (inf) */
+        return (bubo_bf16)((x >> 16) | 0x40);
+    /* Round to nearest even. Cannot overflow 32 bits: the largest non-nan x is 0xff800000. */
+    return (bubo_bf16)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+/* ---- F32 ----------------------------------------------------------------------------------
+ * to_float / from_float are copies; libc's memcpy is already vectorized. */
+
+static void f32_copy(const void *restrict x, float *restrict y, int64_t n) { memcpy(y, x, (size_t)n * 4); }
+static void f32_copy_from(const float *restrict x, void *restrict y, int64_t n) { memcpy(y, x, (size_t)n * 4); }
+
+/* The reference sums in double, as ggml's scalar ggml_vec_dot_f32 does. */
+static void vec_dot_f32_f32_scalar(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const float *x = vx, *y = vy;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)x[i] * (double)y[i];
+    *s = (float)sum;
+}
+
+/* ---- F16 ---------------------------------------------------------------------------------- */
+
+static void f16_to_float_scalar(const void *restrict vx, float *restrict y, int64_t n) {
+    const bubo_f16 *x = vx;
+    for (int64_t i = 0; i < n; i++) y[i] = bubo_f16_to_f32(x[i]);
+}
+
+static void f16_from_float_scalar(const float *restrict x, void *restrict vy, int64_t n) {
+    bubo_f16 *y = vy;
+    for (int64_t i = 0; i < n; i++) y[i] = bubo_f32_to_f16(x[i]);
+}
+
+static void vec_dot_f16_f32_scalar(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const bubo_f16 *x = vx;
+    const float *y = vy;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)bubo_f16_to_f32(x[i]) * (double)y[i];
+    *s = (float)sum;
+}
+
+/* ---- BF16 --------------------------------------------------------------------------------- */
+
+static void bf16_to_float_scalar(const void *restrict vx, float *restrict y, int64_t n) {
+    const bubo_bf16 *x = vx;
+    for (int64_t i = 0; i < n; i++) y[i] = bubo_bf16_to_f32(x[i]);
+}
+
+static void bf16_from_float_scalar(const float *restrict x, void *restrict vy, int64_t n) {
+    bubo_bf16 *y = vy;
+    for (int64_t i = 0; i < n; i++) y[i] = bubo_f32_to_bf16(x[i]);
+}
+
+static void vec_dot_bf16_f32_scalar(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const bubo_bf16 *x = vx;
+    const float *y = vy;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)bubo_bf16_to_f32(x[i]) * (double)y[i];
+    *s = (float)sum;
+}
+
+/* ---- AVX2 (+FMA, F16C) --------------------------------------------------------------------
+ * Dot products keep four independent accumulators so consecutive FMAs do not wait on each
+ * other's latency; each loop falls through to a scalar tail. */
+#if defined(BUBO_X86)
+
+BUBO_TARGET_AVX2 static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Widen 8 bf16 to f32: the bf16 bits are the f32's top half. */
+BUBO_TARGET_AVX2 static inline __m256 load_bf16x8(const bubo_bf16 *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+/* Narrow 8 f32 to bf16 with bubo_f32_to_bf16's rounding and nan rule. */
+BUBO_TARGET_AVX2 static inline __m128i store_bf16x8_bits(__m256 v) {
+    __m256i x = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+    __m256i abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff));
+    __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000)); /* abs >= 0: signed compare is fine */
+    __m256i h = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+    h = _mm256_and_si256(h, _mm256_set1_epi32(0xffff));
+    /* packus saturates to 0..65535, so the masked values pass unchanged; it works per 128-bit lane */
+    __m256i packed = _mm256_packus_epi32(h, h);
+    packed = _mm256_permute4x64_epi64(packed, 0x08); /* lane 0's low quad, then lane 1's */
+    return _mm256_castsi256_si128(packed);
+}
+
+BUBO_TARGET_AVX2 static void vec_dot_f32_f32_avx2(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const float *x = vx, *y = vy;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; k++)
+            acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
+    for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc[0]);
+    float sum = hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++) sum += x[i] * y[i];
+    *s = sum;
+}
+
+BUBO_TARGET_AVX2 static void f16_to_float_avx2(const void *restrict vx, float *restrict y, int64_t n) {
+    const bubo_f16 *x = vx;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++) y[i] = bubo_f16_to_f32(x[i]);
+}
+
+BUBO_TARGET_AVX2 static void f16_from_float_avx2(const float *restrict x, void *restrict vy, int64_t n) {
+    bubo_f16 *y = vy;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = bubo_f32_to_f16(x[i]);
+}
+
+BUBO_TARGET_AVX2 static void vec_dot_f16_f32_avx2(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const bubo_f16 *x = vx;
+    const float *y = vy;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; k++) {
+            __m256 w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 8 * k)));
+            acc[k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(y + i + 8 * k), acc[k]);
+        }
+    for (; i + 8 <= n; i += 8)
+        acc[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))), _mm256_loadu_ps(y + i), acc[0]);
+    float sum = hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++) sum += bubo_f16_to_f32(x[i]) * y[i];
+    *s = sum;
+}
+
+BUBO_TARGET_AVX2 static void bf16_to_float_avx2(const void *restrict vx, float *restrict y, int64_t n) {
+    const bubo_bf16 *x = vx;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_bf16x8(x + i));
+    for (; i < n; i++) y[i] = bubo_bf16_to_f32(x[i]);
+}
+
+BUBO_TARGET_AVX2 static void bf16_from_float_avx2(const float *restrict x, void *restrict vy, int64_t n) {
+    bubo_bf16 *y = vy;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(y + i), store_bf16x8_bits(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] = bubo_f32_to_bf16(x[i]);
+}
+
+BUBO_TARGET_AVX2 static void vec_dot_bf16_f32_avx2(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const bubo_bf16 *x = vx;
+    const float *y = vy;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; k++)
+            acc[k] = _mm256_fmadd_ps(load_bf16x8(x + i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
+    for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_bf16x8(x + i), _mm256_loadu_ps(y + i), acc[0]);
+    float sum = hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++) sum += bubo_bf16_to_f32(x[i]) * y[i];
+    *s = sum;
+}
+
+/* ---- AVX-512 ------------------------------------------------------------------------------
+ * 16 lanes; the tails of fewer than 16 elements use masked loads instead of a scalar loop. */
+
+BUBO_TARGET_AVX512 static inline __m512 load_bf16x16(const bubo_bf16 *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+BUBO_TARGET_AVX512 static inline __m512 maskz_load_bf16x16(__mmask16 m, const bubo_bf16 *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+BUBO_TARGET_AVX512 static inline __m256i bf16x16_bits(__m512 v) {
+    __m512i x = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __m512i quiet_nan = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
+    __m512i abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff));
+    __mmask16 is_nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet_nan));
+}
+
+static inline __mmask16 tail_mask16(int64_t k) { return (__mmask16)((1u << k) - 1); }
+
+BUBO_TARGET_AVX512 static void vec_dot_f32_f32_avx512(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const float *x = vx, *y = vy;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int k = 0; k < 4; k++)
+            acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * k), _mm512_loadu_ps(y + i + 16 * k), acc[k]);
+    for (; i + 16 <= n; i += 16) acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc[0]);
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        acc[1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i), acc[1]);
+    }
+    *s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+BUBO_TARGET_AVX512 static void f16_to_float_avx512(const void *restrict vx, float *restrict y, int64_t n) {
+    const bubo_f16 *x = vx;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i)));
+    }
+}
+
+BUBO_TARGET_AVX512 static void f16_from_float_avx512(const float *restrict x, void *restrict vy, int64_t n) {
+    bubo_f16 *y = vy;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(y + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_mask_storeu_epi16(y + i, m, h);
+    }
+}
+
+BUBO_TARGET_AVX512 static void vec_dot_f16_f32_avx512(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const bubo_f16 *x = vx;
+    const float *y = vy;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int k = 0; k < 4; k++) {
+            __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i + 16 * k)));
+            acc[k] = _mm512_fmadd_ps(w, _mm512_loadu_ps(y + i + 16 * k), acc[k]);
+        }
+    for (; i + 16 <= n; i += 16)
+        acc[0] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))), _mm512_loadu_ps(y + i), acc[0]);
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        __m512 w = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i));
+        acc[1] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, y + i), acc[1]);
+    }
+    *s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+BUBO_TARGET_AVX512 static void bf16_to_float_avx512(const void *restrict vx, float *restrict y, int64_t n) {
+    const bubo_bf16 *x = vx;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, load_bf16x16(x + i));
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        _mm512_mask_storeu_ps(y + i, m, maskz_load_bf16x16(m, x + i));
+    }
+}
+
+BUBO_TARGET_AVX512 static void bf16_from_float_avx512(const float *restrict x, void *restrict vy, int64_t n) {
+    bubo_bf16 *y = vy;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(y + i), bf16x16_bits(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        _mm256_mask_storeu_epi16(y + i, m, bf16x16_bits(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+BUBO_TARGET_AVX512 static void vec_dot_bf16_f32_avx512(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const bubo_bf16 *x = vx;
+    const float *y = vy;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int k = 0; k < 4; k++)
+            acc[k] = _mm512_fmadd_ps(load_bf16x16(x + i + 16 * k), _mm512_loadu_ps(y + i + 16 * k), acc[k]);
+    for (; i + 16 <= n; i += 16) acc[0] = _mm512_fmadd_ps(load_bf16x16(x + i), _mm512_loadu_ps(y + i), acc[0]);
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        acc[1] = _mm512_fmadd_ps(maskz_load_bf16x16(m, x + i), _mm512_maskz_loadu_ps(m, y + i), acc[1]);
+    }
+    *s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+#endif /* BUBO_X86 */
+
+/* ---- NEON ---------------------------------------------------------------------------------
+ * fcvt rounds with FPCR's mode, round-to-nearest-even unless a program changes it. */
+#if defined(BUBO_ARM64)
+
+static inline float32x4_t neon_load_f16x4(const bubo_f16 *p) {
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+}
+
+static inline float32x4_t neon_load_bf16x4(const bubo_bf16 *p) {
+    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
+}
+
+static inline uint16x4_t neon_bf16x4_bits(float32x4_t v) {
+    uint32x4_t x = vreinterpretq_u32_f32(v);
+    uint32x4_t lsb = vandq_u32(vshrq_n_u32(x, 16), vdupq_n_u32(1));
+    uint32x4_t rounded = vshrq_n_u32(vaddq_u32(vaddq_u32(x, vdupq_n_u32(0x7fff)), lsb), 16);
+    uint32x4_t quiet_nan = vorrq_u32(vshrq_n_u32(x, 16), vdupq_n_u32(0x40));
+    uint32x4_t is_nan = vcgtq_u32(vandq_u32(x, vdupq_n_u32(0x7fffffff)), vdupq_n_u32(0x7f800000));
+    return vmovn_u32(vbslq_u32(is_nan, quiet_nan, rounded));
+}
+
+static void vec_dot_f32_f32_neon(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const float *x = vx, *y = vy;
+    float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 4; k++) acc[k] = vfmaq_f32(acc[k], vld1q_f32(x + i + 4 * k), vld1q_f32(y + i + 4 * k));
+    for (; i + 4 <= n; i += 4) acc[0] = vfmaq_f32(acc[0], vld1q_f32(x + i), vld1q_f32(y + i));
+    float sum = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
+    for (; i < n; i++) sum += x[i] * y[i];
+    *s = sum;
+}
+
+static void f16_to_float_neon(const void *restrict vx, float *restrict y, int64_t n) {
+    const bubo_f16 *x = vx;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, neon_load_f16x4(x + i));
+    for (; i < n; i++) y[i] = bubo_f16_to_f32(x[i]);
+}
+
+static void f16_from_float_neon(const float *restrict x, void *restrict vy, int64_t n) {
+    bubo_f16 *y = vy;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1_u16(y + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+    for (; i < n; i++) y[i] = bubo_f32_to_f16(x[i]);
+}
+
+static void vec_dot_f16_f32_neon(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const bubo_f16 *x = vx;
+    const float *y = vy;
+    float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 4; k++) acc[k] = vfmaq_f32(acc[k], neon_load_f16x4(x + i + 4 * k), vld1q_f32(y + i + 4 * k));
+    for (; i + 4 <= n; i += 4) acc[0] = vfmaq_f32(acc[0], neon_load_f16x4(x + i), vld1q_f32(y + i));
+    float sum = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
+    for (; i < n; i++) sum += bubo_f16_to_f32(x[i]) * y[i];
+    *s = sum;
+}
+
+static void bf16_to_float_neon(const void *restrict vx, float *restrict y, int64_t n) {
+    const bubo_bf16 *x = vx;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, neon_load_bf16x4(x + i));
+    for (; i < n; i++) y[i] = bubo_bf16_to_f32(x[i]);
+}
+
+static void bf16_from_float_neon(const float *restrict x, void *restrict vy, int64_t n) {
+    bubo_bf16 *y = vy;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1_u16(y + i, neon_bf16x4_bits(vld1q_f32(x + i)));
+    for (; i < n; i++) y[i] = bubo_f32_to_bf16(x[i]);
+}
+
+static void vec_dot_bf16_f32_neon(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const bubo_bf16 *x = vx;
+    const float *y = vy;
+    float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 4; k++) acc[k] = vfmaq_f32(acc[k], neon_load_bf16x4(x + i + 4 * k), vld1q_f32(y + i + 4 * k));
+    for (; i + 4 <= n; i += 4) acc[0] = vfmaq_f32(acc[0], neon_load_bf16x4(x + i), vld1q_f32(y + i));
+    float sum = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
+    for (; i < n; i++) sum += bubo_bf16_to_f32(x[i]) * y[i];
+    *s = sum;
+}
+
+#endif /* BUBO_ARM64 */
+
+/* ---- registration ------------------------------------------------------------------------- */
+
+void bubo_register_float(bubo_type_traits *table) {
+    bubo_type_traits *f32 = &table[BUBO_TYPE_F32], *f16 = &table[BUBO_TYPE_F16], *bf16 = &table[BUBO_TYPE_BF16];
+    f32->supported = f16->supported = bf16->supported = 1;
+    f32->vec_dot_type = f16->vec_dot_type = bf16->vec_dot_type = BUBO_TYPE_F32;
+
+    /* Scalar only: the copy is the best at every level, and the lookup falls back to it. */
+    f32->to_float[BUBO_ISA_SCALAR] = f32_copy;
+    f32->from_float[BUBO_ISA_SCALAR] = f32_copy_from;
+    f32->vec_dot[BUBO_ISA_SCALAR] = vec_dot_f32_f32_scalar;
+    f16->to_float[BUBO_ISA_SCALAR] = f16_to_float_scalar;
+    f16->from_float[BUBO_ISA_SCALAR] = f16_from_float_scalar;
+    f16->vec_dot[BUBO_ISA_SCALAR] = vec_dot_f16_f32_scalar;
+    bf16->to_float[BUBO_ISA_SCALAR] = bf16_to_float_scalar;
+    bf16->from_float[BUBO_ISA_SCALAR] = bf16_from_float_scalar;
+    bf16->vec_dot[BUBO_ISA_SCALAR] = vec_dot_bf16_f32_scalar;
+#if defined(BUBO_X86)
+    f32->vec_dot[BUBO_ISA_AVX2] = vec_dot_f32_f32_avx2;
+    f16->to_float[BUBO_ISA_AVX2] = f16_to_float_avx2;
+    f16->from_float[BUBO_ISA_AVX2] = f16_from_float_avx2;
+    f16->vec_dot[BUBO_ISA_AVX2] = vec_dot_f16_f32_avx2;
+    bf16->to_float[BUBO_ISA_AVX2] = bf16_to_float_avx2;
+    bf16->from_float[BUBO_ISA_AVX2] = bf16_from_float_avx2;
+    bf16->vec_dot[BUBO_ISA_AVX2] = vec_dot_bf16_f32_avx2;
+
+    f32->vec_dot[BUBO_ISA_AVX512] = vec_dot_f32_f32_avx512;
+    f16->to_float[BUBO_ISA_AVX512] = f16_to_float_avx512;
+    f16->from_float[BUBO_ISA_AVX512] = f16_from_float_avx512;
+    f16->vec_dot[BUBO_ISA_AVX512] = vec_dot_f16_f32_avx512;
+    bf16->to_float[BUBO_ISA_AVX512] = bf16_to_float_avx512;
+    bf16->from_float[BUBO_ISA_AVX512] = bf16_from_float_avx512;
+    bf16->vec_dot[BUBO_ISA_AVX512] = vec_dot_bf16_f32_avx512;
+#endif
+#if defined(BUBO_ARM64)
+    f32->vec_dot[BUBO_ISA_NEON] = vec_dot_f32_f32_neon;
+    f16->to_float[BUBO_ISA_NEON] = f16_to_float_neon;
+    f16->from_float[BUBO_ISA_NEON] = f16_from_float_neon;
+    f16->vec_dot[BUBO_ISA_NEON] = vec_dot_f16_f32_neon;
+    bf16->to_float[BUBO_ISA_NEON] = bf16_to_float_neon;
+    bf16->from_float[BUBO_ISA_NEON] = bf16_from_float_neon;
+    bf16->vec_dot[BUBO_ISA_NEON] = vec_dot_bf16_f32_neon;
+#endif
+}

@@ -1,0 +1,103 @@
+/* Float ops of the forward pass and the matmul driver.
+ *
+ * Each op has a scalar reference and AVX2, AVX-512 and NEON variants, gathered per level into
+ * one bubo_ops table. bubo_ops_best() is picked once from bubo_cpu_best_isa(); the model holds
+ * that pointer and never tests CPU features in a loop. Tests call a chosen level through
+ * bubo_ops_for_isa().
+ *
+ * The SIMD variants evaluate exp with a polynomial (csrc/ops/vmath.h) instead of libm's expf:
+ * softmax, SiLU and GELU agree with the scalar reference to a few float ulps, not bit for bit.
+ * Everything else differs at most by summation order and fused multiply-adds.
+ *
+ * Kernels do not allocate and do not validate: their preconditions are stated here, and the
+ * caller (the model at load time, the Cython layer for tests) checks shapes once. */
+#ifndef BUBO_OPS_H
+#define BUBO_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bubo/common.h"
+#include "bubo/cpu.h"
+#include "bubo/quants.h"
+#include "bubo/threadpool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- RoPE ---------------------------------------------------------------------------------- */
+
+typedef enum {
+    BUBO_ROPE_NORMAL = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama */
+    BUBO_ROPE_NEOX = 2,   /* rotate (x[i], x[i + n_rot/2]): qwen2, gemma (llama.cpp's value) */
+} bubo_rope_mode;
+
+typedef struct {
+    bubo_rope_mode mode;
+    int n_rot;                 /* rotated dims per head: even, <= head_dim; the rest pass through */
+    float freq_base;           /* theta_i = pos * freq_scale * freq_base^(-2i/n_rot) / freq_factors[i] */
+    float freq_scale;          /* 1 / linear context-scaling factor; 1.0 for none */
+    const float *freq_factors; /* [n_rot/2] divisors of each pair's frequency (llama3 rope_freqs), or NULL */
+} bubo_rope_params;
+
+/* ---- the op table -------------------------------------------------------------------------- */
+
+/* Elementwise ops take n >= 0 elements; outputs may alias inputs exactly (in place), not overlap
+ * them partially. */
+typedef struct {
+    bubo_isa isa;
+
+    /* y = x / sqrt(mean(x^2) + eps) * w; w [n] or NULL for no weight. */
+    void (*rms_norm)(int64_t n, float *y, const float *x, const float *w, float eps);
+
+    /* In place over x [n_tokens][n_heads][head_dim]; pos [n_tokens]. The angles are computed as
+     * llama.cpp's CPU backend does (a running product of base^(-2/n_rot) in f32), so they match
+     * its rounding. */
+    void (*rope)(float *x, int64_t n_tokens, int n_heads, int head_dim, const int32_t *pos,
+                 const bubo_rope_params *p);
+
+    /* In place: x = softmax(x * scale + mask); mask [n] additive (0 or -inf), or NULL. A row
+     * whose every entry is -inf becomes all zeros. */
+    void (*softmax)(int64_t n, float *x, float scale, const float *mask);
+
+    void (*silu)(int64_t n, float *y, const float *x);     /* x * sigmoid(x) */
+    void (*gelu)(int64_t n, float *y, const float *x);     /* tanh approximation (gelu_pytorch_tanh) */
+    void (*gelu_erf)(int64_t n, float *y, const float *x); /* exact: 0.5 x (1 + erf(x / sqrt 2)) */
+    void (*swiglu)(int64_t n, float *y, const float *gate, const float *up); /* silu(gate) * up */
+    void (*geglu)(int64_t n, float *y, const float *gate, const float *up);  /* gelu(gate) * up (tanh) */
+
+    void (*add)(int64_t n, float *z, const float *x, const float *y); /* z = x + y */
+    void (*mul)(int64_t n, float *z, const float *x, const float *y); /* z = x * y */
+    void (*scale)(int64_t n, float *y, const float *x, float s);      /* y = x * s */
+} bubo_ops;
+
+/* The table of one level; NULL if this build or this CPU lacks it. */
+const bubo_ops *bubo_ops_for_isa(bubo_isa isa);
+/* The table of bubo_cpu_best_isa(), chosen at the first call. */
+const bubo_ops *bubo_ops_best(void);
+
+/* ---- matmul -------------------------------------------------------------------------------- */
+
+/* Bytes of scratch that bubo_matmul needs for n_tokens activation rows of cols elements against
+ * weights of this type: the activations quantized into the type's vec_dot_type (0 when that is
+ * F32: the activations are used as they are). 0 also for an unsupported type or bad cols;
+ * bubo_matmul reports those. */
+size_t bubo_matmul_scratch_size(bubo_type type, int64_t cols, int64_t n_tokens);
+
+/* y[t][r] = dot(W[r], x[t]) for t < n_tokens, r < rows.
+ *   w        [rows][row bytes = bubo_row_size(type, cols)], rows contiguous
+ *   x        [n_tokens][cols] f32
+ *   y        [n_tokens][rows] f32
+ *   scratch  at least bubo_matmul_scratch_size(type, cols, n_tokens) bytes (may be NULL if 0)
+ * Work is split over the pool's threads (pool NULL: the calling thread alone). The result does
+ * not depend on the thread count: each y element is one vec_dot call. Kernels are this CPU's
+ * best (bubo_get_vec_dot / bubo_get_from_float). */
+bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
+                        const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
+                        bubo_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

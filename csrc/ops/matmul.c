@@ -1,0 +1,127 @@
+/* The matmul driver: y[t][r] = dot(W[r], x[t]) for weights of any block type.
+ *
+ * One pool run, two phases:
+ *   1. the activations are quantized once into the weight type's vec_dot_type (Q8_0, Q8_K ...),
+ *      the blocks of all tokens split evenly over the threads (rows of x are contiguous and a
+ *      whole number of blocks, so the blocks of all tokens form one array). Float weights have
+ *      vec_dot_type F32: there is nothing to do and the activations are read in place.
+ *   2. after a barrier, the weight rows are split over the threads in whole tiles of ROW_TILE
+ *      rows. One token (decode) is a matrix-vector product: one vec_dot per row. Several
+ *      tokens (prefill) loop over (row tile) x (token tile) so that a weight row is read from
+ *      memory once per ROW_TILE sweep and from cache once per tile of TOKEN_TILE tokens, while
+ *      that token tile stays cached across the row tile.
+ * Each y element is one vec_dot call, whatever the thread count, so results do not depend on it. */
+#include <limits.h>
+
+#include "ops_internal.h"
+
+#define ROW_TILE 16  /* also the split granularity: 16 f32 outputs fill a cache line */
+#define TOKEN_TILE 8 /* token rows of quantized activations dotted with each cached weight row */
+
+typedef struct {
+    bubo_pool *pool;
+    bubo_vec_dot_fn vec_dot;
+    bubo_from_float_fn from_float; /* NULL: the activations are already the vec_dot_type */
+    const uint8_t *w;
+    size_t w_row_bytes;
+    int64_t rows, cols, n_tokens;
+    const float *x;
+    float *y;
+    uint8_t *scratch;  /* where from_float writes xq */
+    const uint8_t *xq; /* [n_tokens][xq_row_bytes]: the activations as vec_dot takes them */
+    size_t xq_row_bytes;
+    int64_t xq_blck_size; /* elements per activation block */
+    size_t xq_type_size;  /* bytes per activation block */
+} matmul_task;
+
+static void quantize_share(const matmul_task *t, int ith, int nth) {
+    const int64_t n_blocks = t->n_tokens * t->cols / t->xq_blck_size;
+    const int64_t b0 = n_blocks * ith / nth, b1 = n_blocks * (ith + 1) / nth;
+    if (b1 > b0)
+        t->from_float(t->x + b0 * t->xq_blck_size, t->scratch + (size_t)b0 * t->xq_type_size, (b1 - b0) * t->xq_blck_size);
+}
+
+static void matmul_share(void *vtask, int ith, int nth) {
+    const matmul_task *t = vtask;
+    if (t->from_float) {
+        quantize_share(t, ith, nth);
+        if (nth > 1) bubo_pool_barrier(t->pool); /* every thread reads every token's activations */
+    }
+
+    const int64_t n_tiles = (t->rows + ROW_TILE - 1) / ROW_TILE;
+    int64_t r0 = n_tiles * ith / nth * ROW_TILE, r1 = n_tiles * (ith + 1) / nth * ROW_TILE;
+    if (r1 > t->rows) r1 = t->rows;
+    const int cols = (int)t->cols;
+
+    if (t->n_tokens == 1) {
+        for (int64_t r = r0; r < r1; r++) t->vec_dot(cols, &t->y[r], t->w + (size_t)r * t->w_row_bytes, t->xq);
+        return;
+    }
+    for (int64_t rt = r0; rt < r1; rt += ROW_TILE) {
+        const int64_t rt_end = rt + ROW_TILE < r1 ? rt + ROW_TILE : r1;
+        for (int64_t tt = 0; tt < t->n_tokens; tt += TOKEN_TILE) {
+            const int64_t tt_end = tt + TOKEN_TILE < t->n_tokens ? tt + TOKEN_TILE : t->n_tokens;
+            for (int64_t r = rt; r < rt_end; r++) {
+                const uint8_t *w_row = t->w + (size_t)r * t->w_row_bytes;
+                for (int64_t k = tt; k < tt_end; k++)
+                    t->vec_dot(cols, &t->y[k * t->rows + r], w_row, t->xq + (size_t)k * t->xq_row_bytes);
+            }
+        }
+    }
+}
+
+size_t bubo_matmul_scratch_size(bubo_type type, int64_t cols, int64_t n_tokens) {
+    const bubo_type_traits *traits = bubo_type_get_traits(type);
+    if (!traits || !traits->supported || traits->vec_dot_type == BUBO_TYPE_F32 || n_tokens < 0) return 0;
+    return bubo_row_size(traits->vec_dot_type, cols) * (size_t)n_tokens;
+}
+
+bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
+                        const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
+                        bubo_err *err) {
+    const bubo_type_traits *traits = bubo_type_get_traits(type);
+    if (!traits) return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: unknown type id %d", (int)type);
+    if (!traits->supported) return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: type %s is not supported", traits->name);
+    if (rows < 0 || cols < 0 || n_tokens < 0 || cols > INT_MAX)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: bad shape rows=%lld cols=%lld n_tokens=%lld",
+                            (long long)rows, (long long)cols, (long long)n_tokens);
+    const bubo_type_traits *act = bubo_type_get_traits(traits->vec_dot_type);
+    if (cols % traits->blck_size || cols % act->blck_size)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: cols=%lld is not a multiple of the %s block (%lld) and %s block (%lld)",
+                            (long long)cols, traits->name, (long long)traits->blck_size, act->name, (long long)act->blck_size);
+    if (rows == 0 || n_tokens == 0) return BUBO_OK;
+    if (!w || !x || !y) return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: NULL buffer");
+
+    matmul_task task = {
+        .pool = pool,
+        .vec_dot = bubo_get_vec_dot(type),
+        .w = w,
+        .w_row_bytes = bubo_row_size(type, cols),
+        .rows = rows,
+        .cols = cols,
+        .n_tokens = n_tokens,
+        .x = x,
+        .y = y,
+    };
+    task.xq_row_bytes = bubo_row_size(traits->vec_dot_type, cols);
+    if (traits->vec_dot_type == BUBO_TYPE_F32) {
+        task.xq = (const uint8_t *)x;
+    } else {
+        const size_t needed = bubo_matmul_scratch_size(type, cols, n_tokens);
+        if (!scratch || scratch_size < needed)
+            return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: scratch of %zu bytes, %zu needed", scratch_size, needed);
+        task.from_float = bubo_get_from_float(traits->vec_dot_type);
+        task.scratch = scratch;
+        task.xq = scratch;
+        task.xq_blck_size = act->blck_size;
+        task.xq_type_size = act->type_size;
+    }
+    if (!task.vec_dot || (traits->vec_dot_type != BUBO_TYPE_F32 && !task.from_float))
+        return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: type %s has no dot product kernel", traits->name);
+
+    if (pool && bubo_pool_n_threads(pool) > 1)
+        bubo_pool_run(pool, matmul_share, &task);
+    else
+        matmul_share(&task, 0, 1);
+    return BUBO_OK;
+}

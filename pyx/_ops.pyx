@@ -1,0 +1,449 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""numpy-in, numpy-out entry points to the float ops, the thread pool, the matmul driver and the
+kernel table's variants. `isa` names a level ("scalar", "avx2", "avx512", "neon"); None means this
+CPU's best."""
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+
+import numpy as np
+
+from common cimport bubo_status, bubo_err, BUBO_OK, BUBO_ERR_IO, BUBO_ERR_FORMAT, BUBO_ERR_UNSUPPORTED, BUBO_ERR_NOMEM, BUBO_ERR_INVALID
+from cpu cimport bubo_isa, bubo_cpu_supports, bubo_cpu_best_isa, bubo_isa_name, BUBO_ISA_COUNT
+from quants cimport (bubo_type, bubo_type_traits, bubo_type_get_traits, bubo_row_size,
+                     bubo_get_to_float, bubo_get_from_float, bubo_get_vec_dot,
+                     bubo_to_float_fn, bubo_from_float_fn, bubo_vec_dot_fn,
+                     bubo_f16_to_f32, bubo_f32_to_f16, bubo_bf16_to_f32, bubo_f32_to_bf16)
+from threadpool cimport (bubo_pool, bubo_pool_create, bubo_pool_free, bubo_pool_n_threads,
+                         bubo_pool_run, bubo_pool_barrier)
+from ops cimport (bubo_ops, bubo_ops_for_isa, bubo_ops_best, bubo_rope_params, BUBO_ROPE_NORMAL,
+                  BUBO_ROPE_NEOX, bubo_matmul_scratch_size, bubo_matmul)
+
+include "status.pxi"
+
+
+# ---- levels ---------------------------------------------------------------------------------
+
+cdef bubo_isa _isa_from_name(str name) except *:
+    cdef int i
+    for i in range(BUBO_ISA_COUNT):
+        if bubo_isa_name(<bubo_isa>i).decode() == name:
+            return <bubo_isa>i
+    raise ValueError(f"unknown isa {name!r}")
+
+
+def supported_isas():
+    """Names of the levels this CPU runs, lowest first."""
+    cdef int i
+    return [bubo_isa_name(<bubo_isa>i).decode() for i in range(BUBO_ISA_COUNT) if bubo_cpu_supports(<bubo_isa>i)]
+
+
+def best_isa():
+    return bubo_isa_name(bubo_cpu_best_isa()).decode()
+
+
+cdef const bubo_ops *_ops(isa) except NULL:
+    if isa is None:
+        return bubo_ops_best()
+    cdef const bubo_ops *t = bubo_ops_for_isa(_isa_from_name(isa))
+    if t == NULL:
+        raise ValueError(f"isa {isa!r} is not available on this CPU")
+    return t
+
+
+def ops_isa(isa=None):
+    """The level whose op table `isa` selects (None: the one bubo picked for this CPU)."""
+    return bubo_isa_name(_ops(isa).isa).decode()
+
+
+# ---- the type table -------------------------------------------------------------------------
+
+cdef const bubo_type_traits *_traits(int type_id) except NULL:
+    cdef const bubo_type_traits *t = bubo_type_get_traits(type_id)
+    if t == NULL:
+        raise ValueError(f"unknown type id {type_id}")
+    return t
+
+
+def type_info(int type_id):
+    """The type's table row: layout, whether bubo runs it, and which levels have each kernel
+    (built into this library; see supported_isas() for what the CPU runs). None for an id GGUF
+    does not define."""
+    cdef const bubo_type_traits *t = bubo_type_get_traits(type_id)
+    if t == NULL:
+        return None
+    cdef int i
+    return {
+        "name": t.name.decode(),
+        "blck_size": t.blck_size,
+        "type_size": t.type_size,
+        "supported": bool(t.supported),
+        "vec_dot_type": t.vec_dot_type,
+        "to_float": [bubo_isa_name(<bubo_isa>i).decode() for i in range(BUBO_ISA_COUNT) if t.to_float[i] != NULL],
+        "from_float": [bubo_isa_name(<bubo_isa>i).decode() for i in range(BUBO_ISA_COUNT) if t.from_float[i] != NULL],
+        "vec_dot": [bubo_isa_name(<bubo_isa>i).decode() for i in range(BUBO_ISA_COUNT) if t.vec_dot[i] != NULL],
+    }
+
+
+cdef bubo_isa _kernel_isa(isa) except *:
+    cdef bubo_isa level = _isa_from_name(isa)
+    if not bubo_cpu_supports(level):
+        raise ValueError(f"isa {isa!r} is not available on this CPU")
+    return level
+
+
+cdef size_t _row_bytes(int type_id, int64_t n) except? 0:
+    cdef size_t size = bubo_row_size(<bubo_type>type_id, n)
+    if size == 0 and n != 0:
+        raise ValueError(f"{n} elements are not a whole number of {type_info(type_id)['name']} blocks")
+    return size
+
+
+def to_float(int type_id, const uint8_t[::1] data, int64_t n, isa=None):
+    """Dequantize n elements stored in data (bubo_row_size(type, n) bytes)."""
+    _traits(type_id)
+    cdef size_t size = _row_bytes(type_id, n)
+    if <size_t>data.shape[0] != size:
+        raise ValueError(f"{n} elements take {size} bytes, got {data.shape[0]}")
+    cdef bubo_to_float_fn fn = bubo_get_to_float(<bubo_type>type_id) if isa is None else _traits(type_id).to_float[<int>_kernel_isa(isa)]
+    if fn == NULL:
+        raise ValueError(f"type {type_id} has no to_float kernel for isa {isa!r}")
+    out = np.empty(n, dtype=np.float32)
+    cdef float[::1] y = out
+    with nogil:
+        fn(&data[0] if size else NULL, &y[0] if n else NULL, n)
+    return out
+
+
+def from_float(int type_id, const float[::1] x, isa=None):
+    """Quantize the f32 vector x into blocks of the type; returns the bytes as uint8."""
+    _traits(type_id)
+    cdef int64_t n = x.shape[0]
+    cdef size_t size = _row_bytes(type_id, n)
+    cdef bubo_from_float_fn fn = bubo_get_from_float(<bubo_type>type_id) if isa is None else _traits(type_id).from_float[<int>_kernel_isa(isa)]
+    if fn == NULL:
+        raise ValueError(f"type {type_id} has no from_float kernel for isa {isa!r}")
+    out = np.zeros(size, dtype=np.uint8)
+    cdef uint8_t[::1] y = out
+    with nogil:
+        fn(&x[0] if n else NULL, &y[0] if size else NULL, n)
+    return out
+
+
+def vec_dot(int type_id, const uint8_t[::1] x, const uint8_t[::1] y, int n, isa=None):
+    """dot(x, y) over n elements: x in the type, y in its vec_dot_type."""
+    cdef const bubo_type_traits *t = _traits(type_id)
+    cdef size_t x_size = _row_bytes(type_id, n)
+    cdef size_t y_size = _row_bytes(t.vec_dot_type, n)
+    if <size_t>x.shape[0] != x_size or <size_t>y.shape[0] != y_size:
+        raise ValueError(f"{n} elements take {x_size} and {y_size} bytes, got {x.shape[0]} and {y.shape[0]}")
+    cdef bubo_vec_dot_fn fn = bubo_get_vec_dot(<bubo_type>type_id) if isa is None else t.vec_dot[<int>_kernel_isa(isa)]
+    if fn == NULL:
+        raise ValueError(f"type {type_id} has no vec_dot kernel for isa {isa!r}")
+    cdef float s = 0
+    if n:
+        with nogil:
+            fn(n, &s, &x[0], &y[0])
+    return s
+
+
+# The exact scalar conversions, one element at a time (the table's kernels are tested through
+# to_float / from_float).
+
+ctypedef float (*_widen_fn)(uint16_t h) noexcept nogil
+ctypedef uint16_t (*_narrow_fn)(float f) noexcept nogil
+
+
+cdef _widen(const uint16_t[::1] bits, _widen_fn widen):
+    out = np.empty(bits.shape[0], dtype=np.float32)
+    cdef float[::1] y = out
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(bits.shape[0]):
+            y[i] = widen(bits[i])
+    return out
+
+
+cdef _narrow(const float[::1] x, _narrow_fn narrow):
+    out = np.empty(x.shape[0], dtype=np.uint16)
+    cdef uint16_t[::1] y = out
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(x.shape[0]):
+            y[i] = narrow(x[i])
+    return out
+
+
+def f16_to_f32(bits):
+    return _widen(bits, bubo_f16_to_f32)
+
+
+def f32_to_f16(x):
+    return _narrow(x, bubo_f32_to_f16)
+
+
+def bf16_to_f32(bits):
+    return _widen(bits, bubo_bf16_to_f32)
+
+
+def f32_to_bf16(x):
+    return _narrow(x, bubo_f32_to_bf16)
+
+
+# ---- ops --------------------------------------------------------------------------------------
+
+cdef _f32(a):
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def rms_norm(x, w, float eps, isa=None):
+    """Each row of x (the last axis) normalized; w (one row) or None."""
+    cdef const bubo_ops *t = _ops(isa)
+    out = _f32(x).copy()
+    cdef int64_t n = out.shape[out.ndim - 1] if out.ndim else 1
+    cdef float[:, ::1] rows = out.reshape(-1, n)
+    cdef const float[::1] wv
+    cdef const float *wp = NULL
+    if w is not None:
+        wv = _f32(w).reshape(-1)
+        if wv.shape[0] != n:
+            raise ValueError(f"w has {wv.shape[0]} elements, rows have {n}")
+        wp = &wv[0]
+    cdef Py_ssize_t r
+    with nogil:
+        for r in range(rows.shape[0]):
+            t.rms_norm(n, &rows[r, 0], &rows[r, 0], wp, eps)
+    return out
+
+
+_ROPE_MODES = {"normal": BUBO_ROPE_NORMAL, "neox": BUBO_ROPE_NEOX}
+
+
+def rope(x, pos, int n_rot, float freq_base, float freq_scale=1.0, str mode="normal", freq_factors=None, isa=None):
+    """x [n_tokens, n_heads, head_dim] rotated (a copy); pos [n_tokens] int."""
+    cdef const bubo_ops *t = _ops(isa)
+    out = _f32(x).copy()
+    if out.ndim != 3:
+        raise ValueError("x must be [n_tokens, n_heads, head_dim]")
+    cdef int64_t n_tokens = out.shape[0]
+    cdef int n_heads = out.shape[1], head_dim = out.shape[2]
+    if n_rot < 0 or n_rot % 2 or n_rot > head_dim:
+        raise ValueError(f"n_rot={n_rot} must be even and within head_dim={head_dim}")
+    if mode not in _ROPE_MODES:
+        raise ValueError(f"mode must be one of {sorted(_ROPE_MODES)}")
+    cdef const int32_t[::1] pv = np.ascontiguousarray(pos, dtype=np.int32)
+    if pv.shape[0] != n_tokens:
+        raise ValueError(f"{pv.shape[0]} positions for {n_tokens} tokens")
+    cdef bubo_rope_params p
+    p.mode = _ROPE_MODES[mode]
+    p.n_rot = n_rot
+    p.freq_base = freq_base
+    p.freq_scale = freq_scale
+    p.freq_factors = NULL
+    cdef const float[::1] ff
+    if freq_factors is not None:
+        ff = _f32(freq_factors).reshape(-1)
+        if ff.shape[0] != n_rot // 2:
+            raise ValueError(f"freq_factors needs n_rot/2 = {n_rot // 2} entries")
+        if ff.shape[0]:
+            p.freq_factors = &ff[0]
+    cdef float[::1] flat = out.reshape(-1)
+    if n_tokens and n_heads and head_dim:
+        with nogil:
+            t.rope(&flat[0], n_tokens, n_heads, head_dim, &pv[0], &p)
+    return out
+
+
+def softmax(x, float scale=1.0, mask=None, isa=None):
+    """softmax(x * scale + mask) over the last axis; mask broadcasts to x."""
+    cdef const bubo_ops *t = _ops(isa)
+    out = _f32(x).copy()
+    cdef int64_t n = out.shape[out.ndim - 1] if out.ndim else 1
+    cdef float[:, ::1] rows = out.reshape(-1, n)
+    cdef const float[:, ::1] mrows
+    cdef bint has_mask = mask is not None
+    if has_mask:
+        mrows = _f32(np.broadcast_to(np.asarray(mask, dtype=np.float32), out.shape)).reshape(-1, n)
+    cdef Py_ssize_t r
+    with nogil:
+        for r in range(rows.shape[0]):
+            t.softmax(n, &rows[r, 0], scale, &mrows[r, 0] if has_mask else NULL)
+    return out
+
+
+cdef enum _unary:
+    UNARY_SILU, UNARY_GELU, UNARY_GELU_ERF
+
+
+cdef _unary_op(int which, x, isa):
+    cdef const bubo_ops *t = _ops(isa)
+    xa = _f32(x)
+    out = np.empty_like(xa)
+    cdef const float[::1] xv = xa.reshape(-1)
+    cdef float[::1] yv = out.reshape(-1)
+    cdef int64_t n = xv.shape[0]
+    if n == 0:
+        return out
+    with nogil:
+        if which == UNARY_SILU:
+            t.silu(n, &yv[0], &xv[0])
+        elif which == UNARY_GELU:
+            t.gelu(n, &yv[0], &xv[0])
+        else:
+            t.gelu_erf(n, &yv[0], &xv[0])
+    return out
+
+
+def silu(x, isa=None):
+    return _unary_op(UNARY_SILU, x, isa)
+
+
+def gelu(x, isa=None):
+    """The tanh approximation (gelu_pytorch_tanh)."""
+    return _unary_op(UNARY_GELU, x, isa)
+
+
+def gelu_erf(x, isa=None):
+    return _unary_op(UNARY_GELU_ERF, x, isa)
+
+
+cdef enum _binary:
+    BINARY_SWIGLU, BINARY_GEGLU, BINARY_ADD, BINARY_MUL
+
+
+cdef _binary_op(int which, a, b, isa):
+    cdef const bubo_ops *t = _ops(isa)
+    aa, ba = _f32(a), _f32(b)
+    if aa.shape != ba.shape:
+        raise ValueError(f"shapes differ: {aa.shape} and {ba.shape}")
+    out = np.empty_like(aa)
+    cdef const float[::1] av = aa.reshape(-1)
+    cdef const float[::1] bv = ba.reshape(-1)
+    cdef float[::1] yv = out.reshape(-1)
+    cdef int64_t n = av.shape[0]
+    if n == 0:
+        return out
+    with nogil:
+        if which == BINARY_SWIGLU:
+            t.swiglu(n, &yv[0], &av[0], &bv[0])
+        elif which == BINARY_GEGLU:
+            t.geglu(n, &yv[0], &av[0], &bv[0])
+        elif which == BINARY_ADD:
+            t.add(n, &yv[0], &av[0], &bv[0])
+        else:
+            t.mul(n, &yv[0], &av[0], &bv[0])
+    return out
+
+
+def swiglu(gate, up, isa=None):
+    return _binary_op(BINARY_SWIGLU, gate, up, isa)
+
+
+def geglu(gate, up, isa=None):
+    return _binary_op(BINARY_GEGLU, gate, up, isa)
+
+
+def add(x, y, isa=None):
+    return _binary_op(BINARY_ADD, x, y, isa)
+
+
+def mul(x, y, isa=None):
+    return _binary_op(BINARY_MUL, x, y, isa)
+
+
+def scale(x, float s, isa=None):
+    cdef const bubo_ops *t = _ops(isa)
+    xa = _f32(x)
+    out = np.empty_like(xa)
+    cdef const float[::1] xv = xa.reshape(-1)
+    cdef float[::1] yv = out.reshape(-1)
+    cdef int64_t n = xv.shape[0]
+    if n:
+        with nogil:
+            t.scale(n, &yv[0], &xv[0], s)
+    return out
+
+
+# ---- thread pool ------------------------------------------------------------------------------
+
+cdef class ThreadPool:
+    """A persistent pool of n threads counting the caller."""
+    cdef bubo_pool *pool
+
+    def __cinit__(self, int n_threads):
+        cdef bubo_err err
+        check_status(bubo_pool_create(n_threads, &self.pool, &err), &err, "ThreadPool")
+
+    def __dealloc__(self):
+        bubo_pool_free(self.pool)
+
+    @property
+    def n_threads(self):
+        return bubo_pool_n_threads(self.pool)
+
+
+ctypedef struct _probe_ctx:
+    bubo_pool *pool
+    int64_t run
+    int64_t *calls   # [nth] runs each thread index took part in
+    int64_t *stamps  # [nth] the phase each thread last wrote
+    int64_t *errors  # [nth] stamps that were not what the barrier promised
+
+
+cdef void _probe_share(void *vctx, int ith, int nth) noexcept nogil:
+    cdef _probe_ctx *c = <_probe_ctx *>vctx
+    cdef int j, phase
+    c.calls[ith] += 1
+    for phase in range(2):
+        c.stamps[ith] = 2 * c.run + phase
+        bubo_pool_barrier(c.pool)
+        for j in range(nth):
+            if c.stamps[j] != 2 * c.run + phase:
+                c.errors[ith] += 1
+        bubo_pool_barrier(c.pool)
+
+
+def pool_probe(ThreadPool pool, int64_t n_runs):
+    """Run a two-phase probe n_runs times: each thread stamps its slot, crosses a barrier and
+    checks every slot. Returns (calls per thread index, stamp errors per thread index)."""
+    cdef int nth = bubo_pool_n_threads(pool.pool)
+    calls = np.zeros(nth, dtype=np.int64)
+    stamps = np.full(nth, -1, dtype=np.int64)
+    errors = np.zeros(nth, dtype=np.int64)
+    cdef int64_t[::1] cv = calls, sv = stamps, ev = errors
+    cdef _probe_ctx ctx
+    ctx.pool = pool.pool
+    ctx.calls = &cv[0]
+    ctx.stamps = &sv[0]
+    ctx.errors = &ev[0]
+    cdef int64_t run
+    with nogil:
+        for run in range(n_runs):
+            ctx.run = run
+            bubo_pool_run(pool.pool, _probe_share, &ctx)
+    return calls, errors
+
+
+# ---- matmul -----------------------------------------------------------------------------------
+
+def matmul(ThreadPool pool, int type_id, const uint8_t[::1] w, int64_t rows, int64_t cols, x):
+    """y [n_tokens, rows] = x [n_tokens, cols] @ W.T for W [rows, cols] stored as type_id blocks.
+    pool None: the calling thread alone."""
+    _traits(type_id)
+    cdef const float[:, ::1] xv = _f32(x).reshape(-1, cols)
+    cdef int64_t n_tokens = xv.shape[0]
+    cdef size_t w_size = _row_bytes(type_id, cols) * <size_t>rows
+    if <size_t>w.shape[0] != w_size:
+        raise ValueError(f"W [{rows}, {cols}] takes {w_size} bytes, got {w.shape[0]}")
+    out = np.zeros((n_tokens, rows), dtype=np.float32)
+    cdef float[:, ::1] yv = out
+    cdef size_t scratch_size = bubo_matmul_scratch_size(<bubo_type>type_id, cols, n_tokens)
+    scratch = np.empty(max(scratch_size, 1), dtype=np.uint8)
+    cdef uint8_t[::1] sv = scratch
+    cdef bubo_pool *p = pool.pool if pool is not None else NULL
+    cdef bubo_err err
+    cdef bubo_status status = BUBO_OK
+    if rows and n_tokens:
+        with nogil:
+            status = bubo_matmul(p, <bubo_type>type_id, &w[0] if w_size else NULL, rows, cols,
+                                 &xv[0, 0], n_tokens, &yv[0, 0], &sv[0], scratch_size, &err)
+    check_status(status, &err, "matmul")
+    return out

@@ -1,0 +1,42 @@
+# Mirrors csrc/include/bubo/ops.h
+from libc.stdint cimport int32_t, int64_t
+
+from common cimport bubo_status, bubo_err
+from cpu cimport bubo_isa
+from quants cimport bubo_type
+from threadpool cimport bubo_pool
+
+cdef extern from "bubo/ops.h" nogil:
+    ctypedef enum bubo_rope_mode:
+        BUBO_ROPE_NORMAL
+        BUBO_ROPE_NEOX
+
+    ctypedef struct bubo_rope_params:
+        bubo_rope_mode mode
+        int n_rot
+        float freq_base
+        float freq_scale
+        const float *freq_factors
+
+    ctypedef struct bubo_ops:
+        bubo_isa isa
+        void (*rms_norm)(int64_t n, float *y, const float *x, const float *w, float eps) noexcept nogil
+        void (*rope)(float *x, int64_t n_tokens, int n_heads, int head_dim, const int32_t *pos,
+                     const bubo_rope_params *p) noexcept nogil
+        void (*softmax)(int64_t n, float *x, float scale, const float *mask) noexcept nogil
+        void (*silu)(int64_t n, float *y, const float *x) noexcept nogil
+        void (*gelu)(int64_t n, float *y, const float *x) noexcept nogil
+        void (*gelu_erf)(int64_t n, float *y, const float *x) noexcept nogil
+        void (*swiglu)(int64_t n, float *y, const float *gate, const float *up) noexcept nogil
+        void (*geglu)(int64_t n, float *y, const float *gate, const float *up) noexcept nogil
+        void (*add)(int64_t n, float *z, const float *x, const float *y) noexcept nogil
+        void (*mul)(int64_t n, float *z, const float *x, const float *y) noexcept nogil
+        void (*scale)(int64_t n, float *y, const float *x, float s) noexcept nogil
+
+    const bubo_ops *bubo_ops_for_isa(bubo_isa isa)
+    const bubo_ops *bubo_ops_best()
+
+    size_t bubo_matmul_scratch_size(bubo_type type, int64_t cols, int64_t n_tokens)
+    bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
+                            const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
+                            bubo_err *err)
