@@ -4,7 +4,7 @@ kernel table can be called by name, so tests compare each SIMD variant with the 
 
 import numpy as np
 
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int64_t, uint8_t, uint16_t
 from cpu cimport (bubo_isa, bubo_cpu_supports, bubo_cpu_best_isa, bubo_isa_name,
                   BUBO_ISA_SCALAR, BUBO_ISA_COUNT)
 from quants cimport *
@@ -166,3 +166,45 @@ def vec_dot_rows(int type_id, weights, activations, isa=None, int repeat=1):
             for r in range(rows):
                 fn(<int>n, &o[r], &w[r, 0], &y[0])
     return out
+
+
+# ---- the exact scalar half / bfloat16 conversions, one element at a time ----
+
+ctypedef float (*_widen_fn)(uint16_t h) noexcept nogil
+ctypedef uint16_t (*_narrow_fn)(float f) noexcept nogil
+
+
+cdef _widen(const uint16_t[::1] bits, _widen_fn widen):
+    out = np.empty(bits.shape[0], dtype=np.float32)
+    cdef float[::1] y = out
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(bits.shape[0]):
+            y[i] = widen(bits[i])
+    return out
+
+
+cdef _narrow(const float[::1] x, _narrow_fn narrow):
+    out = np.empty(x.shape[0], dtype=np.uint16)
+    cdef uint16_t[::1] y = out
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(x.shape[0]):
+            y[i] = narrow(x[i])
+    return out
+
+
+def f16_to_f32(bits):
+    return _widen(bits, bubo_f16_to_f32)
+
+
+def f32_to_f16(x):
+    return _narrow(x, bubo_f32_to_f16)
+
+
+def bf16_to_f32(bits):
+    return _widen(bits, bubo_bf16_to_f32)
+
+
+def f32_to_bf16(x):
+    return _narrow(x, bubo_f32_to_bf16)

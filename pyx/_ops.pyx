@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-"""numpy-in, numpy-out entry points to the float ops, the thread pool, the matmul driver and the
-kernel table's variants. `isa` names a level ("scalar", "avx2", "avx512", "neon"); None means this
+"""numpy-in, numpy-out entry points to the float ops, the thread pool and the matmul driver
+(the kernel table's variants are in bubo._kernels). `isa` names a level ("scalar", "avx2", "avx512", "neon"); None means this
 CPU's best."""
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
 
@@ -8,10 +8,7 @@ import numpy as np
 
 from common cimport bubo_status, bubo_err, BUBO_OK, BUBO_ERR_IO, BUBO_ERR_FORMAT, BUBO_ERR_UNSUPPORTED, BUBO_ERR_NOMEM, BUBO_ERR_INVALID
 from cpu cimport bubo_isa, bubo_cpu_supports, bubo_cpu_best_isa, bubo_isa_name, BUBO_ISA_COUNT
-from quants cimport (bubo_type, bubo_type_traits, bubo_type_get_traits, bubo_row_size,
-                     bubo_get_to_float, bubo_get_from_float, bubo_get_vec_dot,
-                     bubo_to_float_fn, bubo_from_float_fn, bubo_vec_dot_fn,
-                     bubo_f16_to_f32, bubo_f32_to_f16, bubo_bf16_to_f32, bubo_f32_to_bf16)
+from quants cimport bubo_type, bubo_type_traits, bubo_type_get_traits, bubo_row_size
 from threadpool cimport (bubo_pool, bubo_pool_create, bubo_pool_free, bubo_pool_n_threads,
                          bubo_pool_run, bubo_pool_barrier)
 from ops cimport (bubo_ops, bubo_ops_for_isa, bubo_ops_best, bubo_rope_params, BUBO_ROPE_NORMAL,
@@ -30,16 +27,6 @@ cdef bubo_isa _isa_from_name(str name) except *:
     raise ValueError(f"unknown isa {name!r}")
 
 
-def supported_isas():
-    """Names of the levels this CPU runs, lowest first."""
-    cdef int i
-    return [bubo_isa_name(<bubo_isa>i).decode() for i in range(BUBO_ISA_COUNT) if bubo_cpu_supports(<bubo_isa>i)]
-
-
-def best_isa():
-    return bubo_isa_name(bubo_cpu_best_isa()).decode()
-
-
 cdef const bubo_ops *_ops(isa) except NULL:
     if isa is None:
         return bubo_ops_best()
@@ -52,140 +39,6 @@ cdef const bubo_ops *_ops(isa) except NULL:
 def ops_isa(isa=None):
     """The level whose op table `isa` selects (None: the one bubo picked for this CPU)."""
     return bubo_isa_name(_ops(isa).isa).decode()
-
-
-# ---- the type table -------------------------------------------------------------------------
-
-cdef const bubo_type_traits *_traits(int type_id) except NULL:
-    cdef const bubo_type_traits *t = bubo_type_get_traits(type_id)
-    if t == NULL:
-        raise ValueError(f"unknown type id {type_id}")
-    return t
-
-
-def type_info(int type_id):
-    """The type's table row: layout, whether bubo runs it, and which levels have each kernel
-    (built into this library; see supported_isas() for what the CPU runs). None for an id GGUF
-    does not define."""
-    cdef const bubo_type_traits *t = bubo_type_get_traits(type_id)
-    if t == NULL:
-        return None
-    cdef int i
-    return {
-        "name": t.name.decode(),
-        "blck_size": t.blck_size,
-        "type_size": t.type_size,
-        "supported": bool(t.supported),
-        "vec_dot_type": t.vec_dot_type,
-        "to_float": [bubo_isa_name(<bubo_isa>i).decode() for i in range(BUBO_ISA_COUNT) if t.to_float[i] != NULL],
-        "from_float": [bubo_isa_name(<bubo_isa>i).decode() for i in range(BUBO_ISA_COUNT) if t.from_float[i] != NULL],
-        "vec_dot": [bubo_isa_name(<bubo_isa>i).decode() for i in range(BUBO_ISA_COUNT) if t.vec_dot[i] != NULL],
-    }
-
-
-cdef bubo_isa _kernel_isa(isa) except *:
-    cdef bubo_isa level = _isa_from_name(isa)
-    if not bubo_cpu_supports(level):
-        raise ValueError(f"isa {isa!r} is not available on this CPU")
-    return level
-
-
-cdef size_t _row_bytes(int type_id, int64_t n) except? 0:
-    cdef size_t size = bubo_row_size(<bubo_type>type_id, n)
-    if size == 0 and n != 0:
-        raise ValueError(f"{n} elements are not a whole number of {type_info(type_id)['name']} blocks")
-    return size
-
-
-def to_float(int type_id, const uint8_t[::1] data, int64_t n, isa=None):
-    """Dequantize n elements stored in data (bubo_row_size(type, n) bytes)."""
-    _traits(type_id)
-    cdef size_t size = _row_bytes(type_id, n)
-    if <size_t>data.shape[0] != size:
-        raise ValueError(f"{n} elements take {size} bytes, got {data.shape[0]}")
-    cdef bubo_to_float_fn fn = bubo_get_to_float(<bubo_type>type_id) if isa is None else _traits(type_id).to_float[<int>_kernel_isa(isa)]
-    if fn == NULL:
-        raise ValueError(f"type {type_id} has no to_float kernel for isa {isa!r}")
-    out = np.empty(n, dtype=np.float32)
-    cdef float[::1] y = out
-    with nogil:
-        fn(&data[0] if size else NULL, &y[0] if n else NULL, n)
-    return out
-
-
-def from_float(int type_id, const float[::1] x, isa=None):
-    """Quantize the f32 vector x into blocks of the type; returns the bytes as uint8."""
-    _traits(type_id)
-    cdef int64_t n = x.shape[0]
-    cdef size_t size = _row_bytes(type_id, n)
-    cdef bubo_from_float_fn fn = bubo_get_from_float(<bubo_type>type_id) if isa is None else _traits(type_id).from_float[<int>_kernel_isa(isa)]
-    if fn == NULL:
-        raise ValueError(f"type {type_id} has no from_float kernel for isa {isa!r}")
-    out = np.zeros(size, dtype=np.uint8)
-    cdef uint8_t[::1] y = out
-    with nogil:
-        fn(&x[0] if n else NULL, &y[0] if size else NULL, n)
-    return out
-
-
-def vec_dot(int type_id, const uint8_t[::1] x, const uint8_t[::1] y, int n, isa=None):
-    """dot(x, y) over n elements: x in the type, y in its vec_dot_type."""
-    cdef const bubo_type_traits *t = _traits(type_id)
-    cdef size_t x_size = _row_bytes(type_id, n)
-    cdef size_t y_size = _row_bytes(t.vec_dot_type, n)
-    if <size_t>x.shape[0] != x_size or <size_t>y.shape[0] != y_size:
-        raise ValueError(f"{n} elements take {x_size} and {y_size} bytes, got {x.shape[0]} and {y.shape[0]}")
-    cdef bubo_vec_dot_fn fn = bubo_get_vec_dot(<bubo_type>type_id) if isa is None else t.vec_dot[<int>_kernel_isa(isa)]
-    if fn == NULL:
-        raise ValueError(f"type {type_id} has no vec_dot kernel for isa {isa!r}")
-    cdef float s = 0
-    if n:
-        with nogil:
-            fn(n, &s, &x[0], &y[0])
-    return s
-
-
-# The exact scalar conversions, one element at a time (the table's kernels are tested through
-# to_float / from_float).
-
-ctypedef float (*_widen_fn)(uint16_t h) noexcept nogil
-ctypedef uint16_t (*_narrow_fn)(float f) noexcept nogil
-
-
-cdef _widen(const uint16_t[::1] bits, _widen_fn widen):
-    out = np.empty(bits.shape[0], dtype=np.float32)
-    cdef float[::1] y = out
-    cdef Py_ssize_t i
-    with nogil:
-        for i in range(bits.shape[0]):
-            y[i] = widen(bits[i])
-    return out
-
-
-cdef _narrow(const float[::1] x, _narrow_fn narrow):
-    out = np.empty(x.shape[0], dtype=np.uint16)
-    cdef uint16_t[::1] y = out
-    cdef Py_ssize_t i
-    with nogil:
-        for i in range(x.shape[0]):
-            y[i] = narrow(x[i])
-    return out
-
-
-def f16_to_f32(bits):
-    return _widen(bits, bubo_f16_to_f32)
-
-
-def f32_to_f16(x):
-    return _narrow(x, bubo_f32_to_f16)
-
-
-def bf16_to_f32(bits):
-    return _widen(bits, bubo_bf16_to_f32)
-
-
-def f32_to_bf16(x):
-    return _narrow(x, bubo_f32_to_bf16)
 
 
 # ---- ops --------------------------------------------------------------------------------------
@@ -427,10 +280,15 @@ def pool_probe(ThreadPool pool, int64_t n_runs):
 def matmul(ThreadPool pool, int type_id, const uint8_t[::1] w, int64_t rows, int64_t cols, x):
     """y [n_tokens, rows] = x [n_tokens, cols] @ W.T for W [rows, cols] stored as type_id blocks.
     pool None: the calling thread alone."""
-    _traits(type_id)
+    cdef const bubo_type_traits *t = bubo_type_get_traits(type_id)
+    if t == NULL:
+        raise ValueError(f"unknown type id {type_id}")
+    cdef size_t row_bytes = bubo_row_size(<bubo_type>type_id, cols)
+    if row_bytes == 0 and cols != 0:
+        raise ValueError(f"{cols} columns are not a whole number of {t.name.decode()} blocks")
     cdef const float[:, ::1] xv = _f32(x).reshape(-1, cols)
     cdef int64_t n_tokens = xv.shape[0]
-    cdef size_t w_size = _row_bytes(type_id, cols) * <size_t>rows
+    cdef size_t w_size = row_bytes * <size_t>rows
     if <size_t>w.shape[0] != w_size:
         raise ValueError(f"W [{rows}, {cols}] takes {w_size} bytes, got {w.shape[0]}")
     out = np.zeros((n_tokens, rows), dtype=np.float32)

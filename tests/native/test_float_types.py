@@ -6,11 +6,11 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 from gguf import quants as gq
 
-from bubo import _ops
+from bubo import _kernels as K
 
 F32, F16, BF16 = 0, 1, 30
 FLOAT_TYPES = {F32: GT.F32, F16: GT.F16, BF16: GT.BF16}
-ISAS = _ops.supported_isas()
+ISAS = K.supported_isas()
 
 # |dot - float64 dot| <= DOT_REL_TOL * sum|x_i y_i|. The SIMD variants sum in f32 over 4 x 8
 # or 4 x 16 lanes (a few hundred terms per lane at most here): about 1e-7 measured;
@@ -101,43 +101,43 @@ BF16_PROBES = f32_probe_values(bf16_to_f32_ref, ALL_BITS)
 
 
 def test_f16_to_f32_every_pattern():
-    assert_same_floats(_ops.f16_to_f32(ALL_BITS), ALL_BITS.view(np.float16).astype(np.float32))
+    assert_same_floats(K.f16_to_f32(ALL_BITS), ALL_BITS.view(np.float16).astype(np.float32))
 
 
 def test_f32_to_f16_rounds_to_nearest_even():
-    got = _ops.f32_to_f16(F16_PROBES)
+    got = K.f32_to_f16(F16_PROBES)
     with np.errstate(over="ignore"):
         want = F16_PROBES.astype(np.float16).view(np.uint16)
     assert_same_f16(got, want)
     # spot checks that do not lean on numpy
-    assert _ops.f32_to_f16(np.array([65520.0, 65519.996, 2.0**-25, 2.0**-25 * 1.0000001, 2.0**-24 * 1.5], np.float32)).tolist() == [
+    assert K.f32_to_f16(np.array([65520.0, 65519.996, 2.0**-25, 2.0**-25 * 1.0000001, 2.0**-24 * 1.5], np.float32)).tolist() == [
         0x7C00, 0x7BFF, 0x0000, 0x0001, 0x0002]
 
 
 def test_f32_to_f16_nan_stays_nan():
     nans = from_bits32(np.array([0x7F800001, 0x7FC00000, 0xFF800001, 0x7F802000, 0x7FFFFFFF], np.uint32))
-    h = _ops.f32_to_f16(nans)
+    h = K.f32_to_f16(nans)
     assert np.all((h & 0x7C00) == 0x7C00) and np.all((h & 0x3FF) != 0)
     assert np.array_equal(h >> 15, (bits32(nans) >> 31).astype(np.uint16))
 
 
 def test_bf16_to_f32_every_pattern():
-    assert np.array_equal(bits32(_ops.bf16_to_f32(ALL_BITS)), bits32(bf16_to_f32_ref(ALL_BITS)))
+    assert np.array_equal(bits32(K.bf16_to_f32(ALL_BITS)), bits32(bf16_to_f32_ref(ALL_BITS)))
 
 
 def test_f32_to_bf16_rounds_to_nearest_even():
-    assert np.array_equal(_ops.f32_to_bf16(BF16_PROBES), f32_to_bf16_ref(BF16_PROBES))
+    assert np.array_equal(K.f32_to_bf16(BF16_PROBES), f32_to_bf16_ref(BF16_PROBES))
 
 
 def test_f32_to_bf16_matches_gguf_bit_for_bit():
     want = gq.quantize(BF16_PROBES, GT.BF16).view(np.uint16)
-    assert np.array_equal(_ops.f32_to_bf16(BF16_PROBES), want)
+    assert np.array_equal(K.f32_to_bf16(BF16_PROBES), want)
 
 
 def test_f16_round_trip_is_identity():
     finite = ALL_BITS[(ALL_BITS & 0x7C00) != 0x7C00]
-    assert np.array_equal(_ops.f32_to_f16(_ops.f16_to_f32(finite)), finite)
-    assert np.array_equal(_ops.f32_to_bf16(_ops.bf16_to_f32(finite)), finite)
+    assert np.array_equal(K.f32_to_f16(K.f16_to_f32(finite)), finite)
+    assert np.array_equal(K.f32_to_bf16(K.bf16_to_f32(finite)), finite)
 
 
 # ---- the table rows ---------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def test_f16_round_trip_is_identity():
 
 @pytest.mark.parametrize("type_id", FLOAT_TYPES)
 def test_table_rows(type_id):
-    info = _ops.type_info(type_id)
+    info = K.type_info(type_id)
     assert info["supported"] and info["vec_dot_type"] == F32 and info["blck_size"] == 1
     assert info["type_size"] == {F32: 4, F16: 2, BF16: 2}[type_id]
     assert "scalar" in info["to_float"] and "scalar" in info["from_float"]
@@ -154,28 +154,28 @@ def test_table_rows(type_id):
 
 
 def kernel_isas(type_id, kernel):
-    return [isa for isa in _ops.type_info(type_id)[kernel] if isa in ISAS]
+    return [isa for isa in K.type_info(type_id)[kernel] if isa in ISAS]
 
 
 @pytest.mark.parametrize("type_id", [F16, BF16])
 def test_to_float_every_pattern_every_level(type_id):
-    want = _ops.f16_to_f32(ALL_BITS) if type_id == F16 else _ops.bf16_to_f32(ALL_BITS)
+    want = K.f16_to_f32(ALL_BITS) if type_id == F16 else K.bf16_to_f32(ALL_BITS)
     data = ALL_BITS.view(np.uint8)
     for isa in kernel_isas(type_id, "to_float"):
         # odd lengths exercise the tails
         for n in (1 << 16, 1 << 16 - 1, 37):
-            got = _ops.to_float(type_id, data[: 2 * n], n, isa=isa)
+            got = K.dequantize(type_id, data[: 2 * n], isa=isa)
             assert np.array_equal(bits32(got), bits32(want[:n])), isa
 
 
 @pytest.mark.parametrize("type_id", [F16, BF16])
 def test_from_float_every_level_equals_scalar_conversion(type_id):
     probes = F16_PROBES if type_id == F16 else BF16_PROBES
-    convert = _ops.f32_to_f16 if type_id == F16 else _ops.f32_to_bf16
+    convert = K.f32_to_f16 if type_id == F16 else K.f32_to_bf16
     want = convert(probes)
     for isa in kernel_isas(type_id, "from_float"):
         for n in (probes.size, probes.size - 5, 13):
-            got = _ops.from_float(type_id, probes[:n], isa=isa).view(np.uint16)
+            got = K.quantize(type_id, probes[:n], isa=isa).view(np.uint16)
             if type_id == F16:
                 assert_same_f16(got, want[:n])
             else:
@@ -190,10 +190,10 @@ def test_quant_dequant_match_gguf(type_id):
     with np.errstate(over="ignore"):
         want = np.ascontiguousarray(gq.quantize(x, gt)).view(np.uint8).reshape(-1)
     for isa in kernel_isas(type_id, "from_float"):
-        got = _ops.from_float(type_id, x, isa=isa)
+        got = K.quantize(type_id, x, isa=isa)
         assert np.array_equal(got, want), isa
     for isa in kernel_isas(type_id, "to_float"):
-        got = _ops.to_float(type_id, want, x.size, isa=isa)
+        got = K.dequantize(type_id, want, isa=isa)
         assert np.array_equal(bits32(got), bits32(gq.dequantize(want, gt).reshape(-1))), isa
 
 
@@ -203,10 +203,10 @@ def test_vec_dot_every_level_vs_float64(type_id):
     for n in list(range(1, 70)) + [100, 576, 1000, 4099]:
         w = rng.standard_normal(n).astype(np.float32)
         y = rng.standard_normal(n).astype(np.float32)
-        w_data = _ops.from_float(type_id, w, isa="scalar")
-        w_exact = _ops.to_float(type_id, w_data, n, isa="scalar").astype(np.float64)
+        w_data = K.quantize(type_id, w, isa="scalar")
+        w_exact = K.dequantize(type_id, w_data, isa="scalar").astype(np.float64)
         want = float(w_exact @ y.astype(np.float64))
         bound = DOT_REL_TOL * float(np.abs(w_exact) @ np.abs(y.astype(np.float64)))
         for isa in kernel_isas(type_id, "vec_dot"):
-            got = _ops.vec_dot(type_id, w_data, y.view(np.uint8), n, isa=isa)
+            got = K.vec_dot(type_id, w_data, y.view(np.uint8), isa=isa)
             assert abs(got - want) <= bound, (isa, n, got, want)

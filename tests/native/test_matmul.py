@@ -6,12 +6,15 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 from gguf import quants as gq
 
+from bubo import _kernels as K
 from bubo import _ops
 from bubo.errors import UnsupportedError
 
+from blocks import realistic_rows
+
 F32 = 0
-SUPPORTED_TYPES = [t for t in range(64) if (info := _ops.type_info(t)) and info["supported"]]
-ISAS = _ops.supported_isas()
+SUPPORTED_TYPES = [t for t in K.type_ids() if K.type_info(t)["supported"]]
+ISAS = K.supported_isas()
 
 # |y - y_ref| <= tol * sum_i |w_i x_i| per output. Float weights: the dot products' f32
 # summation (about 1e-7 measured, as in test_float_types). Quantized weights multiply integer
@@ -50,36 +53,32 @@ def test_q8_0_decoder_matches_gguf():
 
 def cols_for(type_id):
     """About 200 columns, an odd number of blocks: not a multiple of 64 unless the block is."""
-    info = _ops.type_info(type_id)
-    blck = max(info["blck_size"], _ops.type_info(info["vec_dot_type"])["blck_size"])
+    info = K.type_info(type_id)
+    blck = max(info["blck_size"], K.type_info(info["vec_dot_type"])["blck_size"])
     k = -(-200 // blck)
     return blck * (k if k % 2 else k + 1)
 
 
 def make_weights(type_id, rows, cols, rng):
-    w = rng.standard_normal((rows, cols)).astype(np.float32)
-    try:
-        gt = GT(type_id)
-        data = np.ascontiguousarray(gq.quantize(w, gt)).view(np.uint8).reshape(-1)
-        dequant = gq.dequantize(data, gt)
-    except (NotImplementedError, ValueError):  # gguf cannot quantize it: bubo's own reference
-        data = _ops.from_float(type_id, w.reshape(-1), isa="scalar")
-        dequant = _ops.to_float(type_id, data, rows * cols, isa="scalar")
+    """Weight bytes and their float64 values as the gguf package dequantizes them."""
+    blocks = realistic_rows(GT(type_id), rows, cols, int(rng.integers(1 << 30)))
+    data = np.ascontiguousarray(blocks).view(np.uint8).reshape(-1)
+    dequant = gq.dequantize(data.reshape(rows, -1), GT(type_id))
     return data, np.asarray(dequant, np.float64).reshape(rows, cols)
 
 
 def reference(type_id, w_exact, x):
-    vdt = _ops.type_info(type_id)["vec_dot_type"]
+    vdt = K.type_info(type_id)["vec_dot_type"]
     if vdt == F32:
         xa = x.astype(np.float64)
     else:
         n_tokens, cols = x.shape
-        xa = decode_activations(vdt, _ops.from_float(vdt, x.reshape(-1)), n_tokens * cols).reshape(n_tokens, cols)
+        xa = decode_activations(vdt, K.quantize(vdt, x.reshape(-1)), n_tokens * cols).reshape(n_tokens, cols)
     tol = MATMUL_FLOAT_REL_TOL if vdt == F32 else MATMUL_QUANT_REL_TOL
     return xa @ w_exact.T, tol * (np.abs(xa) @ np.abs(w_exact).T)
 
 
-@pytest.mark.parametrize("type_id", SUPPORTED_TYPES, ids=lambda t: _ops.type_info(t)["name"])
+@pytest.mark.parametrize("type_id", SUPPORTED_TYPES, ids=lambda t: K.type_info(t)["name"])
 @pytest.mark.parametrize("n_tokens", [1, 3, 17])
 @pytest.mark.parametrize("rows", [37, 100])
 def test_matmul_vs_float64(type_id, n_tokens, rows):
@@ -99,7 +98,7 @@ def test_matmul_vs_float64(type_id, n_tokens, rows):
             assert np.array_equal(_ops.matmul(pool, type_id, data, rows, cols, x), got), n_threads
 
 
-@pytest.mark.parametrize("type_id", SUPPORTED_TYPES, ids=lambda t: _ops.type_info(t)["name"])
+@pytest.mark.parametrize("type_id", SUPPORTED_TYPES, ids=lambda t: K.type_info(t)["name"])
 def test_matmul_every_level(type_id, monkeypatch):
     """BUBO_FORCE_ISA caps the level the driver's kernels come from; each stays within the bound."""
     rng = np.random.default_rng(type_id)
@@ -126,9 +125,9 @@ def test_matmul_rejects_bad_arguments():
         _ops.matmul(None, F32, w, 2, 3, np.zeros((1, 3), np.float32))  # W too small for [2, 3]
     with pytest.raises(ValueError):
         _ops.matmul(None, 999, w, 1, 8, np.zeros((1, 8), np.float32))  # no such type
-    unsupported = [t for t in range(64) if (i := _ops.type_info(t)) and not i["supported"] and i["blck_size"] == 32]
+    unsupported = [t for t in K.type_ids() if not (i := K.type_info(t))["supported"] and i["blck_size"] == 32]
     if unsupported:
         t = unsupported[0]
-        size = _ops.type_info(t)["type_size"]
+        size = K.type_info(t)["type_size"]
         with pytest.raises(UnsupportedError):
             _ops.matmul(None, t, np.zeros(size, np.uint8), 1, 32, np.zeros((1, 32), np.float32))
