@@ -405,11 +405,8 @@ static int32_t trie_child(bubo_tokenizer *t, int32_t node, uint8_t b, int create
     return id;
 }
 
-static const bubo_tokenizer *sort_ctx; /* qsort has no context argument; load is single-threaded */
-static int by_search_order(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    uint32_t lx = sort_ctx->text_len[x], ly = sort_ctx->text_len[y];
-    if (lx != ly) return lx > ly ? -1 : 1;
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
 }
 
@@ -424,18 +421,21 @@ static bubo_status build_special(loader *L) {
         }
     }
     int32_t *order = t->special_order = malloc((n_special + 1) * sizeof *order);
+    uint64_t *keys = malloc((n_special + 1) * sizeof *keys); /* (~length << 32 | id): sorts longest first */
     t->special_priority = malloc(t->n_vocab * sizeof *t->special_priority);
     t->trie = malloc((n_bytes + 1) * sizeof *t->trie);
-    if (!order || !t->special_priority || !t->trie) {
+    if (!order || !keys || !t->special_priority || !t->trie) {
+        free(keys);
         return bubo_set_err(L->err, BUBO_ERR_NOMEM, "special tokens: out of memory");
     }
     size_t k = 0;
     for (uint32_t id = 0; id < t->n_vocab; id++) {
         t->special_priority[id] = UINT32_MAX;
-        if (t->attr[id] & special) order[k++] = (int32_t)id;
+        if (t->attr[id] & special) keys[k++] = ((uint64_t)(UINT32_MAX - t->text_len[id]) << 32) | id;
     }
-    sort_ctx = t;
-    qsort(order, n_special, sizeof *order, by_search_order);
+    qsort(keys, n_special, sizeof *keys, cmp_u64);
+    for (k = 0; k < n_special; k++) order[k] = (int32_t)(uint32_t)keys[k];
+    free(keys);
     t->trie[0] = (bubo_trie_node){0, -1, -1, -1};
     t->n_trie = 1;
     memset(t->trie_first_byte, 0, sizeof t->trie_first_byte);
