@@ -109,11 +109,11 @@ static bubo_status fail(parser *p, bubo_status st, uint64_t offset, const char *
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
     if (p->tensor >= 0)
-        return bubo_set_err(p->err, st, "tensor %lld '%.*s' (info at byte %llu): %s", (long long)p->tensor,
+        return bubo_set_err(p->err, st, "tensor %lld '%.*s': at byte %llu: %s", (long long)p->tensor,
                             name_len(p->key), p->key.data ? p->key.data : "", (unsigned long long)offset,
                             what);
     if (p->key.data)
-        return bubo_set_err(p->err, st, "key '%.*s' (at byte %llu): %s", name_len(p->key), p->key.data,
+        return bubo_set_err(p->err, st, "key '%.*s': at byte %llu: %s", name_len(p->key), p->key.data,
                             (unsigned long long)offset, what);
     return bubo_set_err(p->err, st, "at byte %llu: %s", (unsigned long long)offset, what);
 }
@@ -245,7 +245,8 @@ static bubo_status parse_array(parser *p, bubo_gguf_value *out, int depth) {
     uint64_t w = value_width((bubo_gguf_type)elem);
     if (w) {
         if (n > left(p) / w)
-            return fail(p, BUBO_ERR_FORMAT, at + 4, "array of %llu %s needs %llu bytes each, the file has %llu left",
+            return fail(p, BUBO_ERR_FORMAT, at + 4,
+                        "array of %llu %s elements needs %llu bytes each, the file has %llu left",
                         (unsigned long long)n, value_type_name(elem), (unsigned long long)w,
                         (unsigned long long)left(p));
         const uint8_t *data = p->base + p->pos;
@@ -261,7 +262,8 @@ static bubo_status parse_array(parser *p, bubo_gguf_value *out, int depth) {
 
     uint64_t min = elem == BUBO_GGUF_STRING ? MIN_STRING_BYTES : MIN_ARRAY_BYTES;
     if (n > left(p) / min)
-        return fail(p, BUBO_ERR_FORMAT, at + 4, "array of %llu %s needs at least %llu bytes each, the file has %llu left",
+        return fail(p, BUBO_ERR_FORMAT, at + 4,
+                    "array of %llu %s elements needs at least %llu bytes each, the file has %llu left",
                     (unsigned long long)n, value_type_name(elem), (unsigned long long)min,
                     (unsigned long long)left(p));
     if (n == 0) return BUBO_OK;
@@ -291,6 +293,11 @@ static bubo_status parse_value(parser *p, uint32_t type, bubo_gguf_value *out, i
 }
 
 /* ---- sorted name index (lookup and duplicate detection) --------------------------------- */
+
+/* The indexes hold pointers to the names, which are the first members of their records, so a
+ * found name converts back to its record. */
+_Static_assert(offsetof(bubo_gguf_kv, key) == 0, "kv key must come first");
+_Static_assert(offsetof(bubo_gguf_tensor, name) == 0, "tensor name must come first");
 
 static int str_cmp(bubo_gguf_str a, bubo_gguf_str b) {
     uint64_t n = a.len < b.len ? a.len : b.len;
@@ -418,7 +425,8 @@ static bubo_status parse_kvs(parser *p, uint64_t n_kv) {
                     (unsigned long long)n_kv, (unsigned long long)left(p), MIN_KV_BYTES);
     g->kv = calloc(n_kv ? n_kv : 1, sizeof *g->kv);
     g->kv_sorted = calloc(n_kv ? n_kv : 1, sizeof *g->kv_sorted);
-    if (!g->kv || !g->kv_sorted) return fail(p, BUBO_ERR_NOMEM, 16, "out of memory for %llu keys", (unsigned long long)n_kv);
+    if (!g->kv || !g->kv_sorted)
+        return fail(p, BUBO_ERR_NOMEM, 16, "out of memory for %llu keys", (unsigned long long)n_kv);
     for (uint64_t i = 0; i < n_kv; i++) {
         bubo_gguf_kv *kv = &g->kv[i];
         uint64_t at = p->pos;
@@ -467,7 +475,8 @@ static bubo_status parse_tensors(parser *p, uint64_t n_tensors) {
     bubo_status st;
     uint64_t infos_at = p->pos;
     if (n_tensors > left(p) / MIN_TENSOR_INFO_BYTES)
-        return fail(p, BUBO_ERR_FORMAT, 8, "n_tensors is %llu but only %llu bytes follow the metadata (at least %d per tensor)",
+        return fail(p, BUBO_ERR_FORMAT, 8,
+                    "n_tensors is %llu but only %llu bytes follow the metadata (at least %d per tensor)",
                     (unsigned long long)n_tensors, (unsigned long long)left(p), MIN_TENSOR_INFO_BYTES);
     g->tensors = calloc(n_tensors ? n_tensors : 1, sizeof *g->tensors);
     g->tensor_sorted = calloc(n_tensors ? n_tensors : 1, sizeof *g->tensor_sorted);
@@ -555,7 +564,8 @@ bubo_status bubo_gguf_open_buffer(const void *buf, uint64_t size, bubo_gguf **ou
     if (!out) return bubo_set_err(err, BUBO_ERR_INVALID, "out is NULL");
     *out = NULL;
     if (!buf && size) return bubo_set_err(err, BUBO_ERR_INVALID, "buffer is NULL");
-    if (size > (uint64_t)INT64_MAX) return bubo_set_err(err, BUBO_ERR_INVALID, "buffer size %llu too large", (unsigned long long)size);
+    if (size > (uint64_t)INT64_MAX)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "buffer size %llu too large", (unsigned long long)size);
     bubo_gguf *g = calloc(1, sizeof *g);
     if (!g) return bubo_set_err(err, BUBO_ERR_NOMEM, "out of memory");
     g->base = size ? buf : (const uint8_t *)"";

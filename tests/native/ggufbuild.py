@@ -106,3 +106,41 @@ def tensor_bytes(ttype: int, ne, seed: int = 0) -> bytes:
         n *= d
     nbytes = n * (ne[0] // blck) * size if ne else size
     return bytes((i * 131 + seed * 7 + 3) & 0xFF for i in range(nbytes))
+
+
+# ---- fuzzing seeds ---------------------------------------------------------------------------
+
+
+def fuzz_seeds():
+    """Small, structurally rich files for the fuzzers: [(name, bytes, fields)]. Between them they
+    hold every value type, strings, empty and nested arrays, same-length keys and tensor names
+    (an overwrite makes a duplicate), and tensors of several types, ranks and alignments."""
+    seeds = []
+    kvs = [
+        ("general.architecture", STRING, "llama"),
+        ("k.aa", UINT32, 7), ("k.bb", INT32, -7), ("k.u8", UINT8, 1), ("k.i8", INT8, -1),
+        ("k.u16", UINT16, 2), ("k.i16", INT16, -2), ("k.u64", UINT64, 3), ("k.i64", INT64, -3),
+        ("k.f32", FLOAT32, 0.5), ("k.f64", FLOAT64, 0.25), ("k.bo", BOOL, True), ("k.s", STRING, "héllo"),
+        ("k.e", STRING, ""),
+        ("a.u32", ARRAY, (UINT32, [1, 2, 3])), ("a.f32", ARRAY, (FLOAT32, [1.0, 2.0])),
+        ("a.bool", ARRAY, (BOOL, [True, False])), ("a.str", ARRAY, (STRING, ["ab", "", "cd"])),
+        ("a.empty", ARRAY, (INT64, [])),
+        ("a.nested", ARRAY, (ARRAY, [(UINT8, [1, 2]), (UINT8, []), (UINT8, [3])])),
+        ("a.nstr", ARRAY, (ARRAY, [(STRING, ["x"]), (STRING, [])])),
+    ]
+    tensors = [
+        ("t.f32", [4, 2], 0), ("t.f16", [8], 1), ("t.q8", [32, 2], 8), ("t.q40", [64], 2),
+        ("t.i32", [2, 3, 2], 26), ("t.bf", [2], 30), ("t.i8", [1, 1, 1, 5], 24), ("t.zr", [0, 3], 0),
+    ]
+    tensors = [(n, ne, t, tensor_bytes(t, ne, i)) for i, (n, ne, t) in enumerate(tensors)]
+    seeds.append(("rich_v3", *build(kvs, tensors)))
+    seeds.append(("rich_v2", *build(kvs[:6], tensors[:3], version=2)))
+    seeds.append(("align64", *build([("general.alignment", UINT32, 64)] + kvs[1:4], tensors[2:5], alignment=64)))
+    seeds.append(("kquant", *build(kvs[:2], [("blk.0.attn_q.weight", [256, 2], 12, tensor_bytes(12, [256, 2])),
+                                               ("blk.0.ffn_up.weight", [256, 1], 16, tensor_bytes(16, [256, 1]))])))
+    deep = (UINT16, [1])
+    for _ in range(7):
+        deep = (ARRAY, [deep, (ARRAY, [])] if deep[0] == ARRAY else [deep])
+    seeds.append(("deep", *build([("n.deep", ARRAY, deep), ("n.many", ARRAY, (ARRAY, [(INT8, [])] * 40))])))
+    seeds.append(("meta_only", *build(kvs[:12], pad_data=False)))
+    return seeds

@@ -56,7 +56,7 @@ def assert_same_as_reader(f: GGUFFile, source) -> gguf.GGUFReader:
     for mine, theirs in zip(f.tensors, r.tensors):
         assert mine.name == theirs.name
         assert mine.type == int(theirs.tensor_type)
-        assert mine.type_name == theirs.tensor_type.name.lower() or mine.type_name.lower() == theirs.tensor_type.name.lower()
+        assert mine.type_name.lower() == theirs.tensor_type.name.lower()
         assert mine.shape == tuple(int(x) for x in theirs.shape)
         assert f.data_offset + mine.offset == theirs.data_offset
         assert mine.nbytes == theirs.n_bytes
