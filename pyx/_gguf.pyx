@@ -16,14 +16,7 @@ from gguf cimport *
 
 include "status.pxi"
 
-cdef extern from "bubo/quants.h" nogil:
-    # only the fields this module reads; quants.pxd (the kernels' mirror) has the whole struct
-    ctypedef struct bubo_type_traits:
-        const char *name
-        int64_t blck_size
-        size_t type_size
-        int supported
-    const bubo_type_traits *bubo_type_get_traits(int type)
+from quants cimport bubo_type_traits, bubo_type_get_traits
 
 
 TensorInfo = namedtuple("TensorInfo", ["name", "type", "type_name", "shape", "offset", "nbytes"])

@@ -1,4 +1,251 @@
-/* placeholder: to be written */
-#include "quants_internal.h"
+/* Q4_K weights: super-blocks of 256 elements in 8 groups of 32; element value
+ * d * scale[g] * q - dmin * min[g] with 4-bit q and 6-bit scale and min (kq_unpack_scales_mins).
+ * Dot products take Q8_K activations.
+ *
+ * Layout: qs[32c + l] holds element 64c + l in its low nibble and element 64c + 32 + l in its
+ * high nibble (c = 0..3, l = 0..31), so group 2c is the low nibbles of 32 bytes, group 2c + 1
+ * their high nibbles.
+ *
+ * dot = sum_i dy * (dx * sum_g scale[g] * sum(q * a over g) - dmin * sum_g min[g] * sum(a over g))
+ * where the integer sums are exact in every variant and sum(a over g) comes from bsums. */
+#include "kquants_internal.h"
 
-void bubo_register_q4_k(bubo_type_traits *table) { (void)table; }
+/* ---- scalar reference ------------------------------------------------------------------ */
+
+static void unpack_q4_K(const block_q4_K *restrict x, uint8_t q[QK_K]) {
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            q[64 * c + l] = x->qs[32 * c + l] & 0x0F;
+            q[64 * c + 32 + l] = x->qs[32 * c + l] >> 4;
+        }
+}
+
+static void dequantize_row_q4_K_scalar(const void *restrict vx, float *restrict y, int64_t n) {
+    const block_q4_K *restrict x = vx;
+    for (int64_t i = 0; i < n / QK_K; i++, y += QK_K) {
+        const float d = bubo_h2f(x[i].d), dmin = bubo_h2f(x[i].dmin);
+        uint32_t smw[4];
+        uint8_t q[QK_K];
+        kq_unpack_scales_mins(x[i].scales, smw);
+        const uint8_t *sm = (const uint8_t *)smw; /* scales | mins */
+        unpack_q4_K(&x[i], q);
+        for (int g = 0; g < 8; g++) {
+            const float dl = d * sm[g], ml = dmin * sm[8 + g];
+            for (int l = 32 * g; l < 32 * g + 32; l++) y[l] = dl * q[l] - ml;
+        }
+    }
+}
+
+static void vec_dot_q4_K_q8_K_scalar(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const block_q4_K *restrict x = vx;
+    const block_q8_K *restrict y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        uint32_t smw[4];
+        uint8_t q[QK_K];
+        kq_unpack_scales_mins(x[i].scales, smw);
+        const uint8_t *sm = (const uint8_t *)smw; /* scales | mins */
+        unpack_q4_K(&x[i], q);
+        int32_t sumi = 0, summ = 0;
+        for (int g = 0; g < 8; g++) {
+            int32_t dot = 0;
+            for (int l = 32 * g; l < 32 * g + 32; l++) dot += q[l] * y[i].qs[l];
+            sumi += sm[g] * dot;
+            summ += sm[8 + g] * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
+        }
+        sumf += y[i].d * bubo_h2f(x[i].d) * (float)sumi - y[i].d * bubo_h2f(x[i].dmin) * (float)summ;
+    }
+    *s = sumf;
+}
+
+/* ---- x86-64: AVX2, AVX-512 ------------------------------------------------------------- */
+
+#if defined(BUBO_X86)
+
+BUBO_TARGET_AVX2
+static void dequantize_row_q4_K_avx2(const void *restrict vx, float *restrict y, int64_t n) {
+    const block_q4_K *restrict x = vx;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = _cvtsh_ss(x[i].d), dmin = _cvtsh_ss(x[i].dmin);
+        uint32_t smw[4];
+        kq_unpack_scales_mins(x[i].scales, smw);
+        const uint8_t *sm = (const uint8_t *)smw; /* scales | mins */
+        for (int c = 0; c < 4; c++, y += 64) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
+            const __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            const float d0 = d * sm[2 * c], m0 = dmin * sm[8 + 2 * c];
+            const float d1 = d * sm[2 * c + 1], m1 = dmin * sm[9 + 2 * c];
+            kq_store16_avx2(y + 0, _mm256_castsi256_si128(lo), d0, m0);
+            kq_store16_avx2(y + 16, _mm256_extracti128_si256(lo, 1), d0, m0);
+            kq_store16_avx2(y + 32, _mm256_castsi256_si128(hi), d1, m1);
+            kq_store16_avx2(y + 48, _mm256_extracti128_si256(hi, 1), d1, m1);
+        }
+    }
+}
+
+BUBO_TARGET_AVX2
+static void vec_dot_q4_K_q8_K_avx2(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const block_q4_K *restrict x = vx;
+    const block_q8_K *restrict y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        uint32_t smw[4];
+        kq_unpack_scales_mins(x[i].scales, smw);
+        const __m256i sm16 = _mm256_cvtepu8_epi16(kq_words_to_xmm(smw));
+        const __m256i scales = _mm256_permute2x128_si256(sm16, sm16, 0x00);
+        const __m256i summ = kq_mins_dot_bsums_avx2(sm16, y[i].bsums);
+
+        const uint8_t *q = x[i].qs;
+        const int8_t *a = y[i].qs;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++, q += 32, a += 64) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)q);
+            const __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            const __m256i s0 = _mm256_shuffle_epi8(scales, kq_splat_word_idx(2 * c));
+            const __m256i s1 = _mm256_shuffle_epi8(scales, kq_splat_word_idx(2 * c + 1));
+            sumi = kq_dot32_scaled_avx2(sumi, lo, a, s0);
+            sumi = kq_dot32_scaled_avx2(sumi, hi, a + 32, s1);
+        }
+        const float dy = y[i].d;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * _cvtsh_ss(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+        acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dy * _cvtsh_ss(x[i].dmin)), _mm256_cvtepi32_ps(summ), acc_m);
+    }
+    *s = kq_hsum_ps_avx2(_mm256_sub_ps(acc, acc_m));
+}
+
+BUBO_TARGET_AVX512
+static void dequantize_row_q4_K_avx512(const void *restrict vx, float *restrict y, int64_t n) {
+    const block_q4_K *restrict x = vx;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    /* a 32-byte run in both halves, shifted 0 and 4: the two groups' nibbles side by side */
+    const __m512i nibble_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = _cvtsh_ss(x[i].d), dmin = _cvtsh_ss(x[i].dmin);
+        uint32_t smw[4];
+        kq_unpack_scales_mins(x[i].scales, smw);
+        const uint8_t *sm = (const uint8_t *)smw; /* scales | mins */
+        for (int c = 0; c < 4; c++, y += 64) {
+            const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c)));
+            const __m512i q = _mm512_and_si512(_mm512_srlv_epi64(bits, nibble_shift), m4);
+            const float d0 = d * sm[2 * c], m0 = dmin * sm[8 + 2 * c];
+            const float d1 = d * sm[2 * c + 1], m1 = dmin * sm[9 + 2 * c];
+            kq_store16_avx512(y + 0, _mm512_extracti32x4_epi32(q, 0), d0, m0);
+            kq_store16_avx512(y + 16, _mm512_extracti32x4_epi32(q, 1), d0, m0);
+            kq_store16_avx512(y + 32, _mm512_extracti32x4_epi32(q, 2), d1, m1);
+            kq_store16_avx512(y + 48, _mm512_extracti32x4_epi32(q, 3), d1, m1);
+        }
+    }
+}
+
+BUBO_TARGET_AVX512
+static void vec_dot_q4_K_q8_K_avx512(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const block_q4_K *restrict x = vx;
+    const block_q8_K *restrict y = vy;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i nibble_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 acc_m = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        uint32_t smw[4];
+        kq_unpack_scales_mins(x[i].scales, smw);
+        const __m256i sm16 = _mm256_cvtepu8_epi16(kq_words_to_xmm(smw));
+        const __m512i words = _mm512_castsi256_si512(sm16);
+        const __m256i summ = kq_mins_dot_bsums_avx2(sm16, y[i].bsums);
+
+        const uint8_t *q = x[i].qs;
+        const int8_t *a = y[i].qs;
+        __m512i sumi = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++, q += 32, a += 64) {
+            /* 64 consecutive elements: groups 2c (low nibbles) and 2c + 1 (high nibbles) */
+            const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
+            const __m512i w = _mm512_and_si512(_mm512_srlv_epi64(bits, nibble_shift), m4);
+            sumi = kq_dot64_scaled_avx512(sumi, w, a, kq_group32_scales_avx512(words, c));
+        }
+        const float dy = y[i].d;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(dy * _cvtsh_ss(x[i].d)), _mm512_cvtepi32_ps(sumi), acc);
+        acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dy * _cvtsh_ss(x[i].dmin)), _mm256_cvtepi32_ps(summ), acc_m);
+    }
+    *s = _mm512_reduce_add_ps(acc) - kq_hsum_ps_avx2(acc_m);
+}
+
+#endif /* BUBO_X86 */
+
+/* ---- arm64: NEON ----------------------------------------------------------------------- */
+
+#if defined(BUBO_ARM64)
+
+static void dequantize_row_q4_K_neon(const void *restrict vx, float *restrict y, int64_t n) {
+    const block_q4_K *restrict x = vx;
+    const uint8x16_t m4 = vdupq_n_u8(0x0F);
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = bubo_h2f(x[i].d), dmin = bubo_h2f(x[i].dmin);
+        uint32_t smw[4];
+        kq_unpack_scales_mins(x[i].scales, smw);
+        const uint8_t *sm = (const uint8_t *)smw; /* scales | mins */
+        for (int c = 0; c < 4; c++, y += 64) {
+            const uint8x16_t b0 = vld1q_u8(x[i].qs + 32 * c), b1 = vld1q_u8(x[i].qs + 32 * c + 16);
+            const float d0 = d * sm[2 * c], m0 = dmin * sm[8 + 2 * c];
+            const float d1 = d * sm[2 * c + 1], m1 = dmin * sm[9 + 2 * c];
+            kq_store16_neon(y + 0, vreinterpretq_s8_u8(vandq_u8(b0, m4)), d0, m0);
+            kq_store16_neon(y + 16, vreinterpretq_s8_u8(vandq_u8(b1, m4)), d0, m0);
+            kq_store16_neon(y + 32, vreinterpretq_s8_u8(vshrq_n_u8(b0, 4)), d1, m1);
+            kq_store16_neon(y + 48, vreinterpretq_s8_u8(vshrq_n_u8(b1, 4)), d1, m1);
+        }
+    }
+}
+
+static void vec_dot_q4_K_q8_K_neon(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const block_q4_K *restrict x = vx;
+    const block_q8_K *restrict y = vy;
+    const uint8x16_t m4 = vdupq_n_u8(0x0F);
+    float sumf = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        uint32_t smw[4];
+        kq_unpack_scales_mins(x[i].scales, smw);
+        const uint8_t *sm = (const uint8_t *)smw; /* scales | mins */
+        /* bsums of each 32-element group, times the group's min */
+        const int16x8_t bsum32 = vpaddq_s16(vld1q_s16(y[i].bsums), vld1q_s16(y[i].bsums + 8));
+        const int16x8_t mins = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(sm + 8)));
+        const int32x4_t pm = vmull_s16(vget_low_s16(bsum32), vget_low_s16(mins));
+        const int32_t summ = vaddvq_s32(vmlal_high_s16(pm, bsum32, mins));
+
+        const uint8_t *q = x[i].qs;
+        const int8_t *a = y[i].qs;
+        int32x4_t sumi = vdupq_n_s32(0);
+        for (int c = 0; c < 4; c++, q += 32, a += 64) {
+            const uint8x16_t b0 = vld1q_u8(q), b1 = vld1q_u8(q + 16);
+            int32x4_t lo = vdupq_n_s32(0), hi = vdupq_n_s32(0);
+            lo = kq_dot16_neon(lo, vreinterpretq_s8_u8(vandq_u8(b0, m4)), vld1q_s8(a + 0));
+            lo = kq_dot16_neon(lo, vreinterpretq_s8_u8(vandq_u8(b1, m4)), vld1q_s8(a + 16));
+            hi = kq_dot16_neon(hi, vreinterpretq_s8_u8(vshrq_n_u8(b0, 4)), vld1q_s8(a + 32));
+            hi = kq_dot16_neon(hi, vreinterpretq_s8_u8(vshrq_n_u8(b1, 4)), vld1q_s8(a + 48));
+            sumi = vmlaq_n_s32(sumi, lo, sm[2 * c]);
+            sumi = vmlaq_n_s32(sumi, hi, sm[2 * c + 1]);
+        }
+        const float dy = y[i].d;
+        sumf += dy * bubo_h2f(x[i].d) * (float)vaddvq_s32(sumi) - dy * bubo_h2f(x[i].dmin) * (float)summ;
+    }
+    *s = sumf;
+}
+
+#endif /* BUBO_ARM64 */
+
+void bubo_register_q4_k(bubo_type_traits *table) {
+    bubo_type_traits *t = &table[BUBO_TYPE_Q4_K];
+    t->supported = 1;
+    t->vec_dot_type = BUBO_TYPE_Q8_K;
+    t->to_float[BUBO_ISA_SCALAR] = dequantize_row_q4_K_scalar;
+    t->vec_dot[BUBO_ISA_SCALAR] = vec_dot_q4_K_q8_K_scalar;
+#if defined(BUBO_X86)
+    t->to_float[BUBO_ISA_AVX2] = dequantize_row_q4_K_avx2;
+    t->vec_dot[BUBO_ISA_AVX2] = vec_dot_q4_K_q8_K_avx2;
+    t->to_float[BUBO_ISA_AVX512] = dequantize_row_q4_K_avx512;
+    t->vec_dot[BUBO_ISA_AVX512] = vec_dot_q4_K_q8_K_avx512;
+#endif
+#if defined(BUBO_ARM64)
+    t->to_float[BUBO_ISA_NEON] = dequantize_row_q4_K_neon;
+    t->vec_dot[BUBO_ISA_NEON] = vec_dot_q4_K_q8_K_neon;
+#endif
+}

@@ -1,4 +1,259 @@
-/* placeholder: to be written */
-#include "quants_internal.h"
+/* Q6_K weights: super-blocks of 256 elements in 16 groups of 16; element value
+ * d * scale[g] * (q - 32) with 6-bit q and signed 8-bit scale. Dot products take Q8_K.
+ *
+ * Layout, per half h = 0, 1 of the block (128 elements; ql += 64h, qh += 32h), l = 0..31:
+ *   element l       low 4 bits: ql[l] & 0xF,      high 2 bits: qh[l] bits 0-1
+ *   element l + 32  ql[l + 32] & 0xF,             qh[l] bits 2-3
+ *   element l + 64  ql[l] >> 4,                   qh[l] bits 4-5
+ *   element l + 96  ql[l + 32] >> 4,              qh[l] bits 6-7
+ *
+ * The SIMD kernels multiply the unsigned q (0..63) and take the offset out once per group:
+ * sum(scale * (q - 32) * a) = sum(scale * q * a) - 32 * sum_g scale[g] * bsum[g]. */
+#include "kquants_internal.h"
 
-void bubo_register_q6_k(bubo_type_traits *table) { (void)table; }
+/* ---- scalar reference ------------------------------------------------------------------ */
+
+/* q - 32 of every element, in order */
+static void unpack_q6_K(const block_q6_K *restrict x, int8_t q[QK_K]) {
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
+        int8_t *o = q + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            o[l + 0] = (int8_t)(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+            o[l + 32] = (int8_t)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            o[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            o[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+    }
+}
+
+static void dequantize_row_q6_K_scalar(const void *restrict vx, float *restrict y, int64_t n) {
+    const block_q6_K *restrict x = vx;
+    for (int64_t i = 0; i < n / QK_K; i++, y += QK_K) {
+        const float d = bubo_h2f(x[i].d);
+        int8_t q[QK_K];
+        unpack_q6_K(&x[i], q);
+        for (int g = 0; g < 16; g++) {
+            const float dl = d * x[i].scales[g];
+            for (int l = 16 * g; l < 16 * g + 16; l++) y[l] = dl * q[l];
+        }
+    }
+}
+
+static void vec_dot_q6_K_q8_K_scalar(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const block_q6_K *restrict x = vx;
+    const block_q8_K *restrict y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        int8_t q[QK_K];
+        unpack_q6_K(&x[i], q);
+        int32_t sumi = 0;
+        for (int g = 0; g < 16; g++) {
+            int32_t dot = 0;
+            for (int l = 16 * g; l < 16 * g + 16; l++) dot += q[l] * y[i].qs[l];
+            sumi += x[i].scales[g] * dot;
+        }
+        sumf += y[i].d * bubo_h2f(x[i].d) * (float)sumi;
+    }
+    *s = sumf;
+}
+
+/* ---- x86-64: AVX2, AVX-512 ------------------------------------------------------------- */
+
+#if defined(BUBO_X86)
+
+/* The four 32-element runs of half a block as unsigned q (0..63), in element order. */
+BUBO_TARGET_AVX2
+static inline void unpack_half_q6_K_avx2(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+    const __m256i b0 = _mm256_loadu_si256((const __m256i *)ql);
+    const __m256i b1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+    /* word shifts are safe here: the masks keep only bits that stay inside their byte */
+    q[0] = _mm256_or_si256(_mm256_and_si256(b0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(b1, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+}
+
+BUBO_TARGET_AVX2
+static void dequantize_row_q6_K_avx2(const void *restrict vx, float *restrict y, int64_t n) {
+    const block_q6_K *restrict x = vx;
+    const __m256i off = _mm256_set1_epi8(32);
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = _cvtsh_ss(x[i].d);
+        for (int h = 0; h < 2; h++) {
+            __m256i q[4];
+            unpack_half_q6_K_avx2(x[i].ql + 64 * h, x[i].qh + 32 * h, q);
+            for (int m = 0; m < 4; m++, y += 32) {
+                const __m256i v = _mm256_sub_epi8(q[m], off);
+                const int g = 8 * h + 2 * m;
+                kq_store16_avx2(y, _mm256_castsi256_si128(v), d * x[i].scales[g], 0.0f);
+                kq_store16_avx2(y + 16, _mm256_extracti128_si256(v, 1), d * x[i].scales[g + 1], 0.0f);
+            }
+        }
+    }
+}
+
+BUBO_TARGET_AVX2
+static void vec_dot_q6_K_q8_K_avx2(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const block_q6_K *restrict x = vx;
+    const block_q8_K *restrict y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
+        const int8_t *a = y[i].qs;
+        /* the scale words of groups 0-7, then 8-15, in both lanes */
+        const __m256i halves[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
+                                   _mm256_permute2x128_si256(sc16, sc16, 0x11)};
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i q[4];
+            unpack_half_q6_K_avx2(x[i].ql + 64 * h, x[i].qh + 32 * h, q);
+            for (int m = 0; m < 4; m++, a += 32)
+                sumi = kq_dot32_scaled_avx2(sumi, q[m], a, kq_group16_scales_avx2(halves[h], m));
+        }
+        const __m256 dd = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
+        acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, offset)), acc);
+    }
+    *s = kq_hsum_ps_avx2(acc);
+}
+
+/* The two 64-element runs of half a block as unsigned q (0..63): elements 0..63 and 64..127.
+ * The 32 high-bit bytes go to both 256-bit halves and a per-half shift moves the right pair
+ * of bits to bits 4-5 (64-bit shifts: the mask drops what crosses a byte). */
+BUBO_TARGET_AVX512
+static inline void unpack_half_q6_K_avx512(const uint8_t *ql, const uint8_t *qh, __m512i q[2]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m_hi = _mm512_set1_epi8(0x30);
+    const __m512i bits = _mm512_loadu_si512((const void *)ql);
+    const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
+    const __m512i hi01 = _mm512_and_si512(_mm512_sllv_epi64(hb, _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2)), m_hi);
+    const __m512i hi23 = _mm512_and_si512(_mm512_srlv_epi64(hb, _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2)), m_hi);
+    q[0] = _mm512_or_si512(_mm512_and_si512(bits, m4), hi01);
+    q[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bits, 4), m4), hi23);
+}
+
+BUBO_TARGET_AVX512
+static void dequantize_row_q6_K_avx512(const void *restrict vx, float *restrict y, int64_t n) {
+    const block_q6_K *restrict x = vx;
+    const __m512i off = _mm512_set1_epi8(32);
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = _cvtsh_ss(x[i].d);
+        const int8_t *sc = x[i].scales;
+        for (int h = 0; h < 2; h++) {
+            __m512i q[2];
+            unpack_half_q6_K_avx512(x[i].ql + 64 * h, x[i].qh + 32 * h, q);
+            for (int k = 0; k < 2; k++, y += 64, sc += 4) {
+                const __m512i v = _mm512_sub_epi8(q[k], off);
+                kq_store16_avx512(y + 0, _mm512_extracti32x4_epi32(v, 0), d * sc[0], 0.0f);
+                kq_store16_avx512(y + 16, _mm512_extracti32x4_epi32(v, 1), d * sc[1], 0.0f);
+                kq_store16_avx512(y + 32, _mm512_extracti32x4_epi32(v, 2), d * sc[2], 0.0f);
+                kq_store16_avx512(y + 48, _mm512_extracti32x4_epi32(v, 3), d * sc[3], 0.0f);
+            }
+        }
+    }
+}
+
+BUBO_TARGET_AVX512
+static void vec_dot_q6_K_q8_K_avx512(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const block_q6_K *restrict x = vx;
+    const block_q8_K *restrict y = vy;
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        const __m512i words = _mm512_castsi256_si512(sc16);
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
+        const int8_t *a = y[i].qs;
+        __m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(offset));
+        for (int h = 0; h < 2; h++) {
+            __m512i q[2];
+            unpack_half_q6_K_avx512(x[i].ql + 64 * h, x[i].qh + 32 * h, q);
+            sumi = kq_dot64_scaled_avx512(sumi, q[0], a, kq_group16_scales_avx512(words, 2 * h));
+            sumi = kq_dot64_scaled_avx512(sumi, q[1], a + 64, kq_group16_scales_avx512(words, 2 * h + 1));
+            a += 128;
+        }
+        const __m512 dd = _mm512_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
+        acc = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(sumi), acc);
+    }
+    *s = _mm512_reduce_add_ps(acc);
+}
+
+#endif /* BUBO_X86 */
+
+/* ---- arm64: NEON ----------------------------------------------------------------------- */
+
+#if defined(BUBO_ARM64)
+
+/* The eight 16-element groups of half a block as signed q - 32, in element order. */
+static inline void unpack_half_q6_K_neon(const uint8_t *ql, const uint8_t *qh, int8x16_t q[8]) {
+    const uint8x16_t m4 = vdupq_n_u8(0x0F), m_hi = vdupq_n_u8(0x30);
+    const int8x16_t off = vdupq_n_s8(32);
+    for (int t = 0; t < 2; t++) { /* bytes l = 16t .. 16t + 15 */
+        const uint8x16_t b0 = vld1q_u8(ql + 16 * t), b1 = vld1q_u8(ql + 32 + 16 * t);
+        const uint8x16_t hb = vld1q_u8(qh + 16 * t);
+        const uint8x16_t e0 = vorrq_u8(vandq_u8(b0, m4), vandq_u8(vshlq_n_u8(hb, 4), m_hi));
+        const uint8x16_t e1 = vorrq_u8(vandq_u8(b1, m4), vandq_u8(vshlq_n_u8(hb, 2), m_hi));
+        const uint8x16_t e2 = vorrq_u8(vshrq_n_u8(b0, 4), vandq_u8(hb, m_hi));
+        const uint8x16_t e3 = vorrq_u8(vshrq_n_u8(b1, 4), vandq_u8(vshrq_n_u8(hb, 2), m_hi));
+        q[0 + t] = vsubq_s8(vreinterpretq_s8_u8(e0), off);
+        q[2 + t] = vsubq_s8(vreinterpretq_s8_u8(e1), off);
+        q[4 + t] = vsubq_s8(vreinterpretq_s8_u8(e2), off);
+        q[6 + t] = vsubq_s8(vreinterpretq_s8_u8(e3), off);
+    }
+}
+
+static void dequantize_row_q6_K_neon(const void *restrict vx, float *restrict y, int64_t n) {
+    const block_q6_K *restrict x = vx;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = bubo_h2f(x[i].d);
+        for (int h = 0; h < 2; h++) {
+            int8x16_t q[8];
+            unpack_half_q6_K_neon(x[i].ql + 64 * h, x[i].qh + 32 * h, q);
+            for (int g = 0; g < 8; g++, y += 16) kq_store16_neon(y, q[g], d * x[i].scales[8 * h + g], 0.0f);
+        }
+    }
+}
+
+static void vec_dot_q6_K_q8_K_neon(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const block_q6_K *restrict x = vx;
+    const block_q8_K *restrict y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        const int8_t *a = y[i].qs;
+        int32x4_t sumi = vdupq_n_s32(0);
+        for (int h = 0; h < 2; h++) {
+            int8x16_t q[8];
+            unpack_half_q6_K_neon(x[i].ql + 64 * h, x[i].qh + 32 * h, q);
+            for (int g = 0; g < 8; g++, a += 16)
+                sumi = vmlaq_n_s32(sumi, kq_dot16_neon(vdupq_n_s32(0), q[g], vld1q_s8(a)), x[i].scales[8 * h + g]);
+        }
+        sumf += y[i].d * bubo_h2f(x[i].d) * (float)vaddvq_s32(sumi);
+    }
+    *s = sumf;
+}
+
+#endif /* BUBO_ARM64 */
+
+void bubo_register_q6_k(bubo_type_traits *table) {
+    bubo_type_traits *t = &table[BUBO_TYPE_Q6_K];
+    t->supported = 1;
+    t->vec_dot_type = BUBO_TYPE_Q8_K;
+    t->to_float[BUBO_ISA_SCALAR] = dequantize_row_q6_K_scalar;
+    t->vec_dot[BUBO_ISA_SCALAR] = vec_dot_q6_K_q8_K_scalar;
+#if defined(BUBO_X86)
+    t->to_float[BUBO_ISA_AVX2] = dequantize_row_q6_K_avx2;
+    t->vec_dot[BUBO_ISA_AVX2] = vec_dot_q6_K_q8_K_avx2;
+    t->to_float[BUBO_ISA_AVX512] = dequantize_row_q6_K_avx512;
+    t->vec_dot[BUBO_ISA_AVX512] = vec_dot_q6_K_q8_K_avx512;
+#endif
+#if defined(BUBO_ARM64)
+    t->to_float[BUBO_ISA_NEON] = dequantize_row_q6_K_neon;
+    t->vec_dot[BUBO_ISA_NEON] = vec_dot_q6_K_q8_K_neon;
+#endif
+}

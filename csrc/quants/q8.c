@@ -1,4 +1,352 @@
-/* placeholder: to be written */
-#include "quants_internal.h"
+/* Q8_0 and Q8_1: 32 int8 values and a scale.
+ *
+ * Q8_0 is both a weight type (its dot product takes Q8_0 activations) and the activation type of
+ * Q4_0, Q5_0 and Q8_0 weights. Q8_1 is only an activation type (for Q4_1 and Q5_1): it also
+ * carries s = d * sum(qs), which folds the weight's min into one multiply per block.
+ *
+ * The activation quantizers run once per layer input. Every variant computes exactly what the
+ * scalar reference does (d = amax / 127, q = roundf(x * (1 / d)) with ties away from zero,
+ * through the same float operations), so all of them equal ggml's quantize_row_q8_0_ref byte
+ * for byte wherever that is defined (see inverse_scale for where it is not). */
+#include "legacy_simd.h"
 
-void bubo_register_q8(bubo_type_traits *table) { (void)table; }
+/* ==== scalar reference ==================================================================== */
+
+static void quantize_row_q8_0_scalar(const float *restrict x, void *restrict vy, int64_t n) {
+    block_q8_0 *restrict y = vy;
+    for (int64_t i = 0; i < n / QK8_0; i++, x += QK8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f;
+        const float id = inverse_scale(d);
+        y[i].d = bubo_f2h(d);
+        for (int j = 0; j < QK8_0; j++) y[i].qs[j] = (int8_t)roundf(x[j] * id);
+    }
+}
+
+static void quantize_row_q8_1_scalar(const float *restrict x, void *restrict vy, int64_t n) {
+    block_q8_1 *restrict y = vy;
+    for (int64_t i = 0; i < n / QK8_1; i++, x += QK8_1) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_1; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f;
+        const float id = inverse_scale(d);
+        int sum = 0;
+        for (int j = 0; j < QK8_1; j++) {
+            y[i].qs[j] = (int8_t)roundf(x[j] * id);
+            sum += y[i].qs[j];
+        }
+        y[i].d = d;
+        y[i].s = d * (float)sum;
+    }
+}
+
+static void dequantize_row_q8_0_scalar(const void *restrict vx, float *restrict y, int64_t n) {
+    const block_q8_0 *restrict x = vx;
+    for (int64_t i = 0; i < n / QK8_0; i++, y += QK8_0) {
+        const float d = bubo_h2f(x[i].d);
+        for (int j = 0; j < QK8_0; j++) y[j] = (float)x[i].qs[j] * d;
+    }
+}
+
+static void dequantize_row_q8_1_scalar(const void *restrict vx, float *restrict y, int64_t n) {
+    const block_q8_1 *restrict x = vx;
+    for (int64_t i = 0; i < n / QK8_1; i++, y += QK8_1)
+        for (int j = 0; j < QK8_1; j++) y[j] = (float)x[i].qs[j] * x[i].d;
+}
+
+/* Blocks [0, nb): the scalar kernel, and the tail of the SIMD ones. */
+static float dot_q8_0_q8_0_blocks(const block_q8_0 *restrict x, const block_q8_0 *restrict y, int nb) {
+    float sumf = 0.0f;
+    for (int i = 0; i < nb; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK8_0; j++) sumi += x[i].qs[j] * y[i].qs[j];
+        sumf += (float)sumi * (bubo_h2f(x[i].d) * bubo_h2f(y[i].d));
+    }
+    return sumf;
+}
+
+static void vec_dot_q8_0_q8_0_scalar(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    *s = dot_q8_0_q8_0_blocks(vx, vy, n / QK8_0);
+}
+
+/* ==== x86: AVX2 and AVX-512 ================================================================ */
+#if defined(BUBO_X86)
+
+/* roundf(v) for every lane: truncate, then step away from zero where the fraction is >= 0.5
+ * (the vector rounding modes only offer ties-to-even). */
+BUBO_TARGET_AVX2 static inline __m256 round_half_away_avx2(__m256 v) {
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_andnot_ps(sign_bit, _mm256_sub_ps(v, t));
+    const __m256 away = _mm256_or_ps(_mm256_and_ps(v, sign_bit), _mm256_set1_ps(1.0f));
+    return _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), away));
+}
+
+/* One block of 32 floats -> its scale d and 32 int8 at q; returns sum(q). */
+BUBO_TARGET_AVX2 static inline int quantize_block_avx2(const float *x, float *d_out, int8_t *q) {
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    __m256 v[4];
+    for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 8 * k);
+    __m256 m = _mm256_max_ps(_mm256_andnot_ps(sign_bit, v[0]), _mm256_andnot_ps(sign_bit, v[1]));
+    m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(sign_bit, v[2]), _mm256_andnot_ps(sign_bit, v[3])));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.0f;
+    const __m256 id = _mm256_set1_ps(inverse_scale(d));
+    __m256i i[4];
+    for (int k = 0; k < 4; k++) i[k] = _mm256_cvtps_epi32(round_half_away_avx2(_mm256_mul_ps(v[k], id)));
+    const int sum = hsum_i32x8(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+    /* The packs work per 128-bit lane, leaving 4-element groups in the order 0 2 4 6 1 3 5 7. */
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    *d_out = d;
+    return sum;
+}
+
+BUBO_TARGET_AVX2 static void quantize_row_q8_0_avx2(const float *restrict x, void *restrict vy, int64_t n) {
+    block_q8_0 *restrict y = vy;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        float d;
+        quantize_block_avx2(x + i * QK8_0, &d, y[i].qs);
+        y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    }
+}
+
+BUBO_TARGET_AVX2 static void quantize_row_q8_1_avx2(const float *restrict x, void *restrict vy, int64_t n) {
+    block_q8_1 *restrict y = vy;
+    for (int64_t i = 0; i < n / QK8_1; i++) {
+        float d;
+        const int sum = quantize_block_avx2(x + i * QK8_1, &d, y[i].qs);
+        y[i].d = d;
+        y[i].s = d * (float)sum;
+    }
+}
+
+BUBO_TARGET_AVX2 static void dequantize_row_q8_0_avx2(const void *restrict vx, float *restrict y, int64_t n) {
+    const block_q8_0 *restrict x = vx;
+    for (int64_t i = 0; i < n / QK8_0; i++, y += QK8_0) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d));
+        for (int k = 0; k < 4; k++) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(x[i].qs + 8 * k)));
+            _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+
+/* int32 lane sums of one block's products; signed x signed through maddubs' unsigned x signed
+ * by moving x's sign onto y. */
+BUBO_TARGET_AVX2 static inline __m256i dot_q8_0_block_avx2(const block_q8_0 *x, const block_q8_0 *y) {
+    const __m256i qx = _mm256_loadu_si256((const __m256i *)x->qs);
+    const __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
+    return dot_u8s8_avx2(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+}
+
+BUBO_TARGET_AVX2 static void vec_dot_q8_0_q8_0_avx2(int n, float *restrict s, const void *restrict vx,
+                                                     const void *restrict vy) {
+    const block_q8_0 *restrict x = vx;
+    const block_q8_0 *restrict y = vy;
+    const int nb = n / QK8_0;
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const __m256i sums = fold_4blocks_avx2(dot_q8_0_block_avx2(x + i, y + i), dot_q8_0_block_avx2(x + i + 1, y + i + 1),
+                                               dot_q8_0_block_avx2(x + i + 2, y + i + 2), dot_q8_0_block_avx2(x + i + 3, y + i + 3));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), dxdy_4blocks_avx2(x + i, sizeof(block_q8_0), y + i), acc);
+    }
+    *s = hsum_f32x8(acc) + dot_q8_0_q8_0_blocks(x + i, y + i, nb - i);
+}
+
+/* --- AVX-512 --- */
+
+BUBO_TARGET_AVX512 static inline __m512 round_half_away_avx512(__m512 v) {
+    const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m512 away = _mm512_or_ps(_mm512_and_ps(v, _mm512_set1_ps(-0.0f)), _mm512_set1_ps(1.0f));
+    return _mm512_mask_add_ps(t, up, t, away);
+}
+
+BUBO_TARGET_AVX512 static inline int quantize_block_avx512(const float *x, float *d_out, int8_t *q) {
+    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float d = amax / 127.0f;
+    const __m512 id = _mm512_set1_ps(inverse_scale(d));
+    const __m512i i0 = _mm512_cvtps_epi32(round_half_away_avx512(_mm512_mul_ps(v0, id)));
+    const __m512i i1 = _mm512_cvtps_epi32(round_half_away_avx512(_mm512_mul_ps(v1, id)));
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(i0));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(i1));
+    *d_out = d;
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+}
+
+BUBO_TARGET_AVX512 static void quantize_row_q8_0_avx512(const float *restrict x, void *restrict vy, int64_t n) {
+    block_q8_0 *restrict y = vy;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        float d;
+        quantize_block_avx512(x + i * QK8_0, &d, y[i].qs);
+        y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    }
+}
+
+BUBO_TARGET_AVX512 static void quantize_row_q8_1_avx512(const float *restrict x, void *restrict vy, int64_t n) {
+    block_q8_1 *restrict y = vy;
+    for (int64_t i = 0; i < n / QK8_1; i++) {
+        float d;
+        const int sum = quantize_block_avx512(x + i * QK8_1, &d, y[i].qs);
+        y[i].d = d;
+        y[i].s = d * (float)sum;
+    }
+}
+
+BUBO_TARGET_AVX512 static void dequantize_row_q8_0_avx512(const void *restrict vx, float *restrict y, int64_t n) {
+    const block_q8_0 *restrict x = vx;
+    for (int64_t i = 0; i < n / QK8_0; i++, y += QK8_0) {
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(x[i].d));
+        const __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x[i].qs));
+        const __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(x[i].qs + 16)));
+        _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d));
+    }
+}
+
+/* Two blocks' int32 lane sums (8 lanes each). vpdpbusd multiplies unsigned by signed, so x's
+ * sign moves onto y: |x| * (x < 0 ? -y : y). */
+BUBO_TARGET_AVX512 static inline __m512i dot_q8_0_2blocks_avx512(const block_q8_0 *x, const block_q8_0 *y) {
+    const __m512i qx = load_2x32_avx512(x[0].qs, x[1].qs);
+    const __m512i qy = load_2x32_avx512(y[0].qs, y[1].qs);
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i sy = _mm512_mask_sub_epi8(qy, _mm512_movepi8_mask(qx), zero, qy);
+    return _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(qx), sy);
+}
+
+BUBO_TARGET_AVX512 static void vec_dot_q8_0_q8_0_avx512(int n, float *restrict s, const void *restrict vx,
+                                                         const void *restrict vy) {
+    const block_q8_0 *restrict x = vx;
+    const block_q8_0 *restrict y = vy;
+    const int nb = n / QK8_0;
+    static const int lanes[4] = {0, 1, 2, 3};
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    int i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const __m512i z01 = dot_q8_0_2blocks_avx512(x + i, y + i);
+        const __m512i z23 = dot_q8_0_2blocks_avx512(x + i + 2, y + i + 2);
+        const __m256 dxy = dxdy_4blocks_avx2(x + i, sizeof(block_q8_0), y + i);
+        fma_4blocks_avx512(acc, z01, z23, _mm512_castps256_ps512(dxy), lanes);
+    }
+    *s = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + dot_q8_0_q8_0_blocks(x + i, y + i, nb - i);
+}
+
+#endif /* BUBO_X86 */
+
+/* ==== arm64: NEON ========================================================================== */
+#if defined(BUBO_ARM64)
+
+/* One block -> d and q (ties away from zero: vcvtaq is roundf); returns sum(q). */
+static inline int quantize_block_neon(const float *x, float *d_out, int8_t *q) {
+    float32x4_t v[8];
+    float32x4_t m = vdupq_n_f32(0.0f);
+    for (int k = 0; k < 8; k++) {
+        v[k] = vld1q_f32(x + 4 * k);
+        m = vmaxq_f32(m, vabsq_f32(v[k]));
+    }
+    const float amax = vmaxvq_f32(m);
+    const float d = amax / 127.0f;
+    const float id = inverse_scale(d);
+    int32x4_t sum = vdupq_n_s32(0);
+    for (int k = 0; k < 8; k += 2) {
+        const int32x4_t a = vcvtaq_s32_f32(vmulq_n_f32(v[k], id));
+        const int32x4_t b = vcvtaq_s32_f32(vmulq_n_f32(v[k + 1], id));
+        sum = vaddq_s32(sum, vaddq_s32(a, b));
+        const int16x8_t ab = vcombine_s16(vqmovn_s32(a), vqmovn_s32(b));
+        vst1_s8(q + 4 * k, vqmovn_s16(ab));
+    }
+    *d_out = d;
+    return vaddvq_s32(sum);
+}
+
+static void quantize_row_q8_0_neon(const float *restrict x, void *restrict vy, int64_t n) {
+    block_q8_0 *restrict y = vy;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        float d;
+        quantize_block_neon(x + i * QK8_0, &d, y[i].qs);
+        y[i].d = f32_to_f16_neon(d);
+    }
+}
+
+static void quantize_row_q8_1_neon(const float *restrict x, void *restrict vy, int64_t n) {
+    block_q8_1 *restrict y = vy;
+    for (int64_t i = 0; i < n / QK8_1; i++) {
+        float d;
+        const int sum = quantize_block_neon(x + i * QK8_1, &d, y[i].qs);
+        y[i].d = d;
+        y[i].s = d * (float)sum;
+    }
+}
+
+static void dequantize_row_q8_0_neon(const void *restrict vx, float *restrict y, int64_t n) {
+    const block_q8_0 *restrict x = vx;
+    for (int64_t i = 0; i < n / QK8_0; i++, y += QK8_0) {
+        const float32x4_t d = vdupq_n_f32(f16_to_f32_neon(x[i].d));
+        store_s8x16_scaled(y, vld1q_s8(x[i].qs), d);
+        store_s8x16_scaled(y + 16, vld1q_s8(x[i].qs + 16), d);
+    }
+}
+
+static inline int32x4_t dot_q8_0_block_neon(const block_q8_0 *x, const block_q8_0 *y) {
+    const int32x4_t p = dot_s8x16(vdupq_n_s32(0), vld1q_s8(x->qs), vld1q_s8(y->qs));
+    return dot_s8x16(p, vld1q_s8(x->qs + 16), vld1q_s8(y->qs + 16));
+}
+
+static void vec_dot_q8_0_q8_0_neon(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
+    const block_q8_0 *restrict x = vx;
+    const block_q8_0 *restrict y = vy;
+    const int nb = n / QK8_0;
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
+    int i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const float d0 = f16_to_f32_neon(x[i].d) * f16_to_f32_neon(y[i].d);
+        const float d1 = f16_to_f32_neon(x[i + 1].d) * f16_to_f32_neon(y[i + 1].d);
+        acc0 = vmlaq_n_f32(acc0, vcvtq_f32_s32(dot_q8_0_block_neon(x + i, y + i)), d0);
+        acc1 = vmlaq_n_f32(acc1, vcvtq_f32_s32(dot_q8_0_block_neon(x + i + 1, y + i + 1)), d1);
+    }
+    *s = vaddvq_f32(vaddq_f32(acc0, acc1)) + dot_q8_0_q8_0_blocks(x + i, y + i, nb - i);
+}
+
+#endif /* BUBO_ARM64 */
+
+/* ==== registration ========================================================================= */
+
+void bubo_register_q8(bubo_type_traits *table) {
+    bubo_type_traits *q8_0 = &table[BUBO_TYPE_Q8_0];
+    q8_0->supported = 1;
+    q8_0->vec_dot_type = BUBO_TYPE_Q8_0;
+    q8_0->to_float[BUBO_ISA_SCALAR] = dequantize_row_q8_0_scalar;
+    q8_0->from_float[BUBO_ISA_SCALAR] = quantize_row_q8_0_scalar;
+    q8_0->vec_dot[BUBO_ISA_SCALAR] = vec_dot_q8_0_q8_0_scalar;
+
+    /* An activation type only: no tensors of it, so not "supported" and no dot product. */
+    bubo_type_traits *q8_1 = &table[BUBO_TYPE_Q8_1];
+    q8_1->supported = 0;
+    q8_1->vec_dot_type = BUBO_TYPE_Q8_1;
+    q8_1->to_float[BUBO_ISA_SCALAR] = dequantize_row_q8_1_scalar;
+    q8_1->from_float[BUBO_ISA_SCALAR] = quantize_row_q8_1_scalar;
+
+#if defined(BUBO_X86)
+    q8_0->to_float[BUBO_ISA_AVX2] = dequantize_row_q8_0_avx2;
+    q8_0->from_float[BUBO_ISA_AVX2] = quantize_row_q8_0_avx2;
+    q8_0->vec_dot[BUBO_ISA_AVX2] = vec_dot_q8_0_q8_0_avx2;
+    q8_0->to_float[BUBO_ISA_AVX512] = dequantize_row_q8_0_avx512;
+    q8_0->from_float[BUBO_ISA_AVX512] = quantize_row_q8_0_avx512;
+    q8_0->vec_dot[BUBO_ISA_AVX512] = vec_dot_q8_0_q8_0_avx512;
+    q8_1->from_float[BUBO_ISA_AVX2] = quantize_row_q8_1_avx2;
+    q8_1->from_float[BUBO_ISA_AVX512] = quantize_row_q8_1_avx512;
+#endif
+#if defined(BUBO_ARM64)
+    q8_0->to_float[BUBO_ISA_NEON] = dequantize_row_q8_0_neon;
+    q8_0->from_float[BUBO_ISA_NEON] = quantize_row_q8_0_neon;
+    q8_0->vec_dot[BUBO_ISA_NEON] = vec_dot_q8_0_q8_0_neon;
+    q8_1->from_float[BUBO_ISA_NEON] = quantize_row_q8_1_neon;
+#endif
+}

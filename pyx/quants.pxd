@@ -1,0 +1,32 @@
+# Mirrors csrc/include/bubo/quants.h
+from libc.stdint cimport int64_t, uint16_t
+from cpu cimport bubo_isa
+
+cdef extern from "bubo/quants.h" nogil:
+    ctypedef int bubo_type
+    int BUBO_TYPE_COUNT
+
+    ctypedef void (*bubo_to_float_fn)(const void *x, float *y, int64_t n)
+    ctypedef void (*bubo_from_float_fn)(const float *x, void *y, int64_t n)
+    ctypedef void (*bubo_vec_dot_fn)(int n, float *s, const void *x, const void *y)
+
+    ctypedef struct bubo_type_traits:
+        const char *name
+        int64_t blck_size
+        size_t type_size
+        int supported
+        bubo_type vec_dot_type
+        bubo_to_float_fn to_float[4]
+        bubo_from_float_fn from_float[4]
+        bubo_vec_dot_fn vec_dot[4]
+
+    const bubo_type_traits *bubo_type_get_traits(int type)
+    bubo_to_float_fn bubo_get_to_float(bubo_type type)
+    bubo_from_float_fn bubo_get_from_float(bubo_type type)
+    bubo_vec_dot_fn bubo_get_vec_dot(bubo_type type)
+    size_t bubo_row_size(bubo_type type, int64_t n)
+
+    float bubo_f16_to_f32(uint16_t h)
+    uint16_t bubo_f32_to_f16(float f)
+    float bubo_bf16_to_f32(uint16_t h)
+    uint16_t bubo_bf16_from_f32 "bubo_f32_to_bf16"(float f)

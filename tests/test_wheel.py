@@ -1,0 +1,26 @@
+"""The wheel that wheels/build.sh builds installs into a fresh virtual environment and passes
+wheels/smoke.py there."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_wheel_builds_installs_and_passes_smoke(tmp_path):
+    proc = subprocess.run(["bash", str(ROOT / "wheels/build.sh"), str(tmp_path / "dist")],
+                          capture_output=True, text=True, timeout=1500)
+    out = proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0, out
+    assert "smoke test passed" in proc.stdout, out
+    wheels = list((tmp_path / "dist").glob("bubo-*.whl"))
+    assert len(wheels) == 1
+    # the wheel carries the native library and every extension module
+    import zipfile
+
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    assert any(n.endswith("libbubo.so") for n in names), names
+    assert any("_kernels" in n and n.endswith(".so") for n in names), names
