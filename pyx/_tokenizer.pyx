@@ -52,6 +52,8 @@ cdef class Tokenizer:
     cdef object _name
 
     def __init__(self, path):
+        if self.t != NULL:
+            raise RuntimeError("Tokenizer is already initialized")
         path = os.fspath(path)
         cdef bytes bpath = os.fsencode(path)
         self._name = os.fsdecode(path)
@@ -94,7 +96,8 @@ cdef class Tokenizer:
         check_status(st, &err, self._name)
         cdef const char *warning = bubo_tokenizer_warning(self.t)
         if warning != NULL:
-            warnings.warn(f"{self._name}: {warning.decode('utf-8', 'replace')}", RuntimeWarning, stacklevel=3)
+            # Cython frames are not on Python's stack: level 1 is the caller's line
+            warnings.warn(f"{self._name}: {warning.decode('utf-8', 'replace')}", RuntimeWarning, stacklevel=1)
 
     def __dealloc__(self):
         if self.t != NULL:
