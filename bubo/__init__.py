@@ -1,8 +1,18 @@
 """bubo: a local LLM inference server on hand-written C kernels for GGUF models."""
 
 from bubo.errors import BuboError, GGUFError, UnsupportedError
-from bubo.gguf import GGUFFile
+from bubo.gguf import GGUFFile, TensorInfo
+from bubo._tokenizer import Detokenizer, Tokenizer
 
 __version__ = "0.1.0"
 
-__all__ = ["BuboError", "GGUFError", "UnsupportedError", "__version__"]
+__all__ = [
+    "BuboError",
+    "Detokenizer",
+    "GGUFError",
+    "GGUFFile",
+    "TensorInfo",
+    "Tokenizer",
+    "UnsupportedError",
+    "__version__",
+]

@@ -624,3 +624,13 @@ def test_real_model_views_share_the_mapping(real_model):
         fh.seek(f.data_offset + info.offset)
         head = fh.read(64)
     assert a.view(np.uint8).reshape(-1)[:64].tobytes() == head
+
+
+@pytest.mark.models
+def test_catalog_models_pass_the_model_check(real_model):
+    """Every tensor type of the three catalog models has kernels, and their architectures are
+    the ones bubo runs."""
+    path, f, _ = real_model
+    arch = check_model_file(f)
+    assert arch in SUPPORTED_ARCHITECTURES
+    assert {t.type_name for t in f.tensors} <= {"f32", "f16", "q4_1", "q5_0", "q8_0", "q4_K", "q6_K"}
