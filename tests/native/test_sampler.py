@@ -358,6 +358,7 @@ A, B, C, D, E, NL, COLON, X_COLON, FO, O, OO, SP = 0, 1, 2, 3, 4, 26, 27, 28, 29
     ([A, B, C, A, B, C, FO, O, A, B], ["foo"]),                 # a breaker spelled by two tokens
     ([A, B, C, A, B, C, FO, OO, A, B], ["foo"]),                # ... the second one running past it
     ([A, B, C, A, B, C, FO, A, A, B], ["foo"]),                 # an incomplete one does not break
+    ([A, B, C, FO, O, A, B, C, FO, O, A, B], ["foo"]),          # the limit counts the breaker's tokens
     ([A] * 30, ["\n"]),                                         # one token repeated: exponent grows
 ])
 @pytest.mark.parametrize("allowed", [1, 2])
@@ -386,6 +387,19 @@ def test_dry_window_and_clamped_exponent():
         s = run_stage(lg, history=history, pieces=DRY_PIECES, dry_multiplier=0.5, dry_base=3.0,
                       dry_allowed_length=2, dry_penalty_last_n=last_n)
         want = m_dry(lg, history, DRY_PIECES, [b"\n", b":", b'"', b"*"], 0.5, 3.0, 2, last_n)
+        assert_candidates(s, *everything(want))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dry_random_histories(seed):
+    # few distinct tokens: long, overlapping repeats exercise every branch of the Z-function
+    rng = np.random.default_rng(seed)
+    history = rng.choice([A, B, C, NL], size=300, p=[0.4, 0.3, 0.25, 0.05]).tolist()
+    lg = fixed_logits(n=len(DRY_PIECES), scale=1.0)
+    for breakers, last_n in ((["\n"], 300), (["zz"], 120)):
+        s = run_stage(lg, history=history, pieces=DRY_PIECES, dry_multiplier=0.3, dry_base=1.2,
+                      dry_allowed_length=2, dry_penalty_last_n=last_n, dry_sequence_breakers=breakers)
+        want = m_dry(lg, history, DRY_PIECES, [b.encode() for b in breakers], 0.3, 1.2, 2, last_n)
         assert_candidates(s, *everything(want))
 
 
