@@ -776,3 +776,31 @@ def test_bad_logits_and_tokens():
         s.accept(-1)
     with pytest.raises(ValueError, match="draws"):
         s.sample(np.zeros(10, dtype=np.float32), draws=(0.5, 1.0))
+
+
+# ---- a real vocabulary ---------------------------------------------------------------------------
+
+def test_dry_on_a_real_vocabulary(catalog_model):
+    from bubo import Tokenizer
+    from bubo.sampling import vocab_pieces
+
+    tok = Tokenizer(catalog_model("smollm2:135m"))
+    pieces = vocab_pieces(tok)
+    text = "Name: Alice\nAge: 30\nName: Bob\nthe cat sat on the mat and the cat sat on the"
+    history = tok.encode(text, add_special=False)
+    lg = fixed_logits(n=tok.n_vocab, scale=2.0, seed=4)
+    params = SamplingParams(dry_multiplier=0.8, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0,
+                            dry_penalty_last_n=-1, repeat_last_n=0)
+    # " cat" + " sat" spell the second breaker: the repeat stops at it
+    wants = []
+    for breakers in (("\n", ":", '"', "*"), ("cat sat",)):
+        p = params.replace(dry_sequence_breakers=breakers).to_native(n_ctx=256, seed=0)
+        s = Sampler(tok.n_vocab, p, vocab_pieces=pieces)
+        for t in history:
+            s.accept(t)
+        s.sample(lg, draws=(0.5, 0.5))
+        want = m_dry(lg, history, pieces, p["dry_sequence_breakers"], 0.8, 1.75, 2, 256)
+        assert np.any(want != lg), "the text must trigger DRY"
+        assert_candidates(s, *everything(want))
+        wants.append(want)
+    assert np.any(wants[0] != wants[1]), "the two-token breaker must shorten the repeat"
