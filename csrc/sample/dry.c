@@ -51,7 +51,8 @@ static int contains(const char *hay, size_t n, const char *needle, size_t m) {
     return 0;
 }
 
-/* Calls fn for each head entry of token text w: pass 1 counts them, pass 2 stores them. */
+/* Marks a token whose text holds a whole breaker, and counts (store NULL) or stores its head
+ * entries: one per breaker prefix its text ends with. */
 static size_t scan_token(bubo_dry *d, uint32_t token, const char *w, size_t wl, dry_head *store) {
     size_t n = 0;
     for (size_t b = 0; b < d->n_breakers; b++) {
