@@ -123,15 +123,15 @@ class Model:
 
     def __init__(self, name_or_path: str | os.PathLike[str], *, n_ctx: int = 4096,
                  n_threads: int | None = None, chat_template: str | None = None):
-        from bubo._model import KVCache
-        from bubo._model import Model as NativeModel
-
         if n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
         if n_threads is not None and n_threads <= 0:
             raise ValueError(f"n_threads must be positive (or None for every CPU), got {n_threads}")
         self.path = store.resolve(name_or_path)
         self.name = str(name_or_path)
+        from bubo._model import KVCache
+        from bubo._model import Model as NativeModel
+
         with GGUFFile(self.path) as f:
             self.metadata = f.metadata
         self._native = NativeModel(str(self.path), n_threads or 0)
