@@ -144,6 +144,7 @@ class Model:
         self._active: object | None = None  # the generation that owns the cache now
         self._chat_template_source = chat_template
         self._chat_template: ChatTemplate | None = None
+        self._pieces: list[bytes] | None = None
 
     def __repr__(self) -> str:
         return f"bubo.Model({self.name!r}, n_ctx={self.n_ctx})"
@@ -234,8 +235,11 @@ class Model:
 
     # --- internals -----------------------------------------------------------------------
 
-    _GEN_KEYS = ("max_tokens", "stop", "seed", "temperature", "top_k", "top_p", "min_p",
-                 "add_special", "parse_special")
+    def _vocab_pieces(self) -> list[bytes]:
+        if self._pieces is None:
+            tok = self.tokenizer
+            self._pieces = [tok.token_to_piece(i, special=True) for i in range(tok.n_vocab)]
+        return self._pieces
 
     def _start_kw(self, prompt: str | Sequence[int], kwargs: dict[str, Any]) -> _Run:
         defaults = {"max_tokens": 256, "stop": (), "seed": None, "temperature": None, "top_k": None,
@@ -289,7 +293,10 @@ class _Run:
         self.prompt = prompt
         self.max_tokens = max_tokens
         self.matcher = matcher
-        self.sampler = Sampler(model.n_vocab, params.to_native())
+        native = params.to_native()
+        # DRY's sequence breakers are text: the sampler needs every token's text to match them
+        pieces = model._vocab_pieces() if native.get("dry_multiplier", 0) > 0 and native.get("dry_sequence_breakers") else None
+        self.sampler = Sampler(model.n_vocab, native, pieces)
         self.generated: list[int] = []
         self.logprobs: list[float] = []
         self.finish_reason = "length"
