@@ -92,6 +92,36 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)  # of each generated token
 
 
+class TextStream(Iterator[str]):
+    """What generate() returns: an iterator of text pieces; once it is exhausted, completion()
+    tells how the generation ended."""
+
+    def __init__(self, run: _Run, pieces: Iterator[str]):
+        self._run = run
+        self._pieces = pieces
+        self._text: list[str] = []
+        self._done = False
+
+    def __next__(self) -> str:
+        try:
+            piece = next(self._pieces)
+        except StopIteration:
+            self._done = True
+            raise
+        self._text.append(piece)
+        return piece
+
+    def close(self) -> None:
+        close = getattr(self._pieces, "close", None)
+        if close is not None:
+            close()
+
+    def completion(self) -> Completion:
+        if not self._done:
+            raise RuntimeError("the generation has not finished: read the stream to its end first")
+        return self._run.result("".join(self._text))
+
+
 class _Detok(Protocol):
     def feed(self, id: int) -> str: ...
     def flush(self) -> str: ...
@@ -178,7 +208,7 @@ class Model:
                  temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, min_p: float | None = None,
                  add_special: bool = True, parse_special: bool = False,
-                 **sampling: Any) -> Iterator[str]:
+                 **sampling: Any) -> TextStream:
         """Stream the continuation of `prompt` (text, or token ids used as they are) as text
         pieces. Stops at an end-of-generation token, at a stop string (which is not yielded,
         nor anything after it) or after max_tokens (None: until the context is full).
@@ -187,13 +217,14 @@ class Model:
         llama.cpp); other SamplingParams fields can be passed by name. temperature <= 0 is greedy."""
         run = self._start(prompt, max_tokens, stop, seed, temperature, top_k, top_p, min_p,
                           add_special, parse_special, sampling)
-        return _text_stream(run.tokens(), self.tokenizer.detokenizer(), run.matcher)
+        return TextStream(run, _text_stream(run.tokens(), self.tokenizer.detokenizer(), run.matcher))
 
     def complete(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion:
         """generate(), collected: the text with why it ended."""
-        run = self._start_kw(prompt, kwargs)
-        text = "".join(_text_stream(run.tokens(), self.tokenizer.detokenizer(), run.matcher))
-        return run.result(text)
+        stream = self.generate(prompt, **kwargs)
+        for _ in stream:
+            pass
+        return stream.completion()
 
     def chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
              **kwargs: Any) -> Completion:
@@ -202,7 +233,7 @@ class Model:
         return self.complete(self.chat_prompt(messages, tools=tools), parse_special=True, **kwargs)
 
     def chat_stream(self, messages: Sequence[Mapping[str, Any]], *,
-                    tools: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any) -> Iterator[str]:
+                    tools: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any) -> TextStream:
         """chat(), streamed as text pieces."""
         return self.generate(self.chat_prompt(messages, tools=tools), parse_special=True, **kwargs)
 
@@ -240,12 +271,6 @@ class Model:
             tok = self.tokenizer
             self._pieces = [tok.token_to_piece(i, special=True) for i in range(tok.n_vocab)]
         return self._pieces
-
-    def _start_kw(self, prompt: str | Sequence[int], kwargs: dict[str, Any]) -> _Run:
-        defaults = {"max_tokens": 256, "stop": (), "seed": None, "temperature": None, "top_k": None,
-                    "top_p": None, "min_p": None, "add_special": True, "parse_special": False}
-        args = {k: kwargs.pop(k, v) for k, v in defaults.items()}
-        return self._start(prompt, *args.values(), kwargs)
 
     def _start(self, prompt: str | Sequence[int], max_tokens: int | None, stop: str | Iterable[str],
                seed: int | None, temperature: float | None, top_k: int | None, top_p: float | None,

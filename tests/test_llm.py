@@ -194,9 +194,14 @@ def fake_model(monkeypatch, catalog_model):
 def test_generate_streams_the_continuation_until_eog(fake_model):
     m, script = fake_model
     script("The owl", " says: hoo 🦉 hoo!")
-    pieces = list(m.generate("The owl"))
+    stream = m.generate("The owl")
+    with pytest.raises(RuntimeError, match="not finished"):
+        stream.completion()
+    pieces = list(stream)
     assert "".join(pieces) == " says: hoo 🦉 hoo!"
     assert all(pieces)
+    assert stream.completion().text == "".join(pieces)
+    assert stream.completion().finish_reason == "stop"
     c = m.complete("The owl")
     assert c.text == " says: hoo 🦉 hoo!" and c.finish_reason == "stop" and c.tokens[-1] == FakeNative.eog
     assert c.prompt_tokens == len(m.tokenize("The owl"))
