@@ -268,8 +268,9 @@ class Model:
 
     def _vocab_pieces(self) -> list[bytes]:
         if self._pieces is None:
-            tok = self.tokenizer
-            self._pieces = [tok.token_to_piece(i, special=True) for i in range(tok.n_vocab)]
+            from bubo.sampling import vocab_pieces
+
+            self._pieces = vocab_pieces(self.tokenizer)
         return self._pieces
 
     def _start(self, prompt: str | Sequence[int], max_tokens: int | None, stop: str | Iterable[str],
@@ -318,7 +319,7 @@ class _Run:
         self.prompt = prompt
         self.max_tokens = max_tokens
         self.matcher = matcher
-        native = params.to_native()
+        native = params.to_native(n_ctx=model.n_ctx)
         # DRY's sequence breakers are text: the sampler needs every token's text to match them
         pieces = model._vocab_pieces() if native.get("dry_multiplier", 0) > 0 and native.get("dry_sequence_breakers") else None
         self.sampler = Sampler(model.n_vocab, native, pieces)

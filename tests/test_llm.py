@@ -169,7 +169,8 @@ class FakeParams:
             raise TypeError(f"unexpected keyword {unknown}")
         self.kw = kw
 
-    def to_native(self):
+    def to_native(self, n_ctx=None, seed=None):
+        assert n_ctx is not None  # -1 windows mean the context size
         return dict(self.kw)
 
 
