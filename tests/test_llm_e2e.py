@@ -10,10 +10,6 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.models
-# until the model branch is merged here there is no native forward pass to run; once it is, the
-# module exists and none of this skips
-pytest.importorskip("bubo._model", reason="bubo._model (the native forward pass) is not built in this checkout")
-pytest.importorskip("bubo._sampler", reason="bubo._sampler is not built in this checkout")
 
 ORACLE = json.loads((Path(__file__).parent / "data" / "oracle" / "llamacpp.json").read_text())
 # llama.cpp's top two candidates closer than this (nats) may swap under a correct engine's
