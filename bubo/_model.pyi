@@ -1,0 +1,50 @@
+"""The native model and its paged KV cache (bubo/_model.pyx)."""
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+class Model:
+    """A GGUF model (llama, qwen2, qwen3, gemma3) on the native forward pass.
+
+    Raises GGUFError naming the file and the tensor or key for a malformed model, UnsupportedError
+    for an unknown architecture or a block type without kernels."""
+
+    path: str
+    hparams: dict[str, Any]
+    def __init__(self, path: str | bytes, n_threads: int = 0) -> None: ...
+    @property
+    def n_vocab(self) -> int: ...
+    def decode(
+        self,
+        kv: KVCache,
+        tokens: npt.ArrayLike,
+        pos: npt.ArrayLike,
+        seq_ids: npt.ArrayLike,
+        logits_rows: npt.ArrayLike,
+    ) -> npt.NDArray[np.float32]:
+        """Run a batch; returns float32 [n_out, n_vocab] for the rows where logits_rows is true.
+
+        Each sequence's tokens must continue it (first at pos == kv.seq_len(seq)). ValueError for
+        a token id out of range, a position gap, a full context; the cache is then unchanged."""
+
+class KVCache:
+    """Paged KV cache of one model: at most n_ctx tokens per sequence, blocks of block_size
+    tokens shared by n_seq_max sequences, stored as "f16", "f32" or "q8_0"."""
+
+    model: Model
+    def __init__(self, model: Model, n_ctx: int, n_seq_max: int = 1, block_size: int = 32, type: str = "f16") -> None: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def n_seq_max(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def n_free_tokens(self) -> int: ...
+    def seq_len(self, seq: int) -> int: ...
+    def truncate(self, seq: int, n: int) -> None: ...
+    def fork(self, src: int, dst: int) -> None: ...
+    def free(self, seq: int) -> None: ...

@@ -1,0 +1,89 @@
+/* The paged KV cache.
+ *
+ * Storage is a pool of fixed-size blocks of block_size tokens; each block holds, for every layer,
+ * the K and V rows of its tokens (all KV heads of a token in one row). A sequence is a block
+ * table: its token i (which is also its position i) lives in block table[i / block_size] at
+ * slot i % block_size. Blocks carry reference counts, so a fork shares every block of its
+ * parent and copies a shared block only when it writes into it (copy on write: only ever the
+ * partly filled last block). Truncation drops whole blocks past the new end.
+ *
+ * Sliding-window layers keep every block and the attention reads only the window (the mask
+ * starts at pos - window + 1): memory is that of a full cache, the work is the window's.
+ *
+ * Nothing here runs the model: bubo_model_decode (model.h) validates a batch, reserves its
+ * blocks through bubo_kv_append_batch, writes rows with bubo_kv_k_row/v_row and attends over
+ * bubo_kv_view. */
+#ifndef BUBO_KV_H
+#define BUBO_KV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bubo/common.h"
+#include "bubo/quants.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BUBO_KV_MAX_BLOCK_SIZE 256
+
+typedef struct bubo_kv bubo_kv;
+
+typedef struct {
+    int n_layer;
+    int64_t n_embd_k;   /* K row: n_head_kv * head_dim_k elements per token and layer */
+    int64_t n_embd_v;   /* V row: n_head_kv * head_dim_v */
+    int64_t head_dim_k; /* a multiple of the storage type's block (32 for Q8_0) */
+    int64_t head_dim_v;
+    int32_t n_ctx;      /* most tokens one sequence may hold; the pool has ceil(n_ctx / block_size) blocks */
+    int n_seq_max;      /* sequence ids 0 .. n_seq_max-1 */
+    int block_size;     /* tokens per block, 1 .. BUBO_KV_MAX_BLOCK_SIZE */
+    bubo_type type;     /* F16 (default), F32 or Q8_0 */
+} bubo_kv_params;
+
+bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err);
+void bubo_kv_free(bubo_kv *kv);
+const bubo_kv_params *bubo_kv_get_params(const bubo_kv *kv);
+
+int32_t bubo_kv_seq_len(const bubo_kv *kv, int seq);
+/* Blocks no sequence holds, times block_size. */
+int64_t bubo_kv_n_free_tokens(const bubo_kv *kv);
+
+/* Keep the first n tokens of seq (n <= its length); blocks past them are released. */
+bubo_status bubo_kv_truncate(bubo_kv *kv, int seq, int32_t n, bubo_err *err);
+/* dst becomes a copy of src sharing its blocks (dst's previous contents are released). */
+bubo_status bubo_kv_fork(bubo_kv *kv, int src, int dst, bubo_err *err);
+/* Release every block of seq. */
+bubo_status bubo_kv_clear(bubo_kv *kv, int seq, bubo_err *err);
+
+/* Append a batch: token t of seq_ids[t] goes at position pos[t]. Each sequence's tokens must
+ * continue it (the first at pos == its length, each next at pos + 1). Allocates the blocks,
+ * copies a shared last block that will be written, and grows each length. All or nothing: on
+ * BUBO_ERR_INVALID (a bad sequence id, a position gap, a sequence past n_ctx, not enough free
+ * blocks) nothing changed. The rows themselves are then written by the caller. */
+bubo_status bubo_kv_append_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
+                                 bubo_err *err);
+
+/* Where token pos of seq keeps its K (or V) row in layer il; the token must be reserved. */
+uint8_t *bubo_kv_k_row(bubo_kv *kv, int il, int seq, int32_t pos);
+uint8_t *bubo_kv_v_row(bubo_kv *kv, int il, int seq, int32_t pos);
+
+/* What attention needs to read one sequence of one layer in place. Token i of the sequence:
+ * K row at k + table[i / block_size] * block_bytes_k + (i % block_size) * row_bytes_k. */
+typedef struct {
+    bubo_type type;
+    int block_size;
+    const uint8_t *k, *v;           /* the layer's block pools */
+    size_t block_bytes_k, block_bytes_v;
+    size_t row_bytes_k, row_bytes_v;
+    size_t head_bytes_k, head_bytes_v; /* one KV head within a row */
+    const int32_t *table;           /* the sequence's block table */
+} bubo_kv_view;
+
+void bubo_kv_get_view(const bubo_kv *kv, int il, int seq, bubo_kv_view *view);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,81 @@
+/* A decoder-only transformer loaded from GGUF: hyperparameters from the metadata, weights bound
+ * in place in the mmap by llama.cpp's tensor names, and the forward pass over a batch.
+ *
+ * Families: llama (SmolLM2, Llama 2/3, Mistral), qwen2 (QKV bias), qwen3 (QK-norm), gemma3
+ * (scaled embedding, QK-norm, post-attention and post-FFN norms, GELU, sliding-window layers with
+ * their own RoPE base). Norm weights are used as stored: the GGUF converter already folded
+ * gemma's (1 + w) into them. */
+#ifndef BUBO_MODEL_H
+#define BUBO_MODEL_H
+
+#include <stdint.h>
+
+#include "bubo/common.h"
+#include "bubo/kv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    BUBO_ARCH_LLAMA = 0,
+    BUBO_ARCH_QWEN2 = 1,
+    BUBO_ARCH_QWEN3 = 2,
+    BUBO_ARCH_GEMMA3 = 3,
+} bubo_arch;
+
+#define BUBO_MAX_LAYERS 512
+
+typedef struct {
+    bubo_arch arch;
+    char arch_name[32];
+    int n_layer;
+    int n_embd;
+    int n_head, n_head_kv;
+    int head_dim_k, head_dim_v;
+    int n_ff;
+    int n_vocab;              /* rows of token_embd */
+    int n_ctx_train;
+    int n_rot;                /* rotated dims per head */
+    int rope_neox;            /* 1: rotate (x[i], x[i + n_rot/2]); 0: adjacent pairs */
+    float rope_freq_base, rope_freq_scale;         /* global layers */
+    float rope_freq_base_swa, rope_freq_scale_swa; /* sliding-window layers */
+    float norm_eps;
+    int sliding_window;       /* 0: none */
+    uint8_t is_swa[BUBO_MAX_LAYERS];
+    float embd_scale;         /* token embeddings are multiplied by it (gemma: sqrt(n_embd)) */
+    float q_scale;            /* queries multiplied by it before the cache's dot product */
+    float kq_scale;           /* scores multiplied by it after */
+    float final_logit_softcap; /* 0: none; else logits = c * tanh(logits / c) */
+    int tied_output;          /* output weights are token_embd */
+} bubo_hparams;
+
+typedef struct bubo_model bubo_model;
+
+/* Tokens per forward step: larger batches are split into chunks of at most this many. */
+#define BUBO_MODEL_MAX_BATCH 512
+
+/* n_threads >= 1: the model's own thread pool. Errors name the file and the tensor or key. */
+bubo_status bubo_model_load(const char *path, int n_threads, bubo_model **out, bubo_err *err);
+void bubo_model_free(bubo_model *m);
+const bubo_hparams *bubo_model_hparams(const bubo_model *m);
+int bubo_model_n_threads(const bubo_model *m);
+
+/* The cache shape this model needs (layers, row widths, head dims); the caller sets n_ctx,
+ * n_seq_max, block_size and type. */
+void bubo_model_kv_params(const bubo_model *m, bubo_kv_params *p);
+
+/* Run n_tokens tokens through the model and the cache.
+ *   tokens, pos, seq_ids [n_tokens]; want_logits [n_tokens] nonzero where a row's logits are
+ *   wanted; logits [n_out][n_vocab] for the n_out wanted rows in batch order.
+ * A sequence's tokens must continue it: its first token in the batch at pos == its length in the
+ * cache, each next one at pos + 1. Everything is checked before anything runs: a bad token id,
+ * sequence id or position, or a full context is BUBO_ERR_INVALID and leaves the cache as it was.
+ * Not thread-safe for one model (its scratch buffers are shared). */
+bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, const int32_t *tokens, const int32_t *pos,
+                              const int32_t *seq_ids, const uint8_t *want_logits, float *logits, bubo_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

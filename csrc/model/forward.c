@@ -1,0 +1,284 @@
+/* The forward pass: one chunk of tokens (any sequences, any positions) through every layer.
+ *
+ * Follow one token t:
+ *   x[t] = embed(token) * embd_scale
+ *   per layer:
+ *     xb   = rmsnorm(x, attn_norm)
+ *     q,k,v = Wq xb (+bq), Wk xb (+bk), Wv xb (+bv); per head rmsnorm (qk-norm); RoPE on q, k
+ *     k, v -> the cache at (seq, pos)
+ *     att  = per head softmax(q . K[seq][window] * scale) . V[seq][window]
+ *     xb2  = Wo att; [rmsnorm(xb2, post_attn_norm)]; x += xb2
+ *     xb   = rmsnorm(x, ffn_norm)
+ *     hb   = act(Wgate xb) * (Wup xb); xb2 = Wdown hb; [rmsnorm(xb2, post_ffw_norm)]; x += xb2
+ *   logits = Wout rmsnorm(x, output_norm)   (only for the rows asked for)
+ *
+ * Matrix products go through bubo_matmul on the pool (each quantizes its input once and splits
+ * weight rows over the threads). The per-token work between them (norms, bias, RoPE, cache
+ * writes, residual adds) runs as one pool run split by token; attention as one run split by
+ * (token, head). One token (decode) runs those small steps on the calling thread. */
+#include <math.h>
+#include <string.h>
+
+#include "model_internal.h"
+
+/* ---- running per-token steps on the pool ---------------------------------------------------- */
+
+typedef struct {
+    bubo_model *m;
+    bubo_kv *kv;
+    int il;              /* the layer */
+    int32_t n;           /* tokens in this chunk */
+    const int32_t *tokens, *pos, *seq_ids;
+    const int32_t *out_rows; /* [n_out] chunk rows whose logits are wanted */
+    int32_t n_out;
+    void (*row_fn)(const void *step, int32_t t); /* the per-token step of a token run */
+} step_ctx;
+
+static void token_share(void *vctx, int ith, int nth) {
+    const step_ctx *c = vctx;
+    const int32_t t0 = (int32_t)((int64_t)c->n * ith / nth), t1 = (int32_t)((int64_t)c->n * (ith + 1) / nth);
+    for (int32_t t = t0; t < t1; t++) c->row_fn(c, t);
+}
+
+static void run_tokens(step_ctx *c, void (*fn)(const void *, int32_t)) {
+    c->row_fn = fn;
+    if (c->n == 1 || bubo_pool_n_threads(c->m->pool) == 1)
+        token_share(c, 0, 1);
+    else
+        bubo_pool_run(c->m->pool, token_share, c);
+}
+
+static bubo_status matmul(bubo_model *m, const bubo_mat *w, const float *x, int32_t n, float *y, bubo_err *err) {
+    return bubo_matmul(m->pool, w->type, w->data, w->rows, w->cols, x, n, y, m->s.mm_scratch, m->s.mm_scratch_size, err);
+}
+
+/* ---- the per-token steps ---------------------------------------------------------------------- */
+
+static void step_embed(const void *vc, int32_t t) {
+    const step_ctx *c = vc;
+    const bubo_model *m = c->m;
+    const bubo_mat *e = &m->w.token_embd;
+    float *x = m->s.x + (size_t)t * m->hp.n_embd;
+    bubo_get_to_float(e->type)((const uint8_t *)e->data + (size_t)c->tokens[t] * bubo_row_size(e->type, e->cols), x,
+                               e->cols);
+    if (m->hp.embd_scale != 1.0f) m->ops->scale(m->hp.n_embd, x, x, m->hp.embd_scale);
+}
+
+static void step_attn_norm(const void *vc, int32_t t) {
+    const step_ctx *c = vc;
+    const bubo_model *m = c->m;
+    const size_t d = m->hp.n_embd;
+    m->ops->rms_norm(d, m->s.xb + t * d, m->s.x + t * d, m->w.layers[c->il].attn_norm, m->hp.norm_eps);
+}
+
+/* bias, qk-norm, RoPE, then K and V into the cache */
+static void step_qkv(const void *vc, int32_t t) {
+    const step_ctx *c = vc;
+    const bubo_model *m = c->m;
+    const bubo_hparams *hp = &m->hp;
+    const bubo_layer_weights *l = &m->w.layers[c->il];
+    const int64_t nq = (int64_t)hp->n_head * hp->head_dim_k;
+    const int64_t nk = (int64_t)hp->n_head_kv * hp->head_dim_k;
+    const int64_t nv = (int64_t)hp->n_head_kv * hp->head_dim_v;
+    float *q = m->s.q + t * nq, *k = m->s.k + t * nk, *v = m->s.v + t * nv;
+
+    if (l->bq) {
+        m->ops->add(nq, q, q, l->bq);
+        m->ops->add(nk, k, k, l->bk);
+        m->ops->add(nv, v, v, l->bv);
+    }
+    if (l->q_norm) {
+        for (int h = 0; h < hp->n_head; h++)
+            m->ops->rms_norm(hp->head_dim_k, q + h * hp->head_dim_k, q + h * hp->head_dim_k, l->q_norm, hp->norm_eps);
+        for (int h = 0; h < hp->n_head_kv; h++)
+            m->ops->rms_norm(hp->head_dim_k, k + h * hp->head_dim_k, k + h * hp->head_dim_k, l->k_norm, hp->norm_eps);
+    }
+    const int swa = hp->is_swa[c->il];
+    const bubo_rope_params rope = {
+        .mode = hp->rope_neox ? BUBO_ROPE_NEOX : BUBO_ROPE_NORMAL,
+        .n_rot = hp->n_rot,
+        .freq_base = swa ? hp->rope_freq_base_swa : hp->rope_freq_base,
+        .freq_scale = swa ? hp->rope_freq_scale_swa : hp->rope_freq_scale,
+        .freq_factors = m->w.rope_freqs,
+    };
+    m->ops->rope(q, 1, hp->n_head, hp->head_dim_k, &c->pos[t], &rope);
+    m->ops->rope(k, 1, hp->n_head_kv, hp->head_dim_k, &c->pos[t], &rope);
+
+    const bubo_type kv_type = bubo_kv_get_params(c->kv)->type;
+    const bubo_from_float_fn store = bubo_get_from_float(kv_type);
+    store(k, bubo_kv_k_row(c->kv, c->il, c->seq_ids[t], c->pos[t]), nk);
+    store(v, bubo_kv_v_row(c->kv, c->il, c->seq_ids[t], c->pos[t]), nv);
+}
+
+/* x += [post_attn_norm](xb2); xb = rmsnorm(x, ffn_norm) */
+static void step_attn_residual(const void *vc, int32_t t) {
+    const step_ctx *c = vc;
+    const bubo_model *m = c->m;
+    const bubo_layer_weights *l = &m->w.layers[c->il];
+    const size_t d = m->hp.n_embd;
+    float *x = m->s.x + t * d, *xb2 = m->s.xb2 + t * d;
+    if (l->post_attn_norm) m->ops->rms_norm(d, xb2, xb2, l->post_attn_norm, m->hp.norm_eps);
+    m->ops->add(d, x, x, xb2);
+    m->ops->rms_norm(d, m->s.xb + t * d, x, l->ffn_norm, m->hp.norm_eps);
+}
+
+static void step_ffn_act(const void *vc, int32_t t) {
+    const step_ctx *c = vc;
+    const bubo_model *m = c->m;
+    const size_t f = m->hp.n_ff;
+    float *gate = m->s.hb + t * f, *up = m->s.hb2 + t * f;
+    if (m->hp.arch == BUBO_ARCH_GEMMA3)
+        m->ops->geglu(f, gate, gate, up);
+    else
+        m->ops->swiglu(f, gate, gate, up);
+}
+
+/* x += [post_ffw_norm](xb2) */
+static void step_ffn_residual(const void *vc, int32_t t) {
+    const step_ctx *c = vc;
+    const bubo_model *m = c->m;
+    const bubo_layer_weights *l = &m->w.layers[c->il];
+    const size_t d = m->hp.n_embd;
+    float *x = m->s.x + t * d, *xb2 = m->s.xb2 + t * d;
+    if (l->post_ffw_norm) m->ops->rms_norm(d, xb2, xb2, l->post_ffw_norm, m->hp.norm_eps);
+    m->ops->add(d, x, x, xb2);
+}
+
+/* the j-th wanted row, normed, packed into xb[j] for the output product */
+static void step_output_norm(const void *vc, int32_t j) {
+    const step_ctx *c = vc;
+    const bubo_model *m = c->m;
+    const size_t d = m->hp.n_embd;
+    m->ops->rms_norm(d, m->s.xb + j * d, m->s.x + (size_t)c->out_rows[j] * d, m->w.output_norm, m->hp.norm_eps);
+}
+
+/* ---- attention: one run, split by (token, head) ---------------------------------------------- */
+
+static void attention_share(void *vctx, int ith, int nth) {
+    const step_ctx *c = vctx;
+    const bubo_model *m = c->m;
+    const bubo_hparams *hp = &m->hp;
+    const int64_t n_items = (int64_t)c->n * hp->n_head;
+    const int64_t i0 = n_items * ith / nth, i1 = n_items * (ith + 1) / nth;
+    const int group = hp->n_head / hp->n_head_kv; /* query heads per KV head (GQA) */
+    const bubo_type kv_type = bubo_kv_get_params(c->kv)->type;
+    const int window = hp->is_swa[c->il] ? hp->sliding_window : 0;
+    uint8_t *q_att = m->s.q_att + (size_t)ith * m->s.q_att_stride;
+    float *q_f32 = (float *)q_att;
+    float *v_tmp = m->s.v_tmp + (size_t)ith * hp->head_dim_v;
+    const bubo_from_float_fn to_q8 = kv_type == BUBO_TYPE_Q8_0 ? bubo_get_from_float(BUBO_TYPE_Q8_0) : NULL;
+
+    bubo_kv_view view;
+    int32_t view_seq = -1;
+    for (int64_t item = i0; item < i1; item++) {
+        const int32_t t = (int32_t)(item / hp->n_head);
+        const int h = (int)(item % hp->n_head);
+        if (c->seq_ids[t] != view_seq) {
+            view_seq = c->seq_ids[t];
+            bubo_kv_get_view(c->kv, c->il, view_seq, &view);
+        }
+        const float *q = m->s.q + ((size_t)t * hp->n_head + h) * hp->head_dim_k;
+        /* the query as the cache's dot product takes it; an f16 cache also rounds the query to
+         * f16, as llama.cpp's f16 K x f32 Q product does */
+        if (to_q8) {
+            for (int j = 0; j < hp->head_dim_k; j++) v_tmp[j] = q[j] * hp->q_scale; /* v_tmp is free until attend */
+            to_q8(v_tmp, q_att, hp->head_dim_k);
+        } else if (kv_type == BUBO_TYPE_F16) {
+            for (int j = 0; j < hp->head_dim_k; j++) q_f32[j] = bubo_f16_to_f32(bubo_f32_to_f16(q[j] * hp->q_scale));
+        } else {
+            for (int j = 0; j < hp->head_dim_k; j++) q_f32[j] = q[j] * hp->q_scale;
+        }
+        const int32_t end = c->pos[t] + 1;
+        const int32_t begin = window > 0 && end > window ? end - window : 0;
+        bubo_attend_paged(&view, h / group, hp->head_dim_k, hp->head_dim_v, begin, end, q_att, hp->kq_scale,
+                          m->s.att + ((size_t)t * hp->n_head + h) * hp->head_dim_v, v_tmp);
+    }
+}
+
+/* ---- one chunk -------------------------------------------------------------------------------- */
+
+static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
+    bubo_model *m = c->m;
+    const bubo_hparams *hp = &m->hp;
+    bubo_run_state *s = &m->s;
+    const int32_t n = c->n;
+    bubo_status st;
+
+    run_tokens(c, step_embed);
+    for (int il = 0; il < hp->n_layer; il++) {
+        const bubo_layer_weights *l = &m->w.layers[il];
+        c->il = il;
+        run_tokens(c, step_attn_norm);
+        if ((st = matmul(m, &l->wq, s->xb, n, s->q, err)) || (st = matmul(m, &l->wk, s->xb, n, s->k, err)) ||
+            (st = matmul(m, &l->wv, s->xb, n, s->v, err)))
+            return st;
+        run_tokens(c, step_qkv);
+        if (n * hp->n_head == 1 || bubo_pool_n_threads(m->pool) == 1)
+            attention_share(c, 0, 1);
+        else
+            bubo_pool_run(m->pool, attention_share, c);
+        if ((st = matmul(m, &l->wo, s->att, n, s->xb2, err))) return st;
+        run_tokens(c, step_attn_residual);
+        if ((st = matmul(m, &l->gate, s->xb, n, s->hb, err)) || (st = matmul(m, &l->up, s->xb, n, s->hb2, err)))
+            return st;
+        run_tokens(c, step_ffn_act);
+        if ((st = matmul(m, &l->down, s->hb, n, s->xb2, err))) return st;
+        run_tokens(c, step_ffn_residual);
+    }
+    if (c->n_out == 0) return BUBO_OK;
+
+    step_ctx out = *c;
+    out.n = c->n_out;
+    run_tokens(&out, step_output_norm);
+    if ((st = matmul(m, &m->w.output, s->xb, c->n_out, logits, err))) return st;
+    if (hp->final_logit_softcap > 0.0f) {
+        const float cap = hp->final_logit_softcap;
+        for (size_t i = 0; i < (size_t)c->n_out * hp->n_vocab; i++) logits[i] = cap * tanhf(logits[i] / cap);
+    }
+    return BUBO_OK;
+}
+
+/* ---- decode ----------------------------------------------------------------------------------- */
+
+bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, const int32_t *tokens, const int32_t *pos,
+                              const int32_t *seq_ids, const uint8_t *want_logits, float *logits, bubo_err *err) {
+    const bubo_hparams *hp = &m->hp;
+    const bubo_kv_params *kp = bubo_kv_get_params(kv);
+    bubo_kv_params mine;
+    bubo_model_kv_params(m, &mine);
+    if (kp->n_layer != mine.n_layer || kp->n_embd_k != mine.n_embd_k || kp->n_embd_v != mine.n_embd_v ||
+        kp->head_dim_k != mine.head_dim_k || kp->head_dim_v != mine.head_dim_v)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "this KV cache was made for another model shape (%d layers, K rows of %lld)",
+                            kp->n_layer, (long long)kp->n_embd_k);
+    if (n_tokens < 0) return bubo_set_err(err, BUBO_ERR_INVALID, "n_tokens must be >= 0, not %d", (int)n_tokens);
+    for (int32_t t = 0; t < n_tokens; t++)
+        if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
+            return bubo_set_err(err, BUBO_ERR_INVALID, "batch row %d: token id %d is out of range: the vocabulary has %d tokens (0..%d)",
+                                (int)t, (int)tokens[t], hp->n_vocab, hp->n_vocab - 1);
+    bubo_status st = bubo_kv_append_batch(kv, n_tokens, seq_ids, pos, err);
+    if (st) return st;
+
+    /* the wanted rows of a chunk, as chunk-relative indices; the logits rows run in batch order */
+    int32_t out_rows[BUBO_MODEL_MAX_BATCH];
+    size_t logits_done = 0;
+    for (int32_t start = 0; start < n_tokens; start += BUBO_MODEL_MAX_BATCH) {
+        const int32_t n = n_tokens - start < BUBO_MODEL_MAX_BATCH ? n_tokens - start : BUBO_MODEL_MAX_BATCH;
+        int32_t n_out = 0;
+        for (int32_t t = 0; t < n; t++)
+            if (want_logits[start + t]) out_rows[n_out++] = t;
+        step_ctx c = {
+            .m = m,
+            .kv = kv,
+            .n = n,
+            .tokens = tokens + start,
+            .pos = pos + start,
+            .seq_ids = seq_ids + start,
+            .out_rows = out_rows,
+            .n_out = n_out,
+        };
+        /* after append_batch nothing can fail but a kernel refusing a shape load already checked */
+        if ((st = forward_chunk(&c, logits + logits_done * hp->n_vocab, err))) return st;
+        logits_done += n_out;
+    }
+    return BUBO_OK;
+}

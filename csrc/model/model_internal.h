@@ -1,0 +1,75 @@
+/* The model's structs, shared by load.c (hyperparameters, weight binding, buffers) and
+ * forward.c (the forward pass). Shapes are written (rows, cols) for y = W x: rows outputs. */
+#ifndef BUBO_MODEL_INTERNAL_H
+#define BUBO_MODEL_INTERNAL_H
+
+#include "bubo/gguf.h"
+#include "bubo/model.h"
+#include "bubo/ops.h"
+#include "bubo/threadpool.h"
+
+/* A weight matrix in place in the mmap: rows of `cols` elements of `type`. */
+typedef struct {
+    bubo_type type;
+    const void *data;
+    int64_t rows, cols;
+} bubo_mat;
+
+/* ---- weights --------------------------------------------------------------------------------- */
+/* Vectors (norms, biases) are widened to f32 copies at load; matrices stay in the mmap. */
+
+typedef struct {
+    float *attn_norm;      /* [n_embd] */
+    bubo_mat wq;           /* (n_head * head_dim_k, n_embd) */
+    bubo_mat wk;           /* (n_head_kv * head_dim_k, n_embd) */
+    bubo_mat wv;           /* (n_head_kv * head_dim_v, n_embd) */
+    bubo_mat wo;           /* (n_embd, n_head * head_dim_v) */
+    float *bq, *bk, *bv;   /* [rows of wq / wk / wv] biases (qwen2), or NULL */
+    float *q_norm;         /* [head_dim_k] per-head RMSNorm of q (qwen3, gemma3), or NULL */
+    float *k_norm;         /* [head_dim_k] same for k, or NULL */
+    float *post_attn_norm; /* [n_embd] RMSNorm of the attention output (gemma3), or NULL */
+    float *ffn_norm;       /* [n_embd] */
+    bubo_mat gate;         /* (n_ff, n_embd) */
+    bubo_mat up;           /* (n_ff, n_embd) */
+    bubo_mat down;         /* (n_embd, n_ff) */
+    float *post_ffw_norm;  /* [n_embd] RMSNorm of the FFN output (gemma3), or NULL */
+} bubo_layer_weights;
+
+typedef struct {
+    bubo_mat token_embd;   /* (n_vocab, n_embd): rows are looked up, not multiplied */
+    float *output_norm;    /* [n_embd] */
+    bubo_mat output;       /* (n_vocab, n_embd); token_embd when tied */
+    float *rope_freqs;     /* [n_rot / 2] frequency divisors (llama3), or NULL */
+    bubo_layer_weights layers[BUBO_MAX_LAYERS];
+} bubo_weights;
+
+/* ---- run state: activations of one chunk of at most B = BUBO_MODEL_MAX_BATCH tokens ---------- */
+
+typedef struct {
+    float *x;             /* (B, n_embd) the residual stream */
+    float *xb;            /* (B, n_embd) a sublayer's normed input; at the end, the normed output rows */
+    float *q;             /* (B, n_head * head_dim_k) */
+    float *k;             /* (B, n_head_kv * head_dim_k) */
+    float *v;             /* (B, n_head_kv * head_dim_v) */
+    float *att;           /* (B, n_head * head_dim_v) attention output, heads concatenated */
+    float *xb2;           /* (B, n_embd) a sublayer's output before the residual add */
+    float *hb;            /* (B, n_ff) gate, then the activated product */
+    float *hb2;           /* (B, n_ff) up */
+    uint8_t *mm_scratch;  /* activations quantized by bubo_matmul: the largest of any weight's need */
+    size_t mm_scratch_size;
+    uint8_t *q_att;       /* (n_threads, q_att_stride) one query head in the cache's vec_dot_type */
+    size_t q_att_stride;
+    float *v_tmp;         /* (n_threads, head_dim_v) a V row widened to f32 */
+} bubo_run_state;
+
+struct bubo_model {
+    char *path;
+    bubo_gguf *gguf;
+    bubo_hparams hp;
+    bubo_weights w;
+    bubo_run_state s;
+    bubo_pool *pool;
+    const bubo_ops *ops;
+};
+
+#endif

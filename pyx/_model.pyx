@@ -1,0 +1,181 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""The native model and its paged KV cache: Model(path) loads a GGUF file, KVCache(model, n_ctx)
+holds the keys and values of its sequences, model.decode(kv, ...) runs a batch and returns the
+logits of the rows asked for."""
+import os
+
+import numpy as np
+
+from libc.stdint cimport int32_t, uint8_t
+
+from common cimport *
+from quants cimport bubo_type, bubo_type_traits, bubo_type_get_traits, BUBO_TYPE_COUNT
+from kv cimport *
+from model cimport *
+
+include "status.pxi"
+
+
+cdef int _type_id(str name) except -1:
+    cdef int i
+    cdef const bubo_type_traits *t
+    for i in range(BUBO_TYPE_COUNT):
+        t = bubo_type_get_traits(i)
+        if t != NULL and t.name.decode() == name:
+            return i
+    raise ValueError(f"unknown KV cache type {name!r} (use 'f16', 'f32' or 'q8_0')")
+
+
+cdef class Model:
+    """A GGUF model on the native forward pass. n_threads 0 means os.cpu_count()."""
+    cdef bubo_model *m
+    cdef readonly str path
+    cdef readonly dict hparams
+
+    def __cinit__(self, path, int n_threads=0):
+        self.path = os.fsdecode(os.fspath(path))
+        cdef bytes bpath = os.fsencode(self.path)
+        if b"\0" in bpath:
+            raise ValueError("path contains a NUL byte")
+        if n_threads == 0:
+            n_threads = os.cpu_count() or 1
+        cdef bubo_err err
+        cdef const char *cpath = bpath
+        cdef bubo_status st
+        with nogil:
+            st = bubo_model_load(cpath, n_threads, &self.m, &err)
+        check_status(st, &err, None)
+        cdef const bubo_hparams *hp = bubo_model_hparams(self.m)
+        self.hparams = {
+            "arch": hp.arch_name.decode(),
+            "n_layer": hp.n_layer,
+            "n_embd": hp.n_embd,
+            "n_head": hp.n_head,
+            "n_head_kv": hp.n_head_kv,
+            "head_dim": hp.head_dim_k,
+            "head_dim_v": hp.head_dim_v,
+            "n_ff": hp.n_ff,
+            "n_vocab": hp.n_vocab,
+            "n_ctx_train": hp.n_ctx_train,
+            "n_rot": hp.n_rot,
+            "rope_neox": bool(hp.rope_neox),
+            "rope_freq_base": hp.rope_freq_base,
+            "rope_freq_scale": hp.rope_freq_scale,
+            "rope_freq_base_swa": hp.rope_freq_base_swa,
+            "norm_eps": hp.norm_eps,
+            "sliding_window": hp.sliding_window,
+            "swa_layers": [i for i in range(hp.n_layer) if hp.is_swa[i]],
+            "embd_scale": hp.embd_scale,
+            "final_logit_softcap": hp.final_logit_softcap,
+            "tied_output": bool(hp.tied_output),
+            "n_threads": bubo_model_n_threads(self.m),
+        }
+
+    def __dealloc__(self):
+        bubo_model_free(self.m)
+
+    @property
+    def n_vocab(self):
+        return bubo_model_hparams(self.m).n_vocab
+
+    def __repr__(self):
+        return f"Model({self.path!r}, arch={self.hparams['arch']!r}, n_layer={self.hparams['n_layer']})"
+
+    def decode(self, KVCache kv not None, tokens, pos, seq_ids, logits_rows):
+        """Run a batch: tokens, pos, seq_ids (int32, one entry per row) and logits_rows (bool: which
+        rows get logits). Returns float32 [n_out, n_vocab], the wanted rows in batch order."""
+        if kv.model is not self:
+            raise ValueError("this KV cache belongs to another model")
+        cdef int32_t[::1] tok = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        cdef int32_t[::1] p = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
+        cdef int32_t[::1] sq = np.ascontiguousarray(seq_ids, dtype=np.int32).reshape(-1)
+        want_arr = np.ascontiguousarray(logits_rows, dtype=np.bool_).reshape(-1)
+        cdef uint8_t[::1] want = want_arr.view(np.uint8)
+        cdef Py_ssize_t n = tok.shape[0]
+        if p.shape[0] != n or sq.shape[0] != n or want.shape[0] != n:
+            raise ValueError(f"tokens, pos, seq_ids and logits_rows must have the same length "
+                             f"(got {n}, {p.shape[0]}, {sq.shape[0]}, {want.shape[0]})")
+        if n > 0x7fffffff:
+            raise ValueError("batch too large")
+        cdef Py_ssize_t n_out = int(want_arr.sum())
+        cdef const bubo_hparams *hp = bubo_model_hparams(self.m)
+        out = np.empty((n_out, hp.n_vocab), dtype=np.float32)
+        if n == 0:
+            return out
+        cdef float[:, ::1] o = out
+        cdef float *op = &o[0, 0] if n_out > 0 else NULL
+        cdef bubo_err err
+        cdef bubo_status st
+        with nogil:
+            st = bubo_model_decode(self.m, kv.kv, <int32_t>n, &tok[0], &p[0], &sq[0], &want[0], op, &err)
+        check_status(st, &err, None)
+        return out
+
+
+cdef class KVCache:
+    """The paged KV cache of one model: n_ctx tokens at most per sequence (the pool holds
+    ceil(n_ctx / block_size) blocks, shared by n_seq_max sequences), stored as f16, f32 or q8_0."""
+    cdef bubo_kv *kv
+    cdef readonly Model model
+
+    def __cinit__(self, Model model not None, int n_ctx, int n_seq_max=1, int block_size=32, str type="f16"):
+        cdef bubo_kv_params p
+        bubo_model_kv_params(model.m, &p)
+        p.n_ctx = n_ctx
+        p.n_seq_max = n_seq_max
+        p.block_size = block_size
+        p.type = <bubo_type>_type_id(type)
+        cdef bubo_err err
+        cdef bubo_status st
+        with nogil:
+            st = bubo_kv_create(&p, &self.kv, &err)
+        check_status(st, &err, None)
+        self.model = model
+
+    def __dealloc__(self):
+        bubo_kv_free(self.kv)
+
+    @property
+    def n_ctx(self):
+        return bubo_kv_get_params(self.kv).n_ctx
+
+    @property
+    def n_seq_max(self):
+        return bubo_kv_get_params(self.kv).n_seq_max
+
+    @property
+    def block_size(self):
+        return bubo_kv_get_params(self.kv).block_size
+
+    @property
+    def type(self):
+        return bubo_type_get_traits(bubo_kv_get_params(self.kv).type).name.decode()
+
+    @property
+    def n_free_tokens(self):
+        return bubo_kv_n_free_tokens(self.kv)
+
+    cdef int _check_seq(self, int seq) except -1:
+        if seq < 0 or seq >= bubo_kv_get_params(self.kv).n_seq_max:
+            raise ValueError(f"sequence id {seq} is out of range: this cache holds "
+                             f"{bubo_kv_get_params(self.kv).n_seq_max} sequences")
+        return 0
+
+    def seq_len(self, int seq):
+        self._check_seq(seq)
+        return bubo_kv_seq_len(self.kv, seq)
+
+    def truncate(self, int seq, int n):
+        """Keep the first n tokens of seq."""
+        cdef bubo_err err
+        check_status(bubo_kv_truncate(self.kv, seq, n, &err), &err, None)
+
+    def fork(self, int src, int dst):
+        """dst becomes a copy of src (sharing its blocks; dst's old contents are dropped)."""
+        cdef bubo_err err
+        check_status(bubo_kv_fork(self.kv, src, dst, &err), &err, None)
+
+    def free(self, int seq):
+        """Drop every token of seq."""
+        cdef bubo_err err
+        check_status(bubo_kv_clear(self.kv, seq, &err), &err, None)

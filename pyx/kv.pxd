@@ -1,0 +1,33 @@
+# Mirrors csrc/include/bubo/kv.h
+from libc.stdint cimport int32_t, int64_t, uint8_t
+
+from common cimport bubo_status, bubo_err
+from quants cimport bubo_type
+
+cdef extern from "bubo/kv.h" nogil:
+    int BUBO_KV_MAX_BLOCK_SIZE
+
+    ctypedef struct bubo_kv:
+        pass
+
+    ctypedef struct bubo_kv_params:
+        int n_layer
+        int64_t n_embd_k
+        int64_t n_embd_v
+        int64_t head_dim_k
+        int64_t head_dim_v
+        int32_t n_ctx
+        int n_seq_max
+        int block_size
+        bubo_type type
+
+    bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err)
+    void bubo_kv_free(bubo_kv *kv)
+    const bubo_kv_params *bubo_kv_get_params(const bubo_kv *kv)
+    int32_t bubo_kv_seq_len(const bubo_kv *kv, int seq)
+    int64_t bubo_kv_n_free_tokens(const bubo_kv *kv)
+    bubo_status bubo_kv_truncate(bubo_kv *kv, int seq, int32_t n, bubo_err *err)
+    bubo_status bubo_kv_fork(bubo_kv *kv, int src, int dst, bubo_err *err)
+    bubo_status bubo_kv_clear(bubo_kv *kv, int seq, bubo_err *err)
+    bubo_status bubo_kv_append_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
+                                     bubo_err *err)

@@ -1,0 +1,54 @@
+# Mirrors csrc/include/bubo/model.h
+from libc.stdint cimport int32_t, uint8_t
+
+from common cimport bubo_status, bubo_err
+from kv cimport bubo_kv, bubo_kv_params
+
+cdef extern from "bubo/model.h" nogil:
+    ctypedef enum bubo_arch:
+        BUBO_ARCH_LLAMA
+        BUBO_ARCH_QWEN2
+        BUBO_ARCH_QWEN3
+        BUBO_ARCH_GEMMA3
+
+    int BUBO_MAX_LAYERS
+    int BUBO_MODEL_MAX_BATCH
+
+    ctypedef struct bubo_hparams:
+        bubo_arch arch
+        char arch_name[32]
+        int n_layer
+        int n_embd
+        int n_head
+        int n_head_kv
+        int head_dim_k
+        int head_dim_v
+        int n_ff
+        int n_vocab
+        int n_ctx_train
+        int n_rot
+        int rope_neox
+        float rope_freq_base
+        float rope_freq_scale
+        float rope_freq_base_swa
+        float rope_freq_scale_swa
+        float norm_eps
+        int sliding_window
+        uint8_t is_swa[512]
+        float embd_scale
+        float q_scale
+        float kq_scale
+        float final_logit_softcap
+        int tied_output
+
+    ctypedef struct bubo_model:
+        pass
+
+    bubo_status bubo_model_load(const char *path, int n_threads, bubo_model **out, bubo_err *err)
+    void bubo_model_free(bubo_model *m)
+    const bubo_hparams *bubo_model_hparams(const bubo_model *m)
+    int bubo_model_n_threads(const bubo_model *m)
+    void bubo_model_kv_params(const bubo_model *m, bubo_kv_params *p)
+    bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, const int32_t *tokens,
+                                  const int32_t *pos, const int32_t *seq_ids, const uint8_t *want_logits,
+                                  float *logits, bubo_err *err)
