@@ -181,12 +181,15 @@ def test_long_batch_is_split(smollm):
     """A batch longer than the model's chunk (512) gives the same logits as the same tokens in
     two batches."""
     rng = np.random.default_rng(0)
-    toks = rng.integers(0, smollm.n_vocab, 600).astype(np.int32)
-    kv = KVCache(smollm, n_ctx=640)
-    whole = smollm.decode(kv, toks, np.arange(600), np.zeros(600), np.arange(600) % 97 == 0)
-    kv2 = KVCache(smollm, n_ctx=640)
-    a = smollm.decode(kv2, toks[:300], np.arange(300), np.zeros(300), np.arange(300) % 97 == 0)
-    b = smollm.decode(kv2, toks[300:], np.arange(300, 600), np.zeros(300), np.arange(300, 600) % 97 == 0)
+    n, half = 520, 260
+    toks = rng.integers(0, smollm.n_vocab, n).astype(np.int32)
+    want = np.arange(n) % 97 == 0
+    want[-1] = True
+    kv = KVCache(smollm, n_ctx=n)
+    whole = smollm.decode(kv, toks, np.arange(n), np.zeros(n), want)
+    kv2 = KVCache(smollm, n_ctx=n)
+    a = smollm.decode(kv2, toks[:half], np.arange(half), np.zeros(half), want[:half])
+    b = smollm.decode(kv2, toks[half:], np.arange(half, n), np.zeros(n - half), want[half:])
     np.testing.assert_allclose(whole, np.concatenate([a, b]), atol=BATCH_ATOL, rtol=0)
 
 
