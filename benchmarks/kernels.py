@@ -4,6 +4,12 @@ the kernel itself is) and one far larger than the last-level cache (memory-bound
 step sees). For reference it also prints this machine's single-thread memory read bandwidth.
 
     python benchmarks/kernels.py [--types q4_K,q8_0] [--big-mb 128]
+    python benchmarks/kernels.py --gemm [--types q4_1,q8_0] [--tokens 512]
+
+--gemm measures instead the matrix-matrix product of prompt processing: GFLOP/s
+(2 * rows * cols * tokens / time) of bubo_matmul, with the tile kernels, for the shapes of
+smollm2:135m (and gemma3:270m, qwen2.5 for the k-quants) on 1 and 2 threads, the thread counts
+alternating so that noise from neighbours hits both.
 
 Not a test: numbers move with the machine and its neighbours; compare variants within one run.
 """
@@ -60,13 +66,65 @@ def memory_bandwidth(mb: int) -> float:
     return gbps(lambda: a.sum(), a.nbytes)
 
 
+# (rows, cols) of the catalog models' weight matrices: smollm2:135m for the legacy types, and
+# gemma3:270m / qwen2.5-coder:0.5b where the columns must be whole 256-element super-blocks
+GEMM_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
+GEMM_SHAPES_K = [(640, 1024), (640, 2048), (896, 4864)]
+
+
+def gemm(types: list[str], n_tokens: int) -> None:
+    import sys
+    from pathlib import Path
+
+    from gguf import GGMLQuantizationType
+
+    from bubo import _ops
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "native"))
+    from blocks import realistic_rows
+
+    pools = {n: _ops.ThreadPool(n) for n in (1, 2)}
+    rng = np.random.default_rng(0)
+    print(f"bubo_matmul, {n_tokens} tokens, table level {K.best_isa()}: GFLOP/s")
+    print(f"{'type':6s} {'rows x cols':>13s} {'1 thread':>9s} {'2 threads':>9s}")
+    for name in types:
+        tid = type_id(name)
+        info = K.type_info(tid)
+        if not info["supported"]:
+            continue
+        shapes = GEMM_SHAPES_K if info["blck_size"] == 256 else GEMM_SHAPES
+        for rows, cols in shapes:
+            if info["blck_size"] == 1:
+                w = rng.standard_normal((rows, cols)).astype(np.float32)
+                data = (w if name == "f32" else w.astype(np.float16)).view(np.uint8).reshape(-1)
+            else:
+                data = np.ascontiguousarray(realistic_rows(GGMLQuantizationType(tid), rows, cols, 0))
+                data = data.view(np.uint8).reshape(-1)
+            x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+            flops = 2.0 * rows * cols * n_tokens
+            best = {1: float("inf"), 2: float("inf")}
+            for _ in range(3):
+                for n in (1, 2):
+                    _ops.matmul(pools[n], tid, data, rows, cols, x)
+                    t0 = time.perf_counter()
+                    _ops.matmul(pools[n], tid, data, rows, cols, x)
+                    best[n] = min(best[n], time.perf_counter() - t0)
+            print(f"{name:6s} {f'{rows}x{cols}':>13s} {flops / best[1] / 1e9:9.1f} {flops / best[2] / 1e9:9.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default=",".join(WEIGHT_TYPES))
     ap.add_argument("--cols", type=int, default=4096)
     ap.add_argument("--small-kb", type=int, default=256)
     ap.add_argument("--big-mb", type=int, default=128)
+    ap.add_argument("--gemm", action="store_true", help="matrix-matrix products instead (see above)")
+    ap.add_argument("--tokens", type=int, default=512)
     args = ap.parse_args()
+    if args.gemm:
+        types = args.types.split(",") if args.types != ",".join(WEIGHT_TYPES) else ["q4_1", "q8_0", "q5_0", "q4_K", "q6_K", "f32", "f16"]
+        gemm(types, args.tokens)
+        return
     rng = np.random.default_rng(0)
     isas = K.supported_isas()
     print(f"CPU levels: {', '.join(isas)} (table picks {K.best_isa()}); one thread; "

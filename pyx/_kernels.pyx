@@ -63,6 +63,7 @@ def type_info(int type_id):
         "to_float": _variants(<void **>t.to_float),
         "from_float": _variants(<void **>t.from_float),
         "vec_dot": _variants(<void **>t.vec_dot),
+        "vec_dot_tile": _variants(<void **>t.vec_dot_tile),
     }
 
 
@@ -165,6 +166,49 @@ def vec_dot_rows(int type_id, weights, activations, isa=None, int repeat=1):
         for k in range(repeat):
             for r in range(rows):
                 fn(<int>n, &o[r], &w[r, 0], &y[0])
+    return out
+
+
+def vec_dot_tile(int type_id, int64_t n, weights, activations, isa=None, s_stride=None):
+    """out[t, r] = dot(weight row r, activation row t) through the tile kernel, one call.
+    weights: 2-D uint8, one row of n elements per line (the line may be longer: its length is
+    the row stride); activations: 2-D uint8, one row of n elements of the vec_dot_type per line,
+    likewise. Returns float32 [n_tokens, s_stride] (default n_rows); columns past n_rows are
+    NaN unless the kernel wrote them (it must not)."""
+    cdef const bubo_type_traits *t = _traits(type_id)
+    cdef const bubo_type_traits *a = _traits(t.vec_dot_type)
+    w2 = np.ascontiguousarray(weights, dtype=np.uint8)
+    y2 = np.ascontiguousarray(activations, dtype=np.uint8)
+    if w2.ndim != 2 or y2.ndim != 2:
+        raise ValueError("weights and activations must be 2-D")
+    cdef size_t row_bytes = bubo_row_size(type_id, n)
+    cdef size_t act_bytes = bubo_row_size(t.vec_dot_type, n)
+    if n < 0 or (n and (row_bytes == 0 or act_bytes == 0)):
+        raise ValueError(f"{n} elements is not a whole number of {t.name.decode()} and {a.name.decode()} blocks")
+    if <size_t>w2.shape[1] < row_bytes or <size_t>y2.shape[1] < act_bytes:
+        raise ValueError("a weight or activation line is shorter than one row")
+    cdef int n_rows = w2.shape[0], n_tokens = y2.shape[0]
+    cdef size_t stride = n_rows if s_stride is None else s_stride
+    if stride < <size_t>n_rows:
+        raise ValueError("s_stride must be >= the number of rows")
+    cdef int i = _isa_index(isa)
+    cdef bubo_vec_dot_tile_fn fn = bubo_get_vec_dot_tile(type_id) if i < 0 else t.vec_dot_tile[i]
+    if fn == NULL:
+        raise NotImplementedError(f"no {isa or 'usable'} vec_dot_tile variant for {t.name.decode()}")
+    out = np.full((n_tokens, stride), np.nan, dtype=np.float32)
+    # empty buffers still need an address: one spare line
+    wbuf = np.zeros((n_rows + 1, w2.shape[1] or 1), np.uint8); wbuf[:n_rows, :w2.shape[1]] = w2
+    ybuf = np.zeros((n_tokens + 1, y2.shape[1] or 1), np.uint8); ybuf[:n_tokens, :y2.shape[1]] = y2
+    obuf = np.full((n_tokens + 1) * stride + 1, np.nan, np.float32)
+    cdef const uint8_t[:, ::1] w = wbuf
+    cdef const uint8_t[:, ::1] y = ybuf
+    cdef float[::1] o = obuf
+    cdef size_t xs = w.shape[1], ys = y.shape[1]
+    with nogil:
+        fn(<int>n, n_rows, n_tokens, &o[0], stride, &w[0, 0], xs, &y[0, 0], ys)
+    out[:] = obuf[:n_tokens * stride].reshape(n_tokens, stride)
+    if not np.all(np.isnan(obuf[n_tokens * stride:])):
+        raise RuntimeError("the tile kernel wrote past its last output")
     return out
 
 

@@ -18,6 +18,9 @@ cdef extern from "bubo/quants.h" nogil:
     ctypedef void (*bubo_to_float_fn)(const void *x, float *y, int64_t n) noexcept nogil
     ctypedef void (*bubo_from_float_fn)(const float *x, void *y, int64_t n) noexcept nogil
     ctypedef void (*bubo_vec_dot_fn)(int n, float *s, const void *x, const void *y) noexcept nogil
+    ctypedef void (*bubo_vec_dot_tile_fn)(int n, int n_rows, int n_tokens, float *s, size_t s_stride,
+                                          const void *x, size_t x_stride, const void *y,
+                                          size_t y_stride) noexcept nogil
 
     ctypedef struct bubo_type_traits:
         const char *name
@@ -28,11 +31,13 @@ cdef extern from "bubo/quants.h" nogil:
         bubo_to_float_fn to_float[4]
         bubo_from_float_fn from_float[4]
         bubo_vec_dot_fn vec_dot[4]
+        bubo_vec_dot_tile_fn vec_dot_tile[4]
 
     const bubo_type_traits *bubo_type_get_traits(int type)
     bubo_to_float_fn bubo_get_to_float(bubo_type type)
     bubo_from_float_fn bubo_get_from_float(bubo_type type)
     bubo_vec_dot_fn bubo_get_vec_dot(bubo_type type)
+    bubo_vec_dot_tile_fn bubo_get_vec_dot_tile(bubo_type type)
     size_t bubo_row_size(bubo_type type, int64_t n)
 
     float bubo_f16_to_f32(bubo_f16 h)

@@ -7,20 +7,24 @@
  *      vec_dot_type F32: there is nothing to do and the activations are read in place.
  *   2. after a barrier, the weight rows are split over the threads in whole tiles of ROW_TILE
  *      rows. One token (decode) is a matrix-vector product: one vec_dot per row. Several
- *      tokens (prefill) loop over (row tile) x (token tile) so that a weight row is read from
- *      memory once per ROW_TILE sweep and from cache once per tile of TOKEN_TILE tokens, while
- *      that token tile stays cached across the row tile.
- * Each y element is one vec_dot call, whatever the thread count, so results do not depend on it. */
+ *      tokens (prefill) are a matrix-matrix product: each thread hands its rows, ROW_CHUNK at a
+ *      time, with all the tokens to the type's vec_dot_tile, which keeps a panel of those rows
+ *      in registers and L1 while it sweeps a chunk of tokens (see quants/legacy_tile.h); the
+ *      chunk's weights stay in L2 across the token chunks and the quantized activations, shared
+ *      by both threads, in L2/L3.
+ * A y element is computed by one vec_dot call (one token) or by the same tile arithmetic wherever
+ * it sits in a tile (several), so results do not depend on the thread count. */
 #include <limits.h>
 
 #include "ops_internal.h"
 
-#define ROW_TILE 16  /* also the split granularity: 16 f32 outputs fill a cache line */
-#define TOKEN_TILE 8 /* token rows of quantized activations dotted with each cached weight row */
+#define ROW_TILE 16   /* the split granularity: 16 f32 outputs fill a cache line and a tile's register */
+#define ROW_CHUNK 256 /* weight rows per tile call: ~250 KiB of Q4 at 2k columns, in L2 */
 
 typedef struct {
     bubo_pool *pool;
     bubo_vec_dot_fn vec_dot;
+    bubo_vec_dot_tile_fn vec_dot_tile;
     bubo_from_float_fn from_float; /* NULL: the activations are already the vec_dot_type */
     const uint8_t *w;
     size_t w_row_bytes;
@@ -57,16 +61,10 @@ static void matmul_share(void *vtask, int ith, int nth) {
         for (int64_t r = r0; r < r1; r++) t->vec_dot(cols, &t->y[r], t->w + (size_t)r * t->w_row_bytes, t->xq);
         return;
     }
-    for (int64_t rt = r0; rt < r1; rt += ROW_TILE) {
-        const int64_t rt_end = rt + ROW_TILE < r1 ? rt + ROW_TILE : r1;
-        for (int64_t tt = 0; tt < t->n_tokens; tt += TOKEN_TILE) {
-            const int64_t tt_end = tt + TOKEN_TILE < t->n_tokens ? tt + TOKEN_TILE : t->n_tokens;
-            for (int64_t r = rt; r < rt_end; r++) {
-                const uint8_t *w_row = t->w + (size_t)r * t->w_row_bytes;
-                for (int64_t k = tt; k < tt_end; k++)
-                    t->vec_dot(cols, &t->y[k * t->rows + r], w_row, t->xq + (size_t)k * t->xq_row_bytes);
-            }
-        }
+    for (int64_t rc = r0; rc < r1; rc += ROW_CHUNK) {
+        const int64_t n_rows = r1 - rc < ROW_CHUNK ? r1 - rc : ROW_CHUNK;
+        t->vec_dot_tile(cols, (int)n_rows, (int)t->n_tokens, t->y + rc, (size_t)t->rows, t->w + (size_t)rc * t->w_row_bytes,
+                        t->w_row_bytes, t->xq, t->xq_row_bytes);
     }
 }
 
@@ -82,7 +80,7 @@ bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t 
     const bubo_type_traits *traits = bubo_type_get_traits(type);
     if (!traits) return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: unknown type id %d", (int)type);
     if (!traits->supported) return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: type %s is not supported", traits->name);
-    if (rows < 0 || cols < 0 || n_tokens < 0 || cols > INT_MAX)
+    if (rows < 0 || cols < 0 || n_tokens < 0 || cols > INT_MAX || n_tokens > INT_MAX)
         return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: bad shape rows=%lld cols=%lld n_tokens=%lld",
                             (long long)rows, (long long)cols, (long long)n_tokens);
     const bubo_type_traits *act = bubo_type_get_traits(traits->vec_dot_type);
@@ -95,6 +93,7 @@ bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t 
     matmul_task task = {
         .pool = pool,
         .vec_dot = bubo_get_vec_dot(type),
+        .vec_dot_tile = bubo_get_vec_dot_tile(type),
         .w = w,
         .w_row_bytes = bubo_row_size(type, cols),
         .rows = rows,
@@ -116,7 +115,7 @@ bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t 
         task.xq_blck_size = act->blck_size;
         task.xq_type_size = act->type_size;
     }
-    if (!task.vec_dot || (traits->vec_dot_type != BUBO_TYPE_F32 && !task.from_float))
+    if (!task.vec_dot || !task.vec_dot_tile || (traits->vec_dot_type != BUBO_TYPE_F32 && !task.from_float))
         return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: type %s has no dot product kernel", traits->name);
 
     if (pool && bubo_pool_n_threads(pool) > 1)

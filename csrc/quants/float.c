@@ -444,6 +444,24 @@ static void vec_dot_bf16_f32_neon(int n, float *restrict s, const void *restrict
 
 /* ---- registration ------------------------------------------------------------------------- */
 
+/* vec_dot looped over a tile, where no SIMD tile exists */
+BUBO_LOOP_TILE(loop_tile_f32_f32_scalar, vec_dot_f32_f32_scalar)
+BUBO_LOOP_TILE(loop_tile_f16_f32_scalar, vec_dot_f16_f32_scalar)
+BUBO_LOOP_TILE(loop_tile_bf16_f32_scalar, vec_dot_bf16_f32_scalar)
+#if defined(BUBO_X86)
+BUBO_LOOP_TILE(loop_tile_f32_f32_avx2, vec_dot_f32_f32_avx2)
+BUBO_LOOP_TILE(loop_tile_f16_f32_avx2, vec_dot_f16_f32_avx2)
+BUBO_LOOP_TILE(loop_tile_bf16_f32_avx2, vec_dot_bf16_f32_avx2)
+BUBO_LOOP_TILE(loop_tile_f32_f32_avx512, vec_dot_f32_f32_avx512)
+BUBO_LOOP_TILE(loop_tile_f16_f32_avx512, vec_dot_f16_f32_avx512)
+BUBO_LOOP_TILE(loop_tile_bf16_f32_avx512, vec_dot_bf16_f32_avx512)
+#endif
+#if defined(BUBO_ARM64)
+BUBO_LOOP_TILE(loop_tile_f32_f32_neon, vec_dot_f32_f32_neon)
+BUBO_LOOP_TILE(loop_tile_f16_f32_neon, vec_dot_f16_f32_neon)
+BUBO_LOOP_TILE(loop_tile_bf16_f32_neon, vec_dot_bf16_f32_neon)
+#endif
+
 void bubo_register_float(bubo_type_traits *table) {
     bubo_type_traits *f32 = &table[BUBO_TYPE_F32], *f16 = &table[BUBO_TYPE_F16], *bf16 = &table[BUBO_TYPE_BF16];
     f32->supported = f16->supported = bf16->supported = 1;
@@ -453,36 +471,49 @@ void bubo_register_float(bubo_type_traits *table) {
     f32->to_float[BUBO_ISA_SCALAR] = f32_copy;
     f32->from_float[BUBO_ISA_SCALAR] = f32_copy_from;
     f32->vec_dot[BUBO_ISA_SCALAR] = vec_dot_f32_f32_scalar;
+    f32->vec_dot_tile[BUBO_ISA_SCALAR] = loop_tile_f32_f32_scalar;
     f16->to_float[BUBO_ISA_SCALAR] = f16_to_float_scalar;
     f16->from_float[BUBO_ISA_SCALAR] = f16_from_float_scalar;
     f16->vec_dot[BUBO_ISA_SCALAR] = vec_dot_f16_f32_scalar;
+    f16->vec_dot_tile[BUBO_ISA_SCALAR] = loop_tile_f16_f32_scalar;
     bf16->to_float[BUBO_ISA_SCALAR] = bf16_to_float_scalar;
     bf16->from_float[BUBO_ISA_SCALAR] = bf16_from_float_scalar;
     bf16->vec_dot[BUBO_ISA_SCALAR] = vec_dot_bf16_f32_scalar;
+    bf16->vec_dot_tile[BUBO_ISA_SCALAR] = loop_tile_bf16_f32_scalar;
 #if defined(BUBO_X86)
     f32->vec_dot[BUBO_ISA_AVX2] = vec_dot_f32_f32_avx2;
+    f32->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_f32_f32_avx2;
     f16->to_float[BUBO_ISA_AVX2] = f16_to_float_avx2;
     f16->from_float[BUBO_ISA_AVX2] = f16_from_float_avx2;
     f16->vec_dot[BUBO_ISA_AVX2] = vec_dot_f16_f32_avx2;
+    f16->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_f16_f32_avx2;
     bf16->to_float[BUBO_ISA_AVX2] = bf16_to_float_avx2;
     bf16->from_float[BUBO_ISA_AVX2] = bf16_from_float_avx2;
     bf16->vec_dot[BUBO_ISA_AVX2] = vec_dot_bf16_f32_avx2;
+    bf16->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_bf16_f32_avx2;
 
     f32->vec_dot[BUBO_ISA_AVX512] = vec_dot_f32_f32_avx512;
+
+    f32->vec_dot_tile[BUBO_ISA_AVX512] = loop_tile_f32_f32_avx512;
     f16->to_float[BUBO_ISA_AVX512] = f16_to_float_avx512;
     f16->from_float[BUBO_ISA_AVX512] = f16_from_float_avx512;
     f16->vec_dot[BUBO_ISA_AVX512] = vec_dot_f16_f32_avx512;
+    f16->vec_dot_tile[BUBO_ISA_AVX512] = loop_tile_f16_f32_avx512;
     bf16->to_float[BUBO_ISA_AVX512] = bf16_to_float_avx512;
     bf16->from_float[BUBO_ISA_AVX512] = bf16_from_float_avx512;
     bf16->vec_dot[BUBO_ISA_AVX512] = vec_dot_bf16_f32_avx512;
+    bf16->vec_dot_tile[BUBO_ISA_AVX512] = loop_tile_bf16_f32_avx512;
 #endif
 #if defined(BUBO_ARM64)
     f32->vec_dot[BUBO_ISA_NEON] = vec_dot_f32_f32_neon;
+    f32->vec_dot_tile[BUBO_ISA_NEON] = loop_tile_f32_f32_neon;
     f16->to_float[BUBO_ISA_NEON] = f16_to_float_neon;
     f16->from_float[BUBO_ISA_NEON] = f16_from_float_neon;
     f16->vec_dot[BUBO_ISA_NEON] = vec_dot_f16_f32_neon;
+    f16->vec_dot_tile[BUBO_ISA_NEON] = loop_tile_f16_f32_neon;
     bf16->to_float[BUBO_ISA_NEON] = bf16_to_float_neon;
     bf16->from_float[BUBO_ISA_NEON] = bf16_from_float_neon;
     bf16->vec_dot[BUBO_ISA_NEON] = vec_dot_bf16_f32_neon;
+    bf16->vec_dot_tile[BUBO_ISA_NEON] = loop_tile_bf16_f32_neon;
 #endif
 }

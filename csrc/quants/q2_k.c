@@ -218,20 +218,34 @@ static void vec_dot_q2_K_q8_K_neon(int n, float *restrict s, const void *restric
 
 #endif /* BUBO_ARM64 */
 
+/* vec_dot looped over a tile, where no SIMD tile exists */
+BUBO_LOOP_TILE(loop_tile_q2_K_q8_K_scalar, vec_dot_q2_K_q8_K_scalar)
+#if defined(BUBO_X86)
+BUBO_LOOP_TILE(loop_tile_q2_K_q8_K_avx2, vec_dot_q2_K_q8_K_avx2)
+BUBO_LOOP_TILE(loop_tile_q2_K_q8_K_avx512, vec_dot_q2_K_q8_K_avx512)
+#endif
+#if defined(BUBO_ARM64)
+BUBO_LOOP_TILE(loop_tile_q2_K_q8_K_neon, vec_dot_q2_K_q8_K_neon)
+#endif
+
 void bubo_register_q2_k(bubo_type_traits *table) {
     bubo_type_traits *t = &table[BUBO_TYPE_Q2_K];
     t->supported = 1;
     t->vec_dot_type = BUBO_TYPE_Q8_K;
     t->to_float[BUBO_ISA_SCALAR] = dequantize_row_q2_K_scalar;
     t->vec_dot[BUBO_ISA_SCALAR] = vec_dot_q2_K_q8_K_scalar;
+    t->vec_dot_tile[BUBO_ISA_SCALAR] = loop_tile_q2_K_q8_K_scalar;
 #if defined(BUBO_X86)
     t->to_float[BUBO_ISA_AVX2] = dequantize_row_q2_K_avx2;
     t->vec_dot[BUBO_ISA_AVX2] = vec_dot_q2_K_q8_K_avx2;
+    t->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_q2_K_q8_K_avx2;
     t->to_float[BUBO_ISA_AVX512] = dequantize_row_q2_K_avx512;
     t->vec_dot[BUBO_ISA_AVX512] = vec_dot_q2_K_q8_K_avx512;
+    t->vec_dot_tile[BUBO_ISA_AVX512] = loop_tile_q2_K_q8_K_avx512;
 #endif
 #if defined(BUBO_ARM64)
     t->to_float[BUBO_ISA_NEON] = dequantize_row_q2_K_neon;
     t->vec_dot[BUBO_ISA_NEON] = vec_dot_q2_K_q8_K_neon;
+    t->vec_dot_tile[BUBO_ISA_NEON] = loop_tile_q2_K_q8_K_neon;
 #endif
 }

@@ -9,6 +9,7 @@
  * dot = sum_i dy * (dx * sum_g scale[g] * sum(q * a over g) - dmin * sum_g min[g] * sum(a over g))
  * where the integer sums are exact in every variant and sum(a over g) comes from bsums. */
 #include "kquants_internal.h"
+#include "kquant_tile.h"
 
 /* ---- scalar reference ------------------------------------------------------------------ */
 
@@ -232,20 +233,62 @@ static void vec_dot_q4_K_q8_K_neon(int n, float *restrict s, const void *restric
 
 #endif /* BUBO_ARM64 */
 
+/* ---- x86-64 tile (kquant_tile.h) ------------------------------------------------------- */
+#if defined(BUBO_X86)
+BUBO_TARGET_AVX512 static void kq_unpack_q4_K_avx512(const void *vb, uint8_t q[QK_K], int32_t sc[16], int16_t m[16],
+                                                     float *dx, float *dm) {
+    const block_q4_K *b = vb;
+    uint32_t smw[4];
+    kq_unpack_scales_mins(b->scales, smw);
+    const uint8_t *sm = (const uint8_t *)smw; /* scales | mins */
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int c = 0; c < 4; c++) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
+        _mm256_storeu_si256((__m256i *)(q + 64 * c), _mm256_and_si256(bits, m4));
+        _mm256_storeu_si256((__m256i *)(q + 64 * c + 32), _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4));
+    }
+    for (int j = 0; j < 16; j++) {
+        sc[j] = sm[j / 2];
+        m[j] = sm[8 + j / 2];
+    }
+    *dx = _cvtsh_ss(b->d);
+    *dm = _cvtsh_ss(b->dmin);
+}
+
+BUBO_TARGET_AVX512 static void tile_q4_K_q8_K_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
+                                                   const void *restrict x, size_t x_stride, const void *restrict y,
+                                                   size_t y_stride) {
+    tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q4_K), kq_unpack_q4_K_avx512);
+}
+#endif /* BUBO_X86 */
+
+/* vec_dot looped over a tile, where no SIMD tile exists */
+BUBO_LOOP_TILE(loop_tile_q4_K_q8_K_scalar, vec_dot_q4_K_q8_K_scalar)
+#if defined(BUBO_X86)
+BUBO_LOOP_TILE(loop_tile_q4_K_q8_K_avx2, vec_dot_q4_K_q8_K_avx2)
+#endif
+#if defined(BUBO_ARM64)
+BUBO_LOOP_TILE(loop_tile_q4_K_q8_K_neon, vec_dot_q4_K_q8_K_neon)
+#endif
+
 void bubo_register_q4_k(bubo_type_traits *table) {
     bubo_type_traits *t = &table[BUBO_TYPE_Q4_K];
     t->supported = 1;
     t->vec_dot_type = BUBO_TYPE_Q8_K;
     t->to_float[BUBO_ISA_SCALAR] = dequantize_row_q4_K_scalar;
     t->vec_dot[BUBO_ISA_SCALAR] = vec_dot_q4_K_q8_K_scalar;
+    t->vec_dot_tile[BUBO_ISA_SCALAR] = loop_tile_q4_K_q8_K_scalar;
 #if defined(BUBO_X86)
     t->to_float[BUBO_ISA_AVX2] = dequantize_row_q4_K_avx2;
     t->vec_dot[BUBO_ISA_AVX2] = vec_dot_q4_K_q8_K_avx2;
+    t->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_q4_K_q8_K_avx2;
     t->to_float[BUBO_ISA_AVX512] = dequantize_row_q4_K_avx512;
     t->vec_dot[BUBO_ISA_AVX512] = vec_dot_q4_K_q8_K_avx512;
+    t->vec_dot_tile[BUBO_ISA_AVX512] = tile_q4_K_q8_K_avx512;
 #endif
 #if defined(BUBO_ARM64)
     t->to_float[BUBO_ISA_NEON] = dequantize_row_q4_K_neon;
     t->vec_dot[BUBO_ISA_NEON] = vec_dot_q4_K_q8_K_neon;
+    t->vec_dot_tile[BUBO_ISA_NEON] = loop_tile_q4_K_q8_K_neon;
 #endif
 }

@@ -6,7 +6,7 @@
  *
  * As in q4.c the SIMD dot products multiply the unsigned q by the signed activations and take
  * Q5_0's offset off afterwards as 16 * sum(qy). */
-#include "legacy_simd.h"
+#include "legacy_tile.h"
 
 /* The 5-bit value of element j (0..31) of a block. */
 static inline int q5_value(const uint8_t *qs, uint32_t qh, int j) {
@@ -374,6 +374,68 @@ static void vec_dot_q5_1_q8_1_neon(int n, float *restrict s, const void *restric
 
 #endif /* BUBO_ARM64 */
 
+/* ==== x86 tiles (legacy_tile.h) ========================================================== */
+#if defined(BUBO_X86)
+
+BUBO_TARGET_AVX512 static void pack_q5_0_avx512(packed_panel_avx512 *p, const uint8_t *x, size_t x_stride, int n_rows,
+                                                  int k0, int kp) {
+    for (int k = 0; k < kp; k++) {
+        const size_t off = (size_t)(k0 + k) * sizeof(block_q5_0);
+        __m512i z[8];
+        for (int i = 0; i < 8; i++) {
+            const block_q5_0 *a = (const block_q5_0 *)tile_block(x, x_stride, n_rows, i, off);
+            const block_q5_0 *b = (const block_q5_0 *)tile_block(x, x_stride, n_rows, i + 8, off);
+            z[i] = q5_bytes_2x_avx512(a->qs, a->qh, b->qs, b->qh);
+        }
+        transpose_rows_avx512(z, p->q[k]);
+        const __m512i heads = gather_block_heads_avx512(x, x_stride, n_rows, off);
+        p->d[k] = f16_low_halves_avx512(heads);
+    }
+}
+
+BUBO_TARGET_AVX512 static void tile_q5_0_q8_0_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
+                                                    const void *restrict x, size_t x_stride, const void *restrict y,
+                                                    size_t y_stride) {
+    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q5_0_avx512, 0, 16);
+}
+
+BUBO_TARGET_AVX512 static void pack_q5_1_avx512(packed_panel_avx512 *p, const uint8_t *x, size_t x_stride, int n_rows,
+                                                  int k0, int kp) {
+    for (int k = 0; k < kp; k++) {
+        const size_t off = (size_t)(k0 + k) * sizeof(block_q5_1);
+        __m512i z[8];
+        for (int i = 0; i < 8; i++) {
+            const block_q5_1 *a = (const block_q5_1 *)tile_block(x, x_stride, n_rows, i, off);
+            const block_q5_1 *b = (const block_q5_1 *)tile_block(x, x_stride, n_rows, i + 8, off);
+            z[i] = q5_bytes_2x_avx512(a->qs, a->qh, b->qs, b->qh);
+        }
+        transpose_rows_avx512(z, p->q[k]);
+        const __m512i heads = gather_block_heads_avx512(x, x_stride, n_rows, off);
+        p->d[k] = f16_low_halves_avx512(heads);
+        p->m[k] = f16_low_halves_avx512(_mm512_srli_epi32(heads, 16));
+    }
+}
+
+BUBO_TARGET_AVX512 static void tile_q5_1_q8_1_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
+                                                    const void *restrict x, size_t x_stride, const void *restrict y,
+                                                    size_t y_stride) {
+    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q5_1_avx512, 1, 0);
+}
+
+#endif /* BUBO_X86 */
+
+/* vec_dot looped over a tile, where no SIMD tile exists */
+BUBO_LOOP_TILE(loop_tile_q5_0_q8_0_scalar, vec_dot_q5_0_q8_0_scalar)
+BUBO_LOOP_TILE(loop_tile_q5_1_q8_1_scalar, vec_dot_q5_1_q8_1_scalar)
+#if defined(BUBO_X86)
+BUBO_LOOP_TILE(loop_tile_q5_0_q8_0_avx2, vec_dot_q5_0_q8_0_avx2)
+BUBO_LOOP_TILE(loop_tile_q5_1_q8_1_avx2, vec_dot_q5_1_q8_1_avx2)
+#endif
+#if defined(BUBO_ARM64)
+BUBO_LOOP_TILE(loop_tile_q5_0_q8_0_neon, vec_dot_q5_0_q8_0_neon)
+BUBO_LOOP_TILE(loop_tile_q5_1_q8_1_neon, vec_dot_q5_1_q8_1_neon)
+#endif
+
 /* ==== registration ========================================================================= */
 
 void bubo_register_q5(bubo_type_traits *table) {
@@ -383,6 +445,7 @@ void bubo_register_q5(bubo_type_traits *table) {
     q5_0->to_float[BUBO_ISA_SCALAR] = dequantize_row_q5_0_scalar;
     q5_0->from_float[BUBO_ISA_SCALAR] = quantize_row_q5_0_scalar;
     q5_0->vec_dot[BUBO_ISA_SCALAR] = vec_dot_q5_0_q8_0_scalar;
+    q5_0->vec_dot_tile[BUBO_ISA_SCALAR] = loop_tile_q5_0_q8_0_scalar;
 
     bubo_type_traits *q5_1 = &table[BUBO_TYPE_Q5_1];
     q5_1->supported = 1;
@@ -390,21 +453,28 @@ void bubo_register_q5(bubo_type_traits *table) {
     q5_1->to_float[BUBO_ISA_SCALAR] = dequantize_row_q5_1_scalar;
     q5_1->from_float[BUBO_ISA_SCALAR] = quantize_row_q5_1_scalar;
     q5_1->vec_dot[BUBO_ISA_SCALAR] = vec_dot_q5_1_q8_1_scalar;
+    q5_1->vec_dot_tile[BUBO_ISA_SCALAR] = loop_tile_q5_1_q8_1_scalar;
 
 #if defined(BUBO_X86)
     q5_0->to_float[BUBO_ISA_AVX2] = dequantize_row_q5_0_avx2;
     q5_0->vec_dot[BUBO_ISA_AVX2] = vec_dot_q5_0_q8_0_avx2;
+    q5_0->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_q5_0_q8_0_avx2;
     q5_0->to_float[BUBO_ISA_AVX512] = dequantize_row_q5_0_avx512;
     q5_0->vec_dot[BUBO_ISA_AVX512] = vec_dot_q5_0_q8_0_avx512;
+    q5_0->vec_dot_tile[BUBO_ISA_AVX512] = tile_q5_0_q8_0_avx512;
     q5_1->to_float[BUBO_ISA_AVX2] = dequantize_row_q5_1_avx2;
     q5_1->vec_dot[BUBO_ISA_AVX2] = vec_dot_q5_1_q8_1_avx2;
+    q5_1->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_q5_1_q8_1_avx2;
     q5_1->to_float[BUBO_ISA_AVX512] = dequantize_row_q5_1_avx512;
     q5_1->vec_dot[BUBO_ISA_AVX512] = vec_dot_q5_1_q8_1_avx512;
+    q5_1->vec_dot_tile[BUBO_ISA_AVX512] = tile_q5_1_q8_1_avx512;
 #endif
 #if defined(BUBO_ARM64)
     q5_0->to_float[BUBO_ISA_NEON] = dequantize_row_q5_0_neon;
     q5_0->vec_dot[BUBO_ISA_NEON] = vec_dot_q5_0_q8_0_neon;
+    q5_0->vec_dot_tile[BUBO_ISA_NEON] = loop_tile_q5_0_q8_0_neon;
     q5_1->to_float[BUBO_ISA_NEON] = dequantize_row_q5_1_neon;
     q5_1->vec_dot[BUBO_ISA_NEON] = vec_dot_q5_1_q8_1_neon;
+    q5_1->vec_dot_tile[BUBO_ISA_NEON] = loop_tile_q5_1_q8_1_neon;
 #endif
 }

@@ -10,6 +10,7 @@
  * The SIMD kernels multiply the unsigned q (0..63) and take the offset out once per group:
  * sum(scale * (q - 32) * a) = sum(scale * q * a) - 32 * sum_g scale[g] * bsum[g]. */
 #include "kquants_internal.h"
+#include "kquant_tile.h"
 
 /* ---- scalar reference ------------------------------------------------------------------ */
 
@@ -240,20 +241,57 @@ static void vec_dot_q6_K_q8_K_neon(int n, float *restrict s, const void *restric
 
 #endif /* BUBO_ARM64 */
 
+/* ---- x86-64 tile (kquant_tile.h) ------------------------------------------------------- */
+#if defined(BUBO_X86)
+BUBO_TARGET_AVX512 static void kq_unpack_q6_K_avx512(const void *vb, uint8_t q[QK_K], int32_t sc[16], int16_t m[16],
+                                                     float *dx, float *dm) {
+    const block_q6_K *b = vb;
+    for (int h = 0; h < 2; h++) {
+        __m256i v[4];
+        unpack_half_q6_K_avx2(b->ql + 64 * h, b->qh + 32 * h, v);
+        for (int i = 0; i < 4; i++) _mm256_storeu_si256((__m256i *)(q + 128 * h + 32 * i), v[i]);
+    }
+    for (int j = 0; j < 16; j++) {
+        sc[j] = b->scales[j];
+        m[j] = (int16_t)(32 * b->scales[j]); /* the -32 offset of q, as a min */
+    }
+    *dx = *dm = _cvtsh_ss(b->d);
+}
+
+BUBO_TARGET_AVX512 static void tile_q6_K_q8_K_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
+                                                   const void *restrict x, size_t x_stride, const void *restrict y,
+                                                   size_t y_stride) {
+    tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K), kq_unpack_q6_K_avx512);
+}
+#endif /* BUBO_X86 */
+
+/* vec_dot looped over a tile, where no SIMD tile exists */
+BUBO_LOOP_TILE(loop_tile_q6_K_q8_K_scalar, vec_dot_q6_K_q8_K_scalar)
+#if defined(BUBO_X86)
+BUBO_LOOP_TILE(loop_tile_q6_K_q8_K_avx2, vec_dot_q6_K_q8_K_avx2)
+#endif
+#if defined(BUBO_ARM64)
+BUBO_LOOP_TILE(loop_tile_q6_K_q8_K_neon, vec_dot_q6_K_q8_K_neon)
+#endif
+
 void bubo_register_q6_k(bubo_type_traits *table) {
     bubo_type_traits *t = &table[BUBO_TYPE_Q6_K];
     t->supported = 1;
     t->vec_dot_type = BUBO_TYPE_Q8_K;
     t->to_float[BUBO_ISA_SCALAR] = dequantize_row_q6_K_scalar;
     t->vec_dot[BUBO_ISA_SCALAR] = vec_dot_q6_K_q8_K_scalar;
+    t->vec_dot_tile[BUBO_ISA_SCALAR] = loop_tile_q6_K_q8_K_scalar;
 #if defined(BUBO_X86)
     t->to_float[BUBO_ISA_AVX2] = dequantize_row_q6_K_avx2;
     t->vec_dot[BUBO_ISA_AVX2] = vec_dot_q6_K_q8_K_avx2;
+    t->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_q6_K_q8_K_avx2;
     t->to_float[BUBO_ISA_AVX512] = dequantize_row_q6_K_avx512;
     t->vec_dot[BUBO_ISA_AVX512] = vec_dot_q6_K_q8_K_avx512;
+    t->vec_dot_tile[BUBO_ISA_AVX512] = tile_q6_K_q8_K_avx512;
 #endif
 #if defined(BUBO_ARM64)
     t->to_float[BUBO_ISA_NEON] = dequantize_row_q6_K_neon;
     t->vec_dot[BUBO_ISA_NEON] = vec_dot_q6_K_q8_K_neon;
+    t->vec_dot_tile[BUBO_ISA_NEON] = loop_tile_q6_K_q8_K_neon;
 #endif
 }

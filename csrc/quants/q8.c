@@ -8,7 +8,7 @@
  * scalar reference does (d = amax / 127, q = roundf(x * (1 / d)) with ties away from zero,
  * through the same float operations), so all of them equal ggml's quantize_row_q8_0_ref byte
  * for byte wherever that is defined (see inverse_scale for where it is not). */
-#include "legacy_simd.h"
+#include "legacy_tile.h"
 
 /* ==== scalar reference ==================================================================== */
 
@@ -316,6 +316,42 @@ static void vec_dot_q8_0_q8_0_neon(int n, float *restrict s, const void *restric
 
 #endif /* BUBO_ARM64 */
 
+/* ==== x86 tiles (legacy_tile.h) ========================================================== */
+#if defined(BUBO_X86)
+
+BUBO_TARGET_AVX512 static void pack_q8_0_avx512(packed_panel_avx512 *p, const uint8_t *x, size_t x_stride, int n_rows,
+                                                  int k0, int kp) {
+    for (int k = 0; k < kp; k++) {
+        const size_t off = (size_t)(k0 + k) * sizeof(block_q8_0);
+        __m512i z[8];
+        for (int i = 0; i < 8; i++) {
+            const block_q8_0 *a = (const block_q8_0 *)tile_block(x, x_stride, n_rows, i, off);
+            const block_q8_0 *b = (const block_q8_0 *)tile_block(x, x_stride, n_rows, i + 8, off);
+            z[i] = _mm512_xor_si512(load_2x32_avx512(a->qs, b->qs), _mm512_set1_epi8((char)0x80));
+        }
+        transpose_rows_avx512(z, p->q[k]);
+        const __m512i heads = gather_block_heads_avx512(x, x_stride, n_rows, off);
+        p->d[k] = f16_low_halves_avx512(heads);
+    }
+}
+
+BUBO_TARGET_AVX512 static void tile_q8_0_q8_0_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
+                                                    const void *restrict x, size_t x_stride, const void *restrict y,
+                                                    size_t y_stride) {
+    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q8_0_avx512, 0, 128);
+}
+
+#endif /* BUBO_X86 */
+
+/* vec_dot looped over a tile, where no SIMD tile exists */
+BUBO_LOOP_TILE(loop_tile_q8_0_q8_0_scalar, vec_dot_q8_0_q8_0_scalar)
+#if defined(BUBO_X86)
+BUBO_LOOP_TILE(loop_tile_q8_0_q8_0_avx2, vec_dot_q8_0_q8_0_avx2)
+#endif
+#if defined(BUBO_ARM64)
+BUBO_LOOP_TILE(loop_tile_q8_0_q8_0_neon, vec_dot_q8_0_q8_0_neon)
+#endif
+
 /* ==== registration ========================================================================= */
 
 void bubo_register_q8(bubo_type_traits *table) {
@@ -325,6 +361,7 @@ void bubo_register_q8(bubo_type_traits *table) {
     q8_0->to_float[BUBO_ISA_SCALAR] = dequantize_row_q8_0_scalar;
     q8_0->from_float[BUBO_ISA_SCALAR] = quantize_row_q8_0_scalar;
     q8_0->vec_dot[BUBO_ISA_SCALAR] = vec_dot_q8_0_q8_0_scalar;
+    q8_0->vec_dot_tile[BUBO_ISA_SCALAR] = loop_tile_q8_0_q8_0_scalar;
 
     /* An activation type only: no tensors of it, so not "supported" and no dot product. */
     bubo_type_traits *q8_1 = &table[BUBO_TYPE_Q8_1];
@@ -337,9 +374,11 @@ void bubo_register_q8(bubo_type_traits *table) {
     q8_0->to_float[BUBO_ISA_AVX2] = dequantize_row_q8_0_avx2;
     q8_0->from_float[BUBO_ISA_AVX2] = quantize_row_q8_0_avx2;
     q8_0->vec_dot[BUBO_ISA_AVX2] = vec_dot_q8_0_q8_0_avx2;
+    q8_0->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_q8_0_q8_0_avx2;
     q8_0->to_float[BUBO_ISA_AVX512] = dequantize_row_q8_0_avx512;
     q8_0->from_float[BUBO_ISA_AVX512] = quantize_row_q8_0_avx512;
     q8_0->vec_dot[BUBO_ISA_AVX512] = vec_dot_q8_0_q8_0_avx512;
+    q8_0->vec_dot_tile[BUBO_ISA_AVX512] = tile_q8_0_q8_0_avx512;
     q8_1->from_float[BUBO_ISA_AVX2] = quantize_row_q8_1_avx2;
     q8_1->from_float[BUBO_ISA_AVX512] = quantize_row_q8_1_avx512;
 #endif
@@ -347,6 +386,7 @@ void bubo_register_q8(bubo_type_traits *table) {
     q8_0->to_float[BUBO_ISA_NEON] = dequantize_row_q8_0_neon;
     q8_0->from_float[BUBO_ISA_NEON] = quantize_row_q8_0_neon;
     q8_0->vec_dot[BUBO_ISA_NEON] = vec_dot_q8_0_q8_0_neon;
+    q8_0->vec_dot_tile[BUBO_ISA_NEON] = loop_tile_q8_0_q8_0_neon;
     q8_1->from_float[BUBO_ISA_NEON] = quantize_row_q8_1_neon;
 #endif
 }

@@ -34,6 +34,17 @@ void bubo_register_q5_k(bubo_type_traits *table);
 void bubo_register_q6_k(bubo_type_traits *table);
 void bubo_register_q8_k(bubo_type_traits *table); /* Q8_K activations */
 
+/* The tile every vec_dot has until a SIMD tile replaces it: vec_dot per (row, token), a weight
+ * row dotted with every token of the tile while it is in L1. */
+#define BUBO_LOOP_TILE(tile_name, vec_dot_name)                                                            \
+    static void tile_name(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,             \
+                          const void *restrict x, size_t x_stride, const void *restrict y, size_t y_stride) { \
+        const uint8_t *xb = x, *yb = y;                                                                   \
+        for (int r = 0; r < n_rows; r++)                                                                  \
+            for (int t = 0; t < n_tokens; t++)                                                            \
+                vec_dot_name(n, &s[(size_t)t * s_stride + r], xb + (size_t)r * x_stride, yb + (size_t)t * y_stride); \
+    }
+
 static inline float bubo_h2f(bubo_f16 h) { return bubo_f16_to_f32(h); }
 static inline bubo_f16 bubo_f2h(float f) { return bubo_f32_to_f16(f); }
 

@@ -87,6 +87,7 @@ const bubo_type_traits *bubo_type_get_traits(int type) {
 bubo_to_float_fn bubo_get_to_float(bubo_type type) { PICK_BEST(to_float) }
 bubo_from_float_fn bubo_get_from_float(bubo_type type) { PICK_BEST(from_float) }
 bubo_vec_dot_fn bubo_get_vec_dot(bubo_type type) { PICK_BEST(vec_dot) }
+bubo_vec_dot_tile_fn bubo_get_vec_dot_tile(bubo_type type) { PICK_BEST(vec_dot_tile) }
 
 size_t bubo_row_size(bubo_type type, int64_t n) {
     const bubo_type_traits *t = bubo_type_get_traits(type);

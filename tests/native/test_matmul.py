@@ -79,7 +79,7 @@ def reference(type_id, w_exact, x):
 
 
 @pytest.mark.parametrize("type_id", SUPPORTED_TYPES, ids=lambda t: K.type_info(t)["name"])
-@pytest.mark.parametrize("n_tokens", [1, 3, 17])
+@pytest.mark.parametrize("n_tokens", [1, 3, 17, 64])
 @pytest.mark.parametrize("rows", [37, 100])
 def test_matmul_vs_float64(type_id, n_tokens, rows):
     rng = np.random.default_rng(type_id * 1000 + n_tokens * 10 + rows)

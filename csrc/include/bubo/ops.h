@@ -92,8 +92,9 @@ size_t bubo_matmul_scratch_size(bubo_type type, int64_t cols, int64_t n_tokens);
  *   y        [n_tokens][rows] f32
  *   scratch  at least bubo_matmul_scratch_size(type, cols, n_tokens) bytes (may be NULL if 0)
  * Work is split over the pool's threads (pool NULL: the calling thread alone). The result does
- * not depend on the thread count: each y element is one vec_dot call. Kernels are this CPU's
- * best (bubo_get_vec_dot / bubo_get_from_float). */
+ * not depend on the thread count: a y element is one vec_dot call (n_tokens == 1) or one
+ * vec_dot_tile output, whose arithmetic does not depend on the tiling (n_tokens > 1). Kernels are
+ * this CPU's best (bubo_get_vec_dot / bubo_get_vec_dot_tile / bubo_get_from_float). */
 bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
                         const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
                         bubo_err *err);

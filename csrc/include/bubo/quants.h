@@ -5,7 +5,9 @@
  * AVX2, AVX-512 and NEON variants side by side; csrc/quants/traits.c gathers them into one table.
  *
  * A matrix-vector product quantizes the activations once into the weight type's vec_dot_type
- * (Q8_0, Q8_1 or Q8_K; F32 for the float types) and then calls vec_dot per weight row. */
+ * (Q8_0, Q8_1 or Q8_K; F32 for the float types) and then calls vec_dot per weight row. A
+ * matrix-matrix product (prompt processing) calls vec_dot_tile on a tile of weight rows by a tile
+ * of tokens, which loads each weight block once for several tokens. */
 #ifndef BUBO_QUANTS_H
 #define BUBO_QUANTS_H
 
@@ -172,6 +174,17 @@ typedef void (*bubo_to_float_fn)(const void *restrict x, float *restrict y, int6
 typedef void (*bubo_from_float_fn)(const float *restrict x, void *restrict y, int64_t n);
 /* *s = dot(x, y) over n elements; x in the weight type, y in its vec_dot_type. */
 typedef void (*bubo_vec_dot_fn)(int n, float *restrict s, const void *restrict x, const void *restrict y);
+/* s[t * s_stride + r] = dot(x row r, y row t) for r < n_rows, t < n_tokens (n_rows, n_tokens >= 0,
+ * any values: the kernel handles its own edges):
+ *   x  n_rows weight rows of n elements in the weight type, x_stride bytes apart
+ *   y  n_tokens activation rows of n elements in its vec_dot_type, y_stride bytes apart
+ *   s  outputs: the rows of one token are contiguous, tokens s_stride floats apart
+ * Each output is computed by the same operations in the same order wherever it sits in the tile
+ * and whatever the tile's shape, so a caller's tiling never changes a result; the order may
+ * differ from vec_dot's (the results agree within float rounding). */
+typedef void (*bubo_vec_dot_tile_fn)(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
+                                     const void *restrict x, size_t x_stride, const void *restrict y,
+                                     size_t y_stride);
 
 typedef struct {
     const char *name;       /* "q4_K" ... as ggml spells it */
@@ -183,6 +196,8 @@ typedef struct {
     bubo_to_float_fn to_float[BUBO_ISA_COUNT];
     bubo_from_float_fn from_float[BUBO_ISA_COUNT];
     bubo_vec_dot_fn vec_dot[BUBO_ISA_COUNT];
+    /* Present exactly where vec_dot is: a SIMD tile, or vec_dot looped over the tile. */
+    bubo_vec_dot_tile_fn vec_dot_tile[BUBO_ISA_COUNT];
 } bubo_type_traits;
 
 /* Traits of a type id (NULL for an id GGUF does not define). */
@@ -191,6 +206,7 @@ const bubo_type_traits *bubo_type_get_traits(int type);
 bubo_to_float_fn bubo_get_to_float(bubo_type type);
 bubo_from_float_fn bubo_get_from_float(bubo_type type);
 bubo_vec_dot_fn bubo_get_vec_dot(bubo_type type);
+bubo_vec_dot_tile_fn bubo_get_vec_dot_tile(bubo_type type);
 /* Bytes of one row of n elements; 0 if n is not a multiple of the block size. */
 size_t bubo_row_size(bubo_type type, int64_t n);
 

@@ -2,6 +2,8 @@
  *
  * Built by tests/native/test_neon.py with aarch64-linux-gnu-gcc from the same csrc/ files as
  * the library, once for baseline armv8-a and once with +dotprod, and run under qemu-aarch64.
+ * The NEON matrix-matrix tiles (vec_dot_tile) are checked pair by pair against the scalar
+ * vec_dot, on a tile with rows, tokens and strides that are not multiples of anything.
  * Tolerances match tests/native/test_quants.py: dequantization within an ulp or two, the dot
  * product within 2e-6 of sum |w_i a_i|, activation quantization within one step. */
 #include <math.h>
@@ -66,6 +68,47 @@ static void random_row(int type, const bubo_type_traits *t, uint8_t *row, int n)
 
 static int failures = 0, checks = 0;
 #define FAIL(...) do { printf("FAIL: " __VA_ARGS__); printf("\n"); failures++; } while (0)
+
+/* A TILE_ROWS x TILE_TOKENS tile of n elements through the NEON vec_dot_tile, against the scalar
+ * vec_dot of each pair; weight rows, activation rows and outputs padded to odd strides. */
+enum { TILE_N_MAX = 512, TILE_ROWS = 19, TILE_TOKENS = 11, TILE_PAD = 13 };
+static int check_tile(int type, const bubo_type_traits *t, const bubo_type_traits *vt, int n) {
+    static uint8_t w[TILE_ROWS][TILE_N_MAX * 4 + TILE_PAD], y[TILE_TOKENS][TILE_N_MAX * 4 + TILE_PAD];
+    static float s[TILE_TOKENS][TILE_ROWS + 3], deq[TILE_N_MAX], act[TILE_TOKENS][TILE_N_MAX];
+    if (!t->vec_dot_tile[BUBO_ISA_NEON]) {
+        FAIL("%s has no NEON vec_dot_tile", t->name);
+        return 0;
+    }
+    for (int r = 0; r < TILE_ROWS; r++) random_row(type, t, w[r], n);
+    for (int k = 0; k < TILE_TOKENS; k++) {
+        for (int i = 0; i < n; i++) act[k][i] = rnd_normal();
+        vt->from_float[BUBO_ISA_SCALAR](act[k], y[k], n);
+    }
+    for (int k = 0; k < TILE_TOKENS; k++)
+        for (int r = 0; r < TILE_ROWS + 3; r++) s[k][r] = NAN;
+    t->vec_dot_tile[BUBO_ISA_NEON](n, TILE_ROWS, TILE_TOKENS, &s[0][0], TILE_ROWS + 3, w, sizeof w[0], y, sizeof y[0]);
+    for (int r = 0; r < TILE_ROWS; r++) {
+        t->to_float[BUBO_ISA_SCALAR](w[r], deq, n);
+        for (int k = 0; k < TILE_TOKENS; k++) {
+            float want = 0;
+            t->vec_dot[BUBO_ISA_SCALAR](n, &want, w[r], y[k]);
+            double sum_abs = 0;
+            for (int i = 0; i < n; i++) sum_abs += fabs((double)deq[i] * act[k][i]);
+            checks++;
+            if (!(fabs((double)s[k][r] - want) <= DOT_RTOL * sum_abs + 1e-6)) {
+                FAIL("%s vec_dot_tile neon [%d][%d] %.9g vs scalar vec_dot %.9g", t->name, k, r, s[k][r], want);
+                return 0;
+            }
+        }
+    }
+    for (int k = 0; k < TILE_TOKENS; k++)
+        for (int r = TILE_ROWS; r < TILE_ROWS + 3; r++)
+            if (!isnan(s[k][r])) {
+                FAIL("%s vec_dot_tile neon wrote outside its tile", t->name);
+                return 0;
+            }
+    return 1;
+}
 
 int main(void) {
     enum { N = 2048, ROWS = 8 };
@@ -141,6 +184,8 @@ int main(void) {
             }
         }
         printf("ok %s to_float+vec_dot neon\n", nm);
+        if (!check_tile(type, t, vt, n < 512 ? n : 512)) goto next_type;
+        printf("ok %s vec_dot_tile neon\n", nm);
     next_type:;
     }
     printf("%d checks, %d failures\n", checks, failures);

@@ -1,0 +1,142 @@
+/* Matrix-matrix tiles for the k-quants against Q8_K activations, the layout of legacy_tile.h
+ * (16 weight rows in the int32 lanes, tokens broadcast) applied to 256-element super-blocks.
+ *
+ * Every k-quant's super-block is, per 16-element subgroup j, an unsigned q times an integer
+ * scale sc[j], less an integer m[j] times the subgroup's activation sum (bsums), all under two
+ * float factors of the row: value = dx * sc[j] * q - dm * m[j]. So one engine serves them and
+ * each type only unpacks:
+ *
+ *   Q4_K: q 0..15, sc = scale[g], m = min[g] (g = j / 2), dx = d, dm = dmin
+ *   Q6_K: q 0..63, sc = scale[j], m = 32 * scale[j],       dx = dm = d
+ *
+ *   dot += dy * (dx * sum_j sc[j] * sum(q * qy over j) - dm * sum_j m[j] * bsum[j])
+ *
+ * The two integer sums are exact in int32 (as in the scalar kernels); sum_j m[j] * bsum[j] is
+ * one vpdpwssd per pair of subgroups, the bsums broadcast straight from the Q8_K block. */
+#ifndef BUBO_KQUANT_TILE_H
+#define BUBO_KQUANT_TILE_H
+
+#include "tile_simd.h"
+
+#if defined(BUBO_X86)
+
+typedef struct {
+    __m512i q[8][8];    /* [32-element group][dword]: lane r = 4 u8 of row r */
+    __m512i sc[16];     /* [subgroup]: lane r = row r's scale (int32) */
+    __m512i m_pair[8];  /* [subgroup pair]: lane r = m[2i] | m[2i+1] << 16 (int16 each) */
+    __m512 dx, dm;
+} packed_kq_avx512;
+
+/* Unpacks one super-block of one row: q[256] unsigned, sc[16], m[16], and its two factors. */
+typedef void (*kq_unpack_fn)(const void *block, uint8_t q[QK_K], int32_t sc[16], int16_t m[16], float *dx,
+                             float *dm);
+
+BUBO_TARGET_AVX512 static inline void kq_pack_avx512(packed_kq_avx512 *p, const uint8_t *x, size_t x_stride,
+                                                     int n_rows, size_t block_offset, kq_unpack_fn unpack) {
+    static const uint8_t zero_super_block[256] __attribute__((aligned(64)));
+    uint8_t q[TILE_ROWS][QK_K] __attribute__((aligned(64)));
+    int32_t sc[16][TILE_ROWS] __attribute__((aligned(64)));
+    int16_t m[8][TILE_ROWS][2] __attribute__((aligned(64)));
+    float dx[TILE_ROWS] __attribute__((aligned(64))), dm[TILE_ROWS] __attribute__((aligned(64)));
+    for (int r = 0; r < TILE_ROWS; r++) {
+        int32_t rsc[16];
+        int16_t rm[16];
+        if (r < n_rows) {
+            unpack(x + (size_t)r * x_stride + block_offset, q[r], rsc, rm, &dx[r], &dm[r]);
+        } else {
+            memcpy(q[r], zero_super_block, QK_K);
+            memset(rsc, 0, sizeof rsc);
+            memset(rm, 0, sizeof rm);
+            dx[r] = dm[r] = 0.0f;
+        }
+        for (int j = 0; j < 16; j++) {
+            sc[j][r] = rsc[j];
+            m[j / 2][r][j % 2] = rm[j];
+        }
+    }
+    for (int g = 0; g < 8; g++) {
+        __m512i z[8];
+        for (int i = 0; i < 8; i++)
+            z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256((const __m256i *)(q[i] + 32 * g))),
+                                      _mm256_load_si256((const __m256i *)(q[i + 8] + 32 * g)), 1);
+        transpose_rows_avx512(z, p->q[g]);
+    }
+    for (int j = 0; j < 16; j++) p->sc[j] = _mm512_load_si512(sc[j]);
+    for (int i = 0; i < 8; i++) p->m_pair[i] = _mm512_load_si512(m[i]);
+    p->dx = _mm512_load_ps(dx);
+    p->dm = _mm512_load_ps(dm);
+}
+
+/* nt tokens of one super-block, accumulated into s (from 0 when first). */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_avx512(
+    const packed_kq_avx512 *p, const int nt, int first, int n_rows, float *restrict s, size_t s_stride,
+    const uint8_t *yt, size_t y_stride) {
+    const __mmask16 live = n_rows >= TILE_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << n_rows) - 1);
+    __m512i isum[TILE_TOKENS], msum[TILE_TOKENS];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) isum[t] = msum[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 16; j++) {
+        const __m512i *q = &p->q[j / 2][4 * (j % 2)];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            const int8_t *qy = ((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 16 * j;
+            __m512i dot = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                int32_t four;
+                memcpy(&four, qy + 4 * g, 4);
+                dot = _mm512_dpbusd_epi32(dot, q[g], _mm512_set1_epi32(four));
+            }
+            isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dot, p->sc[j]));
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) {
+        const block_q8_K *b = (const block_q8_K *)(yt + (size_t)t * y_stride);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            int32_t pair;
+            memcpy(&pair, &b->bsums[2 * i], 4);
+            msum[t] = _mm512_dpwssd_epi32(msum[t], p->m_pair[i], _mm512_set1_epi32(pair));
+        }
+        const __m512 dy = _mm512_set1_ps(b->d);
+        __m512 acc = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(live, s + (size_t)t * s_stride);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(p->dx, dy), acc);
+        acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum[t]), _mm512_mul_ps(p->dm, dy), acc);
+        _mm512_mask_storeu_ps(s + (size_t)t * s_stride, live, acc);
+    }
+}
+
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant_avx512(
+    int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
+    const void *restrict vy, size_t y_stride, size_t x_size, kq_unpack_fn unpack) {
+    const uint8_t *x = vx, *y = vy;
+    const int nb = n / QK_K;
+    if (nb == 0) {
+        for (int t = 0; t < n_tokens; t++) memset(s + (size_t)t * s_stride, 0, (size_t)n_rows * sizeof(float));
+        return;
+    }
+    packed_kq_avx512 packed __attribute__((aligned(64)));
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
+        const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
+        for (int k = 0; k < nb; k++) {
+            for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
+                const int nr = n_rows - r0;
+                kq_pack_avx512(&packed, x + (size_t)r0 * x_stride, x_stride, nr, (size_t)k * x_size, unpack);
+                const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
+                float *st = s + (size_t)t0 * s_stride + r0;
+                int t = 0;
+                for (; t + TILE_TOKENS <= nt; t += TILE_TOKENS)
+                    kq_micro_avx512(&packed, TILE_TOKENS, k == 0, nr, st + (size_t)t * s_stride, s_stride,
+                                    yt + (size_t)t * y_stride, y_stride);
+                for (; t < nt; t++)
+                    kq_micro_avx512(&packed, 1, k == 0, nr, st + (size_t)t * s_stride, s_stride,
+                                    yt + (size_t)t * y_stride, y_stride);
+            }
+        }
+    }
+}
+
+#endif /* BUBO_X86 */
+
+#endif

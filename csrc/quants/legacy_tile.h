@@ -1,0 +1,159 @@
+/* Matrix-matrix tiles for the legacy 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): the
+ * prompt-processing kernels behind bubo_vec_dot_tile_fn.
+ *
+ * Layout: 16 weight rows sit in the 16 int32 lanes of one register and each token's activations
+ * are broadcast 4 bytes at a time, so one vpdpbusd does 4 elements of 16 rows, a weight register
+ * serves every token of the tile and an activation load every row of it. The weights of 16 rows
+ * by a panel of TILE_PANEL blocks are unpacked once per chunk of TILE_CHUNK tokens into unsigned
+ * bytes, transposed so that lane r holds row r:
+ *
+ *   packed.q[k][g]   lane r = elements 4g..4g+3 of block k of row r (u8)
+ *   packed.d[k]      lane r = the row's scale of block k;  packed.m[k] its min (Q4_1, Q5_1)
+ *
+ * vpdpbusd multiplies unsigned by signed bytes: the weights are the unsigned side (Q8_0 shifted by
+ * +128, the nibble types as stored, 0..15 or 0..31) and the activations (int8) the signed one. The
+ * shift comes off as off * sum(qy) per block, exact in int32, before the one conversion to float:
+ *
+ *   Q4_0, Q5_0, Q8_0 (Q8_0 activations): dot += dx * dy * (sum(u * qy) - off * sum(qy))
+ *   Q4_1, Q5_1       (Q8_1 activations): dot += dx * dy * sum(q * qy) + mx * sy
+ *
+ * with off = 8, 16, 128. The results land as 16 contiguous floats per token (s[t][r0..r0+15]),
+ * which is the output layout, so a panel's partial sums go back to s and come again for the next
+ * panel without any transpose. Every output takes the same operations in the same order (blocks in
+ * ascending order, one fma per block) wherever it sits and whatever the tile shape: padded rows
+ * are computed and not stored, the token tail runs the same code one token at a time. */
+#ifndef BUBO_LEGACY_TILE_H
+#define BUBO_LEGACY_TILE_H
+
+#include "legacy_simd.h"
+#include "tile_simd.h"
+
+#if defined(BUBO_X86)
+
+#define TILE_PANEL 8   /* blocks unpacked at once: 256 elements, 4.5 KiB packed, stays in L1 */
+
+typedef struct {
+    __m512i q[TILE_PANEL][8];
+    __m512 d[TILE_PANEL];
+    __m512 m[TILE_PANEL];
+} packed_panel_avx512;
+
+/* The activations a tile needs per (token, block) beyond the int8 values: Q8_0 stores an f16
+ * scale and no sum, so both are computed once per chunk and panel and shared by all row groups.
+ * Q8_1 stores d and s as f32, read in place. */
+typedef struct {
+    float d[TILE_CHUNK][TILE_PANEL];
+    int32_t off_sum[TILE_CHUNK][TILE_PANEL]; /* off * sum(qy) */
+} q8_0_side_avx512;
+
+/* Unpacks 16 rows x kp blocks (from block k0) into packed; rows at or past n_rows read a zero
+ * block and get scale 0. */
+typedef void (*tile_pack_fn)(packed_panel_avx512 *packed, const uint8_t *x, size_t x_stride, int n_rows,
+                             int k0, int kp);
+
+/* The f16 pair at the start of block k of 16 rows: d (low half) and, for Q4_1/Q5_1, m. */
+BUBO_TARGET_AVX512 static inline __m512i gather_block_heads_avx512(const uint8_t *x, size_t x_stride, int n_rows,
+                                                                   size_t block_offset) {
+    const __mmask16 live = n_rows >= TILE_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << n_rows) - 1);
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)x_stride));
+    return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, x + block_offset, 1);
+}
+
+BUBO_TARGET_AVX512 static inline __m512 f16_low_halves_avx512(__m512i v) {
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+}
+
+/* Row i's address of block k, or the zero block past the last row. */
+static inline const uint8_t *tile_block(const uint8_t *x, size_t x_stride, int n_rows, int i, size_t block_offset) {
+    return i < n_rows ? x + (size_t)i * x_stride + block_offset : tile_zero_block;
+}
+
+/* One micro tile: rows of `packed`, nt tokens (t in the chunk), kp blocks from k0; accumulates
+ * into s (starting from 0 at the first panel). */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_micro_avx512(
+    const packed_panel_avx512 *packed, const int nt, int kp, int first, int n_rows, float *restrict s,
+    size_t s_stride, const uint8_t *yt, size_t y_stride, size_t y_block_offset, int with_min,
+    const q8_0_side_avx512 *side, int side_t) {
+    const __mmask16 live = n_rows >= TILE_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << n_rows) - 1);
+    __m512 acc[TILE_TOKENS];
+#pragma GCC unroll 8
+    for (int j = 0; j < nt; j++)
+        acc[j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(live, s + (size_t)j * s_stride);
+    for (int k = 0; k < kp; k++) {
+#pragma GCC unroll 8
+        for (int j = 0; j < nt; j++) {
+            const uint8_t *yb = yt + (size_t)j * y_stride + y_block_offset + (size_t)k * (with_min ? sizeof(block_q8_1) : sizeof(block_q8_0));
+            const int8_t *qy = with_min ? ((const block_q8_1 *)yb)->qs : ((const block_q8_0 *)yb)->qs;
+            __m512i sum = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                int32_t four;
+                memcpy(&four, qy + 4 * g, 4);
+                sum = _mm512_dpbusd_epi32(sum, packed->q[k][g], _mm512_set1_epi32(four));
+            }
+            if (with_min) {
+                const block_q8_1 *b = (const block_q8_1 *)yb;
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(packed->d[k], _mm512_set1_ps(b->d)), acc[j]);
+                acc[j] = _mm512_fmadd_ps(packed->m[k], _mm512_set1_ps(b->s), acc[j]);
+            } else {
+                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(side->off_sum[side_t + j][k]));
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(packed->d[k], _mm512_set1_ps(side->d[side_t + j][k])), acc[j]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < nt; j++) _mm512_mask_storeu_ps(s + (size_t)j * s_stride, live, acc[j]);
+}
+
+/* The whole tile. x_size: weight block bytes; with_min: Q8_1 activations (else Q8_0, offset off). */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy_avx512(
+    int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
+    const void *restrict vy, size_t y_stride, tile_pack_fn pack, int with_min, int off) {
+    const uint8_t *x = vx, *y = vy;
+    const int nb = n / QK8_0;
+    if (nb == 0) {
+        for (int t = 0; t < n_tokens; t++) memset(s + (size_t)t * s_stride, 0, (size_t)n_rows * sizeof(float));
+        return;
+    }
+    const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    packed_panel_avx512 packed __attribute__((aligned(64)));
+    q8_0_side_avx512 side;
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
+        const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
+        for (int k0 = 0; k0 < nb; k0 += TILE_PANEL) {
+            const int kp = nb - k0 < TILE_PANEL ? nb - k0 : TILE_PANEL;
+            if (!with_min) {
+                for (int j = 0; j < nt; j++) {
+                    const block_q8_0 *b = (const block_q8_0 *)(y + (size_t)(t0 + j) * y_stride) + k0;
+                    for (int k = 0; k < kp; k++) {
+                        /* sum(qy) through the unsigned sum of qy + 128 */
+                        const __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)b[k].qs), _mm256_set1_epi8((char)0x80));
+                        const __m256i sad = _mm256_sad_epu8(u, _mm256_setzero_si256());
+                        const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+                        const int sum = (int)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+                        side.d[j][k] = _cvtsh_ss(b[k].d);
+                        side.off_sum[j][k] = off * sum;
+                    }
+                }
+            }
+            for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
+                const int nr = n_rows - r0;
+                pack(&packed, x + (size_t)r0 * x_stride, x_stride, nr, k0, kp);
+                const uint8_t *yt = y + (size_t)t0 * y_stride;
+                float *st = s + (size_t)t0 * s_stride + r0;
+                int j = 0;
+                for (; j + TILE_TOKENS <= nt; j += TILE_TOKENS)
+                    tile_micro_avx512(&packed, TILE_TOKENS, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,
+                                      yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min, &side, j);
+                for (; j < nt; j++)
+                    tile_micro_avx512(&packed, 1, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,
+                                      yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min, &side, j);
+            }
+        }
+    }
+}
+
+#endif /* BUBO_X86 */
+
+#endif
