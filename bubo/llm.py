@@ -360,10 +360,15 @@ class _Run:
         reuse = min(reuse, len(self.prompt) - 1)  # the last prompt token must run for its logits
         m._kv.truncate(0, reuse)
         del m._kv_tokens[reuse:]
-        logits = None
-        for i in range(reuse, len(self.prompt), PREFILL_CHUNK):
-            chunk = self.prompt[i : i + PREFILL_CHUNK]
-            logits = self._decode(chunk, i, i + len(chunk) == len(self.prompt))
+        # Everything but the last token in chunks, then the last token on its own: a prompt chunk
+        # and a single token sum their dot products in different orders (last bits only), so
+        # running the last token alone every time makes a repeated prompt, served from the
+        # cache, give the same logits as the first time.
+        last = len(self.prompt) - 1
+        for i in range(reuse, last, PREFILL_CHUNK):
+            chunk = self.prompt[i : min(i + PREFILL_CHUNK, last)]
+            self._decode(chunk, i, False)
+        logits = self._decode(self.prompt[last:], last, True)
         assert logits is not None
         return logits
 

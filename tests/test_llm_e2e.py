@@ -13,8 +13,9 @@ pytestmark = pytest.mark.models
 
 ORACLE = json.loads((Path(__file__).parent / "data" / "oracle" / "llamacpp.json").read_text())
 # llama.cpp's top two candidates closer than this (nats) may swap under a correct engine's
-# rounding; after such a step the continuations legitimately differ
-NEAR_TIE = 0.05
+# rounding (8-bit activations move log-probabilities by ~0.1 nat in llama.cpp and in bubo alike:
+# see tests/native/test_model_catalog.py); after such a step the continuations legitimately differ
+NEAR_TIE = 0.15
 
 
 def _agreed_prefix(case):

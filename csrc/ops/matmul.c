@@ -6,20 +6,26 @@
  *      whole number of blocks, so the blocks of all tokens form one array). Float weights have
  *      vec_dot_type F32: there is nothing to do and the activations are read in place.
  *   2. after a barrier, the weight rows are split over the threads in whole tiles of ROW_TILE
- *      rows. One token (decode) is a matrix-vector product: one vec_dot per row. Several
- *      tokens (prefill) are a matrix-matrix product: each thread hands its rows, ROW_CHUNK at a
+ *      rows. Fewer than TILE_MIN_TOKENS tokens (decode steps, one or many sequences) take one
+ *      vec_dot per (row, token), each row read once from memory and reused from L1 for every
+ *      token. From TILE_MIN_TOKENS on (prompt chunks) it is a matrix-matrix product: each thread hands its rows, ROW_CHUNK at a
  *      time, with all the tokens to the type's vec_dot_tile, which keeps a panel of those rows
  *      in registers and L1 while it sweeps a chunk of tokens (see quants/legacy_tile.h); the
  *      chunk's weights stay in L2 across the token chunks and the quantized activations, shared
  *      by both threads, in L2/L3.
- * A y element is computed by one vec_dot call (one token) or by the same tile arithmetic wherever
- * it sits in a tile (several), so results do not depend on the thread count. */
+ * A y element is computed by one vec_dot call or by the same tile arithmetic wherever it sits in a
+ * tile, so results never depend on the thread count. Below TILE_MIN_TOKENS they do not depend on
+ * the batch either: a decode step of 4 sequences gives each the bits it gets alone, which is what
+ * makes forks, truncate-and-reappend and continuous batching exact. A prompt chunk of
+ * TILE_MIN_TOKENS or more sums each dot product in the tile's order, which differs in the last
+ * bits from vec_dot's (as llama.cpp's prompt and generation paths differ). */
 #include <limits.h>
 
 #include "ops_internal.h"
 
 #define ROW_TILE 16   /* the split granularity: 16 f32 outputs fill a cache line and a tile's register */
 #define ROW_CHUNK 256 /* weight rows per tile call: ~250 KiB of Q4 at 2k columns, in L2 */
+#define TILE_MIN_TOKENS 32 /* fewer tokens: per-(row, token) vec_dot, batch-invariant */
 
 typedef struct {
     bubo_pool *pool;
@@ -57,8 +63,12 @@ static void matmul_share(void *vtask, int ith, int nth) {
     if (r1 > t->rows) r1 = t->rows;
     const int cols = (int)t->cols;
 
-    if (t->n_tokens == 1) {
-        for (int64_t r = r0; r < r1; r++) t->vec_dot(cols, &t->y[r], t->w + (size_t)r * t->w_row_bytes, t->xq);
+    if (t->n_tokens < TILE_MIN_TOKENS) {
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *w_row = t->w + (size_t)r * t->w_row_bytes;
+            for (int64_t k = 0; k < t->n_tokens; k++)
+                t->vec_dot(cols, &t->y[k * t->rows + r], w_row, t->xq + (size_t)k * t->xq_row_bytes);
+        }
         return;
     }
     for (int64_t rc = r0; rc < r1; rc += ROW_CHUNK) {

@@ -6,7 +6,16 @@ of f16 moves a top log-probability by up to ~0.15 nat on some prompts (measured 
 and llama.cpp's own attention rounds its V accumulator to f16 at every token. Where our greedy
 choice and llama.cpp's part, the two tokens must be within NEAR_TIE_NATS of each other in our
 logits or in llama.cpp's reported log-probabilities; the continuation after that point is not
-compared (it legitimately differs). Every other step must match exactly."""
+compared (it legitimately differs). Every other step must match exactly.
+
+Greedy agreement alone says little on such models (a flip of which near tie falls which way
+decides it), so the test also bounds the distance of the distributions: over llama.cpp's top-5
+tokens at every compared step, our log-probabilities must be within MEAN_LOGPROB_NATS on average
+and MAX_LOGPROB_NATS at worst. For scale, measured over these prompts teacher-forced along llama.cpp's
+greedy tokens: an exact float64 forward pass (tests/reference) is itself 0.05-0.12 nat from
+llama.cpp on average on smollm2 and qwen2.5 (worst 0.52) and 0.08-0.18 on gemma3 (worst 1.6),
+because llama.cpp quantizes every activation to 8 bits (as bubo does) and runs gemma's GELU from
+an f16 table. bubo lands in the same ranges; a wrong RoPE, norm or mask moves them by nats."""
 import json
 from pathlib import Path
 
@@ -18,9 +27,11 @@ from bubo._model import KVCache, Model
 ORACLE = json.loads((Path(__file__).parent.parent / "data" / "oracle" / "llamacpp.json").read_text())["models"]
 
 NEAR_TIE_NATS = 0.15
-# batched and one-by-one runs differ in the matmul's token tiling only: the same vec_dot per
-# element, so the logits agree exactly or to float rounding of the attention's summation order
-BATCH_ATOL = 1e-3
+MEAN_LOGPROB_NATS = 0.3
+MAX_LOGPROB_NATS = 1.75
+# Batches below the matmul's tile threshold (32 tokens) run the same arithmetic per token as one
+# token alone, and attention updates its softmax per token: batched, forked and re-appended
+# sequences must give bit-identical logits.
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +64,12 @@ def _check_against_llamacpp(name, model, prompts):
     for g in prompts:
         kv = KVCache(model, n_ctx=len(g["prompt_ids"]) + len(g["ids"]))
         ids, rows = _greedy(model, kv, g["prompt_ids"], len(g["ids"]))
+        deltas = []
         for i, (ours, theirs) in enumerate(zip(ids, g["ids"])):
+            lp = _log_softmax(rows[i])
+            deltas += [abs(lp[t] - l) for t, l in g["top_logprobs"][i]]
             if ours == theirs:
                 continue
-            lp = _log_softmax(rows[i])
             our_gap = lp[ours] - lp[theirs]
             top = dict(g["top_logprobs"][i])
             their_gap = top[theirs] - top[ours] if ours in top else np.inf
@@ -65,8 +78,9 @@ def _check_against_llamacpp(name, model, prompts):
                 f"gaps {our_gap:.3f} (ours) {their_gap:.3f} (llama.cpp) exceed {NEAR_TIE_NATS}")
             accepted.append((g["prompt"], i, round(float(min(our_gap, their_gap)), 4)))
             break
-    # a model that diverges on every prompt is broken, whatever the gaps say
-    assert len(accepted) <= len(prompts) // 2 + 1, accepted
+        assert np.mean(deltas) <= MEAN_LOGPROB_NATS and max(deltas) <= MAX_LOGPROB_NATS, (
+            f"{name} prompt {g['prompt']!r}: top-5 log-probabilities differ from llama.cpp's by "
+            f"{np.mean(deltas):.3f} on average, {max(deltas):.3f} at worst")
     return accepted
 
 
@@ -127,7 +141,7 @@ def test_batched_equals_one_by_one(smollm):
         for s in range(4):
             together[s].append(out[s:s + 1])
     for s in range(4):
-        np.testing.assert_allclose(np.concatenate(together[s]), alone[s], atol=BATCH_ATOL, rtol=0)
+        np.testing.assert_array_equal(np.concatenate(together[s]), alone[s])
         assert kv.seq_len(s) == len(PROMPTS[s]) + 3
 
 
@@ -158,7 +172,7 @@ def test_truncate_and_reappend(smollm):
     kv.truncate(0, 6)
     assert kv.seq_len(0) == 6
     again = smollm.decode(kv, prompt[6:], np.arange(6, len(prompt)), [0] * 5, [True] * 5)
-    np.testing.assert_allclose(again, first[6:], atol=BATCH_ATOL, rtol=0)
+    np.testing.assert_array_equal(again, first[6:])
     kv.free(0)
     assert kv.seq_len(0) == 0 and kv.n_free_tokens == 64
 
@@ -178,10 +192,11 @@ def test_cache_types_agree_with_f16(smollm, kv_type):
 
 
 def test_long_batch_is_split(smollm):
-    """A batch longer than the model's chunk (512) gives the same logits as the same tokens in
-    two batches."""
+    """A batch longer than the model's chunk (512) gives the same logits as the same tokens sent
+    as the two batches it is split into (512 + 8: the 8-token tail takes the decode kernels, the
+    512 the prompt tiles, in both runs)."""
     rng = np.random.default_rng(0)
-    n, half = 520, 260
+    n, half = 520, 512
     toks = rng.integers(0, smollm.n_vocab, n).astype(np.int32)
     want = np.arange(n) % 97 == 0
     want[-1] = True
@@ -190,7 +205,7 @@ def test_long_batch_is_split(smollm):
     kv2 = KVCache(smollm, n_ctx=n)
     a = smollm.decode(kv2, toks[:half], np.arange(half), np.zeros(half), want[:half])
     b = smollm.decode(kv2, toks[half:], np.arange(half, n), np.zeros(n - half), want[half:])
-    np.testing.assert_allclose(whole, np.concatenate([a, b]), atol=BATCH_ATOL, rtol=0)
+    np.testing.assert_array_equal(whole, np.concatenate([a, b]))
 
 
 # ---- bad input -----------------------------------------------------------------------------------
