@@ -34,10 +34,19 @@ class KVCache:
 
     model: Model
     def __init__(
-        self, model: Model, n_ctx: int, n_seq_max: int = 1, block_size: int = 32, type: str = "f16", n_batch: int = 512
+        self,
+        model: Model,
+        n_ctx: int,
+        n_seq_max: int = 1,
+        block_size: int = 32,
+        type: str = "f16",
+        n_batch: int = 512,
+        swa_full: bool = True,
     ) -> None:
-        """n_batch (1..512): the most rows model.decode runs at once; the sliding-window pool holds
-        window + n_batch tokens per sequence, so a smaller n_batch saves memory there."""
+        """swa_full=False: sliding-window layers keep only their window (plus n_batch tokens) per
+        sequence, and truncate refuses (ValueError) to go below a position they released.
+        n_batch (1..512): the most rows model.decode then runs at once. swa_full=True keeps every
+        block of every layer (the window is only a mask), so any truncation works."""
     @property
     def n_ctx(self) -> int: ...
     @property
@@ -54,6 +63,8 @@ class KVCache:
         each sequence's window (plus one decode chunk) only."""
     @property
     def sliding_window(self) -> int: ...
+    @property
+    def swa_full(self) -> bool: ...
     def pool_blocks(self, swa: bool = False) -> int: ...
     def blocks_in_use(self, swa: bool = False) -> int: ...
     def seq_blocks(self, seq: int, swa: bool = False) -> int: ...

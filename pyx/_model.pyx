@@ -115,19 +115,22 @@ cdef class Model:
 cdef class KVCache:
     """The paged KV cache of one model: n_ctx tokens at most per sequence (the global pool holds
     ceil(n_ctx / block_size) blocks, shared by n_seq_max sequences), stored as f16, f32 or q8_0.
-    Sliding-window layers have a pool of their own that keeps each sequence's window plus
-    n_batch tokens only (model.decode then runs a batch in chunks of at most n_batch rows)."""
+    With swa_full=False, sliding-window layers have a pool of their own that keeps each
+    sequence's window plus n_batch tokens only (model.decode then runs a batch in chunks of at
+    most n_batch rows), and truncate refuses to go below what they released. swa_full=True (the
+    default, until bubo.llm falls back from that refusal) keeps every block, as before."""
     cdef bubo_kv *kv
     cdef readonly Model model
 
     def __cinit__(self, Model model not None, int n_ctx, int n_seq_max=1, int block_size=32, str type="f16",
-                  int n_batch=BUBO_MODEL_MAX_BATCH):
+                  int n_batch=BUBO_MODEL_MAX_BATCH, bint swa_full=True):
         if n_batch < 1 or n_batch > BUBO_MODEL_MAX_BATCH:
             raise ValueError(f"n_batch must be 1..{BUBO_MODEL_MAX_BATCH}, not {n_batch}")
         cdef bubo_kv_params p
         bubo_model_kv_params(model.m, &p)
         p.n_ctx = n_ctx
         p.n_batch = n_batch
+        p.swa_full = swa_full
         p.n_seq_max = n_seq_max
         p.block_size = block_size
         p.type = <bubo_type>_type_id(type)
@@ -169,6 +172,10 @@ cdef class KVCache:
     @property
     def sliding_window(self):
         return bubo_kv_get_params(self.kv).swa_window
+
+    @property
+    def swa_full(self):
+        return bool(bubo_kv_get_params(self.kv).swa_full)
 
     def pool_blocks(self, bint swa=False):
         """Blocks in the global (or sliding-window) pool."""

@@ -23,6 +23,7 @@ cdef extern from "bubo/kv.h" nogil:
         bubo_type type
         int32_t swa_window
         int32_t n_batch
+        int swa_full
         uint8_t is_swa[512]
 
     bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err)

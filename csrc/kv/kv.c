@@ -105,7 +105,7 @@ bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err
         return bubo_set_err(err, BUBO_ERR_INVALID, "KV cache type %s needs head dims that are multiples of %lld (K %lld, V %lld)",
                             tr->name, (long long)tr->blck_size, (long long)p->head_dim_k, (long long)p->head_dim_v);
     int n_swa = 0;
-    for (int il = 0; il < p->n_layer; il++) n_swa += p->is_swa[il] != 0;
+    for (int il = 0; il < p->n_layer; il++) n_swa += p->is_swa[il] && !p->swa_full;
     if (p->swa_window < 0 || (n_swa > 0 && (p->swa_window < 1 || p->n_batch < 1)))
         return bubo_set_err(err, BUBO_ERR_INVALID, "KV cache: %d sliding-window layers need swa_window >= 1 and n_batch >= 1 "
                             "(got %d and %d)", n_swa, (int)p->swa_window, (int)p->n_batch);
@@ -119,7 +119,7 @@ bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err
     kv->block_bytes_k = kv->row_bytes_k * p->block_size;
     kv->block_bytes_v = kv->row_bytes_v * p->block_size;
     for (int il = 0; il < p->n_layer; il++) {
-        kv->pool_of[il] = p->is_swa[il] ? POOL_SWA : POOL_GLOBAL;
+        kv->pool_of[il] = p->is_swa[il] && !p->swa_full ? POOL_SWA : POOL_GLOBAL;
         kv->index_in[il] = kv->pools[kv->pool_of[il]].n_layer++;
     }
     /* the global pool is shared: n_ctx tokens in all; the SWA pool holds each sequence's window

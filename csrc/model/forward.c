@@ -267,7 +267,9 @@ bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, cons
     int32_t out_rows[BUBO_MODEL_MAX_BATCH];
     size_t logits_done = 0;
     /* a chunk adds at most its own length to any sequence: within the cache's n_batch */
-    const int32_t chunk = kp->swa_window > 0 && kp->n_batch < BUBO_MODEL_MAX_BATCH ? kp->n_batch : BUBO_MODEL_MAX_BATCH;
+    const int32_t chunk = kp->swa_window > 0 && !kp->swa_full && kp->n_batch < BUBO_MODEL_MAX_BATCH
+                              ? kp->n_batch
+                              : BUBO_MODEL_MAX_BATCH;
     for (int32_t start = 0; start < n_tokens; start += chunk) {
         const int32_t n = n_tokens - start < chunk ? n_tokens - start : chunk;
         int32_t n_out = 0;

@@ -1,5 +1,6 @@
-"""gemma3's sliding-window layers keep only their window in the KV cache (csrc/kv/kv.c: a second
-block pool whose blocks are released once they fall out of the window), and decode is unchanged:
+"""With swa_full=False, gemma3's sliding-window layers keep only their window in the KV cache
+(csrc/kv/kv.c: a second block pool whose blocks are released once they fall out of the window),
+and decode is unchanged:
 token by token over 70 tokens the logits still match the float64 numpy reference while each
 sequence holds at most ceil((window + block_size) / block_size) + 1 sliding-window blocks. Forks
 share those blocks; truncation below a released block is refused, above it works."""
@@ -44,8 +45,8 @@ def _step(model, kv, seq, token, pos):
 def test_token_by_token_matches_reference_with_window_sized_pool(gemma):
     _, model, tokens, ref = gemma
     n = len(tokens)
-    kv = KVCache(model, n_ctx=n, block_size=BLOCK, type="f32", n_batch=1)
-    full = KVCache(model, n_ctx=n, block_size=BLOCK, type="f32")
+    kv = KVCache(model, n_ctx=n, block_size=BLOCK, type="f32", n_batch=1, swa_full=False)
+    full = KVCache(model, n_ctx=n, block_size=BLOCK, type="f32", swa_full=True)
     assert kv.sliding_window == WINDOW
     # the sliding-window pool is sized by the window, the global one by n_ctx
     assert kv.pool_blocks(swa=True) == math.ceil(WINDOW / BLOCK) + 1 < kv.pool_blocks() == math.ceil(n / BLOCK)
@@ -70,7 +71,7 @@ def test_whole_prompt_in_small_chunks_matches_reference(gemma):
     out-of-window blocks between them."""
     _, model, tokens, ref = gemma
     n = len(tokens)
-    kv = KVCache(model, n_ctx=n + 1, block_size=BLOCK, type="f32", n_batch=5)
+    kv = KVCache(model, n_ctx=n + 1, block_size=BLOCK, type="f32", n_batch=5, swa_full=False)
     ours = model.decode(kv, tokens, np.arange(n), np.zeros(n), np.ones(n, bool))
     _close(ours, ref.logits(tokens))
     assert kv.seq_len(0) == n
@@ -83,7 +84,8 @@ def test_fork_shares_window_blocks_and_both_branches_stay_exact(gemma):
     _, model, tokens, ref = gemma
     n_prefix = 30
     # the global pool is shared by the sequences: room for both branches
-    kv = KVCache(model, n_ctx=2 * len(tokens), n_seq_max=2, block_size=BLOCK, type="f32", n_batch=1)
+    kv = KVCache(model, n_ctx=2 * len(tokens), n_seq_max=2, block_size=BLOCK, type="f32", n_batch=1,
+                 swa_full=False)
     for i in range(n_prefix):
         _step(model, kv, 0, tokens[i], i)
     held = kv.blocks_in_use(swa=True)
@@ -104,7 +106,7 @@ def test_fork_shares_window_blocks_and_both_branches_stay_exact(gemma):
 def test_truncate_within_window_works_below_it_is_refused(gemma):
     _, model, tokens, ref = gemma
     n = 30
-    kv = KVCache(model, n_ctx=len(tokens), block_size=BLOCK, type="f32", n_batch=1)
+    kv = KVCache(model, n_ctx=len(tokens), block_size=BLOCK, type="f32", n_batch=1, swa_full=False)
     for i in range(n):
         _step(model, kv, 0, tokens[i], i)
     # the next token at 29 attends from 22 on; blocks before the one holding 30 - 8 = 22 are gone
@@ -144,7 +146,8 @@ def test_batched_sequences_at_every_block_phase(gemma):
     _, model, tokens, ref = gemma
     n_seq, n_steps = 4, 44
     texts = [tokens[3 * s:] for s in range(n_seq)]
-    kv = KVCache(model, n_ctx=n_seq * n_steps, n_seq_max=n_seq, block_size=BLOCK, type="f32", n_batch=1)
+    kv = KVCache(model, n_ctx=n_seq * n_steps, n_seq_max=n_seq, block_size=BLOCK, type="f32", n_batch=1,
+                 swa_full=False)
     assert kv.pool_blocks(swa=True) == n_seq * (math.ceil(WINDOW / BLOCK) + 1)
     rows = [[] for _ in range(n_seq)]
     for step in range(n_steps):
@@ -156,3 +159,15 @@ def test_batched_sequences_at_every_block_phase(gemma):
             assert kv.seq_blocks(s, swa=True) <= MAX_SWA_BLOCKS
     for s in range(n_seq):
         _close(np.stack(rows[s]), ref.logits(texts[s][:len(rows[s])]))
+
+
+def test_swa_full_keeps_every_block_so_any_truncation_works(gemma):
+    """The default (what bubo.llm's prefix reuse needs until it falls back from a refusal)."""
+    _, model, tokens, ref = gemma
+    kv = KVCache(model, n_ctx=len(tokens), block_size=BLOCK, type="f32")
+    assert kv.swa_full and kv.pool_blocks(swa=True) == 0
+    n = 30
+    model.decode(kv, tokens[:n], np.arange(n), np.zeros(n), np.zeros(n, bool))
+    kv.truncate(0, 12)
+    assert kv.seq_blocks(0) == 3
+    _close(_step(model, kv, 0, tokens[40], 12)[None], ref.logits(tokens[:12] + [tokens[40]], rows=[-1]))

@@ -15,7 +15,9 @@
  * ceil((window + n_batch - 1) / block_size) + 1 SWA blocks, and the SWA pool has that many per
  * sequence: its memory is bounded by the window, not by n_ctx. Truncating a sequence to n tokens
  * is refused when its SWA layers already dropped a position the next token (at n) would attend
- * to; truncating to 0 (clearing) is always allowed.
+ * to; truncating to 0 (clearing) is always allowed. swa_full keeps the old layout instead (every
+ * layer in the global pool, nothing released, any truncation works; the window is then only a mask),
+ * for a caller that reuses prompt prefixes by truncation and has no fallback yet.
  *
  * Nothing here runs the model: bubo_model_decode (model.h) validates a batch, reserves its
  * blocks through bubo_kv_append_batch, writes rows with bubo_kv_k_row/v_row and attends over
@@ -50,6 +52,7 @@ typedef struct {
     bubo_type type;     /* F16 (default), F32 or Q8_0 */
     int32_t swa_window; /* tokens a sliding-window layer sees (0: no such layers) */
     int32_t n_batch;    /* most tokens one append may add to one sequence when swa_window > 0 */
+    int swa_full;       /* keep every block of the sliding-window layers too, in the global pool */
     uint8_t is_swa[BUBO_KV_MAX_LAYERS]; /* layer il is a sliding-window layer */
 } bubo_kv_params;
 
