@@ -357,3 +357,14 @@ def test_debug_routes(server):
     assert status == 200 and body["n_ctx"] == 2048 and len(body["tokens"]) == body["n_tokens"]
     status, body = call_json(server.url + "/debug/settings")
     assert status == 200 and body["config"]["debug_hooks"] is True and body["n_ctx"] == 2048
+
+
+def test_prompt_longer_than_the_context_is_400_naming_both_lengths(base_url):
+    status, body = call_json(base_url + "/debug/prompt", "POST", {"prompt": [1] * 2100, "max_tokens": 1})
+    assert_error(status, body, 400, "context_length_exceeded", "invalid_request_error")
+    assert "2100" in body["error"]["message"] and "2048" in body["error"]["message"]
+
+
+def test_server_log_has_no_tracebacks(server):
+    # runs last in this module: disconnects and broken pipes above must not have logged errors
+    assert "Traceback" not in "".join(server.log), "".join(server.log)
