@@ -184,3 +184,18 @@ def test_waiting_does_not_block_the_hub(engine):
     events = list(stream)
     t.join()
     assert len(ticks) == 10 and isinstance(events[-1], FinishEvent)
+
+
+def test_default_context_is_the_trained_one_capped_by_memory(monkeypatch):
+    from bubo.engine import engine as eng_mod
+
+    md = {"general.architecture": "llama", "llama.context_length": 8192, "llama.block_count": 30,
+          "llama.attention.head_count": 9, "llama.attention.head_count_kv": 3, "llama.embedding_length": 576}
+    per_token = 2 * 30 * 3 * 64 * eng_mod.KV_BYTES_PER_VALUE  # K and V, f16
+    monkeypatch.setattr(eng_mod, "_available_memory", lambda: 1 << 40)
+    assert eng_mod._context_size(md, None) == (8192, 8192)
+    assert eng_mod._context_size(md, 1000) == (8192, 1000)
+    assert eng_mod._context_size(md, 100000) == (8192, 8192)  # never past the trained context
+    # room for 3000 tokens in half the memory: rounded down to a multiple of 256
+    monkeypatch.setattr(eng_mod, "_available_memory", lambda: int(3000 * per_token / eng_mod.KV_MEMORY_SHARE))
+    assert eng_mod._context_size(md, None) == (8192, 2816)
