@@ -12,7 +12,7 @@ from flask import Blueprint, Response, jsonify, request
 import bubo
 from bubo.api.errors import ApiError
 from bubo.api.request import config, engine, json_body, ready_engine, resolve_model, submit
-from bubo.api.sse import sse_response
+from bubo.api.sse import cancel_on_disconnect, sse_response
 
 blueprint = Blueprint("core", __name__)
 debug_blueprint = Blueprint("debug", __name__, url_prefix="/debug")
@@ -300,7 +300,10 @@ def debug_prompt() -> Any:
                 yield event_dict(ev)
             yield "[DONE]"
         return sse_response(chunks(), stream=stream)
-    events = [event_dict(ev) for ev in stream]
+    with cancel_on_disconnect(stream):
+        events = [event_dict(ev) for ev in stream]
+    if not events or events[-1]["event"] == "token":
+        raise ApiError(499, "client_closed_request", "the client went away")  # nobody reads this
     return jsonify(content="".join(e.get("text", "") for e in events if e["event"] == "token"), events=events)
 
 

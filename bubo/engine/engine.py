@@ -79,10 +79,10 @@ class EventStream:
         return self
 
     def __next__(self) -> Event:
-        if self._done or self._cancelled:
-            raise StopIteration
         try:
             while True:
+                if self._done or self._cancelled:
+                    raise StopIteration
                 self._wake.clear()
                 with self._lock:
                     event = self._events.popleft() if self._events else None
@@ -92,6 +92,8 @@ class EventStream:
                         self._close()
                     return event
                 self._wake.wait()
+        except StopIteration:
+            raise
         except BaseException:
             # the reader was killed (GreenletExit: its client went away) or interrupted
             self.cancel()
@@ -103,6 +105,8 @@ class EventStream:
             return
         self._cancelled = True
         self._close()
+        if _get_ident() == self._hub.thread_ident:
+            self._wake.set()  # a reader waiting in another greenlet stops now
 
     def _close(self) -> None:
         with self._lock:

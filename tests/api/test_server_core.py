@@ -365,6 +365,22 @@ def test_prompt_longer_than_the_context_is_400_naming_both_lengths(base_url):
     assert "2100" in body["error"]["message"] and "2048" in body["error"]["message"]
 
 
+def test_disconnect_during_a_non_streamed_answer_frees_the_slot(server):
+    u = urlsplit(server.url)
+    s = socket.create_connection((u.hostname, u.port))
+    data = json.dumps({"prompt": "Count: 1, 2, 3,", "max_tokens": None}).encode()
+    s.sendall(b"POST /debug/prompt HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+    deadline = time.monotonic() + 30
+    while slot(server.url)["next_token"]["n_decoded"] < 3 or not slot(server.url)["is_processing"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    n_before_close = slot(server.url)["next_token"]["n_decoded"]
+    s.close()
+    after = wait_slot_idle(server.url)
+    assert after["next_token"]["n_decoded"] <= n_before_close + 2
+    assert server.alive()
+
+
 def test_server_log_has_no_tracebacks(server):
     # runs last in this module: disconnects and broken pipes above must not have logged errors
     assert "Traceback" not in "".join(server.log), "".join(server.log)

@@ -199,3 +199,31 @@ def test_default_context_is_the_trained_one_capped_by_memory(monkeypatch):
     # room for 3000 tokens in half the memory: rounded down to a multiple of 256
     monkeypatch.setattr(eng_mod, "_available_memory", lambda: int(3000 * per_token / eng_mod.KV_MEMORY_SHARE))
     assert eng_mod._context_size(md, None) == (8192, 2816)
+
+
+def test_cancel_from_another_greenlet_wakes_the_reader(engine):
+    stream = engine.submit(GenerationRequest(ids(engine, "Count: 1, 2, 3,"), GREEDY, max_tokens=None))
+    assert isinstance(next(stream), TokenEvent)
+    got = []
+
+    def reader():
+        for ev in stream:
+            got.append(ev)
+
+    r = gevent.spawn(reader)
+    gevent.sleep(0.1)
+    stream.cancel()
+    r.join(timeout=5)
+    assert r.dead and r.successful()
+    assert all(isinstance(e, TokenEvent) for e in got)
+    wait_idle(engine)
+
+
+def test_killing_the_reader_cancels_the_stream(engine):
+    stream = engine.submit(GenerationRequest(ids(engine, "Count: 1, 2, 3,"), GREEDY, max_tokens=None))
+    r = gevent.spawn(lambda: list(stream))
+    gevent.sleep(0.1)
+    r.kill()
+    assert stream.cancelled
+    wait_idle(engine)
+    assert not engine.busy
