@@ -229,6 +229,10 @@ class Engine:
         if req.max_tokens is not None and req.max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer or None, got {req.max_tokens}")
         self.model._check_ids(req.prompt)
+        n_vocab = self.tokenizer.n_vocab
+        bad = [t for t in (req.params.logit_bias or {}) if not 0 <= int(t) < n_vocab]
+        if bad:
+            raise ValueError(f"logit_bias token {bad[0]} is out of range: this model's ids are 0..{n_vocab - 1}")
         stream = EventStream(self, req)
         with self._lock:
             self._queue.append(stream)

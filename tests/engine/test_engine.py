@@ -5,7 +5,7 @@ from __future__ import annotations
 import gevent
 import pytest
 
-from bubo.engine import (ContextLengthError, Engine, FinishEvent, GenerationRequest, NotReadyError,
+from bubo.engine import (ContextLengthError, Engine, ErrorEvent, FinishEvent, GenerationRequest, NotReadyError,
                          TokenEvent)
 from bubo.sampling import SamplingParams
 
@@ -227,3 +227,21 @@ def test_killing_the_reader_cancels_the_stream(engine):
     assert stream.cancelled
     wait_idle(engine)
     assert not engine.busy
+
+
+def test_logit_bias_out_of_range_is_refused_at_submit(engine):
+    with pytest.raises(ValueError, match="logit_bias token"):
+        engine.submit(GenerationRequest([1], SamplingParams(logit_bias={engine.tokenizer.n_vocab: 1.0})))
+
+
+def test_a_failing_request_ends_with_an_error_event_and_the_engine_goes_on(engine, monkeypatch):
+    def broken(stream):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(engine, "_run", broken)
+    events = list(engine.submit(GenerationRequest([1, 2], GREEDY, max_tokens=2)))
+    assert len(events) == 1 and isinstance(events[0], ErrorEvent)
+    assert (events[0].status, events[0].code) == (500, "internal_error") and "boom" in events[0].message
+    monkeypatch.undo()
+    _, fin = run(engine, GenerationRequest([1, 2], GREEDY, max_tokens=2))
+    assert fin.completion_tokens == 2
