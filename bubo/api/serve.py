@@ -107,11 +107,17 @@ def serve(args: argparse.Namespace) -> int:
             print(f"bubo serve: the model failed to load: {engine.load_error}", flush=True)
 
     gevent.spawn(on_ready)
-    stop = lambda: server.stop(timeout=1)  # noqa: E731
-    gevent.signal_handler(signal.SIGTERM, stop)
-    gevent.signal_handler(signal.SIGINT, stop)
+    def stop() -> None:
+        print("bubo serve: stopping", flush=True)
+        server.stop(timeout=1)
+
+    # the handlers must stay referenced: a collected watcher no longer fires
+    handlers = [gevent.signal_handler(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)]
     try:
         server.serve_forever()
     finally:
         engine.stop()
+        for h in handlers:
+            h.cancel()
+    print("bubo serve: stopped", flush=True)
     return 0

@@ -86,3 +86,15 @@ def test_startup_log_says_address_model_context_threads_routes(keyed):
     assert "threads 2" in log and "context 2048 tokens (trained 8192)" in log
     assert "API key required" in log
     assert "routes /apply-template" in log and "/v1/models" in log
+
+
+def test_sigterm_stops_the_server_cleanly():
+    s = start_server()
+    try:
+        s.wait_ready()
+        s.proc.terminate()
+        assert s.proc.wait(20) == 0
+        time.sleep(0.1)  # the drain thread reads the last lines
+        assert any("bubo serve: stopped" in line for line in s.log), "".join(s.log)
+    finally:
+        s.stop()
