@@ -45,11 +45,11 @@ class EventStream:
     """The events of one request. Iterate it in the greenlet (or thread) that submitted it.
 
     cancel() (or killing the greenlet that waits on it) ends it: the engine stops the request
-    at its next step and frees the slot; iteration then stops without a final event."""
+    at its next step and frees the slot; iteration then stops without a final event. Read a
+    stream to its final event or cancel it: until then it holds a watcher in the reader's hub."""
 
-    def __init__(self, engine: Engine, request: GenerationRequest):
+    def __init__(self, request: GenerationRequest):
         self.request = request
-        self._engine = engine
         self._lock = _allocate_lock()
         self._events: collections.deque[Event] = collections.deque()
         self._cancelled = False
@@ -233,7 +233,7 @@ class Engine:
         bad = [t for t in (req.params.logit_bias or {}) if not 0 <= int(t) < n_vocab]
         if bad:
             raise ValueError(f"logit_bias token {bad[0]} is out of range: this model's ids are 0..{n_vocab - 1}")
-        stream = EventStream(self, req)
+        stream = EventStream(req)
         with self._lock:
             self._queue.append(stream)
         self._signal()
