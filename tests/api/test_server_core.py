@@ -315,6 +315,9 @@ def test_health_and_metrics_answer_fast_during_a_long_generation(server):
             worst[path] = max(rounds)
         during = slot(server.url)
         assert during["is_processing"], "the generation ended before the measurements did"
+        # llama-server's load-balancer probe: every slot busy -> 503
+        status, body = call_json(server.url + "/slots?fail_on_no_slot=1")
+        assert_error(status, body, 503, "no_slot_available", "server_error")
         assert worst["/health"] < FAST_ANSWER_S and worst["/metrics"] < FAST_ANSWER_S, worst
     finally:
         s.close()
