@@ -287,7 +287,7 @@ def debug_prompt() -> Any:
         n_probs = int(body.get("n_probs", 0))
     except (ValueError, TypeError) as e:
         raise ApiError(400, "invalid_request", str(e)) from None
-    stream = submit(GenerationRequest(ids, params, max_tokens, stop, n_probs))
+    stream = submit(GenerationRequest(ids, params, max_tokens, stop, n_probs, body.get("cache_prompt") is not False))
 
     def event_dict(ev: Any) -> dict[str, Any]:
         d = dataclasses.asdict(ev)

@@ -384,6 +384,28 @@ def test_disconnect_during_a_non_streamed_answer_frees_the_slot(server):
     assert server.alive()
 
 
+def test_disconnect_during_a_long_prompt_stops_it_at_the_next_chunk(server):
+    from bubo.llm import PREFILL_CHUNK
+
+    u = urlsplit(server.url)
+    n_prompt = 2000  # four prefill chunks
+    s = socket.create_connection((u.hostname, u.port))
+    data = json.dumps({"prompt": [1 + i % 50 for i in range(n_prompt)], "max_tokens": 4, "stream": True,
+                       "cache_prompt": False}).encode()
+    s.sendall(b"POST /debug/prompt HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+    deadline = time.monotonic() + 30
+    while not slot(server.url)["is_processing"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    s.close()
+    wait_slot_idle(server.url)
+    cache = call_json(server.url + "/debug/cache")[1]
+    # the prompt stopped at a chunk boundary, before its end (a chunk takes far longer than the
+    # few ms between the slot turning busy and the close)
+    assert cache["n_tokens"] % PREFILL_CHUNK == 0 and cache["n_tokens"] < n_prompt - 1, cache["n_tokens"]
+    assert debug_prompt(server.url, "Hi", max_tokens=2)["events"][-1]["completion_tokens"] == 2
+
+
 def test_server_log_has_no_tracebacks(server):
     # runs last in this module: disconnects and broken pipes above must not have logged errors
     assert "Traceback" not in "".join(server.log), "".join(server.log)
