@@ -58,7 +58,8 @@ def test_every_route_needs_the_key(keyed, method, path):
 
 
 @pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {KEY_FLAG}"}, {"Authorization": f"bearer {KEY_FILE}"},
-                                     {"x-api-key": KEY_FLAG}, {"X-Api-Key": KEY_FILE}])
+                                     {"x-api-key": KEY_FLAG}, {"X-Api-Key": KEY_FILE},
+                                     {"Authorization": "Bearer placeholder", "x-api-key": KEY_FILE}])
 def test_both_headers_and_every_key_are_accepted(keyed, headers):
     assert call_json(keyed.url + "/health", headers=headers) == (200, {"status": "ok"})
     status, body = call_json(keyed.url + "/v1/models", headers=headers)
