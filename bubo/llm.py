@@ -362,9 +362,9 @@ class _Run:
                 break
             reuse += 1
         reuse = min(reuse, len(self.prompt) - 1)  # the last prompt token must run for its logits
-        self.n_cached = reuse
         m._kv.truncate(0, reuse)
         del m._kv_tokens[reuse:]
+        self.n_cached = reuse
         # Everything but the last token in chunks, then the last token on its own: a prompt chunk
         # and a single token sum their dot products in different orders (last bits only), so
         # running the last token alone every time makes a repeated prompt, served from the
