@@ -1,0 +1,117 @@
+"""/v1/chat/completions and /v1/completions on the real server (smollm2:135m), driven by the
+official `openai` SDK and plain HTTP."""
+
+import json
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.models
+
+MSGS = [{"role": "user", "content": "Name three colors."}]
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    return openai.OpenAI(base_url=base_url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def post(base_url, path, body):
+    req = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.headers, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read().decode()
+
+
+def test_chat_streamed_equals_non_streamed(client):
+    full = client.chat.completions.create(model="bubo", messages=MSGS, max_tokens=24, temperature=0)
+    choice = full.choices[0]
+    assert full.object == "chat.completion" and full.model == "bubo"
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    u = full.usage
+    assert u.completion_tokens <= 24 and u.total_tokens == u.prompt_tokens + u.completion_tokens
+    assert full.model_extra["timings"]["predicted_n"] == u.completion_tokens
+
+    chunks = list(client.chat.completions.create(model="bubo", messages=MSGS, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content
+    last = [c for c in chunks if c.choices][-1]
+    assert last.choices[0].finish_reason == choice.finish_reason
+    assert last.choices[0].delta.content is None and "timings" in last.model_extra
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == u.completion_tokens
+    # the same prompt again: its prefix comes from the slot's cache
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_chat_stream_ends_with_done_and_no_usage_by_default(base_url):
+    status, headers, raw = post(base_url, "/v1/chat/completions",
+                                {"model": "bubo", "messages": MSGS, "max_tokens": 4, "stream": True})
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    events = [line[len("data: "):] for line in raw.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["choices"] for c in chunks)  # no usage chunk without include_usage
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["choices"][0]["delta"] == {}
+
+
+def test_chat_stop_string_prefill_and_logprobs(client):
+    base = client.chat.completions.create(model="bubo", messages=MSGS, max_tokens=16, temperature=0)
+    text = base.choices[0].message.content
+    cut = text.split()[1]
+    r = client.chat.completions.create(model="bubo", messages=MSGS, max_tokens=16, temperature=0, stop=[cut])
+    assert r.choices[0].finish_reason == "stop" and cut not in r.choices[0].message.content
+    assert text.startswith(r.choices[0].message.content)
+    # a final assistant message is continued, not answered
+    pre = client.chat.completions.create(model="bubo", max_tokens=8, temperature=0,
+                                         messages=MSGS + [{"role": "assistant", "content": text[:10]}])
+    assert (text[:10] + pre.choices[0].message.content).startswith(text[:10])
+    lp = client.chat.completions.create(model="bubo", messages=MSGS, max_tokens=4, temperature=0, logprobs=True,
+                                        top_logprobs=2)
+    content = lp.choices[0].logprobs.content
+    assert len(content) == lp.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+    # greedy: the chosen token is the most likely one
+    assert content[0].token == content[0].top_logprobs[0].token
+
+
+@pytest.mark.parametrize("body,status,code", [
+    ({"messages": MSGS}, 400, "missing_model"),
+    ({"model": "nope", "messages": MSGS}, 404, "model_not_found"),
+    ({"model": "bubo"}, 400, "missing_messages"),
+    ({"model": "bubo", "messages": MSGS, "n": 3}, 400, "unsupported_n"),
+    ({"model": "bubo", "messages": MSGS, "max_tokens": 0}, 400, "invalid_value"),
+    ({"model": "bubo", "messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context_length_exceeded"),
+])
+def test_chat_errors(base_url, body, status, code):
+    got, _, raw = post(base_url, "/v1/chat/completions", body)
+    err = json.loads(raw)["error"]
+    assert (got, err["code"]) == (status, code), raw
+    assert err["type"] == "invalid_request_error" and err["message"]
+
+
+def test_chat_errors_through_the_sdk(client):
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=MSGS, max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="bubo", messages=MSGS, n=2)
+    assert e.value.code == "unsupported_n"
+
+
+def test_completions_streamed_equals_non_streamed(client):
+    full = client.completions.create(model="bubo", prompt="The capital of France is", max_tokens=12, temperature=0)
+    assert full.object == "text_completion" and full.choices[0].text
+    streamed = list(client.completions.create(model="bubo", prompt="The capital of France is", max_tokens=12,
+                                              temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == full.choices[0].text
+    assert streamed[-1].choices[0].finish_reason == full.choices[0].finish_reason
+    lp = client.completions.create(model="bubo", prompt="The capital of France is", max_tokens=3, temperature=0,
+                                   logprobs=2)
+    assert len(lp.choices[0].logprobs.tokens) == 3 and "".join(lp.choices[0].logprobs.tokens) == lp.choices[0].text
