@@ -10,7 +10,7 @@ from flask import Blueprint, jsonify
 from bubo.api import dialect as d
 from bubo.api.errors import ApiError
 from bubo.api.llamacpp import completion as nc
-from bubo.api.request import json_body, ready_engine
+from bubo.api.request import config, json_body, ready_engine
 from bubo.api.sse import sse_response
 from bubo.engine.types import GenerationRequest, TokenEvent
 
@@ -38,7 +38,7 @@ def completion() -> Any:
     body = json_body()
     req = nc.parse_native_request(body)
     engine = ready_engine()
-    model = engine.model_name
+    model = config().served_model_name
     tokens = _tokens(engine, req.prompt)
     gen = GenerationRequest(tokens, req.params, req.n_predict, req.stop, req.n_probs, req.cache_prompt)
     stream = d.submit(engine, gen)
