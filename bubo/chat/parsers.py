@@ -7,7 +7,9 @@ so a streamed answer and a non-streamed one agree by construction.
 Formats (the answer's shape, chosen from the chat template's source):
 - reasoning: `<think>...</think>` (Qwen3, DeepSeek-R1 and most others); generic, and a template
   that opens the tag itself in the prompt starts the parser inside it.
-- "hermes": `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes, Qwen2.5/3).
+- "hermes": `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes, Qwen2.5/3); as
+  llama.cpp's Hermes parser, also the same JSON in a ```json fence (small Qwen2.5-Coder models
+  write their calls so).
 - "llama3": the whole answer is `{"name": ..., "parameters": {...}}`, optionally after
   `<|python_tag|>` (Llama 3.1/3.2).
 - "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
@@ -16,6 +18,7 @@ Formats (the answer's shape, chosen from the chat template's source):
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +27,14 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"
+FENCE = "```"
 LLAMA3_TAG = "<|python_tag|>"
 MISTRAL_TAG = "[TOOL_CALLS]"
 
 TOOL_FORMATS = ("hermes", "llama3", "mistral")
+
+# a code fence's opening line: ``` and an optional language, then the block's first character
+_FENCE_HEAD = re.compile(r"```(?:([A-Za-z]+)\s+|\s+|(?=[^A-Za-z\s]))(\S)")
 
 
 @dataclass
@@ -226,7 +233,7 @@ class OutputParser:
         if self._state == "content":
             tags: tuple[str, ...] = ()
             if self.tool_format == "hermes":
-                tags = (HERMES_OPEN,)
+                tags = (HERMES_OPEN, FENCE)
             elif self.tool_format == "mistral":
                 tags = (MISTRAL_TAG,)
             elif self.tool_format == "llama3":
@@ -238,6 +245,9 @@ class OutputParser:
                 if tag == HERMES_OPEN:
                     self._buf = buf[i + len(tag):]
                     self._state = "hermes"
+                elif tag == FENCE:
+                    self._buf = buf[i:]
+                    self._state = "fence"
                 else:
                     self._buf = buf[i:]
                     self._state = "whole"
@@ -246,6 +256,9 @@ class OutputParser:
             if len(buf) - hold > 0:
                 self._content(out, buf[: len(buf) - hold])
                 self._buf = buf[len(buf) - hold:]
+            return
+        if self._state == "fence":
+            self._fence_step(out, final)
             return
         if self._state == "hermes":
             i = buf.find(HERMES_CLOSE)
@@ -260,6 +273,33 @@ class OutputParser:
                 self._state = "content"
             return
 
+    def _fence_step(self, out: list[Part], final: bool) -> None:
+        """Inside a ``` block: a JSON object in it may be a call; any other block is content."""
+        buf = self._buf
+        m = _FENCE_HEAD.match(buf)
+        if m is None:
+            if final or len(buf) > 64:  # no block start after all
+                self._content(out, buf[: len(FENCE)])
+                self._buf = buf[len(FENCE):]
+                self._state = "content"
+            return
+        if m.group(2) != "{" or (m.group(1) or "json") != "json":
+            self._content(out, buf[: m.start(2)])
+            self._buf = buf[m.start(2):]
+            self._state = "content"
+            return
+        end = buf.find(FENCE, m.start(2))
+        if end < 0:
+            return  # the block goes on
+        call = parse_hermes_call(buf[m.start(2): end])
+        if call is not None:
+            self.n_calls += 1
+            out.append(Part("tool_call", call=call))
+        else:
+            self._content(out, buf[: end + len(FENCE)])
+        self._buf = buf[end + len(FENCE):]
+        self._state = "content"
+
     def _flush(self, out: list[Part]) -> None:
         buf, self._buf = self._buf, ""
         if self._state == "hermes":
@@ -270,6 +310,14 @@ class OutputParser:
                 out.append(Part("tool_call", call=call))
             else:
                 self._content(out, HERMES_OPEN + buf)
+        elif self._state == "fence":
+            m = _FENCE_HEAD.match(buf)
+            call = parse_hermes_call(buf[m.start(2):]) if m is not None and m.group(2) == "{" else None
+            if call is not None:
+                self.n_calls += 1
+                out.append(Part("tool_call", call=call))
+            else:
+                self._content(out, buf)
         elif self._state == "whole":
             parse = parse_llama3_calls if self.tool_format == "llama3" else parse_mistral_calls
             calls = parse(buf)
