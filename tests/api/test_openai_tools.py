@@ -67,3 +67,23 @@ def test_tool_round_trip(client):
                                             max_tokens=48)
     assert answer.choices[0].finish_reason in ("stop", "length") and answer.choices[0].message.content
     assert answer.usage.prompt_tokens == len(model.tokenize(prompt, parse_special=True))
+
+
+def test_responses_function_call_round_trip(client):
+    tools = [{"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
+              "parameters": TOOLS[0]["function"]["parameters"]}]
+    r = client.responses.create(model="bubo", input="What is the weather in Paris?", tools=tools,
+                                temperature=0, max_output_tokens=64)
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    with client.responses.stream(model="bubo", input="What is the weather in Paris?", tools=tools,
+                                 temperature=0, max_output_tokens=64) as s:
+        kinds = [ev.type for ev in s]
+        final = s.get_final_response()
+    assert "response.function_call_arguments.done" in kinds
+    assert [o.type for o in final.output] == [o.type for o in r.output]
+    answer = client.responses.create(model="bubo", tools=tools, temperature=0, max_output_tokens=32, input=[
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature_c": 18}'}])
+    assert answer.usage.input_tokens > r.usage.input_tokens and answer.output

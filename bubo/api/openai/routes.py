@@ -12,6 +12,7 @@ from bubo.api import dialect as d
 from bubo.api.errors import ApiError
 from bubo.api.openai import chat as ch
 from bubo.api.openai import completions as cm
+from bubo.api.openai import responses as rs
 from bubo.api.request import json_body, ready_engine, resolve_model
 from bubo.api.sse import sse_response
 from bubo.chat.parsers import OutputParser, tool_format_of
@@ -121,3 +122,44 @@ def completions() -> Any:
         yield "[DONE]"
 
     return sse_response(chunks(), stream=stream)
+
+
+# --- responses -----------------------------------------------------------------------------
+
+
+@blueprint.post("/v1/responses")
+@blueprint.post("/responses")
+def responses() -> Any:
+    body = json_body()
+    model = resolve_model(body)
+    req = rs.parse_responses_request(body)
+    engine = ready_engine()
+    prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
+    stream = d.submit(engine, GenerationRequest(prompt.tokens, req.params, req.max_tokens))
+    fmt = (tool_format_of(engine.chat_template) or "hermes") if req.tools else None
+    parser = OutputParser(reasoning=req.thinking, tool_format=fmt, in_think=prompt.in_think)
+    id, created = d.new_id("resp_"), d.now()
+
+    def reasoning_tokens(text: str) -> int:
+        return len(engine.tokenizer.encode(text, add_special=False)) if text else 0
+
+    if not req.stream:
+        out = d.collect(stream, parser)
+        return jsonify(rs.response_object(id=id, created=created, model=model, req=req, output=rs.output_items(out),
+                                          fin=out.finish, reasoning_tokens=reasoning_tokens(out.reasoning)))
+
+    def events() -> Iterator[Any]:
+        r = rs.ResponseEvents(id, created, model, req)
+        yield from r.start()
+        reasoning = ""
+        try:
+            for parts, ev in d.run_events(stream, parser):
+                reasoning += "".join(p.text for p in parts if p.kind == "reasoning")
+                yield from r.parts(parts)
+                if isinstance(ev, FinishEvent):
+                    yield from r.end(ev, reasoning_tokens(reasoning))
+        except ApiError as e:
+            yield ("error", {"type": "error", "code": e.code, "message": e.message, "param": None,
+                             "sequence_number": r.seq})
+
+    return sse_response(events(), stream=stream)
