@@ -88,3 +88,23 @@ def test_errors_in_anthropic_shape(base_url, path, body, status, code):
 def test_sdk_raises_on_unknown_model(client):
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="nope", max_tokens=2, messages=MSGS)
+
+
+def test_malformed_json_in_anthropic_shape(base_url):
+    req = urllib.request.Request(base_url + "/v1/messages", data=b"{nope", method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    body = json.loads(e.value.read())
+    assert e.value.code == 400 and body["type"] == "error" and body["error"]["code"] == "parse_error"
+
+
+def test_thinking_block_from_a_prefill(client):
+    msgs = MSGS + [{"role": "assistant", "content": "<think>"}]
+    msg = client.messages.create(model="bubo", max_tokens=12, messages=msgs, extra_body=GREEDY)
+    assert [b.type for b in msg.content] == ["thinking"] and msg.content[0].thinking
+    with client.messages.stream(model="bubo", max_tokens=12, messages=msgs, extra_body=GREEDY) as s:
+        for _ in s:
+            pass
+        final = s.get_final_message()
+    assert final.content[0].type == "thinking" and final.content[0].thinking == msg.content[0].thinking

@@ -115,3 +115,38 @@ def test_completions_streamed_equals_non_streamed(client):
     lp = client.completions.create(model="bubo", prompt="The capital of France is", max_tokens=3, temperature=0,
                                    logprobs=2)
     assert len(lp.choices[0].logprobs.tokens) == 3 and "".join(lp.choices[0].logprobs.tokens) == lp.choices[0].text
+
+
+def test_reasoning_is_parsed_out_streamed_and_not(client):
+    # smollm2's template knows no thinking: a prefill that opens <think> puts the answer inside
+    # it, so every generated token is reasoning (the model never closes the tag in 12 tokens)
+    msgs = MSGS + [{"role": "assistant", "content": "<think>"}]
+    full = client.chat.completions.create(model="bubo", messages=msgs, max_tokens=12, temperature=0)
+    m = full.choices[0].message
+    assert m.model_extra["reasoning_content"] and not m.content
+    chunks = list(client.chat.completions.create(model="bubo", messages=msgs, max_tokens=12, temperature=0,
+                                                 stream=True))
+    deltas = [c.choices[0].delta for c in chunks]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == m.model_extra["reasoning_content"]
+    # thinking off: the same text is the answer
+    off = client.chat.completions.create(model="bubo", messages=msgs, max_tokens=12, temperature=0,
+                                         reasoning_effort="off")
+    assert off.choices[0].message.content == m.model_extra["reasoning_content"]
+    assert "reasoning_content" not in off.choices[0].message.model_extra
+
+
+def test_thinking_fields_that_disagree(base_url):
+    status, _, raw = post(base_url, "/v1/chat/completions", {
+        "model": "bubo", "messages": MSGS, "reasoning_effort": "off",
+        "chat_template_kwargs": {"enable_thinking": True}})
+    err = json.loads(raw)["error"]
+    assert status == 400 and "reasoning_effort" in err["message"] and "enable_thinking" in err["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/completion"])
+def test_malformed_json(base_url, path):
+    req = urllib.request.Request(base_url + path, data=b'{"model": "bubo", "messages": [', method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 400 and json.loads(e.value.read())["error"]["code"] == "parse_error"
