@@ -19,6 +19,7 @@ from typing import Any
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+DEFAULT_SERVE_MODEL = "smollm2:135m"  # what `python -m bubo serve` serves with no -m
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -50,7 +51,18 @@ def _parser() -> _ArgParser:
     parser = _ArgParser(prog="bubo", description="bubo: a local LLM inference server for GGUF models")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgParser)
 
-    sub.add_parser("serve", help="start the HTTP server (not implemented yet)")
+    p = sub.add_parser("serve", help="start the HTTP server (OpenAI, Anthropic and llama-server APIs)")
+    p.add_flag("-m", "--model", default=DEFAULT_SERVE_MODEL, help=f"catalog name or GGUF path (default {DEFAULT_SERVE_MODEL})")
+    p.add_flag("--host", default="127.0.0.1", help="address to listen on (keep loopback unless remote clients must connect)")
+    p.add_flag("--port", type=int, default=8080, help="port (0: any free port, logged)")
+    p.add_flag("--served-model-name", default=None, help="the model id clients use (default: the model's name)")
+    p.add_flag("-a", "--alias", default=None, help="more accepted model names, comma-separated")
+    p.add_flag("-c", "--ctx-size", type=int, default=None, help="context size in tokens (default: the trained context, capped by memory)")
+    p.add_flag("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.add_flag("--api-key", default=None, help="require this key (several: comma-separated)")
+    p.add_flag("--api-key-file", default=None, help="file of keys, one per line (# comments)")
+    p.add_flag("--debug-hooks", action="store_true", help="serve /debug/* (only on a loopback address)")
+    p.add_flag("--cors-origins", default=None, help="origins allowed by CORS, comma-separated (* for any)")
 
     p = sub.add_parser("pull", help="download a catalog model into the store")
     p.add_argument("name", help="catalog name, e.g. smollm2:135m")
@@ -103,10 +115,14 @@ def main(argv: list[str] | None = None) -> int:
 # --- commands ------------------------------------------------------------------------------
 
 
+def _csv(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
 def _serve(args: argparse.Namespace) -> int:
-    print("bubo serve: not implemented yet (the HTTP server comes in a later release); "
-          "use `bubo run` or the Python API (bubo.Model) for now", file=sys.stderr)
-    return EXIT_USAGE
+    from bubo.api.serve import serve
+
+    return serve(args)
 
 
 def _pull(args: argparse.Namespace) -> int:

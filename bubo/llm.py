@@ -12,7 +12,7 @@ shared between threads; the HTTP server's engine (a later issue) does batching a
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -329,6 +329,7 @@ class _Run:
         self.generated: list[int] = []
         self.logprobs: list[float] = []
         self.finish_reason = "length"
+        self.n_cached = 0  # prompt tokens the cache already held (set by _prefill)
 
     def result(self, text: str) -> Completion:
         reason = "stop" if self.matcher.stopped is not None else self.finish_reason
@@ -352,8 +353,11 @@ class _Run:
         m._kv_tokens.extend(tokens)
         return out[0] if want_logits else None
 
-    def _prefill(self) -> np.ndarray:
-        """Decode the prompt, reusing what the cache already holds of it."""
+    def _prefill(self, interrupt: Callable[[], bool] | None = None) -> np.ndarray | None:
+        """Decode the prompt, reusing what the cache already holds of it (n_cached tokens).
+
+        interrupt, asked before each chunk, can stop a long prompt early (None returned): the
+        server's engine uses it to free its slot when the client goes away."""
         m = self.model
         reuse = 0
         for a, b in zip(m._kv_tokens, self.prompt):
@@ -361,6 +365,7 @@ class _Run:
                 break
             reuse += 1
         reuse = min(reuse, len(self.prompt) - 1)  # the last prompt token must run for its logits
+        self.n_cached = reuse
         m._kv.truncate(0, reuse)
         del m._kv_tokens[reuse:]
         # Everything but the last token in chunks, then the last token on its own: a prompt chunk
@@ -369,6 +374,8 @@ class _Run:
         # cache, give the same logits as the first time.
         last = len(self.prompt) - 1
         for i in range(reuse, last, PREFILL_CHUNK):
+            if interrupt is not None and interrupt():
+                return None
             chunk = self.prompt[i : min(i + PREFILL_CHUNK, last)]
             self._decode(chunk, i, False)
         logits = self._decode(self.prompt[last:], last, True)
@@ -380,6 +387,7 @@ class _Run:
         me = object()
         m._active = me
         logits = self._prefill()
+        assert logits is not None
         tok = m.tokenizer
         while True:
             if self.max_tokens is not None and len(self.generated) >= self.max_tokens:

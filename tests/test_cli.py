@@ -33,11 +33,15 @@ def test_no_command_is_usage_error():
     assert p.returncode == 2 and "usage: bubo" in p.stderr
 
 
-def test_serve_is_not_implemented_yet():
-    p = bubo("serve")
-    assert p.returncode == 2
-    assert "not implemented yet" in p.stderr and "Traceback" not in p.stderr
-    assert p.stdout == ""
+def test_serve_rejects_a_bad_port_in_one_line():
+    # the server itself is tested in tests/api (a real process on a free port)
+    line = one_error_line(bubo("serve", "--port", "70000"), "serve")
+    assert "--port 70000" in line
+
+
+def test_serve_flag_wins_over_its_variable():
+    line = one_error_line(bubo("serve", "--port", "-5", env={"BUBO_ARG_PORT": "8080"}), "serve")
+    assert "--port -5" in line
 
 
 def test_pull_unknown_name_lists_the_catalog(tmp_path):

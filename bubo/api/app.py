@@ -1,0 +1,96 @@
+"""The app factory: `create_app(engine, config)` builds the Flask app that `python -m bubo serve`
+runs on gevent's WSGI server (any WSGI host can mount it).
+
+Everything that is not a route lives here: auth before every route, CORS, the body size limit,
+and the error shapes of every failure (unknown path, wrong method, oversized body, malformed
+JSON, an unexpected exception: never a bare 500 page)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+from flask import Flask, request
+from werkzeug.exceptions import HTTPException
+
+from bubo.api.auth import check_api_key
+from bubo.api.config import ServerConfig
+from bubo.api.errors import ApiError, error_response
+
+log = logging.getLogger("bubo.api")
+
+# the other engineer's dialects; each module exposes `blueprint`
+DIALECTS = ("bubo.api.openai", "bubo.api.anthropic", "bubo.api.llamacpp")
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+def create_app(engine: Any, config: ServerConfig | None = None) -> Flask:
+    from bubo.api import core
+
+    config = config or ServerConfig(served_model_name=engine.model_name)
+    app = Flask("bubo")
+    app.config["BUBO_ENGINE"] = engine
+    app.config["BUBO_CONFIG"] = config
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    app.json.ensure_ascii = False  # type: ignore[attr-defined]
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+
+    app.register_blueprint(core.blueprint)
+    if config.debug_routes_enabled:
+        app.register_blueprint(core.debug_blueprint)
+    for name in DIALECTS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise  # the dialect exists but something it imports is missing: say so
+            continue
+        app.register_blueprint(module.blueprint)
+
+    @app.before_request
+    def _auth() -> None:
+        check_api_key(config.api_keys)
+
+    @app.after_request
+    def _cors(resp: Any) -> Any:
+        origin = request.headers.get("Origin")
+        if origin and config.cors_origins and ("*" in config.cors_origins or origin in config.cors_origins):
+            resp.headers["Access-Control-Allow-Origin"] = origin
+            resp.headers["Vary"] = "Origin"
+            resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, x-api-key, anthropic-version"
+            resp.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+        return resp
+
+    @app.errorhandler(ApiError)
+    def _api_error(err: ApiError) -> Any:
+        return error_response(request.path, err)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(err: HTTPException) -> Any:
+        status = err.code or 500
+        code = _HTTP_CODES.get(status, "http_error")
+        if status == 404:
+            msg = f"no route {request.method} {request.path}: see the API reference for the routes"
+        elif status == 405:
+            allowed = ", ".join(m for m in (err.valid_methods or []) if m not in ("HEAD", "OPTIONS"))  # type: ignore[attr-defined]
+            msg = f"{request.path} does not take {request.method}; it takes {allowed}"
+        elif status == 413:
+            msg = f"the request body is larger than the limit of {config.max_body_bytes} bytes"
+        else:
+            msg = err.description or str(err)
+        out = error_response(request.path, ApiError(status, code, msg))
+        if status == 405 and getattr(err, "valid_methods", None):
+            out.headers["Allow"] = ", ".join(err.valid_methods)  # type: ignore[attr-defined]
+        if status == 413:
+            # the rest of the body is unread: the connection cannot carry another request
+            out.headers["Connection"] = "close"
+        return out
+
+    @app.errorhandler(Exception)
+    def _unexpected(err: Exception) -> Any:
+        log.exception("unexpected error in %s %s", request.method, request.path)
+        return error_response(request.path, ApiError(500, "internal_error", f"internal error: {type(err).__name__}: {err}"))
+
+    return app

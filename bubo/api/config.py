@@ -1,0 +1,51 @@
+"""The server's settings, as `python -m bubo serve` parses them (or as a WSGI host builds them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+# every route's JSON body; a chat with a long document fits many times over
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+# an SSE comment this often keeps a silent stream (a long prompt) alive through proxies
+SSE_PING_SECONDS = 15.0
+ALWAYS_SERVED_NAME = "bubo"
+
+
+@dataclass
+class ServerConfig:
+    served_model_name: str = "model"
+    aliases: list[str] = field(default_factory=list)
+    api_keys: list[str] = field(default_factory=list)
+    cors_origins: list[str] = field(default_factory=list)  # "*" allows any origin
+    debug_hooks: bool = False
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    sse_ping_seconds: float = SSE_PING_SECONDS
+
+    @property
+    def model_names(self) -> list[str]:
+        """Every name a request may use: the served id first, then the aliases, then "bubo"."""
+        names: list[str] = []
+        for n in [self.served_model_name, *self.aliases, ALWAYS_SERVED_NAME]:
+            if n and n not in names:
+                names.append(n)
+        return names
+
+    @property
+    def debug_routes_enabled(self) -> bool:
+        """/debug/* exists only when asked for and only on a loopback address."""
+        return self.debug_hooks and is_loopback(self.host)
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

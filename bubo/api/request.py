@@ -1,0 +1,66 @@
+"""Request helpers shared by every route: the JSON body, the model name, the app's engine."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask import current_app, request
+
+from bubo.api.config import ServerConfig
+from bubo.api.errors import ApiError
+
+
+def config() -> ServerConfig:
+    return current_app.config["BUBO_CONFIG"]
+
+
+def engine() -> Any:
+    return current_app.config["BUBO_ENGINE"]
+
+
+def ready_engine() -> Any:
+    """The engine, or a 503 not_ready while the model loads (or after it failed to load)."""
+    eng = engine()
+    if not eng.ready:
+        if eng.load_error:
+            raise ApiError(503, "not_ready", f"the model {eng.model_name} failed to load: {eng.load_error}")
+        raise ApiError(503, "not_ready", f"the model {eng.model_name} is loading; try again when /ready says ready")
+    return eng
+
+
+def json_body() -> dict[str, Any]:
+    """The request's JSON object. 413 over the size limit (Flask's MAX_CONTENT_LENGTH), 400
+    parse_error for invalid UTF-8, malformed JSON or a body that is not an object. The
+    Content-Type is not checked: curl's default form type is common."""
+    raw = request.get_data(cache=True)
+    if not raw.strip():
+        raise ApiError(400, "parse_error", "the request body is empty: send a JSON object")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, "parse_error", f"the request body is not valid UTF-8 (byte {e.start}: {e.reason})") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ApiError(400, "parse_error", f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "parse_error", f"the request body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+def resolve_model(body: dict[str, Any]) -> str:
+    """The model name of a request that must name one: 400 missing_model when absent (or
+    null/empty), 404 model_not_found (naming the served id) when not served here."""
+    cfg = config()
+    name = body.get("model")
+    served = cfg.served_model_name
+    if name is None or name == "":
+        raise ApiError(400, "missing_model", f'the request has no model: add "model": "{served}" (or "bubo")')
+    if not isinstance(name, str):
+        raise ApiError(400, "invalid_type", f"model must be a string, not {type(name).__name__}")
+    if name not in cfg.model_names:
+        others = ", ".join(f"'{n}'" for n in cfg.model_names[1:])
+        raise ApiError(404, "model_not_found",
+                       f"model '{name}' is not served by this process; it serves '{served}' (also {others})")
+    return name

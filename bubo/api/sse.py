@@ -1,0 +1,102 @@
+"""Server-sent events: `return sse_response(chunks(), stream=engine_stream)`.
+
+Each item of the generator becomes one event:
+    dict              -> "data: {json}\\n\\n"
+    str               -> "data: {str}\\n\\n"        (e.g. "[DONE]": the caller sends it)
+    (name, dict|str)  -> "event: name\\ndata: ...\\n\\n" (Anthropic's named events)
+
+The generator runs in its own greenlet and the response waits on it, so a silent stretch (a
+long prompt) sends a ": ping" comment every SSE_PING_SECONDS. When the client goes away (a
+write fails, or the socket reads EOF) the generator's greenlet is killed (GreenletExit inside
+it: its `finally` runs, and an EventStream it was reading cancels itself) and `stream`, if
+given, is cancelled: the engine frees the slot at its next step."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import gevent
+import gevent.queue
+from flask import Response, request
+
+log = logging.getLogger("bubo.api")
+
+_END = object()
+
+
+def format_event(item: Any) -> str:
+    name = None
+    if isinstance(item, tuple):
+        name, item = item
+    data = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False, separators=(",", ":"))
+    head = f"event: {name}\n" if name else ""
+    return f"{head}data: {data}\n\n"
+
+
+def sse_response(gen: Iterator[Any], stream: Any = None, ping_seconds: float | None = None) -> Response:
+    from bubo.api.request import config
+
+    ping = ping_seconds if ping_seconds is not None else config().sse_ping_seconds
+    sock = request.environ.get("bubo.socket")
+    resp = Response(_events(gen, stream, ping, sock), mimetype="text/event-stream")
+    resp.headers["Cache-Control"] = "no-cache"
+    resp.headers["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
+    return resp
+
+
+def _events(gen: Iterator[Any], stream: Any, ping: float, sock: socket.socket | None) -> Iterator[bytes]:
+    q: gevent.queue.Queue = gevent.queue.Queue()
+
+    def produce() -> None:
+        try:
+            for item in gen:
+                q.put(format_event(item).encode("utf-8"))
+        except gevent.GreenletExit:
+            raise
+        except Exception as e:  # noqa: BLE001 - the stream is already 200: report in-band
+            log.exception("an SSE generator failed")
+            q.put(format_event({"error": {"message": f"internal error: {type(e).__name__}: {e}",
+                                          "type": "server_error", "code": "internal_error"}}).encode())
+        finally:
+            q.put(_END)
+
+    producer = gevent.spawn(produce)
+    watcher = gevent.spawn(_watch_disconnect, sock, producer) if sock is not None else None
+    try:
+        while True:
+            try:
+                item = q.get(timeout=ping)
+            except gevent.queue.Empty:
+                yield b": ping\n\n"
+                continue
+            if item is _END:
+                return
+            yield item
+    finally:
+        # normal end, or GeneratorExit: the server closes the app iterator when a write fails
+        if watcher is not None:
+            watcher.kill(block=False)
+        if not producer.dead:
+            producer.kill(block=False)
+        if stream is not None:
+            stream.cancel()
+
+
+def _watch_disconnect(sock: socket.socket, producer: gevent.Greenlet) -> None:
+    """Kill the producer when the client closes its end (EOF on a read), without waiting for
+    the next write to fail. Any bytes the client sends are left unread (peeked)."""
+    from gevent.socket import wait_read
+
+    try:
+        while not producer.dead:
+            wait_read(sock.fileno())
+            if not sock.recv(1, socket.MSG_PEEK):
+                producer.kill(block=False)
+                return
+            gevent.sleep(0.05)  # data, not EOF (a pipelined request): look again later
+    except OSError:
+        producer.kill(block=False)
