@@ -152,6 +152,21 @@ def bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:
     return v
 
 
+def check_response_format(value: Any, name: str = "response_format") -> None:
+    """Plain text only: constrained output (json_object, json_schema) needs grammar sampling,
+    which this build does not have yet; refusing beats answering unconstrained text."""
+    if value is None:
+        return
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return
+    if kind in ("json_object", "json_schema"):
+        raise ApiError(400, "unsupported_response_format",
+                       f"{name} {kind} is not supported yet (no grammar-constrained sampling in this build): "
+                       "drop it, or ask for JSON in the prompt")
+    raise invalid(f'{name} must be {{"type": "text"}}, {{"type": "json_object"}} or {{"type": "json_schema", ...}}')
+
+
 # --- thinking ------------------------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     body = d.require_object(body)
     messages, prefill = d.chat_messages(body.get("messages"))
     d.check_n(body)
+    d.check_response_format(body.get("response_format"))
     max_tokens = d.max_tokens_of(body, "max_completion_tokens", "max_tokens")
     thinking, kwargs = d.thinking_of(body)
     tools = d.chat_tools(body.get("tools"))

@@ -91,6 +91,9 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
                       "send the whole conversation in input")
     messages, prefill = d.chat_messages(_input_messages(body))
     max_tokens = d.max_tokens_of(body, "max_output_tokens")
+    text = body.get("text")
+    if isinstance(text, dict):
+        d.check_response_format(text.get("format"), "text.format")
     reasoning = body.get("reasoning")
     fields = dict(body)
     if reasoning is not None:
