@@ -150,3 +150,32 @@ def test_malformed_json(base_url, path):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=30)
     assert e.value.code == 400 and json.loads(e.value.read())["error"]["code"] == "parse_error"
+
+
+def test_client_that_goes_away_frees_the_slot(base_url, client):
+    import http.client
+    import time
+    from urllib.parse import urlparse
+
+    u = urlparse(base_url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    conn.request("POST", "/v1/chat/completions", json.dumps(
+        {"model": "bubo", "messages": MSGS, "max_tokens": 1500, "stream": True,
+         "logit_bias": {"0": -100, "2": -100, "4": -100}}),  # no end-of-generation token: it runs on
+        {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.read(6) == b"data: "  # the stream is running
+    conn.sock.close()
+    conn.close()
+    for _ in range(600):  # the engine stops at its next step; poll its state
+        with urllib.request.urlopen(base_url + "/slots", timeout=10) as r:
+            slot = json.loads(r.read())[0]
+        if not slot["is_processing"]:
+            break
+        time.sleep(0.05)
+    assert not slot["is_processing"]
+    assert slot["next_token"]["n_decoded"] < 1500
+    # and the next request is served normally
+    r = client.chat.completions.create(model="bubo", messages=MSGS, max_tokens=3, temperature=0)
+    assert r.usage.completion_tokens == 3
