@@ -154,7 +154,8 @@ class OutputParser:
     opened <think>. tool_format: one of TOOL_FORMATS when the request has tools, else None.
     Text that could be the start of a tag is held back until the next piece decides it."""
 
-    def __init__(self, reasoning: bool = True, tool_format: str | None = None, in_think: bool = False):
+    def __init__(self, reasoning: bool = True, tool_format: str | None = None, in_think: bool = False,
+                 max_calls: int | None = None):
         if tool_format is not None and tool_format not in TOOL_FORMATS:
             raise ValueError(f"unknown tool-call format {tool_format!r}; known: {', '.join(TOOL_FORMATS)}")
         self.reasoning = reasoning
@@ -165,13 +166,27 @@ class OutputParser:
         self._state = "think" if (reasoning and in_think) else "start"
         self._seen_content = False
         self.n_calls = 0
+        self.max_calls = max_calls  # parallel_tool_calls false: 1; later calls are dropped
+        self._n_shown = 0
 
     def feed(self, text: str) -> list[Part]:
         self._buf += text
-        return self._drain(final=False)
+        return self._limit(self._drain(final=False))
 
     def finish(self) -> list[Part]:
-        return self._drain(final=True)
+        return self._limit(self._drain(final=True))
+
+    def _limit(self, parts: list[Part]) -> list[Part]:
+        if self.max_calls is None:
+            return parts
+        out = []
+        for p in parts:
+            if p.call is not None:
+                if self._n_shown >= self.max_calls:
+                    continue
+                self._n_shown += 1
+            out.append(p)
+        return out
 
     # --- internals ---------------------------------------------------------------------
 

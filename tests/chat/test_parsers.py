@@ -77,3 +77,10 @@ def test_call_ids_are_unique_and_formats_detected():
     assert tool_format_of("[TOOL_CALLS] ...") == "mistral"
     assert tool_format_of("<|python_tag|>") == "llama3"
     assert tool_format_of("{{ messages }}") is None
+
+
+def test_max_calls_drops_later_calls():
+    text = '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {}}</tool_call>'
+    p = OutputParser(tool_format="hermes", max_calls=1)
+    parts = p.feed(text) + p.finish()
+    assert [x.call.name for x in parts if x.call] == ["a"]

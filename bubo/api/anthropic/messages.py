@@ -28,6 +28,7 @@ class MessagesRequest:
     max_tokens: int | None
     stop: list[str]
     stream: bool
+    parallel_tool_calls: bool = True
 
 
 def _blocks_text(blocks: Any, where: str) -> str:
@@ -145,6 +146,8 @@ def parse_messages_request(body: Any, count_only: bool = False) -> MessagesReque
         messages=messages, prefill=prefill, tools=anthropic_tools(body.get("tools"), body.get("tool_choice")),
         thinking=thinking, template_kwargs=kwargs, params=d.sampling_params(body), max_tokens=max_tokens,
         stop=stop, stream=d.bool_field(body, "stream", False),
+        parallel_tool_calls=not (isinstance(body.get("tool_choice"), dict)
+                                 and body["tool_choice"].get("disable_parallel_tool_use") is True),
     )
 
 

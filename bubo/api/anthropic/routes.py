@@ -29,7 +29,8 @@ def messages() -> Any:
     gen = GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop)
     stream = d.submit(engine, gen)
     fmt = (tool_format_of(engine.chat_template) or "hermes") if req.tools else None
-    parser = OutputParser(reasoning=req.thinking, tool_format=fmt, in_think=prompt.in_think)
+    parser = OutputParser(reasoning=req.thinking, tool_format=fmt, in_think=prompt.in_think,
+                          max_calls=None if req.parallel_tool_calls else 1)
     id = d.new_id("msg_")
 
     if not req.stream:

@@ -29,6 +29,7 @@ class ChatRequest:
     logprobs: bool
     top_logprobs: int
     cache_prompt: bool = True
+    parallel_tool_calls: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -57,6 +58,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stop=d.stop_list(body.get("stop")), stream=d.bool_field(body, "stream", False),
         include_usage=bool((opts or {}).get("include_usage")), logprobs=logprobs, top_logprobs=top_logprobs,
         cache_prompt=d.bool_field(body, "cache_prompt", True),
+        parallel_tool_calls=d.bool_field(body, "parallel_tool_calls", True),
     )
 
 

@@ -27,7 +27,7 @@ blueprint = Blueprint("openai", __name__)
 def chat_parser(engine: Any, req: ch.ChatRequest, in_think: bool) -> OutputParser:
     fmt = tool_format_of(engine.chat_template) if req.tools else None
     return OutputParser(reasoning=req.thinking, tool_format=fmt or ("hermes" if req.tools else None),
-                        in_think=in_think)
+                        in_think=in_think, max_calls=None if req.parallel_tool_calls else 1)
 
 
 @blueprint.post("/v1/chat/completions")
