@@ -172,3 +172,9 @@ class ChatChunks:
 def token_logprobs(engine: Any, ev: TokenEvent, n_top: int) -> dict[str, Any]:
     top = [(d.token_piece(engine, t), lp) for t, lp in ev.top[:n_top]]
     return logprob_entry(d.token_piece(engine, ev.token), ev.logprob, top)
+
+
+def render_request(engine: Any, req: ChatRequest) -> d.ChatPrompt:
+    """The prompt a chat request becomes (what /apply-template shows, what generation runs):
+    the converted messages through the model's template, a prefill appended."""
+    return d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)

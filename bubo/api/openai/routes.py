@@ -37,7 +37,7 @@ def chat_completions() -> Any:
     model = resolve_model(body)
     req = ch.parse_chat_request(body)
     engine = ready_engine()
-    prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
+    prompt = ch.render_request(engine, req)
     gen = GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop, req.params.n_probs,
                             req.cache_prompt)
     stream = d.submit(engine, gen)
