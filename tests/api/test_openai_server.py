@@ -179,3 +179,13 @@ def test_client_that_goes_away_frees_the_slot(base_url, client):
     # and the next request is served normally
     r = client.chat.completions.create(model="bubo", messages=MSGS, max_tokens=3, temperature=0)
     assert r.usage.completion_tokens == 3
+
+
+def test_sdk_stream_helper_rebuilds_the_completion(client):
+    full = client.chat.completions.create(model="bubo", messages=MSGS, max_tokens=16, temperature=0)
+    with client.chat.completions.stream(model="bubo", messages=MSGS, max_tokens=16, temperature=0) as s:
+        for _ in s:
+            pass
+        final = s.get_final_completion()
+    assert final.choices[0].message.content == full.choices[0].message.content
+    assert final.choices[0].finish_reason == full.choices[0].finish_reason
