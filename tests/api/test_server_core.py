@@ -66,3 +66,294 @@ def test_models_lists_served_id_and_bubo(base_url, path):
         assert m["object"] == "model" and m["owned_by"] == "bubo"
         assert m["context_length"] == m["max_model_len"] == m["meta"]["n_ctx"] == 2048
         assert m["architecture"]["input_modalities"] == ["text"]
+
+
+def test_model_usable_names_via_props(base_url):
+    assert call_json(base_url + "/props?model=bubo")[0] == 200
+    status, body = call_json(base_url + "/props?model=nope")
+    assert_error(status, body, 404, "model_not_found", "invalid_request_error")
+    assert MODEL in body["error"]["message"] and "nope" in body["error"]["message"]
+
+
+# --- props, slots, metrics ----------------------------------------------------------------
+
+
+def test_props(base_url):
+    status, body = call_json(base_url + "/props")
+    assert status == 200
+    assert body["model"] == body["model_alias"] == MODEL
+    assert "<|im_start|>" in body["template"] and body["chat_template"] == body["template"]
+    assert body["default_generation_settings"]["n_ctx"] == 2048
+    assert body["default_generation_settings"]["params"]["temperature"] == 0.8
+    assert body["total_slots"] == 1 and body["model_info"]["n_ctx_train"] == 8192
+    assert body["eos_token"] == "<|im_end|>"
+
+
+@pytest.mark.parametrize("path", ["/slots", "/v1/slots"])
+def test_slots(base_url, path):
+    status, body = call_json(base_url + path)
+    assert status == 200 and len(body) == 1
+    s = body[0]
+    assert s["id"] == 0 and s["n_ctx"] == 2048 and s["is_processing"] is False and s["state"] == 0
+    for k in ("n_prompt_tokens", "n_prompt_tokens_processed", "n_prompt_tokens_cache", "cache_n"):
+        assert isinstance(s[k], int)
+
+
+# every llamacpp: name the reference lists, and llama-server's counters
+REFERENCE_METRICS = ["prompt_tokens_total", "tokens_predicted_total", "prompt_tokens_seconds",
+                     "predicted_tokens_seconds", "requests_processing", "requests_deferred",
+                     "kv_cache_usage_ratio", "n_drafted_total", "n_drafted_accepted_total",
+                     "prompt_seconds_total", "tokens_predicted_seconds_total", "n_decode_total",
+                     "n_busy_slots_per_decode", "requests_total"]
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    values, types = {}, {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            types[name] = kind
+        elif line and not line.startswith("#"):
+            name, value = line.split()
+            assert name in types, f"{name} has no # TYPE line"
+            values[name] = float(value)
+    return values
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/v1/metrics"])
+def test_metrics_prometheus_text(base_url, path):
+    debug_prompt(base_url, "Hello there", max_tokens=3)
+    status, headers, data = call(base_url + path)
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    values = parse_metrics(data.decode())
+    for name in REFERENCE_METRICS:
+        assert "llamacpp:" + name in values, name
+    assert values["llamacpp:tokens_predicted_total"] >= 3
+    assert values["llamacpp:prompt_tokens_total"] >= 1
+    assert values["llamacpp:requests_processing"] == 0
+    assert 0 < values["llamacpp:kv_cache_usage_ratio"] <= 1
+
+
+def test_metrics_count_a_generation(base_url):
+    before = parse_metrics(call(base_url + "/metrics")[2].decode())
+    out = debug_prompt(base_url, "One two three", max_tokens=5)
+    after = parse_metrics(call(base_url + "/metrics")[2].decode())
+    assert after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"] == 5
+    fin = out["events"][-1]
+    assert (after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"]
+            == fin["timings"]["prompt_n"])
+    assert after["llamacpp:requests_total"] - before["llamacpp:requests_total"] == 1
+
+
+# --- tokens and templates -----------------------------------------------------------------
+
+
+def test_tokenize_with_pieces_and_detokenize_round_trip(base_url):
+    text = "Hello wörld, 你好! <|im_start|>"
+    status, plain = call_json(base_url + "/tokenize", "POST", {"content": text})
+    assert status == 200 and all(isinstance(t, int) for t in plain["tokens"])
+    status, pieces = call_json(base_url + "/tokenize", "POST", {"content": text, "with_pieces": True})
+    assert status == 200
+    assert [p["id"] for p in pieces["tokens"]] == plain["tokens"]
+    # pieces that are whole UTF-8 text are strings, the others lists of bytes; together, the text
+    raw = b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"])
+                   for p in pieces["tokens"])
+    assert raw.decode() == text
+    assert {"id": 1, "piece": "<|im_start|>"} in pieces["tokens"]  # special tokens parsed by default
+    status, back = call_json(base_url + "/detokenize", "POST", {"tokens": plain["tokens"]})
+    assert (status, back) == (200, {"content": text})
+
+
+def test_tokenize_options_and_bad_input(base_url):
+    _, a = call_json(base_url + "/tokenize", "POST", {"content": "<|im_start|>", "parse_special": False})
+    assert 1 not in a["tokens"] and len(a["tokens"]) > 1
+    status, body = call_json(base_url + "/tokenize", "POST", {"text": "x"})
+    assert_error(status, body, 400, "invalid_request", "invalid_request_error")
+    status, body = call_json(base_url + "/detokenize", "POST", {"tokens": [10**9]})
+    assert_error(status, body, 400, "invalid_request", "invalid_request_error")
+    assert "out of range" in body["error"]["message"]
+
+
+def test_apply_template_renders_chatml(base_url):
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi."}]}]
+    status, body = call_json(base_url + "/apply-template", "POST", {"messages": msgs, "stream": True})
+    assert status == 200
+    assert body == {"prompt": "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nSay hi.<|im_end|>\n"
+                              "<|im_start|>assistant\n"}
+    status, body = call_json(base_url + "/apply-template", "POST", {"messages": []})
+    assert_error(status, body, 400, "missing_messages", "invalid_request_error")
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method,path", [("GET", "/nope"), ("POST", "/v1/nope"), ("GET", "/v1/chat"),
+                                         ("DELETE", "/x/y/z")])
+def test_unknown_path_is_404_not_found(base_url, method, path):
+    status, body = call_json(base_url + path, method)
+    assert_error(status, body, 404, "not_found", "invalid_request_error")
+    assert path in body["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/rerank", "/v1/reranking", "/rerank", "/infill",
+                                  "/sdapi/v1/txt2img", "/sdapi/v1/options"])
+def test_not_implemented_paths(base_url, path):
+    status, body = call_json(base_url + path, "POST", {"input": "x"})
+    assert_error(status, body, 501, "not_implemented", "server_error")
+
+
+def test_wrong_method_is_405_in_the_error_shape(base_url):
+    status, headers, data = call(base_url + "/tokenize")
+    assert_error(status, json.loads(data), 405, "method_not_allowed", "invalid_request_error")
+    assert "POST" in headers["Allow"]
+
+
+@pytest.mark.parametrize("raw,what", [(b'{"content": ', "not valid JSON"), (b"", "empty"),
+                                      (b"[1, 2]", "JSON object"), (b'{"content": "\xff\xfe"}', "UTF-8"),
+                                      (b"\xef\xbb\xbf\xc3(", "UTF-8")])
+def test_bad_bodies_are_400_parse_error(base_url, raw, what):
+    for path in ("/tokenize", "/apply-template", "/debug/prompt"):
+        status, _, data = call(base_url + path, "POST", raw=raw, headers={"Content-Type": "application/json"})
+        body = json.loads(data)
+        assert_error(status, body, 400, "parse_error", "invalid_request_error")
+        assert what in body["error"]["message"]
+
+
+def test_huge_body_is_413_in_the_error_shape(server):
+    u = urlsplit(server.url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    c.putrequest("POST", "/tokenize")
+    c.putheader("Content-Type", "application/json")
+    c.putheader("Content-Length", str(64 << 20))
+    c.endheaders()
+    try:
+        c.send(b" " * (1 << 20))  # the server answers without reading the rest
+    except OSError:
+        pass
+    r = c.getresponse()
+    body = json.loads(r.read())
+    assert_error(r.status, body, 413, "request_too_large", "invalid_request_error")
+    c.close()
+    assert server.alive() and call(server.url + "/health")[0] == 200
+
+
+# --- generation through the engine: latency, disconnects ----------------------------------
+
+
+def debug_prompt(base_url: str, prompt: str, **fields: Any) -> Any:
+    status, body = call_json(base_url + "/debug/prompt", "POST", {"prompt": prompt, **fields})
+    assert status == 200, body
+    return body
+
+
+def open_stream(server, body: dict[str, Any]) -> tuple[socket.socket, bytes]:
+    """POST /debug/prompt with stream: true on a raw socket; returns it and what it read, once
+    the first event came."""
+    u = urlsplit(server.url)
+    s = socket.create_connection((u.hostname, u.port), timeout=30)
+    data = json.dumps({**body, "stream": True}).encode()
+    s.sendall(b"POST /debug/prompt HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    buf = b""
+    while b"data: " not in buf:
+        chunk = s.recv(4096)
+        assert chunk, buf
+        buf += chunk
+    assert buf.startswith(b"HTTP/1.1 200") and b"text/event-stream" in buf
+    return s, buf
+
+
+def slot(base_url: str) -> dict[str, Any]:
+    return call_json(base_url + "/slots")[1][0]
+
+
+def wait_slot_idle(base_url: str, limit_s: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        s = slot(base_url)
+        if not s["is_processing"]:
+            return s
+        time.sleep(0.005)
+    raise AssertionError("the slot stayed busy")
+
+
+def test_streamed_debug_prompt_matches_non_streamed(server):
+    body = {"prompt": "The capital of France is", "max_tokens": 8}
+    plain = debug_prompt(server.url, **body)
+    s, buf = open_stream(server, body)
+    while b"data: [DONE]" not in buf:
+        chunk = s.recv(65536)
+        assert chunk
+        buf += chunk
+    s.close()
+    events = [json.loads(line[6:]) for line in buf.decode().splitlines() if line.startswith("data: {")]
+    assert "".join(e["text"] for e in events if e["event"] == "token") == plain["content"]
+    assert events[-1]["event"] == "finish" and events[-1]["completion_tokens"] == 8
+
+
+def test_health_and_metrics_answer_fast_during_a_long_generation(server):
+    """/health and /metrics while the engine thread generates: each round takes the best of 3
+    tries (a CI machine can stall any one request), and every round must be under 100 ms."""
+    s, _ = open_stream(server, {"prompt": "Count: 1, 2, 3,", "max_tokens": 1000})
+    try:
+        u = urlsplit(server.url)
+        c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        worst = {}
+        for path in ("/health", "/metrics"):
+            rounds = []
+            for _ in range(10):
+                best = float("inf")
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    c.request("GET", path)
+                    r = c.getresponse()
+                    r.read()
+                    best = min(best, time.perf_counter() - t0)
+                    assert r.status == 200
+                rounds.append(best)
+            worst[path] = max(rounds)
+        during = slot(server.url)
+        assert during["is_processing"], "the generation ended before the measurements did"
+        assert worst["/health"] < FAST_ANSWER_S and worst["/metrics"] < FAST_ANSWER_S, worst
+    finally:
+        s.close()
+        wait_slot_idle(server.url)
+
+
+def test_disconnect_mid_stream_frees_the_slot_within_one_step(server):
+    s, _ = open_stream(server, {"prompt": "Count: 1, 2, 3,", "max_tokens": None})
+    time.sleep(0.2)  # let it generate a few tokens
+    n_before_close = slot(server.url)["next_token"]["n_decoded"]
+    s.close()
+    after = wait_slot_idle(server.url)
+    # the step running when the client left may finish; the next one never starts. One more
+    # step of slack for the time between reading /slots and closing the socket.
+    assert after["next_token"]["n_decoded"] <= n_before_close + 2
+    # the next request starts at once
+    out = debug_prompt(server.url, "Hello", max_tokens=2)
+    assert out["events"][-1]["completion_tokens"] == 2
+    assert server.alive()
+
+
+def test_broken_pipes_do_not_crash_the_server(server):
+    u = urlsplit(server.url)
+    for stream in (True, False):
+        for _ in range(3):
+            s = socket.create_connection((u.hostname, u.port))
+            data = json.dumps({"prompt": "Once upon a time", "max_tokens": 20, "stream": stream}).encode()
+            s.sendall(b"POST /debug/prompt HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+            # close with unread data: RST, the server's next write fails
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            s.close()
+    wait_slot_idle(server.url)
+    assert server.alive()
+    assert call_json(server.url + "/health") == (200, {"status": "ok"})
+    assert debug_prompt(server.url, "Hi", max_tokens=2)["events"][-1]["completion_tokens"] == 2
+
+
+def test_debug_routes(server):
+    status, body = call_json(server.url + "/debug/cache")
+    assert status == 200 and body["n_ctx"] == 2048 and len(body["tokens"]) == body["n_tokens"]
+    status, body = call_json(server.url + "/debug/settings")
+    assert status == 200 and body["config"]["debug_hooks"] is True and body["n_ctx"] == 2048

@@ -1,0 +1,142 @@
+"""The app layer without a model: resolve_model, error shapes, SSE framing and pings."""
+
+from __future__ import annotations
+
+import gevent
+import pytest
+from flask import Flask
+
+from bubo.api import ApiError, ServerConfig, create_app, resolve_model
+from bubo.api.errors import anthropic_error, api_error, error_response
+from bubo.api.sse import _events, format_event
+from bubo.engine import Engine
+
+
+@pytest.fixture
+def app() -> Flask:
+    engine = Engine("smollm2:135m")  # never started: the model is "loading"
+    cfg = ServerConfig(served_model_name="my-model", aliases=["alias-a", "bubo"])
+    app = create_app(engine, cfg)
+
+    @app.route("/boom")
+    def boom():
+        raise RuntimeError("kaput")
+
+    @app.route("/v1/messages/boom", methods=["POST"])
+    def boom_anthropic():
+        raise ApiError(503, "memory_pressure", "low memory")
+
+    return app
+
+
+def test_resolve_model(app):
+    with app.app_context():
+        for name in ("my-model", "alias-a", "bubo"):
+            assert resolve_model({"model": name}) == name
+        for body in ({}, {"model": None}, {"model": ""}):
+            with pytest.raises(ApiError) as e:
+                resolve_model(body)
+            assert (e.value.status, e.value.code) == (400, "missing_model")
+        with pytest.raises(ApiError) as e:
+            resolve_model({"model": "nope"})
+        assert (e.value.status, e.value.code) == (404, "model_not_found")
+        assert "'nope'" in e.value.message and "'my-model'" in e.value.message
+        with pytest.raises(ApiError) as e:
+            resolve_model({"model": 3})
+        assert e.value.status == 400
+
+
+def test_served_names_have_no_duplicates():
+    assert ServerConfig(served_model_name="bubo", aliases=["x", "x"]).model_names == ["bubo", "x"]
+
+
+def test_loading_engine_answers_not_ready(app):
+    c = app.test_client()
+    assert c.get("/health").json == {"status": "ok"}
+    r = c.get("/ready")
+    assert r.status_code == 503 and r.json["error"]["code"] == "not_ready"
+    assert c.get("/slots").json == []
+    assert c.get("/metrics").status_code == 200
+
+
+def test_unexpected_exception_is_a_500_in_the_error_shape(app):
+    r = app.test_client().get("/boom")
+    assert r.status_code == 500
+    assert r.json == {"error": {"message": "internal error: RuntimeError: kaput", "type": "server_error",
+                                "code": "internal_error"}}
+
+
+def test_anthropic_paths_get_the_anthropic_shape(app):
+    c = app.test_client()
+    r = c.post("/v1/messages/boom")
+    assert r.status_code == 503 and r.headers["Retry-After"] == "5"
+    body = r.json
+    assert body["type"] == "error" and body["request_id"].startswith("req_")
+    assert body["error"] == {"type": "overloaded_error", "message": "low memory", "code": "memory_pressure"}
+    r = c.post("/v1/messages/count_tokens/nope")
+    assert r.status_code == 404 and r.json["error"]["type"] == "not_found_error"
+
+
+def test_error_helpers():
+    with Flask("t").app_context():
+        r = api_error(507, "insufficient_memory_permanent", "too big")
+        assert r.json["error"]["type"] == "server_error" and "Retry-After" not in r.headers
+        r = anthropic_error(401, "invalid_api_key", "no")
+        assert r.json["error"]["type"] == "authentication_error"
+        r = error_response("/v1/chat/completions", ApiError(503, "insufficient_memory", "later"))
+        assert r.headers["Retry-After"] == "5" and r.json["error"]["type"] == "server_error"
+
+
+def test_sse_framing():
+    assert format_event({"a": "é"}) == 'data: {"a":"é"}\n\n'
+    assert format_event("[DONE]") == "data: [DONE]\n\n"
+    assert format_event(("message_stop", {"type": "message_stop"})) == \
+        'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+
+
+class _Stream:
+    cancelled = False
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def test_sse_pings_during_silence_and_cancels_at_the_end():
+    def slow():
+        gevent.sleep(0.35)
+        yield {"n": 1}
+        yield "[DONE]"
+
+    stream = _Stream()
+    out = list(_events(slow(), stream, 0.1, None))
+    assert out[:2] == [b": ping\n\n", b": ping\n\n"]
+    assert out[-2:] == [b'data: {"n":1}\n\n', b"data: [DONE]\n\n"]
+    assert stream.cancelled  # harmless once finished; frees the slot when the client left early
+
+
+def test_sse_closing_kills_the_producer():
+    finished = []
+
+    def endless():
+        try:
+            while True:
+                gevent.sleep(0.01)
+                yield {"x": 1}
+        finally:
+            finished.append(True)
+
+    stream = _Stream()
+    it = _events(endless(), stream, 1.0, None)
+    assert next(it) == b'data: {"x":1}\n\n'
+    it.close()  # what the WSGI server does when a write to the client fails
+    gevent.sleep(0.05)
+    assert finished == [True] and stream.cancelled
+
+
+def test_sse_reports_a_failing_generator_in_band():
+    def bad():
+        yield {"ok": 1}
+        raise KeyError("x")
+
+    out = list(_events(bad(), None, 1.0, None))
+    assert out[0] == b'data: {"ok":1}\n\n' and b'"code":"internal_error"' in out[1]

@@ -1,0 +1,186 @@
+"""The engine thread on smollm2:135m: events, one slot, prefix reuse, cancel, context limits."""
+
+from __future__ import annotations
+
+import gevent
+import pytest
+
+from bubo.engine import (ContextLengthError, Engine, FinishEvent, GenerationRequest, NotReadyError,
+                         TokenEvent)
+from bubo.sampling import SamplingParams
+
+N_CTX = 512
+GREEDY = SamplingParams(temperature=0)
+READY_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def engine(catalog_model):
+    e = Engine(str(catalog_model("smollm2:135m")), n_ctx=N_CTX, n_threads=2)
+    with pytest.raises(NotReadyError):
+        e.submit(GenerationRequest([1, 2, 3]))
+    e.start()
+    with gevent.Timeout(READY_TIMEOUT_S):
+        while not e.ready:
+            assert e.load_error is None, e.load_error
+            gevent.sleep(0.02)
+    yield e
+    e.stop()
+
+
+def ids(engine, text):
+    return engine.tokenizer.encode(text, add_special=True, parse_special=True)
+
+
+def run(engine, req):
+    events = list(engine.submit(req))
+    assert events and isinstance(events[-1], FinishEvent), events[-1:]
+    assert all(isinstance(e, TokenEvent) for e in events[:-1])
+    return events[:-1], events[-1]
+
+
+def wait_idle(engine):
+    with gevent.Timeout(30):
+        while engine.busy or engine.metrics()["requests_deferred"]:
+            gevent.sleep(0.005)
+
+
+def test_events_are_tokens_then_one_finish_and_match_the_python_api(engine):
+    prompt = "The capital of France is"
+    toks, fin = run(engine, GenerationRequest(ids(engine, prompt), GREEDY, max_tokens=12, n_probs=3))
+    want = engine.model.complete(prompt, max_tokens=12, temperature=0)
+    assert "".join(t.text for t in toks) == want.text
+    assert [t.token for t in toks] == want.tokens
+    assert fin.reason == "length" and fin.stop_string is None
+    assert fin.completion_tokens == len(toks) == 12
+    assert fin.prompt_tokens == len(ids(engine, prompt))
+    for t in toks:
+        assert len(t.top) == 3 and t.top[0][0] == t.token  # greedy: the chosen token ranks first
+        assert t.logprob == pytest.approx(t.top[0][1]) and t.logprob <= 0
+    tm = fin.timings
+    assert tm["prompt_n"] + tm["cache_n"] == fin.prompt_tokens and tm["predicted_n"] == 12
+    assert set(tm) == {"prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
+                       "predicted_ms", "predicted_per_token_ms", "predicted_per_second", "cache_n"}
+
+
+def test_stop_string_is_cut_and_reported(engine):
+    prompt = "The capital of France is"
+    full = "".join(t.text for t in run(engine, GenerationRequest(ids(engine, prompt), GREEDY, max_tokens=12))[0])
+    stop = full[8:11]  # a stop string from the middle of the greedy answer
+    toks, fin = run(engine, GenerationRequest(ids(engine, prompt), GREEDY, max_tokens=12, stop=[stop]))
+    text = "".join(t.text for t in toks)
+    assert text == full[: full.index(stop)]
+    assert fin.reason == "stop" and fin.stop_string == stop
+    assert fin.completion_tokens == len(toks) < 12
+
+
+def test_end_of_generation_token_ends_with_stop(engine):
+    chat = engine.model.chat_prompt([{"role": "user", "content": "Say hi."}])
+    toks, fin = run(engine, GenerationRequest(ids(engine, chat), GREEDY, max_tokens=200))
+    assert fin.reason == "stop" and fin.stop_string is None
+    assert engine.tokenizer.is_eog(toks[-1].token)
+    assert "<|im_end|>" not in "".join(t.text for t in toks)
+
+
+def test_prefix_reuse_reports_cached_tokens(engine):
+    a = ids(engine, "Once upon a time, in a land far away, there lived a dragon who")
+    b = a + engine.tokenizer.encode(" liked", add_special=False)
+    _, f1 = run(engine, GenerationRequest(a, GREEDY, max_tokens=4, cache_prompt=False))
+    assert f1.cached_tokens == 0 and f1.timings["prompt_n"] == len(a)
+    _, f2 = run(engine, GenerationRequest(b, GREEDY, max_tokens=4))
+    # the cache held a + 3 decoded tokens: all of a is shared, whatever was generated
+    assert f2.cached_tokens >= len(a) and f2.timings["cache_n"] == f2.cached_tokens
+    assert f2.timings["prompt_n"] == len(b) - f2.cached_tokens
+    # the same prompt again: everything but the last token comes from the cache
+    toks3, f3 = run(engine, GenerationRequest(b, GREEDY, max_tokens=4))
+    assert f3.cached_tokens == len(b) - 1
+    _, f4 = run(engine, GenerationRequest(b, GREEDY, max_tokens=4, cache_prompt=False))
+    assert f4.cached_tokens == 0
+    assert engine.metrics()["prompt_tokens_cached_total"] >= f2.cached_tokens + f3.cached_tokens
+
+
+def test_one_slot_serialises_requests(engine):
+    prompt = ids(engine, "List the planets of the solar system:")
+    solo = "".join(t.text for t in run(engine, GenerationRequest(prompt, GREEDY, max_tokens=24, cache_prompt=False))[0])
+    a = engine.submit(GenerationRequest(prompt, GREEDY, max_tokens=24, cache_prompt=False))
+    b = engine.submit(GenerationRequest(prompt, GREEDY, max_tokens=24, cache_prompt=False))
+    first = next(a)
+    assert isinstance(first, TokenEvent)
+    m = engine.metrics()
+    assert m["requests_processing"] == 1 and m["requests_deferred"] == 1
+    assert engine.slots()[0]["is_processing"]
+    texts = {}
+
+    def read(name, stream, head=""):
+        evs = list(stream)
+        texts[name] = head + "".join(e.text for e in evs if isinstance(e, TokenEvent))
+
+    gevent.joinall([gevent.spawn(read, "b", b), gevent.spawn(read, "a", a, first.text)], raise_error=True)
+    assert texts == {"a": solo, "b": solo}
+    wait_idle(engine)
+    assert engine.metrics()["requests_deferred"] == 0 and not engine.slots()[0]["is_processing"]
+
+
+def test_cancel_frees_the_slot_within_one_step(engine):
+    long = engine.submit(GenerationRequest(ids(engine, "Count: 1, 2, 3,"), GREEDY, max_tokens=None))
+    for _ in range(3):
+        assert isinstance(next(long), TokenEvent)
+    before = engine.metrics()["tokens_predicted_total"]
+    long.cancel()
+    n_at_cancel = engine.slots()[0]["next_token"]["n_decoded"]
+    assert list(long) == []  # a cancelled stream ends without a final event
+    wait_idle(engine)
+    generated = engine.metrics()["tokens_predicted_total"] - before
+    assert generated <= n_at_cancel + 1  # the step running at cancel() may finish, no more
+    assert generated < N_CTX // 2  # far from running to the full context
+    # the slot serves the next request at once, and correctly
+    toks, fin = run(engine, GenerationRequest(ids(engine, "The capital of France is"), GREEDY, max_tokens=3))
+    assert fin.completion_tokens == 3
+
+
+def test_cancel_while_queued_skips_the_request(engine):
+    p = ids(engine, "Hello")
+    a = engine.submit(GenerationRequest(p, GREEDY, max_tokens=8))
+    b = engine.submit(GenerationRequest(p, GREEDY, max_tokens=8))
+    b.cancel()
+    requests_before = engine.metrics()["requests_total"]
+    assert isinstance(list(a)[-1], FinishEvent)
+    wait_idle(engine)
+    assert list(b) == []
+    assert engine.metrics()["requests_total"] - requests_before <= 1
+
+
+def test_context_length(engine):
+    with pytest.raises(ContextLengthError) as e:
+        engine.submit(GenerationRequest([1] * N_CTX))
+    assert (e.value.prompt_tokens, e.value.n_ctx) == (N_CTX, N_CTX)
+    assert str(N_CTX) in str(e.value)
+    # two tokens of room: two generated tokens fill the cache, and a third is sampled from the
+    # last one's logits (it is never decoded), then "length"
+    toks, fin = run(engine, GenerationRequest([1] * (N_CTX - 2), GREEDY, max_tokens=None))
+    assert fin.reason == "length" and fin.completion_tokens == 3
+
+
+def test_bad_requests_are_refused_at_submit(engine):
+    with pytest.raises(ValueError, match="empty"):
+        engine.submit(GenerationRequest([]))
+    with pytest.raises(ValueError, match="out of range"):
+        engine.submit(GenerationRequest([engine.tokenizer.n_vocab]))
+    with pytest.raises(ValueError, match="max_tokens"):
+        engine.submit(GenerationRequest([1], max_tokens=0))
+
+
+def test_waiting_does_not_block_the_hub(engine):
+    """While the reader waits for a long generation, other greenlets keep running."""
+    stream = engine.submit(GenerationRequest(ids(engine, "Once upon a time"), GREEDY, max_tokens=40))
+    ticks = []
+
+    def ticker():
+        for _ in range(10):
+            ticks.append(1)
+            gevent.sleep(0.001)
+
+    t = gevent.spawn(ticker)
+    events = list(stream)
+    t.join()
+    assert len(ticks) == 10 and isinstance(events[-1], FinishEvent)
