@@ -1,5 +1,32 @@
 """bubo: a local LLM inference server on hand-written C kernels for GGUF models."""
 
+
+def _use_installed_build() -> None:
+    """Run from a source checkout (`pip install .` then `python -m bubo serve` in the same
+    folder), Python finds the checkout's bubo/ first, and its native modules were never built
+    there: they live in the installed copy. Point this package's path at that copy, which holds
+    the same sources, built. An editable install finds its native modules and never gets here."""
+    import importlib.util
+    import os
+    import sys
+    from importlib.machinery import PathFinder
+
+    try:
+        if importlib.util.find_spec("bubo._gguf") is not None:
+            return
+    except ImportError:
+        pass
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    others = [p for p in sys.path if os.path.realpath(p or os.curdir) != os.path.realpath(checkout)]
+    spec = PathFinder.find_spec("bubo", others)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            f"bubo's native modules are not built in {checkout}: install bubo first (pip install .)")
+    __path__[:] = list(spec.submodule_search_locations)
+
+
+_use_installed_build()
+
 from bubo.errors import BuboError, GGUFError, UnsupportedError
 from bubo.gguf import GGUFFile, TensorInfo
 from bubo._tokenizer import Detokenizer, Tokenizer

@@ -33,7 +33,20 @@ class KVCache:
     tokens shared by n_seq_max sequences, stored as "f16", "f32" or "q8_0"."""
 
     model: Model
-    def __init__(self, model: Model, n_ctx: int, n_seq_max: int = 1, block_size: int = 32, type: str = "f16") -> None: ...
+    def __init__(
+        self,
+        model: Model,
+        n_ctx: int,
+        n_seq_max: int = 1,
+        block_size: int = 32,
+        type: str = "f16",
+        n_batch: int = 512,
+        swa_full: bool = True,
+    ) -> None:
+        """swa_full=False: sliding-window layers keep only their window (plus n_batch tokens) per
+        sequence, and truncate refuses (ValueError) to go below a position they released.
+        n_batch (1..512): the most rows model.decode then runs at once. swa_full=True keeps every
+        block of every layer (the window is only a mask), so any truncation works."""
     @property
     def n_ctx(self) -> int: ...
     @property
@@ -44,7 +57,20 @@ class KVCache:
     def type(self) -> str: ...
     @property
     def n_free_tokens(self) -> int: ...
+    @property
+    def nbytes(self) -> int:
+        """Bytes of K and V storage: the global pool plus the sliding-window pool, which holds
+        each sequence's window (plus one decode chunk) only."""
+    @property
+    def sliding_window(self) -> int: ...
+    @property
+    def swa_full(self) -> bool: ...
+    def pool_blocks(self, swa: bool = False) -> int: ...
+    def blocks_in_use(self, swa: bool = False) -> int: ...
+    def seq_blocks(self, seq: int, swa: bool = False) -> int: ...
     def seq_len(self, seq: int) -> int: ...
-    def truncate(self, seq: int, n: int) -> None: ...
+    def truncate(self, seq: int, n: int) -> None:
+        """Keep the first n tokens; ValueError when the sliding-window layers already dropped a
+        position the next token would attend to (n = 0 always works)."""
     def fork(self, src: int, dst: int) -> None: ...
     def free(self, seq: int) -> None: ...

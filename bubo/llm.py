@@ -169,7 +169,8 @@ class Model:
         self.tokenizer = Tokenizer(self.path)
         n_ctx_train = int(self.hparams.get("n_ctx_train") or 0)
         self.n_ctx = min(n_ctx, n_ctx_train) if n_ctx_train > 0 else n_ctx
-        self._kv = KVCache(self._native, self.n_ctx)
+        # swa_full=False: sliding-window layers (gemma3) keep only their window's blocks
+        self._kv = KVCache(self._native, self.n_ctx, swa_full=False)
         self._kv_tokens: list[int] = []  # what sequence 0 of the cache holds
         self._active: object | None = None  # the generation that owns the cache now
         self._chat_template_source = chat_template
@@ -365,8 +366,14 @@ class _Run:
                 break
             reuse += 1
         reuse = min(reuse, len(self.prompt) - 1)  # the last prompt token must run for its logits
+        try:
+            m._kv.truncate(0, reuse)
+        except ValueError:
+            # a sliding-window layer has already released the blocks that the shared prefix's
+            # next token would attend to: start the prompt over (llama-server does the same)
+            reuse = 0
+            m._kv.truncate(0, 0)
         self.n_cached = reuse
-        m._kv.truncate(0, reuse)
         del m._kv_tokens[reuse:]
         # Everything but the last token in chunks, then the last token on its own: a prompt chunk
         # and a single token sum their dot products in different orders (last bits only), so

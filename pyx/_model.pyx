@@ -113,15 +113,24 @@ cdef class Model:
 
 
 cdef class KVCache:
-    """The paged KV cache of one model: n_ctx tokens at most per sequence (the pool holds
-    ceil(n_ctx / block_size) blocks, shared by n_seq_max sequences), stored as f16, f32 or q8_0."""
+    """The paged KV cache of one model: n_ctx tokens at most per sequence (the global pool holds
+    ceil(n_ctx / block_size) blocks, shared by n_seq_max sequences), stored as f16, f32 or q8_0.
+    With swa_full=False, sliding-window layers have a pool of their own that keeps each
+    sequence's window plus n_batch tokens only (model.decode then runs a batch in chunks of at
+    most n_batch rows), and truncate refuses to go below what they released. swa_full=True (the
+    default, until bubo.llm falls back from that refusal) keeps every block, as before."""
     cdef bubo_kv *kv
     cdef readonly Model model
 
-    def __cinit__(self, Model model not None, int n_ctx, int n_seq_max=1, int block_size=32, str type="f16"):
+    def __cinit__(self, Model model not None, int n_ctx, int n_seq_max=1, int block_size=32, str type="f16",
+                  int n_batch=BUBO_MODEL_MAX_BATCH, bint swa_full=True):
+        if n_batch < 1 or n_batch > BUBO_MODEL_MAX_BATCH:
+            raise ValueError(f"n_batch must be 1..{BUBO_MODEL_MAX_BATCH}, not {n_batch}")
         cdef bubo_kv_params p
         bubo_model_kv_params(model.m, &p)
         p.n_ctx = n_ctx
+        p.n_batch = n_batch
+        p.swa_full = swa_full
         p.n_seq_max = n_seq_max
         p.block_size = block_size
         p.type = <bubo_type>_type_id(type)
@@ -155,6 +164,32 @@ cdef class KVCache:
     def n_free_tokens(self):
         return bubo_kv_n_free_tokens(self.kv)
 
+    @property
+    def nbytes(self):
+        """Bytes of K and V storage, both pools."""
+        return bubo_kv_nbytes(self.kv)
+
+    @property
+    def sliding_window(self):
+        return bubo_kv_get_params(self.kv).swa_window
+
+    @property
+    def swa_full(self):
+        return bool(bubo_kv_get_params(self.kv).swa_full)
+
+    def pool_blocks(self, bint swa=False):
+        """Blocks in the global (or sliding-window) pool."""
+        return bubo_kv_pool_n_blocks(self.kv, swa)
+
+    def blocks_in_use(self, bint swa=False):
+        """Blocks of the global (or sliding-window) pool some sequence holds."""
+        return bubo_kv_pool_n_used(self.kv, swa)
+
+    def seq_blocks(self, int seq, bint swa=False):
+        """Blocks seq holds in the global (or sliding-window) pool."""
+        self._check_seq(seq)
+        return bubo_kv_seq_n_blocks(self.kv, seq, swa)
+
     cdef int _check_seq(self, int seq) except -1:
         if seq < 0 or seq >= bubo_kv_get_params(self.kv).n_seq_max:
             raise ValueError(f"sequence id {seq} is out of range: this cache holds "
@@ -166,7 +201,8 @@ cdef class KVCache:
         return bubo_kv_seq_len(self.kv, seq)
 
     def truncate(self, int seq, int n):
-        """Keep the first n tokens of seq."""
+        """Keep the first n tokens of seq. ValueError when the sliding-window layers already
+        dropped a position the next token would attend to (n = 0 always works)."""
         cdef bubo_err err
         check_status(bubo_kv_truncate(self.kv, seq, n, &err), &err, None)
 

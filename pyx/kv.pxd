@@ -6,6 +6,7 @@ from quants cimport bubo_type
 
 cdef extern from "bubo/kv.h" nogil:
     int BUBO_KV_MAX_BLOCK_SIZE
+    int BUBO_KV_MAX_LAYERS
 
     ctypedef struct bubo_kv:
         pass
@@ -20,14 +21,24 @@ cdef extern from "bubo/kv.h" nogil:
         int n_seq_max
         int block_size
         bubo_type type
+        int32_t swa_window
+        int32_t n_batch
+        int swa_full
+        uint8_t is_swa[512]
 
     bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err)
     void bubo_kv_free(bubo_kv *kv)
     const bubo_kv_params *bubo_kv_get_params(const bubo_kv *kv)
     int32_t bubo_kv_seq_len(const bubo_kv *kv, int seq)
     int64_t bubo_kv_n_free_tokens(const bubo_kv *kv)
+    size_t bubo_kv_nbytes(const bubo_kv *kv)
+    int32_t bubo_kv_pool_n_blocks(const bubo_kv *kv, int swa)
+    int32_t bubo_kv_pool_n_used(const bubo_kv *kv, int swa)
+    int32_t bubo_kv_seq_n_blocks(const bubo_kv *kv, int seq, int swa)
     bubo_status bubo_kv_truncate(bubo_kv *kv, int seq, int32_t n, bubo_err *err)
     bubo_status bubo_kv_fork(bubo_kv *kv, int src, int dst, bubo_err *err)
     bubo_status bubo_kv_clear(bubo_kv *kv, int seq, bubo_err *err)
     bubo_status bubo_kv_append_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
                                      bubo_err *err)
+    bubo_status bubo_kv_check_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
+                                    bubo_err *err)

@@ -138,7 +138,7 @@ class FakeNative:
 
 
 class FakeKV:
-    def __init__(self, model, n_ctx, n_seq_max=1, block_size=32, type="f16"):
+    def __init__(self, model, n_ctx, n_seq_max=1, block_size=32, type="f16", n_batch=512, swa_full=True):
         self.n_ctx = n_ctx
         self.tokens = []
 

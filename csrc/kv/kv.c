@@ -1,21 +1,32 @@
-/* The paged KV cache: a pool of blocks, a block table per sequence, reference counts. */
+/* The paged KV cache: two pools of blocks (global layers, sliding-window layers), a block table
+ * per sequence and pool, reference counts. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "bubo/kv.h"
 
-struct bubo_kv {
-    bubo_kv_params p;
-    int32_t n_blocks;          /* blocks in the pool: ceil(n_ctx / block_size) */
-    int32_t max_seq_blocks;    /* a block table's capacity (same as n_blocks) */
-    size_t row_bytes_k, row_bytes_v;
-    size_t block_bytes_k, block_bytes_v; /* one block of one layer */
+enum { POOL_GLOBAL, POOL_SWA, N_POOLS };
+
+typedef struct {
+    int n_layer;               /* layers stored here */
+    int32_t n_blocks;
     uint8_t *k;                /* [n_layer][n_blocks][block_size][row_bytes_k] */
     uint8_t *v;                /* [n_layer][n_blocks][block_size][row_bytes_v] */
     int32_t *refs;             /* [n_blocks] sequences holding each block; 0 = free */
     int32_t *free_list;        /* [n_blocks] stack of free block ids */
     int32_t n_free;
-    int32_t *tables;           /* [n_seq_max][max_seq_blocks] */
+    int32_t *tables;           /* [n_seq_max][max_seq_blocks], indexed by position / block_size */
+    int32_t *first;            /* [n_seq_max] first held table entry (the SWA pool releases the ones before) */
+} kv_pool;
+
+struct bubo_kv {
+    bubo_kv_params p;
+    int32_t max_seq_blocks;    /* a block table's capacity: ceil(n_ctx / block_size) */
+    size_t row_bytes_k, row_bytes_v;
+    size_t block_bytes_k, block_bytes_v; /* one block of one layer */
+    kv_pool pools[N_POOLS];
+    uint8_t pool_of[BUBO_KV_MAX_LAYERS];   /* layer -> pool */
+    int32_t index_in[BUBO_KV_MAX_LAYERS];  /* layer -> its index within that pool */
     int32_t *lens;             /* [n_seq_max] tokens per sequence */
     int32_t *n_new;            /* [n_seq_max] scratch of append_batch: tokens a batch adds */
 };
@@ -24,25 +35,58 @@ static int32_t blocks_for(const bubo_kv *kv, int64_t n_tokens) {
     return (int32_t)((n_tokens + kv->p.block_size - 1) / kv->p.block_size);
 }
 
-static int32_t *table_of(const bubo_kv *kv, int seq) { return kv->tables + (size_t)seq * kv->max_seq_blocks; }
-
-static void release_block(bubo_kv *kv, int32_t b) {
-    if (--kv->refs[b] == 0) kv->free_list[kv->n_free++] = b;
+static int32_t *table_of(const bubo_kv *kv, const kv_pool *pl, int seq) {
+    return pl->tables + (size_t)seq * kv->max_seq_blocks;
 }
 
-static int32_t take_block(bubo_kv *kv) {
-    const int32_t b = kv->free_list[--kv->n_free];
-    kv->refs[b] = 1;
+static int has_swa(const bubo_kv *kv) { return kv->pools[POOL_SWA].n_layer > 0; }
+
+/* The first block a sequence of len tokens still needs in the SWA pool: the one holding the
+ * window's start for its next token (at position len). */
+static int32_t swa_keep_block(const bubo_kv *kv, int64_t len) {
+    const int64_t keep_from = len - kv->p.swa_window + 1;
+    return keep_from > 0 ? (int32_t)(keep_from / kv->p.block_size) : 0;
+}
+
+static void release_block(kv_pool *pl, int32_t b) {
+    if (--pl->refs[b] == 0) pl->free_list[pl->n_free++] = b;
+}
+
+static int32_t take_block(kv_pool *pl) {
+    const int32_t b = pl->free_list[--pl->n_free];
+    pl->refs[b] = 1;
     return b;
 }
 
-static void copy_block(bubo_kv *kv, int32_t dst, int32_t src) {
-    for (int il = 0; il < kv->p.n_layer; il++) {
-        uint8_t *k = kv->k + (size_t)il * kv->n_blocks * kv->block_bytes_k;
-        uint8_t *v = kv->v + (size_t)il * kv->n_blocks * kv->block_bytes_v;
+static void copy_block(const bubo_kv *kv, kv_pool *pl, int32_t dst, int32_t src) {
+    for (int il = 0; il < pl->n_layer; il++) {
+        uint8_t *k = pl->k + (size_t)il * pl->n_blocks * kv->block_bytes_k;
+        uint8_t *v = pl->v + (size_t)il * pl->n_blocks * kv->block_bytes_v;
         memcpy(k + (size_t)dst * kv->block_bytes_k, k + (size_t)src * kv->block_bytes_k, kv->block_bytes_k);
         memcpy(v + (size_t)dst * kv->block_bytes_v, v + (size_t)src * kv->block_bytes_v, kv->block_bytes_v);
     }
+}
+
+static size_t pool_bytes(const bubo_kv *kv, const kv_pool *pl) {
+    return (kv->block_bytes_k + kv->block_bytes_v) * pl->n_blocks * pl->n_layer;
+}
+
+static int pool_alloc(bubo_kv *kv, kv_pool *pl, int32_t n_blocks) {
+    pl->n_blocks = pl->n_layer > 0 ? n_blocks : 0;
+    if (pl->n_blocks == 0) return 1;
+    /* zeroed: a never-written slot is never read (the mask stops at the position), but a copied
+     * block must not carry stale NaN bit patterns into a test's comparison */
+    pl->k = calloc(1, kv->block_bytes_k * pl->n_blocks * pl->n_layer);
+    pl->v = calloc(1, kv->block_bytes_v * pl->n_blocks * pl->n_layer);
+    pl->refs = calloc(pl->n_blocks, sizeof *pl->refs);
+    pl->free_list = malloc(pl->n_blocks * sizeof *pl->free_list);
+    pl->tables = calloc((size_t)kv->p.n_seq_max * kv->max_seq_blocks, sizeof *pl->tables);
+    pl->first = calloc(kv->p.n_seq_max, sizeof *pl->first);
+    if (!pl->k || !pl->v || !pl->refs || !pl->free_list || !pl->tables || !pl->first) return 0;
+    /* a stack: the lowest ids come out first */
+    for (int32_t b = 0; b < pl->n_blocks; b++) pl->free_list[b] = pl->n_blocks - 1 - b;
+    pl->n_free = pl->n_blocks;
+    return 1;
 }
 
 bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err) {
@@ -50,8 +94,8 @@ bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err
     const bubo_type_traits *tr = bubo_type_get_traits(p->type);
     if (p->type != BUBO_TYPE_F16 && p->type != BUBO_TYPE_F32 && p->type != BUBO_TYPE_Q8_0)
         return bubo_set_err(err, BUBO_ERR_INVALID, "KV cache type must be f16, f32 or q8_0, not %s", tr ? tr->name : "?");
-    if (p->n_layer < 1 || p->n_seq_max < 1 || p->n_ctx < 1 || p->head_dim_k < 1 || p->head_dim_v < 1 ||
-        p->n_embd_k % p->head_dim_k || p->n_embd_v % p->head_dim_v)
+    if (p->n_layer < 1 || p->n_layer > BUBO_KV_MAX_LAYERS || p->n_seq_max < 1 || p->n_ctx < 1 || p->head_dim_k < 1 ||
+        p->head_dim_v < 1 || p->n_embd_k % p->head_dim_k || p->n_embd_v % p->head_dim_v)
         return bubo_set_err(err, BUBO_ERR_INVALID, "KV cache: bad shape (n_layer %d, n_ctx %d, n_seq_max %d)",
                             p->n_layer, (int)p->n_ctx, p->n_seq_max);
     if (p->block_size < 1 || p->block_size > BUBO_KV_MAX_BLOCK_SIZE)
@@ -60,46 +104,54 @@ bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err
     if (p->head_dim_k % tr->blck_size || p->head_dim_v % tr->blck_size)
         return bubo_set_err(err, BUBO_ERR_INVALID, "KV cache type %s needs head dims that are multiples of %lld (K %lld, V %lld)",
                             tr->name, (long long)tr->blck_size, (long long)p->head_dim_k, (long long)p->head_dim_v);
+    int n_swa = 0;
+    for (int il = 0; il < p->n_layer; il++) n_swa += p->is_swa[il] && !p->swa_full;
+    if (p->swa_window < 0 || (n_swa > 0 && (p->swa_window < 1 || p->n_batch < 1)))
+        return bubo_set_err(err, BUBO_ERR_INVALID, "KV cache: %d sliding-window layers need swa_window >= 1 and n_batch >= 1 "
+                            "(got %d and %d)", n_swa, (int)p->swa_window, (int)p->n_batch);
 
     bubo_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return bubo_set_err(err, BUBO_ERR_NOMEM, "KV cache: out of memory");
     kv->p = *p;
-    kv->n_blocks = blocks_for(kv, p->n_ctx);
-    kv->max_seq_blocks = kv->n_blocks;
+    kv->max_seq_blocks = blocks_for(kv, p->n_ctx);
     kv->row_bytes_k = bubo_row_size(p->type, p->n_embd_k);
     kv->row_bytes_v = bubo_row_size(p->type, p->n_embd_v);
     kv->block_bytes_k = kv->row_bytes_k * p->block_size;
     kv->block_bytes_v = kv->row_bytes_v * p->block_size;
-    const size_t k_bytes = kv->block_bytes_k * kv->n_blocks * p->n_layer;
-    const size_t v_bytes = kv->block_bytes_v * kv->n_blocks * p->n_layer;
-    /* zeroed: a never-written slot is never read (the mask stops at the position), but a copied
-     * block must not carry stale NaN bit patterns into a test's comparison */
-    kv->k = calloc(1, k_bytes);
-    kv->v = calloc(1, v_bytes);
-    kv->refs = calloc(kv->n_blocks, sizeof *kv->refs);
-    kv->free_list = malloc(kv->n_blocks * sizeof *kv->free_list);
-    kv->tables = calloc((size_t)p->n_seq_max * kv->max_seq_blocks, sizeof *kv->tables);
+    for (int il = 0; il < p->n_layer; il++) {
+        kv->pool_of[il] = p->is_swa[il] && !p->swa_full ? POOL_SWA : POOL_GLOBAL;
+        kv->index_in[il] = kv->pools[kv->pool_of[il]].n_layer++;
+    }
+    /* the global pool is shared: n_ctx tokens in all; the SWA pool holds each sequence's window
+     * plus one append (see kv.h), or its whole n_ctx where that is less */
+    int64_t swa_per_seq = 0;
+    if (n_swa > 0) {
+        swa_per_seq = blocks_for(kv, (int64_t)p->swa_window + p->n_batch - 1) + 1;
+        if (swa_per_seq > kv->max_seq_blocks) swa_per_seq = kv->max_seq_blocks;
+    }
     kv->lens = calloc(p->n_seq_max, sizeof *kv->lens);
     kv->n_new = calloc(p->n_seq_max, sizeof *kv->n_new);
-    if (!kv->k || !kv->v || !kv->refs || !kv->free_list || !kv->tables || !kv->lens || !kv->n_new) {
+    if (!kv->lens || !kv->n_new || !pool_alloc(kv, &kv->pools[POOL_GLOBAL], kv->max_seq_blocks) ||
+        !pool_alloc(kv, &kv->pools[POOL_SWA], (int32_t)(swa_per_seq * p->n_seq_max))) {
+        const size_t bytes = pool_bytes(kv, &kv->pools[POOL_GLOBAL]) + pool_bytes(kv, &kv->pools[POOL_SWA]);
         bubo_kv_free(kv);
-        return bubo_set_err(err, BUBO_ERR_NOMEM, "KV cache: cannot allocate %zu bytes for %d tokens",
-                            k_bytes + v_bytes, (int)p->n_ctx);
+        return bubo_set_err(err, BUBO_ERR_NOMEM, "KV cache: cannot allocate %zu bytes for %d tokens", bytes, (int)p->n_ctx);
     }
-    /* a stack: the lowest ids come out first */
-    for (int32_t b = 0; b < kv->n_blocks; b++) kv->free_list[b] = kv->n_blocks - 1 - b;
-    kv->n_free = kv->n_blocks;
     *out = kv;
     return BUBO_OK;
 }
 
 void bubo_kv_free(bubo_kv *kv) {
     if (!kv) return;
-    free(kv->k);
-    free(kv->v);
-    free(kv->refs);
-    free(kv->free_list);
-    free(kv->tables);
+    for (int i = 0; i < N_POOLS; i++) {
+        kv_pool *pl = &kv->pools[i];
+        free(pl->k);
+        free(pl->v);
+        free(pl->refs);
+        free(pl->free_list);
+        free(pl->tables);
+        free(pl->first);
+    }
     free(kv->lens);
     free(kv->n_new);
     free(kv);
@@ -111,7 +163,24 @@ int32_t bubo_kv_seq_len(const bubo_kv *kv, int seq) {
     return seq >= 0 && seq < kv->p.n_seq_max ? kv->lens[seq] : 0;
 }
 
-int64_t bubo_kv_n_free_tokens(const bubo_kv *kv) { return (int64_t)kv->n_free * kv->p.block_size; }
+int64_t bubo_kv_n_free_tokens(const bubo_kv *kv) { return (int64_t)kv->pools[POOL_GLOBAL].n_free * kv->p.block_size; }
+
+size_t bubo_kv_nbytes(const bubo_kv *kv) {
+    return pool_bytes(kv, &kv->pools[POOL_GLOBAL]) + pool_bytes(kv, &kv->pools[POOL_SWA]);
+}
+
+int32_t bubo_kv_pool_n_blocks(const bubo_kv *kv, int swa) { return kv->pools[swa ? POOL_SWA : POOL_GLOBAL].n_blocks; }
+
+int32_t bubo_kv_pool_n_used(const bubo_kv *kv, int swa) {
+    const kv_pool *pl = &kv->pools[swa ? POOL_SWA : POOL_GLOBAL];
+    return pl->n_blocks - pl->n_free;
+}
+
+int32_t bubo_kv_seq_n_blocks(const bubo_kv *kv, int seq, int swa) {
+    const kv_pool *pl = &kv->pools[swa ? POOL_SWA : POOL_GLOBAL];
+    if (seq < 0 || seq >= kv->p.n_seq_max || pl->n_layer == 0) return 0;
+    return blocks_for(kv, kv->lens[seq]) - pl->first[seq];
+}
 
 static bubo_status check_seq(const bubo_kv *kv, int seq, bubo_err *err) {
     if (seq < 0 || seq >= kv->p.n_seq_max)
@@ -125,8 +194,22 @@ bubo_status bubo_kv_truncate(bubo_kv *kv, int seq, int32_t n, bubo_err *err) {
     if (n < 0 || n > kv->lens[seq])
         return bubo_set_err(err, BUBO_ERR_INVALID, "cannot truncate sequence %d of %d tokens to %d", seq,
                             (int)kv->lens[seq], (int)n);
-    int32_t *table = table_of(kv, seq);
-    for (int32_t b = blocks_for(kv, n); b < blocks_for(kv, kv->lens[seq]); b++) release_block(kv, table[b]);
+    if (n > 0 && has_swa(kv) && swa_keep_block(kv, n) < kv->pools[POOL_SWA].first[seq])
+        return bubo_set_err(err, BUBO_ERR_INVALID,
+                            "cannot truncate sequence %d of %d tokens to %d: its sliding-window layers (window %d) "
+                            "no longer hold the positions before %d that the next token would attend to; truncate "
+                            "to 0 or to at least %d tokens, or re-run the prompt",
+                            seq, (int)kv->lens[seq], (int)n, (int)kv->p.swa_window,
+                            (int)(kv->pools[POOL_SWA].first[seq] * kv->p.block_size),
+                            (int)(kv->pools[POOL_SWA].first[seq] * kv->p.block_size + kv->p.swa_window - 1));
+    const int32_t keep = blocks_for(kv, n), held_end = blocks_for(kv, kv->lens[seq]);
+    for (int i = 0; i < N_POOLS; i++) {
+        kv_pool *pl = &kv->pools[i];
+        if (pl->n_layer == 0) continue;
+        int32_t *table = table_of(kv, pl, seq);
+        for (int32_t b = keep > pl->first[seq] ? keep : pl->first[seq]; b < held_end; b++) release_block(pl, table[b]);
+        if (n == 0) pl->first[seq] = 0;
+    }
     kv->lens[seq] = n;
     return BUBO_OK;
 }
@@ -138,82 +221,132 @@ bubo_status bubo_kv_fork(bubo_kv *kv, int src, int dst, bubo_err *err) {
     if (src == dst) return BUBO_OK;
     bubo_kv_clear(kv, dst, NULL);
     const int32_t n_b = blocks_for(kv, kv->lens[src]);
-    const int32_t *from = table_of(kv, src);
-    int32_t *to = table_of(kv, dst);
-    for (int32_t b = 0; b < n_b; b++) {
-        to[b] = from[b];
-        kv->refs[from[b]]++;
+    for (int i = 0; i < N_POOLS; i++) {
+        kv_pool *pl = &kv->pools[i];
+        if (pl->n_layer == 0) continue;
+        const int32_t *from = table_of(kv, pl, src);
+        int32_t *to = table_of(kv, pl, dst);
+        for (int32_t b = pl->first[src]; b < n_b; b++) {
+            to[b] = from[b];
+            pl->refs[from[b]]++;
+        }
+        pl->first[dst] = pl->first[src];
     }
     kv->lens[dst] = kv->lens[src];
     return BUBO_OK;
 }
 
-/* Make room for n_new[s] more tokens of every sequence s; all or nothing. */
-static bubo_status reserve(bubo_kv *kv, const int32_t *n_new, bubo_err *err) {
-    /* count first, so that a refusal changes nothing */
+/* Blocks pool pl needs to add n_new[s] tokens to every sequence s (new blocks, plus a copy of a
+ * shared, partly filled last block that will be written). */
+static int64_t blocks_needed(const bubo_kv *kv, const kv_pool *pl, const int32_t *n_new) {
     int64_t need = 0;
     for (int s = 0; s < kv->p.n_seq_max; s++) {
         if (n_new[s] <= 0) continue;
+        const int32_t have = blocks_for(kv, kv->lens[s]);
+        need += blocks_for(kv, (int64_t)kv->lens[s] + n_new[s]) - have;
+        if (kv->lens[s] % kv->p.block_size && pl->refs[table_of(kv, pl, s)[have - 1]] > 1) need++;
+    }
+    return need;
+}
+
+static bubo_status check_global(const bubo_kv *kv, const int32_t *n_new, bubo_err *err) {
+    for (int s = 0; s < kv->p.n_seq_max; s++) {
         const int64_t end = (int64_t)kv->lens[s] + n_new[s];
-        if (end > kv->p.n_ctx)
+        if (n_new[s] > 0 && end > kv->p.n_ctx)
             return bubo_set_err(err, BUBO_ERR_INVALID,
                                 "context full: sequence %d would hold %lld tokens, the cache holds at most %d per "
                                 "sequence; use a larger n_ctx or a shorter prompt",
                                 s, (long long)end, (int)kv->p.n_ctx);
-        const int32_t have = blocks_for(kv, kv->lens[s]);
-        need += blocks_for(kv, end) - have;
-        /* writing into a shared, partly filled last block copies it */
-        if (kv->lens[s] % kv->p.block_size && kv->refs[table_of(kv, s)[have - 1]] > 1) need++;
     }
-    if (need > kv->n_free)
+    const kv_pool *pl = &kv->pools[POOL_GLOBAL];
+    const int64_t need = pl->n_layer > 0 ? blocks_needed(kv, pl, n_new) : 0;
+    if (need > pl->n_free)
         return bubo_set_err(err, BUBO_ERR_INVALID,
                             "context full: the batch needs %lld more blocks of %d tokens, %d are free; free or "
                             "truncate sequences, or use a larger n_ctx",
-                            (long long)need, kv->p.block_size, (int)kv->n_free);
+                            (long long)need, kv->p.block_size, (int)pl->n_free);
+    return BUBO_OK;
+}
 
+static void grow(bubo_kv *kv, kv_pool *pl, int s, int32_t n_new) {
+    int32_t *table = table_of(kv, pl, s);
+    const int32_t have = blocks_for(kv, kv->lens[s]);
+    if (kv->lens[s] % kv->p.block_size && pl->refs[table[have - 1]] > 1) {
+        const int32_t copy = take_block(pl);
+        copy_block(kv, pl, copy, table[have - 1]);
+        release_block(pl, table[have - 1]);
+        table[have - 1] = copy;
+    }
+    for (int32_t b = have; b < blocks_for(kv, (int64_t)kv->lens[s] + n_new); b++) table[b] = take_block(pl);
+}
+
+/* Make room for n_new[s] more tokens of every sequence s; all or nothing. */
+static bubo_status reserve(bubo_kv *kv, const int32_t *n_new, bubo_err *err) {
+    /* check first, so that a refusal changes nothing */
+    bubo_status st = check_global(kv, n_new, err);
+    if (st) return st;
+    kv_pool *swa = &kv->pools[POOL_SWA];
+    if (has_swa(kv)) {
+        for (int s = 0; s < kv->p.n_seq_max; s++)
+            if (n_new[s] > kv->p.n_batch)
+                return bubo_set_err(err, BUBO_ERR_INVALID,
+                                    "one append may add at most %d tokens to a sequence of a cache with "
+                                    "sliding-window layers, not %d (sequence %d); append it in pieces",
+                                    (int)kv->p.n_batch, (int)n_new[s], s);
+        /* Out-of-window blocks go first, so the new ones can reuse them. Each sequence then holds
+         * at most the per-sequence share the pool was sized for, and a copy on write replaces an
+         * entry: the pool cannot run out. The check stays, so a broken invariant refuses rather
+         * than overruns, and the released blocks were dead either way. */
+        for (int s = 0; s < kv->p.n_seq_max; s++) {
+            if (n_new[s] <= 0) continue;
+            const int32_t keep = swa_keep_block(kv, kv->lens[s]);
+            int32_t *table = table_of(kv, swa, s);
+            for (; swa->first[s] < keep; swa->first[s]++) release_block(swa, table[swa->first[s]]);
+        }
+        const int64_t need = blocks_needed(kv, swa, n_new);
+        if (need > swa->n_free)
+            return bubo_set_err(err, BUBO_ERR_INVALID, "KV cache: the sliding-window pool needs %lld blocks, %d are free",
+                                (long long)need, (int)swa->n_free);
+    }
     for (int s = 0; s < kv->p.n_seq_max; s++) {
         if (n_new[s] <= 0) continue;
-        int32_t *table = table_of(kv, s);
-        const int32_t have = blocks_for(kv, kv->lens[s]);
-        if (kv->lens[s] % kv->p.block_size && kv->refs[table[have - 1]] > 1) {
-            const int32_t copy = take_block(kv);
-            copy_block(kv, copy, table[have - 1]);
-            release_block(kv, table[have - 1]);
-            table[have - 1] = copy;
-        }
-        const int32_t end = kv->lens[s] + n_new[s];
-        for (int32_t b = have; b < blocks_for(kv, end); b++) table[b] = take_block(kv);
-        kv->lens[s] = end;
+        for (int i = 0; i < N_POOLS; i++)
+            if (kv->pools[i].n_layer > 0) grow(kv, &kv->pools[i], s, n_new[s]);
+        kv->lens[s] += n_new[s];
     }
     return BUBO_OK;
 }
 
-uint8_t *bubo_kv_k_row(bubo_kv *kv, int il, int seq, int32_t pos) {
-    const int32_t b = table_of(kv, seq)[pos / kv->p.block_size];
-    return kv->k + ((size_t)il * kv->n_blocks + b) * kv->block_bytes_k + (size_t)(pos % kv->p.block_size) * kv->row_bytes_k;
+static uint8_t *row(const bubo_kv *kv, int il, int seq, int32_t pos, int want_v) {
+    const kv_pool *pl = &kv->pools[kv->pool_of[il]];
+    const int32_t b = table_of(kv, pl, seq)[pos / kv->p.block_size];
+    const size_t block_bytes = want_v ? kv->block_bytes_v : kv->block_bytes_k;
+    const size_t row_bytes = want_v ? kv->row_bytes_v : kv->row_bytes_k;
+    return (want_v ? pl->v : pl->k) + ((size_t)kv->index_in[il] * pl->n_blocks + b) * block_bytes +
+           (size_t)(pos % kv->p.block_size) * row_bytes;
 }
 
-uint8_t *bubo_kv_v_row(bubo_kv *kv, int il, int seq, int32_t pos) {
-    const int32_t b = table_of(kv, seq)[pos / kv->p.block_size];
-    return kv->v + ((size_t)il * kv->n_blocks + b) * kv->block_bytes_v + (size_t)(pos % kv->p.block_size) * kv->row_bytes_v;
-}
+uint8_t *bubo_kv_k_row(bubo_kv *kv, int il, int seq, int32_t pos) { return row(kv, il, seq, pos, 0); }
+uint8_t *bubo_kv_v_row(bubo_kv *kv, int il, int seq, int32_t pos) { return row(kv, il, seq, pos, 1); }
 
 void bubo_kv_get_view(const bubo_kv *kv, int il, int seq, bubo_kv_view *view) {
+    const kv_pool *pl = &kv->pools[kv->pool_of[il]];
     view->type = kv->p.type;
     view->block_size = kv->p.block_size;
-    view->k = kv->k + (size_t)il * kv->n_blocks * kv->block_bytes_k;
-    view->v = kv->v + (size_t)il * kv->n_blocks * kv->block_bytes_v;
+    view->k = pl->k + (size_t)kv->index_in[il] * pl->n_blocks * kv->block_bytes_k;
+    view->v = pl->v + (size_t)kv->index_in[il] * pl->n_blocks * kv->block_bytes_v;
     view->block_bytes_k = kv->block_bytes_k;
     view->block_bytes_v = kv->block_bytes_v;
     view->row_bytes_k = kv->row_bytes_k;
     view->row_bytes_v = kv->row_bytes_v;
     view->head_bytes_k = bubo_row_size(kv->p.type, kv->p.head_dim_k);
     view->head_bytes_v = bubo_row_size(kv->p.type, kv->p.head_dim_v);
-    view->table = table_of(kv, seq);
+    view->table = table_of(kv, pl, seq);
 }
 
-bubo_status bubo_kv_append_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
-                                 bubo_err *err) {
+/* Count each sequence's tokens into kv->n_new, checking ids and positions. */
+static bubo_status count_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
+                               bubo_err *err) {
     int32_t *n_new = kv->n_new;
     for (int s = 0; s < kv->p.n_seq_max; s++) n_new[s] = 0;
     for (int32_t t = 0; t < n_tokens; t++) {
@@ -228,5 +361,17 @@ bubo_status bubo_kv_append_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *s
                                 (int)expected);
         n_new[s]++;
     }
-    return reserve(kv, n_new, err);
+    return BUBO_OK;
+}
+
+bubo_status bubo_kv_check_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
+                                bubo_err *err) {
+    bubo_status st = count_batch(kv, n_tokens, seq_ids, pos, err);
+    return st ? st : check_global(kv, kv->n_new, err);
+}
+
+bubo_status bubo_kv_append_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
+                                 bubo_err *err) {
+    bubo_status st = count_batch(kv, n_tokens, seq_ids, pos, err);
+    return st ? st : reserve(kv, kv->n_new, err);
 }

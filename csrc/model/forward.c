@@ -247,7 +247,9 @@ bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, cons
     bubo_kv_params mine;
     bubo_model_kv_params(m, &mine);
     if (kp->n_layer != mine.n_layer || kp->n_embd_k != mine.n_embd_k || kp->n_embd_v != mine.n_embd_v ||
-        kp->head_dim_k != mine.head_dim_k || kp->head_dim_v != mine.head_dim_v)
+        kp->head_dim_k != mine.head_dim_k || kp->head_dim_v != mine.head_dim_v ||
+        memcmp(kp->is_swa, mine.is_swa, sizeof kp->is_swa) ||
+        kp->swa_window != mine.swa_window)
         return bubo_set_err(err, BUBO_ERR_INVALID, "this KV cache was made for another model shape (%d layers, K rows of %lld)",
                             kp->n_layer, (long long)kp->n_embd_k);
     if (n_tokens < 0) return bubo_set_err(err, BUBO_ERR_INVALID, "n_tokens must be >= 0, not %d", (int)n_tokens);
@@ -255,14 +257,21 @@ bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, cons
         if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
             return bubo_set_err(err, BUBO_ERR_INVALID, "batch row %d: token id %d is out of range: the vocabulary has %d tokens (0..%d)",
                                 (int)t, (int)tokens[t], hp->n_vocab, hp->n_vocab - 1);
-    bubo_status st = bubo_kv_append_batch(kv, n_tokens, seq_ids, pos, err);
+    /* the whole batch is checked here and appended chunk by chunk, so that sliding-window layers
+     * release what falls out of their window between chunks (their pool holds a window plus one
+     * chunk per sequence); a chunk's append cannot fail once the batch passed */
+    bubo_status st = bubo_kv_check_batch(kv, n_tokens, seq_ids, pos, err);
     if (st) return st;
 
     /* the wanted rows of a chunk, as chunk-relative indices; the logits rows run in batch order */
     int32_t out_rows[BUBO_MODEL_MAX_BATCH];
     size_t logits_done = 0;
-    for (int32_t start = 0; start < n_tokens; start += BUBO_MODEL_MAX_BATCH) {
-        const int32_t n = n_tokens - start < BUBO_MODEL_MAX_BATCH ? n_tokens - start : BUBO_MODEL_MAX_BATCH;
+    /* a chunk adds at most its own length to any sequence: within the cache's n_batch */
+    const int32_t chunk = kp->swa_window > 0 && !kp->swa_full && kp->n_batch < BUBO_MODEL_MAX_BATCH
+                              ? kp->n_batch
+                              : BUBO_MODEL_MAX_BATCH;
+    for (int32_t start = 0; start < n_tokens; start += chunk) {
+        const int32_t n = n_tokens - start < chunk ? n_tokens - start : chunk;
         int32_t n_out = 0;
         for (int32_t t = 0; t < n; t++)
             if (want_logits[start + t]) out_rows[n_out++] = t;
@@ -276,8 +285,10 @@ bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, cons
             .out_rows = out_rows,
             .n_out = n_out,
         };
-        /* after append_batch nothing can fail but a kernel refusing a shape load already checked */
-        if ((st = forward_chunk(&c, logits + logits_done * hp->n_vocab, err))) return st;
+        /* after check_batch nothing can fail but a kernel refusing a shape load already checked */
+        if ((st = bubo_kv_append_batch(kv, n, seq_ids + start, pos + start, err)) ||
+            (st = forward_chunk(&c, logits + logits_done * hp->n_vocab, err)))
+            return st;
         logits_done += n_out;
     }
     return BUBO_OK;

@@ -359,4 +359,10 @@ void bubo_model_kv_params(const bubo_model *m, bubo_kv_params *p) {
     p->n_seq_max = 1;
     p->block_size = 32;
     p->type = BUBO_TYPE_F16;
+    /* decode appends at most one chunk per sequence at a time */
+    p->n_batch = BUBO_MODEL_MAX_BATCH;
+    if (m->hp.sliding_window > 0)
+        for (int il = 0; il < m->hp.n_layer; il++) p->is_swa[il] = m->hp.is_swa[il];
+    for (int il = 0; il < m->hp.n_layer; il++)
+        if (p->is_swa[il]) p->swa_window = (int32_t)m->hp.sliding_window;
 }

@@ -7,8 +7,17 @@
  * parent and copies a shared block only when it writes into it (copy on write: only ever the
  * partly filled last block). Truncation drops whole blocks past the new end.
  *
- * Sliding-window layers keep every block and the attention reads only the window (the mask
- * starts at pos - window + 1): memory is that of a full cache, the work is the window's.
+ * Sliding-window layers (is_swa, window swa_window) live in a second pool of their own, with
+ * their own block tables and reference counts. A token at pos attends to pos - window + 1 .. pos,
+ * so when a sequence grows from length L, every SWA block wholly before L - window + 1 is released
+ * (the table keeps its absolute indexing; first_block marks where the held part starts). One
+ * append adds at most n_batch tokens to a sequence, so a sequence holds at most
+ * ceil((window + n_batch - 1) / block_size) + 1 SWA blocks, and the SWA pool has that many per
+ * sequence: its memory is bounded by the window, not by n_ctx. Truncating a sequence to n tokens
+ * is refused when its SWA layers already dropped a position the next token (at n) would attend
+ * to; truncating to 0 (clearing) is always allowed. swa_full keeps the old layout instead (every
+ * layer in the global pool, nothing released, any truncation works; the window is then only a mask),
+ * for a caller that reuses prompt prefixes by truncation and has no fallback yet.
  *
  * Nothing here runs the model: bubo_model_decode (model.h) validates a batch, reserves its
  * blocks through bubo_kv_append_batch, writes rows with bubo_kv_k_row/v_row and attends over
@@ -27,6 +36,7 @@ extern "C" {
 #endif
 
 #define BUBO_KV_MAX_BLOCK_SIZE 256
+#define BUBO_KV_MAX_LAYERS 512
 
 typedef struct bubo_kv bubo_kv;
 
@@ -40,6 +50,10 @@ typedef struct {
     int n_seq_max;      /* sequence ids 0 .. n_seq_max-1 */
     int block_size;     /* tokens per block, 1 .. BUBO_KV_MAX_BLOCK_SIZE */
     bubo_type type;     /* F16 (default), F32 or Q8_0 */
+    int32_t swa_window; /* tokens a sliding-window layer sees (0: no such layers) */
+    int32_t n_batch;    /* most tokens one append may add to one sequence when swa_window > 0 */
+    int swa_full;       /* keep every block of the sliding-window layers too, in the global pool */
+    uint8_t is_swa[BUBO_KV_MAX_LAYERS]; /* layer il is a sliding-window layer */
 } bubo_kv_params;
 
 bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err);
@@ -47,10 +61,19 @@ void bubo_kv_free(bubo_kv *kv);
 const bubo_kv_params *bubo_kv_get_params(const bubo_kv *kv);
 
 int32_t bubo_kv_seq_len(const bubo_kv *kv, int seq);
-/* Blocks no sequence holds, times block_size. */
+/* Blocks of the global pool no sequence holds, times block_size. */
 int64_t bubo_kv_n_free_tokens(const bubo_kv *kv);
+/* Bytes of K and V storage of both pools. */
+size_t bubo_kv_nbytes(const bubo_kv *kv);
+/* Blocks of the global (swa = 0) or sliding-window (swa = 1) pool: in the pool, held by anyone,
+ * held by seq. The SWA pool has 0 blocks when the cache has no sliding-window layers. */
+int32_t bubo_kv_pool_n_blocks(const bubo_kv *kv, int swa);
+int32_t bubo_kv_pool_n_used(const bubo_kv *kv, int swa);
+int32_t bubo_kv_seq_n_blocks(const bubo_kv *kv, int seq, int swa);
 
-/* Keep the first n tokens of seq (n <= its length); blocks past them are released. */
+/* Keep the first n tokens of seq (n <= its length); blocks past them are released. Refused
+ * (BUBO_ERR_INVALID, nothing changed) when 0 < n and the SWA layers no longer hold position
+ * n - window + 1. */
 bubo_status bubo_kv_truncate(bubo_kv *kv, int seq, int32_t n, bubo_err *err);
 /* dst becomes a copy of src sharing its blocks (dst's previous contents are released). */
 bubo_status bubo_kv_fork(bubo_kv *kv, int src, int dst, bubo_err *err);
@@ -58,19 +81,26 @@ bubo_status bubo_kv_fork(bubo_kv *kv, int src, int dst, bubo_err *err);
 bubo_status bubo_kv_clear(bubo_kv *kv, int seq, bubo_err *err);
 
 /* Append a batch: token t of seq_ids[t] goes at position pos[t]. Each sequence's tokens must
- * continue it (the first at pos == its length, each next at pos + 1). Allocates the blocks,
- * copies a shared last block that will be written, and grows each length. All or nothing: on
- * BUBO_ERR_INVALID (a bad sequence id, a position gap, a sequence past n_ctx, not enough free
- * blocks) nothing changed. The rows themselves are then written by the caller. */
+ * continue it (the first at pos == its length, each next at pos + 1). Releases the SWA blocks
+ * that fell out of the window, allocates the blocks, copies a shared last block that will be
+ * written, and grows each length. All or nothing: on BUBO_ERR_INVALID (a bad sequence id, a
+ * position gap, a sequence past n_ctx, more than n_batch tokens for one sequence of a cache with
+ * SWA layers, not enough free blocks) nothing changed. The rows are then written by the caller. */
 bubo_status bubo_kv_append_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
                                  bubo_err *err);
+/* What append_batch checks, for a batch the caller will append in pieces of at most n_batch
+ * tokens per sequence (each piece then cannot fail): ids, positions, n_ctx and the global pool.
+ * Changes nothing. */
+bubo_status bubo_kv_check_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
+                                bubo_err *err);
 
 /* Where token pos of seq keeps its K (or V) row in layer il; the token must be reserved. */
 uint8_t *bubo_kv_k_row(bubo_kv *kv, int il, int seq, int32_t pos);
 uint8_t *bubo_kv_v_row(bubo_kv *kv, int il, int seq, int32_t pos);
 
 /* What attention needs to read one sequence of one layer in place. Token i of the sequence:
- * K row at k + table[i / block_size] * block_bytes_k + (i % block_size) * row_bytes_k. */
+ * K row at k + table[i / block_size] * block_bytes_k + (i % block_size) * row_bytes_k. For a
+ * sliding-window layer only the entries from the window's start on are valid. */
 typedef struct {
     bubo_type type;
     int block_size;
