@@ -340,8 +340,18 @@ def render_chat(engine: Any, messages: list[dict[str, Any]], tools: list[dict[st
         # the prefill may open (or close) the reasoning itself
         seg = ("<think>" if in_think else "") + prefill
         in_think = seg.rfind("<think>") > seg.rfind("</think>")
-    tokens = engine.tokenizer.encode(text, add_special=True, parse_special=True)
+    tokens = encode(engine, text)
     return ChatPrompt(text, tokens, in_think)
+
+
+def encode(engine: Any, text: str, add_special: bool = True) -> list[int]:
+    """Tokenize request text (special-token text parsed, as llama-server does). JSON can carry
+    a lone UTF-16 surrogate ("\\ud800") that no UTF-8 text holds: a 400, not a crash."""
+    try:
+        return engine.tokenizer.encode(text, add_special=add_special, parse_special=True)
+    except UnicodeEncodeError as e:
+        raise invalid(f"the request's text holds {e.object[e.start:e.end]!r} at character {e.start} of the "
+                      f"prompt, a lone UTF-16 surrogate that is not valid Unicode text") from None
 
 
 # --- output --------------------------------------------------------------------------------
@@ -409,7 +419,7 @@ def prompt_tokens(engine: Any, prompt: str | list[int], name: str = "prompt") ->
     """A raw prompt's tokens: text is tokenized as llama-server does (BOS added, special-token
     text parsed), token ids are checked against the vocabulary and used as they are."""
     if isinstance(prompt, str):
-        ids = engine.tokenizer.encode(prompt, add_special=True, parse_special=True)
+        ids = encode(engine, prompt)
     else:
         n = engine.tokenizer.n_vocab
         for i, t in enumerate(prompt):
@@ -425,6 +435,10 @@ def submit(engine: Any, req: Any) -> Any:
     """engine.submit, its refusals as the reference's errors."""
     from bubo.engine.types import ContextLengthError, NotReadyError
 
+    n_vocab = engine.tokenizer.n_vocab
+    for tok in req.params.logit_bias:
+        if tok >= n_vocab:
+            raise invalid(f"logit_bias names token {tok}, but this model's ids are 0..{n_vocab - 1}")
     try:
         return engine.submit(req)
     except ContextLengthError as e:

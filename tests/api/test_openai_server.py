@@ -89,6 +89,11 @@ def test_chat_stop_string_prefill_and_logprobs(client):
     ({"model": "bubo", "messages": MSGS, "n": 3}, 400, "unsupported_n"),
     ({"model": "bubo", "messages": MSGS, "max_tokens": 0}, 400, "invalid_value"),
     ({"model": "bubo", "messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context_length_exceeded"),
+    # bad input the engine would choke on is refused before it gets there
+    ({"model": "bubo", "messages": MSGS, "logit_bias": {"999999": -100}}, 400, "invalid_value"),
+    ({"model": "bubo", "messages": [{"role": "user", "content": "\ud800"}]}, 400, "invalid_value"),
+    ({"model": "bubo", "messages": MSGS, "response_format": {"type": "json_object"}}, 400,
+     "unsupported_response_format"),
 ])
 def test_chat_errors(base_url, body, status, code):
     got, _, raw = post(base_url, "/v1/chat/completions", body)

@@ -24,7 +24,7 @@ def _tokens(engine: Any, prompt: str | list[Any]) -> list[int]:
     ids: list[int] = []
     for item in prompt:
         if isinstance(item, str):
-            ids += engine.tokenizer.encode(item, add_special=not ids, parse_special=True)
+            ids += d.encode(engine, item, add_special=not ids)
         else:
             ids += d.prompt_tokens(engine, [item])
     if not ids:
