@@ -23,6 +23,8 @@ from bubo.sampling import SamplingParams
 # no name for it; OpenAI's own API says "invalid_value")
 INVALID = "invalid_value"
 
+FLT_MAX = 3.4028234663852886e38
+
 REASONING_EFFORTS = ("off", "none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 # request field -> SamplingParams field, for the fields whose names differ; every other
@@ -90,6 +92,10 @@ def sampling_params(body: Mapping[str, Any], n_probs: int = 0) -> SamplingParams
         elif name == "seed" and isinstance(v, int) and not isinstance(v, bool) and v < -1:
             raise invalid(f"seed must be -1 (random) or a non-negative integer, got {v}")
         given[name] = v
+    for name, v in given.items():
+        # the native sampler holds these as C floats: a larger double would become inf there
+        if isinstance(v, float) and math.isfinite(v) and abs(v) > FLT_MAX:
+            raise invalid(f"{name} = {v!r} is out of range (at most {FLT_MAX:.3g} in magnitude)")
     # integers sent as floats (1.0) are accepted where an integer is meant
     for name in ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n", "mirostat", "min_keep", "seed"):
         v = given.get(name)
