@@ -24,6 +24,7 @@ from bubo.sampling import SamplingParams
 INVALID = "invalid_value"
 
 FLT_MAX = 3.4028234663852886e38
+INT32_MAX = 2**31 - 1
 
 REASONING_EFFORTS = ("off", "none", "minimal", "low", "medium", "high", "xhigh", "max")
 
@@ -118,8 +119,9 @@ def max_tokens_of(body: Mapping[str, Any], *names: str) -> int | None:
             return None
         if isinstance(v, float) and v.is_integer():
             v = int(v)
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise invalid(f"{name} must be a positive integer, or -1 or null for the default; got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= INT32_MAX:
+            raise invalid(f"{name} must be a positive integer (at most {INT32_MAX}), or -1 or null for the default; "
+                          f"got {body[name]!r}")
         return v
     return None
 
