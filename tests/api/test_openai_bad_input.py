@@ -10,9 +10,10 @@ import pytest
 pytestmark = pytest.mark.models
 
 MSGS = [{"role": "user", "content": "hi"}]
-# one route per error shape (the others share their validation functions)
 BASES = {
     "/v1/chat/completions": {"model": "bubo", "messages": MSGS, "max_tokens": 1},
+    "/v1/responses": {"model": "bubo", "input": "hi", "max_output_tokens": 1},
+    "/completion": {"prompt": "hi", "n_predict": 1},
     "/v1/messages": {"model": "bubo", "messages": MSGS, "max_tokens": 1},
 }
 FIELDS = ["messages", "prompt", "input", "max_tokens", "n_predict", "max_output_tokens", "temperature", "top_k",
