@@ -194,3 +194,12 @@ def test_sdk_stream_helper_rebuilds_the_completion(client):
         final = s.get_final_completion()
     assert final.choices[0].message.content == full.choices[0].message.content
     assert final.choices[0].finish_reason == full.choices[0].finish_reason
+
+
+def test_streamed_logprobs_equal_non_streamed(client):
+    kw = dict(model="bubo", messages=MSGS, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+    full = client.chat.completions.create(**kw).choices[0].logprobs.content
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.bytes) for t in streamed] == [(t.token, t.bytes) for t in full]
+    assert all(abs(a.logprob - b.logprob) < 1e-4 for a, b in zip(streamed, full))
