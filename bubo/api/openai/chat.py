@@ -178,3 +178,9 @@ def render_request(engine: Any, req: ChatRequest) -> d.ChatPrompt:
     """The prompt a chat request becomes (what /apply-template shows, what generation runs):
     the converted messages through the model's template, a prefill appended."""
     return d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
+
+
+def apply_template(engine: Any, body: Any) -> str:
+    """What POST /apply-template answers: the prompt text a chat body becomes, exactly as
+    /v1/chat/completions renders it (stream is ignored; model is not needed)."""
+    return render_request(engine, parse_chat_request(body)).text
