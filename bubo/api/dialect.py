@@ -28,9 +28,7 @@ INT32_MAX = 2**31 - 1
 
 REASONING_EFFORTS = ("off", "none", "minimal", "low", "medium", "high", "xhigh", "max")
 
-# request field -> SamplingParams field, for the fields whose names differ; every other
-# SamplingParams field is read under its own name (llama-server's sampling fields)
-_SAMPLING_ALIASES = {"dry_sequence_breakers": "dry_sequence_breakers"}
+# every SamplingParams field is read from the request under its own name (llama-server's names)
 _SAMPLING_FIELDS = [f for f in SamplingParams.__dataclass_fields__ if f not in ("n_probs",)]
 
 
