@@ -76,3 +76,34 @@ def test_completion_request():
         with pytest.raises(ApiError) as e:
             parse_completion_request(bad)
         assert e.value.status == 400
+
+
+def test_responses_input_items():
+    from bubo.api.openai.responses import parse_responses_request
+
+    req = parse_responses_request({"model": "m", "instructions": "Be brief.", "max_output_tokens": 50,
+                                   "reasoning": {"effort": "low"}, "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "function_call", "call_id": "c1", "name": "w", "arguments": '{"city": "X"}'},
+        {"type": "function_call", "call_id": "c2", "name": "w", "arguments": '{"city": "Y"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "1"},
+        {"type": "function_call_output", "call_id": "c2", "output": "2"}],
+        "tools": [{"type": "function", "name": "w", "parameters": {"type": "object"}, "strict": None}]})
+    assert req.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "w", "arguments": {"city": "X"}}},
+            {"id": "c2", "type": "function", "function": {"name": "w", "arguments": {"city": "Y"}}}]},
+        {"role": "tool", "content": "1", "tool_call_id": "c1"},
+        {"role": "tool", "content": "2", "tool_call_id": "c2"}]
+    assert req.tools == [{"type": "function", "function": {"name": "w", "description": "",
+                                                           "parameters": {"type": "object"}}}]
+    assert (req.max_tokens, req.thinking, req.template_kwargs["reasoning_effort"]) == (50, True, "low")
+    for bad, code in (({"input": []}, "missing_messages"), ({"input": "x", "previous_response_id": "r"}, "invalid_value"),
+                      ({"input": "x", "tools": [{"type": "web_search"}]}, "invalid_value"),
+                      ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "unsupported_response_format")):
+        with pytest.raises(ApiError) as e:
+            parse_responses_request({"model": "m", **bad})
+        assert e.value.code == code
