@@ -373,8 +373,8 @@ class _Run:
             # next token would attend to: start the prompt over (llama-server does the same)
             reuse = 0
             m._kv.truncate(0, 0)
-        self.n_cached = reuse
         del m._kv_tokens[reuse:]
+        self.n_cached = reuse
         # Everything but the last token in chunks, then the last token on its own: a prompt chunk
         # and a single token sum their dot products in different orders (last bits only), so
         # running the last token alone every time makes a repeated prompt, served from the

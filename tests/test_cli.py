@@ -122,3 +122,24 @@ def test_markdown_table_has_llama_bench_shape():
     assert cells(lines[2]) == ["llama 135M Q4_1", "84.11 MiB", "134.52 M", "CPU", "2", "pp512", "317.12 ± 2.50"]
     assert cells(lines[3])[-2:] == ["tg128", "156.00 ± 0.25"]
     assert len({len(line) for line in lines}) == 1
+
+
+def test_serve_flags_and_variables():
+    from bubo.api.serve import config_from_args
+    from bubo.cli import _parser
+
+    args = _parser().parse_args(["serve"])
+    assert args.model == "smollm2:135m" and args.port == 8080 and args.host == "127.0.0.1"
+    assert args.ctx_size is None and args.debug_hooks is False
+    os.environ["BUBO_ARG_ALIAS"] = "a1, a2"
+    os.environ["BUBO_ARG_CTX_SIZE"] = "1024"
+    try:
+        args = _parser().parse_args(["serve", "-m", "/x/My-Model.Q4.gguf", "-c", "512", "--api-key", "k1,k2",
+                                     "--cors-origins", "*", "--served-model-name", ""])
+    finally:
+        del os.environ["BUBO_ARG_ALIAS"], os.environ["BUBO_ARG_CTX_SIZE"]
+    assert args.ctx_size == 512  # the flag wins over its variable
+    cfg = config_from_args(args)
+    assert cfg.served_model_name == "My-Model.Q4"
+    assert cfg.model_names == ["My-Model.Q4", "a1", "a2", "bubo"]
+    assert cfg.api_keys == ["k1", "k2"] and cfg.cors_origins == ["*"]

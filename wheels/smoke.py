@@ -49,4 +49,11 @@ with tempfile.TemporaryDirectory() as tmp:
         act = _kernels.quantize(8, np.ones(32, np.float32))
         dot = _kernels.vec_dot(8, rows[0].tobytes(), act.tobytes())
         assert abs(dot - deq[:32].sum()) < 1e-3, (dot, deq[:32].sum())
+# the server's packages are in the wheel, with their dependencies: the app answers without a model
+from bubo.api import ServerConfig, create_app  # noqa: E402
+from bubo.engine import Engine  # noqa: E402
+
+client = create_app(Engine("smollm2:135m"), ServerConfig()).test_client()
+assert client.get("/health").json == {"status": "ok"}
+assert client.get("/ready").status_code == 503
 print("smoke test passed on", sys.platform)

@@ -10,26 +10,30 @@ from flask import request
 from bubo.api.errors import ApiError
 
 
-def request_key() -> str | None:
-    auth = request.headers.get("Authorization", "")
-    scheme, _, value = auth.partition(" ")
+def request_keys() -> list[str]:
+    """The keys the request offers: the Bearer token and the x-api-key header (an SDK may send
+    both, one of them a placeholder)."""
+    keys = []
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
+        keys.append(value.strip())
     key = request.headers.get("x-api-key", "").strip()
-    return key or None
+    if key:
+        keys.append(key)
+    return keys
 
 
 def check_api_key(keys: list[str]) -> None:
     if not keys or request.method == "OPTIONS":  # a CORS preflight carries no credentials
         return
-    given = request_key()
+    given = request_keys()
     # compare with every key in constant time: no early exit that times which key matched
     ok = False
-    if given is not None:
+    for g in given:
         for k in keys:
-            ok |= hmac.compare_digest(given.encode(), k.encode())
+            ok |= hmac.compare_digest(g.encode(), k.encode())
     if not ok:
-        why = "no API key given" if given is None else "the API key is not valid"
+        why = "no API key given" if not given else "the API key is not valid"
         raise ApiError(401, "invalid_api_key",
                        f"{why}: send it as 'Authorization: Bearer KEY' (or 'x-api-key: KEY')",
                        headers={"WWW-Authenticate": "Bearer"})

@@ -11,8 +11,8 @@ from flask import Blueprint, Response, jsonify, request
 
 import bubo
 from bubo.api.errors import ApiError
-from bubo.api.request import config, engine, json_body, ready_engine, resolve_model
-from bubo.api.sse import sse_response
+from bubo.api.request import config, engine, json_body, ready_engine, resolve_model, submit
+from bubo.api.sse import cancel_on_disconnect, sse_response
 
 blueprint = Blueprint("core", __name__)
 debug_blueprint = Blueprint("debug", __name__, url_prefix="/debug")
@@ -266,7 +266,7 @@ for _p in NOT_IMPLEMENTED:
 def debug_prompt() -> Any:
     """Generate from a raw prompt (text, or token ids) straight through Engine.submit; streams
     each event with "stream": true. For tests and diagnosis, not an API."""
-    from bubo.engine import ContextLengthError, FinishEvent, GenerationRequest, TokenEvent
+    from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
     from bubo.sampling import SamplingParams
 
     body = json_body()
@@ -281,12 +281,13 @@ def debug_prompt() -> Any:
     try:
         params = SamplingParams(temperature=float(body.get("temperature", 0.0)), seed=int(body.get("seed", 0)))
         max_tokens = body.get("max_tokens")
-        stop = body.get("stop") or []
-        stream = eng.submit(GenerationRequest(ids, params, max_tokens, list(stop), int(body.get("n_probs", 0))))
-    except ContextLengthError as e:
-        raise ApiError(400, "context_length_exceeded", str(e)) from None
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
+            raise ValueError(f"max_tokens must be a positive integer or null, got {max_tokens!r}")
+        stop = list(body.get("stop") or [])
+        n_probs = int(body.get("n_probs", 0))
     except (ValueError, TypeError) as e:
         raise ApiError(400, "invalid_request", str(e)) from None
+    stream = submit(GenerationRequest(ids, params, max_tokens, stop, n_probs, body.get("cache_prompt") is not False))
 
     def event_dict(ev: Any) -> dict[str, Any]:
         d = dataclasses.asdict(ev)
@@ -299,7 +300,10 @@ def debug_prompt() -> Any:
                 yield event_dict(ev)
             yield "[DONE]"
         return sse_response(chunks(), stream=stream)
-    events = [event_dict(ev) for ev in stream]
+    with cancel_on_disconnect(stream):
+        events = [event_dict(ev) for ev in stream]
+    if not events or events[-1]["event"] == "token":
+        raise ApiError(499, "client_closed_request", "the client went away")  # nobody reads this
     return jsonify(content="".join(e.get("text", "") for e in events if e["event"] == "token"), events=events)
 
 

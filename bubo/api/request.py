@@ -64,3 +64,19 @@ def resolve_model(body: dict[str, Any]) -> str:
         raise ApiError(404, "model_not_found",
                        f"model '{name}' is not served by this process; it serves '{served}' (also {others})")
     return name
+
+
+def submit(req: Any) -> Any:
+    """engine.submit(req), its refusals as API errors: 503 not_ready while loading, 400
+    context_length_exceeded naming both lengths, 400 invalid_request for bad token ids."""
+    from bubo.engine import ContextLengthError, NotReadyError
+
+    eng = ready_engine()
+    try:
+        return eng.submit(req)
+    except NotReadyError as e:
+        raise ApiError(503, "not_ready", str(e)) from None
+    except ContextLengthError as e:
+        raise ApiError(400, "context_length_exceeded", str(e)) from None
+    except ValueError as e:
+        raise ApiError(400, "invalid_request", str(e)) from None

@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -22,6 +23,15 @@ log = logging.getLogger("bubo.serve")
 class _Handler(pywsgi.WSGIHandler):
     """Hands the client socket to the app (environ["bubo.socket"]) so that an SSE response can
     see the client leave (EOF) without waiting for its next write to fail."""
+
+    def handle(self) -> None:
+        # pywsgi writes the headers and the body in separate sends: with Nagle's algorithm the
+        # body waits for the client's delayed ACK of the headers, 40 ms on Linux, per response
+        try:
+            self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass  # not TCP (a Unix socket)
+        super().handle()
 
     def get_environ(self) -> dict[str, Any]:
         env = super().get_environ()
@@ -97,11 +107,17 @@ def serve(args: argparse.Namespace) -> int:
             print(f"bubo serve: the model failed to load: {engine.load_error}", flush=True)
 
     gevent.spawn(on_ready)
-    stop = lambda: server.stop(timeout=1)  # noqa: E731
-    gevent.signal_handler(signal.SIGTERM, stop)
-    gevent.signal_handler(signal.SIGINT, stop)
+    def stop() -> None:
+        print("bubo serve: stopping", flush=True)
+        server.stop(timeout=1)
+
+    # the handlers must stay referenced: a collected watcher no longer fires
+    handlers = [gevent.signal_handler(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)]
     try:
         server.serve_forever()
     finally:
         engine.stop()
+        for h in handlers:
+            h.cancel()
+    print("bubo serve: stopped", flush=True)
     return 0

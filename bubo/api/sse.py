@@ -13,10 +13,11 @@ given, is cancelled: the engine frees the slot at its next step."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gevent
@@ -65,7 +66,7 @@ def _events(gen: Iterator[Any], stream: Any, ping: float, sock: socket.socket | 
             q.put(_END)
 
     producer = gevent.spawn(produce)
-    watcher = gevent.spawn(_watch_disconnect, sock, producer) if sock is not None else None
+    watcher = gevent.spawn(_watch_disconnect, sock, lambda: producer.kill(block=False)) if sock is not None else None
     try:
         while True:
             try:
@@ -86,17 +87,35 @@ def _events(gen: Iterator[Any], stream: Any, ping: float, sock: socket.socket | 
             stream.cancel()
 
 
-def _watch_disconnect(sock: socket.socket, producer: gevent.Greenlet) -> None:
-    """Kill the producer when the client closes its end (EOF on a read), without waiting for
+def _watch_disconnect(sock: socket.socket, on_disconnect: Callable[[], None]) -> None:
+    """Call on_disconnect when the client closes its end (EOF on a read), without waiting for
     the next write to fail. Any bytes the client sends are left unread (peeked)."""
     from gevent.socket import wait_read
 
     try:
-        while not producer.dead:
+        while True:
             wait_read(sock.fileno())
             if not sock.recv(1, socket.MSG_PEEK):
-                producer.kill(block=False)
-                return
+                break
             gevent.sleep(0.05)  # data, not EOF (a pipelined request): look again later
     except OSError:
-        producer.kill(block=False)
+        pass
+    on_disconnect()
+
+
+@contextlib.contextmanager
+def cancel_on_disconnect(stream: Any) -> Iterator[Any]:
+    """For a non-streamed answer: while the handler collects `stream`, a client that goes away
+    cancels it (the slot is freed at the engine's next step; iterating the stream then stops
+    without a final event).
+
+        with cancel_on_disconnect(engine_stream) as events:
+            for ev in events: ...
+    """
+    sock = request.environ.get("bubo.socket")
+    watcher = gevent.spawn(_watch_disconnect, sock, stream.cancel) if sock is not None else None
+    try:
+        yield stream
+    finally:
+        if watcher is not None:
+            watcher.kill(block=False)

@@ -45,11 +45,11 @@ class EventStream:
     """The events of one request. Iterate it in the greenlet (or thread) that submitted it.
 
     cancel() (or killing the greenlet that waits on it) ends it: the engine stops the request
-    at its next step and frees the slot; iteration then stops without a final event."""
+    at its next step and frees the slot; iteration then stops without a final event. Read a
+    stream to its final event or cancel it: until then it holds a watcher in the reader's hub."""
 
-    def __init__(self, engine: Engine, request: GenerationRequest):
+    def __init__(self, request: GenerationRequest):
         self.request = request
-        self._engine = engine
         self._lock = _allocate_lock()
         self._events: collections.deque[Event] = collections.deque()
         self._cancelled = False
@@ -79,10 +79,10 @@ class EventStream:
         return self
 
     def __next__(self) -> Event:
-        if self._done or self._cancelled:
-            raise StopIteration
         try:
             while True:
+                if self._done or self._cancelled:
+                    raise StopIteration
                 self._wake.clear()
                 with self._lock:
                     event = self._events.popleft() if self._events else None
@@ -92,6 +92,8 @@ class EventStream:
                         self._close()
                     return event
                 self._wake.wait()
+        except StopIteration:
+            raise
         except BaseException:
             # the reader was killed (GreenletExit: its client went away) or interrupted
             self.cancel()
@@ -103,6 +105,8 @@ class EventStream:
             return
         self._cancelled = True
         self._close()
+        if _get_ident() == self._hub.thread_ident:
+            self._wake.set()  # a reader waiting in another greenlet stops now
 
     def _close(self) -> None:
         with self._lock:
@@ -225,7 +229,11 @@ class Engine:
         if req.max_tokens is not None and req.max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer or None, got {req.max_tokens}")
         self.model._check_ids(req.prompt)
-        stream = EventStream(self, req)
+        n_vocab = self.tokenizer.n_vocab
+        bad = [t for t in (req.params.logit_bias or {}) if not 0 <= int(t) < n_vocab]
+        if bad:
+            raise ValueError(f"logit_bias token {bad[0]} is out of range: this model's ids are 0..{n_vocab - 1}")
+        stream = EventStream(req)
         with self._lock:
             self._queue.append(stream)
         self._signal()

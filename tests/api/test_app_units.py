@@ -140,3 +140,22 @@ def test_sse_reports_a_failing_generator_in_band():
 
     out = list(_events(bad(), None, 1.0, None))
     assert out[0] == b'data: {"ok":1}\n\n' and b'"code":"internal_error"' in out[1]
+
+
+def test_cors_only_for_configured_origins():
+    engine = Engine("smollm2:135m")
+    c = create_app(engine, ServerConfig(cors_origins=["http://ok.example"])).test_client()
+    r = c.get("/health", headers={"Origin": "http://ok.example"})
+    assert r.headers["Access-Control-Allow-Origin"] == "http://ok.example"
+    r = c.get("/health", headers={"Origin": "http://evil.example"})
+    assert "Access-Control-Allow-Origin" not in r.headers
+    c = create_app(engine, ServerConfig()).test_client()
+    assert "Access-Control-Allow-Origin" not in c.get("/health", headers={"Origin": "http://ok.example"}).headers
+
+
+def test_preflight_needs_no_key():
+    engine = Engine("smollm2:135m")
+    c = create_app(engine, ServerConfig(api_keys=["k"], cors_origins=["*"])).test_client()
+    r = c.options("/tokenize", headers={"Origin": "http://a.example", "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == "http://a.example"
+    assert c.post("/tokenize", json={"content": "x"}).status_code == 401

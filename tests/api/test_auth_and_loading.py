@@ -58,7 +58,8 @@ def test_every_route_needs_the_key(keyed, method, path):
 
 
 @pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {KEY_FLAG}"}, {"Authorization": f"bearer {KEY_FILE}"},
-                                     {"x-api-key": KEY_FLAG}, {"X-Api-Key": KEY_FILE}])
+                                     {"x-api-key": KEY_FLAG}, {"X-Api-Key": KEY_FILE},
+                                     {"Authorization": "Bearer placeholder", "x-api-key": KEY_FILE}])
 def test_both_headers_and_every_key_are_accepted(keyed, headers):
     assert call_json(keyed.url + "/health", headers=headers) == (200, {"status": "ok"})
     status, body = call_json(keyed.url + "/v1/models", headers=headers)
@@ -86,3 +87,15 @@ def test_startup_log_says_address_model_context_threads_routes(keyed):
     assert "threads 2" in log and "context 2048 tokens (trained 8192)" in log
     assert "API key required" in log
     assert "routes /apply-template" in log and "/v1/models" in log
+
+
+def test_sigterm_stops_the_server_cleanly():
+    s = start_server()
+    try:
+        s.wait_ready()
+        s.proc.terminate()
+        assert s.proc.wait(20) == 0
+        time.sleep(0.1)  # the drain thread reads the last lines
+        assert any("bubo serve: stopped" in line for line in s.log), "".join(s.log)
+    finally:
+        s.stop()

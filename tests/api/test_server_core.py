@@ -315,6 +315,9 @@ def test_health_and_metrics_answer_fast_during_a_long_generation(server):
             worst[path] = max(rounds)
         during = slot(server.url)
         assert during["is_processing"], "the generation ended before the measurements did"
+        # llama-server's load-balancer probe: every slot busy -> 503
+        status, body = call_json(server.url + "/slots?fail_on_no_slot=1")
+        assert_error(status, body, 503, "no_slot_available", "server_error")
         assert worst["/health"] < FAST_ANSWER_S and worst["/metrics"] < FAST_ANSWER_S, worst
     finally:
         s.close()
@@ -357,3 +360,52 @@ def test_debug_routes(server):
     assert status == 200 and body["n_ctx"] == 2048 and len(body["tokens"]) == body["n_tokens"]
     status, body = call_json(server.url + "/debug/settings")
     assert status == 200 and body["config"]["debug_hooks"] is True and body["n_ctx"] == 2048
+
+
+def test_prompt_longer_than_the_context_is_400_naming_both_lengths(base_url):
+    status, body = call_json(base_url + "/debug/prompt", "POST", {"prompt": [1] * 2100, "max_tokens": 1})
+    assert_error(status, body, 400, "context_length_exceeded", "invalid_request_error")
+    assert "2100" in body["error"]["message"] and "2048" in body["error"]["message"]
+
+
+def test_disconnect_during_a_non_streamed_answer_frees_the_slot(server):
+    u = urlsplit(server.url)
+    s = socket.create_connection((u.hostname, u.port))
+    data = json.dumps({"prompt": "Count: 1, 2, 3,", "max_tokens": None}).encode()
+    s.sendall(b"POST /debug/prompt HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+    deadline = time.monotonic() + 30
+    while slot(server.url)["next_token"]["n_decoded"] < 3 or not slot(server.url)["is_processing"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    n_before_close = slot(server.url)["next_token"]["n_decoded"]
+    s.close()
+    after = wait_slot_idle(server.url)
+    assert after["next_token"]["n_decoded"] <= n_before_close + 2
+    assert server.alive()
+
+
+def test_disconnect_during_a_long_prompt_stops_it_at_the_next_chunk(server):
+    from bubo.llm import PREFILL_CHUNK
+
+    u = urlsplit(server.url)
+    n_prompt = 2000  # four prefill chunks
+    s = socket.create_connection((u.hostname, u.port))
+    data = json.dumps({"prompt": [1 + i % 50 for i in range(n_prompt)], "max_tokens": 4, "stream": True,
+                       "cache_prompt": False}).encode()
+    s.sendall(b"POST /debug/prompt HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+    deadline = time.monotonic() + 30
+    while not slot(server.url)["is_processing"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    s.close()
+    wait_slot_idle(server.url)
+    cache = call_json(server.url + "/debug/cache")[1]
+    # the prompt stopped at a chunk boundary, before its end (a chunk takes far longer than the
+    # few ms between the slot turning busy and the close)
+    assert cache["n_tokens"] % PREFILL_CHUNK == 0 and cache["n_tokens"] < n_prompt - 1, cache["n_tokens"]
+    assert debug_prompt(server.url, "Hi", max_tokens=2)["events"][-1]["completion_tokens"] == 2
+
+
+def test_server_log_has_no_tracebacks(server):
+    # runs last in this module: disconnects and broken pipes above must not have logged errors
+    assert "Traceback" not in "".join(server.log), "".join(server.log)

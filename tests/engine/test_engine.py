@@ -5,7 +5,7 @@ from __future__ import annotations
 import gevent
 import pytest
 
-from bubo.engine import (ContextLengthError, Engine, FinishEvent, GenerationRequest, NotReadyError,
+from bubo.engine import (ContextLengthError, Engine, ErrorEvent, FinishEvent, GenerationRequest, NotReadyError,
                          TokenEvent)
 from bubo.sampling import SamplingParams
 
@@ -184,3 +184,64 @@ def test_waiting_does_not_block_the_hub(engine):
     events = list(stream)
     t.join()
     assert len(ticks) == 10 and isinstance(events[-1], FinishEvent)
+
+
+def test_default_context_is_the_trained_one_capped_by_memory(monkeypatch):
+    from bubo.engine import engine as eng_mod
+
+    md = {"general.architecture": "llama", "llama.context_length": 8192, "llama.block_count": 30,
+          "llama.attention.head_count": 9, "llama.attention.head_count_kv": 3, "llama.embedding_length": 576}
+    per_token = 2 * 30 * 3 * 64 * eng_mod.KV_BYTES_PER_VALUE  # K and V, f16
+    monkeypatch.setattr(eng_mod, "_available_memory", lambda: 1 << 40)
+    assert eng_mod._context_size(md, None) == (8192, 8192)
+    assert eng_mod._context_size(md, 1000) == (8192, 1000)
+    assert eng_mod._context_size(md, 100000) == (8192, 8192)  # never past the trained context
+    # room for 3000 tokens in half the memory: rounded down to a multiple of 256
+    monkeypatch.setattr(eng_mod, "_available_memory", lambda: int(3000 * per_token / eng_mod.KV_MEMORY_SHARE))
+    assert eng_mod._context_size(md, None) == (8192, 2816)
+
+
+def test_cancel_from_another_greenlet_wakes_the_reader(engine):
+    stream = engine.submit(GenerationRequest(ids(engine, "Count: 1, 2, 3,"), GREEDY, max_tokens=None))
+    assert isinstance(next(stream), TokenEvent)
+    got = []
+
+    def reader():
+        for ev in stream:
+            got.append(ev)
+
+    r = gevent.spawn(reader)
+    gevent.sleep(0.1)
+    stream.cancel()
+    r.join(timeout=5)
+    assert r.dead and r.successful()
+    assert all(isinstance(e, TokenEvent) for e in got)
+    wait_idle(engine)
+
+
+def test_killing_the_reader_cancels_the_stream(engine):
+    stream = engine.submit(GenerationRequest(ids(engine, "Count: 1, 2, 3,"), GREEDY, max_tokens=None))
+    r = gevent.spawn(lambda: list(stream))
+    gevent.sleep(0.1)
+    r.kill()
+    assert stream.cancelled
+    wait_idle(engine)
+    assert not engine.busy
+
+
+def test_logit_bias_out_of_range_is_refused_at_submit(engine):
+    with pytest.raises(ValueError, match="logit_bias token"):
+        engine.submit(GenerationRequest([1], SamplingParams(logit_bias={engine.tokenizer.n_vocab: 1.0})))
+
+
+def test_a_failing_request_ends_with_an_error_event_and_the_engine_goes_on(engine, monkeypatch):
+    def broken(stream):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(engine, "_run", broken)
+    events = list(engine.submit(GenerationRequest([1, 2], GREEDY, max_tokens=2)))
+    assert len(events) == 1 and isinstance(events[0], ErrorEvent)
+    assert (events[0].status, events[0].code) == (500, "internal_error") and "boom" in events[0].message
+    monkeypatch.undo()
+    _, fin = run(engine, GenerationRequest([1, 2], GREEDY, max_tokens=2))
+    assert fin.completion_tokens == 2
