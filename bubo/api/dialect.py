@@ -360,6 +360,16 @@ def encode(engine: Any, text: str, add_special: bool = True) -> list[int]:
                       f"prompt, a lone UTF-16 surrogate that is not valid Unicode text") from None
 
 
+def output_parser(engine: Any, thinking: bool, tools: Any, in_think: bool, parallel_tool_calls: bool = True) -> OutputParser:
+    """The parser of a chat answer: <think> when thinking is on; with tools, the template's
+    tool-call format (hermes when the template shows none: the most common one)."""
+    from bubo.chat.parsers import tool_format_of
+
+    fmt = (tool_format_of(engine.chat_template) or "hermes") if tools else None
+    return OutputParser(reasoning=thinking, tool_format=fmt, in_think=in_think,
+                        max_calls=None if parallel_tool_calls else 1)
+
+
 # --- output --------------------------------------------------------------------------------
 
 

@@ -13,7 +13,6 @@ from bubo.api.anthropic import messages as am
 from bubo.api.errors import ApiError
 from bubo.api.request import json_body, ready_engine, resolve_model
 from bubo.api.sse import sse_response
-from bubo.chat.parsers import OutputParser, tool_format_of
 from bubo.engine.types import FinishEvent, GenerationRequest
 
 blueprint = Blueprint("anthropic", __name__)
@@ -28,9 +27,7 @@ def messages() -> Any:
     prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
     gen = GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop)
     stream = d.submit(engine, gen)
-    fmt = (tool_format_of(engine.chat_template) or "hermes") if req.tools else None
-    parser = OutputParser(reasoning=req.thinking, tool_format=fmt, in_think=prompt.in_think,
-                          max_calls=None if req.parallel_tool_calls else 1)
+    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls)
     id = d.new_id("msg_")
 
     if not req.stream:

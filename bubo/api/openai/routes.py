@@ -15,19 +15,12 @@ from bubo.api.openai import completions as cm
 from bubo.api.openai import responses as rs
 from bubo.api.request import json_body, ready_engine, resolve_model
 from bubo.api.sse import sse_response
-from bubo.chat.parsers import OutputParser, tool_format_of
 from bubo.engine.types import FinishEvent, GenerationRequest, TokenEvent
 
 blueprint = Blueprint("openai", __name__)
 
 
 # --- chat ----------------------------------------------------------------------------------
-
-
-def chat_parser(engine: Any, req: ch.ChatRequest, in_think: bool) -> OutputParser:
-    fmt = tool_format_of(engine.chat_template) if req.tools else None
-    return OutputParser(reasoning=req.thinking, tool_format=fmt or ("hermes" if req.tools else None),
-                        in_think=in_think, max_calls=None if req.parallel_tool_calls else 1)
 
 
 @blueprint.post("/v1/chat/completions")
@@ -41,7 +34,7 @@ def chat_completions() -> Any:
     gen = GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop, req.params.n_probs,
                             req.cache_prompt)
     stream = d.submit(engine, gen)
-    parser = chat_parser(engine, req, prompt.in_think)
+    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls)
     id, created = d.new_id("chatcmpl-"), d.now()
     n_top = req.top_logprobs
 
@@ -136,8 +129,7 @@ def responses() -> Any:
     engine = ready_engine()
     prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
     stream = d.submit(engine, GenerationRequest(prompt.tokens, req.params, req.max_tokens))
-    fmt = (tool_format_of(engine.chat_template) or "hermes") if req.tools else None
-    parser = OutputParser(reasoning=req.thinking, tool_format=fmt, in_think=prompt.in_think)
+    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think)
     id, created = d.new_id("resp_"), d.now()
 
     def reasoning_tokens(text: str) -> int:
