@@ -332,7 +332,8 @@ class ChatPrompt:
 
 
 def render_chat(engine: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                template_kwargs: Mapping[str, Any], prefill: str | None) -> ChatPrompt:
+                template_kwargs: Mapping[str, Any], prefill: str | None, forced: str = "") -> ChatPrompt:
+    """The prompt: the template's rendering, then the prefill, then a forced call's start."""
     from bubo.chat import ChatTemplateError
     from bubo.chat.parsers import template_opens_think
 
@@ -346,6 +347,7 @@ def render_chat(engine: Any, messages: list[dict[str, Any]], tools: list[dict[st
         # the prefill may open (or close) the reasoning itself
         seg = ("<think>" if in_think else "") + prefill
         in_think = seg.rfind("<think>") > seg.rfind("</think>")
+    text += forced
     tokens = encode(engine, text)
     return ChatPrompt(text, tokens, in_think)
 
@@ -360,14 +362,49 @@ def encode(engine: Any, text: str, add_special: bool = True) -> list[int]:
                       f"prompt, a lone UTF-16 surrogate that is not valid Unicode text") from None
 
 
-def output_parser(engine: Any, thinking: bool, tools: Any, in_think: bool, parallel_tool_calls: bool = True) -> OutputParser:
-    """The parser of a chat answer: <think> when thinking is on; with tools, the template's
-    tool-call format (hermes when the template shows none: the most common one)."""
+REQUIRED = "required"  # tool_choice: some call, any function
+
+
+def check_tool_choice(choice: str | None, tools: list[dict[str, Any]] | None) -> str | None:
+    """None (the model decides), REQUIRED, or the name of the function to call (one of tools)."""
+    if choice is None:
+        return None
+    if not tools:
+        raise invalid("tool_choice asks for a tool call, but the request has no tools")
+    if choice != REQUIRED:
+        names = [t["function"]["name"] for t in tools]
+        if choice not in names:
+            raise invalid(f"tool_choice names the function {choice!r}, which is not in tools ({', '.join(names)})")
+    return choice
+
+
+def tool_format(engine: Any, tools: Any) -> str | None:
+    """The template's tool-call format (hermes when the template shows none: the most common)."""
     from bubo.chat.parsers import tool_format_of
 
-    fmt = (tool_format_of(engine.chat_template) or "hermes") if tools else None
-    return OutputParser(reasoning=thinking, tool_format=fmt, in_think=in_think,
-                        max_calls=None if parallel_tool_calls else 1)
+    return (tool_format_of(engine.chat_template) or "hermes") if tools else None
+
+
+def forced_prefix(engine: Any, tools: Any, choice: str | None) -> str:
+    """The text that forces a call (tool_choice required or named), appended to the prompt."""
+    from bubo.chat.parsers import forced_call_prefix
+
+    if choice is None or not tools:
+        return ""
+    if choice == REQUIRED and len(tools) == 1:
+        choice = tools[0]["function"]["name"]  # with no grammar, name the one tool there is
+    return forced_call_prefix(tool_format(engine, tools), None if choice == REQUIRED else choice)
+
+
+def output_parser(engine: Any, thinking: bool, tools: Any, in_think: bool, parallel_tool_calls: bool = True,
+                  forced: str = "") -> OutputParser:
+    """The parser of a chat answer: <think> when thinking is on; with tools, the template's
+    tool-call format. forced: the call's start that the prompt already holds."""
+    parser = OutputParser(reasoning=thinking and not forced, tool_format=tool_format(engine, tools),
+                          in_think=in_think and not forced, max_calls=None if parallel_tool_calls else 1)
+    if forced:
+        assert not parser.feed(forced)  # the start of a call: nothing to show yet
+    return parser
 
 
 # --- output --------------------------------------------------------------------------------

@@ -73,6 +73,25 @@ def tool_format_of(template_source: str | None) -> str | None:
     return None
 
 
+def forced_call_prefix(tool_format: str, name: str | None = None) -> str:
+    """Text that, put after the generation prompt, makes the model answer with a call (to
+    `name`, when given) in its own format: tool_choice "required" or a named function without a
+    grammar. The parser is fed the same text first, so the call parses as if generated."""
+    # with no name the call's JSON is opened up to the name's first quote: left at the bare tag,
+    # small models close the turn at once
+    if tool_format == "hermes":
+        start, args = HERMES_OPEN + "\n{", "arguments"
+    elif tool_format == "mistral":
+        start, args = MISTRAL_TAG + "[{", "arguments"
+    elif tool_format == "llama3":
+        start, args = "{", "parameters"
+    else:
+        raise ValueError(f"unknown tool-call format {tool_format!r}")
+    if name is None:
+        return start + '"name": "'
+    return start + f'"name": {json.dumps(name, ensure_ascii=False)}, "{args}": '
+
+
 def template_opens_think(prompt: str) -> bool:
     """True when the rendered prompt ends inside an open <think> (the model writes only the
     reasoning's rest and the closing tag)."""

@@ -39,3 +39,13 @@ def test_tool_use_round_trip(client):
     answer = client.messages.create(model="bubo", max_tokens=48, messages=history, tools=TOOLS, extra_body=GREEDY)
     assert answer.stop_reason in ("end_turn", "max_tokens") and answer.content[0].type == "text"
     assert answer.usage.input_tokens > msg.usage.input_tokens
+
+
+def test_tool_choice_tool_forces_a_call(client):
+    hello = [{"role": "user", "content": "Say hello."}]
+    msg = client.messages.create(model="bubo", max_tokens=48, messages=hello, tools=TOOLS, extra_body=GREEDY,
+                                 tool_choice={"type": "tool", "name": "get_weather"})
+    assert msg.stop_reason == "tool_use" and msg.content[-1].name == "get_weather"
+    n_forced = client.messages.count_tokens(model="bubo", messages=hello, tools=TOOLS,
+                                            tool_choice={"type": "tool", "name": "get_weather"}).input_tokens
+    assert n_forced == msg.usage.input_tokens

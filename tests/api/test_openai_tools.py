@@ -87,3 +87,18 @@ def test_responses_function_call_round_trip(client):
         {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
         {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature_c": 18}'}])
     assert answer.usage.input_tokens > r.usage.input_tokens and answer.output
+
+
+def test_tool_choice_forces_a_call(client):
+    hello = [{"role": "user", "content": "Say hello."}]
+    free = client.chat.completions.create(model="bubo", messages=hello, tools=TOOLS, temperature=0, max_tokens=32)
+    assert free.choices[0].finish_reason != "tool_calls"  # left to itself, the model just answers
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        r = client.chat.completions.create(model="bubo", messages=hello, tools=TOOLS, temperature=0, max_tokens=48,
+                                           tool_choice=choice)
+        assert r.choices[0].finish_reason == "tool_calls", choice
+        assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+        json.loads(r.choices[0].message.tool_calls[0].function.arguments)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="bubo", messages=hello, tools=TOOLS, max_tokens=4,
+                                       tool_choice={"type": "function", "function": {"name": "nope"}})

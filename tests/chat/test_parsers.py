@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bubo.chat.parsers import OutputParser, parse_output, tool_format_of
+from bubo.chat.parsers import OutputParser, forced_call_prefix, parse_output, tool_format_of
 
 
 def parse_streamed(text, step, **kw):
@@ -84,3 +84,18 @@ def test_max_calls_drops_later_calls():
     p = OutputParser(tool_format="hermes", max_calls=1)
     parts = p.feed(text) + p.finish()
     assert [x.call.name for x in parts if x.call] == ["a"]
+
+
+@pytest.mark.parametrize("fmt,name,rest,want", [
+    ("hermes", None, 'a", "arguments": {"x": 1}}\n</tool_call>', ("a", {"x": 1})),
+    ("hermes", "b", '{"y": 2}}\n</tool_call>', ("b", {"y": 2})),
+    ("mistral", None, 'c", "arguments": {}}]', ("c", {})),
+    ("mistral", "d", '{"z": [1]}}]', ("d", {"z": [1]})),
+    ("llama3", None, 'e", "parameters": {}}', ("e", {})),
+    ("llama3", "f", '{"w": "v"}}', ("f", {"w": "v"})),
+])
+def test_a_forced_call_parses_as_if_generated(fmt, name, rest, want):
+    p = OutputParser(reasoning=False, tool_format=fmt)
+    assert p.feed(forced_call_prefix(fmt, name)) == []
+    parts = p.feed(rest) + p.finish()
+    assert [(x.call.name, json.loads(x.call.arguments)) for x in parts] == [want]

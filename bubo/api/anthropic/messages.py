@@ -29,6 +29,7 @@ class MessagesRequest:
     stop: list[str]
     stream: bool
     parallel_tool_calls: bool = True
+    tool_choice: str | None = None  # d.REQUIRED or a tool name
 
 
 def _blocks_text(blocks: Any, where: str) -> str:
@@ -142,8 +143,20 @@ def parse_messages_request(body: Any, count_only: bool = False) -> MessagesReque
         max_tokens = d.max_tokens_of(body, "max_tokens")
     thinking, kwargs = d.thinking_of(body)
     stop = d.stop_list(body.get("stop_sequences"), "stop_sequences")
+    tools = anthropic_tools(body.get("tools"), body.get("tool_choice"))
+    choice = body.get("tool_choice")
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if choice is None or kind in ("auto", "none"):
+        forced = None
+    elif kind == "any":
+        forced = d.check_tool_choice(d.REQUIRED, tools)
+    elif kind == "tool" and isinstance(choice.get("name"), str):
+        forced = d.check_tool_choice(choice["name"], tools)
+    else:
+        raise invalid('tool_choice must be {"type": "auto"}, {"type": "any"}, {"type": "tool", "name": ...} '
+                      'or {"type": "none"}')
     return MessagesRequest(
-        messages=messages, prefill=prefill, tools=anthropic_tools(body.get("tools"), body.get("tool_choice")),
+        messages=messages, prefill=prefill, tools=tools, tool_choice=forced,
         thinking=thinking, template_kwargs=kwargs, params=d.sampling_params(body), max_tokens=max_tokens,
         stop=stop, stream=d.bool_field(body, "stream", False),
         parallel_tool_calls=not (isinstance(body.get("tool_choice"), dict)

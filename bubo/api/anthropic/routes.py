@@ -24,10 +24,11 @@ def messages() -> Any:
     model = resolve_model(body)
     req = am.parse_messages_request(body)
     engine = ready_engine()
-    prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
+    forced = d.forced_prefix(engine, req.tools, req.tool_choice)
+    prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill, forced)
     gen = GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop)
     stream = d.submit(engine, gen)
-    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls)
+    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls, forced)
     id = d.new_id("msg_")
 
     if not req.stream:
@@ -54,5 +55,6 @@ def count_tokens() -> Any:
     resolve_model(body)
     req = am.parse_messages_request(body, count_only=True)
     engine = ready_engine()
-    prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
+    forced = d.forced_prefix(engine, req.tools, req.tool_choice)  # input as /v1/messages would send it
+    prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill, forced)
     return jsonify({"input_tokens": len(prompt.tokens)})

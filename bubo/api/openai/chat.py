@@ -30,6 +30,7 @@ class ChatRequest:
     top_logprobs: int
     cache_prompt: bool = True
     parallel_tool_calls: bool = True
+    tool_choice: str | None = None  # d.REQUIRED or a function name: the answer must be a call
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -42,8 +43,17 @@ def parse_chat_request(body: Any) -> ChatRequest:
     max_tokens = d.max_tokens_of(body, "max_completion_tokens", "max_tokens")
     thinking, kwargs = d.thinking_of(body)
     tools = d.chat_tools(body.get("tools"))
-    if body.get("tool_choice") == "none":
-        tools = None
+    choice = body.get("tool_choice")
+    if choice == "none":
+        tools, forced = None, None
+    elif choice is None or choice == "auto":
+        forced = None
+    elif choice == "required":
+        forced = d.check_tool_choice(d.REQUIRED, tools)
+    elif isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str):
+        forced = d.check_tool_choice(choice["function"]["name"], tools)
+    else:
+        raise invalid('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}')
     logprobs = d.bool_field(body, "logprobs", False)
     top_logprobs = d.n_probs_of(body, "top_logprobs")
     if top_logprobs > 20:
@@ -58,7 +68,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stop=d.stop_list(body.get("stop")), stream=d.bool_field(body, "stream", False),
         include_usage=bool((opts or {}).get("include_usage")), logprobs=logprobs, top_logprobs=top_logprobs,
         cache_prompt=d.bool_field(body, "cache_prompt", True),
-        parallel_tool_calls=d.bool_field(body, "parallel_tool_calls", True),
+        parallel_tool_calls=d.bool_field(body, "parallel_tool_calls", True), tool_choice=forced,
     )
 
 
@@ -176,8 +186,10 @@ def token_logprobs(engine: Any, ev: TokenEvent, n_top: int) -> dict[str, Any]:
 
 def render_request(engine: Any, req: ChatRequest) -> d.ChatPrompt:
     """The prompt a chat request becomes (what /apply-template shows, what generation runs):
-    the converted messages through the model's template, a prefill appended."""
-    return d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
+    the converted messages through the model's template, a prefill appended, then the start of
+    a call when tool_choice forces one."""
+    return d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill,
+                         d.forced_prefix(engine, req.tools, req.tool_choice))
 
 
 def apply_template(engine: Any, body: Any) -> str:

@@ -24,7 +24,9 @@ class ResponsesRequest:
     params: SamplingParams
     max_tokens: int | None
     stream: bool
-    echo: dict[str, Any]  # request fields the response repeats (instructions, tools, ...)
+    echo: dict[str, Any]
+    tool_choice: str | None = None  # d.REQUIRED or a function name
+    parallel_tool_calls: bool = True  # request fields the response repeats (instructions, tools, ...)
 
 
 def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -104,10 +106,22 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
                 raise invalid("reasoning.effort and reasoning_effort disagree: send one")
             fields["reasoning_effort"] = reasoning["effort"]
     thinking, kwargs = d.thinking_of(fields)
-    tools = None if body.get("tool_choice") == "none" else _tools(body.get("tools"))
+    tools = _tools(body.get("tools"))
+    choice = body.get("tool_choice")
+    if choice == "none":
+        tools, forced = None, None
+    elif choice is None or choice == "auto":
+        forced = None
+    elif choice == "required":
+        forced = d.check_tool_choice(d.REQUIRED, tools)
+    elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        forced = d.check_tool_choice(choice["name"], tools)
+    else:
+        raise invalid('tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}')
     return ResponsesRequest(
         messages=messages, prefill=prefill, tools=tools, thinking=thinking, template_kwargs=kwargs,
         params=d.sampling_params(body), max_tokens=max_tokens, stream=d.bool_field(body, "stream", False),
+        tool_choice=forced, parallel_tool_calls=d.bool_field(body, "parallel_tool_calls", True),
         echo={"instructions": body.get("instructions"), "max_output_tokens": max_tokens,
               "tools": body.get("tools") or [], "temperature": body.get("temperature"),
               "top_p": body.get("top_p"), "metadata": body.get("metadata") or {}},

@@ -34,7 +34,8 @@ def chat_completions() -> Any:
     gen = GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop, req.params.n_probs,
                             req.cache_prompt)
     stream = d.submit(engine, gen)
-    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls)
+    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls,
+                             d.forced_prefix(engine, req.tools, req.tool_choice))
     id, created = d.new_id("chatcmpl-"), d.now()
     n_top = req.top_logprobs
 
@@ -127,9 +128,10 @@ def responses() -> Any:
     model = resolve_model(body)
     req = rs.parse_responses_request(body)
     engine = ready_engine()
-    prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
+    forced = d.forced_prefix(engine, req.tools, req.tool_choice)
+    prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill, forced)
     stream = d.submit(engine, GenerationRequest(prompt.tokens, req.params, req.max_tokens))
-    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think)
+    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls, forced)
     id, created = d.new_id("resp_"), d.now()
 
     def reasoning_tokens(text: str) -> int:
