@@ -184,6 +184,7 @@ class OutputParser:
         # "whole" (the rest of the answer is a llama3/mistral call list, parsed at the end)
         self._state = "think" if (reasoning and in_think) else "start"
         self._seen_content = False
+        self._after_think = False  # a </think> ended the reasoning: the answer's leading gap goes
         self.n_calls = 0
         self.max_calls = max_calls  # parallel_tool_calls false: 1; later calls are dropped
         self._n_shown = 0
@@ -211,8 +212,8 @@ class OutputParser:
 
     def _content(self, out: list[Part], text: str) -> None:
         if text:
-            if not self._seen_content:
-                text = text.lstrip() if self.reasoning else text  # the gap after </think>
+            if not self._seen_content and self._after_think:
+                text = text.lstrip()  # the gap after </think>
                 if not text:
                     return
             self._seen_content = True
@@ -258,6 +259,7 @@ class OutputParser:
                     out.append(Part("reasoning", buf[:i]))
                 self._buf = buf[i + len(THINK_CLOSE):]
                 self._state = "content"
+                self._after_think = True
                 return
             hold = 0 if final else _partial_suffix(buf, (THINK_CLOSE,))
             if len(buf) - hold > 0:

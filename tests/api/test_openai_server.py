@@ -72,10 +72,16 @@ def test_chat_stop_string_prefill_and_logprobs(client):
     r = client.chat.completions.create(model="bubo", messages=MSGS, max_tokens=16, temperature=0, stop=[cut])
     assert r.choices[0].finish_reason == "stop" and cut not in r.choices[0].message.content
     assert text.startswith(r.choices[0].message.content)
-    # a final assistant message is continued, not answered
+    # a final assistant message is continued, not answered: given the answer's first tokens as a
+    # prefill, the greedy continuation is the rest of the same answer
+    first = client.chat.completions.create(model="bubo", messages=MSGS, max_tokens=16, temperature=0,
+                                           logprobs=True).choices[0].logprobs.content
+    prefill = "".join(t.token for t in first[:3])
+    assert text.startswith(prefill)
     pre = client.chat.completions.create(model="bubo", max_tokens=8, temperature=0,
-                                         messages=MSGS + [{"role": "assistant", "content": text[:10]}])
-    assert (text[:10] + pre.choices[0].message.content).startswith(text[:10])
+                                         messages=MSGS + [{"role": "assistant", "content": prefill}])
+    cont = pre.choices[0].message.content
+    assert cont and text[len(prefill):].startswith(cont)
     lp = client.chat.completions.create(model="bubo", messages=MSGS, max_tokens=4, temperature=0, logprobs=True,
                                         top_logprobs=2)
     content = lp.choices[0].logprobs.content

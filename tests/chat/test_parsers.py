@@ -25,6 +25,7 @@ CASES = [
     # (text, kwargs, reasoning, content, calls)
     ("<think>Let me see.</think>\n\nHi there!", {}, "Let me see.", "Hi there!", []),
     ("Hi <think>there", {}, "", "Hi <think>there", []),
+    (" blue, green", {}, "", " blue, green", []),  # a prefill's continuation keeps its space
     ("<think>unfinished", {}, "unfinished", "", []),
     ("so the answer is</think>42", {"in_think": True}, "so the answer is", "42", []),
     ("<think>x</think>y", {"reasoning": False}, "", "<think>x</think>y", []),
