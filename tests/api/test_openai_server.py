@@ -229,3 +229,12 @@ def test_apply_template_function_matches_the_generated_prompt(client, base_url):
     assert text.endswith("<|im_start|>assistant\nRed,")
     r = client.chat.completions.create(model="bubo", messages=body["messages"], max_tokens=1)
     assert r.usage.prompt_tokens == len(model.tokenize(text, parse_special=True))
+
+
+def test_completions_streamed_logprobs(client):
+    kw = dict(model="bubo", prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2)
+    full = client.completions.create(**kw).choices[0].logprobs
+    chunks = list(client.completions.create(**kw, stream=True))
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert [t for lp in streamed for t in lp.tokens] == full.tokens
+    assert [o for lp in streamed for o in lp.text_offset] == full.text_offset
