@@ -239,9 +239,12 @@ class Model:
         return self.generate(self.chat_prompt(messages, tools=tools), parse_special=True, **kwargs)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], *,
-                    tools: Sequence[Mapping[str, Any]] | None = None, add_generation_prompt: bool = True) -> str:
-        """The rendered chat template. Tokenize it with parse_special=True."""
-        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+                    tools: Sequence[Mapping[str, Any]] | None = None, add_generation_prompt: bool = True,
+                    **template_kwargs: Any) -> str:
+        """The rendered chat template. Tokenize it with parse_special=True. template_kwargs are
+        extra template variables (enable_thinking, ...: a request's chat_template_kwargs)."""
+        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                         **template_kwargs)
         # templates often write the BOS text themselves; the tokenizer adds BOS too (llama.cpp
         # drops the template's copy the same way)
         tok = self.tokenizer

@@ -1,0 +1,198 @@
+"""POST /v1/chat/completions: the request's fields and the response's shapes (pure functions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bubo.api import dialect as d
+from bubo.api.dialect import Output, invalid
+from bubo.chat.parsers import Part, ToolCall
+from bubo.engine.types import FinishEvent, TokenEvent
+from bubo.sampling import SamplingParams
+
+
+@dataclass
+class ChatRequest:
+    """A validated chat request, before rendering (which needs the model)."""
+
+    messages: list[dict[str, Any]]
+    prefill: str | None
+    tools: list[dict[str, Any]] | None
+    thinking: bool
+    template_kwargs: dict[str, Any]
+    params: SamplingParams
+    max_tokens: int | None
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+    top_logprobs: int
+    cache_prompt: bool = True
+    parallel_tool_calls: bool = True
+    tool_choice: str | None = None  # d.REQUIRED or a function name: the answer must be a call
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """Every validation rule of the reference, in its order: messages, n, limits, thinking."""
+    body = d.require_object(body)
+    messages, prefill = d.chat_messages(body.get("messages"))
+    d.check_n(body)
+    d.check_response_format(body.get("response_format"))
+    max_tokens = d.max_tokens_of(body, "max_completion_tokens", "max_tokens")
+    thinking, kwargs = d.thinking_of(body)
+    tools = d.chat_tools(body.get("tools"))
+    choice = body.get("tool_choice")
+    if choice == "none":
+        tools, forced = None, None
+    elif choice is None or choice == "auto":
+        forced = None
+    elif choice == "required":
+        forced = d.check_tool_choice(d.REQUIRED, tools)
+    elif isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str):
+        forced = d.check_tool_choice(choice["function"]["name"], tools)
+    else:
+        raise invalid('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}')
+    logprobs = d.bool_field(body, "logprobs", False)
+    top_logprobs = d.n_probs_of(body, "top_logprobs")
+    if top_logprobs > 20:
+        raise invalid(f"top_logprobs must be at most 20, got {top_logprobs}")
+    n_probs = max(top_logprobs if logprobs else 0, d.n_probs_of(body))
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise invalid("stream_options must be an object")
+    return ChatRequest(
+        messages=messages, prefill=prefill, tools=tools, thinking=thinking, template_kwargs=kwargs,
+        params=d.sampling_params(body, n_probs), max_tokens=max_tokens,
+        stop=d.stop_list(body.get("stop")), stream=d.bool_field(body, "stream", False),
+        include_usage=bool((opts or {}).get("include_usage")), logprobs=logprobs, top_logprobs=top_logprobs,
+        cache_prompt=d.bool_field(body, "cache_prompt", True),
+        parallel_tool_calls=d.bool_field(body, "parallel_tool_calls", True), tool_choice=forced,
+    )
+
+
+# --- shapes --------------------------------------------------------------------------------
+
+
+def usage(fin: FinishEvent) -> dict[str, Any]:
+    return {
+        "prompt_tokens": fin.prompt_tokens,
+        "completion_tokens": fin.completion_tokens,
+        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+        **d.usage_numbers(fin),
+    }
+
+
+def finish_reason(fin: FinishEvent, n_calls: int) -> str:
+    return "tool_calls" if n_calls else fin.reason
+
+
+def tool_call_json(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def logprob_entry(piece: bytes, logprob: float, top: list[tuple[bytes, float]]) -> dict[str, Any]:
+    """OpenAI's per-token log probability: the token's text, its bytes, its alternatives."""
+    def one(b: bytes, lp: float) -> dict[str, Any]:
+        return {"token": b.decode("utf-8", "replace"), "logprob": lp, "bytes": list(b)}
+
+    return {**one(piece, logprob), "top_logprobs": [one(b, lp) for b, lp in top]}
+
+
+def chat_response(*, id: str, created: int, model: str, out: Output,
+                  logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    fin = out.finish
+    assert fin is not None
+    message: dict[str, Any] = {"role": "assistant"}
+    if out.reasoning:
+        message["reasoning_content"] = out.reasoning
+    message["content"] = out.content if (out.content or not out.tool_calls) else None
+    if out.tool_calls:
+        message["tool_calls"] = [tool_call_json(c) for c in out.tool_calls]
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": {"content": logprobs} if logprobs is not None else None,
+            "finish_reason": finish_reason(fin, len(out.tool_calls)),
+        }],
+        "usage": usage(fin),
+        "timings": fin.timings,
+    }
+
+
+class ChatChunks:
+    """The chunks of a streamed chat answer: the role chunk, one chunk per parsed part, the last
+    chunk with finish_reason and timings, the usage chunk."""
+
+    def __init__(self, id: str, created: int, model: str):
+        self.id, self.created, self.model = id, created, model
+        self.n_calls = 0
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None,
+               logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        return {
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "delta": delta,
+                         "logprobs": {"content": logprobs} if logprobs else None,
+                         "finish_reason": finish}],
+        }
+
+    def role(self) -> dict[str, Any]:
+        return self._chunk({"role": "assistant", "content": None})
+
+    def parts(self, parts: list[Part], logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        chunks = []
+        for p in parts:
+            if p.kind == "reasoning":
+                chunks.append(self._chunk({"reasoning_content": p.text}))
+            elif p.kind == "content":
+                chunks.append(self._chunk({"content": p.text}))
+            elif p.call is not None:
+                i = self.n_calls
+                self.n_calls += 1
+                # the call's id, type and name first, its arguments after, as OpenAI streams them
+                chunks.append(self._chunk({"tool_calls": [{"index": i, "id": p.call.id, "type": "function",
+                                                           "function": {"name": p.call.name, "arguments": ""}}]}))
+                chunks.append(self._chunk({"tool_calls": [{"index": i,
+                                                           "function": {"arguments": p.call.arguments}}]}))
+        if logprobs:
+            if chunks:
+                chunks[-1]["choices"][0]["logprobs"] = {"content": logprobs}
+            else:
+                chunks.append(self._chunk({}, logprobs=logprobs))
+        return chunks
+
+    def last(self, fin: FinishEvent) -> dict[str, Any]:
+        c = self._chunk({}, finish_reason(fin, self.n_calls))
+        c["timings"] = fin.timings
+        return c
+
+    def usage(self, fin: FinishEvent) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [], "usage": usage(fin)}
+
+
+def token_logprobs(engine: Any, ev: TokenEvent, n_top: int) -> dict[str, Any]:
+    top = [(d.token_piece(engine, t), lp) for t, lp in ev.top[:n_top]]
+    return logprob_entry(d.token_piece(engine, ev.token), ev.logprob, top)
+
+
+def render_request(engine: Any, req: ChatRequest) -> d.ChatPrompt:
+    """The prompt a chat request becomes (what /apply-template shows, what generation runs):
+    the converted messages through the model's template, a prefill appended, then the start of
+    a call when tool_choice forces one."""
+    return d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill,
+                         d.forced_prefix(engine, req.tools, req.tool_choice))
+
+
+def apply_template(engine: Any, body: Any) -> str:
+    """What POST /apply-template answers: the prompt text a chat body becomes, exactly as
+    /v1/chat/completions renders it (stream is ignored; model is not needed)."""
+    return render_request(engine, parse_chat_request(body)).text

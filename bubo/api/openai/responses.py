@@ -1,0 +1,276 @@
+"""POST /v1/responses: OpenAI's Responses API (pure functions), stateless: no stored responses,
+so previous_response_id is refused; the conversation comes in `input`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from bubo.api import dialect as d
+from bubo.api.dialect import Output, invalid
+from bubo.chat.parsers import Part, ToolCall
+from bubo.engine.types import FinishEvent
+from bubo.sampling import SamplingParams
+
+
+@dataclass
+class ResponsesRequest:
+    messages: list[dict[str, Any]]
+    prefill: str | None
+    tools: list[dict[str, Any]] | None
+    thinking: bool
+    template_kwargs: dict[str, Any]
+    params: SamplingParams
+    max_tokens: int | None
+    stream: bool
+    echo: dict[str, Any]
+    tool_choice: str | None = None  # d.REQUIRED or a function name
+    parallel_tool_calls: bool = True  # request fields the response repeats (instructions, tools, ...)
+
+
+def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """`instructions` and `input` as OpenAI chat messages (chat_messages validates them)."""
+    msgs: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise invalid("instructions must be a string")
+        msgs.append({"role": "system", "content": instructions})
+    items = body.get("input")
+    if items is None or items == "" or items == []:
+        raise d.ApiError(400, "missing_messages", "input is required: a string or a non-empty array of items")
+    if isinstance(items, str):
+        return msgs + [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise invalid("input must be a string or an array of items")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise invalid(f"input[{i}] must be an object")
+        kind = item.get("type", "message")
+        if kind == "message":
+            msgs.append({"role": item.get("role"), "content": item.get("content")})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}
+            if msgs and msgs[-1]["role"] == "assistant" and msgs[-1].get("tool_calls") is not None:
+                msgs[-1]["tool_calls"].append(call)  # parallel calls: one assistant turn
+            else:
+                msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out = item.get("output")
+            msgs.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                         "content": out if isinstance(out, (str, list)) else json.dumps(out)})
+        elif kind == "reasoning":
+            continue  # earlier reasoning is not shown to the model again
+        else:
+            raise invalid(f"input[{i}] has an unsupported type {kind!r}")
+    return msgs
+
+
+def _tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Responses tools ({type: function, name, parameters, strict}) in the chat format. The
+    schema is used as sent whatever strict says: no grammar constrains the output here yet."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise invalid("tools must be an array")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str):
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise invalid(f"tools[{i}]: only function tools with a name are supported (got type {kind!r})")
+        fn = {"name": t["name"], "description": t.get("description") or "",
+              "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
+        out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def parse_responses_request(body: Any) -> ResponsesRequest:
+    body = d.require_object(body)
+    if body.get("previous_response_id"):
+        raise invalid("previous_response_id is not supported: this server stores no responses; "
+                      "send the whole conversation in input")
+    messages, prefill = d.chat_messages(_input_messages(body))
+    max_tokens = d.max_tokens_of(body, "max_output_tokens")
+    text = body.get("text")
+    if isinstance(text, dict):
+        d.check_response_format(text.get("format"), "text.format")
+    reasoning = body.get("reasoning")
+    fields = dict(body)
+    if reasoning is not None:
+        if not isinstance(reasoning, dict):
+            raise invalid("reasoning must be an object like {\"effort\": \"low\"}")
+        if reasoning.get("effort") is not None:
+            if body.get("reasoning_effort") is not None and body["reasoning_effort"] != reasoning["effort"]:
+                raise invalid("reasoning.effort and reasoning_effort disagree: send one")
+            fields["reasoning_effort"] = reasoning["effort"]
+    thinking, kwargs = d.thinking_of(fields)
+    tools = _tools(body.get("tools"))
+    choice = body.get("tool_choice")
+    if choice == "none":
+        tools, forced = None, None
+    elif choice is None or choice == "auto":
+        forced = None
+    elif choice == "required":
+        forced = d.check_tool_choice(d.REQUIRED, tools)
+    elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        forced = d.check_tool_choice(choice["name"], tools)
+    else:
+        raise invalid('tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}')
+    return ResponsesRequest(
+        messages=messages, prefill=prefill, tools=tools, thinking=thinking, template_kwargs=kwargs,
+        params=d.sampling_params(body), max_tokens=max_tokens, stream=d.bool_field(body, "stream", False),
+        tool_choice=forced, parallel_tool_calls=d.bool_field(body, "parallel_tool_calls", True),
+        echo={"instructions": body.get("instructions"), "max_output_tokens": max_tokens,
+              "tools": body.get("tools") or [], "temperature": body.get("temperature"),
+              "top_p": body.get("top_p"), "metadata": body.get("metadata") or {}},
+    )
+
+
+# --- shapes --------------------------------------------------------------------------------
+
+
+def usage(fin: FinishEvent, reasoning_tokens: int) -> dict[str, Any]:
+    return {
+        "input_tokens": fin.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": fin.cached_tokens},
+        "output_tokens": fin.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+    }
+
+
+def reasoning_item(id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "reasoning", "id": id, "summary": [], "content": [{"type": "reasoning_text", "text": text}],
+            "status": status}
+
+
+def message_item(id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    return {"type": "message", "id": id, "status": status, "role": "assistant", "content": content}
+
+
+def call_item(id: str, call: ToolCall, status: str = "completed") -> dict[str, Any]:
+    return {"type": "function_call", "id": id, "call_id": call.id, "name": call.name,
+            "arguments": call.arguments if status == "completed" else "", "status": status}
+
+
+def response_object(*, id: str, created: int, model: str, req: ResponsesRequest, output: list[dict[str, Any]],
+                    fin: FinishEvent | None, reasoning_tokens: int = 0) -> dict[str, Any]:
+    status = "in_progress" if fin is None else ("incomplete" if fin.reason == "length" else "completed")
+    return {
+        "id": id, "object": "response", "created_at": created, "status": status,
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "model": model, "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
+        "text": {"format": {"type": "text"}},
+        **req.echo,
+        "usage": usage(fin, reasoning_tokens) if fin is not None else None,
+    }
+
+
+def output_items(out: Output) -> list[dict[str, Any]]:
+    items = []
+    if out.reasoning:
+        items.append(reasoning_item(d.new_id("rs_"), out.reasoning))
+    if out.content or not (out.reasoning or out.tool_calls):
+        items.append(message_item(d.new_id("msg_"), out.content))
+    items += [call_item(d.new_id("fc_"), c) for c in out.tool_calls]
+    return items
+
+
+class ResponseEvents:
+    """The events of a streamed response, each with its sequence_number: response.created and
+    .in_progress, per output item its added/delta/done events, then response.completed (or
+    .incomplete) with the whole response, as the SDK's stream helper rebuilds it."""
+
+    def __init__(self, id: str, created: int, model: str, req: ResponsesRequest):
+        self.id, self.created, self.model, self.req = id, created, model, req
+        self.seq = 0
+        self.items: list[dict[str, Any]] = []  # finished output items
+        self.open: dict[str, Any] | None = None  # the item being streamed
+        self.text = ""
+
+    def _ev(self, kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
+        ev = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return (kind, ev)
+
+    def _response(self, fin: FinishEvent | None, reasoning_tokens: int = 0) -> dict[str, Any]:
+        return response_object(id=self.id, created=self.created, model=self.model, req=self.req,
+                               output=list(self.items), fin=fin, reasoning_tokens=reasoning_tokens)
+
+    def start(self) -> list[tuple[str, dict[str, Any]]]:
+        return [self._ev("response.created", response=self._response(None)),
+                self._ev("response.in_progress", response=self._response(None))]
+
+    def _close(self) -> list[tuple[str, dict[str, Any]]]:
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        idx = len(self.items)
+        evs = []
+        if item["type"] == "reasoning":
+            item = reasoning_item(item["id"], self.text)
+            evs.append(self._ev("response.reasoning_text.done", item_id=item["id"], output_index=idx,
+                                content_index=0, text=self.text))
+        else:
+            item = message_item(item["id"], self.text)
+            part = item["content"][0]
+            evs.append(self._ev("response.output_text.done", item_id=item["id"], output_index=idx,
+                                content_index=0, text=self.text, logprobs=[]))
+            evs.append(self._ev("response.content_part.done", item_id=item["id"], output_index=idx,
+                                content_index=0, part=part))
+        self.items.append(item)
+        evs.append(self._ev("response.output_item.done", output_index=idx, item=item))
+        return evs
+
+    def _begin(self, kind: str) -> list[tuple[str, dict[str, Any]]]:
+        evs = self._close()
+        idx = len(self.items)
+        self.text = ""
+        if kind == "reasoning":
+            self.open = reasoning_item(d.new_id("rs_"), "", "in_progress")
+            self.open["content"] = []
+            return evs + [self._ev("response.output_item.added", output_index=idx, item=self.open)]
+        self.open = message_item(d.new_id("msg_"), "", "in_progress")
+        return evs + [self._ev("response.output_item.added", output_index=idx, item=self.open),
+                      self._ev("response.content_part.added", item_id=self.open["id"], output_index=idx,
+                               content_index=0, part={"type": "output_text", "text": "", "annotations": [],
+                                                      "logprobs": []})]
+
+    def parts(self, parts: list[Part]) -> list[tuple[str, dict[str, Any]]]:
+        evs: list[tuple[str, dict[str, Any]]] = []
+        for p in parts:
+            if p.kind in ("reasoning", "content"):
+                kind = "reasoning" if p.kind == "reasoning" else "message"
+                if self.open is None or self.open["type"] != kind:
+                    evs += self._begin(kind)
+                self.text += p.text
+                name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+                extra = {} if kind == "reasoning" else {"logprobs": []}
+                evs.append(self._ev(name, item_id=self.open["id"], output_index=len(self.items), content_index=0,
+                                    delta=p.text, **extra))
+            elif p.call is not None:
+                evs += self._close()
+                idx = len(self.items)
+                item_id = d.new_id("fc_")
+                evs.append(self._ev("response.output_item.added", output_index=idx,
+                                    item=call_item(item_id, p.call, "in_progress")))
+                evs.append(self._ev("response.function_call_arguments.delta", item_id=item_id, output_index=idx,
+                                    delta=p.call.arguments))
+                evs.append(self._ev("response.function_call_arguments.done", item_id=item_id, output_index=idx,
+                                    name=p.call.name, arguments=p.call.arguments))
+                item = call_item(item_id, p.call)
+                self.items.append(item)
+                evs.append(self._ev("response.output_item.done", output_index=idx, item=item))
+        return evs
+
+    def end(self, fin: FinishEvent, reasoning_tokens: int) -> list[tuple[str, dict[str, Any]]]:
+        evs = self._close()
+        if not self.items:  # nothing was said: an empty message, as a non-streamed answer has
+            evs += self._begin("message") + self._close()
+        resp = self._response(fin, reasoning_tokens)
+        kind = "response.incomplete" if resp["status"] == "incomplete" else "response.completed"
+        return evs + [self._ev(kind, response=resp)]

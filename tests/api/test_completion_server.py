@@ -1,0 +1,50 @@
+"""llama-server's POST /completion on the real server (smollm2:135m), plain HTTP."""
+
+import json
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.models
+
+PROMPT = "The capital of France is"
+
+
+def post(base_url, body, stream=False):
+    req = urllib.request.Request(base_url + "/completion", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        raw = r.read().decode()
+    if not stream:
+        return json.loads(raw)
+    return [json.loads(line[len("data: "):]) for line in raw.split("\n\n") if line.startswith("data: ")]
+
+
+def test_completion_shape_and_stream(base_url):
+    r = post(base_url, {"prompt": PROMPT, "n_predict": 8, "temperature": 0, "return_tokens": True})
+    assert r["stop"] is True and r["stop_type"] in ("eos", "limit") and r["content"]
+    assert r["tokens_predicted"] == len(r["tokens"]) <= 8
+    assert r["tokens_evaluated"] > 0 and r["timings"]["predicted_n"] == r["tokens_predicted"]
+    assert r["model"] == "smollm2:135m" and r["generation_settings"]["n_predict"] == 8
+    chunks = post(base_url, {"prompt": PROMPT, "n_predict": 8, "temperature": 0, "stream": True,
+                             "return_tokens": True}, stream=True)
+    assert "".join(c["content"] for c in chunks) == r["content"]
+    assert [t for c in chunks for t in c["tokens"]] == r["tokens"]
+    assert chunks[-1]["stop"] is True and all(c["stop"] is False for c in chunks[:-1])
+    assert chunks[-1]["stop_type"] == r["stop_type"]
+
+
+def test_completion_token_prompt_probs_and_stop_word(base_url):
+    tok = json.loads(urllib.request.urlopen(urllib.request.Request(
+        base_url + "/tokenize", data=json.dumps({"content": PROMPT}).encode(),
+        headers={"Content-Type": "application/json"}), timeout=30).read())["tokens"]
+    by_text = post(base_url, {"prompt": PROMPT, "n_predict": 6, "temperature": 0})
+    by_ids = post(base_url, {"prompt": tok, "n_predict": 6, "temperature": 0, "n_probs": 3})
+    assert by_ids["content"] == by_text["content"]
+    probs = by_ids["completion_probabilities"]
+    assert len(probs) == by_ids["tokens_predicted"]
+    assert all(len(p["top_logprobs"]) == 3 and p["top_logprobs"][0]["id"] == p["id"] for p in probs)
+    assert "".join(p["token"] for p in probs) == by_ids["content"]
+    word = by_text["content"].split()[0]
+    cut = post(base_url, {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "stop": [word]})
+    assert cut["stop_type"] == "word" and cut["stopping_word"] == word and word not in cut["content"]

@@ -1,0 +1,104 @@
+"""Tool calls on qwen2.5-coder:0.5b (Hermes/Qwen format) through the `openai` SDK: the call
+parsed out of the answer (non-streamed and streamed), and a round trip with the tool's result."""
+
+import json
+
+import openai
+import pytest
+
+import bubo
+from bubo.api.dialect import chat_messages
+from tests.api.conftest import start_server
+
+pytestmark = pytest.mark.models
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    with start_server(model="qwen2.5-coder:0.5b") as s:
+        yield s.wait_ready()
+
+
+@pytest.fixture(scope="module")
+def client(qwen):
+    return openai.OpenAI(base_url=qwen.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def test_tool_call_streamed_and_not(client):
+    r = client.chat.completions.create(model="bubo", messages=ASK, tools=TOOLS, temperature=0, max_tokens=64)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+    chunks = list(client.chat.completions.create(model="bubo", messages=ASK, tools=TOOLS, temperature=0,
+                                                 max_tokens=64, stream=True))
+    deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    first, rest = deltas[0][0], [d[0] for d in deltas[1:]]
+    assert first.index == 0 and first.id and first.type == "function" and first.function.name == "get_weather"
+    assert all(d.index == 0 and d.id is None for d in rest)
+    args = first.function.arguments + "".join(d.function.arguments for d in rest)
+    assert json.loads(args) == {"city": "Paris"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_tool_round_trip(client):
+    r = client.chat.completions.create(model="bubo", messages=ASK, tools=TOOLS, temperature=0, max_tokens=64)
+    msg = r.choices[0].message
+    call = msg.tool_calls[0]
+    history = ASK + [msg.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 18, "sky": "sunny"}'}]
+    # the call and its result are rendered where the model expects them: the server's prompt is
+    # the converted messages through the model's own template
+    messages, prefill = chat_messages(history)
+    assert prefill is None
+    model = bubo.Model("qwen2.5-coder:0.5b", n_ctx=256, n_threads=1)
+    prompt = model.chat_prompt(messages, tools=TOOLS, enable_thinking=True)
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
+    assert '<tool_response>\n{"temperature_c": 18, "sky": "sunny"}\n</tool_response>' in prompt
+    answer = client.chat.completions.create(model="bubo", messages=history, tools=TOOLS, temperature=0,
+                                            max_tokens=48)
+    assert answer.choices[0].finish_reason in ("stop", "length") and answer.choices[0].message.content
+    assert answer.usage.prompt_tokens == len(model.tokenize(prompt, parse_special=True))
+
+
+def test_responses_function_call_round_trip(client):
+    tools = [{"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
+              "parameters": TOOLS[0]["function"]["parameters"]}]
+    r = client.responses.create(model="bubo", input="What is the weather in Paris?", tools=tools,
+                                temperature=0, max_output_tokens=64)
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    with client.responses.stream(model="bubo", input="What is the weather in Paris?", tools=tools,
+                                 temperature=0, max_output_tokens=64) as s:
+        kinds = [ev.type for ev in s]
+        final = s.get_final_response()
+    assert "response.function_call_arguments.done" in kinds
+    assert [o.type for o in final.output] == [o.type for o in r.output]
+    answer = client.responses.create(model="bubo", tools=tools, temperature=0, max_output_tokens=32, input=[
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature_c": 18}'}])
+    assert answer.usage.input_tokens > r.usage.input_tokens and answer.output
+
+
+def test_tool_choice_forces_a_call(client):
+    hello = [{"role": "user", "content": "Say hello."}]
+    free = client.chat.completions.create(model="bubo", messages=hello, tools=TOOLS, temperature=0, max_tokens=32)
+    assert free.choices[0].finish_reason != "tool_calls"  # left to itself, the model just answers
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        r = client.chat.completions.create(model="bubo", messages=hello, tools=TOOLS, temperature=0, max_tokens=48,
+                                           tool_choice=choice)
+        assert r.choices[0].finish_reason == "tool_calls", choice
+        assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+        json.loads(r.choices[0].message.tool_calls[0].function.arguments)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="bubo", messages=hello, tools=TOOLS, max_tokens=4,
+                                       tool_choice={"type": "function", "function": {"name": "nope"}})
