@@ -206,46 +206,14 @@ def detokenize() -> Any:
     return jsonify(content=text)
 
 
-def _message_text(content: Any) -> Any:
-    """A message's content for the template: a string stays, an array of text parts is joined,
-    null is empty. (Dialects convert richer content themselves.)"""
-    if content is None:
-        return ""
-    if isinstance(content, list):
-        parts = []
-        for p in content:
-            if isinstance(p, str):
-                parts.append(p)
-            elif isinstance(p, dict) and isinstance(p.get("text"), str):
-                parts.append(p["text"])
-            else:
-                raise ApiError(400, "invalid_request", "content parts must be text parts like {\"type\": \"text\", \"text\": ...}")
-        return "".join(parts)
-    return content
-
-
 @_route("/apply-template", methods=("POST",))
 def apply_template() -> Any:
-    from bubo.chat import ChatTemplateError, NoChatTemplateError
+    """The prompt text a chat body becomes, rendered by the same code as /v1/chat/completions
+    (validation, content parts, tool-call arguments, chat_template_kwargs, prefill)."""
+    from bubo.api.openai.chat import apply_template as render
 
     body = json_body()
-    eng = ready_engine()
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "missing_messages", '"messages" must be a non-empty array of messages')
-    msgs = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(400, "invalid_request", f"messages[{i}] must be an object with a role")
-        msgs.append({**m, "content": _message_text(m.get("content"))})
-    tools = body.get("tools")
-    try:
-        prompt = eng.model.chat_prompt(msgs, tools=tools if isinstance(tools, list) else None)
-    except NoChatTemplateError as e:
-        raise ApiError(400, "no_chat_template", str(e)) from None
-    except ChatTemplateError as e:
-        raise ApiError(400, "template_error", f"the chat template failed to render: {e}") from None
-    return jsonify(prompt=prompt)
+    return jsonify(prompt=render(ready_engine(), body))
 
 
 # --- paths that exist but do nothing on a text model --------------------------------------
