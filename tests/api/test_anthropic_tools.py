@@ -4,7 +4,7 @@ and streamed as input_json_delta), then a round trip with a tool_result."""
 import pytest
 
 import anthropic
-from tests.api.conftest import start_server
+from .conftest import start_server
 
 pytestmark = pytest.mark.models
 

@@ -9,7 +9,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.api.conftest import start_server
+from .conftest import start_server
 
 pytestmark = pytest.mark.models
 

@@ -8,7 +8,7 @@ import pytest
 
 import bubo
 from bubo.api.dialect import chat_messages
-from tests.api.conftest import start_server
+from .conftest import start_server
 
 pytestmark = pytest.mark.models
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.api.conftest import MODEL, start_server
+from .conftest import MODEL, start_server
 
 # the latency bound the issue sets for /health and /metrics while a generation runs
 FAST_ANSWER_S = 0.100
