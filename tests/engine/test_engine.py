@@ -315,3 +315,28 @@ def test_memory_budget_reads_the_machine(monkeypatch):
     monkeypatch.undo()
     ceiling, available = eng_mod.memory_budget()
     assert ceiling is not None and available is not None and 0 <= available <= ceiling + eng_mod._rss()
+
+
+def test_an_answer_without_max_tokens_ends_where_memory_runs_short(catalog_model, monkeypatch):
+    from bubo.engine import engine as eng_mod
+
+    e = Engine(str(catalog_model("smollm2:135m")), n_ctx=8192, n_threads=2)
+    e.start()
+    with gevent.Timeout(READY_TIMEOUT_S):
+        while not e.ready:
+            gevent.sleep(0.02)
+    try:
+        tok = e.tokenizer
+        no_eog = {t: float("-inf") for t in range(tok.n_vocab) if tok.is_eog(t)}
+        req = GenerationRequest(ids(e, "Count: 1, 2, 3,"), SamplingParams(temperature=0, logit_bias=no_eog))
+        stream = e.submit(req, mem_available=1 << 40)
+        # the prompt took the first chunk of the cache; from now on nothing more is available
+        monkeypatch.setattr(eng_mod, "memory_budget", lambda override=None: (1 << 40, 0))
+        with gevent.Timeout(120):
+            events = list(stream)
+        assert isinstance(events[-1], FinishEvent) and events[-1].reason == "length"
+        kv = e.model._kv
+        # it stopped exactly where the cache would have had to grow, far short of the context
+        assert len(e.model._kv_tokens) == kv.committed_blocks() * kv.block_size < e.n_ctx
+    finally:
+        e.stop()
