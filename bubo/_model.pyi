@@ -30,7 +30,9 @@ class Model:
 
 class KVCache:
     """Paged KV cache of one model: at most n_ctx tokens per sequence, blocks of block_size
-    tokens shared by n_seq_max sequences, stored as "f16", "f32" or "q8_0"."""
+    tokens shared by n_seq_max sequences, stored as "f16", "f32" or "q8_0". Memory is taken as
+    blocks are first needed (n_ctx may exceed memory); Model.decode raises MemoryError, the
+    cache unchanged, when the OS refuses more."""
 
     model: Model
     def __init__(
@@ -59,8 +61,19 @@ class KVCache:
     def n_free_tokens(self) -> int: ...
     @property
     def nbytes(self) -> int:
-        """Bytes of K and V storage: the global pool plus the sliding-window pool, which holds
-        each sequence's window (plus one decode chunk) only."""
+        """Bytes of K and V storage at full capacity: the global pool plus the sliding-window
+        pool, which holds each sequence's window (plus one decode chunk) only. The global pool
+        is reserved, not taken: see committed_bytes."""
+    @property
+    def committed_bytes(self) -> int:
+        """Bytes taken from the OS so far: the global pool grows in chunks as blocks are first
+        needed (kept once taken); the sliding-window pool is taken whole."""
+    @property
+    def token_bytes(self) -> int:
+        """K and V bytes one token takes in the global pool."""
+    def grow_bytes(self, seq: int, n_tokens: int) -> int:
+        """Bytes the cache would still take from the OS for seq to hold n_tokens (capped at n_ctx)."""
+    def committed_blocks(self, swa: bool = False) -> int: ...
     @property
     def sliding_window(self) -> int: ...
     @property

@@ -118,7 +118,10 @@ cdef class KVCache:
     With swa_full=False, sliding-window layers have a pool of their own that keeps each
     sequence's window plus n_batch tokens only (model.decode then runs a batch in chunks of at
     most n_batch rows), and truncate refuses to go below what they released. swa_full=True (the
-    default, until bubo.llm falls back from that refusal) keeps every block, as before."""
+    default, until bubo.llm falls back from that refusal) keeps every block, as before.
+    The global pool is address space until used: memory is taken in chunks as blocks are first
+    needed and kept (committed_bytes), so n_ctx may exceed memory; when the OS refuses more,
+    decode raises MemoryError and the cache is unchanged."""
     cdef bubo_kv *kv
     cdef readonly Model model
 
@@ -166,8 +169,27 @@ cdef class KVCache:
 
     @property
     def nbytes(self):
-        """Bytes of K and V storage, both pools."""
+        """Bytes of K and V storage at full capacity, both pools (reserved, not all taken)."""
         return bubo_kv_nbytes(self.kv)
+
+    @property
+    def committed_bytes(self):
+        """Bytes of K and V storage taken from the OS so far (kept once taken)."""
+        return bubo_kv_committed_bytes(self.kv)
+
+    @property
+    def token_bytes(self):
+        """K and V bytes one token takes in the global pool."""
+        return bubo_kv_token_bytes(self.kv)
+
+    def grow_bytes(self, int seq, long long n_tokens):
+        """Bytes the cache would still take from the OS for seq to hold n_tokens (capped at n_ctx)."""
+        self._check_seq(seq)
+        return bubo_kv_grow_bytes(self.kv, seq, n_tokens)
+
+    def committed_blocks(self, bint swa=False):
+        """Blocks of the global (or sliding-window) pool taken from the OS so far."""
+        return bubo_kv_pool_n_committed(self.kv, swa)
 
     @property
     def sliding_window(self):

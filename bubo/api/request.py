@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from flask import current_app, request
@@ -20,13 +21,47 @@ def engine() -> Any:
 
 
 def ready_engine() -> Any:
-    """The engine, or a 503 not_ready while the model loads (or after it failed to load)."""
+    """The engine as the routes submit to it (see GuardedEngine), or a 503 not_ready while the
+    model loads (or after it failed to load)."""
     eng = engine()
     if not eng.ready:
         if eng.load_error:
             raise ApiError(503, "not_ready", f"the model {eng.model_name} failed to load: {eng.load_error}")
         raise ApiError(503, "not_ready", f"the model {eng.model_name} is loading; try again when /ready says ready")
-    return eng
+    return GuardedEngine(eng, debug_mem_available())
+
+
+def debug_mem_available() -> int | None:
+    """BUBO_DEBUG_MEM_AVAILABLE (bytes): the memory guard's "available now" figure, honoured
+    only with the debug hooks on, so that a test can produce the 503 path at will."""
+    if not config().debug_routes_enabled:
+        return None
+    raw = os.environ.get("BUBO_DEBUG_MEM_AVAILABLE", "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
+class GuardedEngine:
+    """The engine, whose submit turns the memory guard's refusals into the reference's errors:
+    507 insufficient_memory_permanent (never fits: no Retry-After), 503 insufficient_memory
+    (not now: Retry-After, from ApiError). Every route submits through it, whatever its dialect;
+    everything else is the engine's own."""
+
+    def __init__(self, eng: Any, mem_available: int | None):
+        self._engine = eng
+        self._mem_available = mem_available
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def submit(self, req: Any) -> Any:
+        from bubo.engine import InsufficientMemoryError
+
+        try:
+            return self._engine.submit(req, mem_available=self._mem_available)
+        except InsufficientMemoryError as e:
+            if e.permanent:
+                raise ApiError(507, "insufficient_memory_permanent", str(e)) from None
+            raise ApiError(503, "insufficient_memory", str(e)) from None
 
 
 def json_body() -> dict[str, Any]:
@@ -68,7 +103,8 @@ def resolve_model(body: dict[str, Any]) -> str:
 
 def submit(req: Any) -> Any:
     """engine.submit(req), its refusals as API errors: 503 not_ready while loading, 400
-    context_length_exceeded naming both lengths, 400 invalid_request for bad token ids."""
+    context_length_exceeded naming both lengths, 503/507 from the memory guard, 400
+    invalid_request for bad token ids."""
     from bubo.engine import ContextLengthError, NotReadyError
 
     eng = ready_engine()

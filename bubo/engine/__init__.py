@@ -2,7 +2,7 @@
 
 from bubo.engine.engine import Engine, EventStream
 from bubo.engine.types import (ContextLengthError, ErrorEvent, Event, FinishEvent, GenerationRequest,
-                               NotReadyError, TokenEvent)
+                               InsufficientMemoryError, NotReadyError, TokenEvent)
 
 __all__ = ["ContextLengthError", "Engine", "ErrorEvent", "Event", "EventStream", "FinishEvent",
-           "GenerationRequest", "NotReadyError", "TokenEvent"]
+           "GenerationRequest", "InsufficientMemoryError", "NotReadyError", "TokenEvent"]

@@ -12,6 +12,15 @@ the slot's KV cache keeps the last prompt and its answer, and the next request r
 prefix it shares with them. The thread wakes a waiting greenlet through a libev/libuv async
 watcher of that greenlet's hub (thread-safe to send), never by blocking the hub.
 
+The memory guard: the slot's KV cache is reserved for the whole context but taken from the OS
+only as it fills (bubo._model.KVCache), so a context larger than memory is allowed and each
+request is checked before it is queued. The KV bytes it needs beyond what the cache already took
+(prompt + max_tokens, capped at the context) are compared with what the machine can give: more
+than its total memory less what this process holds can never fit (InsufficientMemoryError,
+permanent: 507); more than is available now less a safety margin must wait (503, retry). A
+request without max_tokens is admitted for its prompt; its answer ends with finish "length" when
+the cache would have to grow past the memory available, rather than invite the OOM killer.
+
 The thread and its locks are the unpatched ones (gevent.monkey.get_original), so the engine
 stays a real thread even in a monkey-patched process.
 """
@@ -29,7 +38,7 @@ import gevent.event
 from gevent.monkey import get_original
 
 from bubo.engine.types import (ContextLengthError, ErrorEvent, Event, FinishEvent, GenerationRequest,
-                               NotReadyError, TokenEvent)
+                               InsufficientMemoryError, NotReadyError, TokenEvent)
 
 log = logging.getLogger("bubo.engine")
 
@@ -39,6 +48,8 @@ _start_new_thread, _allocate_lock, _get_ident = get_original(
 # the KV cache may take at most this share of the memory available at start when -c is not given
 KV_MEMORY_SHARE = 0.5
 KV_BYTES_PER_VALUE = 2  # the cache is f16
+# memory the guard leaves to everything else (page cache, other processes, this one's buffers)
+MEM_SAFETY_MARGIN = 512 * 1024 * 1024
 
 
 class EventStream:
@@ -187,6 +198,10 @@ class Engine:
             self._current = stream
             try:
                 self._run(stream)
+            except MemoryError as e:
+                # the cache could not grow (the guard's figures went stale): the slot was cleared
+                log.warning("request ran out of memory: %s", e)
+                stream._push(ErrorEvent(503, "insufficient_memory", f"out of memory: {e}"))
             except Exception as e:  # noqa: BLE001 - one request failed; the engine goes on
                 log.exception("request failed")
                 stream._push(ErrorEvent(500, "internal_error", f"generation failed: {type(e).__name__}: {e}"))
@@ -205,6 +220,15 @@ class Engine:
             md = f.metadata
         self.n_ctx_train, self.n_ctx = _context_size(md, self._n_ctx_requested)
         model = Model(path, n_ctx=self.n_ctx, n_threads=self.n_threads)
+        if self.n_ctx > model.n_ctx:
+            # bubo.Model stops at the trained context; a server honours -c past it, as
+            # llama-server does (quality past the trained length is the user's call). The cache
+            # costs address space only until it fills, so the one Model made is simply replaced.
+            from bubo._model import KVCache
+
+            log.warning("context %d is larger than the trained context %s", self.n_ctx, self.n_ctx_train)
+            model._kv = KVCache(model._native, self.n_ctx, swa_full=False)
+            model.n_ctx = self.n_ctx
         self.model_path = str(path)
         self.metadata = model.metadata
         self.tokenizer = model.tokenizer
@@ -215,10 +239,12 @@ class Engine:
 
     # --- requests ----------------------------------------------------------------------
 
-    def submit(self, req: GenerationRequest) -> EventStream:
+    def submit(self, req: GenerationRequest, *, mem_available: int | None = None) -> EventStream:
         """Queue a request; returns its EventStream at once. Raises NotReadyError while the
-        model loads, ContextLengthError for a prompt that cannot fit, ValueError for token ids
-        out of range or an empty prompt."""
+        model loads, ContextLengthError for a prompt that cannot fit, InsufficientMemoryError
+        for a KV cache that cannot fit in memory (now, or ever), ValueError for token ids out
+        of range or an empty prompt. mem_available (bytes) replaces the machine's available
+        memory figure: a debug hook that makes the 503 path testable."""
         if not self.ready:
             raise NotReadyError(self.load_error or f"the model {self.model_name} is loading")
         if not req.prompt:
@@ -228,6 +254,7 @@ class Engine:
             raise ContextLengthError(len(req.prompt), self.n_ctx)
         if req.max_tokens is not None and req.max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer or None, got {req.max_tokens}")
+        self._check_memory(req, mem_available)
         self.model._check_ids(req.prompt)
         n_vocab = self.tokenizer.n_vocab
         bad = [t for t in (req.params.logit_bias or {}) if not 0 <= int(t) < n_vocab]
@@ -238,6 +265,34 @@ class Engine:
             self._queue.append(stream)
         self._signal()
         return stream
+
+    def kv_bytes_needed(self, req: GenerationRequest) -> tuple[int, int]:
+        """(tokens, bytes): the tokens the request may put in the slot's cache (prompt +
+        max_tokens, capped at the context; the prompt alone without max_tokens) and the KV bytes
+        the cache must still take from the OS for them. Read from another thread while the
+        engine runs, it is an estimate: the slot may hold a little more or less by then."""
+        assert self.n_ctx is not None
+        n = len(req.prompt) + (req.max_tokens if req.max_tokens is not None else 0)
+        n = min(n, self.n_ctx)
+        return n, self.model._kv.grow_bytes(0, n)
+
+    def _check_memory(self, req: GenerationRequest, mem_available: int | None) -> None:
+        n, need = self.kv_bytes_needed(req)
+        if need == 0:
+            return
+        ceiling, available = memory_budget(mem_available)
+        if ceiling is not None and need > ceiling:
+            raise InsufficientMemoryError(need, ceiling, True, n)
+        if available is not None and need > available:
+            raise InsufficientMemoryError(need, available, False, n)
+
+    def _out_of_memory(self, n_tokens: int) -> bool:
+        """The cache would have to grow for n_tokens and the memory available now is short."""
+        need = self.model._kv.grow_bytes(0, n_tokens)
+        if need == 0:
+            return False
+        available = memory_budget(None)[1]
+        return available is not None and need > available
 
     def _signal(self) -> None:
         try:
@@ -307,7 +362,8 @@ class Engine:
                 else:
                     text = matcher.feed(detok.feed(token))
                     out_of_room = ((req.max_tokens is not None and n_gen >= req.max_tokens)
-                                   or len(m._kv_tokens) >= m.n_ctx)
+                                   or len(m._kv_tokens) >= m.n_ctx
+                                   or self._out_of_memory(len(m._kv_tokens) + 1))
                     if matcher.stopped is None and out_of_room:
                         text += matcher.feed(detok.flush())
                         text += matcher.flush()
@@ -391,14 +447,14 @@ def _prefill_chunk() -> int:
 
 
 def _context_size(md: dict[str, Any], requested: int | None) -> tuple[int | None, int]:
-    """(trained context, context to use): the request if given (capped at the trained one, as
-    bubo.Model does), else the trained context capped so the f16 KV cache takes at most
-    KV_MEMORY_SHARE of the memory available now."""
+    """(trained context, context to use): the request if given (even past the trained one, as
+    llama-server allows; memory is checked per request), else the trained context capped so the
+    f16 KV cache takes at most KV_MEMORY_SHARE of the memory available now."""
     arch = md.get("general.architecture", "")
     train = md.get(f"{arch}.context_length")
     train = int(train) if isinstance(train, int) and train > 0 else None
     if requested is not None:
-        return train, min(requested, train) if train else requested
+        return train, requested
     n_ctx = train or 4096
     n_layer = int(md.get(f"{arch}.block_count") or 0)
     n_head = int(md.get(f"{arch}.attention.head_count") or 0)
@@ -412,6 +468,66 @@ def _context_size(md: dict[str, Any], requested: int | None) -> tuple[int | None
         fit = int(avail * KV_MEMORY_SHARE) // per_token
         n_ctx = max(min(n_ctx, fit // 256 * 256), 256)
     return train, n_ctx
+
+
+def _meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes ({} where there is none)."""
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    except OSError:
+        pass
+    return out
+
+
+def _cgroup_limit() -> tuple[int, int] | None:
+    """(memory.max, memory.current) of this process's cgroup v2, when it has a limit."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            current = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return (int(limit), current) if limit.isdigit() else None
+
+
+def _rss() -> int:
+    """Bytes this process holds in memory now."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def memory_budget(available_override: int | None = None) -> tuple[int | None, int | None]:
+    """(ceiling, available) in bytes for new KV cache: ceiling is the machine's total memory (or
+    its cgroup's limit, the smaller) less what this process holds, the most a request could ever
+    get; available is what the machine has free now (MemAvailable, or the cgroup's headroom) less
+    MEM_SAFETY_MARGIN. available_override replaces the free figure (a debug hook). None: unknown."""
+    info = _meminfo()
+    total = info.get("MemTotal")
+    if total is None:
+        try:
+            total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            total = None
+    free = available_override if available_override is not None else _available_memory()
+    cg = _cgroup_limit()
+    if cg is not None:
+        limit, current = cg
+        total = min(total, limit) if total is not None else limit
+        if available_override is None:
+            free = min(free, limit - current) if free is not None else limit - current
+    ceiling = max(total - _rss(), 0) if total is not None else None
+    available = max(free - MEM_SAFETY_MARGIN, 0) if free is not None else None
+    return ceiling, available
 
 
 def _available_memory() -> int | None:

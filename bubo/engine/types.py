@@ -88,3 +88,27 @@ class ContextLengthError(ValueError):
 
 class NotReadyError(RuntimeError):
     """The model is still loading (or failed to load): a 503 not_ready, raised by Engine.submit."""
+
+
+class InsufficientMemoryError(RuntimeError):
+    """The request's KV cache does not fit in memory: raised by Engine.submit.
+
+    permanent: it needs more than the machine has at all (less what this process holds already):
+    a 507 insufficient_memory_permanent, no use retrying. Otherwise it needs more than is
+    available now: a 503 insufficient_memory, worth retrying once memory is freed."""
+
+    def __init__(self, needed: int, limit: int, permanent: bool, n_tokens: int):
+        self.needed = needed
+        self.limit = limit
+        self.permanent = permanent
+        self.n_tokens = n_tokens
+        gib = 1024 ** 3
+        if permanent:
+            what = (f"the request needs {needed / gib:.2f} GiB more KV cache ({n_tokens} tokens of prompt "
+                    f"and max_tokens) but this computer can give at most {limit / gib:.2f} GiB: "
+                    "shorten the prompt or lower max_tokens")
+        else:
+            what = (f"the request needs {needed / gib:.2f} GiB more KV cache ({n_tokens} tokens of prompt "
+                    f"and max_tokens) but only {limit / gib:.2f} GiB is available now: free memory, "
+                    "then send the request again")
+        super().__init__(what)

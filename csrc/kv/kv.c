@@ -1,20 +1,40 @@
 /* The paged KV cache: two pools of blocks (global layers, sliding-window layers), a block table
- * per sequence and pool, reference counts. */
+ * per sequence and pool, reference counts.
+ *
+ * A pool's K and V storage is one address-space reservation each (mmap, no access, nothing
+ * committed), so a block keeps one fixed address for the pool's life and a view needs no more
+ * than a base and a block id. Blocks are committed (made writable, which is when the kernel
+ * accounts them) in chunks when the free committed blocks run out, and kept: the global pool
+ * grows with use up to n_ctx, and an n_ctx larger than memory costs address space only. The
+ * sliding-window pool is bounded by the window, so it is committed whole at creation. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "bubo/kv.h"
 
+#ifndef MAP_NORESERVE
+#define MAP_NORESERVE 0
+#endif
+
 enum { POOL_GLOBAL, POOL_SWA, N_POOLS };
+
+/* The least the global pool commits at once, in tokens: few enough mprotect calls per prompt,
+ * little memory past what a request asked for (smollm2: 6 MiB). */
+#define KV_GROW_MIN_TOKENS 256
 
 typedef struct {
     int n_layer;               /* layers stored here */
-    int32_t n_blocks;
-    uint8_t *k;                /* [n_layer][n_blocks][block_size][row_bytes_k] */
-    uint8_t *v;                /* [n_layer][n_blocks][block_size][row_bytes_v] */
+    int32_t n_blocks;          /* capacity */
+    int32_t n_committed;       /* blocks 0 .. n_committed-1 are writable memory; the rest reserved only */
+    uint8_t *k;                /* [n_layer][n_blocks][block_size][row_bytes_k], a reservation */
+    uint8_t *v;                /* [n_layer][n_blocks][block_size][row_bytes_v], a reservation */
+    size_t map_bytes_k, map_bytes_v;
     int32_t *refs;             /* [n_blocks] sequences holding each block; 0 = free */
-    int32_t *free_list;        /* [n_blocks] stack of free block ids */
-    int32_t n_free;
+    int32_t *free_list;        /* [n_blocks] stack of free committed block ids */
+    int32_t n_free;            /* committed blocks no sequence holds */
     int32_t *tables;           /* [n_seq_max][max_seq_blocks], indexed by position / block_size */
     int32_t *first;            /* [n_seq_max] first held table entry (the SWA pool releases the ones before) */
 } kv_pool;
@@ -71,22 +91,71 @@ static size_t pool_bytes(const bubo_kv *kv, const kv_pool *pl) {
     return (kv->block_bytes_k + kv->block_bytes_v) * pl->n_blocks * pl->n_layer;
 }
 
+/* Blocks a pool can still hand out: free committed ones plus those not committed yet. */
+static int64_t free_capacity(const kv_pool *pl) { return (int64_t)pl->n_free + pl->n_blocks - pl->n_committed; }
+
+static size_t committed_bytes(const bubo_kv *kv, const kv_pool *pl) {
+    return (kv->block_bytes_k + kv->block_bytes_v) * pl->n_committed * pl->n_layer;
+}
+
+static uint8_t *reserve_space(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* Make blocks [from, to) of every layer of one reservation writable. Ranges are widened to whole
+ * pages; a page shared with a neighbour that is already writable stays so. */
+static int commit_range(uint8_t *base, size_t map_bytes, int n_layer, int32_t n_blocks, size_t block_bytes,
+                        int32_t from, int32_t to) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    for (int il = 0; il < n_layer; il++) {
+        size_t lo = ((size_t)il * n_blocks + from) * block_bytes;
+        size_t hi = ((size_t)il * n_blocks + to) * block_bytes;
+        lo -= lo % page;
+        hi = hi + page - 1 - (hi + page - 1) % page;
+        if (hi > map_bytes) hi = map_bytes;
+        if (mprotect(base + lo, hi - lo, PROT_READ | PROT_WRITE)) return 0;
+    }
+    return 1;
+}
+
+/* Commit blocks until n_free >= want (want <= free capacity). Fresh anonymous pages read as
+ * zeros, as the calloc'd pools did: a never-written slot is never read (the mask stops at the
+ * position), but a copied block must not carry stale NaN bit patterns into a comparison. On
+ * failure nothing is committed beyond what already was. */
+static bubo_status commit(bubo_kv *kv, kv_pool *pl, int64_t want, bubo_err *err) {
+    if (want <= pl->n_free) return BUBO_OK;
+    int64_t grow = want - pl->n_free;
+    const int64_t grow_min = (KV_GROW_MIN_TOKENS + kv->p.block_size - 1) / kv->p.block_size;
+    if (grow < grow_min) grow = grow_min;
+    if (grow > pl->n_blocks - pl->n_committed) grow = pl->n_blocks - pl->n_committed;
+    const int32_t from = pl->n_committed, to = (int32_t)(from + grow);
+    if (!commit_range(pl->k, pl->map_bytes_k, pl->n_layer, pl->n_blocks, kv->block_bytes_k, from, to) ||
+        !commit_range(pl->v, pl->map_bytes_v, pl->n_layer, pl->n_blocks, kv->block_bytes_v, from, to)) {
+        /* pages made writable before the failure stay so, unused: a later commit covers them again */
+        return bubo_set_err(err, BUBO_ERR_NOMEM,
+                            "KV cache: out of memory growing to %d of %d blocks (%zu more bytes); use a smaller "
+                            "context or free memory",
+                            (int)to, (int)pl->n_blocks, (kv->block_bytes_k + kv->block_bytes_v) * (size_t)grow * pl->n_layer);
+    }
+    /* a stack: the lowest new ids come out first */
+    for (int32_t b = to - 1; b >= from; b--) pl->free_list[pl->n_free++] = b;
+    pl->n_committed = to;
+    return BUBO_OK;
+}
+
 static int pool_alloc(bubo_kv *kv, kv_pool *pl, int32_t n_blocks) {
     pl->n_blocks = pl->n_layer > 0 ? n_blocks : 0;
     if (pl->n_blocks == 0) return 1;
-    /* zeroed: a never-written slot is never read (the mask stops at the position), but a copied
-     * block must not carry stale NaN bit patterns into a test's comparison */
-    pl->k = calloc(1, kv->block_bytes_k * pl->n_blocks * pl->n_layer);
-    pl->v = calloc(1, kv->block_bytes_v * pl->n_blocks * pl->n_layer);
+    pl->map_bytes_k = kv->block_bytes_k * pl->n_blocks * pl->n_layer;
+    pl->map_bytes_v = kv->block_bytes_v * pl->n_blocks * pl->n_layer;
+    pl->k = reserve_space(pl->map_bytes_k);
+    pl->v = reserve_space(pl->map_bytes_v);
     pl->refs = calloc(pl->n_blocks, sizeof *pl->refs);
     pl->free_list = malloc(pl->n_blocks * sizeof *pl->free_list);
     pl->tables = calloc((size_t)kv->p.n_seq_max * kv->max_seq_blocks, sizeof *pl->tables);
     pl->first = calloc(kv->p.n_seq_max, sizeof *pl->first);
-    if (!pl->k || !pl->v || !pl->refs || !pl->free_list || !pl->tables || !pl->first) return 0;
-    /* a stack: the lowest ids come out first */
-    for (int32_t b = 0; b < pl->n_blocks; b++) pl->free_list[b] = pl->n_blocks - 1 - b;
-    pl->n_free = pl->n_blocks;
-    return 1;
+    return pl->k && pl->v && pl->refs && pl->free_list && pl->tables && pl->first;
 }
 
 bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err) {
@@ -132,7 +201,8 @@ bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err
     kv->lens = calloc(p->n_seq_max, sizeof *kv->lens);
     kv->n_new = calloc(p->n_seq_max, sizeof *kv->n_new);
     if (!kv->lens || !kv->n_new || !pool_alloc(kv, &kv->pools[POOL_GLOBAL], kv->max_seq_blocks) ||
-        !pool_alloc(kv, &kv->pools[POOL_SWA], (int32_t)(swa_per_seq * p->n_seq_max))) {
+        !pool_alloc(kv, &kv->pools[POOL_SWA], (int32_t)(swa_per_seq * p->n_seq_max)) ||
+        commit(kv, &kv->pools[POOL_SWA], kv->pools[POOL_SWA].n_blocks, NULL)) {
         const size_t bytes = pool_bytes(kv, &kv->pools[POOL_GLOBAL]) + pool_bytes(kv, &kv->pools[POOL_SWA]);
         bubo_kv_free(kv);
         return bubo_set_err(err, BUBO_ERR_NOMEM, "KV cache: cannot allocate %zu bytes for %d tokens", bytes, (int)p->n_ctx);
@@ -145,8 +215,8 @@ void bubo_kv_free(bubo_kv *kv) {
     if (!kv) return;
     for (int i = 0; i < N_POOLS; i++) {
         kv_pool *pl = &kv->pools[i];
-        free(pl->k);
-        free(pl->v);
+        if (pl->k) munmap(pl->k, pl->map_bytes_k);
+        if (pl->v) munmap(pl->v, pl->map_bytes_v);
         free(pl->refs);
         free(pl->free_list);
         free(pl->tables);
@@ -163,17 +233,38 @@ int32_t bubo_kv_seq_len(const bubo_kv *kv, int seq) {
     return seq >= 0 && seq < kv->p.n_seq_max ? kv->lens[seq] : 0;
 }
 
-int64_t bubo_kv_n_free_tokens(const bubo_kv *kv) { return (int64_t)kv->pools[POOL_GLOBAL].n_free * kv->p.block_size; }
+int64_t bubo_kv_n_free_tokens(const bubo_kv *kv) { return free_capacity(&kv->pools[POOL_GLOBAL]) * kv->p.block_size; }
 
 size_t bubo_kv_nbytes(const bubo_kv *kv) {
     return pool_bytes(kv, &kv->pools[POOL_GLOBAL]) + pool_bytes(kv, &kv->pools[POOL_SWA]);
+}
+
+size_t bubo_kv_committed_bytes(const bubo_kv *kv) {
+    return committed_bytes(kv, &kv->pools[POOL_GLOBAL]) + committed_bytes(kv, &kv->pools[POOL_SWA]);
+}
+
+int32_t bubo_kv_pool_n_committed(const bubo_kv *kv, int swa) { return kv->pools[swa ? POOL_SWA : POOL_GLOBAL].n_committed; }
+
+size_t bubo_kv_token_bytes(const bubo_kv *kv) {
+    return (kv->row_bytes_k + kv->row_bytes_v) * kv->pools[POOL_GLOBAL].n_layer;
+}
+
+size_t bubo_kv_grow_bytes(const bubo_kv *kv, int seq, int64_t n_tokens) {
+    const kv_pool *pl = &kv->pools[POOL_GLOBAL];
+    if (seq < 0 || seq >= kv->p.n_seq_max || pl->n_layer == 0) return 0;
+    if (n_tokens > kv->p.n_ctx) n_tokens = kv->p.n_ctx;
+    /* what seq holds and the free committed blocks are memory already taken; the SWA pool is
+     * committed whole */
+    const int64_t have = blocks_for(kv, kv->lens[seq]) + pl->n_free;
+    const int64_t need = blocks_for(kv, n_tokens) - have;
+    return need > 0 ? (size_t)need * (kv->block_bytes_k + kv->block_bytes_v) * pl->n_layer : 0;
 }
 
 int32_t bubo_kv_pool_n_blocks(const bubo_kv *kv, int swa) { return kv->pools[swa ? POOL_SWA : POOL_GLOBAL].n_blocks; }
 
 int32_t bubo_kv_pool_n_used(const bubo_kv *kv, int swa) {
     const kv_pool *pl = &kv->pools[swa ? POOL_SWA : POOL_GLOBAL];
-    return pl->n_blocks - pl->n_free;
+    return pl->n_committed - pl->n_free;
 }
 
 int32_t bubo_kv_seq_n_blocks(const bubo_kv *kv, int seq, int swa) {
@@ -249,7 +340,9 @@ static int64_t blocks_needed(const bubo_kv *kv, const kv_pool *pl, const int32_t
     return need;
 }
 
-static bubo_status check_global(const bubo_kv *kv, const int32_t *n_new, bubo_err *err) {
+/* Checks n_ctx and the global pool's capacity, then commits the blocks the batch needs, so that
+ * appending it (in pieces) cannot fail. */
+static bubo_status check_global(bubo_kv *kv, const int32_t *n_new, bubo_err *err) {
     for (int s = 0; s < kv->p.n_seq_max; s++) {
         const int64_t end = (int64_t)kv->lens[s] + n_new[s];
         if (n_new[s] > 0 && end > kv->p.n_ctx)
@@ -258,14 +351,14 @@ static bubo_status check_global(const bubo_kv *kv, const int32_t *n_new, bubo_er
                                 "sequence; use a larger n_ctx or a shorter prompt",
                                 s, (long long)end, (int)kv->p.n_ctx);
     }
-    const kv_pool *pl = &kv->pools[POOL_GLOBAL];
+    kv_pool *pl = &kv->pools[POOL_GLOBAL];
     const int64_t need = pl->n_layer > 0 ? blocks_needed(kv, pl, n_new) : 0;
-    if (need > pl->n_free)
+    if (need > free_capacity(pl))
         return bubo_set_err(err, BUBO_ERR_INVALID,
-                            "context full: the batch needs %lld more blocks of %d tokens, %d are free; free or "
+                            "context full: the batch needs %lld more blocks of %d tokens, %lld are free; free or "
                             "truncate sequences, or use a larger n_ctx",
-                            (long long)need, kv->p.block_size, (int)pl->n_free);
-    return BUBO_OK;
+                            (long long)need, kv->p.block_size, (long long)free_capacity(pl));
+    return commit(kv, pl, need, err);
 }
 
 static void grow(bubo_kv *kv, kv_pool *pl, int s, int32_t n_new) {

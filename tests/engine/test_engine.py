@@ -5,8 +5,8 @@ from __future__ import annotations
 import gevent
 import pytest
 
-from bubo.engine import (ContextLengthError, Engine, ErrorEvent, FinishEvent, GenerationRequest, NotReadyError,
-                         TokenEvent)
+from bubo.engine import (ContextLengthError, Engine, ErrorEvent, FinishEvent, GenerationRequest,
+                         InsufficientMemoryError, NotReadyError, TokenEvent)
 from bubo.sampling import SamplingParams
 
 N_CTX = 512
@@ -195,7 +195,8 @@ def test_default_context_is_the_trained_one_capped_by_memory(monkeypatch):
     monkeypatch.setattr(eng_mod, "_available_memory", lambda: 1 << 40)
     assert eng_mod._context_size(md, None) == (8192, 8192)
     assert eng_mod._context_size(md, 1000) == (8192, 1000)
-    assert eng_mod._context_size(md, 100000) == (8192, 8192)  # never past the trained context
+    # past the trained context when asked (llama-server does too): the guard checks each request
+    assert eng_mod._context_size(md, 100000) == (8192, 100000)
     # room for 3000 tokens in half the memory: rounded down to a multiple of 256
     monkeypatch.setattr(eng_mod, "_available_memory", lambda: int(3000 * per_token / eng_mod.KV_MEMORY_SHARE))
     assert eng_mod._context_size(md, None) == (8192, 2816)
@@ -245,3 +246,97 @@ def test_a_failing_request_ends_with_an_error_event_and_the_engine_goes_on(engin
     monkeypatch.undo()
     _, fin = run(engine, GenerationRequest([1, 2], GREEDY, max_tokens=2))
     assert fin.completion_tokens == 2
+
+
+SMOLLM2_TOKEN_BYTES = 30 * 2 * 3 * 64 * 2  # K and V of 30 layers, 3 KV heads of 64, f16
+
+
+def test_the_memory_guard_counts_what_the_cache_still_needs(engine):
+    prompt = ids(engine, "Hello")
+    n, need = engine.kv_bytes_needed(GenerationRequest(prompt, GREEDY, max_tokens=N_CTX * 10))
+    assert n == N_CTX  # capped at the context
+    assert need <= N_CTX * SMOLLM2_TOKEN_BYTES
+    # after a request the cache keeps what it took: a repeat needs nothing more
+    req = GenerationRequest(prompt, GREEDY, max_tokens=4)
+    assert isinstance(list(engine.submit(req))[-1], FinishEvent)
+    assert engine.kv_bytes_needed(req)[1] == 0
+    # None: the prompt alone (the answer stops when memory would run short)
+    assert engine.kv_bytes_needed(GenerationRequest(prompt, GREEDY, max_tokens=None))[0] == len(prompt)
+
+
+@pytest.fixture(scope="module")
+def roomy(catalog_model):
+    """A fresh engine with a context its cache has not taken yet."""
+    e = Engine(str(catalog_model("smollm2:135m")), n_ctx=8192, n_threads=2)
+    e.start()
+    with gevent.Timeout(READY_TIMEOUT_S):
+        while not e.ready:
+            assert e.load_error is None, e.load_error
+            gevent.sleep(0.02)
+    yield e
+    e.stop()
+
+
+def test_the_memory_guard_refuses_now_or_forever(roomy, monkeypatch):
+    from bubo.engine import engine as eng_mod
+
+    engine = roomy
+    big = GenerationRequest(ids(engine, "Hi"), GREEDY, max_tokens=4096)
+    n, need = engine.kv_bytes_needed(big)
+    assert need > 0
+    with pytest.raises(InsufficientMemoryError) as e:
+        engine.submit(big, mem_available=eng_mod.MEM_SAFETY_MARGIN + need - 1)
+    assert not e.value.permanent and e.value.needed == need and e.value.n_tokens == n
+    assert "send the request again" in str(e.value)
+    # nothing was queued: a request that fits runs at once
+    stream = engine.submit(big, mem_available=eng_mod.MEM_SAFETY_MARGIN + need)
+    stream.cancel()
+    # a machine smaller than the request, whatever is free
+    monkeypatch.setattr(eng_mod, "_meminfo", lambda: {"MemTotal": eng_mod._rss() + need // 2})
+    monkeypatch.setattr(eng_mod, "_cgroup_limit", lambda: None)
+    with pytest.raises(InsufficientMemoryError) as e:
+        engine.submit(big, mem_available=1 << 40)
+    assert e.value.permanent and "at most" in str(e.value)
+
+
+def test_memory_budget_reads_the_machine(monkeypatch):
+    from bubo.engine import engine as eng_mod
+
+    monkeypatch.setattr(eng_mod, "_meminfo", lambda: {"MemTotal": 16 << 30})
+    monkeypatch.setattr(eng_mod, "_available_memory", lambda: 10 << 30)
+    monkeypatch.setattr(eng_mod, "_rss", lambda: 1 << 30)
+    monkeypatch.setattr(eng_mod, "_cgroup_limit", lambda: None)
+    assert eng_mod.memory_budget() == (15 << 30, (10 << 30) - eng_mod.MEM_SAFETY_MARGIN)
+    assert eng_mod.memory_budget(100) == (15 << 30, 0)
+    # a cgroup limit below the machine bounds both
+    monkeypatch.setattr(eng_mod, "_cgroup_limit", lambda: (4 << 30, 3 << 30))
+    assert eng_mod.memory_budget() == (3 << 30, (1 << 30) - eng_mod.MEM_SAFETY_MARGIN)
+    # and the real machine answers something plausible
+    monkeypatch.undo()
+    ceiling, available = eng_mod.memory_budget()
+    assert ceiling is not None and available is not None and 0 <= available <= ceiling + eng_mod._rss()
+
+
+def test_an_answer_without_max_tokens_ends_where_memory_runs_short(catalog_model, monkeypatch):
+    from bubo.engine import engine as eng_mod
+
+    e = Engine(str(catalog_model("smollm2:135m")), n_ctx=8192, n_threads=2)
+    e.start()
+    with gevent.Timeout(READY_TIMEOUT_S):
+        while not e.ready:
+            gevent.sleep(0.02)
+    try:
+        tok = e.tokenizer
+        no_eog = {t: float("-inf") for t in range(tok.n_vocab) if tok.is_eog(t)}
+        req = GenerationRequest(ids(e, "Count: 1, 2, 3,"), SamplingParams(temperature=0, logit_bias=no_eog))
+        stream = e.submit(req, mem_available=1 << 40)
+        # the prompt took the first chunk of the cache; from now on nothing more is available
+        monkeypatch.setattr(eng_mod, "memory_budget", lambda override=None: (1 << 40, 0))
+        with gevent.Timeout(120):
+            events = list(stream)
+        assert isinstance(events[-1], FinishEvent) and events[-1].reason == "length"
+        kv = e.model._kv
+        # it stopped exactly where the cache would have had to grow, far short of the context
+        assert len(e.model._kv_tokens) == kv.committed_blocks() * kv.block_size < e.n_ctx
+    finally:
+        e.stop()

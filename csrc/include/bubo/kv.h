@@ -19,6 +19,14 @@
  * layer in the global pool, nothing released, any truncation works; the window is then only a mask),
  * for a caller that reuses prompt prefixes by truncation and has no fallback yet.
  *
+ * Memory: each pool's storage is reserved as address space at creation and committed (taken from
+ * the OS) in chunks as blocks are first needed, then kept until the cache is freed. The global
+ * pool thus grows with use up to its n_ctx capacity, and an n_ctx far larger than memory is
+ * allowed; running out shows as BUBO_ERR_NOMEM from append_batch/check_batch, nothing changed.
+ * (Under Linux's default overcommit the kernel refuses only what it can tell is impossible;
+ * a caller that must not be OOM-killed compares bubo_kv_grow_bytes with the memory available.)
+ * The sliding-window pool, bounded by the window, is committed whole at creation.
+ *
  * Nothing here runs the model: bubo_model_decode (model.h) validates a batch, reserves its
  * blocks through bubo_kv_append_batch, writes rows with bubo_kv_k_row/v_row and attends over
  * bubo_kv_view. */
@@ -61,10 +69,19 @@ void bubo_kv_free(bubo_kv *kv);
 const bubo_kv_params *bubo_kv_get_params(const bubo_kv *kv);
 
 int32_t bubo_kv_seq_len(const bubo_kv *kv, int seq);
-/* Blocks of the global pool no sequence holds, times block_size. */
+/* Blocks of the global pool no sequence holds (committed or not), times block_size. */
 int64_t bubo_kv_n_free_tokens(const bubo_kv *kv);
-/* Bytes of K and V storage of both pools. */
+/* Bytes of K and V storage of both pools at full capacity (reserved address space). */
 size_t bubo_kv_nbytes(const bubo_kv *kv);
+/* Bytes of K and V storage committed so far (both pools). */
+size_t bubo_kv_committed_bytes(const bubo_kv *kv);
+/* Blocks of the global (swa = 0) or sliding-window pool committed so far. */
+int32_t bubo_kv_pool_n_committed(const bubo_kv *kv, int swa);
+/* K and V bytes one token takes in the global pool (all its layers). */
+size_t bubo_kv_token_bytes(const bubo_kv *kv);
+/* Bytes the cache would still have to commit for seq to hold n_tokens (capped at n_ctx), counting
+ * the blocks seq holds and the free committed ones as already there. 0 for a bad seq. */
+size_t bubo_kv_grow_bytes(const bubo_kv *kv, int seq, int64_t n_tokens);
 /* Blocks of the global (swa = 0) or sliding-window (swa = 1) pool: in the pool, held by anyone,
  * held by seq. The SWA pool has 0 blocks when the cache has no sliding-window layers. */
 int32_t bubo_kv_pool_n_blocks(const bubo_kv *kv, int swa);
@@ -85,12 +102,12 @@ bubo_status bubo_kv_clear(bubo_kv *kv, int seq, bubo_err *err);
  * that fell out of the window, allocates the blocks, copies a shared last block that will be
  * written, and grows each length. All or nothing: on BUBO_ERR_INVALID (a bad sequence id, a
  * position gap, a sequence past n_ctx, more than n_batch tokens for one sequence of a cache with
- * SWA layers, not enough free blocks) nothing changed. The rows are then written by the caller. */
+ * SWA layers, not enough free blocks) or BUBO_ERR_NOMEM (blocks could not be committed) nothing changed. The rows are then written by the caller. */
 bubo_status bubo_kv_append_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
                                  bubo_err *err);
 /* What append_batch checks, for a batch the caller will append in pieces of at most n_batch
  * tokens per sequence (each piece then cannot fail): ids, positions, n_ctx and the global pool.
- * Changes nothing. */
+ * Commits the global blocks the batch needs (BUBO_ERR_NOMEM when it cannot); changes nothing else. */
 bubo_status bubo_kv_check_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
                                 bubo_err *err);
 

@@ -1,0 +1,127 @@
+"""The lazily committed KV pool: a cache reserves its whole context as address space and takes
+memory from the OS in chunks as blocks are first needed. The logits must not notice: a cache that
+grows chunk by chunk, one whose blocks all come back in another order after a clear, and one
+whose blocks are a different size all give the same logits. Running out of memory is a clean
+MemoryError that changes nothing."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from bubo._model import KVCache, Model
+
+pytestmark = pytest.mark.models
+
+GROW_MIN_TOKENS = 256  # csrc/kv/kv.c KV_GROW_MIN_TOKENS
+# smollm2:135m: 30 layers, K and V, 3 KV heads of 64, f16
+SMOLLM2_TOKEN_BYTES = 30 * 2 * 3 * 64 * 2
+N_PROMPT = 600  # crosses two chunk boundaries
+
+
+@pytest.fixture(scope="module")
+def smollm(catalog_model):
+    return Model(catalog_model("smollm2:135m"), n_threads=2)
+
+
+def _prompt(model, n):
+    rng = np.random.default_rng(7)
+    return rng.integers(10, model.n_vocab, size=n).astype(np.int32)
+
+
+def _decode_all(model, kv, prompt, chunk):
+    """The prompt in batches of chunk tokens; the logits of every row."""
+    out = []
+    for start in range(0, len(prompt), chunk):
+        part = prompt[start:start + chunk]
+        out.append(model.decode(kv, part, np.arange(start, start + len(part)), [0] * len(part), [True] * len(part)))
+    return np.concatenate(out)
+
+
+def test_a_context_past_memory_costs_address_space_only(smollm):
+    kv = KVCache(smollm, 4_000_000)
+    assert kv.token_bytes == SMOLLM2_TOKEN_BYTES
+    assert kv.nbytes == 4_000_000 * SMOLLM2_TOKEN_BYTES  # ~92 GB reserved
+    assert kv.committed_bytes == 0 and kv.committed_blocks() == 0
+    assert kv.n_free_tokens == 4_000_000
+    assert kv.grow_bytes(0, 100) == 4 * 32 * SMOLLM2_TOKEN_BYTES  # 4 blocks of 32
+    assert kv.grow_bytes(0, 10**9) == kv.nbytes  # capped at n_ctx
+
+    p = _prompt(smollm, 40)
+    smollm.decode(kv, p, np.arange(40), [0] * 40, [False] * 39 + [True])
+    assert kv.committed_blocks() == GROW_MIN_TOKENS // 32
+    assert kv.committed_bytes == GROW_MIN_TOKENS * SMOLLM2_TOKEN_BYTES
+    assert kv.blocks_in_use() == 2 and kv.n_free_tokens == 4_000_000 - 64
+    # what the cache already took counts as there
+    assert kv.grow_bytes(0, GROW_MIN_TOKENS) == 0
+    assert kv.grow_bytes(0, GROW_MIN_TOKENS + 1) == 32 * SMOLLM2_TOKEN_BYTES
+    # memory is kept once taken
+    kv.free(0)
+    assert kv.committed_bytes == GROW_MIN_TOKENS * SMOLLM2_TOKEN_BYTES and kv.blocks_in_use() == 0
+
+
+def test_growing_and_reused_pools_give_the_same_logits(smollm):
+    prompt = _prompt(smollm, N_PROMPT)
+    grown = KVCache(smollm, 1024)
+    first = _decode_all(smollm, grown, prompt, 100)
+    assert grown.committed_blocks() == 768 // 32  # three chunks of 256 tokens
+
+    # after a clear every block comes from the free list, in another order than the first time
+    grown.free(0)
+    again = _decode_all(smollm, grown, prompt, 100)
+    assert grown.committed_blocks() == 768 // 32
+    np.testing.assert_array_equal(first, again)
+
+    # other block boundaries, one big chunk: the attention reads the same rows
+    other = KVCache(smollm, N_PROMPT, block_size=7)
+    np.testing.assert_array_equal(first, _decode_all(smollm, other, prompt, 100))
+    assert other.committed_blocks() == other.pool_blocks()  # the whole (smaller) pool
+
+
+def test_growing_past_a_fork_copies_on_write(smollm):
+    prompt = _prompt(smollm, 300)
+    kv = KVCache(smollm, 2048, n_seq_max=2)
+    smollm.decode(kv, prompt[:250], np.arange(250), [0] * 250, [False] * 250)
+    kv.fork(0, 1)
+    tail = prompt[250:]
+    a = smollm.decode(kv, tail, np.arange(250, 300), [0] * 50, [True] * 50)
+    b = smollm.decode(kv, tail, np.arange(250, 300), [1] * 50, [True] * 50)
+    np.testing.assert_array_equal(a, b)
+    ref = KVCache(smollm, 2048)
+    np.testing.assert_array_equal(a, _decode_all(smollm, ref, prompt, 250)[250:])
+
+
+def test_running_out_of_memory_is_a_clean_memory_error(catalog_model):
+    # RLIMIT_DATA bounds writable private memory, which is what committing KV blocks takes: with
+    # 64 MiB of headroom, 100 tokens fit and 8,000 (~176 MiB) cannot
+    code = textwrap.dedent(f"""
+        import resource
+        import numpy as np
+        from bubo._model import KVCache, Model
+
+        m = Model({str(catalog_model("smollm2:135m"))!r}, n_threads=1)
+        kv = KVCache(m, 100_000)
+        p = np.random.default_rng(1).integers(10, m.n_vocab, size=8100).astype(np.int32)
+        m.decode(kv, p[:99], np.arange(99), [0] * 99, [False] * 99)
+        before = m.decode(kv, p[99:100], [99], [0], [True])
+        data = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmData:")) * 1024
+        resource.setrlimit(resource.RLIMIT_DATA, (data + (64 << 20), resource.RLIM_INFINITY))
+        committed = kv.committed_bytes
+        try:
+            m.decode(kv, p[100:8100], np.arange(100, 8100), [0] * 8000, [False] * 8000)
+        except MemoryError as e:
+            print("MemoryError:", e)
+        else:
+            raise SystemExit("8,000 tokens fit in 64 MiB?")
+        assert kv.seq_len(0) == 100 and kv.committed_bytes == committed, (kv.seq_len(0), kv.committed_bytes)
+        # the cache still works: the next token goes on from the 100 it holds
+        kv.truncate(0, 99)
+        again = m.decode(kv, p[99:100], [99], [0], [True])
+        assert np.array_equal(before, again)
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "MemoryError: KV cache: out of memory" in r.stdout and r.stdout.strip().endswith("ok")
