@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from bubo.engine.engine import MEM_SAFETY_MARGIN, memory_budget
-from tests.api.conftest import start_server
+from .conftest import start_server
 
 pytestmark = pytest.mark.models
 
