@@ -61,6 +61,7 @@ def _parser() -> _ArgParser:
     p.add_flag("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
     p.add_flag("--api-key", default=None, help="require this key (several: comma-separated)")
     p.add_flag("--api-key-file", default=None, help="file of keys, one per line (# comments)")
+    p.add_flag("--chat-template-file", default=None, help="a Jinja chat template to use instead of the model's own")
     p.add_flag("--debug-hooks", action="store_true", help="serve /debug/* (only on a loopback address)")
     p.add_flag("--cors-origins", default=None, help="origins allowed by CORS, comma-separated (* for any)")
 

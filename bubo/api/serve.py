@@ -79,7 +79,15 @@ def serve(args: argparse.Namespace) -> int:
         log.warning("--debug-hooks ignored: %s is not a loopback address", args.host)
     # a debug hook: widen the loading window so tests can see /ready say not_ready
     delay = float(os.environ.get("BUBO_DEBUG_LOAD_DELAY_S", "0") or 0) if config.debug_routes_enabled else 0.0
-    engine = Engine(args.model, n_ctx=args.ctx_size, n_threads=args.threads, load_delay_s=delay)
+    template = None
+    if args.chat_template_file:
+        try:
+            with open(args.chat_template_file, encoding="utf-8") as f:
+                template = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--chat-template-file {args.chat_template_file}: {e}") from None
+    engine = Engine(args.model, n_ctx=args.ctx_size, n_threads=args.threads, chat_template=template,
+                    load_delay_s=delay)
     app = create_app(engine, config)
     server = pywsgi.WSGIServer((args.host, args.port), app, handler_class=_Handler,
                                log=None, error_log=logging.getLogger("bubo.http"))

@@ -134,12 +134,13 @@ class Engine:
     """One model, one slot, one engine thread. See the module docstring."""
 
     def __init__(self, model: str, *, n_ctx: int | None = None, n_threads: int | None = None,
-                 load_delay_s: float = 0.0):
+                 chat_template: str | None = None, load_delay_s: float = 0.0):
         if n_ctx is not None and n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
         if n_threads is not None and n_threads <= 0:
             raise ValueError(f"n_threads must be positive, got {n_threads}")
         self.model_name = str(model)
+        self._chat_template_override = chat_template  # replaces the GGUF's tokenizer.chat_template
         self.model_path: str | None = None
         self.n_ctx: int | None = None
         self.n_ctx_train: int | None = None
@@ -219,7 +220,8 @@ class Engine:
         with GGUFFile(path) as f:
             md = f.metadata
         self.n_ctx_train, self.n_ctx = _context_size(md, self._n_ctx_requested)
-        model = Model(path, n_ctx=self.n_ctx, n_threads=self.n_threads)
+        model = Model(path, n_ctx=self.n_ctx, n_threads=self.n_threads,
+                      chat_template=self._chat_template_override)
         if self.n_ctx > model.n_ctx:
             # bubo.Model stops at the trained context; a server honours -c past it, as
             # llama-server does (quality past the trained length is the user's call). The cache
@@ -232,7 +234,7 @@ class Engine:
         self.model_path = str(path)
         self.metadata = model.metadata
         self.tokenizer = model.tokenizer
-        tmpl = md.get("tokenizer.chat_template")
+        tmpl = self._chat_template_override or md.get("tokenizer.chat_template")
         self.chat_template = tmpl if isinstance(tmpl, str) else None
         self.n_ctx = model.n_ctx
         self.model = model
