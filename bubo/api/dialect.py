@@ -19,6 +19,21 @@ from bubo.chat.parsers import OutputParser, Part, ToolCall
 from bubo.engine.types import ErrorEvent, FinishEvent, TokenEvent
 from bubo.sampling import SamplingParams
 
+
+@dataclass
+class Conversation:
+    """What every chat-shaped route (chat completions, Responses, Anthropic messages) validates its
+    body into before rendering, which needs the model; each dialect's request adds its own fields."""
+
+    messages: list[dict[str, Any]]  # for the template, tool-call arguments as objects
+    prefill: str | None  # a final assistant message: the answer continues it
+    tools: list[dict[str, Any]] | None
+    thinking: bool
+    template_kwargs: dict[str, Any]
+    params: SamplingParams
+    max_tokens: int | None
+    stream: bool
+
 # the code of a 400 for a field of the wrong type or out of range (the reference's table has
 # no name for it; OpenAI's own API says "invalid_value")
 INVALID = "invalid_value"

@@ -14,20 +14,11 @@ from bubo.api import dialect as d
 from bubo.api.dialect import Output, invalid
 from bubo.chat.parsers import Part, ToolCall
 from bubo.engine.types import FinishEvent
-from bubo.sampling import SamplingParams
 
 
 @dataclass
-class MessagesRequest:
-    messages: list[dict[str, Any]]
-    prefill: str | None
-    tools: list[dict[str, Any]] | None
-    thinking: bool
-    template_kwargs: dict[str, Any]
-    params: SamplingParams
-    max_tokens: int | None
+class MessagesRequest(d.Conversation):
     stop: list[str]
-    stream: bool
     parallel_tool_calls: bool = True
     tool_choice: str | None = None  # d.REQUIRED or a tool name
 

@@ -9,22 +9,13 @@ from bubo.api import dialect as d
 from bubo.api.dialect import Output, invalid
 from bubo.chat.parsers import Part, ToolCall
 from bubo.engine.types import FinishEvent, TokenEvent
-from bubo.sampling import SamplingParams
 
 
 @dataclass
-class ChatRequest:
+class ChatRequest(d.Conversation):
     """A validated chat request, before rendering (which needs the model)."""
 
-    messages: list[dict[str, Any]]
-    prefill: str | None
-    tools: list[dict[str, Any]] | None
-    thinking: bool
-    template_kwargs: dict[str, Any]
-    params: SamplingParams
-    max_tokens: int | None
     stop: list[str]
-    stream: bool
     include_usage: bool
     logprobs: bool
     top_logprobs: int

@@ -11,19 +11,10 @@ from bubo.api import dialect as d
 from bubo.api.dialect import Output, invalid
 from bubo.chat.parsers import Part, ToolCall
 from bubo.engine.types import FinishEvent
-from bubo.sampling import SamplingParams
 
 
 @dataclass
-class ResponsesRequest:
-    messages: list[dict[str, Any]]
-    prefill: str | None
-    tools: list[dict[str, Any]] | None
-    thinking: bool
-    template_kwargs: dict[str, Any]
-    params: SamplingParams
-    max_tokens: int | None
-    stream: bool
+class ResponsesRequest(d.Conversation):
     echo: dict[str, Any]
     tool_choice: str | None = None  # d.REQUIRED or a function name
     parallel_tool_calls: bool = True  # request fields the response repeats (instructions, tools, ...)
