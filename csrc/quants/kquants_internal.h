@@ -32,6 +32,36 @@ static inline void kq_unpack_scales_mins(const uint8_t packed[K_SCALE_SIZE], uin
     out[3] = ((p[2] >> 4) & 0x0f0f0f0f) | (((p[1] >> 6) & 0x03030303) << 4);
 }
 
+/* The scalar references of q4_K and q5_K differ only in how a block's quants are unpacked
+ * (4 bits, or 4 + 1 from qh): given q[QK_K] unpacked, the rest is shared. value = d*scale*q - dmin*min
+ * per 32-element group. */
+static inline void kq_dequant_scale_min_block(const uint8_t packed[K_SCALE_SIZE], float d, float dmin,
+                                              const uint8_t q[QK_K], float *restrict y) {
+    uint32_t smw[4];
+    kq_unpack_scales_mins(packed, smw);
+    const uint8_t *sm = (const uint8_t *)smw; /* scales | mins */
+    for (int g = 0; g < 8; g++) {
+        const float dl = d * sm[g], ml = dmin * sm[8 + g];
+        for (int l = 32 * g; l < 32 * g + 32; l++) y[l] = dl * q[l] - ml;
+    }
+}
+
+/* One block's term of the dot product with Q8_K activations; the mins come from y's bsums. */
+static inline float kq_dot_scale_min_block(const uint8_t packed[K_SCALE_SIZE], bubo_f16 d, bubo_f16 dmin,
+                                           const uint8_t q[QK_K], const block_q8_K *y) {
+    uint32_t smw[4];
+    kq_unpack_scales_mins(packed, smw);
+    const uint8_t *sm = (const uint8_t *)smw; /* scales | mins */
+    int32_t sumi = 0, summ = 0;
+    for (int g = 0; g < 8; g++) {
+        int32_t dot = 0;
+        for (int l = 32 * g; l < 32 * g + 32; l++) dot += q[l] * y->qs[l];
+        sumi += sm[g] * dot;
+        summ += sm[8 + g] * (y->bsums[2 * g] + y->bsums[2 * g + 1]);
+    }
+    return y->d * bubo_h2f(d) * (float)sumi - y->d * bubo_h2f(dmin) * (float)summ;
+}
+
 #if defined(BUBO_X86)
 
 /* The 16 bytes of kq_unpack_scales_mins (or any 4 words) as a register, without a trip

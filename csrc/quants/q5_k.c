@@ -18,38 +18,21 @@ static void unpack_q5_K(const block_q5_K *restrict x, uint8_t q[QK_K]) {
 
 static void dequantize_row_q5_K_scalar(const void *restrict vx, float *restrict y, int64_t n) {
     const block_q5_K *restrict x = vx;
+    uint8_t q[QK_K];
     for (int64_t i = 0; i < n / QK_K; i++, y += QK_K) {
-        const float d = bubo_h2f(x[i].d), dmin = bubo_h2f(x[i].dmin);
-        uint32_t smw[4];
-        uint8_t q[QK_K];
-        kq_unpack_scales_mins(x[i].scales, smw);
-        const uint8_t *sm = (const uint8_t *)smw; /* scales | mins */
         unpack_q5_K(&x[i], q);
-        for (int g = 0; g < 8; g++) {
-            const float dl = d * sm[g], ml = dmin * sm[8 + g];
-            for (int l = 32 * g; l < 32 * g + 32; l++) y[l] = dl * q[l] - ml;
-        }
+        kq_dequant_scale_min_block(x[i].scales, bubo_h2f(x[i].d), bubo_h2f(x[i].dmin), q, y);
     }
 }
 
 static void vec_dot_q5_K_q8_K_scalar(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
     const block_q5_K *restrict x = vx;
     const block_q8_K *restrict y = vy;
+    uint8_t q[QK_K];
     float sumf = 0;
     for (int i = 0; i < n / QK_K; i++) {
-        uint32_t smw[4];
-        uint8_t q[QK_K];
-        kq_unpack_scales_mins(x[i].scales, smw);
-        const uint8_t *sm = (const uint8_t *)smw; /* scales | mins */
         unpack_q5_K(&x[i], q);
-        int32_t sumi = 0, summ = 0;
-        for (int g = 0; g < 8; g++) {
-            int32_t dot = 0;
-            for (int l = 32 * g; l < 32 * g + 32; l++) dot += q[l] * y[i].qs[l];
-            sumi += sm[g] * dot;
-            summ += sm[8 + g] * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
-        }
-        sumf += y[i].d * bubo_h2f(x[i].d) * (float)sumi - y[i].d * bubo_h2f(x[i].dmin) * (float)summ;
+        sumf += kq_dot_scale_min_block(x[i].scales, x[i].d, x[i].dmin, q, &y[i]);
     }
     *s = sumf;
 }
