@@ -24,6 +24,7 @@ class ServerConfig:
     port: int = DEFAULT_PORT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     sse_ping_seconds: float = SSE_PING_SECONDS
+    slots_enabled: bool = True  # --no-slots turns /slots off
 
     @property
     def model_names(self) -> list[str]:

@@ -99,7 +99,11 @@ def props() -> Any:
             "n_layer": md.get(f"{arch}.block_count"),
         },
         "default_generation_settings": {"id": 0, "n_ctx": eng.n_ctx, "params": defaults},
-        "total_slots": 1,
+        "total_slots": eng.n_parallel,
+        "n_ctx": eng.n_ctx,
+        "n_batch": eng.n_batch,
+        "n_ubatch": eng.n_ubatch,
+        "queue_size": eng.queue_size,
         "modalities": {"vision": False, "audio": False},
         "build_info": f"bubo {bubo.__version__}",
         "is_sleeping": False,
@@ -111,6 +115,8 @@ def props() -> Any:
 
 @_route("/slots", "/v1/slots")
 def slots() -> Any:
+    if not config().slots_enabled:
+        raise ApiError(501, "not_implemented", "the /slots endpoint is turned off (--no-slots)")
     eng = engine()
     if not eng.ready:
         return jsonify([])
@@ -138,7 +144,13 @@ METRICS = [
     ("kv_cache_usage_ratio", "gauge", "KV cache usage (1 = full)."),
     ("kv_cache_tokens", "gauge", "Tokens in the KV cache."),
     ("requests_processing", "gauge", "Requests being processed."),
-    ("requests_deferred", "gauge", "Requests waiting for the slot."),
+    ("requests_deferred", "gauge", "Requests waiting for a slot."),
+    ("n_preemptions_total", "counter", "Requests that gave their slot back when the KV cache was full (resumed later)."),
+    ("kv_cache_used_blocks", "gauge", "KV cache blocks held by slots."),
+    ("kv_cache_cached_blocks", "gauge", "KV cache blocks no slot holds, kept for the prefix cache."),
+    ("prefix_cache_hit_ratio", "gauge", "Prompt tokens reused from the prefix cache / prompt tokens, since start."),
+    ("time_to_first_token_seconds", "histogram", "Time from a request's arrival to its first token."),
+    ("queue_wait_seconds", "histogram", "Time a request waited for a slot."),
 ]
 
 
@@ -149,7 +161,13 @@ def metrics() -> Any:
     lines = []
     for name, kind, help_ in METRICS:
         full = "llamacpp:" + name
-        lines += [f"# HELP {full} {help_}", f"# TYPE {full} {kind}", f"{full} {_num(values.get(name, 0))}"]
+        lines += [f"# HELP {full} {help_}", f"# TYPE {full} {kind}"]
+        if kind == "histogram":
+            h = values.get(name) or {"buckets": [("+Inf", 0)], "sum": 0.0, "count": 0}
+            lines += [f'{full}_bucket{{le="{le}"}} {n}' for le, n in h["buckets"]]
+            lines += [f"{full}_sum {_num(float(h['sum']))}", f"{full}_count {h['count']}"]
+        else:
+            lines.append(f"{full} {_num(values.get(name, 0))}")
     return Response("\n".join(lines) + "\n", mimetype="text/plain; version=0.0.4")
 
 
@@ -277,9 +295,7 @@ def debug_prompt() -> Any:
 
 @debug_blueprint.route("/cache", methods=["GET"])
 def debug_cache() -> Any:
-    eng = ready_engine()
-    toks = list(eng.model._kv_tokens)
-    return jsonify(n_tokens=len(toks), n_ctx=eng.n_ctx, tokens=toks)
+    return jsonify(ready_engine().cache_view())
 
 
 @debug_blueprint.route("/settings", methods=["GET"])

@@ -40,10 +40,15 @@ def debug_mem_available() -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
+# a full queue drains at the speed of generation: seconds, not the memory guard's minutes
+QUEUE_RETRY_AFTER_SECONDS = 1
+
+
 class GuardedEngine:
     """The engine, whose submit turns the memory guard's refusals into the reference's errors:
     507 insufficient_memory_permanent (never fits: no Retry-After), 503 insufficient_memory
-    (not now: Retry-After, from ApiError). Every route submits through it, whatever its dialect;
+    (not now: Retry-After, from ApiError), and a full wait queue into 503 queue_full with
+    Retry-After. Every route submits through it, whatever its dialect;
     everything else is the engine's own."""
 
     def __init__(self, eng: Any, mem_available: int | None):
@@ -54,10 +59,12 @@ class GuardedEngine:
         return getattr(self._engine, name)
 
     def submit(self, req: Any) -> Any:
-        from bubo.engine import InsufficientMemoryError
+        from bubo.engine import InsufficientMemoryError, QueueFullError
 
         try:
             return self._engine.submit(req, mem_available=self._mem_available)
+        except QueueFullError as e:
+            raise ApiError(503, "queue_full", str(e), headers={"Retry-After": str(QUEUE_RETRY_AFTER_SECONDS)}) from None
         except InsufficientMemoryError as e:
             if e.permanent:
                 raise ApiError(507, "insufficient_memory_permanent", str(e)) from None

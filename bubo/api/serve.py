@@ -62,6 +62,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         debug_hooks=args.debug_hooks,
         host=args.host,
         port=args.port,
+        slots_enabled=not args.no_slots,
     )
 
 
@@ -86,8 +87,13 @@ def serve(args: argparse.Namespace) -> int:
                 template = f.read()
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"--chat-template-file {args.chat_template_file}: {e}") from None
+    for flag, value, least in (("--parallel", args.parallel, 1), ("--batch-size", args.batch_size, 1),
+                               ("--ubatch-size", args.ubatch_size, 1), ("--queue-size", args.queue_size, 0)):
+        if value is not None and value < least:
+            raise ValueError(f"{flag} {value}: give at least {least}")
     engine = Engine(args.model, n_ctx=args.ctx_size, n_threads=args.threads, chat_template=template,
-                    load_delay_s=delay)
+                    load_delay_s=delay, n_parallel=args.parallel, n_batch=args.batch_size,
+                    n_ubatch=args.ubatch_size, queue_size=args.queue_size)
     app = create_app(engine, config)
     server = pywsgi.WSGIServer((args.host, args.port), app, handler_class=_Handler,
                                log=None, error_log=logging.getLogger("bubo.http"))
@@ -110,7 +116,7 @@ def serve(args: argparse.Namespace) -> int:
             gevent.sleep(0.1)
         if engine.ready:
             print(f"bubo serve: ready: {engine.model_path}, context {engine.n_ctx} tokens "
-                  f"(trained {engine.n_ctx_train})", flush=True)
+                  f"(trained {engine.n_ctx_train}) shared by {engine.n_parallel} slots", flush=True)
         else:
             print(f"bubo serve: the model failed to load: {engine.load_error}", flush=True)
 

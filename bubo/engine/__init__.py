@@ -2,7 +2,7 @@
 
 from bubo.engine.engine import Engine, EventStream
 from bubo.engine.types import (ContextLengthError, ErrorEvent, Event, FinishEvent, GenerationRequest,
-                               InsufficientMemoryError, NotReadyError, TokenEvent)
+                               InsufficientMemoryError, NotReadyError, QueueFullError, TokenEvent)
 
 __all__ = ["ContextLengthError", "Engine", "ErrorEvent", "Event", "EventStream", "FinishEvent",
-           "GenerationRequest", "InsufficientMemoryError", "NotReadyError", "TokenEvent"]
+           "GenerationRequest", "InsufficientMemoryError", "NotReadyError", "QueueFullError", "TokenEvent"]

@@ -1,25 +1,27 @@
-"""The engine: one OS thread that owns the model and runs requests, one at a time, in its slot.
+"""The engine: one OS thread that owns the model and serves every request in parallel slots.
 
-    engine = Engine("smollm2:135m", n_ctx=2048)
+    engine = Engine("smollm2:135m", n_ctx=2048, n_parallel=4)
     engine.start()                      # loads on the engine thread; returns at once
     stream = engine.submit(GenerationRequest(prompt=ids, max_tokens=16))
     for event in stream:                # in a greenlet: waiting never blocks the gevent hub
         ...                             # TokenEvent ... then one FinishEvent or ErrorEvent
 
 Only the engine thread calls decode (native code, GIL released), so health, metrics and
-tokenize answers stay fast while a long prompt runs. Requests wait their turn in a FIFO queue;
-the slot's KV cache keeps the last prompt and its answer, and the next request reuses the
-prefix it shares with them. The thread wakes a waiting greenlet through a libev/libuv async
-watcher of that greenlet's hub (thread-safe to send), never by blocking the hub.
+tokenize answers stay fast while a long prompt runs. The thread runs the scheduler
+(bubo/engine/scheduler.py): continuous batching over n_parallel slots that share one paged KV
+cache of n_ctx tokens and its prefix cache. Requests wait in a FIFO queue for a slot; with
+queue_size set, a request that finds every slot busy and queue_size requests waiting is refused
+(QueueFullError: the API's 503 with Retry-After). The thread wakes a waiting greenlet through a
+libev/libuv async watcher of that greenlet's hub (thread-safe to send), never by blocking the hub.
 
-The memory guard: the slot's KV cache is reserved for the whole context but taken from the OS
-only as it fills (bubo._model.KVCache), so a context larger than memory is allowed and each
-request is checked before it is queued. The KV bytes it needs beyond what the cache already took
-(prompt + max_tokens, capped at the context) are compared with what the machine can give: more
-than its total memory less what this process holds can never fit (InsufficientMemoryError,
-permanent: 507); more than is available now less a safety margin must wait (503, retry). A
-request without max_tokens is admitted for its prompt; its answer ends with finish "length" when
-the cache would have to grow past the memory available, rather than invite the OOM killer.
+The memory guard: the KV cache is reserved for the whole context but taken from the OS only as it
+fills (bubo._model.KVCache), so a context larger than memory is allowed and each request is
+checked before it is queued. The KV bytes it needs beyond what the cache already took (prompt +
+max_tokens, capped at the context) are compared with what the machine can give: more than its
+total memory less what this process holds can never fit (InsufficientMemoryError, permanent:
+507); more than is available now less a safety margin must wait (503, retry). A request without
+max_tokens is admitted for its prompt; its answer ends with finish "length" when the cache would
+have to grow past the memory available, rather than invite the OOM killer.
 
 The thread and its locks are the unpatched ones (gevent.monkey.get_original), so the engine
 stays a real thread even in a monkey-patched process.
@@ -37,8 +39,8 @@ import gevent
 import gevent.event
 from gevent.monkey import get_original
 
-from bubo.engine.types import (ContextLengthError, ErrorEvent, Event, FinishEvent, GenerationRequest,
-                               InsufficientMemoryError, NotReadyError, TokenEvent)
+from bubo.engine.types import (ContextLengthError, ErrorEvent, Event, GenerationRequest, InsufficientMemoryError,
+                               NotReadyError, QueueFullError, TokenEvent)
 
 log = logging.getLogger("bubo.engine")
 
@@ -48,6 +50,15 @@ _start_new_thread, _allocate_lock, _get_ident = get_original(
 # the KV cache may take at most this share of the memory available at start when -c is not given
 KV_MEMORY_SHARE = 0.5
 KV_BYTES_PER_VALUE = 2  # the cache is f16
+# slots: -np's default is as many as the context gives MIN_TOKENS_PER_SLOT each, at most
+# DEFAULT_MAX_PARALLEL on the CPU; a step (one forward pass) takes at most MAX_STEP_TOKENS
+DEFAULT_MAX_PARALLEL = 4
+MAX_PARALLEL = 256
+MIN_TOKENS_PER_SLOT = 512
+DEFAULT_N_BATCH = 2048  # llama-server's -b
+DEFAULT_N_UBATCH = 512  # llama-server's -ub
+MAX_STEP_TOKENS = 512  # the native decode's batch limit (BUBO_MODEL_MAX_BATCH)
+MODEL_API_CTX = 4096  # the context of engine.model's own cache (the library API beside the server)
 # memory the guard leaves to everything else (page cache, other processes, this one's buffers)
 MEM_SAFETY_MARGIN = 512 * 1024 * 1024
 
@@ -131,43 +142,47 @@ class EventStream:
 
 
 class Engine:
-    """One model, one slot, one engine thread. See the module docstring."""
+    """One model, n_parallel slots, one engine thread. See the module docstring."""
 
     def __init__(self, model: str, *, n_ctx: int | None = None, n_threads: int | None = None,
-                 chat_template: str | None = None, load_delay_s: float = 0.0):
+                 chat_template: str | None = None, load_delay_s: float = 0.0,
+                 n_parallel: int | None = None, n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
+                 queue_size: int | None = None):
         if n_ctx is not None and n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
         if n_threads is not None and n_threads <= 0:
             raise ValueError(f"n_threads must be positive, got {n_threads}")
+        if n_parallel is not None and not 1 <= n_parallel <= MAX_PARALLEL:
+            raise ValueError(f"n_parallel must be 1..{MAX_PARALLEL}, got {n_parallel}")
+        if n_batch <= 0 or n_ubatch <= 0:
+            raise ValueError(f"batch sizes must be positive, got n_batch={n_batch} n_ubatch={n_ubatch}")
+        if queue_size is not None and queue_size < 0:
+            raise ValueError(f"queue_size must be >= 0 (or None: unbounded), got {queue_size}")
         self.model_name = str(model)
         self._chat_template_override = chat_template  # replaces the GGUF's tokenizer.chat_template
         self.model_path: str | None = None
         self.n_ctx: int | None = None
         self.n_ctx_train: int | None = None
         self.n_threads = n_threads or os.cpu_count() or 1
+        self.n_parallel: int | None = n_parallel  # resolved at load
+        self.n_batch = n_batch
+        self.n_ubatch = n_ubatch
+        self.queue_size = queue_size
         self.tokenizer: Any = None
         self.chat_template: str | None = None
         self.metadata: dict[str, Any] = {}
-        self.model: Any = None  # bubo.Model, once ready
+        self.model: Any = None  # bubo.Model, once ready (its own one-sequence cache: the library API)
+        self.kv: Any = None  # the slots' shared KV cache
         self.ready = False
         self.load_error: str | None = None
         self._n_ctx_requested = n_ctx
         self._load_delay_s = load_delay_s  # a debug hook: makes the loading window observable
-        self._lock = _allocate_lock()  # guards _queue
+        self._lock = _allocate_lock()  # guards the scheduler's queue
         self._work = _allocate_lock()  # released = "there is work"; the engine thread acquires it
         self._work.acquire()
-        self._queue: collections.deque[EventStream] = collections.deque()
-        self._current: EventStream | None = None
+        self._sched: Any = None
         self._started = False
         self._stopping = False
-        self._slot = {"n_prompt_tokens": 0, "n_prompt_tokens_processed": 0, "n_prompt_tokens_cache": 0,
-                      "n_decoded": 0, "n_remain": -1, "id_task": -1}
-        self._n_task = 0
-        self._counters = dict(
-            requests_total=0, prompt_tokens_total=0, prompt_tokens_cached_total=0, prompt_seconds_total=0.0,
-            tokens_predicted_total=0, tokens_predicted_seconds_total=0.0, n_decode_total=0,
-            n_tokens_max=0,
-        )
 
     # --- life cycle --------------------------------------------------------------------
 
@@ -191,26 +206,23 @@ class Engine:
             log.error("loading %s failed: %s", self.model_name, self.load_error)
             return
         self.ready = True
-        log.info("model ready: %s (context %d tokens, %d threads)", self.model_name, self.n_ctx, self.n_threads)
+        log.info("model ready: %s (context %d tokens shared by %d slots, %d threads)", self.model_name,
+                 self.n_ctx, self.n_parallel, self.n_threads)
+        sched = self._sched
         while not self._stopping:
-            stream = self._next()
-            if stream is None:
-                continue
-            self._current = stream
             try:
-                self._run(stream)
-            except MemoryError as e:
-                # the cache could not grow (the guard's figures went stale): the slot was cleared
-                log.warning("request ran out of memory: %s", e)
-                stream._push(ErrorEvent(503, "insufficient_memory", f"out of memory: {e}"))
-            except Exception as e:  # noqa: BLE001 - one request failed; the engine goes on
-                log.exception("request failed")
-                stream._push(ErrorEvent(500, "internal_error", f"generation failed: {type(e).__name__}: {e}"))
-            finally:
-                self._current = None
+                worked = sched.step(self._lock)
+            except Exception as e:  # noqa: BLE001 - a bug in one step must not end the engine
+                log.exception("engine step failed")
+                sched.fail_all(ErrorEvent(500, "internal_error", f"generation failed: {type(e).__name__}: {e}"))
+                worked = True
+            if not worked:
+                self._work.acquire()
 
     def _load(self) -> None:
         from bubo import store
+        from bubo._model import KVCache
+        from bubo.engine.scheduler import Scheduler
         from bubo.gguf import GGUFFile
         from bubo.llm import Model
 
@@ -220,23 +232,27 @@ class Engine:
         with GGUFFile(path) as f:
             md = f.metadata
         self.n_ctx_train, self.n_ctx = _context_size(md, self._n_ctx_requested)
-        model = Model(path, n_ctx=self.n_ctx, n_threads=self.n_threads,
+        # the library Model's own cache is a reservation of address space, committed only if
+        # someone generates through engine.model directly (tests compare with it)
+        model = Model(path, n_ctx=min(self.n_ctx, MODEL_API_CTX), n_threads=self.n_threads,
                       chat_template=self._chat_template_override)
-        if self.n_ctx > model.n_ctx:
-            # bubo.Model stops at the trained context; a server honours -c past it, as
-            # llama-server does (quality past the trained length is the user's call). The cache
-            # costs address space only until it fills, so the one Model made is simply replaced.
-            from bubo._model import KVCache
-
+        if self.n_ctx > (self.n_ctx_train or self.n_ctx):
+            # a server honours -c past the trained context, as llama-server does (quality past
+            # the trained length is the user's call)
             log.warning("context %d is larger than the trained context %s", self.n_ctx, self.n_ctx_train)
-            model._kv = KVCache(model._native, self.n_ctx, swa_full=False)
-            model.n_ctx = self.n_ctx
+        if self.n_parallel is None:
+            self.n_parallel = max(1, min(DEFAULT_MAX_PARALLEL, self.n_ctx // MIN_TOKENS_PER_SLOT))
+        n_step = min(self.n_batch, self.n_ubatch, MAX_STEP_TOKENS)
+        # swa_full: every layer keeps every block, so that a cached prefix is whole for the
+        # sliding-window layers too (their window pool would have released the blocks a later
+        # request needs); it costs gemma3 the window layers' share of the context's memory
+        self.kv = KVCache(model._native, self.n_ctx, n_seq_max=self.n_parallel, swa_full=True)
+        self._sched = Scheduler(model, self.kv, self.n_parallel, n_step, self.n_ctx, self._memory_short)
         self.model_path = str(path)
         self.metadata = model.metadata
         self.tokenizer = model.tokenizer
         tmpl = self._chat_template_override or md.get("tokenizer.chat_template")
         self.chat_template = tmpl if isinstance(tmpl, str) else None
-        self.n_ctx = model.n_ctx
         self.model = model
 
     # --- requests ----------------------------------------------------------------------
@@ -244,9 +260,10 @@ class Engine:
     def submit(self, req: GenerationRequest, *, mem_available: int | None = None) -> EventStream:
         """Queue a request; returns its EventStream at once. Raises NotReadyError while the
         model loads, ContextLengthError for a prompt that cannot fit, InsufficientMemoryError
-        for a KV cache that cannot fit in memory (now, or ever), ValueError for token ids out
-        of range or an empty prompt. mem_available (bytes) replaces the machine's available
-        memory figure: a debug hook that makes the 503 path testable."""
+        for a KV cache that cannot fit in memory (now, or ever), QueueFullError when every slot
+        is busy and queue_size requests already wait, ValueError for token ids out of range or
+        an empty prompt. mem_available (bytes) replaces the machine's available memory figure:
+        a debug hook that makes the 503 path testable."""
         if not self.ready:
             raise NotReadyError(self.load_error or f"the model {self.model_name} is loading")
         if not req.prompt:
@@ -263,20 +280,34 @@ class Engine:
         if bad:
             raise ValueError(f"logit_bias token {bad[0]} is out of range: this model's ids are 0..{n_vocab - 1}")
         stream = EventStream(req)
+        sched = self._sched
         with self._lock:
-            self._queue.append(stream)
+            if self.queue_size is not None:
+                n_busy = sum(1 for s in sched.slots if s.task is not None)
+                if n_busy + sched.n_waiting() >= self.n_parallel + self.queue_size:
+                    stream.cancel()
+                    raise QueueFullError(self.n_parallel, self.queue_size)
+            sched.queue.append(sched.new_task(stream))
         self._signal()
         return stream
 
     def kv_bytes_needed(self, req: GenerationRequest) -> tuple[int, int]:
-        """(tokens, bytes): the tokens the request may put in the slot's cache (prompt +
-        max_tokens, capped at the context; the prompt alone without max_tokens) and the KV bytes
-        the cache must still take from the OS for them. Read from another thread while the
-        engine runs, it is an estimate: the slot may hold a little more or less by then."""
+        """(tokens, bytes): the tokens the request may put in the cache (prompt + max_tokens,
+        capped at the context; the prompt alone without max_tokens) and the KV bytes the cache
+        must still take from the OS for them, counting its free and cached blocks as there.
+        Read from another thread while the engine runs, it is an estimate."""
         assert self.n_ctx is not None
         n = len(req.prompt) + (req.max_tokens if req.max_tokens is not None else 0)
         n = min(n, self.n_ctx)
-        return n, self.model._kv.grow_bytes(0, n)
+        return n, self.kv.grow_bytes(self._spare_seq(), n)
+
+    def _spare_seq(self) -> int:
+        """A sequence id to estimate a new request's growth with: an idle slot's (it holds
+        nothing), else the first slot's (its blocks then count as there: an estimate)."""
+        for s in self._sched.slots:
+            if s.task is None:
+                return s.id
+        return 0
 
     def _check_memory(self, req: GenerationRequest, mem_available: int | None) -> None:
         n, need = self.kv_bytes_needed(req)
@@ -288,9 +319,9 @@ class Engine:
         if available is not None and need > available:
             raise InsufficientMemoryError(need, available, False, n)
 
-    def _out_of_memory(self, n_tokens: int) -> bool:
-        """The cache would have to grow for n_tokens and the memory available now is short."""
-        need = self.model._kv.grow_bytes(0, n_tokens)
+    @staticmethod
+    def _memory_short(need: int) -> bool:
+        """The cache would have to take need bytes from the OS and the memory available now is short."""
         if need == 0:
             return False
         available = memory_budget(None)[1]
@@ -302,150 +333,60 @@ class Engine:
         except RuntimeError:
             pass  # already signalled
 
-    def _next(self) -> EventStream | None:
-        while True:
-            with self._lock:
-                while self._queue:
-                    stream = self._queue.popleft()
-                    if not stream.cancelled:
-                        return stream
-            if self._stopping:
-                return None
-            self._work.acquire()
-
-    def _run(self, stream: EventStream) -> None:
-        from bubo.llm import StopMatcher, _Run
-
-        req = stream.request
-        m = self.model
-        tok = self.tokenizer
-        t0 = time.perf_counter()
-        params = req.params if req.params.n_probs == req.n_probs else req.params.replace(n_probs=req.n_probs)
-        if not req.cache_prompt:
-            m._kv.truncate(0, 0)
-            m._kv_tokens.clear()
-        self._n_task += 1
-        slot = self._slot
-        slot.update(id_task=self._n_task, n_prompt_tokens=len(req.prompt), n_prompt_tokens_processed=0,
-                    n_prompt_tokens_cache=0, n_decoded=0,
-                    n_remain=req.max_tokens if req.max_tokens is not None else -1)
-        run = _Run(m, list(req.prompt), req.max_tokens, StopMatcher(req.stop), params)
-        logits = run._prefill(interrupt=lambda: stream.cancelled)
-        n_cached = run.n_cached
-        n_prompt = len(req.prompt) - n_cached
-        slot.update(n_prompt_tokens_cache=n_cached, n_prompt_tokens_processed=n_prompt)
-        c = self._counters
-        c["requests_total"] += 1
-        c["prompt_tokens_cached_total"] += n_cached
-        c["n_decode_total"] += -(-max(n_prompt - 1, 0) // _prefill_chunk()) + 1
-        if logits is None:
-            return  # cancelled during the prompt
-        t1 = time.perf_counter()
-        c["prompt_tokens_total"] += n_prompt
-        c["prompt_seconds_total"] += t1 - t0
-        detok = tok.detokenizer()
-        matcher = run.matcher
-        reason: str | None = None
-        n_gen = 0
-        try:
-            while True:
-                if stream.cancelled:
-                    return
-                token, logprob, top = run.sampler.sample(logits)
-                run.sampler.accept(token)
-                run.generated.append(token)
-                n_gen += 1
-                slot["n_decoded"] = n_gen
-                if req.max_tokens is not None:
-                    slot["n_remain"] = req.max_tokens - n_gen
-                if tok.is_eog(token):
-                    text = matcher.feed(detok.flush()) + matcher.flush()
-                    reason = "stop"
-                else:
-                    text = matcher.feed(detok.feed(token))
-                    out_of_room = ((req.max_tokens is not None and n_gen >= req.max_tokens)
-                                   or len(m._kv_tokens) >= m.n_ctx
-                                   or self._out_of_memory(len(m._kv_tokens) + 1))
-                    if matcher.stopped is None and out_of_room:
-                        text += matcher.feed(detok.flush())
-                        text += matcher.flush()
-                        reason = "length"
-                    if matcher.stopped is not None:
-                        reason = "stop"
-                stream._push(TokenEvent(int(token), text, float(logprob), [(int(t), float(p)) for t, p in top]))
-                if reason is not None:
-                    break
-                logits = run._decode([token], len(m._kv_tokens), True)
-                c["n_decode_total"] += 1
-        finally:
-            dt = time.perf_counter() - t1
-            c["tokens_predicted_total"] += n_gen
-            c["tokens_predicted_seconds_total"] += dt
-            c["n_tokens_max"] = max(c["n_tokens_max"], len(m._kv_tokens))
-        prompt_ms = (t1 - t0) * 1e3
-        predicted_ms = dt * 1e3
-        timings = {
-            "cache_n": n_cached,
-            "prompt_n": n_prompt,
-            "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
-            "prompt_per_second": n_prompt / (t1 - t0) if n_prompt and t1 > t0 else 0.0,
-            "predicted_n": n_gen,
-            "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / n_gen if n_gen else 0.0,
-            "predicted_per_second": n_gen / dt if n_gen and dt > 0 else 0.0,
-        }
-        stream._push(FinishEvent(reason, matcher.stopped, len(req.prompt), n_cached, n_gen, timings))
-
     # --- introspection (any thread) ----------------------------------------------------
 
     @property
     def busy(self) -> bool:
-        return self._current is not None
+        return self._sched is not None and any(s.task is not None for s in self._sched.slots)
 
     def metrics(self) -> dict[str, Any]:
-        """Counters since start (llama-server's metric names, without the llamacpp: prefix)."""
-        c = dict(self._counters)
+        """Counters since start (llama-server's metric names, without the llamacpp: prefix),
+        gauges, and the histograms ttft_seconds and queue_wait_seconds (Histogram.snapshot)."""
+        sched = self._sched
+        c = dict(sched.counters)
         with self._lock:
-            deferred = sum(1 for s in self._queue if not s.cancelled)
-        n_kv = len(self.model._kv_tokens) if self.model is not None else 0
+            deferred = sched.n_waiting()
+        processing = sum(1 for s in sched.slots if s.task is not None)
+        kv = self.kv
+        n_kv = sum(kv.seq_len(s.id) for s in sched.slots)
+        used, total = kv.blocks_in_use(), kv.pool_blocks()
+        lookups = c.pop("prefix_cache_lookup_tokens_total")
+        hits = c.pop("prefix_cache_hit_tokens_total")
+        busy_total = c.pop("n_busy_slots_total")
         c.update(
-            requests_processing=1 if self.busy else 0,
+            requests_processing=processing,
             requests_deferred=deferred,
             kv_cache_tokens=n_kv,
-            kv_cache_usage_ratio=n_kv / self.n_ctx if self.n_ctx else 0.0,
+            kv_cache_usage_ratio=used / total if total else 0.0,
+            kv_cache_used_blocks=used,
+            kv_cache_cached_blocks=kv.n_cached_blocks,
             prompt_tokens_seconds=(c["prompt_tokens_total"] / c["prompt_seconds_total"]
                                    if c["prompt_seconds_total"] > 0 else 0.0),
             predicted_tokens_seconds=(c["tokens_predicted_total"] / c["tokens_predicted_seconds_total"]
                                       if c["tokens_predicted_seconds_total"] > 0 else 0.0),
-            n_busy_slots_per_decode=1.0 if c["n_decode_total"] else 0.0,
+            n_busy_slots_per_decode=busy_total / c["n_decode_total"] if c["n_decode_total"] else 0.0,
+            prefix_cache_hit_ratio=hits / lookups if lookups else 0.0,
             n_drafted_total=0, n_drafted_accepted_total=0,  # no speculative decoding yet
+            time_to_first_token_seconds=sched.ttft.snapshot(),
+            queue_wait_seconds=sched.queue_wait.snapshot(),
         )
         return c
 
+    def cache_view(self) -> dict[str, Any]:
+        """What the KV cache holds (/debug/cache): each slot's tokens, the blocks in use and the
+        blocks kept only for the prefix cache."""
+        kv = self.kv
+        out = []
+        for s in self._sched.slots:
+            t = s.task
+            toks = list(t.tokens[: t.n_past]) if t is not None else []
+            out.append({"id": s.id, "n_tokens": len(toks), "tokens": toks})
+        return {"n_ctx": self.n_ctx, "block_size": kv.block_size, "used_blocks": kv.blocks_in_use(),
+                "cached_blocks": kv.n_cached_blocks, "slots": out}
+
     def slots(self) -> list[dict[str, Any]]:
-        """The one slot, as llama-server's /slots shows it."""
-        processing = self.busy
-        s = dict(self._slot)
-        n_kv = len(self.model._kv_tokens) if self.model is not None else 0
-        return [{
-            "id": 0,
-            "n_ctx": self.n_ctx,
-            "is_processing": processing,
-            "state": 1 if processing else 0,
-            "id_task": s["id_task"],
-            "n_prompt_tokens": s["n_prompt_tokens"],
-            "n_prompt_tokens_processed": s["n_prompt_tokens_processed"],
-            "n_prompt_tokens_cache": s["n_prompt_tokens_cache"],
-            "cache_n": n_kv,
-            "next_token": {"has_next_token": processing, "n_decoded": s["n_decoded"], "n_remain": s["n_remain"]},
-        }]
-
-
-def _prefill_chunk() -> int:
-    from bubo.llm import PREFILL_CHUNK
-
-    return PREFILL_CHUNK
+        """Every slot, as llama-server's /slots shows them."""
+        return self._sched.slot_views()
 
 
 def _context_size(md: dict[str, Any], requested: int | None) -> tuple[int | None, int]:

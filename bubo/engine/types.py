@@ -112,3 +112,14 @@ class InsufficientMemoryError(RuntimeError):
                     f"and max_tokens) but only {limit / gib:.2f} GiB is available now: free memory, "
                     "then send the request again")
         super().__init__(what)
+
+
+class QueueFullError(RuntimeError):
+    """Every slot is busy and queue_size requests already wait: a 503 with Retry-After, raised
+    by Engine.submit (llama-server's --queue-size behaviour: refuse rather than pile up)."""
+
+    def __init__(self, n_slots: int, queue_size: int):
+        self.n_slots = n_slots
+        self.queue_size = queue_size
+        super().__init__(f"the server is busy: all {n_slots} slots are generating and {queue_size} "
+                         f"requests are waiting (--queue-size {queue_size}); try again shortly")

@@ -109,8 +109,8 @@ def start_server(*flags: str, env: dict[str, str] | None = None, **kw) -> Server
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
-    """The shared server: smollm2:135m, -c 2048, -t 2, --debug-hooks (loopback), ready."""
-    s = Server("--debug-hooks")
+    """The shared server: smollm2:135m, -c 2048, -t 2, one slot (-np 1), --debug-hooks (loopback), ready."""
+    s = Server("--debug-hooks", "-np", "1")
     try:
         yield s.wait_ready()
     finally:

@@ -358,7 +358,8 @@ def test_broken_pipes_do_not_crash_the_server(server):
 
 def test_debug_routes(server):
     status, body = call_json(server.url + "/debug/cache")
-    assert status == 200 and body["n_ctx"] == 2048 and len(body["tokens"]) == body["n_tokens"]
+    assert status == 200 and body["n_ctx"] == 2048 and len(body["slots"]) == 1
+    assert all(len(x["tokens"]) == x["n_tokens"] for x in body["slots"])
     status, body = call_json(server.url + "/debug/settings")
     assert status == 200 and body["config"]["debug_hooks"] is True and body["n_ctx"] == 2048
 
@@ -386,10 +387,12 @@ def test_disconnect_during_a_non_streamed_answer_frees_the_slot(server):
 
 
 def test_disconnect_during_a_long_prompt_stops_it_at_the_next_chunk(server):
-    from bubo.llm import PREFILL_CHUNK
-
     u = urlsplit(server.url)
-    n_prompt = 2000  # four prefill chunks
+    n_prompt = 2000  # four chunks of -ub 512 tokens
+    n_ubatch = 512
+    before = call_json(server.url + "/debug/cache")[1]
+    assert before["used_blocks"] == 0
+    read_before = metrics_value(server.url, "prompt_tokens_total")
     s = socket.create_connection((u.hostname, u.port))
     data = json.dumps({"prompt": [1 + i % 50 for i in range(n_prompt)], "max_tokens": 4, "stream": True,
                        "cache_prompt": False}).encode()
@@ -400,11 +403,20 @@ def test_disconnect_during_a_long_prompt_stops_it_at_the_next_chunk(server):
         time.sleep(0.002)
     s.close()
     wait_slot_idle(server.url)
-    cache = call_json(server.url + "/debug/cache")[1]
+    read = metrics_value(server.url, "prompt_tokens_total") - read_before
     # the prompt stopped at a chunk boundary, before its end (a chunk takes far longer than the
-    # few ms between the slot turning busy and the close)
-    assert cache["n_tokens"] % PREFILL_CHUNK == 0 and cache["n_tokens"] < n_prompt - 1, cache["n_tokens"]
+    # few ms between the slot turning busy and the close), and its blocks went back
+    assert read % n_ubatch == 0 and read < n_prompt - 1, read
+    assert call_json(server.url + "/debug/cache")[1]["used_blocks"] == 0
     assert debug_prompt(server.url, "Hi", max_tokens=2)["events"][-1]["completion_tokens"] == 2
+
+
+def metrics_value(base_url: str, name: str) -> float:
+    text = call(base_url + "/metrics")[2].decode()
+    for line in text.splitlines():
+        if line.startswith(f"llamacpp:{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
 
 
 def test_server_log_has_no_tracebacks(server):

@@ -83,17 +83,23 @@ def test_end_of_generation_token_ends_with_stop(engine):
 
 
 def test_prefix_reuse_reports_cached_tokens(engine):
-    a = ids(engine, "Once upon a time, in a land far away, there lived a dragon who")
+    # the prefix cache works in whole KV blocks: a prompt reuses every full block it shares
+    bs = engine.kv.block_size
+    a = ids(engine, "Once upon a time, in a land far away, there lived a dragon who guarded a golden "
+                    "egg in a cave above the sea, and every winter the villagers below climbed the "
+                    "cliffs to bring it bread, salt and stories of the world, which it loved more than")
+    assert len(a) > 2 * bs
     b = a + engine.tokenizer.encode(" liked", add_special=False)
     _, f1 = run(engine, GenerationRequest(a, GREEDY, max_tokens=4, cache_prompt=False))
     assert f1.cached_tokens == 0 and f1.timings["prompt_n"] == len(a)
+    assert f1.timings["cache_miss"] == "cache_prompt is false"
     _, f2 = run(engine, GenerationRequest(b, GREEDY, max_tokens=4))
-    # the cache held a + 3 decoded tokens: all of a is shared, whatever was generated
-    assert f2.cached_tokens >= len(a) and f2.timings["cache_n"] == f2.cached_tokens
+    # a's full blocks were cached (whatever was generated after them)
+    assert f2.cached_tokens == len(a) // bs * bs and f2.timings["cache_n"] == f2.cached_tokens
     assert f2.timings["prompt_n"] == len(b) - f2.cached_tokens
-    # the same prompt again: everything but the last token comes from the cache
+    # the same prompt again: every full block but the one the last token needs
     toks3, f3 = run(engine, GenerationRequest(b, GREEDY, max_tokens=4))
-    assert f3.cached_tokens == len(b) - 1
+    assert f3.cached_tokens == (len(b) - 1) // bs * bs and f3.timings["cache_miss"] is None
     _, f4 = run(engine, GenerationRequest(b, GREEDY, max_tokens=4, cache_prompt=False))
     assert f4.cached_tokens == 0
     assert engine.metrics()["prompt_tokens_cached_total"] >= f2.cached_tokens + f3.cached_tokens
@@ -335,8 +341,10 @@ def test_an_answer_without_max_tokens_ends_where_memory_runs_short(catalog_model
         with gevent.Timeout(120):
             events = list(stream)
         assert isinstance(events[-1], FinishEvent) and events[-1].reason == "length"
-        kv = e.model._kv
-        # it stopped exactly where the cache would have had to grow, far short of the context
-        assert len(e.model._kv_tokens) == kv.committed_blocks() * kv.block_size < e.n_ctx
+        kv = e.kv
+        fin = events[-1]
+        # it stopped exactly where the cache would have had to grow, far short of the context:
+        # the last token it sampled would have been the first of an uncommitted block
+        assert fin.prompt_tokens + fin.completion_tokens - 1 == kv.committed_blocks() * kv.block_size < e.n_ctx
     finally:
         e.stop()

@@ -71,9 +71,19 @@ def usage(fin: FinishEvent) -> dict[str, Any]:
         "prompt_tokens": fin.prompt_tokens,
         "completion_tokens": fin.completion_tokens,
         "total_tokens": fin.prompt_tokens + fin.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+        "prompt_tokens_details": cache_details(fin, "cached_tokens"),
         **d.usage_numbers(fin),
     }
+
+
+def cache_details(fin: FinishEvent, key: str) -> dict[str, Any]:
+    """{key: prompt tokens reused from the prefix cache}, plus cache_miss_reason (bubo's own
+    field) when some prompt tokens that could have been reused were not."""
+    out: dict[str, Any] = {key: fin.cached_tokens}
+    miss = fin.timings.get("cache_miss")
+    if miss:
+        out["cache_miss_reason"] = miss
+    return out
 
 
 def finish_reason(fin: FinishEvent, n_calls: int) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 from bubo.api import dialect as d
 from bubo.api.dialect import Output, invalid
+from bubo.api.openai.chat import cache_details
 from bubo.chat.parsers import Part, ToolCall
 from bubo.engine.types import FinishEvent
 
@@ -125,7 +126,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
 def usage(fin: FinishEvent, reasoning_tokens: int) -> dict[str, Any]:
     return {
         "input_tokens": fin.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": fin.cached_tokens},
+        "input_tokens_details": cache_details(fin, "cached_tokens"),
         "output_tokens": fin.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": fin.prompt_tokens + fin.completion_tokens,
