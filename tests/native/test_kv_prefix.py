@@ -184,6 +184,45 @@ def test_a_hash_collision_never_attaches_a_wrong_block(llama):
     assert np.array_equal(logits, _fresh(llama, x + y + z + [2]))
 
 
+def test_a_block_whose_parent_was_rewritten_is_unreachable_even_when_hashes_collide(llama):
+    """y was indexed after x. Sequence 0 then rewrites x's block (it was its only holder) and
+    registers it under its new tokens x2 in the same block: y's recorded parent is that block,
+    but from an earlier generation, so y after x2 does not match."""
+    rng = np.random.default_rng(9)
+    kv = _cache(llama)
+    kv._prefix_hash_mask(0)
+    x, y = _tokens(rng, llama, BLOCK), _tokens(rng, llama, BLOCK)
+    _request(llama, kv, 0, x + y + [1])
+    kv.truncate(0, BLOCK // 2)
+    assert kv.n_cached_blocks == 1  # y
+    x2 = x[:BLOCK // 2] + _tokens(rng, llama, BLOCK // 2)
+    _decode(llama, kv, 0, x2[BLOCK // 2:])
+    kv.prefix_register(0, x2)
+    k, logits = _request(llama, kv, 1, x2 + y + [1])
+    assert k == BLOCK
+    assert np.array_equal(logits, _fresh(llama, x2 + y + [1]))
+
+
+def test_cached_blocks_are_evicted_before_the_pool_takes_more_memory(llama):
+    """grow_bytes counts cached blocks as free, so an append must reuse them rather than commit:
+    the memory guard that read grow_bytes == 0 was told the truth."""
+    rng = np.random.default_rng(10)
+    kv = _cache(llama, n_ctx=1024)
+    n = 256  # one commit chunk (KV_GROW_MIN_TOKENS)
+    _request(llama, kv, 0, _tokens(rng, llama, n))
+    kv.free(0)
+    committed = kv.committed_blocks()
+    assert kv.n_cached_blocks == n // BLOCK == committed < kv.pool_blocks()
+    assert kv.grow_bytes(1, n) == 0
+    _request(llama, kv, 1, _tokens(rng, llama, n))
+    assert kv.committed_blocks() == committed
+    assert kv.prefix_stats()["evicted"] == n // BLOCK
+    # past what the cached blocks cover, the pool grows
+    assert kv.grow_bytes(0, n) > 0
+    _decode(llama, kv, 0, _tokens(rng, llama, n))
+    assert kv.committed_blocks() > committed
+
+
 @pytest.mark.parametrize("shared", [False, True])
 def test_writing_into_an_indexed_block_keeps_the_cached_rows(llama, shared):
     """Truncate to mid-block, then append other tokens: a shared indexed block is copied first,
