@@ -6,6 +6,10 @@ prompt must give bit-identical logits to a fresh cache that decoded the whole pr
 32 rows or more currently runs a different matmul kernel than smaller batches (another change is
 making them agree); until then every decode here runs in chunks of at most CHUNK < 32 rows, which
 give identical rows whatever the chunking (a row's arithmetic does not depend on its batch)."""
+import pathlib
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -403,3 +407,21 @@ def test_random_operations_keep_every_invariant(llama, seed, hash_mask):
     stats = kv.prefix_stats()
     # the walk did exercise sharing and eviction
     assert stats["hit_blocks"] > 50 and stats["evicted"] > 20, stats
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_random_walk_under_sanitizers(tmp_path):
+    """tests/native/c/kv_prefix_asan.c: 20000 random operations on the C API, every row checked
+    against its sequence's tokens, kv.c under AddressSanitizer and UBSan (the kernels it links
+    for bubo_row_size are built plainly: they are not under test here and slow to instrument)."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    inc = [f"-I{root / 'csrc/include'}", f"-I{root / 'csrc'}"]
+    plain = [*sorted((root / "csrc/quants").glob("*.c")), *sorted((root / "csrc/cpu").glob("*.c"))]
+    subprocess.run(["gcc", "-std=gnu11", "-O0", "-c", *inc, *map(str, plain)], cwd=tmp_path, check=True)
+    exe = tmp_path / "kv_prefix_asan"
+    sanitized = [root / "tests/native/c/kv_prefix_asan.c", root / "csrc/kv/kv.c", root / "csrc/util/err.c"]
+    subprocess.run(["gcc", "-std=gnu11", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g", "-O1",
+                    *inc, *map(str, sanitized), *map(str, sorted(tmp_path.glob("*.o"))), "-lm", "-lpthread",
+                    "-o", str(exe)], check=True)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
