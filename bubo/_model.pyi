@@ -32,7 +32,8 @@ class KVCache:
     """Paged KV cache of one model: at most n_ctx tokens per sequence, blocks of block_size
     tokens shared by n_seq_max sequences, stored as "f16", "f32" or "q8_0". Memory is taken as
     blocks are first needed (n_ctx may exceed memory); Model.decode raises MemoryError, the
-    cache unchanged, when the OS refuses more."""
+    cache unchanged, when the OS refuses more. Full blocks can be shared across requests through
+    the prefix cache (prefix_register, prefix_attach), except with swa_full=False."""
 
     model: Model
     def __init__(

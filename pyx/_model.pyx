@@ -121,7 +121,11 @@ cdef class KVCache:
     default, until bubo.llm falls back from that refusal) keeps every block, as before.
     The global pool is address space until used: memory is taken in chunks as blocks are first
     needed and kept (committed_bytes), so n_ctx may exceed memory; when the OS refuses more,
-    decode raises MemoryError and the cache is unchanged."""
+    decode raises MemoryError and the cache is unchanged.
+    Prefix cache (global pool only, so not with swa_full=False): prefix_register indexes a
+    sequence's full blocks by their tokens, prefix_attach starts a new sequence from the longest
+    cached run; blocks no sequence holds stay cached (n_cached_blocks, counted as free) until an
+    append evicts them, least recently used first, before the pool takes more memory."""
     cdef bubo_kv *kv
     cdef readonly Model model
 
