@@ -32,7 +32,8 @@ class KVCache:
     """Paged KV cache of one model: at most n_ctx tokens per sequence, blocks of block_size
     tokens shared by n_seq_max sequences, stored as "f16", "f32" or "q8_0". Memory is taken as
     blocks are first needed (n_ctx may exceed memory); Model.decode raises MemoryError, the
-    cache unchanged, when the OS refuses more."""
+    cache unchanged, when the OS refuses more. Full blocks can be shared across requests through
+    the prefix cache (prefix_register, prefix_attach), except with swa_full=False."""
 
     model: Model
     def __init__(
@@ -87,3 +88,22 @@ class KVCache:
         position the next token would attend to (n = 0 always works)."""
     def fork(self, src: int, dst: int) -> None: ...
     def free(self, seq: int) -> None: ...
+    def prefix_attach(self, seq: int, tokens: npt.ArrayLike) -> int:
+        """Start the empty sequence seq with the longest run of cached full blocks that begins
+        tokens (within len(tokens)); returns its length, a multiple of block_size. ValueError
+        when seq is not empty; 0 for a cache with a sliding-window pool (swa_full=False)."""
+    def prefix_register(self, seq: int, tokens: npt.ArrayLike) -> None:
+        """Index the full blocks of seq's tokens[0:len(tokens)] (rows written) for later
+        prompts; cheap to call after every step with the same growing tokens."""
+    def prefix_clear(self) -> None: ...
+    @property
+    def n_cached_blocks(self) -> int:
+        """Indexed blocks no sequence holds (they count as free in n_free_tokens)."""
+    @property
+    def n_indexed_blocks(self) -> int: ...
+    @property
+    def prefix_enabled(self) -> bool: ...
+    def prefix_stats(self) -> dict[str, int]:
+        """{"lookups", "hit_blocks", "evicted"} since the cache was made."""
+    def _prefix_hash_mask(self, mask: int) -> None: ...
+    def _check(self) -> None: ...

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from libc.stdint cimport int32_t, uint8_t
+from libc.stdint cimport int32_t, uint8_t, uint64_t
 
 from common cimport *
 from quants cimport bubo_type, bubo_type_traits, bubo_type_get_traits, BUBO_TYPE_COUNT
@@ -121,7 +121,11 @@ cdef class KVCache:
     default, until bubo.llm falls back from that refusal) keeps every block, as before.
     The global pool is address space until used: memory is taken in chunks as blocks are first
     needed and kept (committed_bytes), so n_ctx may exceed memory; when the OS refuses more,
-    decode raises MemoryError and the cache is unchanged."""
+    decode raises MemoryError and the cache is unchanged.
+    Prefix cache (global pool only, so not with swa_full=False): prefix_register indexes a
+    sequence's full blocks by their tokens, prefix_attach starts a new sequence from the longest
+    cached run; blocks no sequence holds stay cached (n_cached_blocks, counted as free) until an
+    append evicts them, least recently used first, before the pool takes more memory."""
     cdef bubo_kv *kv
     cdef readonly Model model
 
@@ -237,3 +241,79 @@ cdef class KVCache:
         """Drop every token of seq."""
         cdef bubo_err err
         check_status(bubo_kv_clear(self.kv, seq, &err), &err, None)
+
+    # --- prefix cache (kv.h): full blocks indexed by their tokens, shared across sequences
+
+    @staticmethod
+    def _tokens(tokens):
+        arr = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        if arr.shape[0] > 0x7fffffff:
+            raise ValueError("too many tokens")
+        return arr
+
+    def prefix_attach(self, int seq, tokens):
+        """seq (empty) starts with the longest run of cached full blocks that begins tokens, as
+        many tokens as fit in len(tokens); returns that length (a multiple of block_size). Pass
+        the prompt without its last token when that token's logits are needed. ValueError when
+        seq is not empty. 0 for a cache with a sliding-window pool (swa_full=False)."""
+        self._check_seq(seq)
+        cdef int32_t[::1] t = KVCache._tokens(tokens)
+        cdef int32_t n = <int32_t>t.shape[0]
+        cdef const int32_t *tp = &t[0] if n > 0 else NULL
+        cdef int32_t got
+        with nogil:
+            got = bubo_kv_prefix_attach(self.kv, seq, tp, n)
+        if got < 0:
+            raise ValueError(f"prefix_attach needs an empty sequence; sequence {seq} holds "
+                             f"{bubo_kv_seq_len(self.kv, seq)} tokens")
+        return got
+
+    def prefix_register(self, int seq, tokens):
+        """Index the full blocks of tokens (seq's tokens from 0, rows written) so that later
+        prompts can attach them. Cheap to call after every step with the same growing tokens."""
+        cdef int32_t[::1] t = KVCache._tokens(tokens)
+        cdef int32_t n = <int32_t>t.shape[0]
+        cdef const int32_t *tp = &t[0] if n > 0 else NULL
+        cdef bubo_err err
+        cdef bubo_status st
+        with nogil:
+            st = bubo_kv_prefix_register(self.kv, seq, tp, n, &err)
+        check_status(st, &err, None)
+
+    def prefix_clear(self):
+        """Forget every cached prefix (cached blocks become free)."""
+        with nogil:
+            bubo_kv_prefix_clear(self.kv)
+
+    @property
+    def n_cached_blocks(self):
+        """Blocks that are indexed and held by no sequence."""
+        return bubo_kv_prefix_n_cached(self.kv)
+
+    @property
+    def n_indexed_blocks(self):
+        """Blocks that are indexed, held or not."""
+        return bubo_kv_prefix_n_indexed(self.kv)
+
+    @property
+    def prefix_enabled(self):
+        """Whether this cache shares prefixes (False with a sliding-window pool)."""
+        return bool(bubo_kv_prefix_enabled(self.kv))
+
+    def prefix_stats(self):
+        """{"lookups", "hit_blocks", "evicted"} since the cache was made."""
+        cdef bubo_kv_prefix_stats st
+        bubo_kv_prefix_get_stats(self.kv, &st)
+        return {"lookups": st.n_lookups, "hit_blocks": st.n_hit_blocks, "evicted": st.n_evicted}
+
+    def _prefix_hash_mask(self, uint64_t mask):
+        """Tests: clear the index and AND every block hash with mask (0: all collide)."""
+        bubo_kv_prefix_set_hash_mask(self.kv, mask)
+
+    def _check(self):
+        """Tests: raise ValueError naming the first broken invariant of the pools and the index."""
+        cdef bubo_err err
+        cdef bubo_status st
+        with nogil:
+            st = bubo_kv_check_invariants(self.kv, &err)
+        check_status(st, &err, None)

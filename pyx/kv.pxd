@@ -1,5 +1,5 @@
 # Mirrors csrc/include/bubo/kv.h
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 
 from common cimport bubo_status, bubo_err
 from quants cimport bubo_type
@@ -46,3 +46,18 @@ cdef extern from "bubo/kv.h" nogil:
                                      bubo_err *err)
     bubo_status bubo_kv_check_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
                                     bubo_err *err)
+
+    ctypedef struct bubo_kv_prefix_stats:
+        int64_t n_lookups
+        int64_t n_hit_blocks
+        int64_t n_evicted
+
+    int32_t bubo_kv_prefix_attach(bubo_kv *kv, int seq, const int32_t *tokens, int32_t n_tokens)
+    bubo_status bubo_kv_prefix_register(bubo_kv *kv, int seq, const int32_t *tokens, int32_t n_tokens, bubo_err *err)
+    void bubo_kv_prefix_clear(bubo_kv *kv)
+    int32_t bubo_kv_prefix_n_cached(const bubo_kv *kv)
+    int32_t bubo_kv_prefix_n_indexed(const bubo_kv *kv)
+    int bubo_kv_prefix_enabled(const bubo_kv *kv)
+    void bubo_kv_prefix_get_stats(const bubo_kv *kv, bubo_kv_prefix_stats *out)
+    void bubo_kv_prefix_set_hash_mask(bubo_kv *kv, uint64_t mask)
+    bubo_status bubo_kv_check_invariants(const bubo_kv *kv, bubo_err *err)

@@ -27,6 +27,24 @@
  * a caller that must not be OOM-killed compares bubo_kv_grow_bytes with the memory available.)
  * The sliding-window pool, bounded by the window, is committed whole at creation.
  *
+ * Prefix cache (the model is vLLM's automatic prefix caching): a full block of the global pool
+ * can be indexed by the chained hash of every token up to its end (bubo_kv_prefix_register), and a
+ * new sequence starts from the longest indexed run of blocks matching its prompt, whichever
+ * sequence computed them (bubo_kv_prefix_attach). A match is exact, never probabilistic: each
+ * indexed block keeps its tokens and its parent block, and a lookup verifies both. An indexed block
+ * is immutable: a sequence that would write into it (truncate to mid-block, then append) copies it
+ * when shared and takes it out of the index when it is its only holder. A block no sequence holds
+ * stays cached while indexed, on a least-recently-used list; an append takes free committed blocks
+ * first, then evicts cached ones from the least recently used on, and only then commits more memory,
+ * so cached blocks count as free in bubo_kv_n_free_tokens and bubo_kv_grow_bytes, and the cache
+ * never makes the pool take memory that grow_bytes did not announce. bubo_kv_pool_n_used counts the
+ * blocks sequences hold only. Releasing a sequence releases its last block first, so its tail is
+ * evicted before the prefix it hangs from.
+ * A cache with a separate sliding-window pool (some is_swa layer, swa_full == 0) shares no prefixes
+ * (attach attaches nothing, register does nothing): that pool has already released the window of a
+ * finished sequence's early blocks, which a sequence attaching them would need for its next token.
+ * With swa_full every layer lives in the global pool and sharing works.
+ *
  * Nothing here runs the model: bubo_model_decode (model.h) validates a batch, reserves its
  * blocks through bubo_kv_append_batch, writes rows with bubo_kv_k_row/v_row and attends over
  * bubo_kv_view. */
@@ -69,7 +87,7 @@ void bubo_kv_free(bubo_kv *kv);
 const bubo_kv_params *bubo_kv_get_params(const bubo_kv *kv);
 
 int32_t bubo_kv_seq_len(const bubo_kv *kv, int seq);
-/* Blocks of the global pool no sequence holds (committed or not), times block_size. */
+/* Blocks of the global pool no sequence holds (free, cached or not committed yet), times block_size. */
 int64_t bubo_kv_n_free_tokens(const bubo_kv *kv);
 /* Bytes of K and V storage of both pools at full capacity (reserved address space). */
 size_t bubo_kv_nbytes(const bubo_kv *kv);
@@ -80,7 +98,7 @@ int32_t bubo_kv_pool_n_committed(const bubo_kv *kv, int swa);
 /* K and V bytes one token takes in the global pool (all its layers). */
 size_t bubo_kv_token_bytes(const bubo_kv *kv);
 /* Bytes the cache would still have to commit for seq to hold n_tokens (capped at n_ctx), counting
- * the blocks seq holds and the free committed ones as already there. 0 for a bad seq. */
+ * the blocks seq holds and the free and cached committed ones as already there. 0 for a bad seq. */
 size_t bubo_kv_grow_bytes(const bubo_kv *kv, int seq, int64_t n_tokens);
 /* Blocks of the global (swa = 0) or sliding-window (swa = 1) pool: in the pool, held by anyone,
  * held by seq. The SWA pool has 0 blocks when the cache has no sliding-window layers. */
@@ -129,6 +147,46 @@ typedef struct {
 } bubo_kv_view;
 
 void bubo_kv_get_view(const bubo_kv *kv, int il, int seq, bubo_kv_view *view);
+
+/* --- prefix cache (global pool; see the top of this file) --- */
+
+/* seq must be empty. Attaches to seq the longest run of indexed blocks whose tokens are
+ * tokens[0 .. k * block_size) with k * block_size <= n_tokens (holding them: a cached block
+ * leaves the LRU list), sets seq's length to k * block_size and returns it. Returns -1 (nothing
+ * changed) for a bad seq, a non-empty seq or n_tokens < 0; 0 for a cache that shares no prefixes.
+ * A caller that needs the logits of the prompt's last token passes n_tokens = its length - 1. */
+int32_t bubo_kv_prefix_attach(bubo_kv *kv, int seq, const int32_t *tokens, int32_t n_tokens);
+/* tokens are seq's tokens 0 .. n_tokens-1, with their rows written (n_tokens <= seq's length).
+ * Indexes every full block among them not indexed yet, chaining from the one before; where an
+ * equal block (same tokens after the same indexed parent) is indexed already, that one is kept
+ * and seq's copy stays unindexed. Cheap to call after every step: seq remembers how many leading
+ * blocks were registered (kept by attach and fork, cut back by truncate), so pass the same tokens
+ * each time. BUBO_ERR_INVALID for a bad seq, n_tokens past its length, or tokens that differ from
+ * an indexed block seq holds. No-op for a cache that shares no prefixes. */
+bubo_status bubo_kv_prefix_register(bubo_kv *kv, int seq, const int32_t *tokens, int32_t n_tokens, bubo_err *err);
+/* Drops the whole index: cached blocks become free, held ones writable again. */
+void bubo_kv_prefix_clear(bubo_kv *kv);
+/* Blocks that are indexed and held by no sequence (reusable by attach, evictable by append). */
+int32_t bubo_kv_prefix_n_cached(const bubo_kv *kv);
+/* Blocks indexed, held or not. */
+int32_t bubo_kv_prefix_n_indexed(const bubo_kv *kv);
+/* 1 when this cache shares prefixes (no separate sliding-window pool). */
+int bubo_kv_prefix_enabled(const bubo_kv *kv);
+
+typedef struct {
+    int64_t n_lookups;    /* attach calls on a cache that shares prefixes */
+    int64_t n_hit_blocks; /* blocks those calls attached */
+    int64_t n_evicted;    /* cached blocks evicted to make room */
+} bubo_kv_prefix_stats;
+
+void bubo_kv_prefix_get_stats(const bubo_kv *kv, bubo_kv_prefix_stats *out);
+
+/* For tests: block hashes are ANDed with mask (0: every block collides), after clearing the index. */
+void bubo_kv_prefix_set_hash_mask(bubo_kv *kv, uint64_t mask);
+/* For tests: BUBO_ERR_INVALID, naming the first broken one, unless reference counts equal the
+ * block tables' holdings, every committed block is exactly one of held, free, cached, used + free
+ * + cached == committed in each pool, and the index and LRU list are consistent. O(pool). */
+bubo_status bubo_kv_check_invariants(const bubo_kv *kv, bubo_err *err);
 
 #ifdef __cplusplus
 }
