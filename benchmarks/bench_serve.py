@@ -493,7 +493,8 @@ def run_server(who: str, args: argparse.Namespace, model: Path, round_index: int
         _, models = get_json(port, "/v1/models")
         model_id = models["data"][0]["id"]
         completion(port, client_prompt(-1), 8)  # warm-up
-        out: dict[str, Any] = {"throughput": {}, "prefix": None}
+        # the machine may be shared: the load beside each measurement says how much to trust it
+        out: dict[str, Any] = {"throughput": {}, "prefix": None, "load_avg_1m": [os.getloadavg()[0]]}
         for n in args.clients:
             prompts = [client_prompt(prompt_seed(round_index, n, i)) for i in range(n)]
             s = throughput_summary(concurrent_completions(port, prompts, args.n_predict), args.n_predict)
@@ -503,9 +504,12 @@ def run_server(who: str, args: argparse.Namespace, model: Path, round_index: int
             out["throughput"][n] = s
         answers = [chat(port, model_id, prefix, q, args.prefix_max_tokens) for q in QUESTIONS[: args.questions]]
         out["prefix"] = prefix_summary(answers)
+        out["load_avg_1m"].append(os.getloadavg()[0])
         p = out["prefix"]
         print(f"  prefix: first TTFT {p['first_ttft_ms']:.0f} ms, rest median {p['rest_ttft_median_ms']:.0f} ms",
               file=sys.stderr)
+        print(f"  1-minute load average before {out['load_avg_1m'][0]:.2f}, after {out['load_avg_1m'][1]:.2f} "
+              f"({os.cpu_count()} CPUs)", file=sys.stderr)
     return out
 
 
@@ -571,8 +575,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tok = Tokenizer(model)
     bubo_np = "bubo" in args.servers and bubo_accepts_parallel()
     if "bubo" in args.servers and not bubo_np:
-        print(f"bench_serve: `bubo serve` has no -np yet: bubo runs with its one slot, llama-server with "
-              f"{args.parallel}", file=sys.stderr)
+        peer = f", llama-server with {args.parallel}" if "llama" in args.servers else ""
+        print(f"bench_serve: `bubo serve` has no -np yet: bubo runs with its one slot{peer}", file=sys.stderr)
 
     def count(text: str) -> int:
         return len(tok.encode(text, add_special=False))
@@ -588,7 +592,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     medians = {who: {"throughput": {n: median_rounds([r["throughput"][n] for r in rs]) for n in args.clients},
                      "prefix": median_rounds([r["prefix"] for r in rs])}
                for who, rs in rounds.items()}
-    print(f"\n## bench_serve: {model.name}, bubo -np {args.parallel if bubo_np else '(unsupported: one slot)'}\n")
+    slots = f"-np {args.parallel}" if bubo_np or "bubo" not in args.servers else "bubo: one slot (no -np yet)"
+    print(f"\n## bench_serve: {model.name}, {slots}\n")
     print(report(args, medians))
     if args.json:
         args.json.write_text(json.dumps({
