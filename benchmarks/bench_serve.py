@@ -25,7 +25,9 @@ Every prompt is made from a seed (round, client count, client), so both servers 
 prompts, and no request finds another's prompt in a cache unless the test means it to. Each
 server gets one short warm-up request after it is ready, so that paging in the weights is not
 billed to the first measured request. The clients run in this process: on a small machine they
-take CPU from the server, the same for both.
+take CPU from the server, the same for both. Each server's round prints the 1-minute load average
+before and after it (also in --json): on a shared machine a busy neighbour skews one server's
+numbers, llama-server's spinning thread pool more than most.
 
 Caveats, as of this script's writing:
 - `python -m bubo serve` has one slot and may not accept -np: the script asks its --help and
