@@ -281,13 +281,14 @@ class Engine:
             raise ValueError(f"logit_bias token {bad[0]} is out of range: this model's ids are 0..{n_vocab - 1}")
         stream = EventStream(req)
         sched = self._sched
+        task = sched.new_task(stream)  # builds the sampler: outside the lock the engine thread takes
         with self._lock:
             if self.queue_size is not None:
                 n_busy = sum(1 for s in sched.slots if s.task is not None)
                 if n_busy + sched.n_waiting() >= self.n_parallel + self.queue_size:
                     stream.cancel()
                     raise QueueFullError(self.n_parallel, self.queue_size)
-            sched.queue.append(sched.new_task(stream))
+            sched.queue.append(task)
         self._signal()
         return stream
 

@@ -46,7 +46,7 @@ class Task:
     """One request in flight (queued, in a slot, or preempted and queued again)."""
 
     def __init__(self, stream: Any, n_vocab: int, n_ctx: int, pieces: Callable[[], list[bytes]], tokenizer: Any,
-                 task_id: int):
+                 task_id: int, eog_ids: Callable[[], list[int]]):
         from bubo._sampler import Sampler
         from bubo.llm import StopMatcher
 
@@ -56,6 +56,10 @@ class Task:
         self.id = task_id
         params = req.params if req.params.n_probs == req.n_probs else req.params.replace(n_probs=req.n_probs)
         self.params = params
+        if req.ignore_eos:
+            bias = dict(params.logit_bias or {})
+            bias.update((t, float("-inf")) for t in eog_ids())
+            params = params.replace(logit_bias=bias)
         native = params.to_native(n_ctx=n_ctx)
         # DRY's sequence breakers are text: the sampler needs every token's text to match them
         need_pieces = native.get("dry_multiplier", 0) > 0 and native.get("dry_sequence_breakers")
@@ -111,6 +115,7 @@ class Scheduler:
         self.queue: collections.deque[Task] = collections.deque()
         self._memory_short = memory_short  # bytes the cache must commit -> True if memory is short
         self._n_admitted = 0
+        self._eog: list[int] | None = None  # end-of-generation ids, for ignore_eos
         self.n_task = 0
         self.counters = dict(
             requests_total=0, prompt_tokens_total=0, prompt_tokens_cached_total=0, prompt_seconds_total=0.0,
@@ -125,7 +130,13 @@ class Scheduler:
 
     def new_task(self, stream: Any) -> Task:
         self.n_task += 1
-        return Task(stream, self.n_vocab, self.n_ctx, self.model._vocab_pieces, self.tokenizer, self.n_task)
+        return Task(stream, self.n_vocab, self.n_ctx, self.model._vocab_pieces, self.tokenizer, self.n_task,
+                    self._eog_ids)
+
+    def _eog_ids(self) -> list[int]:
+        if self._eog is None:
+            self._eog = [t for t in range(self.n_vocab) if self.tokenizer.is_eog(t)]
+        return self._eog
 
     def n_waiting(self) -> int:
         return sum(1 for t in self.queue if not t.cancelled)

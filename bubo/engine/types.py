@@ -17,7 +17,8 @@ class GenerationRequest:
 
     max_tokens None: until an end-of-generation token or a full context. n_probs > 0 fills
     TokenEvent.top with that many (token, logprob) alternatives. cache_prompt False starts the
-    slot's cache from scratch (no prefix reuse)."""
+    cache from scratch (no prefix reuse). ignore_eos: generate past end-of-generation tokens, until
+    max_tokens or a stop string (benchmarks use it to fix the answer's length)."""
 
     prompt: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -25,6 +26,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     n_probs: int = 0
     cache_prompt: bool = True
+    ignore_eos: bool = False  # end-of-generation tokens get a -inf bias (llama-server's ignore_eos)
 
 
 @dataclass
@@ -51,7 +53,8 @@ class FinishEvent:
     reason: "stop" (an end-of-generation token or a stop string) or "length" (max_tokens, or
     the context is full). timings has llama-server's keys: prompt_n, prompt_ms,
     prompt_per_token_ms, prompt_per_second, predicted_n, predicted_ms, predicted_per_token_ms,
-    predicted_per_second, cache_n."""
+    predicted_per_second, cache_n; and queue_ms (the wait for a slot) and cache_miss (why
+    prompt tokens that could have come from the prefix cache did not, or None)."""
 
     reason: str
     stop_string: str | None

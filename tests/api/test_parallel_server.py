@@ -234,3 +234,14 @@ def test_no_slots_turns_the_endpoint_off():
         status, body = call_json(url + "/slots")
         assert_error(status, body, 501, "not_implemented", "server_error")
         assert call_json(url + "/props")[1]["total_slots"] == 2
+
+
+def test_ignore_eos_generates_to_n_predict(four_slots):
+    # a chat prompt whose answer ends at once ("<|im_end|>") without ignore_eos
+    prompt = "<|im_start|>user\nSay OK.<|im_end|>\n<|im_start|>assistant\nOK"
+    status, plain = call_json(four_slots.url + "/completion", "POST", {"prompt": prompt, "n_predict": 40,
+                                                                        "temperature": 0})
+    assert status == 200 and plain["tokens_predicted"] < 40 and plain["stop_type"] == "eos"
+    status, forced = call_json(four_slots.url + "/completion", "POST", {"prompt": prompt, "n_predict": 40,
+                                                                         "temperature": 0, "ignore_eos": True})
+    assert status == 200 and forced["tokens_predicted"] == 40 and forced["stop_type"] == "limit"

@@ -60,7 +60,8 @@ def test_events_are_tokens_then_one_finish_and_match_the_python_api(engine):
     tm = fin.timings
     assert tm["prompt_n"] + tm["cache_n"] == fin.prompt_tokens and tm["predicted_n"] == 12
     assert set(tm) == {"prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
-                       "predicted_ms", "predicted_per_token_ms", "predicted_per_second", "cache_n"}
+                       "predicted_ms", "predicted_per_token_ms", "predicted_per_second", "cache_n",
+                       "queue_ms", "cache_miss"}
 
 
 def test_stop_string_is_cut_and_reported(engine):
@@ -87,7 +88,9 @@ def test_prefix_reuse_reports_cached_tokens(engine):
     bs = engine.kv.block_size
     a = ids(engine, "Once upon a time, in a land far away, there lived a dragon who guarded a golden "
                     "egg in a cave above the sea, and every winter the villagers below climbed the "
-                    "cliffs to bring it bread, salt and stories of the world, which it loved more than")
+                    "cliffs to bring it bread, salt and stories of the world, which it loved more than gold. "
+                    "One spring a girl named Mira came alone, carrying no bread at all, only a question "
+                    "about the stars that nobody in the village could answer, and the dragon, who")
     assert len(a) > 2 * bs
     b = a + engine.tokenizer.encode(" liked", add_special=False)
     _, f1 = run(engine, GenerationRequest(a, GREEDY, max_tokens=4, cache_prompt=False))
@@ -242,10 +245,10 @@ def test_logit_bias_out_of_range_is_refused_at_submit(engine):
 
 
 def test_a_failing_request_ends_with_an_error_event_and_the_engine_goes_on(engine, monkeypatch):
-    def broken(stream):
+    def broken(plan):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(engine, "_run", broken)
+    monkeypatch.setattr(engine._sched, "_run", broken)
     events = list(engine.submit(GenerationRequest([1, 2], GREEDY, max_tokens=2)))
     assert len(events) == 1 and isinstance(events[0], ErrorEvent)
     assert (events[0].status, events[0].code) == (500, "internal_error") and "boom" in events[0].message
@@ -336,10 +339,11 @@ def test_an_answer_without_max_tokens_ends_where_memory_runs_short(catalog_model
         no_eog = {t: float("-inf") for t in range(tok.n_vocab) if tok.is_eog(t)}
         req = GenerationRequest(ids(e, "Count: 1, 2, 3,"), SamplingParams(temperature=0, logit_bias=no_eog))
         stream = e.submit(req, mem_available=1 << 40)
+        first = next(stream)
         # the prompt took the first chunk of the cache; from now on nothing more is available
         monkeypatch.setattr(eng_mod, "memory_budget", lambda override=None: (1 << 40, 0))
         with gevent.Timeout(120):
-            events = list(stream)
+            events = [first, *stream]
         assert isinstance(events[-1], FinishEvent) and events[-1].reason == "length"
         kv = e.kv
         fin = events[-1]

@@ -25,6 +25,7 @@ class NativeRequest:
     n_probs: int
     return_tokens: bool
     cache_prompt: bool
+    ignore_eos: bool = False
 
 
 def native_prompt(value: Any) -> str | list[int]:
@@ -50,6 +51,7 @@ def parse_native_request(body: Any) -> NativeRequest:
         prompt=prompt, params=d.sampling_params(body, n_probs), n_predict=n_predict,
         stop=d.stop_list(body.get("stop")), stream=d.bool_field(body, "stream", False), n_probs=n_probs,
         return_tokens=d.bool_field(body, "return_tokens", False), cache_prompt=d.bool_field(body, "cache_prompt", True),
+        ignore_eos=d.bool_field(body, "ignore_eos", False),
     )
 
 

@@ -40,7 +40,8 @@ def completion() -> Any:
     engine = ready_engine()
     model = config().served_model_name
     tokens = _tokens(engine, req.prompt)
-    gen = GenerationRequest(tokens, req.params, req.n_predict, req.stop, req.n_probs, req.cache_prompt)
+    gen = GenerationRequest(tokens, req.params, req.n_predict, req.stop, req.n_probs, req.cache_prompt,
+                            req.ignore_eos)
     stream = d.submit(engine, gen)
 
     def probs_of(ev: TokenEvent) -> dict[str, Any]:
