@@ -137,6 +137,13 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
     }
 }
 
+/* One super-block's step of the chain kq_micro_avx512 runs in each lane, for the AVX-512 vec_dots:
+ * given the same exact integer sums, a vec_dot gives each output the bits the tile gives it. */
+BUBO_TARGET_AVX512 static inline __m128 kq_chain_step(__m128 acc, int32_t isum, int32_t msum, float dx, float dm, float dy) {
+    acc = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), isum), _mm_set_ss(dx * dy), acc);
+    return _mm_fnmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), msum), _mm_set_ss(dm * dy), acc);
+}
+
 #endif /* BUBO_X86 */
 
 #endif

@@ -154,6 +154,78 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
     }
 }
 
+/* ---- vec_dot in the tile's order ------------------------------------------------------------
+ * The AVX-512 vec_dot of every type with a tile computes each output exactly as a lane of the tile
+ * does (the integer block sums are exact in any order; the float chain is the same one), so a
+ * token's results do not depend on whether its batch went through the tile or not. */
+
+/* Two consecutive blocks x[0..1], y[0..1] -> int32 lane sums (block 0 in lanes 0-7, block 1 in
+ * 8-15) whose total per block is the block's integer dot product, offset already taken off. */
+typedef __m512i (*legacy_dot2_fn)(const void *x, const void *y);
+
+/* z[p] = legacy_dot2_fn of blocks 2p, 2p+1 -> lane k = the total of block k (k = 0..15). */
+BUBO_TARGET_AVX512 static inline __m512i sum_16_blocks_avx512(const __m512i z[8]) {
+    __m512i t[4], u[2];
+    for (int a = 0; a < 4; a++) /* per 128-bit lane: [z0.0+z0.2, z1.0+z1.2, z0.1+z0.3, z1.1+z1.3] */
+        t[a] = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2 * a], z[2 * a + 1]), _mm512_unpackhi_epi32(z[2 * a], z[2 * a + 1]));
+    for (int b = 0; b < 2; b++) /* per 128-bit lane L: the 4 dwords of z[4b + i] in L summed, in dword i */
+        u[b] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * b], t[2 * b + 1]), _mm512_unpackhi_epi64(t[2 * b], t[2 * b + 1]));
+    /* block 2p = lanes 0,1 of z[p], block 2p+1 = lanes 2,3: lane 4c + i now holds block
+     * (c & 1) + 2i + 8 (c >> 1) */
+    const __m512i sums = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                          _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+    return _mm512_permutexvar_epi32(order, sums);
+}
+
+/* dot(row x, token y) over nb blocks: per block, the exact integer sum, then one fma into the
+ * running sum with dx * dy (and, with_min, one fma of m * s), blocks in ascending order: the
+ * chain of tile_micro_avx512. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) float vec_dot_legacy_avx512(
+    int nb, const uint8_t *x, size_t x_size, const uint8_t *y, legacy_dot2_fn dot2, int with_min) {
+    const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    uint8_t last_x[2 * 40] __attribute__((aligned(64))) = {0}, last_y[2 * sizeof(block_q8_1)] __attribute__((aligned(64))) = {0};
+    float sums[16] __attribute__((aligned(64)));
+    __m128 acc = _mm_setzero_ps();
+    for (int k0 = 0; k0 < nb; k0 += 16) {
+        const int kb = nb - k0 < 16 ? nb - k0 : 16;
+        __m512i z[8];
+        for (int p = 0; p < 8; p++) {
+            const int k = k0 + 2 * p;
+            if (2 * p + 1 < kb) {
+                z[p] = dot2(x + (size_t)k * x_size, y + (size_t)k * y_size);
+            } else if (2 * p < kb) { /* an odd block count: the last block beside a zero one */
+                memcpy(last_x, x + (size_t)k * x_size, x_size);
+                memcpy(last_y, y + (size_t)k * y_size, y_size);
+                z[p] = dot2(last_x, last_y);
+            } else {
+                z[p] = _mm512_setzero_si512();
+            }
+        }
+        _mm512_store_ps(sums, _mm512_cvtepi32_ps(sum_16_blocks_avx512(z)));
+        for (int j = 0; j < kb; j++) {
+            const uint8_t *xb = x + (size_t)(k0 + j) * x_size, *yb = y + (size_t)(k0 + j) * y_size;
+            bubo_f16 dx;
+            memcpy(&dx, xb, sizeof dx);
+            float dy;
+            if (with_min) {
+                dy = ((const block_q8_1 *)yb)->d;
+            } else {
+                bubo_f16 dy16;
+                memcpy(&dy16, yb, sizeof dy16);
+                dy = _cvtsh_ss(dy16);
+            }
+            acc = _mm_fmadd_ss(_mm_set_ss(sums[j]), _mm_set_ss(_cvtsh_ss(dx) * dy), acc);
+            if (with_min) {
+                bubo_f16 m;
+                memcpy(&m, xb + sizeof(bubo_f16), sizeof m);
+                acc = _mm_fmadd_ss(_mm_set_ss(_cvtsh_ss(m)), _mm_set_ss(((const block_q8_1 *)yb)->s), acc);
+            }
+        }
+    }
+    return _mm_cvtss_f32(acc);
+}
+
 #endif /* BUBO_X86 */
 
 #endif

@@ -221,21 +221,13 @@ BUBO_TARGET_AVX512 static inline __m512i dot_q8_0_2blocks_avx512(const block_q8_
     return _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(qx), sy);
 }
 
+BUBO_TARGET_AVX512 static __m512i dot2_q8_0_avx512(const void *x, const void *y) {
+    return dot_q8_0_2blocks_avx512(x, y);
+}
+
 BUBO_TARGET_AVX512 static void vec_dot_q8_0_q8_0_avx512(int n, float *restrict s, const void *restrict vx,
                                                          const void *restrict vy) {
-    const block_q8_0 *restrict x = vx;
-    const block_q8_0 *restrict y = vy;
-    const int nb = n / QK8_0;
-    static const int lanes[4] = {0, 1, 2, 3};
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    int i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        const __m512i z01 = dot_q8_0_2blocks_avx512(x + i, y + i);
-        const __m512i z23 = dot_q8_0_2blocks_avx512(x + i + 2, y + i + 2);
-        const __m256 dxy = dxdy_4blocks_avx2(x + i, sizeof(block_q8_0), y + i);
-        fma_4blocks_avx512(acc, z01, z23, _mm512_castps256_ps512(dxy), lanes);
-    }
-    *s = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + dot_q8_0_q8_0_blocks(x + i, y + i, nb - i);
+    *s = vec_dot_legacy_avx512(n / QK8_0, vx, sizeof(block_q8_0), vy, dot2_q8_0_avx512, 0);
 }
 
 #endif /* BUBO_X86 */
