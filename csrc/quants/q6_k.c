@@ -262,7 +262,8 @@ BUBO_TARGET_AVX512 static void kq_unpack_q6_K_avx512(const void *vb, uint8_t q[Q
 BUBO_TARGET_AVX512 static void tile_q6_K_q8_K_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                    const void *restrict x, size_t x_stride, const void *restrict y,
                                                    size_t y_stride) {
-    tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K), kq_unpack_q6_K_avx512);
+    tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K), kq_unpack_q6_K_avx512,
+                       vec_dot_q6_K_q8_K_avx512);
 }
 #endif /* BUBO_X86 */
 
