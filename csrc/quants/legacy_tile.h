@@ -191,6 +191,14 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy
             for (int k = 0; k < nb; k++) {
                 const size_t off = (size_t)k * x_size;
                 const uint8_t *yb = yt + (size_t)k * y_size;
+                if (t == 0) {
+                    /* 16 rows read side by side are 16 streams, more than the hardware prefetchers
+                     * follow: fetch the next row group's bytes while this one computes (block k of
+                     * each row: every line, as a block is shorter than one) */
+                    const int next_rows = nr - TILE_ROWS < TILE_ROWS ? nr - TILE_ROWS : TILE_ROWS;
+                    for (int i = 0; i < next_rows; i++)
+                        _mm_prefetch((const char *)(xr + (size_t)(TILE_ROWS + i) * x_stride + off), _MM_HINT_T0);
+                }
                 __m512i z[8];
 #pragma GCC unroll 8
                 for (int p = 0; p < 8; p++)
