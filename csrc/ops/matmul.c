@@ -6,30 +6,27 @@
  *      whole number of blocks, so the blocks of all tokens form one array). Float weights have
  *      vec_dot_type F32: there is nothing to do and the activations are read in place.
  *   2. after a barrier, the weight rows are split over the threads in whole tiles of ROW_TILE
- *      rows. Fewer than TILE_MIN_TOKENS tokens (decode steps, one or many sequences) take one
- *      vec_dot per (row, token), each row read once from memory and reused from L1 for every
- *      token. From TILE_MIN_TOKENS on (prompt chunks) it is a matrix-matrix product: each thread hands its rows, ROW_CHUNK at a
- *      time, with all the tokens to the type's vec_dot_tile, which keeps a panel of those rows
- *      in registers and L1 while it sweeps a chunk of tokens (see quants/legacy_tile.h); the
- *      chunk's weights stay in L2 across the token chunks and the quantized activations, shared
- *      by both threads, in L2/L3.
- * A y element is computed by one vec_dot call or by the same tile arithmetic wherever it sits in a
- * tile, so results never depend on the thread count. Below TILE_MIN_TOKENS they do not depend on
- * the batch either: a decode step of 4 sequences gives each the bits it gets alone, which is what
- * makes forks, truncate-and-reappend and continuous batching exact. A prompt chunk of
- * TILE_MIN_TOKENS or more sums each dot product in the tile's order, which differs in the last
- * bits from vec_dot's (as llama.cpp's prompt and generation paths differ). */
+ *      rows, and each thread hands its rows, ROW_CHUNK at a time, with all the tokens to the
+ *      type's vec_dot_tile. The tile picks its own method by the token count: a few tokens (decode
+ *      steps) take a rows-in-lanes kernel or one vec_dot per (row, token), more take the packed
+ *      matrix-matrix tile (see quants/legacy_tile.h); the chunk's weights stay in L2 across the
+ *      token chunks and the quantized activations, shared by both threads, in L2/L3.
+ *
+ * Batch invariance: every kernel of one type and ISA computes each y element with the same
+ * operations in the same order (exact per-block integer sums, then one fixed float chain over the
+ * blocks; vec_dot included), so y[t][r] depends only on W[r] and x[t]: not on the thread count,
+ * the number of tokens in the batch, or the token's position in it. A request's logits are the
+ * same bits alone, beside other sequences, or prefilled in chunks of any size; forks,
+ * truncate-and-reappend and continuous batching are exact. */
 #include <limits.h>
 
 #include "ops_internal.h"
 
 #define ROW_TILE 16   /* the split granularity: 16 f32 outputs fill a cache line and a tile's register */
 #define ROW_CHUNK 256 /* weight rows per tile call: ~250 KiB of Q4 at 2k columns, in L2 */
-#define TILE_MIN_TOKENS 32 /* fewer tokens: per-(row, token) vec_dot, batch-invariant */
 
 typedef struct {
     bubo_pool *pool;
-    bubo_vec_dot_fn vec_dot;
     bubo_vec_dot_tile_fn vec_dot_tile;
     bubo_from_float_fn from_float; /* NULL: the activations are already the vec_dot_type */
     const uint8_t *w;
@@ -63,14 +60,6 @@ static void matmul_share(void *vtask, int ith, int nth) {
     if (r1 > t->rows) r1 = t->rows;
     const int cols = (int)t->cols;
 
-    if (t->n_tokens < TILE_MIN_TOKENS) {
-        for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *w_row = t->w + (size_t)r * t->w_row_bytes;
-            for (int64_t k = 0; k < t->n_tokens; k++)
-                t->vec_dot(cols, &t->y[k * t->rows + r], w_row, t->xq + (size_t)k * t->xq_row_bytes);
-        }
-        return;
-    }
     for (int64_t rc = r0; rc < r1; rc += ROW_CHUNK) {
         const int64_t n_rows = r1 - rc < ROW_CHUNK ? r1 - rc : ROW_CHUNK;
         t->vec_dot_tile(cols, (int)n_rows, (int)t->n_tokens, t->y + rc, (size_t)t->rows, t->w + (size_t)rc * t->w_row_bytes,
@@ -102,7 +91,6 @@ bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t 
 
     matmul_task task = {
         .pool = pool,
-        .vec_dot = bubo_get_vec_dot(type),
         .vec_dot_tile = bubo_get_vec_dot_tile(type),
         .w = w,
         .w_row_bytes = bubo_row_size(type, cols),
@@ -125,7 +113,7 @@ bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t 
         task.xq_blck_size = act->blck_size;
         task.xq_type_size = act->type_size;
     }
-    if (!task.vec_dot || !task.vec_dot_tile || (traits->vec_dot_type != BUBO_TYPE_F32 && !task.from_float))
+    if (!task.vec_dot_tile || (traits->vec_dot_type != BUBO_TYPE_F32 && !task.from_float))
         return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: type %s has no dot product kernel", traits->name);
 
     if (pool && bubo_pool_n_threads(pool) > 1)

@@ -12,13 +12,20 @@
  *   dot += dy * (dx * sum_j sc[j] * sum(q * qy over j) - dm * sum_j m[j] * bsum[j])
  *
  * The two integer sums are exact in int32 (as in the scalar kernels); sum_j m[j] * bsum[j] is
- * one vpdpwssd per pair of subgroups, the bsums broadcast straight from the Q8_K block. */
+ * one vpdpwssd per pair of subgroups, the bsums broadcast straight from the Q8_K block.
+ *
+ * Per output the float work is fixed: per super-block in ascending order, acc += float(isum) *
+ * (dx * dy), then acc -= float(msum) * (dm * dy), each one fma. The AVX-512 vec_dots of Q4_K and
+ * Q6_K run the same chain (kq_chain_step), so the tile and vec_dot give every output the same bits
+ * and the matmul's results do not depend on the batch. */
 #ifndef BUBO_KQUANT_TILE_H
 #define BUBO_KQUANT_TILE_H
 
 #include "tile_simd.h"
 
 #if defined(BUBO_X86)
+
+#define KQ_PACK_MIN_TOKENS 4 /* fewer tokens: the vec_dot per (row, token), same bits */
 
 typedef struct {
     __m512i q[8][8];    /* [32-element group][dword]: lane r = 4 u8 of row r */
@@ -109,11 +116,18 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_av
 
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
-    const void *restrict vy, size_t y_stride, size_t x_size, kq_unpack_fn unpack) {
+    const void *restrict vy, size_t y_stride, size_t x_size, kq_unpack_fn unpack, bubo_vec_dot_fn vec_dot) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK_K;
     if (nb == 0) {
         for (int t = 0; t < n_tokens; t++) memset(s + (size_t)t * s_stride, 0, (size_t)n_rows * sizeof(float));
+        return;
+    }
+    if (n_tokens < KQ_PACK_MIN_TOKENS) {
+        /* the vec_dot runs the same chain (kq_chain_step) without a packing to amortize */
+        for (int r = 0; r < n_rows; r++)
+            for (int t = 0; t < n_tokens; t++)
+                vec_dot(n, &s[(size_t)t * s_stride + r], x + (size_t)r * x_stride, y + (size_t)t * y_stride);
         return;
     }
     packed_kq_avx512 packed __attribute__((aligned(64)));
@@ -135,6 +149,13 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
             }
         }
     }
+}
+
+/* One super-block's step of the chain kq_micro_avx512 runs in each lane, for the AVX-512 vec_dots:
+ * given the same exact integer sums, a vec_dot gives each output the bits the tile gives it. */
+BUBO_TARGET_AVX512 static inline __m128 kq_chain_step(__m128 acc, int32_t isum, int32_t msum, float dx, float dm, float dy) {
+    acc = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), isum), _mm_set_ss(dx * dy), acc);
+    return _mm_fnmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), msum), _mm_set_ss(dm * dy), acc);
 }
 
 #endif /* BUBO_X86 */

@@ -21,7 +21,9 @@
  * which is the output layout, so a panel's partial sums go back to s and come again for the next
  * panel without any transpose. Every output takes the same operations in the same order (blocks in
  * ascending order, one fma per block) wherever it sits and whatever the tile shape: padded rows
- * are computed and not stored, the token tail runs the same code one token at a time. */
+ * are computed and not stored, the token tail runs the same code one token at a time. The few-token
+ * kernel (rows_legacy_avx512) and the type's AVX-512 vec_dot run that chain too, so an output's bits
+ * do not depend on the batch it came in: the matmul's batch invariance rests on this. */
 #ifndef BUBO_LEGACY_TILE_H
 #define BUBO_LEGACY_TILE_H
 
@@ -31,6 +33,7 @@
 #if defined(BUBO_X86)
 
 #define TILE_PANEL 8   /* blocks unpacked at once: 256 elements, 4.5 KiB packed, stays in L1 */
+#define TILE_PACK_MIN_TOKENS 4 /* fewer tokens: rows_legacy_avx512, no packing (same bits either way) */
 
 typedef struct {
     __m512i q[TILE_PANEL][8];
@@ -106,14 +109,129 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_micro_
     for (int j = 0; j < nt; j++) _mm512_mask_storeu_ps(s + (size_t)j * s_stride, live, acc[j]);
 }
 
+/* ---- vec_dot in the tile's order ------------------------------------------------------------
+ * The AVX-512 vec_dot of every type with a tile computes each output exactly as a lane of the tile
+ * does (the integer block sums are exact in any order; the float chain is the same one), so a
+ * token's results do not depend on whether its batch went through the tile or not. */
+
+/* Two blocks x0 . y0 and x1 . y1 (at any addresses) -> int32 lane sums (x0 . y0 in lanes 0-7, x1 . y1
+ * in 8-15) whose total per block is the block's integer dot product, offset already taken off. */
+typedef __m512i (*legacy_dot2_fn)(const void *x0, const void *x1, const void *y0, const void *y1);
+
+/* z[p] = legacy_dot2_fn of blocks 2p, 2p+1 -> lane k = the total of block k (k = 0..15). */
+BUBO_TARGET_AVX512 static inline __m512i sum_16_blocks_avx512(const __m512i z[8]) {
+    __m512i t[4], u[2];
+    for (int a = 0; a < 4; a++) /* per 128-bit lane: [z0.0+z0.2, z1.0+z1.2, z0.1+z0.3, z1.1+z1.3] */
+        t[a] = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2 * a], z[2 * a + 1]), _mm512_unpackhi_epi32(z[2 * a], z[2 * a + 1]));
+    for (int b = 0; b < 2; b++) /* per 128-bit lane L: the 4 dwords of z[4b + i] in L summed, in dword i */
+        u[b] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * b], t[2 * b + 1]), _mm512_unpackhi_epi64(t[2 * b], t[2 * b + 1]));
+    /* block 2p = lanes 0,1 of z[p], block 2p+1 = lanes 2,3: lane 4c + i now holds block
+     * (c & 1) + 2i + 8 (c >> 1) */
+    const __m512i sums = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                          _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+    return _mm512_permutexvar_epi32(order, sums);
+}
+
+/* dot(row x, token y) over nb blocks: per block, the exact integer sum, then one fma into the
+ * running sum with dx * dy (and, with_min, one fma of m * s), blocks in ascending order: the
+ * chain of tile_micro_avx512. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) float vec_dot_legacy_avx512(
+    int nb, const uint8_t *x, size_t x_size, const uint8_t *y, legacy_dot2_fn dot2, int with_min) {
+    const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    float sums[16] __attribute__((aligned(64)));
+    __m128 acc = _mm_setzero_ps();
+    for (int k0 = 0; k0 < nb; k0 += 16) {
+        const int kb = nb - k0 < 16 ? nb - k0 : 16;
+        __m512i z[8];
+        for (int p = 0; p < 8; p++) {
+            /* past an odd block count, the last block again, in a lane nobody reads */
+            const int k = k0 + (2 * p < kb ? 2 * p : kb - 1), k1 = k0 + (2 * p + 1 < kb ? 2 * p + 1 : kb - 1);
+            z[p] = dot2(x + (size_t)k * x_size, x + (size_t)k1 * x_size, y + (size_t)k * y_size, y + (size_t)k1 * y_size);
+        }
+        _mm512_store_ps(sums, _mm512_cvtepi32_ps(sum_16_blocks_avx512(z)));
+        for (int j = 0; j < kb; j++) {
+            const uint8_t *xb = x + (size_t)(k0 + j) * x_size, *yb = y + (size_t)(k0 + j) * y_size;
+            bubo_f16 dx;
+            memcpy(&dx, xb, sizeof dx);
+            float dy;
+            if (with_min) {
+                dy = ((const block_q8_1 *)yb)->d;
+            } else {
+                bubo_f16 dy16;
+                memcpy(&dy16, yb, sizeof dy16);
+                dy = _cvtsh_ss(dy16);
+            }
+            acc = _mm_fmadd_ss(_mm_set_ss(sums[j]), _mm_set_ss(_cvtsh_ss(dx) * dy), acc);
+            if (with_min) {
+                bubo_f16 m;
+                memcpy(&m, xb + sizeof(bubo_f16), sizeof m);
+                acc = _mm_fmadd_ss(_mm_set_ss(_cvtsh_ss(m)), _mm_set_ss(((const block_q8_1 *)yb)->s), acc);
+            }
+        }
+    }
+    return _mm_cvtss_f32(acc);
+}
+
+/* The tile for a few tokens: the same chain per (row, token) as tile_micro_avx512 (16 rows in the
+ * lanes of one accumulator, one fma per block), but each block's 16 integer sums come from a
+ * reduction tree over untransposed rows instead of a packing, which only pays off when many
+ * tokens share it. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy_avx512(
+    int nb, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const uint8_t *x, size_t x_stride,
+    size_t x_size, const uint8_t *y, size_t y_stride, legacy_dot2_fn dot2, int with_min) {
+    const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
+        const int nr = n_rows - r0;
+        const __mmask16 live = nr >= TILE_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+        const uint8_t *xr = x + (size_t)r0 * x_stride;
+        for (int t = 0; t < n_tokens; t++) {
+            const uint8_t *yt = y + (size_t)t * y_stride;
+            __m512 acc = _mm512_setzero_ps();
+            for (int k = 0; k < nb; k++) {
+                const size_t off = (size_t)k * x_size;
+                const uint8_t *yb = yt + (size_t)k * y_size;
+                if (t == 0) {
+                    /* 16 rows read side by side are 16 streams, more than the hardware prefetchers
+                     * follow: fetch the next row group's bytes while this one computes (block k of
+                     * each row: every line, as a block is shorter than one) */
+                    const int next_rows = nr - TILE_ROWS < TILE_ROWS ? nr - TILE_ROWS : TILE_ROWS;
+                    for (int i = 0; i < next_rows; i++)
+                        _mm_prefetch((const char *)(xr + (size_t)(TILE_ROWS + i) * x_stride + off), _MM_HINT_T0);
+                }
+                __m512i z[8];
+#pragma GCC unroll 8
+                for (int p = 0; p < 8; p++)
+                    z[p] = dot2(tile_block(xr, x_stride, nr, 2 * p, off), tile_block(xr, x_stride, nr, 2 * p + 1, off), yb, yb);
+                const __m512 isum = _mm512_cvtepi32_ps(sum_16_blocks_avx512(z));
+                const __m512i heads = gather_block_heads_avx512(xr, x_stride, nr, off);
+                if (with_min) {
+                    const block_q8_1 *b = (const block_q8_1 *)yb;
+                    acc = _mm512_fmadd_ps(isum, _mm512_mul_ps(f16_low_halves_avx512(heads), _mm512_set1_ps(b->d)), acc);
+                    acc = _mm512_fmadd_ps(f16_low_halves_avx512(_mm512_srli_epi32(heads, 16)), _mm512_set1_ps(b->s), acc);
+                } else {
+                    const float dy = _cvtsh_ss(((const block_q8_0 *)yb)->d);
+                    acc = _mm512_fmadd_ps(isum, _mm512_mul_ps(f16_low_halves_avx512(heads), _mm512_set1_ps(dy)), acc);
+                }
+            }
+            _mm512_mask_storeu_ps(s + (size_t)t * s_stride + r0, live, acc);
+        }
+    }
+}
+
 /* The whole tile. x_size: weight block bytes; with_min: Q8_1 activations (else Q8_0, offset off). */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
-    const void *restrict vy, size_t y_stride, tile_pack_fn pack, int with_min, int off) {
+    const void *restrict vy, size_t y_stride, tile_pack_fn pack, legacy_dot2_fn dot2, size_t x_size, int with_min,
+    int off) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK8_0;
     if (nb == 0) {
         for (int t = 0; t < n_tokens; t++) memset(s + (size_t)t * s_stride, 0, (size_t)n_rows * sizeof(float));
+        return;
+    }
+    if (n_tokens < TILE_PACK_MIN_TOKENS) {
+        rows_legacy_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, x_size, y, y_stride, dot2, with_min);
         return;
     }
     const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);

@@ -129,8 +129,7 @@ static void vec_dot_q4_K_q8_K_avx512(int n, float *restrict s, const void *restr
     const block_q8_K *restrict y = vy;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i nibble_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
-    __m512 acc = _mm512_setzero_ps();
-    __m256 acc_m = _mm256_setzero_ps();
+    __m128 acc = _mm_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
         uint32_t smw[4];
         kq_unpack_scales_mins(x[i].scales, smw);
@@ -147,11 +146,10 @@ static void vec_dot_q4_K_q8_K_avx512(int n, float *restrict s, const void *restr
             const __m512i w = _mm512_and_si512(_mm512_srlv_epi64(bits, nibble_shift), m4);
             sumi = kq_dot64_scaled_avx512(sumi, w, a, kq_group32_scales_avx512(words, c));
         }
-        const float dy = y[i].d;
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(dy * _cvtsh_ss(x[i].d)), _mm512_cvtepi32_ps(sumi), acc);
-        acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dy * _cvtsh_ss(x[i].dmin)), _mm256_cvtepi32_ps(summ), acc_m);
+        acc = kq_chain_step(acc, _mm512_reduce_add_epi32(sumi), _mm512_reduce_add_epi32(_mm512_zextsi256_si512(summ)), _cvtsh_ss(x[i].d),
+                            _cvtsh_ss(x[i].dmin), y[i].d);
     }
-    *s = _mm512_reduce_add_ps(acc) - kq_hsum_ps_avx2(acc_m);
+    *s = _mm_cvtss_f32(acc);
 }
 
 #endif /* BUBO_X86 */
@@ -241,7 +239,8 @@ BUBO_TARGET_AVX512 static void kq_unpack_q4_K_avx512(const void *vb, uint8_t q[Q
 BUBO_TARGET_AVX512 static void tile_q4_K_q8_K_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                    const void *restrict x, size_t x_stride, const void *restrict y,
                                                    size_t y_stride) {
-    tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q4_K), kq_unpack_q4_K_avx512);
+    tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q4_K), kq_unpack_q4_K_avx512,
+                       vec_dot_q4_K_q8_K_avx512);
 }
 #endif /* BUBO_X86 */
 

@@ -243,54 +243,36 @@ BUBO_TARGET_AVX512 static inline __m512i q5_bytes_2x_avx512(const uint8_t *qs0, 
     return _mm512_mask_add_epi8(q, high, q, _mm512_set1_epi8(0x10));
 }
 
-BUBO_TARGET_AVX512 static inline __m512i dot_q5_0_2blocks_avx512(const block_q5_0 *x, const block_q8_0 *y) {
-    const __m512i q = q5_bytes_2x_avx512(x[0].qs, x[0].qh, x[1].qs, x[1].qh);
-    const __m512i a = load_2x32_avx512(y[0].qs, y[1].qs);
+BUBO_TARGET_AVX512 static inline __m512i dot_q5_0_2blocks_avx512(const block_q5_0 *x0, const block_q5_0 *x1,
+                                                        const block_q8_0 *y0, const block_q8_0 *y1) {
+    const __m512i q = q5_bytes_2x_avx512(x0->qs, x0->qh, x1->qs, x1->qh);
+    const __m512i a = load_2x32_avx512(y0->qs, y1->qs);
     const __m512i zero = _mm512_setzero_si512();
     return _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, a), _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(16), a));
 }
 
-BUBO_TARGET_AVX512 static inline __m512i dot_q5_1_2blocks_avx512(const block_q5_1 *x, const block_q8_1 *y) {
-    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), q5_bytes_2x_avx512(x[0].qs, x[0].qh, x[1].qs, x[1].qh),
-                               load_2x32_avx512(y[0].qs, y[1].qs));
+BUBO_TARGET_AVX512 static inline __m512i dot_q5_1_2blocks_avx512(const block_q5_1 *x0, const block_q5_1 *x1,
+                                                        const block_q8_1 *y0, const block_q8_1 *y1) {
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), q5_bytes_2x_avx512(x0->qs, x0->qh, x1->qs, x1->qh),
+                               load_2x32_avx512(y0->qs, y1->qs));
+}
+
+BUBO_TARGET_AVX512 static __m512i dot2_q5_0_avx512(const void *x0, const void *x1, const void *y0, const void *y1) {
+    return dot_q5_0_2blocks_avx512(x0, x1, y0, y1);
 }
 
 BUBO_TARGET_AVX512 static void vec_dot_q5_0_q8_0_avx512(int n, float *restrict s, const void *restrict vx,
                                                          const void *restrict vy) {
-    const block_q5_0 *restrict x = vx;
-    const block_q8_0 *restrict y = vy;
-    const int nb = n / QK5_0;
-    static const int lanes[4] = {0, 1, 2, 3};
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    int i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        const __m512i z01 = dot_q5_0_2blocks_avx512(x + i, y + i);
-        const __m512i z23 = dot_q5_0_2blocks_avx512(x + i + 2, y + i + 2);
-        const __m256 dxy = dxdy_4blocks_avx2(x + i, sizeof(block_q5_0), y + i);
-        fma_4blocks_avx512(acc, z01, z23, _mm512_castps256_ps512(dxy), lanes);
-    }
-    *s = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + dot_q5_0_q8_0_blocks(x + i, y + i, nb - i);
+    *s = vec_dot_legacy_avx512(n / QK8_0, vx, sizeof(block_q5_0), vy, dot2_q5_0_avx512, 0);
+}
+
+BUBO_TARGET_AVX512 static __m512i dot2_q5_1_avx512(const void *x0, const void *x1, const void *y0, const void *y1) {
+    return dot_q5_1_2blocks_avx512(x0, x1, y0, y1);
 }
 
 BUBO_TARGET_AVX512 static void vec_dot_q5_1_q8_1_avx512(int n, float *restrict s, const void *restrict vx,
                                                          const void *restrict vy) {
-    const block_q5_1 *restrict x = vx;
-    const block_q8_1 *restrict y = vy;
-    const int nb = n / QK5_1;
-    static const int d_lanes[4] = {0, 2, 4, 6};
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    __m256 acc_min = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        const __m512i z01 = dot_q5_1_2blocks_avx512(x + i, y + i);
-        const __m512i z23 = dot_q5_1_2blocks_avx512(x + i + 2, y + i + 2);
-        const __m256 scales = dm_ds_4blocks_avx2(x + i, sizeof(block_q5_1), y + i);
-        fma_4blocks_avx512(acc, z01, z23, _mm512_castps256_ps512(scales), d_lanes);
-        acc_min = _mm256_add_ps(acc_min, scales);
-    }
-    /* only the odd lanes of acc_min hold m * s */
-    const float mins = hsum_f32x8(_mm256_blend_ps(_mm256_setzero_ps(), acc_min, 0xAA));
-    *s = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + mins + dot_q5_1_q8_1_blocks(x + i, y + i, nb - i);
+    *s = vec_dot_legacy_avx512(n / QK8_0, vx, sizeof(block_q5_1), vy, dot2_q5_1_avx512, 1);
 }
 
 #endif /* BUBO_X86 */
@@ -396,7 +378,7 @@ BUBO_TARGET_AVX512 static void pack_q5_0_avx512(packed_panel_avx512 *p, const ui
 BUBO_TARGET_AVX512 static void tile_q5_0_q8_0_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                     const void *restrict x, size_t x_stride, const void *restrict y,
                                                     size_t y_stride) {
-    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q5_0_avx512, 0, 16);
+    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q5_0_avx512, dot2_q5_0_avx512, sizeof(block_q5_0), 0, 16);
 }
 
 BUBO_TARGET_AVX512 static void pack_q5_1_avx512(packed_panel_avx512 *p, const uint8_t *x, size_t x_stride, int n_rows,
@@ -419,7 +401,7 @@ BUBO_TARGET_AVX512 static void pack_q5_1_avx512(packed_panel_avx512 *p, const ui
 BUBO_TARGET_AVX512 static void tile_q5_1_q8_1_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                     const void *restrict x, size_t x_stride, const void *restrict y,
                                                     size_t y_stride) {
-    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q5_1_avx512, 1, 0);
+    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q5_1_avx512, dot2_q5_1_avx512, sizeof(block_q5_1), 1, 0);
 }
 
 #endif /* BUBO_X86 */

@@ -164,14 +164,14 @@ BUBO_TARGET_AVX512
 static void vec_dot_q6_K_q8_K_avx512(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
     const block_q6_K *restrict x = vx;
     const block_q8_K *restrict y = vy;
-    __m512 acc = _mm512_setzero_ps();
+    __m128 acc = _mm_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
         const __m512i words = _mm512_castsi256_si512(sc16);
         const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
         const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
         const int8_t *a = y[i].qs;
-        __m512i sumi = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(offset));
+        __m512i sumi = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
             __m512i q[2];
             unpack_half_q6_K_avx512(x[i].ql + 64 * h, x[i].qh + 32 * h, q);
@@ -179,10 +179,11 @@ static void vec_dot_q6_K_q8_K_avx512(int n, float *restrict s, const void *restr
             sumi = kq_dot64_scaled_avx512(sumi, q[1], a + 64, kq_group16_scales_avx512(words, 2 * h + 1));
             a += 128;
         }
-        const __m512 dd = _mm512_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
-        acc = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(sumi), acc);
+        const float d = _cvtsh_ss(x[i].d);
+        acc = kq_chain_step(acc, _mm512_reduce_add_epi32(sumi), _mm512_reduce_add_epi32(_mm512_zextsi256_si512(offset)), d, d,
+                            y[i].d);
     }
-    *s = _mm512_reduce_add_ps(acc);
+    *s = _mm_cvtss_f32(acc);
 }
 
 #endif /* BUBO_X86 */
@@ -261,7 +262,8 @@ BUBO_TARGET_AVX512 static void kq_unpack_q6_K_avx512(const void *vb, uint8_t q[Q
 BUBO_TARGET_AVX512 static void tile_q6_K_q8_K_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                    const void *restrict x, size_t x_stride, const void *restrict y,
                                                    size_t y_stride) {
-    tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K), kq_unpack_q6_K_avx512);
+    tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K), kq_unpack_q6_K_avx512,
+                       vec_dot_q6_K_q8_K_avx512);
 }
 #endif /* BUBO_X86 */
 

@@ -213,29 +213,22 @@ BUBO_TARGET_AVX512 static void dequantize_row_q8_0_avx512(const void *restrict v
 
 /* Two blocks' int32 lane sums (8 lanes each). vpdpbusd multiplies unsigned by signed, so x's
  * sign moves onto y: |x| * (x < 0 ? -y : y). */
-BUBO_TARGET_AVX512 static inline __m512i dot_q8_0_2blocks_avx512(const block_q8_0 *x, const block_q8_0 *y) {
-    const __m512i qx = load_2x32_avx512(x[0].qs, x[1].qs);
-    const __m512i qy = load_2x32_avx512(y[0].qs, y[1].qs);
+BUBO_TARGET_AVX512 static inline __m512i dot_q8_0_2blocks_avx512(const block_q8_0 *x0, const block_q8_0 *x1,
+                                                        const block_q8_0 *y0, const block_q8_0 *y1) {
+    const __m512i qx = load_2x32_avx512(x0->qs, x1->qs);
+    const __m512i qy = load_2x32_avx512(y0->qs, y1->qs);
     const __m512i zero = _mm512_setzero_si512();
     const __m512i sy = _mm512_mask_sub_epi8(qy, _mm512_movepi8_mask(qx), zero, qy);
     return _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(qx), sy);
 }
 
+BUBO_TARGET_AVX512 static __m512i dot2_q8_0_avx512(const void *x0, const void *x1, const void *y0, const void *y1) {
+    return dot_q8_0_2blocks_avx512(x0, x1, y0, y1);
+}
+
 BUBO_TARGET_AVX512 static void vec_dot_q8_0_q8_0_avx512(int n, float *restrict s, const void *restrict vx,
                                                          const void *restrict vy) {
-    const block_q8_0 *restrict x = vx;
-    const block_q8_0 *restrict y = vy;
-    const int nb = n / QK8_0;
-    static const int lanes[4] = {0, 1, 2, 3};
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    int i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        const __m512i z01 = dot_q8_0_2blocks_avx512(x + i, y + i);
-        const __m512i z23 = dot_q8_0_2blocks_avx512(x + i + 2, y + i + 2);
-        const __m256 dxy = dxdy_4blocks_avx2(x + i, sizeof(block_q8_0), y + i);
-        fma_4blocks_avx512(acc, z01, z23, _mm512_castps256_ps512(dxy), lanes);
-    }
-    *s = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + dot_q8_0_q8_0_blocks(x + i, y + i, nb - i);
+    *s = vec_dot_legacy_avx512(n / QK8_0, vx, sizeof(block_q8_0), vy, dot2_q8_0_avx512, 0);
 }
 
 #endif /* BUBO_X86 */
@@ -338,7 +331,7 @@ BUBO_TARGET_AVX512 static void pack_q8_0_avx512(packed_panel_avx512 *p, const ui
 BUBO_TARGET_AVX512 static void tile_q8_0_q8_0_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                     const void *restrict x, size_t x_stride, const void *restrict y,
                                                     size_t y_stride) {
-    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q8_0_avx512, 0, 128);
+    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q8_0_avx512, dot2_q8_0_avx512, sizeof(block_q8_0), 0, 128);
 }
 
 #endif /* BUBO_X86 */

@@ -1,0 +1,143 @@
+"""Batch invariance: a token's matmul outputs, and so a request's logits, are the same bits
+whatever batch it runs in (alone, beside other tokens or sequences, at any position, in prompt
+chunks of any size), on every ISA level this CPU runs. Each kernel family of one type and ISA (the
+packed tile, the few-token kernels, vec_dot) sums every dot product in one canonical order; these
+tests compare float32 bits, with no tolerance."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+
+from bubo import _kernels as K
+from bubo import _ops
+from bubo._model import KVCache, Model
+from bubo._tokenizer import Tokenizer
+
+from blocks import realistic_rows
+from reference.tiny import KQUANT_DIMS, write_tiny_model
+from test_matmul import SUPPORTED_TYPES
+
+ISAS = K.supported_isas()
+# decode steps, around the micro tile (8) and the old tile threshold (32), past a 64-token chunk
+BATCH_SIZES = [1, 2, 7, 8, 9, 31, 32, 33, 64, 65, 100]
+ROWS = 37  # two full 16-row registers and a ragged one
+TYPE_NAMES = {t: K.type_info(t)["name"] for t in SUPPORTED_TYPES}
+
+
+def bits(a):
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+def block_of(type_id):
+    info = K.type_info(type_id)
+    return max(info["blck_size"], K.type_info(info["vec_dot_type"])["blck_size"])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_id", SUPPORTED_TYPES, ids=lambda t: TYPE_NAMES[t])
+def test_matmul_row_does_not_depend_on_its_batch(type_id, isa, monkeypatch):
+    """Every token of every sub-batch (random members, random order, sizes in BATCH_SIZES) gets
+    exactly the outputs it gets alone, for one block, an odd block count and a longer row."""
+    monkeypatch.setenv("BUBO_FORCE_ISA", isa)
+    rng = np.random.default_rng(type_id * 31 + ISAS.index(isa))
+    pool = _ops.ThreadPool(2)
+    blck = block_of(type_id)
+    for n_blocks in (1, 3, 9 if blck == 32 else 5):
+        cols = blck * n_blocks
+        w = np.ascontiguousarray(realistic_rows(GT(type_id), ROWS, cols, int(rng.integers(1 << 30)))).view(np.uint8)
+        w = w.reshape(-1)
+        x = rng.standard_normal((max(BATCH_SIZES), cols)).astype(np.float32)
+        alone = np.stack([_ops.matmul(None, type_id, w, ROWS, cols, x[t:t + 1])[0] for t in range(len(x))])
+        for n in BATCH_SIZES:
+            members = rng.permutation(len(x))[:n]
+            got = _ops.matmul(pool, type_id, w, ROWS, cols, x[members])
+            assert np.array_equal(bits(got), bits(alone[members])), (cols, n)
+        # the whole batch, in order: a prompt chunk against its tokens one at a time
+        assert np.array_equal(bits(_ops.matmul(pool, type_id, w, ROWS, cols, x)), bits(alone)), cols
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_id", SUPPORTED_TYPES, ids=lambda t: TYPE_NAMES[t])
+def test_vec_dot_equals_tile(type_id, isa):
+    """vec_dot and vec_dot_tile of one level give each (row, token) the same bits."""
+    if isa not in K.type_info(type_id)["vec_dot_tile"]:
+        pytest.skip(f"{TYPE_NAMES[type_id]} has no {isa} kernels")
+    rng = np.random.default_rng(type_id)
+    blck = block_of(type_id)
+    n = blck * 3
+    w = np.ascontiguousarray(realistic_rows(GT(type_id), 19, n, 1)).view(np.uint8).reshape(19, -1)
+    x = rng.standard_normal((9, n)).astype(np.float32)
+    vdt = K.type_info(type_id)["vec_dot_type"]
+    y = x.view(np.uint8).reshape(9, -1) if vdt == 0 else np.stack([K.quantize(vdt, row) for row in x])
+    for n_tokens in (1, 2, 9):  # the few-token kernels and the packed tile
+        tile = K.vec_dot_tile(type_id, n, w, y[:n_tokens], isa=isa)
+        pairs = np.array([[K.vec_dot(type_id, wr.tobytes(), yt.tobytes(), isa=isa) for wr in w] for yt in y[:n_tokens]],
+                         np.float32)
+        assert np.array_equal(bits(tile), bits(pairs)), n_tokens
+
+
+# ---- whole models ------------------------------------------------------------------------------
+
+PROMPT = ("The quick brown fox jumps over the lazy dog, and the dog sleeps in the sun while the fox runs "
+          "home to the old house by the river, where an owl watches the water and waits for night.")
+N_PROMPT = 70
+
+
+def prefill(model, kv, tokens, chunks, seq=0):
+    """Logits of every token, the prompt fed in chunks of the given sizes."""
+    out, i = [], 0
+    for k in chunks:
+        out.append(model.decode(kv, tokens[i:i + k], np.arange(i, i + k), np.full(k, seq), np.ones(k, bool)))
+        i += k
+    assert i == len(tokens)
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("types", ["Q4_0", "Q4_1", "Q8_0", "kquant"])
+def test_tiny_model_logits_do_not_depend_on_batching(tmp_path, arch, types):
+    """A 70-token prompt: in one batch, token by token, in chunks 13/40/17, and interleaved token
+    by token with another sequence's prompt in one batch: the same logits, bit for bit."""
+    kw = dict(KQUANT_DIMS, types={m: ("Q6_K" if m in ("attn_v", "ffn_down", "output") else "Q4_K")
+                                  for m in ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                                            "ffn_up", "ffn_down", "output")}) if types == "kquant" else dict(types=types)
+    path = write_tiny_model(tmp_path / f"{arch}-{types}.gguf", arch, **kw)
+    model = Model(path, n_threads=2)
+    text = Tokenizer(path).encode(PROMPT, add_special=False)
+    assert len(text) >= N_PROMPT, len(text)
+    tokens = np.array(text[:N_PROMPT])
+    other = np.array(text[::-1][:N_PROMPT])
+
+    def cache():
+        return KVCache(model, n_ctx=4 * N_PROMPT, n_seq_max=2)
+
+    whole = prefill(model, cache(), tokens, [N_PROMPT])
+    assert np.array_equal(bits(prefill(model, cache(), tokens, [1] * N_PROMPT)), bits(whole))
+    assert np.array_equal(bits(prefill(model, cache(), tokens, [13, 40, 17])), bits(whole))
+
+    kv = cache()
+    prefill(model, kv, other[:5], [5], seq=1)  # the other sequence is 5 tokens ahead
+    # alternate the two sequences' tokens; the other's last 5 come after the prompt's last
+    entries = [(0, i, tokens[i]) for i in range(N_PROMPT)] + [(1, i, other[i]) for i in range(5, N_PROMPT)]
+    entries.sort(key=lambda e: (e[1] - 5 * e[0] + 0.5 * e[0]))
+    seq, pos, batch = (np.array(c) for c in zip(*entries))
+    mixed = model.decode(kv, batch, pos, seq, np.ones(len(batch), bool))
+    assert np.array_equal(bits(mixed[seq == 0]), bits(whole))
+    alone_other = prefill(model, cache(), other, [N_PROMPT], seq=0)
+    assert np.array_equal(bits(mixed[seq == 1]), bits(alone_other[5:]))
+
+
+def test_smollm2_logits_do_not_depend_on_chunking():
+    """The real Q4_1 model: a 100-token prompt in one chunk, one token at a time, in chunks of 37."""
+    from bubo import store
+    path = str(store.pull("smollm2:135m"))
+    model = Model(path, n_threads=2)
+    text = "Owls are birds of prey with large eyes and silent flight. " * 12
+    tokens = np.array(Tokenizer(path).encode(text, add_special=False)[:100])
+    assert len(tokens) == 100
+
+    def run(chunks):
+        return prefill(model, KVCache(model, n_ctx=100), tokens, chunks)
+
+    whole = run([100])
+    assert np.array_equal(bits(run([1] * 100)), bits(whole))
+    assert np.array_equal(bits(run([37, 37, 26])), bits(whole))
