@@ -141,7 +141,7 @@ METRICS = [
     ("prompt_tokens_seconds", "gauge", "Average prompt throughput, tokens/s."),
     ("predicted_tokens_seconds", "gauge", "Average generation throughput, tokens/s."),
     ("n_busy_slots_per_decode", "gauge", "Average busy slots per decode call."),
-    ("kv_cache_usage_ratio", "gauge", "KV cache usage (1 = full)."),
+    ("kv_cache_usage_ratio", "gauge", "KV cache usage (1 = full): blocks held by slots or kept for the prefix cache."),
     ("kv_cache_tokens", "gauge", "Tokens in the KV cache."),
     ("requests_processing", "gauge", "Requests being processed."),
     ("requests_deferred", "gauge", "Requests waiting for a slot."),

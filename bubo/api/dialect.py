@@ -451,9 +451,20 @@ def run_events(events: Iterable[Any], parser: OutputParser | None) -> Iterator[t
     raise ApiError(503, "cancelled", "the generation was cancelled before it finished")
 
 
-def collect(events: Iterable[Any], parser: OutputParser | None) -> Output:
+def collect(stream: Any, parser: OutputParser | None) -> Output:
+    """A non-streamed answer: the engine stream's events, gathered. A client that goes away
+    meanwhile cancels the stream (its slot is freed at the engine's next step); run_events then
+    raises for an answer nobody will read."""
+    from bubo.api.sse import cancel_on_disconnect
+
     out = Output()
-    for parts, ev in run_events(events, parser):
+    with cancel_on_disconnect(stream) as events:
+        _gather(out, run_events(events, parser))
+    return out
+
+
+def _gather(out: Output, items: Iterable[Any]) -> None:
+    for parts, ev in items:
         for p in parts:
             if p.kind == "reasoning":
                 out.reasoning += p.text
@@ -465,7 +476,6 @@ def collect(events: Iterable[Any], parser: OutputParser | None) -> Output:
             out.tokens.append(ev)
         else:
             out.finish = ev
-    return out
 
 
 def usage_numbers(fin: FinishEvent) -> dict[str, Any]:

@@ -358,7 +358,7 @@ class Engine:
             requests_processing=processing,
             requests_deferred=deferred,
             kv_cache_tokens=n_kv,
-            kv_cache_usage_ratio=used / total if total else 0.0,
+            kv_cache_usage_ratio=(used + kv.n_cached_blocks) / total if total else 0.0,
             kv_cache_used_blocks=used,
             kv_cache_cached_blocks=kv.n_cached_blocks,
             prompt_tokens_seconds=(c["prompt_tokens_total"] / c["prompt_seconds_total"]

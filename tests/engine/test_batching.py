@@ -175,7 +175,8 @@ def test_a_full_cache_preempts_the_newest_and_answers_stay_exact(catalog_model):
     # 4 slots but room for ~2 answers at a time: the newest give their blocks back and resume
     e = start(catalog_model, n_ctx=384, n_parallel=4, n_ubatch=64)
     try:
-        reqs = [GenerationRequest(chat_ids(e, q), GREEDY, max_tokens=120, n_probs=1) for q in QUESTIONS[:4]]
+        reqs = [GenerationRequest(chat_ids(e, q), GREEDY, max_tokens=120, n_probs=1, ignore_eos=True)
+                for q in QUESTIONS[:4]]
         alone = [collect(e.submit(r)) for r in reqs]
         both = together(e, reqs)
         for (a, fa), (b, fb) in zip(alone, both):
