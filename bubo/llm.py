@@ -375,17 +375,16 @@ class _Run:
             m._kv.truncate(0, 0)
         del m._kv_tokens[reuse:]
         self.n_cached = reuse
-        # Everything but the last token in chunks, then the last token on its own: a prompt chunk
-        # and a single token sum their dot products in different orders (last bits only), so
-        # running the last token alone every time makes a repeated prompt, served from the
-        # cache, give the same logits as the first time.
-        last = len(self.prompt) - 1
-        for i in range(reuse, last, PREFILL_CHUNK):
+        # Chunks of PREFILL_CHUNK, logits from the last prompt token. Every row gets the same bits
+        # whatever its chunk (the kernels are batch-invariant), so a prompt served partly from
+        # the cache gives the same logits as the first time.
+        n = len(self.prompt)
+        logits = None
+        for i in range(reuse, n, PREFILL_CHUNK):
             if interrupt is not None and interrupt():
                 return None
-            chunk = self.prompt[i : min(i + PREFILL_CHUNK, last)]
-            self._decode(chunk, i, False)
-        logits = self._decode(self.prompt[last:], last, True)
+            end = min(i + PREFILL_CHUNK, n)
+            logits = self._decode(self.prompt[i:end], i, end == n)
         assert logits is not None
         return logits
 
