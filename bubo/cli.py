@@ -89,13 +89,6 @@ def _parser() -> _ArgParser:
     p.add_flag("-s", "--seed", type=int, default=None)
     p.add_flag("--chat", action="store_true", help="apply the model's chat template to the prompt (as one user message)")
     p.add_flag("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
-    p.add_flag("-np", "--parallel", type=int, default=None,
-               help="slots: requests generated at once, sharing the context (default: up to 4, 512+ tokens each)")
-    p.add_flag("-b", "--batch-size", type=int, default=2048, help="most tokens one engine step takes (logical batch)")
-    p.add_flag("-ub", "--ubatch-size", type=int, default=512, help="most tokens in one forward pass (at most 512)")
-    p.add_flag("--queue-size", type=int, default=None,
-               help="requests that may wait for a slot; past it, 503 with Retry-After (default: unbounded)")
-    p.add_flag("--no-slots", action="store_true", help="turn the /slots endpoint off")
     p.add_flag("-c", "--ctx-size", type=int, default=4096)
 
     p = sub.add_parser("bench", help="measure prompt processing and generation speed (llama-bench's table)")
@@ -103,13 +96,6 @@ def _parser() -> _ArgParser:
     p.add_flag("-p", "--n-prompt", type=int, default=512, help="prompt tokens (0: skip the prompt test)")
     p.add_flag("-n", "--n-gen", type=int, default=128, help="generated tokens (0: skip the generation test)")
     p.add_flag("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
-    p.add_flag("-np", "--parallel", type=int, default=None,
-               help="slots: requests generated at once, sharing the context (default: up to 4, 512+ tokens each)")
-    p.add_flag("-b", "--batch-size", type=int, default=2048, help="most tokens one engine step takes (logical batch)")
-    p.add_flag("-ub", "--ubatch-size", type=int, default=512, help="most tokens in one forward pass (at most 512)")
-    p.add_flag("--queue-size", type=int, default=None,
-               help="requests that may wait for a slot; past it, 503 with Retry-After (default: unbounded)")
-    p.add_flag("--no-slots", action="store_true", help="turn the /slots endpoint off")
     p.add_flag("-r", "--repetitions", type=int, default=5)
     p.add_flag("-o", "--output", choices=("md", "json"), default="md")
     return parser

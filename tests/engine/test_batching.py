@@ -9,7 +9,8 @@ import pytest
 from bubo.engine import Engine, FinishEvent, GenerationRequest, QueueFullError, TokenEvent
 from bubo.sampling import SamplingParams
 
-READY_TIMEOUT_S = 120
+from .conftest import start_engine
+
 GREEDY = SamplingParams(temperature=0)
 SEEDED = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=1234)
 
@@ -38,13 +39,7 @@ QUESTIONS = [
 
 
 def start(catalog_model, **kw) -> Engine:
-    e = Engine(str(catalog_model("smollm2:135m")), n_threads=2, **kw)
-    e.start()
-    with gevent.Timeout(READY_TIMEOUT_S):
-        while not e.ready:
-            assert e.load_error is None, e.load_error
-            gevent.sleep(0.02)
-    return e
+    return start_engine(catalog_model("smollm2:135m"), **kw)
 
 
 @pytest.fixture(scope="module")

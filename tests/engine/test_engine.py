@@ -9,9 +9,10 @@ from bubo.engine import (ContextLengthError, Engine, ErrorEvent, FinishEvent, Ge
                          InsufficientMemoryError, NotReadyError, TokenEvent)
 from bubo.sampling import SamplingParams
 
+from .conftest import start_engine, wait_ready
+
 N_CTX = 512
 GREEDY = SamplingParams(temperature=0)
-READY_TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
@@ -20,10 +21,7 @@ def engine(catalog_model):
     with pytest.raises(NotReadyError):
         e.submit(GenerationRequest([1, 2, 3]))
     e.start()
-    with gevent.Timeout(READY_TIMEOUT_S):
-        while not e.ready:
-            assert e.load_error is None, e.load_error
-            gevent.sleep(0.02)
+    wait_ready(e)
     yield e
     e.stop()
 
@@ -276,12 +274,7 @@ def test_the_memory_guard_counts_what_the_cache_still_needs(engine):
 @pytest.fixture(scope="module")
 def roomy(catalog_model):
     """A fresh engine with a context its cache has not taken yet."""
-    e = Engine(str(catalog_model("smollm2:135m")), n_ctx=8192, n_threads=2)
-    e.start()
-    with gevent.Timeout(READY_TIMEOUT_S):
-        while not e.ready:
-            assert e.load_error is None, e.load_error
-            gevent.sleep(0.02)
+    e = start_engine(catalog_model("smollm2:135m"), n_ctx=8192)
     yield e
     e.stop()
 
@@ -329,11 +322,7 @@ def test_memory_budget_reads_the_machine(monkeypatch):
 def test_an_answer_without_max_tokens_ends_where_memory_runs_short(catalog_model, monkeypatch):
     from bubo.engine import engine as eng_mod
 
-    e = Engine(str(catalog_model("smollm2:135m")), n_ctx=8192, n_threads=2)
-    e.start()
-    with gevent.Timeout(READY_TIMEOUT_S):
-        while not e.ready:
-            gevent.sleep(0.02)
+    e = start_engine(catalog_model("smollm2:135m"), n_ctx=8192)
     try:
         tok = e.tokenizer
         no_eog = {t: float("-inf") for t in range(tok.n_vocab) if tok.is_eog(t)}

@@ -1,0 +1,25 @@
+"""Shared by the engine tests: start an engine on smollm2:135m and wait until it is ready."""
+
+from __future__ import annotations
+
+import gevent
+
+from bubo.engine import Engine
+
+READY_TIMEOUT_S = 120
+
+
+def wait_ready(e: Engine) -> Engine:
+    with gevent.Timeout(READY_TIMEOUT_S):
+        while not e.ready:
+            assert e.load_error is None, e.load_error
+            gevent.sleep(0.02)
+    return e
+
+
+def start_engine(path, **kw) -> Engine:
+    """An Engine on the model at path (n_threads 2 unless given), started and ready."""
+    kw.setdefault("n_threads", 2)
+    e = Engine(str(path), **kw)
+    e.start()
+    return wait_ready(e)
