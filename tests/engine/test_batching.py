@@ -208,3 +208,28 @@ def test_queue_bound_refuses_past_it_and_a_cancelled_queued_request_never_starts
         assert e.metrics()["requests_total"] == started + 2
     finally:
         e.stop()
+
+
+def test_a_long_prompt_never_stalls_a_generating_slot_for_more_than_one_chunk(catalog_model):
+    e = start(catalog_model, n_ctx=4096, n_parallel=2, n_ubatch=128)
+    try:
+        a = e.submit(GenerationRequest(chat_ids(e, "Count slowly."), GREEDY, max_tokens=400, ignore_eos=True))
+        assert isinstance(next(a), TokenEvent)
+        long_prompt = chat_ids(e, " ".join(f"Note {i}: nothing happened on day {i}." for i in range(150)))
+        assert len(long_prompt) > 1500
+        b = e.submit(GenerationRequest(long_prompt, GREEDY, max_tokens=2, cache_prompt=False))
+        steps_before = e.metrics()["n_decode_total"]
+        seen_a = 0
+        b_first = gevent.spawn(next, b)
+        while not b_first.ready():
+            assert isinstance(next(a), TokenEvent)
+            seen_a += 1
+        steps = e.metrics()["n_decode_total"] - steps_before
+        n_chunks = -(-len(long_prompt) // (128 - 1))  # the chunks share each step with a's row
+        # a got a token from every step that read a chunk of b's prompt (give or take the step
+        # running when b arrived and the one that sampled b's first token)
+        assert steps >= n_chunks and seen_a >= n_chunks - 2, (seen_a, steps, n_chunks)
+        a.cancel()
+        collect(b)
+    finally:
+        e.stop()
