@@ -33,6 +33,7 @@
 #if defined(BUBO_X86)
 
 #define TILE_PANEL 8   /* blocks unpacked at once: 256 elements, 4.5 KiB packed, stays in L1 */
+#define ROWS_PREFETCH_GROUPS 1 /* rows_legacy_avx512 prefetches the next 16-row group (2 or 0: slower) */
 #define TILE_PACK_MIN_TOKENS 4 /* fewer tokens: rows_legacy_avx512, no packing (same bits either way) */
 
 typedef struct {
@@ -118,21 +119,6 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_micro_
  * in 8-15) whose total per block is the block's integer dot product, offset already taken off. */
 typedef __m512i (*legacy_dot2_fn)(const void *x0, const void *x1, const void *y0, const void *y1);
 
-/* z[p] = legacy_dot2_fn of blocks 2p, 2p+1 -> lane k = the total of block k (k = 0..15). */
-BUBO_TARGET_AVX512 static inline __m512i sum_16_blocks_avx512(const __m512i z[8]) {
-    __m512i t[4], u[2];
-    for (int a = 0; a < 4; a++) /* per 128-bit lane: [z0.0+z0.2, z1.0+z1.2, z0.1+z0.3, z1.1+z1.3] */
-        t[a] = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2 * a], z[2 * a + 1]), _mm512_unpackhi_epi32(z[2 * a], z[2 * a + 1]));
-    for (int b = 0; b < 2; b++) /* per 128-bit lane L: the 4 dwords of z[4b + i] in L summed, in dword i */
-        u[b] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * b], t[2 * b + 1]), _mm512_unpackhi_epi64(t[2 * b], t[2 * b + 1]));
-    /* block 2p = lanes 0,1 of z[p], block 2p+1 = lanes 2,3: lane 4c + i now holds block
-     * (c & 1) + 2i + 8 (c >> 1) */
-    const __m512i sums = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                          _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
-    return _mm512_permutexvar_epi32(order, sums);
-}
-
 /* dot(row x, token y) over nb blocks: per block, the exact integer sum, then one fma into the
  * running sum with dx * dy (and, with_min, one fma of m * s), blocks in ascending order: the
  * chain of tile_micro_avx512. */
@@ -193,11 +179,12 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy
                 const uint8_t *yb = yt + (size_t)k * y_size;
                 if (t == 0) {
                     /* 16 rows read side by side are 16 streams, more than the hardware prefetchers
-                     * follow: fetch the next row group's bytes while this one computes (block k of
-                     * each row: every line, as a block is shorter than one) */
-                    const int next_rows = nr - TILE_ROWS < TILE_ROWS ? nr - TILE_ROWS : TILE_ROWS;
-                    for (int i = 0; i < next_rows; i++)
-                        _mm_prefetch((const char *)(xr + (size_t)(TILE_ROWS + i) * x_stride + off), _MM_HINT_T0);
+                     * follow: fetch block k of the rows ROWS_PREFETCH_GROUPS groups ahead (every
+                     * line of them, as a block is shorter than one) while this group computes */
+                    const int ahead = ROWS_PREFETCH_GROUPS * TILE_ROWS;
+                    const int n_ahead = nr - ahead < TILE_ROWS ? nr - ahead : TILE_ROWS;
+                    for (int i = 0; i < n_ahead; i++)
+                        _mm_prefetch((const char *)(xr + (size_t)(ahead + i) * x_stride + off), _MM_HINT_T0);
                 }
                 __m512i z[8];
 #pragma GCC unroll 8
