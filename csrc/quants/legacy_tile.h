@@ -119,6 +119,11 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_micro_
  * in 8-15) whose total per block is the block's integer dot product, offset already taken off. */
 typedef __m512i (*legacy_dot2_fn)(const void *x0, const void *x1, const void *y0, const void *y1);
 
+/* The same for the rows kernel, which brings one activation block (in both halves of a) to 16
+ * rows: the weights as the tile's unsigned bytes, sum(u * qy) per block, the offset off * sum(qy)
+ * taken off once per block for all 16 rows instead of per row. */
+typedef __m512i (*legacy_udot2_fn)(const void *x0, const void *x1, __m512i a);
+
 /* dot(row x, token y) over nb blocks: per block, the exact integer sum, then one fma into the
  * running sum with dx * dy (and, with_min, one fma of m * s), blocks in ascending order: the
  * chain of tile_micro_avx512. */
@@ -159,13 +164,20 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) float vec_dot_le
     return _mm_cvtss_f32(acc);
 }
 
+/* sum(qy) of one block's 32 int8 values. */
+BUBO_TARGET_AVX512 static inline int sum_q8_block_avx512(__m256i qy) {
+    const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(qy, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+    const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+    return (int)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+}
+
 /* The tile for a few tokens: the same chain per (row, token) as tile_micro_avx512 (16 rows in the
  * lanes of one accumulator, one fma per block), but each block's 16 integer sums come from a
  * reduction tree over untransposed rows instead of a packing, which only pays off when many
  * tokens share it. */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy_avx512(
     int nb, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const uint8_t *x, size_t x_stride,
-    size_t x_size, const uint8_t *y, size_t y_stride, legacy_dot2_fn dot2, int with_min) {
+    size_t x_size, const uint8_t *y, size_t y_stride, legacy_udot2_fn udot2, int with_min, int off_q) {
     const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
         const int nr = n_rows - r0;
@@ -186,11 +198,17 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy
                     for (int i = 0; i < n_ahead; i++)
                         _mm_prefetch((const char *)(xr + (size_t)(ahead + i) * x_stride + off), _MM_HINT_T0);
                 }
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(with_min ? ((const block_q8_1 *)yb)->qs
+                                                                                  : ((const block_q8_0 *)yb)->qs));
+                const __m512i a = _mm512_broadcast_i64x4(qy);
                 __m512i z[8];
 #pragma GCC unroll 8
                 for (int p = 0; p < 8; p++)
-                    z[p] = dot2(tile_block(xr, x_stride, nr, 2 * p, off), tile_block(xr, x_stride, nr, 2 * p + 1, off), yb, yb);
-                const __m512 isum = _mm512_cvtepi32_ps(sum_16_blocks_avx512(z));
+                    z[p] = udot2(tile_block(xr, x_stride, nr, 2 * p, off), tile_block(xr, x_stride, nr, 2 * p + 1, off), a);
+                __m512i isum_i = sum_16_blocks_avx512(z);
+                if (!with_min) /* sum(qy) through the unsigned sum of qy + 128, as the tile */
+                    isum_i = _mm512_sub_epi32(isum_i, _mm512_set1_epi32(off_q * sum_q8_block_avx512(qy)));
+                const __m512 isum = _mm512_cvtepi32_ps(isum_i);
                 const __m512i heads = gather_block_heads_avx512(xr, x_stride, nr, off);
                 if (with_min) {
                     const block_q8_1 *b = (const block_q8_1 *)yb;
@@ -209,7 +227,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy
 /* The whole tile. x_size: weight block bytes; with_min: Q8_1 activations (else Q8_0, offset off). */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
-    const void *restrict vy, size_t y_stride, tile_pack_fn pack, legacy_dot2_fn dot2, size_t x_size, int with_min,
+    const void *restrict vy, size_t y_stride, tile_pack_fn pack, legacy_udot2_fn udot2, size_t x_size, int with_min,
     int off) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK8_0;
@@ -218,7 +236,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
         return;
     }
     if (n_tokens < TILE_PACK_MIN_TOKENS) {
-        rows_legacy_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, x_size, y, y_stride, dot2, with_min);
+        rows_legacy_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, x_size, y, y_stride, udot2, with_min, off);
         return;
     }
     const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
