@@ -33,7 +33,6 @@
 #if defined(BUBO_X86)
 
 #define TILE_PANEL 8   /* blocks unpacked at once: 256 elements, 4.5 KiB packed, stays in L1 */
-#define ROWS_PREFETCH_GROUPS 1 /* rows_legacy_avx512 prefetches the next 16-row group (2 or 0: slower) */
 #define TILE_PACK_MIN_TOKENS 4 /* fewer tokens: rows_legacy_avx512, no packing (same bits either way) */
 
 typedef struct {
@@ -189,14 +188,15 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy
             for (int k = 0; k < nb; k++) {
                 const size_t off = (size_t)k * x_size;
                 const uint8_t *yb = yt + (size_t)k * y_size;
-                if (t == 0) {
-                    /* 16 rows read side by side are 16 streams, more than the hardware prefetchers
-                     * follow: fetch block k of the rows ROWS_PREFETCH_GROUPS groups ahead (every
-                     * line of them, as a block is shorter than one) while this group computes */
-                    const int ahead = ROWS_PREFETCH_GROUPS * TILE_ROWS;
-                    const int n_ahead = nr - ahead < TILE_ROWS ? nr - ahead : TILE_ROWS;
-                    for (int i = 0; i < n_ahead; i++)
-                        _mm_prefetch((const char *)(xr + (size_t)(ahead + i) * x_stride + off), _MM_HINT_T0);
+                if (t == 0 && nr > TILE_ROWS) {
+                    /* 16 rows read side by side are 16 short streams, which the hardware
+                     * prefetchers do not follow: fetch the next row group, one contiguous range,
+                     * a share of its lines per block while this group computes */
+                    const size_t span = (size_t)(nr - TILE_ROWS < TILE_ROWS ? nr - TILE_ROWS : TILE_ROWS) * x_stride;
+                    const uintptr_t next = (uintptr_t)(xr + (size_t)TILE_ROWS * x_stride);
+                    const uintptr_t from = (next + span * (size_t)k / (size_t)nb) & ~(uintptr_t)63;
+                    const uintptr_t to = next + span * (size_t)(k + 1) / (size_t)nb;
+                    for (uintptr_t a = from; a < to; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
                 }
                 const __m256i qy = _mm256_loadu_si256((const __m256i *)(with_min ? ((const block_q8_1 *)yb)->qs
                                                                                   : ((const block_q8_0 *)yb)->qs));
