@@ -25,7 +25,7 @@
 
 #if defined(BUBO_X86)
 
-#define KQ_PACK_MIN_TOKENS 4 /* fewer tokens: kq_dot_2rows_avx512, no packing (same bits either way) */
+#define KQ_PACK_MIN_TOKENS 4 /* fewer tokens: the vec_dot per (row, token), same bits */
 
 typedef struct {
     __m512i q[8][8];    /* [32-element group][dword]: lane r = 4 u8 of row r */
@@ -114,45 +114,9 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_av
     }
 }
 
-/* One super-block of one row against its Q8_K block, in integers (int32 lanes whose totals are
- * isum, 16 lanes, and msum, 8 lanes), and the row's two factors dx, dm. */
-typedef void (*kq_row_sums_fn)(const void *block, const block_q8_K *y, __m512i *isum, __m256i *msum, float *dx,
-                               float *dm);
-
-/* Two rows' dot products with one token, the chain of kq_chain_step in lanes 0 and 1: both rows'
- * four totals come out of one reduction, and the two chains share each fma. For the few-token
- * tile, which reads the rows in memory order (a large output matrix streams at full speed). */
-BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_dot_2rows_avx512(
-    int nb, const uint8_t *xa, const uint8_t *xb, size_t x_size, const block_q8_K *y, kq_row_sums_fn row_sums,
-    float *sa, float *sb) {
-    __m128 acc = _mm_setzero_ps();
-    for (int k = 0; k < nb; k++) {
-        __m512i ia, ib;
-        __m256i ma, mb;
-        float dxa, dma, dxb, dmb;
-        row_sums(xa + (size_t)k * x_size, y + k, &ia, &ma, &dxa, &dma);
-        row_sums(xb + (size_t)k * x_size, y + k, &ib, &mb, &dxb, &dmb);
-        const __m512i ha = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_add_epi32(_mm512_castsi512_si256(ia), _mm512_extracti64x4_epi64(ia, 1))), ma, 1);
-        const __m512i hb = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_add_epi32(_mm512_castsi512_si256(ib), _mm512_extracti64x4_epi64(ib, 1))), mb, 1);
-        /* per 128-bit lane: dword 0 = row a's 4 dwords summed, dword 1 = row b's */
-        __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi32(ha, hb), _mm512_unpackhi_epi32(ha, hb));
-        u = _mm512_add_epi32(u, _mm512_shuffle_epi32(u, _MM_PERM_BADC));
-        /* lanes 0+1 hold isum, 2+3 msum */
-        u = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
-        const __m128 fi = _mm_cvtepi32_ps(_mm512_castsi512_si128(u)), fm = _mm_cvtepi32_ps(_mm512_extracti32x4_epi32(u, 2));
-        const __m128 dy = _mm_set1_ps(y[k].d);
-        acc = _mm_fmadd_ps(fi, _mm_mul_ps(_mm_setr_ps(dxa, dxb, 0.0f, 0.0f), dy), acc);
-        acc = _mm_fnmadd_ps(fm, _mm_mul_ps(_mm_setr_ps(dma, dmb, 0.0f, 0.0f), dy), acc);
-    }
-    *sa = _mm_cvtss_f32(acc);
-    *sb = _mm_cvtss_f32(_mm_movehdup_ps(acc));
-}
-
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
-    const void *restrict vy, size_t y_stride, size_t x_size, kq_unpack_fn unpack, kq_row_sums_fn row_sums, bubo_vec_dot_fn vec_dot) {
+    const void *restrict vy, size_t y_stride, size_t x_size, kq_unpack_fn unpack, bubo_vec_dot_fn vec_dot) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK_K;
     if (nb == 0) {
@@ -160,15 +124,9 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
         return;
     }
     if (n_tokens < KQ_PACK_MIN_TOKENS) {
-        /* two rows at a time in memory order (a large output matrix streams at full speed), the
-         * last odd row by the vec_dot: all run kq_chain_step's chain */
-        int r = 0;
-        for (; r + 2 <= n_rows; r += 2)
-            for (int t = 0; t < n_tokens; t++)
-                kq_dot_2rows_avx512(nb, x + (size_t)r * x_stride, x + (size_t)(r + 1) * x_stride, x_size,
-                                    (const block_q8_K *)(y + (size_t)t * y_stride), row_sums, &s[(size_t)t * s_stride + r],
-                                    &s[(size_t)t * s_stride + r + 1]);
-        for (; r < n_rows; r++)
+        /* the vec_dot runs the same chain (kq_chain_step); row by row, the weights stream from
+         * memory in order, which a large output matrix needs */
+        for (int r = 0; r < n_rows; r++)
             for (int t = 0; t < n_tokens; t++)
                 vec_dot(n, &s[(size_t)t * s_stride + r], x + (size_t)r * x_stride, y + (size_t)t * y_stride);
         return;

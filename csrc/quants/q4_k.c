@@ -126,11 +126,8 @@ static void dequantize_row_q4_K_avx512(const void *restrict vx, float *restrict 
 /* One super-block in integers : isum = sum of scale * (q . qy) over 16 lanes,
  * msum = sum of min * bsum over 8. */
 BUBO_TARGET_AVX512
-static inline void row_sums_q4_K_avx512(const void *vx, const block_q8_K *y, __m512i *isum, __m256i *msum,
-                                        float *dx, float *dm) {
+static inline void row_sums_q4_K_avx512(const void *vx, const block_q8_K *y, __m512i *isum, __m256i *msum) {
     const block_q4_K *x = vx;
-    *dx = _cvtsh_ss(x->d);
-    *dm = _cvtsh_ss(x->dmin);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i nibble_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
     uint32_t smw[4];
@@ -158,9 +155,8 @@ static void vec_dot_q4_K_q8_K_avx512(int n, float *restrict s, const void *restr
     for (int i = 0; i < n / QK_K; i++) {
         __m512i sumi;
         __m256i summ;
-        float dx, dm;
-        row_sums_q4_K_avx512(x + i, y + i, &sumi, &summ, &dx, &dm);
-        acc = kq_chain_step(acc, sumi, summ, dx, dm, y[i].d);
+        row_sums_q4_K_avx512(x + i, y + i, &sumi, &summ);
+        acc = kq_chain_step(acc, sumi, summ, _cvtsh_ss(x[i].d), _cvtsh_ss(x[i].dmin), y[i].d);
     }
     *s = _mm_cvtss_f32(acc);
 }
@@ -253,7 +249,7 @@ BUBO_TARGET_AVX512 static void tile_q4_K_q8_K_avx512(int n, int n_rows, int n_to
                                                    const void *restrict x, size_t x_stride, const void *restrict y,
                                                    size_t y_stride) {
     tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q4_K), kq_unpack_q4_K_avx512,
-                       row_sums_q4_K_avx512, vec_dot_q4_K_q8_K_avx512);
+                       vec_dot_q4_K_q8_K_avx512);
 }
 #endif /* BUBO_X86 */
 

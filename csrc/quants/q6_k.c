@@ -163,11 +163,8 @@ static void dequantize_row_q6_K_avx512(const void *restrict vx, float *restrict 
 /* One super-block in integers : isum = sum of scale * (q . qy) with q unsigned
  * (0..63) over 16 lanes, msum = sum of 32 * scale * bsum over 8. */
 BUBO_TARGET_AVX512
-static inline void row_sums_q6_K_avx512(const void *vx, const block_q8_K *y, __m512i *isum, __m256i *msum,
-                                        float *dx, float *dm) {
+static inline void row_sums_q6_K_avx512(const void *vx, const block_q8_K *y, __m512i *isum, __m256i *msum) {
     const block_q6_K *x = vx;
-    *dx = _cvtsh_ss(x->d);
-    *dm = _cvtsh_ss(x->d);
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
     const __m512i words = _mm512_castsi256_si512(sc16);
     const __m256i bsums = _mm256_loadu_si256((const __m256i *)y->bsums);
@@ -192,9 +189,9 @@ static void vec_dot_q6_K_q8_K_avx512(int n, float *restrict s, const void *restr
     for (int i = 0; i < n / QK_K; i++) {
         __m512i sumi;
         __m256i summ;
-        float dx, dm;
-        row_sums_q6_K_avx512(x + i, y + i, &sumi, &summ, &dx, &dm);
-        acc = kq_chain_step(acc, sumi, summ, dx, dm, y[i].d);
+        row_sums_q6_K_avx512(x + i, y + i, &sumi, &summ);
+        const float d = _cvtsh_ss(x[i].d);
+        acc = kq_chain_step(acc, sumi, summ, d, d, y[i].d);
     }
     *s = _mm_cvtss_f32(acc);
 }
@@ -276,7 +273,7 @@ BUBO_TARGET_AVX512 static void tile_q6_K_q8_K_avx512(int n, int n_rows, int n_to
                                                    const void *restrict x, size_t x_stride, const void *restrict y,
                                                    size_t y_stride) {
     tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K), kq_unpack_q6_K_avx512,
-                       row_sums_q6_K_avx512, vec_dot_q6_K_q8_K_avx512);
+                       vec_dot_q6_K_q8_K_avx512);
 }
 #endif /* BUBO_X86 */
 
