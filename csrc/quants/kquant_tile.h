@@ -124,7 +124,8 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
         return;
     }
     if (n_tokens < KQ_PACK_MIN_TOKENS) {
-        /* the vec_dot runs the same chain (kq_chain_step) without a packing to amortize */
+        /* the vec_dot runs the same chain (kq_chain_step); row by row, the weights stream from
+         * memory in order, which a large output matrix needs */
         for (int r = 0; r < n_rows; r++)
             for (int t = 0; t < n_tokens; t++)
                 vec_dot(n, &s[(size_t)t * s_stride + r], x + (size_t)r * x_stride, y + (size_t)t * y_stride);
@@ -152,10 +153,19 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
 }
 
 /* One super-block's step of the chain kq_micro_avx512 runs in each lane, for the AVX-512 vec_dots:
- * given the same exact integer sums, a vec_dot gives each output the bits the tile gives it. */
-BUBO_TARGET_AVX512 static inline __m128 kq_chain_step(__m128 acc, int32_t isum, int32_t msum, float dx, float dm, float dy) {
-    acc = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), isum), _mm_set_ss(dx * dy), acc);
-    return _mm_fnmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), msum), _mm_set_ss(dm * dy), acc);
+ * isum is the total of 16 int32 lanes, msum of 8. Given the same exact integer sums, a vec_dot
+ * gives each output the bits the tile gives it. */
+BUBO_TARGET_AVX512 static inline __m128 kq_chain_step(__m128 acc, __m512i isum, __m256i msum, float dx, float dm, float dy) {
+    /* both totals in one reduction: isum folded to 8 lanes beside msum's 8 */
+    __m512i h = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1))), msum, 1);
+    h = _mm512_add_epi32(h, _mm512_shuffle_i32x4(h, h, _MM_SHUFFLE(2, 3, 0, 1)));
+    h = _mm512_add_epi32(h, _mm512_shuffle_epi32(h, _MM_PERM_BADC));
+    h = _mm512_add_epi32(h, _mm512_shuffle_epi32(h, _MM_PERM_CDAB));
+    const __m128 f = _mm_cvtepi32_ps(_mm512_castsi512_si128(h));                 /* isum in lane 0 */
+    const __m128 g = _mm_cvtepi32_ps(_mm512_extracti32x4_epi32(h, 2));            /* msum in lane 0 */
+    acc = _mm_fmadd_ss(f, _mm_set_ss(dx * dy), acc);
+    return _mm_fnmadd_ss(g, _mm_set_ss(dm * dy), acc);
 }
 
 #endif /* BUBO_X86 */

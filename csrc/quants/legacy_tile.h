@@ -118,20 +118,10 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_micro_
  * in 8-15) whose total per block is the block's integer dot product, offset already taken off. */
 typedef __m512i (*legacy_dot2_fn)(const void *x0, const void *x1, const void *y0, const void *y1);
 
-/* z[p] = legacy_dot2_fn of blocks 2p, 2p+1 -> lane k = the total of block k (k = 0..15). */
-BUBO_TARGET_AVX512 static inline __m512i sum_16_blocks_avx512(const __m512i z[8]) {
-    __m512i t[4], u[2];
-    for (int a = 0; a < 4; a++) /* per 128-bit lane: [z0.0+z0.2, z1.0+z1.2, z0.1+z0.3, z1.1+z1.3] */
-        t[a] = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2 * a], z[2 * a + 1]), _mm512_unpackhi_epi32(z[2 * a], z[2 * a + 1]));
-    for (int b = 0; b < 2; b++) /* per 128-bit lane L: the 4 dwords of z[4b + i] in L summed, in dword i */
-        u[b] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * b], t[2 * b + 1]), _mm512_unpackhi_epi64(t[2 * b], t[2 * b + 1]));
-    /* block 2p = lanes 0,1 of z[p], block 2p+1 = lanes 2,3: lane 4c + i now holds block
-     * (c & 1) + 2i + 8 (c >> 1) */
-    const __m512i sums = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                          _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
-    return _mm512_permutexvar_epi32(order, sums);
-}
+/* The same for the rows kernel, which brings one activation block (in both halves of a) to 16
+ * rows: the weights as the tile's unsigned bytes, sum(u * qy) per block, the offset off * sum(qy)
+ * taken off once per block for all 16 rows instead of per row. */
+typedef __m512i (*legacy_udot2_fn)(const void *x0, const void *x1, __m512i a);
 
 /* dot(row x, token y) over nb blocks: per block, the exact integer sum, then one fma into the
  * running sum with dx * dy (and, with_min, one fma of m * s), blocks in ascending order: the
@@ -173,13 +163,20 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) float vec_dot_le
     return _mm_cvtss_f32(acc);
 }
 
+/* sum(qy) of one block's 32 int8 values. */
+BUBO_TARGET_AVX512 static inline int sum_q8_block_avx512(__m256i qy) {
+    const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(qy, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+    const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+    return (int)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+}
+
 /* The tile for a few tokens: the same chain per (row, token) as tile_micro_avx512 (16 rows in the
  * lanes of one accumulator, one fma per block), but each block's 16 integer sums come from a
  * reduction tree over untransposed rows instead of a packing, which only pays off when many
  * tokens share it. */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy_avx512(
     int nb, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const uint8_t *x, size_t x_stride,
-    size_t x_size, const uint8_t *y, size_t y_stride, legacy_dot2_fn dot2, int with_min) {
+    size_t x_size, const uint8_t *y, size_t y_stride, legacy_udot2_fn udot2, int with_min, int off_q) {
     const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
         const int nr = n_rows - r0;
@@ -191,19 +188,27 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy
             for (int k = 0; k < nb; k++) {
                 const size_t off = (size_t)k * x_size;
                 const uint8_t *yb = yt + (size_t)k * y_size;
-                if (t == 0) {
-                    /* 16 rows read side by side are 16 streams, more than the hardware prefetchers
-                     * follow: fetch the next row group's bytes while this one computes (block k of
-                     * each row: every line, as a block is shorter than one) */
-                    const int next_rows = nr - TILE_ROWS < TILE_ROWS ? nr - TILE_ROWS : TILE_ROWS;
-                    for (int i = 0; i < next_rows; i++)
-                        _mm_prefetch((const char *)(xr + (size_t)(TILE_ROWS + i) * x_stride + off), _MM_HINT_T0);
+                if (t == 0 && nr > TILE_ROWS) {
+                    /* 16 rows read side by side are 16 short streams, which the hardware
+                     * prefetchers do not follow: fetch the next row group, one contiguous range,
+                     * a share of its lines per block while this group computes */
+                    const size_t span = (size_t)(nr - TILE_ROWS < TILE_ROWS ? nr - TILE_ROWS : TILE_ROWS) * x_stride;
+                    const uintptr_t next = (uintptr_t)(xr + (size_t)TILE_ROWS * x_stride);
+                    const uintptr_t from = (next + span * (size_t)k / (size_t)nb) & ~(uintptr_t)63;
+                    const uintptr_t to = next + span * (size_t)(k + 1) / (size_t)nb;
+                    for (uintptr_t a = from; a < to; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
                 }
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(with_min ? ((const block_q8_1 *)yb)->qs
+                                                                                  : ((const block_q8_0 *)yb)->qs));
+                const __m512i a = _mm512_broadcast_i64x4(qy);
                 __m512i z[8];
 #pragma GCC unroll 8
                 for (int p = 0; p < 8; p++)
-                    z[p] = dot2(tile_block(xr, x_stride, nr, 2 * p, off), tile_block(xr, x_stride, nr, 2 * p + 1, off), yb, yb);
-                const __m512 isum = _mm512_cvtepi32_ps(sum_16_blocks_avx512(z));
+                    z[p] = udot2(tile_block(xr, x_stride, nr, 2 * p, off), tile_block(xr, x_stride, nr, 2 * p + 1, off), a);
+                __m512i isum_i = sum_16_blocks_avx512(z);
+                if (!with_min) /* sum(qy) through the unsigned sum of qy + 128, as the tile */
+                    isum_i = _mm512_sub_epi32(isum_i, _mm512_set1_epi32(off_q * sum_q8_block_avx512(qy)));
+                const __m512 isum = _mm512_cvtepi32_ps(isum_i);
                 const __m512i heads = gather_block_heads_avx512(xr, x_stride, nr, off);
                 if (with_min) {
                     const block_q8_1 *b = (const block_q8_1 *)yb;
@@ -222,7 +227,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy
 /* The whole tile. x_size: weight block bytes; with_min: Q8_1 activations (else Q8_0, offset off). */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
-    const void *restrict vy, size_t y_stride, tile_pack_fn pack, legacy_dot2_fn dot2, size_t x_size, int with_min,
+    const void *restrict vy, size_t y_stride, tile_pack_fn pack, legacy_udot2_fn udot2, size_t x_size, int with_min,
     int off) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK8_0;
@@ -231,7 +236,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
         return;
     }
     if (n_tokens < TILE_PACK_MIN_TOKENS) {
-        rows_legacy_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, x_size, y, y_stride, dot2, with_min);
+        rows_legacy_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, x_size, y, y_stride, udot2, with_min, off);
         return;
     }
     const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);

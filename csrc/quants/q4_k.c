@@ -123,31 +123,40 @@ static void dequantize_row_q4_K_avx512(const void *restrict vx, float *restrict 
     }
 }
 
+/* One super-block in integers : isum = sum of scale * (q . qy) over 16 lanes,
+ * msum = sum of min * bsum over 8. */
+BUBO_TARGET_AVX512
+static inline void row_sums_q4_K_avx512(const void *vx, const block_q8_K *y, __m512i *isum, __m256i *msum) {
+    const block_q4_K *x = vx;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i nibble_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    uint32_t smw[4];
+    kq_unpack_scales_mins(x->scales, smw);
+    const __m256i sm16 = _mm256_cvtepu8_epi16(kq_words_to_xmm(smw));
+    const __m512i words = _mm512_castsi256_si512(sm16);
+    *msum = kq_mins_dot_bsums_avx2(sm16, y->bsums);
+    const uint8_t *q = x->qs;
+    const int8_t *a = y->qs;
+    __m512i sumi = _mm512_setzero_si512();
+    for (int c = 0; c < 4; c++, q += 32, a += 64) {
+        /* 64 consecutive elements: groups 2c (low nibbles) and 2c + 1 (high nibbles) */
+        const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
+        const __m512i w = _mm512_and_si512(_mm512_srlv_epi64(bits, nibble_shift), m4);
+        sumi = kq_dot64_scaled_avx512(sumi, w, a, kq_group32_scales_avx512(words, c));
+    }
+    *isum = sumi;
+}
+
 BUBO_TARGET_AVX512
 static void vec_dot_q4_K_q8_K_avx512(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
     const block_q4_K *restrict x = vx;
     const block_q8_K *restrict y = vy;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i nibble_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
     __m128 acc = _mm_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
-        uint32_t smw[4];
-        kq_unpack_scales_mins(x[i].scales, smw);
-        const __m256i sm16 = _mm256_cvtepu8_epi16(kq_words_to_xmm(smw));
-        const __m512i words = _mm512_castsi256_si512(sm16);
-        const __m256i summ = kq_mins_dot_bsums_avx2(sm16, y[i].bsums);
-
-        const uint8_t *q = x[i].qs;
-        const int8_t *a = y[i].qs;
-        __m512i sumi = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++, q += 32, a += 64) {
-            /* 64 consecutive elements: groups 2c (low nibbles) and 2c + 1 (high nibbles) */
-            const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
-            const __m512i w = _mm512_and_si512(_mm512_srlv_epi64(bits, nibble_shift), m4);
-            sumi = kq_dot64_scaled_avx512(sumi, w, a, kq_group32_scales_avx512(words, c));
-        }
-        acc = kq_chain_step(acc, _mm512_reduce_add_epi32(sumi), _mm512_reduce_add_epi32(_mm512_zextsi256_si512(summ)), _cvtsh_ss(x[i].d),
-                            _cvtsh_ss(x[i].dmin), y[i].d);
+        __m512i sumi;
+        __m256i summ;
+        row_sums_q4_K_avx512(x + i, y + i, &sumi, &summ);
+        acc = kq_chain_step(acc, sumi, summ, _cvtsh_ss(x[i].d), _cvtsh_ss(x[i].dmin), y[i].d);
     }
     *s = _mm_cvtss_f32(acc);
 }

@@ -257,6 +257,11 @@ BUBO_TARGET_AVX512 static inline __m512i dot_q5_1_2blocks_avx512(const block_q5_
                                load_2x32_avx512(y0->qs, y1->qs));
 }
 
+BUBO_TARGET_AVX512 static inline __m512i udot2_q5_0_avx512(const void *x0, const void *x1, __m512i a) {
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), q5_bytes_2x_avx512(((const block_q5_0 *)x0)->qs, ((const block_q5_0 *)x0)->qh, ((const block_q5_0 *)x1)->qs,
+                                                      ((const block_q5_0 *)x1)->qh), a);
+}
+
 BUBO_TARGET_AVX512 static __m512i dot2_q5_0_avx512(const void *x0, const void *x1, const void *y0, const void *y1) {
     return dot_q5_0_2blocks_avx512(x0, x1, y0, y1);
 }
@@ -264,6 +269,11 @@ BUBO_TARGET_AVX512 static __m512i dot2_q5_0_avx512(const void *x0, const void *x
 BUBO_TARGET_AVX512 static void vec_dot_q5_0_q8_0_avx512(int n, float *restrict s, const void *restrict vx,
                                                          const void *restrict vy) {
     *s = vec_dot_legacy_avx512(n / QK8_0, vx, sizeof(block_q5_0), vy, dot2_q5_0_avx512, 0);
+}
+
+BUBO_TARGET_AVX512 static inline __m512i udot2_q5_1_avx512(const void *x0, const void *x1, __m512i a) {
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), q5_bytes_2x_avx512(((const block_q5_1 *)x0)->qs, ((const block_q5_1 *)x0)->qh, ((const block_q5_1 *)x1)->qs,
+                                                      ((const block_q5_1 *)x1)->qh), a);
 }
 
 BUBO_TARGET_AVX512 static __m512i dot2_q5_1_avx512(const void *x0, const void *x1, const void *y0, const void *y1) {
@@ -378,7 +388,7 @@ BUBO_TARGET_AVX512 static void pack_q5_0_avx512(packed_panel_avx512 *p, const ui
 BUBO_TARGET_AVX512 static void tile_q5_0_q8_0_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                     const void *restrict x, size_t x_stride, const void *restrict y,
                                                     size_t y_stride) {
-    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q5_0_avx512, dot2_q5_0_avx512, sizeof(block_q5_0), 0, 16);
+    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q5_0_avx512, udot2_q5_0_avx512, sizeof(block_q5_0), 0, 16);
 }
 
 BUBO_TARGET_AVX512 static void pack_q5_1_avx512(packed_panel_avx512 *p, const uint8_t *x, size_t x_stride, int n_rows,
@@ -401,7 +411,7 @@ BUBO_TARGET_AVX512 static void pack_q5_1_avx512(packed_panel_avx512 *p, const ui
 BUBO_TARGET_AVX512 static void tile_q5_1_q8_1_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                     const void *restrict x, size_t x_stride, const void *restrict y,
                                                     size_t y_stride) {
-    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q5_1_avx512, dot2_q5_1_avx512, sizeof(block_q5_1), 1, 0);
+    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q5_1_avx512, udot2_q5_1_avx512, sizeof(block_q5_1), 1, 0);
 }
 
 #endif /* BUBO_X86 */

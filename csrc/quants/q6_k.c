@@ -160,28 +160,38 @@ static void dequantize_row_q6_K_avx512(const void *restrict vx, float *restrict 
     }
 }
 
+/* One super-block in integers : isum = sum of scale * (q . qy) with q unsigned
+ * (0..63) over 16 lanes, msum = sum of 32 * scale * bsum over 8. */
+BUBO_TARGET_AVX512
+static inline void row_sums_q6_K_avx512(const void *vx, const block_q8_K *y, __m512i *isum, __m256i *msum) {
+    const block_q6_K *x = vx;
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+    const __m512i words = _mm512_castsi256_si512(sc16);
+    const __m256i bsums = _mm256_loadu_si256((const __m256i *)y->bsums);
+    *msum = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
+    const int8_t *a = y->qs;
+    __m512i sumi = _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {
+        __m512i q[2];
+        unpack_half_q6_K_avx512(x->ql + 64 * h, x->qh + 32 * h, q);
+        sumi = kq_dot64_scaled_avx512(sumi, q[0], a, kq_group16_scales_avx512(words, 2 * h));
+        sumi = kq_dot64_scaled_avx512(sumi, q[1], a + 64, kq_group16_scales_avx512(words, 2 * h + 1));
+        a += 128;
+    }
+    *isum = sumi;
+}
+
 BUBO_TARGET_AVX512
 static void vec_dot_q6_K_q8_K_avx512(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
     const block_q6_K *restrict x = vx;
     const block_q8_K *restrict y = vy;
     __m128 acc = _mm_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        const __m512i words = _mm512_castsi256_si512(sc16);
-        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
-        const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
-        const int8_t *a = y[i].qs;
-        __m512i sumi = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++) {
-            __m512i q[2];
-            unpack_half_q6_K_avx512(x[i].ql + 64 * h, x[i].qh + 32 * h, q);
-            sumi = kq_dot64_scaled_avx512(sumi, q[0], a, kq_group16_scales_avx512(words, 2 * h));
-            sumi = kq_dot64_scaled_avx512(sumi, q[1], a + 64, kq_group16_scales_avx512(words, 2 * h + 1));
-            a += 128;
-        }
+        __m512i sumi;
+        __m256i summ;
+        row_sums_q6_K_avx512(x + i, y + i, &sumi, &summ);
         const float d = _cvtsh_ss(x[i].d);
-        acc = kq_chain_step(acc, _mm512_reduce_add_epi32(sumi), _mm512_reduce_add_epi32(_mm512_zextsi256_si512(offset)), d, d,
-                            y[i].d);
+        acc = kq_chain_step(acc, sumi, summ, d, d, y[i].d);
     }
     *s = _mm_cvtss_f32(acc);
 }

@@ -222,6 +222,11 @@ BUBO_TARGET_AVX512 static inline __m512i dot_q8_0_2blocks_avx512(const block_q8_
     return _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(qx), sy);
 }
 
+BUBO_TARGET_AVX512 static inline __m512i udot2_q8_0_avx512(const void *x0, const void *x1, __m512i a) {
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(load_2x32_avx512(((const block_q8_0 *)x0)->qs, ((const block_q8_0 *)x1)->qs),
+                                                    _mm512_set1_epi8((char)0x80)), a);
+}
+
 BUBO_TARGET_AVX512 static __m512i dot2_q8_0_avx512(const void *x0, const void *x1, const void *y0, const void *y1) {
     return dot_q8_0_2blocks_avx512(x0, x1, y0, y1);
 }
@@ -331,7 +336,7 @@ BUBO_TARGET_AVX512 static void pack_q8_0_avx512(packed_panel_avx512 *p, const ui
 BUBO_TARGET_AVX512 static void tile_q8_0_q8_0_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                     const void *restrict x, size_t x_stride, const void *restrict y,
                                                     size_t y_stride) {
-    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q8_0_avx512, dot2_q8_0_avx512, sizeof(block_q8_0), 0, 128);
+    tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q8_0_avx512, udot2_q8_0_avx512, sizeof(block_q8_0), 0, 128);
 }
 
 #endif /* BUBO_X86 */

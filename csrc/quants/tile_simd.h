@@ -38,6 +38,22 @@ BUBO_TARGET_AVX512 static inline void transpose_rows_avx512(const __m512i z[8], 
     }
 }
 
+/* z[p] = the int32 lane sums of items 2p (lanes 0-7) and 2p+1 (lanes 8-15) -> lane k = the total of
+ * item k (k = 0..15): 16 blocks of one row for vec_dot, or one block of 16 rows for the row kernels. */
+BUBO_TARGET_AVX512 static inline __m512i sum_16_blocks_avx512(const __m512i z[8]) {
+    __m512i t[4], u[2];
+    for (int a = 0; a < 4; a++) /* per 128-bit lane: [z0.0+z0.2, z1.0+z1.2, z0.1+z0.3, z1.1+z1.3] */
+        t[a] = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2 * a], z[2 * a + 1]), _mm512_unpackhi_epi32(z[2 * a], z[2 * a + 1]));
+    for (int b = 0; b < 2; b++) /* per 128-bit lane L: the 4 dwords of z[4b + i] in L summed, in dword i */
+        u[b] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * b], t[2 * b + 1]), _mm512_unpackhi_epi64(t[2 * b], t[2 * b + 1]));
+    /* block 2p = lanes 0,1 of z[p], block 2p+1 = lanes 2,3: lane 4c + i now holds block
+     * (c & 1) + 2i + 8 (c >> 1) */
+    const __m512i sums = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                          _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+    return _mm512_permutexvar_epi32(order, sums);
+}
+
 #endif /* BUBO_X86 */
 
 #endif
