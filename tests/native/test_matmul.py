@@ -91,7 +91,7 @@ def test_matmul_vs_float64(type_id, n_tokens, rows):
     assert got.shape == (n_tokens, rows)
     err = np.abs(got - want)
     assert np.all(err <= bound), f"worst {np.max(err / bound):.3g} of the bound"
-    # each output is one vec_dot: any thread count gives the same bits
+    # each output is computed in one summation order by one thread: any thread count gives the same bits
     for n_threads in (1, 2, 3, 4):
         pool = _ops.ThreadPool(n_threads)
         for _ in range(3):
