@@ -5,7 +5,12 @@
  * which the filters shrink. Most filters need the best candidates in order, rarely all of them, so
  * the list keeps a sorted prefix: cand[0 .. n_sorted) is in descending order and no later
  * candidate beats any of it. sort_prefix() extends it with a selection (linear) plus a sort of the
- * new part only; top-k 40 out of 150k tokens never sorts the rest. */
+ * new part only; top-k 40 out of 150k tokens never sorts the rest.
+ *
+ * Most chains never look past a few of the best candidates: after top-k every stage works on what
+ * it kept, and greedy keeps the best one. Then the list starts as just those, selected straight
+ * from the row (scan.c), and the chain runs on exactly the list it would have had after top-k.
+ * The raw log-softmax and n_probs' selection are row passes in scan.c too. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
