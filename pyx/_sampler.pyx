@@ -156,26 +156,21 @@ cdef class Sampler:
         """Mirostat's current maximum surprise (2 * tau after reset)."""
         return bubo_sampler_mirostat_mu(self._s())
 
-    cdef const uint8_t *_mask(self, mask, uint32_t n) except? NULL:
+    cdef object _mask(self, mask, uint32_t n):
+        """mask as a contiguous uint8 array of n (the caller's own when it already is one), or None."""
         if mask is None:
-            return NULL
-        cdef const uint8_t[::1] mv
-        cdef uint8_t[::1] buf
+            return None
         if isinstance(mask, np.ndarray) and mask.dtype in (np.bool_, np.uint8):
             if mask.shape != (n,):
                 raise ValueError(f"mask must have shape ({n},), got {mask.shape}")
-            mv = np.ascontiguousarray(mask).view(np.uint8)
-            self._mask_buf[:] = mv  # keep it alive past this call and contiguous
-            buf = self._mask_buf
-            return &buf[0]
+            return np.ascontiguousarray(mask).view(np.uint8)
         ids = np.asarray(mask, dtype=np.int64).reshape(-1)
         if ids.size and (ids.min() < 0 or ids.max() >= n):
             bad = ids[(ids < 0) | (ids >= n)][0]
             raise ValueError(f"mask token {bad} is out of range (vocabulary of {n})")
         self._mask_buf[:] = 0
         self._mask_buf[ids] = 1
-        buf = self._mask_buf
-        return &buf[0]
+        return self._mask_buf
 
     def sample(self, logits, mask=None, draws=None):
         """The next token: (token, logprob, top).
@@ -190,7 +185,12 @@ cdef class Sampler:
         cdef const float[::1] lv = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
         if lv.shape[0] != n:
             raise ValueError(f"logits has {lv.shape[0]} values, expected n_vocab = {n}")
-        cdef const uint8_t *mp = self._mask(mask, n)
+        cdef const uint8_t[::1] mv
+        cdef const uint8_t *mp = NULL
+        m = self._mask(mask, n)
+        if m is not None:
+            mv = m  # holds the array for the call
+            mp = &mv[0]
         cdef double d[BUBO_SAMPLER_N_DRAWS]
         cdef const double *dp = NULL
         if draws is not None:

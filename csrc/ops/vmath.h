@@ -13,6 +13,8 @@
 #define BUBO_OPS_VMATH_H
 
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "quants/quants_internal.h" /* BUBO_X86 / BUBO_ARM64, the target attributes, intrinsics */
 
@@ -50,6 +52,31 @@ static inline float vm_gelu_ref(float x) {
 
 /* 1 + erf(x) = erfc(-x): no cancellation for negative x */
 static inline float vm_gelu_erf_ref(float x) { return 0.5f * x * erfcf(-x * VM_SQRT1_2); }
+
+/* The vector exp lane for lane, for a scalar fallback that must give the same bits as the SIMD
+ * levels: every step is the same IEEE operation (fmaf is the fused multiply-add they use). For
+ * results in the normal range the two-factor scaling is exact, like vscalefps; below it the levels
+ * may round subnormals differently. */
+static inline float vm_exp_lanewise(float x) {
+    x = fmaxf(VM_EXP_LO, fminf(VM_EXP_HI, x));
+    float n = rintf(x * VM_LOG2E);
+    float r = fmaf(-n, VM_LN2_HI, x);
+    r = fmaf(-n, VM_LN2_LO, r);
+    float p = VM_EXP_P0;
+    p = fmaf(p, r, VM_EXP_P1);
+    p = fmaf(p, r, VM_EXP_P2);
+    p = fmaf(p, r, VM_EXP_P3);
+    p = fmaf(p, r, VM_EXP_P4);
+    p = fmaf(p, r, VM_EXP_P5);
+    const float r2 = r * r;
+    p = fmaf(p, r2, r) + 1.0f;
+    const int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
+    const uint32_t b1 = (uint32_t)(n1 + 127) << 23, b2 = (uint32_t)(n2 + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &b1, sizeof s1);
+    memcpy(&s2, &b2, sizeof s2);
+    return p * s1 * s2;
+}
 
 /* ---- AVX2 ----------------------------------------------------------------------------------- */
 #if defined(BUBO_X86)

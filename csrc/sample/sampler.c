@@ -5,7 +5,12 @@
  * which the filters shrink. Most filters need the best candidates in order, rarely all of them, so
  * the list keeps a sorted prefix: cand[0 .. n_sorted) is in descending order and no later
  * candidate beats any of it. sort_prefix() extends it with a selection (linear) plus a sort of the
- * new part only; top-k 40 out of 150k tokens never sorts the rest. */
+ * new part only; top-k 40 out of 150k tokens never sorts the rest.
+ *
+ * Most chains never look past a few of the best candidates: after top-k every stage works on what
+ * it kept, and greedy keeps the best one. Then the list starts as just those, selected straight
+ * from the row (scan.c), and the chain runs on exactly the list it would have had after top-k.
+ * The raw log-softmax and n_probs' selection are row passes in scan.c too. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,17 +20,16 @@
 /* Mirostat v1 estimates the Zipf exponent from this many of the best candidates (llama.cpp's m). */
 #define MIROSTAT_M 100
 
+/* Up to this many, the candidates the chain can reach are selected straight from the row (a heap
+ * pass) instead of listing every allowed token and quickselecting them. */
+#define REACH_MAX 1024
+
 typedef struct {
     int32_t id;
     float logit;
     float p;   /* probability, when the current stage computed it */
     float aux; /* typical's score */
 } bubo_cand;
-
-typedef struct {
-    float logit;
-    int32_t id;
-} scored_token;
 
 struct bubo_sampler {
     uint32_t n_vocab;
@@ -47,7 +51,9 @@ struct bubo_sampler {
     size_t n_cand, n_sorted;
     int probs_normalized; /* cand[].p holds the final probabilities (after the pick) */
 
-    scored_token *heap; /* [n_probs] the best raw logits, worst at the root */
+    size_t reach;       /* the chain looks at no more than this many best candidates (0: it may need all) */
+    scored_token *heap; /* [max(n_probs, reach)] a selection's heap */
+    bubo_isa isa;
 
     double mu; /* Mirostat's running maximum surprise */
     uint64_t rng[4];
@@ -201,9 +207,13 @@ static size_t min_keep(const bubo_sampler *s) { return s->p.min_keep > 0 ? (size
 
 /* ---- the stages ---------------------------------------------------------------------------- */
 
+static int penalties_on(const bubo_sampler_params *p) {
+    return p->repeat_last_n > 0 && (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f);
+}
+
 static void apply_penalties(bubo_sampler *s) {
     const bubo_sampler_params *p = &s->p;
-    if (p->repeat_last_n <= 0 || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f))
+    if (!penalties_on(p))
         return;
     if (++s->stamp_now == 0) { /* wrapped: forget every old stamp */
         memset(s->stamp, 0, (size_t)s->n_vocab * sizeof *s->stamp);
@@ -453,62 +463,29 @@ static size_t mirostat_v2(bubo_sampler *s, double u) {
 
 /* ---- raw log-probabilities ---------------------------------------------------------------- */
 
-/* heap order: the root is the worst kept token (lowest logit, ties to the higher id) */
-static inline int heap_worse(const scored_token *a, const scored_token *b) {
-    return a->logit < b->logit || (a->logit == b->logit && a->id > b->id);
-}
-
-static void heap_sift_down(scored_token *h, size_t n, size_t i) {
-    for (;;) {
-        size_t w = i, l = 2 * i + 1, r = l + 1;
-        if (l < n && heap_worse(&h[l], &h[w]))
-            w = l;
-        if (r < n && heap_worse(&h[r], &h[w]))
-            w = r;
-        if (w == i)
-            return;
-        scored_token t = h[i];
-        h[i] = h[w];
-        h[w] = t;
-        i = w;
-    }
-}
-
-static void heap_sift_up(scored_token *h, size_t i) {
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!heap_worse(&h[i], &h[parent]))
-            return;
-        scored_token t = h[i];
-        h[i] = h[parent];
-        h[parent] = t;
-        i = parent;
-    }
-}
-
 /* The n_probs best raw logits, best first, as log-probabilities. */
 static void raw_top(bubo_sampler *s, const float *logits, double max, double log_sum, bubo_token_logprob *top) {
-    const size_t k = (size_t)s->p.n_probs;
-    scored_token *h = s->heap;
-    size_t n = 0;
-    for (uint32_t t = 0; t < s->n_vocab; t++) {
-        scored_token x = {logits[t], (int32_t)t};
-        if (n < k) {
-            h[n] = x;
-            heap_sift_up(h, n++);
-        } else if (heap_worse(&h[0], &x)) {
-            h[0] = x;
-            heap_sift_down(h, n, 0);
-        }
+    const size_t k = bubo_scan_top(s->isa, logits, s->n_vocab, (size_t)s->p.n_probs, 0, s->heap, s->heap);
+    for (size_t i = 0; i < k; i++) {
+        top[i].token = s->heap[i].id;
+        top[i].logprob = ((double)s->heap[i].logit - max) - log_sum;
     }
-    /* pop the worst to the back */
-    for (size_t m = n; m > 0; m--) {
-        scored_token worst = h[0];
-        h[0] = h[m - 1];
-        heap_sift_down(h, m - 1, 0);
-        top[m - 1].token = worst.id;
-        top[m - 1].logprob = ((double)worst.logit - max) - log_sum;
-    }
+}
+
+/* How many of the best candidates the chain (without Mirostat) can look at, or 0 when it may need
+ * every one. Top-n-sigma reads them all; after top-k every stage works on what top-k kept. Greedy
+ * needs one: no stage before the temperature drops the best candidate (top-p keeps the first, min-p's
+ * threshold max + log(min_p) is at most max, XTC and typical are off), and the temperature keeps
+ * only it. */
+static size_t chain_reach(const bubo_sampler_params *p) {
+    if (p->mirostat != 0 || p->top_n_sigma > 0.0f)
+        return 0;
+    const int xtc_on = p->xtc_probability > 0.0f && p->xtc_threshold <= 0.5f;
+    if (p->temperature <= 0.0f && p->dynatemp_range <= 0.0f && p->typical_p >= 1.0f && !xtc_on && p->min_p <= 1.0f)
+        return 1;
+    if (p->top_k > 0 && p->top_k <= REACH_MAX)
+        return (size_t)p->top_k;
+    return 0;
 }
 
 /* ---- the sampler ------------------------------------------------------------------------- */
@@ -584,7 +561,10 @@ bubo_status bubo_sampler_create(uint32_t n_vocab, const bubo_sampler_params *par
     s->stamp = calloc(n_vocab, sizeof *s->stamp);
     s->work = malloc((size_t)n_vocab * sizeof *s->work);
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
-    s->heap = malloc(((size_t)s->p.n_probs + 1) * sizeof *s->heap);
+    s->reach = chain_reach(&s->p);
+    s->isa = bubo_cpu_best_isa();
+    const size_t n_heap = (size_t)s->p.n_probs > s->reach ? (size_t)s->p.n_probs : s->reach;
+    s->heap = malloc((n_heap + 1) * sizeof *s->heap);
     if (!s->bias || !s->hist || !s->recent || !s->pen_count || !s->stamp || !s->work || !s->cand || !s->heap) {
         bubo_sampler_free(s);
         return bubo_set_err(err, BUBO_ERR_NOMEM, "out of memory for a sampler over %u tokens", n_vocab);
@@ -657,22 +637,18 @@ bubo_status bubo_sampler_sample(bubo_sampler *s, const float *logits, const uint
     const uint32_t n = s->n_vocab;
     const bubo_sampler_params *p = &s->p;
 
-    /* raw log-softmax: max, then the sum of exponentials in double */
-    float max = -INFINITY;
-    for (uint32_t t = 0; t < n; t++) {
-        const float l = logits[t];
-        if (isnan(l) || l == INFINITY)
-            return bubo_set_err(err, BUBO_ERR_INVALID, "logit of token %u is %g: logits must be finite or -inf", t,
-                                (double)l);
-        if (l > max)
-            max = l;
+    /* raw log-softmax: max, then the sum of exponentials (scan.c) */
+    int bad;
+    const float max = bubo_scan_max(s->isa, logits, n, &bad);
+    if (bad) {
+        for (uint32_t t = 0; t < n; t++)
+            if (isnan(logits[t]) || logits[t] == INFINITY)
+                return bubo_set_err(err, BUBO_ERR_INVALID, "logit of token %u is %g: logits must be finite or -inf",
+                                    t, (double)logits[t]);
     }
     if (max == -INFINITY)
         return bubo_set_err(err, BUBO_ERR_INVALID, "every logit is -inf");
-    double sum = 0.0;
-    for (uint32_t t = 0; t < n; t++)
-        sum += exp((double)logits[t] - (double)max);
-    const double log_sum = log(sum);
+    const double log_sum = log(bubo_scan_sum_exp(s->isa, logits, n, max));
 
     /* the draws: XTC's coin only when XTC is on, then the pick's */
     const int xtc_on = p->mirostat == 0 && p->xtc_probability > 0.0f && p->xtc_threshold <= 0.5f;
@@ -686,31 +662,47 @@ bubo_status bubo_sampler_sample(bubo_sampler *s, const float *logits, const uint
         pick = rng_uniform(s->rng);
     }
 
-    /* stages on the whole vocabulary */
-    memcpy(s->work, logits, (size_t)n * sizeof *s->work);
-    if (allowed)
-        for (uint32_t t = 0; t < n; t++)
-            if (!allowed[t])
-                s->work[t] = -INFINITY;
-    for (size_t i = 0; i < s->n_bias; i++)
-        s->work[s->bias[i].token] += s->bias[i].bias;
-    if (p->mirostat == 0 && s->hist_len > 0) {
-        for (uint32_t i = 0; i < s->hist_len; i++)
-            s->recent[i] = s->hist[(s->hist_head + s->hist_cap - 1 - i) % s->hist_cap];
-        apply_penalties(s);
-        if (s->dry)
-            bubo_dry_apply(s->dry, s->recent, (int32_t)s->hist_len, s->work);
+    /* stages on the whole vocabulary, on a copy when one of them is on */
+    const float *row = logits;
+    const int history_stages = p->mirostat == 0 && s->hist_len > 0 && (penalties_on(p) || s->dry);
+    if (allowed || s->n_bias || history_stages) {
+        memcpy(s->work, logits, (size_t)n * sizeof *s->work);
+        if (allowed)
+            for (uint32_t t = 0; t < n; t++)
+                if (!allowed[t])
+                    s->work[t] = -INFINITY;
+        for (size_t i = 0; i < s->n_bias; i++)
+            s->work[s->bias[i].token] += s->bias[i].bias;
+        if (history_stages) {
+            for (uint32_t i = 0; i < s->hist_len; i++)
+                s->recent[i] = s->hist[(s->hist_head + s->hist_cap - 1 - i) % s->hist_cap];
+            apply_penalties(s);
+            if (s->dry)
+                bubo_dry_apply(s->dry, s->recent, (int32_t)s->hist_len, s->work);
+        }
+        row = s->work;
     }
 
-    /* the candidates: every token still allowed */
+    /* the candidates: every token still allowed, or only the best the chain can reach, in order
+     * (the list top-k would have left) */
     s->n_cand = 0;
     s->n_sorted = 0;
     s->probs_normalized = 0;
-    for (uint32_t t = 0; t < n; t++) {
-        if (s->work[t] > -INFINITY) {
-            s->cand[s->n_cand].id = (int32_t)t;
-            s->cand[s->n_cand].logit = s->work[t];
-            s->n_cand++;
+    if (s->reach > 0) {
+        const size_t k = bubo_scan_top(s->isa, row, n, s->reach, 1, s->heap, s->heap);
+        for (size_t i = 0; i < k; i++) {
+            s->cand[i].id = s->heap[i].id;
+            s->cand[i].logit = s->heap[i].logit;
+        }
+        s->n_cand = k;
+        s->n_sorted = k;
+    } else {
+        for (uint32_t t = 0; t < n; t++) {
+            if (row[t] > -INFINITY) {
+                s->cand[s->n_cand].id = (int32_t)t;
+                s->cand[s->n_cand].logit = row[t];
+                s->n_cand++;
+            }
         }
     }
     if (s->n_cand == 0)

@@ -19,8 +19,9 @@ from bubo.sampling import SamplingParams
 # probabilities: float32 storage in C vs float64 here
 PROB_RTOL = 2e-5
 PROB_ATOL = 1e-7
-# log-probabilities: both in double
-LOGPROB_ATOL = 1e-9
+# log-probabilities: the native log-sum-exp adds float exponentials (in double), about 1e-6
+# relative off a float64 sum at worst; reported log-probabilities promise 1e-5
+LOGPROB_ATOL = 1e-5
 DRAW_MARGIN = 1e-6
 
 NEUTRAL = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, top_n_sigma=-1.0,

@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def test_sampler_under_sanitizers(tmp_path):
     exe = tmp_path / "sampler_asan"
     srcs = [ROOT / "tests/native/c/sampler_asan.c", *sorted((ROOT / "csrc/sample").glob("*.c")),
-            ROOT / "csrc/util/err.c"]
+            ROOT / "csrc/util/err.c", ROOT / "csrc/cpu/cpu.c"]
     subprocess.run(["gcc", "-std=gnu11", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g", "-O1",
                     f"-I{ROOT / 'csrc/include'}", f"-I{ROOT / 'csrc'}", *map(str, srcs), "-lm", "-o", str(exe)],
                    check=True)
