@@ -523,6 +523,9 @@ bubo_status bubo_sampler_create(uint32_t n_vocab, const bubo_sampler_params *par
                             (double)p->repeat_penalty);
     if (p->dry_allowed_length < 0)
         return bubo_set_err(err, BUBO_ERR_INVALID, "dry_allowed_length must be >= 0, got %d", p->dry_allowed_length);
+    if (p->min_p < 0.0f || p->min_p > 1.0f)
+        /* above 1 the threshold passes the best token too and would leave no candidate */
+        return bubo_set_err(err, BUBO_ERR_INVALID, "min_p must be in 0..1 (0 is off), got %g", (double)p->min_p);
     if (p->min_keep < 0)
         return bubo_set_err(err, BUBO_ERR_INVALID, "min_keep must be >= 0, got %d", p->min_keep);
     if (p->mirostat < 0 || p->mirostat > 2)

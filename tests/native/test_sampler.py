@@ -805,3 +805,14 @@ def test_dry_on_a_real_vocabulary(catalog_model):
         assert_candidates(s, *everything(want))
         wants.append(want)
     assert np.any(wants[0] != wants[1]), "the two-token breaker must shorten the repeat"
+
+
+def test_native_sampler_refuses_min_p_above_one():
+    # above 1 no candidate would survive min-p; bubo.sampling refuses it, the native layer too
+    from bubo._sampler import Sampler
+    from bubo.sampling import SamplingParams
+
+    native = SamplingParams(temperature=0).to_native(n_ctx=64)
+    native["min_p"] = 2.0
+    with pytest.raises(ValueError, match="min_p must be in 0..1"):
+        Sampler(10, native)
