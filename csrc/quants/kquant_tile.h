@@ -144,9 +144,17 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
                 for (; t + TILE_TOKENS <= nt; t += TILE_TOKENS)
                     kq_micro_avx512(&packed, TILE_TOKENS, k == 0, nr, st + (size_t)t * s_stride, s_stride,
                                     yt + (size_t)t * y_stride, y_stride);
-                for (; t < nt; t++)
-                    kq_micro_avx512(&packed, 1, k == 0, nr, st + (size_t)t * s_stride, s_stride,
-                                    yt + (size_t)t * y_stride, y_stride);
+                /* the tail as one micro tile of a constant width (its chains interleave) */
+#define TAIL(w)                                                                                              \
+    case w:                                                                                                  \
+        kq_micro_avx512(&packed, w, k == 0, nr, st + (size_t)t * s_stride, s_stride, yt + (size_t)t * y_stride, \
+                        y_stride);                                                                           \
+        break;
+                switch (nt - t) {
+                    TAIL(1) TAIL(2) TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
+                default: break;
+                }
+#undef TAIL
             }
         }
     }

@@ -21,7 +21,7 @@
  * which is the output layout, so a panel's partial sums go back to s and come again for the next
  * panel without any transpose. Every output takes the same operations in the same order (blocks in
  * ascending order, one fma per block) wherever it sits and whatever the tile shape: padded rows
- * are computed and not stored, the token tail runs the same code one token at a time. The few-token
+ * are computed and not stored, the token tail runs the same code with fewer tokens. The few-token
  * kernel (rows_legacy_avx512) and the type's AVX-512 vec_dot run that chain too, so an output's bits
  * do not depend on the batch it came in: the matmul's batch invariance rests on this. */
 #ifndef BUBO_LEGACY_TILE_H
@@ -33,7 +33,7 @@
 #if defined(BUBO_X86)
 
 #define TILE_PANEL 8   /* blocks unpacked at once: 256 elements, 4.5 KiB packed, stays in L1 */
-#define TILE_PACK_MIN_TOKENS 4 /* fewer tokens: rows_legacy_avx512, no packing (same bits either way) */
+#define TILE_PACK_MIN_TOKENS 2 /* fewer tokens: rows_legacy_avx512, no packing (same bits either way) */
 
 typedef struct {
     __m512i q[TILE_PANEL][8];
@@ -269,9 +269,18 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
                 for (; j + TILE_TOKENS <= nt; j += TILE_TOKENS)
                     tile_micro_avx512(&packed, TILE_TOKENS, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,
                                       yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min, &side, j);
-                for (; j < nt; j++)
-                    tile_micro_avx512(&packed, 1, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,
-                                      yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min, &side, j);
+                /* the tail as one micro tile of a constant width, so that its tokens' chains
+                 * interleave in registers instead of running one token at a time */
+#define TAIL(w)                                                                                              \
+    case w:                                                                                                  \
+        tile_micro_avx512(&packed, w, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,                  \
+                          yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min, &side, j);    \
+        break;
+                switch (nt - j) {
+                    TAIL(1) TAIL(2) TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
+                default: break;
+                }
+#undef TAIL
             }
         }
     }
