@@ -170,6 +170,18 @@ BUBO_TARGET_AVX512 static inline int sum_q8_block_avx512(__m256i qy) {
     return (int)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
 }
 
+/* 16 rows read side by side are 16 short streams, which the hardware prefetchers do not follow:
+ * while the group at xr (nr rows left from it) works on blocks k..k_end-1 of nb, fetch the same
+ * share of the next row group, one contiguous range. */
+static inline void prefetch_next_group(const uint8_t *xr, size_t x_stride, int nr, int k, int k_end, int nb) {
+    if (nr <= TILE_ROWS) return;
+    const size_t span = (size_t)(nr - TILE_ROWS < TILE_ROWS ? nr - TILE_ROWS : TILE_ROWS) * x_stride;
+    const uintptr_t next = (uintptr_t)(xr + (size_t)TILE_ROWS * x_stride);
+    const uintptr_t from = (next + span * (size_t)k / (size_t)nb) & ~(uintptr_t)63;
+    const uintptr_t to = next + span * (size_t)k_end / (size_t)nb;
+    for (uintptr_t a = from; a < to; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
+}
+
 /* The tile for a few tokens: the same chain per (row, token) as tile_micro_avx512 (16 rows in the
  * lanes of one accumulator, one fma per block), but each block's 16 integer sums come from a
  * reduction tree over untransposed rows instead of a packing, which only pays off when many
@@ -188,16 +200,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy
             for (int k = 0; k < nb; k++) {
                 const size_t off = (size_t)k * x_size;
                 const uint8_t *yb = yt + (size_t)k * y_size;
-                if (t == 0 && nr > TILE_ROWS) {
-                    /* 16 rows read side by side are 16 short streams, which the hardware
-                     * prefetchers do not follow: fetch the next row group, one contiguous range,
-                     * a share of its lines per block while this group computes */
-                    const size_t span = (size_t)(nr - TILE_ROWS < TILE_ROWS ? nr - TILE_ROWS : TILE_ROWS) * x_stride;
-                    const uintptr_t next = (uintptr_t)(xr + (size_t)TILE_ROWS * x_stride);
-                    const uintptr_t from = (next + span * (size_t)k / (size_t)nb) & ~(uintptr_t)63;
-                    const uintptr_t to = next + span * (size_t)(k + 1) / (size_t)nb;
-                    for (uintptr_t a = from; a < to; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
-                }
+                if (t == 0) prefetch_next_group(xr, x_stride, nr, k, k + 1, nb);
                 const __m256i qy = _mm256_loadu_si256((const __m256i *)(with_min ? ((const block_q8_1 *)yb)->qs
                                                                                   : ((const block_q8_0 *)yb)->qs));
                 const __m512i a = _mm512_broadcast_i64x4(qy);
@@ -224,6 +227,36 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy
     }
 }
 
+/* off * sum(qy) and dy of nt tokens' blocks k0..k0+kp-1, for the tile's Q8_0 activations. */
+BUBO_TARGET_AVX512 static inline void q8_0_side_fill_avx512(q8_0_side_avx512 *side, const uint8_t *y, size_t y_stride,
+                                                            int nt, int k0, int kp, int off) {
+    for (int j = 0; j < nt; j++) {
+        const block_q8_0 *b = (const block_q8_0 *)(y + (size_t)j * y_stride) + k0;
+        for (int k = 0; k < kp; k++) {
+            side->d[j][k] = _cvtsh_ss(b[k].d);
+            side->off_sum[j][k] = off * sum_q8_block_avx512(_mm256_loadu_si256((const __m256i *)b[k].qs));
+        }
+    }
+}
+
+/* One micro tile of any width 1..TILE_TOKENS, each width a constant for tile_micro_avx512, so that
+ * a width's chains interleave in registers instead of running one token at a time. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_micro_any_avx512(
+    const packed_panel_avx512 *packed, int nt, int kp, int first, int n_rows, float *restrict s, size_t s_stride,
+    const uint8_t *yt, size_t y_stride, size_t y_block_offset, int with_min, const q8_0_side_avx512 *side,
+    int side_t) {
+#define MICRO(w)                                                                                              \
+    case w:                                                                                                   \
+        tile_micro_avx512(packed, w, kp, first, n_rows, s, s_stride, yt, y_stride, y_block_offset, with_min,  \
+                          side, side_t);                                                                      \
+        break;
+    switch (nt) {
+        MICRO(1) MICRO(2) MICRO(3) MICRO(4) MICRO(5) MICRO(6) MICRO(7) MICRO(8)
+    default: break;
+    }
+#undef MICRO
+}
+
 /* The whole tile. x_size: weight block bytes; with_min: Q8_1 activations (else Q8_0, offset off). */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
@@ -242,24 +275,30 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
     const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     packed_panel_avx512 packed __attribute__((aligned(64)));
     q8_0_side_avx512 side;
+    if (n_tokens <= TILE_TOKENS) {
+        /* a decode step: each weight is used by one micro tile only, so the weights' memory
+         * traffic is the cost. A row group's panels in turn (its 16 rows stream in order) while
+         * the next group is prefetched, as rows_legacy_avx512 does; the activations' side data
+         * is recomputed per group, a few tokens' worth */
+        for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
+            const int nr = n_rows - r0;
+            const uint8_t *xr = x + (size_t)r0 * x_stride;
+            for (int k0 = 0; k0 < nb; k0 += TILE_PANEL) {
+                const int kp = nb - k0 < TILE_PANEL ? nb - k0 : TILE_PANEL;
+                prefetch_next_group(xr, x_stride, nr, k0, k0 + kp, nb);
+                if (!with_min) q8_0_side_fill_avx512(&side, y, y_stride, n_tokens, k0, kp, off);
+                pack(&packed, xr, x_stride, nr, k0, kp);
+                tile_micro_any_avx512(&packed, n_tokens, kp, k0 == 0, nr, s + r0, s_stride, y, y_stride,
+                                      (size_t)k0 * y_size, with_min, &side, 0);
+            }
+        }
+        return;
+    }
     for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
         const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
         for (int k0 = 0; k0 < nb; k0 += TILE_PANEL) {
             const int kp = nb - k0 < TILE_PANEL ? nb - k0 : TILE_PANEL;
-            if (!with_min) {
-                for (int j = 0; j < nt; j++) {
-                    const block_q8_0 *b = (const block_q8_0 *)(y + (size_t)(t0 + j) * y_stride) + k0;
-                    for (int k = 0; k < kp; k++) {
-                        /* sum(qy) through the unsigned sum of qy + 128 */
-                        const __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)b[k].qs), _mm256_set1_epi8((char)0x80));
-                        const __m256i sad = _mm256_sad_epu8(u, _mm256_setzero_si256());
-                        const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
-                        const int sum = (int)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
-                        side.d[j][k] = _cvtsh_ss(b[k].d);
-                        side.off_sum[j][k] = off * sum;
-                    }
-                }
-            }
+            if (!with_min) q8_0_side_fill_avx512(&side, y + (size_t)t0 * y_stride, y_stride, nt, k0, kp, off);
             for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
                 const int nr = n_rows - r0;
                 pack(&packed, x + (size_t)r0 * x_stride, x_stride, nr, k0, kp);
@@ -269,18 +308,9 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
                 for (; j + TILE_TOKENS <= nt; j += TILE_TOKENS)
                     tile_micro_avx512(&packed, TILE_TOKENS, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,
                                       yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min, &side, j);
-                /* the tail as one micro tile of a constant width, so that its tokens' chains
-                 * interleave in registers instead of running one token at a time */
-#define TAIL(w)                                                                                              \
-    case w:                                                                                                  \
-        tile_micro_avx512(&packed, w, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,                  \
-                          yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min, &side, j);    \
-        break;
-                switch (nt - j) {
-                    TAIL(1) TAIL(2) TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
-                default: break;
-                }
-#undef TAIL
+                if (j < nt)
+                    tile_micro_any_avx512(&packed, nt - j, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,
+                                          yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min, &side, j);
             }
         }
     }
