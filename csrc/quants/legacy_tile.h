@@ -49,6 +49,21 @@ typedef struct {
     int32_t off_sum[TILE_CHUNK][TILE_PANEL]; /* off * sum(qy) */
 } q8_0_side_avx512;
 
+/* The same for a decode step (up to TILE_TOKENS tokens), filled once for a whole row of up to
+ * TILE_DECODE_BLOCKS blocks, so that every row group reads it instead of recomputing it. */
+#define TILE_DECODE_BLOCKS 128 /* 4096 columns */
+typedef struct {
+    float d[TILE_TOKENS][TILE_DECODE_BLOCKS];
+    int32_t off_sum[TILE_TOKENS][TILE_DECODE_BLOCKS];
+} q8_0_decode_side_avx512;
+
+/* Where a micro tile reads its tokens' side data: token j, panel block k at [j * stride + k]. */
+typedef struct {
+    const float *d;
+    const int32_t *off_sum;
+    int stride;
+} side_view;
+
 /* Unpacks 16 rows x kp blocks (from block k0) into packed; rows at or past n_rows read a zero
  * block and get scale 0. */
 typedef void (*tile_pack_fn)(packed_panel_avx512 *packed, const uint8_t *x, size_t x_stride, int n_rows,
@@ -77,7 +92,7 @@ static inline const uint8_t *tile_block(const uint8_t *x, size_t x_stride, int n
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_micro_avx512(
     const packed_panel_avx512 *packed, const int nt, int kp, int first, int n_rows, float *restrict s,
     size_t s_stride, const uint8_t *yt, size_t y_stride, size_t y_block_offset, int with_min,
-    const q8_0_side_avx512 *side, int side_t) {
+    side_view side) {
     const __mmask16 live = n_rows >= TILE_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << n_rows) - 1);
     __m512 acc[TILE_TOKENS];
 #pragma GCC unroll 8
@@ -100,8 +115,8 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_micro_
                 acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(packed->d[k], _mm512_set1_ps(b->d)), acc[j]);
                 acc[j] = _mm512_fmadd_ps(packed->m[k], _mm512_set1_ps(b->s), acc[j]);
             } else {
-                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(side->off_sum[side_t + j][k]));
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(packed->d[k], _mm512_set1_ps(side->d[side_t + j][k])), acc[j]);
+                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(side.off_sum[j * side.stride + k]));
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(packed->d[k], _mm512_set1_ps(side.d[j * side.stride + k])), acc[j]);
             }
         }
     }
@@ -227,14 +242,15 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy
     }
 }
 
-/* off * sum(qy) and dy of nt tokens' blocks k0..k0+kp-1, for the tile's Q8_0 activations. */
-BUBO_TARGET_AVX512 static inline void q8_0_side_fill_avx512(q8_0_side_avx512 *side, const uint8_t *y, size_t y_stride,
-                                                            int nt, int k0, int kp, int off) {
+/* off * sum(qy) and dy of nt tokens' blocks k0..k0+kp-1, for the tile's Q8_0 activations:
+ * token j's block k0 + k at [j * stride + k]. */
+BUBO_TARGET_AVX512 static inline void q8_0_side_fill_avx512(float *d, int32_t *off_sum, int stride, const uint8_t *y,
+                                                            size_t y_stride, int nt, int k0, int kp, int off) {
     for (int j = 0; j < nt; j++) {
         const block_q8_0 *b = (const block_q8_0 *)(y + (size_t)j * y_stride) + k0;
         for (int k = 0; k < kp; k++) {
-            side->d[j][k] = _cvtsh_ss(b[k].d);
-            side->off_sum[j][k] = off * sum_q8_block_avx512(_mm256_loadu_si256((const __m256i *)b[k].qs));
+            d[j * stride + k] = _cvtsh_ss(b[k].d);
+            off_sum[j * stride + k] = off * sum_q8_block_avx512(_mm256_loadu_si256((const __m256i *)b[k].qs));
         }
     }
 }
@@ -243,12 +259,11 @@ BUBO_TARGET_AVX512 static inline void q8_0_side_fill_avx512(q8_0_side_avx512 *si
  * a width's chains interleave in registers instead of running one token at a time. */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_micro_any_avx512(
     const packed_panel_avx512 *packed, int nt, int kp, int first, int n_rows, float *restrict s, size_t s_stride,
-    const uint8_t *yt, size_t y_stride, size_t y_block_offset, int with_min, const q8_0_side_avx512 *side,
-    int side_t) {
+    const uint8_t *yt, size_t y_stride, size_t y_block_offset, int with_min, side_view side) {
 #define MICRO(w)                                                                                              \
     case w:                                                                                                   \
         tile_micro_avx512(packed, w, kp, first, n_rows, s, s_stride, yt, y_stride, y_block_offset, with_min,  \
-                          side, side_t);                                                                      \
+                          side);                                                                              \
         break;
     switch (nt) {
         MICRO(1) MICRO(2) MICRO(3) MICRO(4) MICRO(5) MICRO(6) MICRO(7) MICRO(8)
@@ -274,31 +289,34 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
     }
     const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     packed_panel_avx512 packed __attribute__((aligned(64)));
-    q8_0_side_avx512 side;
-    if (n_tokens <= TILE_TOKENS) {
+    if (n_tokens <= TILE_TOKENS && nb <= TILE_DECODE_BLOCKS) {
         /* a decode step: each weight is used by one micro tile only, so the weights' memory
          * traffic is the cost. A row group's panels in turn (its 16 rows stream in order) while
-         * the next group is prefetched, as rows_legacy_avx512 does; the activations' side data
-         * is recomputed per group, a few tokens' worth */
+         * the next group is prefetched, as rows_legacy_avx512 does */
+        q8_0_decode_side_avx512 dside;
+        if (!with_min) q8_0_side_fill_avx512(&dside.d[0][0], &dside.off_sum[0][0], TILE_DECODE_BLOCKS, y, y_stride, n_tokens, 0, nb, off);
         for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
             const int nr = n_rows - r0;
             const uint8_t *xr = x + (size_t)r0 * x_stride;
             for (int k0 = 0; k0 < nb; k0 += TILE_PANEL) {
                 const int kp = nb - k0 < TILE_PANEL ? nb - k0 : TILE_PANEL;
                 prefetch_next_group(xr, x_stride, nr, k0, k0 + kp, nb);
-                if (!with_min) q8_0_side_fill_avx512(&side, y, y_stride, n_tokens, k0, kp, off);
                 pack(&packed, xr, x_stride, nr, k0, kp);
                 tile_micro_any_avx512(&packed, n_tokens, kp, k0 == 0, nr, s + r0, s_stride, y, y_stride,
-                                      (size_t)k0 * y_size, with_min, &side, 0);
+                                      (size_t)k0 * y_size, with_min,
+                                      (side_view){&dside.d[0][k0], &dside.off_sum[0][k0], TILE_DECODE_BLOCKS});
             }
         }
         return;
     }
+    q8_0_side_avx512 side;
     for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
         const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
         for (int k0 = 0; k0 < nb; k0 += TILE_PANEL) {
             const int kp = nb - k0 < TILE_PANEL ? nb - k0 : TILE_PANEL;
-            if (!with_min) q8_0_side_fill_avx512(&side, y + (size_t)t0 * y_stride, y_stride, nt, k0, kp, off);
+            if (!with_min)
+                q8_0_side_fill_avx512(&side.d[0][0], &side.off_sum[0][0], TILE_PANEL, y + (size_t)t0 * y_stride, y_stride,
+                                      nt, k0, kp, off);
             for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
                 const int nr = n_rows - r0;
                 pack(&packed, x + (size_t)r0 * x_stride, x_stride, nr, k0, kp);
@@ -307,10 +325,12 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
                 int j = 0;
                 for (; j + TILE_TOKENS <= nt; j += TILE_TOKENS)
                     tile_micro_avx512(&packed, TILE_TOKENS, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,
-                                      yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min, &side, j);
+                                      yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min,
+                                      (side_view){&side.d[j][0], &side.off_sum[j][0], TILE_PANEL});
                 if (j < nt)
                     tile_micro_any_avx512(&packed, nt - j, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,
-                                          yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min, &side, j);
+                                          yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min,
+                                      (side_view){&side.d[j][0], &side.off_sum[j][0], TILE_PANEL});
             }
         }
     }
