@@ -21,7 +21,7 @@
  * which is the output layout, so a panel's partial sums go back to s and come again for the next
  * panel without any transpose. Every output takes the same operations in the same order (blocks in
  * ascending order, one fma per block) wherever it sits and whatever the tile shape: padded rows
- * are computed and not stored, the token tail runs the same code with fewer tokens. The few-token
+ * are computed and not stored, the token tail runs the same code with fewer tokens. The one-token
  * kernel (rows_legacy_avx512) and the type's AVX-512 vec_dot run that chain too, so an output's bits
  * do not depend on the batch it came in: the matmul's batch invariance rests on this. */
 #ifndef BUBO_LEGACY_TILE_H
@@ -33,7 +33,9 @@
 #if defined(BUBO_X86)
 
 #define TILE_PANEL 8   /* blocks unpacked at once: 256 elements, 4.5 KiB packed, stays in L1 */
-#define TILE_PACK_MIN_TOKENS 2 /* fewer tokens: rows_legacy_avx512, no packing (same bits either way) */
+/* fewer tokens: rows_legacy_avx512, no packing (same bits either way). Packing a block costs about
+ * what the rows kernel spends per token on it, so from 2 tokens the tile is cheaper (measured). */
+#define TILE_PACK_MIN_TOKENS 2
 
 typedef struct {
     __m512i q[TILE_PANEL][8];
