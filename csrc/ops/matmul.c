@@ -7,10 +7,12 @@
  *      vec_dot_type F32: there is nothing to do and the activations are read in place.
  *   2. after a barrier, the weight rows are split over the threads in whole tiles of ROW_TILE
  *      rows, and each thread hands its rows, ROW_CHUNK at a time, with all the tokens to the
- *      type's vec_dot_tile. The tile picks its own method by the token count: a few tokens (decode
- *      steps) take a rows-in-lanes kernel or one vec_dot per (row, token), more take the packed
- *      matrix-matrix tile (see quants/legacy_tile.h); the chunk's weights stay in L2 across the
- *      token chunks and the quantized activations, shared by both threads, in L2/L3.
+ *      type's vec_dot_tile. The tile picks its own method by the token count (AVX-512): one
+ *      token (the legacy types) or up to 3-4 (the k-quants) take a rows kernel that unpacks each
+ *      weight block once for all the tokens; more take the packed matrix-matrix tile (see
+ *      quants/legacy_tile.h), whose decode steps (up to 8 tokens) stream a row group's weights in
+ *      order with the next group prefetched, and whose prompts keep the chunk's weights in L2
+ *      across the token chunks and the quantized activations, shared by both threads, in L2/L3.
  *
  * Batch invariance: every kernel of one type and ISA computes each y element with the same
  * operations in the same order (exact per-block integer sums, then one fixed float chain over the

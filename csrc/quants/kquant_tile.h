@@ -15,8 +15,8 @@
  * one vpdpwssd per pair of subgroups, the bsums broadcast straight from the Q8_K block.
  *
  * Per output the float work is fixed: per super-block in ascending order, acc += float(isum) *
- * (dx * dy), then acc -= float(msum) * (dm * dy), each one fma. The AVX-512 vec_dots of Q4_K and
- * Q6_K run the same chain (kq_chain_step), so the tile and vec_dot give every output the same bits
+ * (dx * dy), then acc -= float(msum) * (dm * dy), each one fma. The AVX-512 vec_dots and rows
+ * kernels of Q4_K and Q6_K run the same chain (kq_chain_step), so the tile and vec_dot give every output the same bits
  * and the matmul's results do not depend on the batch. */
 #ifndef BUBO_KQUANT_TILE_H
 #define BUBO_KQUANT_TILE_H
@@ -25,7 +25,30 @@
 
 #if defined(BUBO_X86)
 
-#define KQ_PACK_MIN_TOKENS 4 /* fewer tokens: the vec_dot per (row, token), same bits */
+#define KQ_ROWS_MAX_TOKENS 8 /* tokens one kq_rows_fn call takes */
+
+/* One weight row x against nt (1..KQ_ROWS_MAX_TOKENS) tokens of Q8_K activations y (y_stride
+ * bytes apart): s[t * s_stride] = vec_dot(x, y_t), each with vec_dot's bits; the weights are
+ * unpacked once per super-block for all nt tokens. */
+typedef void (*kq_rows_fn)(int n, int nt, float *restrict s, size_t s_stride, const void *restrict x,
+                           const void *restrict y, size_t y_stride);
+
+/* A kq_rows_fn body: calls the always_inline kernel fn(n, nt, ...) with nt a literal, so that
+ * each width keeps its accumulators in registers. */
+#define KQ_ROWS_DISPATCH(fn, nt, n, s, s_stride, x, y, y_stride)                                  \
+    do {                                                                                          \
+        switch (nt) {                                                                             \
+        case 1: fn(n, 1, s, s_stride, x, y, y_stride); break;                                     \
+        case 2: fn(n, 2, s, s_stride, x, y, y_stride); break;                                     \
+        case 3: fn(n, 3, s, s_stride, x, y, y_stride); break;                                     \
+        case 4: fn(n, 4, s, s_stride, x, y, y_stride); break;                                     \
+        case 5: fn(n, 5, s, s_stride, x, y, y_stride); break;                                     \
+        case 6: fn(n, 6, s, s_stride, x, y, y_stride); break;                                     \
+        case 7: fn(n, 7, s, s_stride, x, y, y_stride); break;                                     \
+        case 8: fn(n, 8, s, s_stride, x, y, y_stride); break;                                     \
+        default: break;                                                                           \
+        }                                                                                         \
+    } while (0)
 
 typedef struct {
     __m512i q[8][8];    /* [32-element group][dword]: lane r = 4 u8 of row r */
@@ -114,21 +137,26 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_av
     }
 }
 
+/* The whole tile. Below pack_min_tokens tokens (the type's measured crossover: its packing is
+ * dearer than re-running the rows kernel's unpack for a few tokens) it runs `rows`, else packs. */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
-    const void *restrict vy, size_t y_stride, size_t x_size, kq_unpack_fn unpack, bubo_vec_dot_fn vec_dot) {
+    const void *restrict vy, size_t y_stride, size_t x_size, kq_unpack_fn unpack, kq_rows_fn rows,
+    int pack_min_tokens) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK_K;
     if (nb == 0) {
         for (int t = 0; t < n_tokens; t++) memset(s + (size_t)t * s_stride, 0, (size_t)n_rows * sizeof(float));
         return;
     }
-    if (n_tokens < KQ_PACK_MIN_TOKENS) {
-        /* the vec_dot runs the same chain (kq_chain_step); row by row, the weights stream from
-         * memory in order, which a large output matrix needs */
+    if (n_tokens < pack_min_tokens) {
+        /* the rows kernel runs the same chain (kq_chain_step); row by row, the weights stream
+         * from memory in order, which a large output matrix needs */
         for (int r = 0; r < n_rows; r++)
-            for (int t = 0; t < n_tokens; t++)
-                vec_dot(n, &s[(size_t)t * s_stride + r], x + (size_t)r * x_stride, y + (size_t)t * y_stride);
+            for (int t0 = 0; t0 < n_tokens; t0 += KQ_ROWS_MAX_TOKENS)
+                rows(n, n_tokens - t0 < KQ_ROWS_MAX_TOKENS ? n_tokens - t0 : KQ_ROWS_MAX_TOKENS,
+                     &s[(size_t)t0 * s_stride + r], s_stride, x + (size_t)r * x_stride, y + (size_t)t0 * y_stride,
+                     y_stride);
         return;
     }
     packed_kq_avx512 packed __attribute__((aligned(64)));
@@ -144,9 +172,17 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
                 for (; t + TILE_TOKENS <= nt; t += TILE_TOKENS)
                     kq_micro_avx512(&packed, TILE_TOKENS, k == 0, nr, st + (size_t)t * s_stride, s_stride,
                                     yt + (size_t)t * y_stride, y_stride);
-                for (; t < nt; t++)
-                    kq_micro_avx512(&packed, 1, k == 0, nr, st + (size_t)t * s_stride, s_stride,
-                                    yt + (size_t)t * y_stride, y_stride);
+                /* the tail as one micro tile of a constant width (its chains interleave) */
+#define TAIL(w)                                                                                              \
+    case w:                                                                                                  \
+        kq_micro_avx512(&packed, w, k == 0, nr, st + (size_t)t * s_stride, s_stride, yt + (size_t)t * y_stride, \
+                        y_stride);                                                                           \
+        break;
+                switch (nt - t) {
+                    TAIL(1) TAIL(2) TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
+                default: break;
+                }
+#undef TAIL
             }
         }
     }

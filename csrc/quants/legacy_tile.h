@@ -21,7 +21,7 @@
  * which is the output layout, so a panel's partial sums go back to s and come again for the next
  * panel without any transpose. Every output takes the same operations in the same order (blocks in
  * ascending order, one fma per block) wherever it sits and whatever the tile shape: padded rows
- * are computed and not stored, the token tail runs the same code one token at a time. The few-token
+ * are computed and not stored, the token tail runs the same code with fewer tokens. The one-token
  * kernel (rows_legacy_avx512) and the type's AVX-512 vec_dot run that chain too, so an output's bits
  * do not depend on the batch it came in: the matmul's batch invariance rests on this. */
 #ifndef BUBO_LEGACY_TILE_H
@@ -33,7 +33,9 @@
 #if defined(BUBO_X86)
 
 #define TILE_PANEL 8   /* blocks unpacked at once: 256 elements, 4.5 KiB packed, stays in L1 */
-#define TILE_PACK_MIN_TOKENS 4 /* fewer tokens: rows_legacy_avx512, no packing (same bits either way) */
+/* fewer tokens: rows_legacy_avx512, no packing (same bits either way). Packing a block costs about
+ * what the rows kernel spends per token on it, so from 2 tokens the tile is cheaper (measured). */
+#define TILE_PACK_MIN_TOKENS 2
 
 typedef struct {
     __m512i q[TILE_PANEL][8];
@@ -48,6 +50,21 @@ typedef struct {
     float d[TILE_CHUNK][TILE_PANEL];
     int32_t off_sum[TILE_CHUNK][TILE_PANEL]; /* off * sum(qy) */
 } q8_0_side_avx512;
+
+/* The same for a decode step (up to TILE_TOKENS tokens), filled once for a whole row of up to
+ * TILE_DECODE_BLOCKS blocks, so that every row group reads it instead of recomputing it. */
+#define TILE_DECODE_BLOCKS 128 /* 4096 columns */
+typedef struct {
+    float d[TILE_TOKENS][TILE_DECODE_BLOCKS];
+    int32_t off_sum[TILE_TOKENS][TILE_DECODE_BLOCKS];
+} q8_0_decode_side_avx512;
+
+/* Where a micro tile reads its tokens' side data: token j, panel block k at [j * stride + k]. */
+typedef struct {
+    const float *d;
+    const int32_t *off_sum;
+    int stride;
+} side_view;
 
 /* Unpacks 16 rows x kp blocks (from block k0) into packed; rows at or past n_rows read a zero
  * block and get scale 0. */
@@ -77,7 +94,7 @@ static inline const uint8_t *tile_block(const uint8_t *x, size_t x_stride, int n
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_micro_avx512(
     const packed_panel_avx512 *packed, const int nt, int kp, int first, int n_rows, float *restrict s,
     size_t s_stride, const uint8_t *yt, size_t y_stride, size_t y_block_offset, int with_min,
-    const q8_0_side_avx512 *side, int side_t) {
+    side_view side) {
     const __mmask16 live = n_rows >= TILE_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << n_rows) - 1);
     __m512 acc[TILE_TOKENS];
 #pragma GCC unroll 8
@@ -100,8 +117,8 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_micro_
                 acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(packed->d[k], _mm512_set1_ps(b->d)), acc[j]);
                 acc[j] = _mm512_fmadd_ps(packed->m[k], _mm512_set1_ps(b->s), acc[j]);
             } else {
-                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(side->off_sum[side_t + j][k]));
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(packed->d[k], _mm512_set1_ps(side->d[side_t + j][k])), acc[j]);
+                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(side.off_sum[j * side.stride + k]));
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(packed->d[k], _mm512_set1_ps(side.d[j * side.stride + k])), acc[j]);
             }
         }
     }
@@ -170,6 +187,18 @@ BUBO_TARGET_AVX512 static inline int sum_q8_block_avx512(__m256i qy) {
     return (int)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
 }
 
+/* 16 rows read side by side are 16 short streams, which the hardware prefetchers do not follow:
+ * while the group at xr (nr rows left from it) works on blocks k..k_end-1 of nb, fetch the same
+ * share of the next row group, one contiguous range. */
+static inline void prefetch_next_group(const uint8_t *xr, size_t x_stride, int nr, int k, int k_end, int nb) {
+    if (nr <= TILE_ROWS) return;
+    const size_t span = (size_t)(nr - TILE_ROWS < TILE_ROWS ? nr - TILE_ROWS : TILE_ROWS) * x_stride;
+    const uintptr_t next = (uintptr_t)(xr + (size_t)TILE_ROWS * x_stride);
+    const uintptr_t from = (next + span * (size_t)k / (size_t)nb) & ~(uintptr_t)63;
+    const uintptr_t to = next + span * (size_t)k_end / (size_t)nb;
+    for (uintptr_t a = from; a < to; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
+}
+
 /* The tile for a few tokens: the same chain per (row, token) as tile_micro_avx512 (16 rows in the
  * lanes of one accumulator, one fma per block), but each block's 16 integer sums come from a
  * reduction tree over untransposed rows instead of a packing, which only pays off when many
@@ -188,16 +217,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy
             for (int k = 0; k < nb; k++) {
                 const size_t off = (size_t)k * x_size;
                 const uint8_t *yb = yt + (size_t)k * y_size;
-                if (t == 0 && nr > TILE_ROWS) {
-                    /* 16 rows read side by side are 16 short streams, which the hardware
-                     * prefetchers do not follow: fetch the next row group, one contiguous range,
-                     * a share of its lines per block while this group computes */
-                    const size_t span = (size_t)(nr - TILE_ROWS < TILE_ROWS ? nr - TILE_ROWS : TILE_ROWS) * x_stride;
-                    const uintptr_t next = (uintptr_t)(xr + (size_t)TILE_ROWS * x_stride);
-                    const uintptr_t from = (next + span * (size_t)k / (size_t)nb) & ~(uintptr_t)63;
-                    const uintptr_t to = next + span * (size_t)(k + 1) / (size_t)nb;
-                    for (uintptr_t a = from; a < to; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
-                }
+                if (t == 0) prefetch_next_group(xr, x_stride, nr, k, k + 1, nb);
                 const __m256i qy = _mm256_loadu_si256((const __m256i *)(with_min ? ((const block_q8_1 *)yb)->qs
                                                                                   : ((const block_q8_0 *)yb)->qs));
                 const __m512i a = _mm512_broadcast_i64x4(qy);
@@ -224,6 +244,36 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void rows_legacy
     }
 }
 
+/* off * sum(qy) and dy of nt tokens' blocks k0..k0+kp-1, for the tile's Q8_0 activations:
+ * token j's block k0 + k at [j * stride + k]. */
+BUBO_TARGET_AVX512 static inline void q8_0_side_fill_avx512(float *d, int32_t *off_sum, int stride, const uint8_t *y,
+                                                            size_t y_stride, int nt, int k0, int kp, int off) {
+    for (int j = 0; j < nt; j++) {
+        const block_q8_0 *b = (const block_q8_0 *)(y + (size_t)j * y_stride) + k0;
+        for (int k = 0; k < kp; k++) {
+            d[j * stride + k] = _cvtsh_ss(b[k].d);
+            off_sum[j * stride + k] = off * sum_q8_block_avx512(_mm256_loadu_si256((const __m256i *)b[k].qs));
+        }
+    }
+}
+
+/* One micro tile of any width 1..TILE_TOKENS, each width a constant for tile_micro_avx512, so that
+ * a width's chains interleave in registers instead of running one token at a time. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_micro_any_avx512(
+    const packed_panel_avx512 *packed, int nt, int kp, int first, int n_rows, float *restrict s, size_t s_stride,
+    const uint8_t *yt, size_t y_stride, size_t y_block_offset, int with_min, side_view side) {
+#define MICRO(w)                                                                                              \
+    case w:                                                                                                   \
+        tile_micro_avx512(packed, w, kp, first, n_rows, s, s_stride, yt, y_stride, y_block_offset, with_min,  \
+                          side);                                                                              \
+        break;
+    switch (nt) {
+        MICRO(1) MICRO(2) MICRO(3) MICRO(4) MICRO(5) MICRO(6) MICRO(7) MICRO(8)
+    default: break;
+    }
+#undef MICRO
+}
+
 /* The whole tile. x_size: weight block bytes; with_min: Q8_1 activations (else Q8_0, offset off). */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
@@ -241,25 +291,34 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
     }
     const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     packed_panel_avx512 packed __attribute__((aligned(64)));
+    if (n_tokens <= TILE_TOKENS && nb <= TILE_DECODE_BLOCKS) {
+        /* a decode step: each weight is used by one micro tile only, so the weights' memory
+         * traffic is the cost. A row group's panels in turn (its 16 rows stream in order) while
+         * the next group is prefetched, as rows_legacy_avx512 does */
+        q8_0_decode_side_avx512 dside;
+        if (!with_min) q8_0_side_fill_avx512(&dside.d[0][0], &dside.off_sum[0][0], TILE_DECODE_BLOCKS, y, y_stride, n_tokens, 0, nb, off);
+        for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
+            const int nr = n_rows - r0;
+            const uint8_t *xr = x + (size_t)r0 * x_stride;
+            for (int k0 = 0; k0 < nb; k0 += TILE_PANEL) {
+                const int kp = nb - k0 < TILE_PANEL ? nb - k0 : TILE_PANEL;
+                prefetch_next_group(xr, x_stride, nr, k0, k0 + kp, nb);
+                pack(&packed, xr, x_stride, nr, k0, kp);
+                tile_micro_any_avx512(&packed, n_tokens, kp, k0 == 0, nr, s + r0, s_stride, y, y_stride,
+                                      (size_t)k0 * y_size, with_min,
+                                      (side_view){&dside.d[0][k0], &dside.off_sum[0][k0], TILE_DECODE_BLOCKS});
+            }
+        }
+        return;
+    }
     q8_0_side_avx512 side;
     for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
         const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
         for (int k0 = 0; k0 < nb; k0 += TILE_PANEL) {
             const int kp = nb - k0 < TILE_PANEL ? nb - k0 : TILE_PANEL;
-            if (!with_min) {
-                for (int j = 0; j < nt; j++) {
-                    const block_q8_0 *b = (const block_q8_0 *)(y + (size_t)(t0 + j) * y_stride) + k0;
-                    for (int k = 0; k < kp; k++) {
-                        /* sum(qy) through the unsigned sum of qy + 128 */
-                        const __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)b[k].qs), _mm256_set1_epi8((char)0x80));
-                        const __m256i sad = _mm256_sad_epu8(u, _mm256_setzero_si256());
-                        const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
-                        const int sum = (int)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
-                        side.d[j][k] = _cvtsh_ss(b[k].d);
-                        side.off_sum[j][k] = off * sum;
-                    }
-                }
-            }
+            if (!with_min)
+                q8_0_side_fill_avx512(&side.d[0][0], &side.off_sum[0][0], TILE_PANEL, y + (size_t)t0 * y_stride, y_stride,
+                                      nt, k0, kp, off);
             for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
                 const int nr = n_rows - r0;
                 pack(&packed, x + (size_t)r0 * x_stride, x_stride, nr, k0, kp);
@@ -268,10 +327,12 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
                 int j = 0;
                 for (; j + TILE_TOKENS <= nt; j += TILE_TOKENS)
                     tile_micro_avx512(&packed, TILE_TOKENS, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,
-                                      yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min, &side, j);
-                for (; j < nt; j++)
-                    tile_micro_avx512(&packed, 1, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,
-                                      yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min, &side, j);
+                                      yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min,
+                                      (side_view){&side.d[j][0], &side.off_sum[j][0], TILE_PANEL});
+                if (j < nt)
+                    tile_micro_any_avx512(&packed, nt - j, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,
+                                          yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min,
+                                      (side_view){&side.d[j][0], &side.off_sum[j][0], TILE_PANEL});
             }
         }
     }

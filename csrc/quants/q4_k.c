@@ -123,42 +123,48 @@ static void dequantize_row_q4_K_avx512(const void *restrict vx, float *restrict 
     }
 }
 
-/* One super-block in integers : isum = sum of scale * (q . qy) over 16 lanes,
- * msum = sum of min * bsum over 8. */
-BUBO_TARGET_AVX512
-static inline void row_sums_q4_K_avx512(const void *vx, const block_q8_K *y, __m512i *isum, __m256i *msum) {
-    const block_q4_K *x = vx;
+/* One row against nt tokens (nt a constant where inlined): per super-block the weights are
+ * unpacked once and serve every token; per (row, token) the integer sums (isum = sum of scale *
+ * (q . qy) over 16 lanes, msum = sum of min * bsum over 8) and the kq_chain_step chain are those of
+ * vec_dot, so each output has its bits. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void dots_q4_K_q8_K_avx512(
+    int n, const int nt, float *restrict s, size_t s_stride, const void *restrict vx, const uint8_t *restrict y,
+    size_t y_stride) {
+    const block_q4_K *restrict x = vx;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i nibble_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
-    uint32_t smw[4];
-    kq_unpack_scales_mins(x->scales, smw);
-    const __m256i sm16 = _mm256_cvtepu8_epi16(kq_words_to_xmm(smw));
-    const __m512i words = _mm512_castsi256_si512(sm16);
-    *msum = kq_mins_dot_bsums_avx2(sm16, y->bsums);
-    const uint8_t *q = x->qs;
-    const int8_t *a = y->qs;
-    __m512i sumi = _mm512_setzero_si512();
-    for (int c = 0; c < 4; c++, q += 32, a += 64) {
-        /* 64 consecutive elements: groups 2c (low nibbles) and 2c + 1 (high nibbles) */
-        const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
-        const __m512i w = _mm512_and_si512(_mm512_srlv_epi64(bits, nibble_shift), m4);
-        sumi = kq_dot64_scaled_avx512(sumi, w, a, kq_group32_scales_avx512(words, c));
+    __m128 acc[KQ_ROWS_MAX_TOKENS];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        uint32_t smw[4];
+        kq_unpack_scales_mins(x[i].scales, smw);
+        const __m256i sm16 = _mm256_cvtepu8_epi16(kq_words_to_xmm(smw));
+        const __m512i words = _mm512_castsi256_si512(sm16);
+        /* register c: 64 consecutive elements, groups 2c (low nibbles) and 2c + 1 (high nibbles) */
+        __m512i w[4], sw[4];
+        for (int c = 0; c < 4; c++) {
+            const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c)));
+            w[c] = _mm512_and_si512(_mm512_srlv_epi64(bits, nibble_shift), m4);
+            sw[c] = kq_group32_scales_avx512(words, c);
+        }
+        const float d = _cvtsh_ss(x[i].d), dmin = _cvtsh_ss(x[i].dmin);
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            const block_q8_K *yb = (const block_q8_K *)(y + (size_t)t * y_stride) + i;
+            const __m256i msum = kq_mins_dot_bsums_avx2(sm16, yb->bsums);
+            __m512i sumi = _mm512_setzero_si512();
+            for (int c = 0; c < 4; c++) sumi = kq_dot64_scaled_avx512(sumi, w[c], yb->qs + 64 * c, sw[c]);
+            acc[t] = kq_chain_step(acc[t], sumi, msum, d, dmin, yb->d);
+        }
     }
-    *isum = sumi;
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) s[(size_t)t * s_stride] = _mm_cvtss_f32(acc[t]);
 }
 
 BUBO_TARGET_AVX512
 static void vec_dot_q4_K_q8_K_avx512(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
-    const block_q4_K *restrict x = vx;
-    const block_q8_K *restrict y = vy;
-    __m128 acc = _mm_setzero_ps();
-    for (int i = 0; i < n / QK_K; i++) {
-        __m512i sumi;
-        __m256i summ;
-        row_sums_q4_K_avx512(x + i, y + i, &sumi, &summ);
-        acc = kq_chain_step(acc, sumi, summ, _cvtsh_ss(x[i].d), _cvtsh_ss(x[i].dmin), y[i].d);
-    }
-    *s = _mm_cvtss_f32(acc);
+    dots_q4_K_q8_K_avx512(n, 1, s, 0, vx, vy, 0);
 }
 
 #endif /* BUBO_X86 */
@@ -245,11 +251,18 @@ BUBO_TARGET_AVX512 static void kq_unpack_q4_K_avx512(const void *vb, uint8_t q[Q
     *dm = _cvtsh_ss(b->dmin);
 }
 
+#define Q4_K_PACK_MIN_TOKENS 4 /* fewer tokens: kq_rows_q4_K_q8_K_avx512 (same bits) */
+
+BUBO_TARGET_AVX512 static void kq_rows_q4_K_q8_K_avx512(int n, int nt, float *restrict s, size_t s_stride,
+                                                      const void *restrict x, const void *restrict y, size_t y_stride) {
+    KQ_ROWS_DISPATCH(dots_q4_K_q8_K_avx512, nt, n, s, s_stride, x, y, y_stride);
+}
+
 BUBO_TARGET_AVX512 static void tile_q4_K_q8_K_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                    const void *restrict x, size_t x_stride, const void *restrict y,
                                                    size_t y_stride) {
     tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q4_K), kq_unpack_q4_K_avx512,
-                       vec_dot_q4_K_q8_K_avx512);
+                       kq_rows_q4_K_q8_K_avx512, Q4_K_PACK_MIN_TOKENS);
 }
 #endif /* BUBO_X86 */
 

@@ -160,40 +160,42 @@ static void dequantize_row_q6_K_avx512(const void *restrict vx, float *restrict 
     }
 }
 
-/* One super-block in integers : isum = sum of scale * (q . qy) with q unsigned
- * (0..63) over 16 lanes, msum = sum of 32 * scale * bsum over 8. */
-BUBO_TARGET_AVX512
-static inline void row_sums_q6_K_avx512(const void *vx, const block_q8_K *y, __m512i *isum, __m256i *msum) {
-    const block_q6_K *x = vx;
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
-    const __m512i words = _mm512_castsi256_si512(sc16);
-    const __m256i bsums = _mm256_loadu_si256((const __m256i *)y->bsums);
-    *msum = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
-    const int8_t *a = y->qs;
-    __m512i sumi = _mm512_setzero_si512();
-    for (int h = 0; h < 2; h++) {
-        __m512i q[2];
-        unpack_half_q6_K_avx512(x->ql + 64 * h, x->qh + 32 * h, q);
-        sumi = kq_dot64_scaled_avx512(sumi, q[0], a, kq_group16_scales_avx512(words, 2 * h));
-        sumi = kq_dot64_scaled_avx512(sumi, q[1], a + 64, kq_group16_scales_avx512(words, 2 * h + 1));
-        a += 128;
+/* One row against nt tokens (nt a constant where inlined): per super-block the weights are
+ * unpacked once and serve every token; per (row, token) the integer sums (isum = sum of scale *
+ * (q . qy) with q unsigned 0..63, over 16 lanes; msum = sum of 32 * scale * bsum, over 8) and the
+ * kq_chain_step chain are those of vec_dot, so each output has its bits. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void dots_q6_K_q8_K_avx512(
+    int n, const int nt, float *restrict s, size_t s_stride, const void *restrict vx, const uint8_t *restrict y,
+    size_t y_stride) {
+    const block_q6_K *restrict x = vx;
+    __m128 acc[KQ_ROWS_MAX_TOKENS];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        const __m512i words = _mm512_castsi256_si512(sc16);
+        __m512i q[4], sw[4];
+        unpack_half_q6_K_avx512(x[i].ql, x[i].qh, q);
+        unpack_half_q6_K_avx512(x[i].ql + 64, x[i].qh + 32, q + 2);
+        for (int k = 0; k < 4; k++) sw[k] = kq_group16_scales_avx512(words, k);
+        const float d = _cvtsh_ss(x[i].d);
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            const block_q8_K *yb = (const block_q8_K *)(y + (size_t)t * y_stride) + i;
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *)yb->bsums);
+            const __m256i msum = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
+            __m512i sumi = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) sumi = kq_dot64_scaled_avx512(sumi, q[k], yb->qs + 64 * k, sw[k]);
+            acc[t] = kq_chain_step(acc[t], sumi, msum, d, d, yb->d);
+        }
     }
-    *isum = sumi;
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) s[(size_t)t * s_stride] = _mm_cvtss_f32(acc[t]);
 }
 
 BUBO_TARGET_AVX512
 static void vec_dot_q6_K_q8_K_avx512(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
-    const block_q6_K *restrict x = vx;
-    const block_q8_K *restrict y = vy;
-    __m128 acc = _mm_setzero_ps();
-    for (int i = 0; i < n / QK_K; i++) {
-        __m512i sumi;
-        __m256i summ;
-        row_sums_q6_K_avx512(x + i, y + i, &sumi, &summ);
-        const float d = _cvtsh_ss(x[i].d);
-        acc = kq_chain_step(acc, sumi, summ, d, d, y[i].d);
-    }
-    *s = _mm_cvtss_f32(acc);
+    dots_q6_K_q8_K_avx512(n, 1, s, 0, vx, vy, 0);
 }
 
 #endif /* BUBO_X86 */
@@ -269,11 +271,18 @@ BUBO_TARGET_AVX512 static void kq_unpack_q6_K_avx512(const void *vb, uint8_t q[Q
     *dx = *dm = _cvtsh_ss(b->d);
 }
 
+#define Q6_K_PACK_MIN_TOKENS 5 /* fewer tokens: kq_rows_q6_K_q8_K_avx512 (same bits) */
+
+BUBO_TARGET_AVX512 static void kq_rows_q6_K_q8_K_avx512(int n, int nt, float *restrict s, size_t s_stride,
+                                                      const void *restrict x, const void *restrict y, size_t y_stride) {
+    KQ_ROWS_DISPATCH(dots_q6_K_q8_K_avx512, nt, n, s, s_stride, x, y, y_stride);
+}
+
 BUBO_TARGET_AVX512 static void tile_q6_K_q8_K_avx512(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                    const void *restrict x, size_t x_stride, const void *restrict y,
                                                    size_t y_stride) {
     tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K), kq_unpack_q6_K_avx512,
-                       vec_dot_q6_K_q8_K_avx512);
+                       kq_rows_q6_K_q8_K_avx512, Q6_K_PACK_MIN_TOKENS);
 }
 #endif /* BUBO_X86 */
 

@@ -17,8 +17,9 @@ from reference.tiny import KQUANT_DIMS, write_tiny_model
 from test_matmul import SUPPORTED_TYPES
 
 ISAS = K.supported_isas()
-# decode steps, around the micro tile (8) and the old tile threshold (32), past a 64-token chunk
-BATCH_SIZES = [1, 2, 7, 8, 9, 31, 32, 33, 64, 65, 100]
+# every decode step width (each kernel and tail width up to two micro tiles), around the old tile
+# threshold (32), past a 64-token chunk
+BATCH_SIZES = list(range(1, 18)) + [31, 32, 33, 64, 65, 100]
 ROWS = 37  # two full 16-row registers and a ragged one
 TYPE_NAMES = {t: K.type_info(t)["name"] for t in SUPPORTED_TYPES}
 
@@ -36,12 +37,13 @@ def block_of(type_id):
 @pytest.mark.parametrize("type_id", SUPPORTED_TYPES, ids=lambda t: TYPE_NAMES[t])
 def test_matmul_row_does_not_depend_on_its_batch(type_id, isa, monkeypatch):
     """Every token of every sub-batch (random members, random order, sizes in BATCH_SIZES) gets
-    exactly the outputs it gets alone, for one block, an odd block count and a longer row."""
+    exactly the outputs it gets alone, for one block, an odd block count and longer rows."""
     monkeypatch.setenv("BUBO_FORCE_ISA", isa)
     rng = np.random.default_rng(type_id * 31 + ISAS.index(isa))
     pool = _ops.ThreadPool(2)
     blck = block_of(type_id)
-    for n_blocks in (1, 3, 9 if blck == 32 else 5):
+    # legacy: past 128 blocks (4096 columns) a decode step leaves the tile's whole-row path
+    for n_blocks in (1, 3, 9, 129) if blck == 32 else (1, 3, 5):
         cols = blck * n_blocks
         w = np.ascontiguousarray(realistic_rows(GT(type_id), ROWS, cols, int(rng.integers(1 << 30)))).view(np.uint8)
         w = w.reshape(-1)
@@ -68,7 +70,7 @@ def test_vec_dot_equals_tile(type_id, isa):
     x = rng.standard_normal((9, n)).astype(np.float32)
     vdt = K.type_info(type_id)["vec_dot_type"]
     y = x.view(np.uint8).reshape(9, -1) if vdt == 0 else np.stack([K.quantize(vdt, row) for row in x])
-    for n_tokens in (1, 2, 9):  # the few-token kernels and the packed tile
+    for n_tokens in range(1, 10):  # the few-token kernels, the packed tile, every tail width
         tile = K.vec_dot_tile(type_id, n, w, y[:n_tokens], isa=isa)
         pairs = np.array([[K.vec_dot(type_id, wr.tobytes(), yt.tobytes(), isa=isa) for wr in w] for yt in y[:n_tokens]],
                          np.float32)
