@@ -1,0 +1,494 @@
+/* The matcher: llama.cpp's set of grammar stacks, advanced one byte at a time.
+ *
+ * A stack is a list of positions (top last). The top is always a terminal (a class to match
+ * next); the frames below are where to continue when the rule above finishes. An empty stack
+ * means the root rule is complete. Advancing by a code point keeps the stacks whose top accepts
+ * it, moves each past its class and expands rule references at the new top until every top is a
+ * terminal again (expand()). Bytes that end inside a UTF-8 character are held in the state and
+ * only prune the stacks whose class cannot contain any character starting with them.
+ *
+ * The mask walks the vocabulary's byte trie depth-first with one stack set per depth; a node
+ * whose set comes out empty skips its whole subtree (vocab.c builds the trie, this file walks it). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/grammar_internal.h"
+#include "grammar/vocab_internal.h"
+
+// ---------------------------------------------------------------------------------------------
+// stack sets
+
+typedef struct {
+    uint32_t *frames;     /* (n_frames) every stack's positions, concatenated */
+    size_t n_frames, cap_frames;
+    uint32_t *off, *len;  /* (n) stack i is frames[off[i] .. off[i] + len[i]), top last */
+    uint32_t *hash;       /* (n) for deduplication */
+    size_t n, cap;
+    /* An unfinished UTF-8 character: its bits so far, continuation bytes still due, and the
+     * smallest code point its length may encode (overlong forms are invalid). */
+    uint32_t utf8_value, utf8_min;
+    uint32_t utf8_left;
+} stackset;
+
+#define DEDUP_SLOTS (2 * BUBO_GRAMMAR_MAX_STACKS) /* power of two, at least twice the stacks */
+
+typedef struct {
+    stackset work;        /* stacks waiting to be expanded */
+    uint32_t *slot_stamp, *slot_index; /* (DEDUP_SLOTS) open addressing; a slot is live iff its stamp is current */
+    uint32_t stamp;
+    uint32_t *saved;      /* (BUBO_GRAMMAR_MAX_DEPTH) the stack being expanded, minus its top */
+} workspace;
+
+struct bubo_grammar_matcher {
+    const bubo_grammar *g;
+    const bubo_grammar_vocab *vocab;
+    stackset state;
+    stackset tmp[2];      /* accept_bytes builds here, then swaps into state */
+    stackset *levels;     /* (vocab->max_len + 1) the mask walk's set at each trie depth */
+    uint32_t n_levels;
+    workspace ws;
+};
+
+static void set_free(stackset *s) {
+    free(s->frames);
+    free(s->off);
+    free(s->len);
+    free(s->hash);
+    memset(s, 0, sizeof *s);
+}
+
+static void set_clear(stackset *s) {
+    s->n = 0;
+    s->n_frames = 0;
+    s->utf8_left = 0;
+    s->utf8_value = 0;
+    s->utf8_min = 0;
+}
+
+static bubo_status reserve_frames(stackset *s, size_t need, bubo_err *err) {
+    if (need <= s->cap_frames) return BUBO_OK;
+    size_t cap = s->cap_frames ? s->cap_frames : 64;
+    while (cap < need) cap *= 2;
+    uint32_t *f = realloc(s->frames, cap * sizeof *f);
+    if (!f) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
+    s->frames = f;
+    s->cap_frames = cap;
+    return BUBO_OK;
+}
+
+static bubo_status reserve_stacks(stackset *s, size_t need, bubo_err *err) {
+    if (need <= s->cap) return BUBO_OK;
+    size_t cap = s->cap ? s->cap * 2 : 16;
+    while (cap < need) cap *= 2;
+    uint32_t *o = realloc(s->off, cap * sizeof *o);
+    if (o) s->off = o;
+    uint32_t *l = realloc(s->len, cap * sizeof *l);
+    if (l) s->len = l;
+    uint32_t *h = realloc(s->hash, cap * sizeof *h);
+    if (h) s->hash = h;
+    if (!o || !l || !h) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
+    s->cap = cap;
+    return BUBO_OK;
+}
+
+/* Append a stack of len frames: prefix[0..prefix_len) then up to two more positions. */
+static bubo_status set_push(stackset *s, const uint32_t *prefix, uint32_t prefix_len, const uint32_t *extra,
+                            uint32_t n_extra, bubo_err *err) {
+    uint32_t len = prefix_len + n_extra;
+    if (len > BUBO_GRAMMAR_MAX_DEPTH)
+        return bubo_set_err(err, BUBO_ERR_UNSUPPORTED,
+                            "grammar: the text nests deeper than %d rules", BUBO_GRAMMAR_MAX_DEPTH);
+    bubo_status st;
+    if ((st = reserve_frames(s, s->n_frames + len, err)) != BUBO_OK) return st;
+    if ((st = reserve_stacks(s, s->n + 1, err)) != BUBO_OK) return st;
+    /* prefix may point into s->frames, which reserve_frames may have moved: callers pass
+     * prefixes from other sets only */
+    if (prefix_len) memcpy(s->frames + s->n_frames, prefix, prefix_len * sizeof *prefix);
+    if (n_extra) memcpy(s->frames + s->n_frames + prefix_len, extra, n_extra * sizeof *extra);
+    s->off[s->n] = (uint32_t)s->n_frames;
+    s->len[s->n] = len;
+    s->n_frames += len;
+    s->n++;
+    return BUBO_OK;
+}
+
+static bubo_status set_copy(stackset *dst, const stackset *src, bubo_err *err) {
+    bubo_status st;
+    if ((st = reserve_frames(dst, src->n_frames, err)) != BUBO_OK) return st;
+    if ((st = reserve_stacks(dst, src->n, err)) != BUBO_OK) return st;
+    memcpy(dst->frames, src->frames, src->n_frames * sizeof *src->frames);
+    memcpy(dst->off, src->off, src->n * sizeof *src->off);
+    memcpy(dst->len, src->len, src->n * sizeof *src->len);
+    memcpy(dst->hash, src->hash, src->n * sizeof *src->hash);
+    dst->n = src->n;
+    dst->n_frames = src->n_frames;
+    dst->utf8_value = src->utf8_value;
+    dst->utf8_left = src->utf8_left;
+    dst->utf8_min = src->utf8_min;
+    return BUBO_OK;
+}
+
+static void set_swap(stackset *a, stackset *b) {
+    stackset t = *a;
+    *a = *b;
+    *b = t;
+}
+
+static uint32_t hash_frames(const uint32_t *f, uint32_t n) {
+    uint32_t h = 2166136261u ^ n;
+    for (uint32_t i = 0; i < n; i++) h = (h ^ f[i]) * 16777619u;
+    return h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// expansion
+
+static void ws_begin(workspace *ws) {
+    if (++ws->stamp == 0) { /* wrapped: every old stamp could look current again */
+        memset(ws->slot_stamp, 0, DEDUP_SLOTS * sizeof *ws->slot_stamp);
+        ws->stamp = 1;
+    }
+}
+
+/* Move a fully expanded stack from the work list into out, unless out already has it. */
+static bubo_status emit(workspace *ws, stackset *out, const uint32_t *f, uint32_t n, bubo_err *err) {
+    uint32_t h = hash_frames(f, n);
+    uint32_t slot = h & (DEDUP_SLOTS - 1);
+    for (; ws->slot_stamp[slot] == ws->stamp; slot = (slot + 1) & (DEDUP_SLOTS - 1)) {
+        uint32_t i = ws->slot_index[slot];
+        if (out->hash[i] == h && out->len[i] == n && memcmp(out->frames + out->off[i], f, n * sizeof *f) == 0)
+            return BUBO_OK;
+    }
+    if (out->n >= BUBO_GRAMMAR_MAX_STACKS)
+        return bubo_set_err(err, BUBO_ERR_UNSUPPORTED,
+                            "grammar: more than %d alive parses at once (the grammar is too ambiguous)",
+                            BUBO_GRAMMAR_MAX_STACKS);
+    bubo_status st = set_push(out, f, n, NULL, 0, err);
+    if (st != BUBO_OK) return st;
+    out->hash[out->n - 1] = h;
+    ws->slot_stamp[slot] = ws->stamp;
+    ws->slot_index[slot] = (uint32_t)(out->n - 1);
+    return BUBO_OK;
+}
+
+/* Expand every stack of ws->work (whose tops may be rule references or nothing) into out, where
+ * every top is a terminal or the stack is empty. Iterative: no C recursion however deep the
+ * grammar; left recursion was refused at parse time, so this terminates. */
+static bubo_status expand(const bubo_grammar *g, workspace *ws, stackset *out, bubo_err *err) {
+    stackset *w = &ws->work;
+    uint32_t budget = BUBO_GRAMMAR_MAX_WORK;
+    bubo_status st;
+    while (w->n > 0) {
+        if (budget-- == 0)
+            return bubo_set_err(err, BUBO_ERR_UNSUPPORTED,
+                                "grammar: one character opens more than %d parses (the grammar is too ambiguous)",
+                                BUBO_GRAMMAR_MAX_WORK);
+        /* pop the last stack; its frames stay valid until the next push overwrites them */
+        w->n--;
+        uint32_t off = w->off[w->n], len = w->len[w->n];
+        w->n_frames = off;
+        const uint32_t *f = w->frames + off;
+        if (len == 0 || g->elems[f[len - 1]].type != GE_RULE_REF) {
+            if ((st = emit(ws, out, f, len, err)) != BUBO_OK) return st;
+            continue;
+        }
+        uint32_t top = f[len - 1];
+        uint32_t rule_id = g->elems[top].value;
+        /* pushes below overwrite the popped frames: keep the base (all but the top) aside */
+        uint32_t base_len = len - 1;
+        memcpy(ws->saved, f, (size_t)base_len * sizeof *f);
+        uint32_t extra[2], n_extra = 0;
+        if (!ge_is_end_of_alt(g->elems[top + 1].type)) extra[n_extra++] = top + 1;
+        for (uint32_t pos = g->rule_start[rule_id];; pos++) {
+            uint32_t n = n_extra;
+            if (!ge_is_end_of_alt(g->elems[pos].type)) extra[n++] = pos;
+            if ((st = set_push(w, ws->saved, base_len, extra, n, err)) != BUBO_OK) return st;
+            while (!ge_is_end_of_alt(g->elems[pos].type)) pos++;
+            if (g->elems[pos].type == GE_END) break;
+        }
+    }
+    return BUBO_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// matching one character
+
+static int class_accepts_range(const bubo_grammar *g, uint32_t pos, uint32_t lo, uint32_t hi);
+
+static inline int class_accepts(const bubo_grammar *g, uint32_t pos, uint32_t cp) {
+    if (cp < 128) return (int)((g->term_ascii[pos][cp >> 6] >> (cp & 63)) & 1);
+    return class_accepts_range(g, pos, cp, cp);
+}
+
+/* Does the class at pos accept some code point in [lo, hi]? Exact for negated classes too:
+ * [lo, hi] must not be covered by the union of the class's ranges. */
+static int class_accepts_range(const bubo_grammar *g, uint32_t pos, uint32_t lo, uint32_t hi) {
+    const gelem *e = g->elems;
+    int positive = e[pos].type != GE_CHAR_NOT;
+    if (positive) {
+        uint32_t q = pos;
+        do {
+            uint32_t a = e[q].value, b = a;
+            if (e[q].type == GE_CHAR_ANY) return 1;
+            if (e[q + 1].type == GE_CHAR_RNG_UPPER) {
+                b = e[q + 1].value;
+                q += 2;
+            } else {
+                q += 1;
+            }
+            if (a <= hi && b >= lo) return 1;
+        } while (e[q].type == GE_CHAR_ALT);
+        return 0;
+    }
+    /* negated: walk cur upward through ranges that contain it; uncovered cur is accepted */
+    uint32_t cur = lo;
+    while (1) {
+        int moved = 0;
+        uint32_t q = pos;
+        do {
+            uint32_t a = e[q].value, b = a;
+            if (e[q + 1].type == GE_CHAR_RNG_UPPER) {
+                b = e[q + 1].value;
+                q += 2;
+            } else {
+                q += 1;
+            }
+            if (a <= cur && cur <= b) {
+                if (b >= hi) return 0;
+                cur = b + 1;
+                moved = 1;
+            }
+        } while (e[q].type == GE_CHAR_ALT);
+        if (!moved) return 1;
+    }
+}
+
+/* Could the class at pos accept a character whose UTF-8 encoding starts with the bytes held in
+ * (value, left, min)? Surrogates and code points beyond U+10FFFF are not characters. */
+static int class_accepts_prefix(const bubo_grammar *g, uint32_t pos, uint32_t value, uint32_t left,
+                                uint32_t min) {
+    uint32_t lo = value << (6 * left), hi = lo | ((1u << (6 * left)) - 1);
+    if (lo < min) lo = min;
+    if (hi > 0x10FFFF) hi = 0x10FFFF;
+    if (lo > hi) return 0;
+    if (lo < 0xD800 && class_accepts_range(g, pos, lo, hi < 0xD7FF ? hi : 0xD7FF)) return 1;
+    if (hi > 0xDFFF && class_accepts_range(g, pos, lo > 0xE000 ? lo : 0xE000, hi)) return 1;
+    return 0;
+}
+
+/* out = in advanced by one byte. out ends up empty when the byte kills every stack. */
+static bubo_status advance_byte(const bubo_grammar *g, workspace *ws, const stackset *in, uint8_t byte,
+                                stackset *out, bubo_err *err) {
+    set_clear(out);
+    uint32_t value, left, min;
+    if (in->utf8_left == 0) {
+        if (byte < 0x80) {
+            value = byte;
+            left = 0;
+            min = 0;
+        } else if ((byte & 0xE0) == 0xC0) {
+            value = byte & 0x1F, left = 1, min = 0x80;
+        } else if ((byte & 0xF0) == 0xE0) {
+            value = byte & 0x0F, left = 2, min = 0x800;
+        } else if ((byte & 0xF8) == 0xF0) {
+            value = byte & 0x07, left = 3, min = 0x10000;
+        } else {
+            return BUBO_OK; /* a continuation byte with nothing to continue, or 0xF8.. */
+        }
+    } else {
+        if ((byte & 0xC0) != 0x80) return BUBO_OK;
+        value = in->utf8_value << 6 | (byte & 0x3F);
+        left = in->utf8_left - 1;
+        min = in->utf8_min;
+    }
+
+    bubo_status st;
+    ws_begin(ws);
+    if (left > 0) {
+        /* mid-character: keep (unchanged) the stacks that may still match it */
+        for (size_t i = 0; i < in->n; i++) {
+            uint32_t n = in->len[i];
+            if (n == 0) continue;
+            const uint32_t *f = in->frames + in->off[i];
+            if (!class_accepts_prefix(g, f[n - 1], value, left, min)) continue;
+            if ((st = set_push(out, f, n, NULL, 0, err)) != BUBO_OK) return st;
+            out->hash[out->n - 1] = in->hash[i];
+        }
+        if (out->n > 0) {
+            out->utf8_value = value;
+            out->utf8_left = left;
+            out->utf8_min = min;
+        }
+        return BUBO_OK;
+    }
+    uint32_t cp = value;
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return BUBO_OK;
+
+    stackset *w = &ws->work;
+    set_clear(w);
+    for (size_t i = 0; i < in->n; i++) {
+        uint32_t n = in->len[i];
+        if (n == 0) continue;
+        const uint32_t *f = in->frames + in->off[i];
+        uint32_t top = f[n - 1];
+        if (!class_accepts(g, top, cp)) continue;
+        uint32_t next = g->term_next[top];
+        uint32_t extra = next;
+        int keep = !ge_is_end_of_alt(g->elems[next].type);
+        if ((st = set_push(w, f, n - 1, &extra, keep ? 1 : 0, err)) != BUBO_OK) return st;
+    }
+    return expand(g, ws, out, err);
+}
+
+// ---------------------------------------------------------------------------------------------
+// matcher
+
+static bubo_status ws_init(workspace *ws, bubo_err *err) {
+    ws->slot_stamp = calloc(DEDUP_SLOTS, sizeof *ws->slot_stamp);
+    ws->slot_index = malloc(DEDUP_SLOTS * sizeof *ws->slot_index);
+    ws->saved = malloc(BUBO_GRAMMAR_MAX_DEPTH * sizeof *ws->saved);
+    ws->stamp = 0;
+    if (!ws->slot_stamp || !ws->slot_index || !ws->saved) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
+    return BUBO_OK;
+}
+
+void bubo_grammar_matcher_free(bubo_grammar_matcher *m) {
+    if (!m) return;
+    set_free(&m->state);
+    set_free(&m->tmp[0]);
+    set_free(&m->tmp[1]);
+    for (uint32_t i = 0; i < m->n_levels; i++) set_free(&m->levels[i]);
+    free(m->levels);
+    set_free(&m->ws.work);
+    free(m->ws.slot_stamp);
+    free(m->ws.slot_index);
+    free(m->ws.saved);
+    free(m);
+}
+
+static bubo_status matcher_alloc(const bubo_grammar *g, const bubo_grammar_vocab *vocab,
+                                 bubo_grammar_matcher **out, bubo_err *err) {
+    bubo_grammar_matcher *m = calloc(1, sizeof *m);
+    if (!m) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
+    m->g = g;
+    m->vocab = vocab;
+    bubo_status st = ws_init(&m->ws, err);
+    if (st != BUBO_OK) {
+        bubo_grammar_matcher_free(m);
+        return st;
+    }
+    *out = m;
+    return BUBO_OK;
+}
+
+bubo_status bubo_grammar_matcher_create(const bubo_grammar *g, const bubo_grammar_vocab *vocab,
+                                        bubo_grammar_matcher **out, bubo_err *err) {
+    *out = NULL;
+    if (!g) return bubo_set_err(err, BUBO_ERR_INVALID, "grammar matcher: NULL grammar");
+    bubo_grammar_matcher *m;
+    bubo_status st = matcher_alloc(g, vocab, &m, err);
+    if (st != BUBO_OK) return st;
+    /* the start state: the root rule's alternatives, expanded */
+    stackset *w = &m->ws.work;
+    set_clear(w);
+    uint32_t pos = g->rule_start[g->root];
+    ws_begin(&m->ws);
+    while (st == BUBO_OK) {
+        if (!ge_is_end_of_alt(g->elems[pos].type)) st = set_push(w, NULL, 0, &pos, 1, err);
+        else st = set_push(w, NULL, 0, NULL, 0, err);
+        while (!ge_is_end_of_alt(g->elems[pos].type)) pos++;
+        if (g->elems[pos].type == GE_END) break;
+        pos++;
+    }
+    if (st == BUBO_OK) st = expand(g, &m->ws, &m->state, err);
+    if (st != BUBO_OK) {
+        bubo_grammar_matcher_free(m);
+        return st;
+    }
+    *out = m;
+    return BUBO_OK;
+}
+
+bubo_status bubo_grammar_matcher_clone(const bubo_grammar_matcher *src, bubo_grammar_matcher **out,
+                                       bubo_err *err) {
+    *out = NULL;
+    bubo_grammar_matcher *m;
+    bubo_status st = matcher_alloc(src->g, src->vocab, &m, err);
+    if (st != BUBO_OK) return st;
+    if ((st = set_copy(&m->state, &src->state, err)) != BUBO_OK) {
+        bubo_grammar_matcher_free(m);
+        return st;
+    }
+    *out = m;
+    return BUBO_OK;
+}
+
+bool bubo_grammar_matcher_accepting(const bubo_grammar_matcher *m) {
+    if (m->state.utf8_left) return false;
+    for (size_t i = 0; i < m->state.n; i++)
+        if (m->state.len[i] == 0) return true;
+    return false;
+}
+
+size_t bubo_grammar_matcher_n_stacks(const bubo_grammar_matcher *m) { return m->state.n; }
+
+bubo_status bubo_grammar_matcher_accept_bytes(bubo_grammar_matcher *m, const uint8_t *bytes, size_t n,
+                                              bool *accepted, bubo_err *err) {
+    *accepted = false;
+    const stackset *src = &m->state;
+    int which = 0;
+    for (size_t i = 0; i < n; i++) {
+        stackset *dst = &m->tmp[which];
+        bubo_status st = advance_byte(m->g, &m->ws, src, bytes[i], dst, err);
+        if (st != BUBO_OK) return st;
+        if (dst->n == 0) return BUBO_OK;
+        src = dst;
+        which ^= 1;
+    }
+    if (n > 0) set_swap(&m->state, &m->tmp[which ^ 1]);
+    *accepted = true;
+    return BUBO_OK;
+}
+
+bubo_status bubo_grammar_matcher_accept_token(bubo_grammar_matcher *m, int32_t token, bool *accepted,
+                                              bubo_err *err) {
+    *accepted = false;
+    if (!m->vocab) return bubo_set_err(err, BUBO_ERR_INVALID, "grammar matcher: no vocabulary");
+    if (token < 0 || (uint32_t)token >= m->vocab->n_vocab)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "grammar matcher: token %d outside 0..%u", token,
+                            m->vocab->n_vocab - 1);
+    uint64_t a = m->vocab->offsets[token], b = m->vocab->offsets[token + 1];
+    if (a == b) return BUBO_OK;
+    return bubo_grammar_matcher_accept_bytes(m, (const uint8_t *)m->vocab->pieces + a, (size_t)(b - a), accepted, err);
+}
+
+bubo_status bubo_grammar_matcher_mask(bubo_grammar_matcher *m, uint8_t *mask, bubo_err *err) {
+    const bubo_grammar_vocab *v = m->vocab;
+    if (!v) return bubo_set_err(err, BUBO_ERR_INVALID, "grammar matcher: no vocabulary");
+    memset(mask, 0, v->n_vocab);
+    if (m->n_levels < v->max_len + 1) {
+        stackset *l = realloc(m->levels, (v->max_len + 1) * sizeof *l);
+        if (!l) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
+        memset(l + m->n_levels, 0, (v->max_len + 1 - m->n_levels) * sizeof *l);
+        m->levels = l;
+        m->n_levels = v->max_len + 1;
+    }
+    /* levels[d] is the set after the first d bytes of the current node's path; levels[0] is
+     * the state itself (read through a pointer, never copied) */
+    const trie_node *nodes = v->nodes;
+    uint32_t i = 0;
+    while (i < v->n_nodes) {
+        const trie_node *nd = &nodes[i];
+        const stackset *parent = nd->depth == 1 ? &m->state : &m->levels[nd->depth - 1];
+        stackset *here = &m->levels[nd->depth];
+        bubo_status st = advance_byte(m->g, &m->ws, parent, nd->byte, here, err);
+        if (st != BUBO_OK) return st;
+        if (here->n == 0) {
+            i = nd->subtree_end;
+            continue;
+        }
+        for (uint32_t k = nd->tok_begin; k < nd->tok_end; k++) mask[v->sorted_ids[k]] = 1;
+        i++;
+    }
+    return BUBO_OK;
+}

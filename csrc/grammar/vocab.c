@@ -1,0 +1,109 @@
+/* The byte trie of a vocabulary: sort the tokens by their bytes, then each token adds the nodes
+ * for the bytes past its common prefix with the previous one. Built once per tokenizer. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/vocab_internal.h"
+
+#define MAX_TOKEN_BYTES 65535 /* trie_node.depth is 16 bits */
+
+static const bubo_grammar_vocab *sort_vocab; /* qsort has no context argument in C11 */
+
+static int cmp_tokens(const void *pa, const void *pb) {
+    const bubo_grammar_vocab *v = sort_vocab;
+    uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
+    uint64_t la = v->offsets[a + 1] - v->offsets[a], lb = v->offsets[b + 1] - v->offsets[b];
+    int c = memcmp(v->pieces + v->offsets[a], v->pieces + v->offsets[b], la < lb ? la : lb);
+    if (c) return c;
+    if (la != lb) return la < lb ? -1 : 1;
+    return a < b ? -1 : a > b; /* equal bytes: by id, so the order is total */
+}
+
+void bubo_grammar_vocab_free(bubo_grammar_vocab *v) {
+    if (!v) return;
+    free(v->pieces);
+    free(v->offsets);
+    free(v->sorted_ids);
+    free(v->nodes);
+    free(v);
+}
+
+uint32_t bubo_grammar_vocab_n(const bubo_grammar_vocab *v) { return v->n_vocab; }
+uint32_t bubo_grammar_vocab_n_nodes(const bubo_grammar_vocab *v) { return v->n_nodes; }
+
+bubo_status bubo_grammar_vocab_create(const char *pieces, const uint64_t *offsets, uint32_t n_vocab,
+                                      bubo_grammar_vocab **out, bubo_err *err) {
+    *out = NULL;
+    if (!offsets || n_vocab == 0 || offsets[0] != 0)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "grammar vocab: offsets must start at 0 (n_vocab %u)", n_vocab);
+    uint64_t total = offsets[n_vocab];
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        if (offsets[i + 1] < offsets[i])
+            return bubo_set_err(err, BUBO_ERR_INVALID, "grammar vocab: offsets decrease at token %u", i);
+        if (offsets[i + 1] - offsets[i] > MAX_TOKEN_BYTES)
+            return bubo_set_err(err, BUBO_ERR_INVALID, "grammar vocab: token %u is longer than %d bytes", i,
+                                MAX_TOKEN_BYTES);
+    }
+    bubo_grammar_vocab *v = calloc(1, sizeof *v);
+    if (!v) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar vocab: out of memory");
+    v->n_vocab = n_vocab;
+    v->pieces = malloc(total ? total : 1);
+    v->offsets = malloc((n_vocab + 1) * sizeof *v->offsets);
+    v->sorted_ids = malloc(n_vocab * sizeof *v->sorted_ids);
+    if (!v->pieces || !v->offsets || !v->sorted_ids) goto oom;
+    if (total) memcpy(v->pieces, pieces, total);
+    memcpy(v->offsets, offsets, (n_vocab + 1) * sizeof *offsets);
+
+    uint32_t n_sorted = 0;
+    uint64_t n_nodes_max = 0;
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        uint64_t len = offsets[i + 1] - offsets[i];
+        if (len == 0) continue; /* control tokens: never in a mask */
+        v->sorted_ids[n_sorted++] = i;
+        n_nodes_max += len;
+        if (len > v->max_len) v->max_len = (uint32_t)len;
+    }
+    if (n_nodes_max >= UINT32_MAX) {
+        bubo_grammar_vocab_free(v);
+        return bubo_set_err(err, BUBO_ERR_INVALID, "grammar vocab: too many bytes");
+    }
+    sort_vocab = v;
+    qsort(v->sorted_ids, n_sorted, sizeof *v->sorted_ids, cmp_tokens);
+    sort_vocab = NULL;
+
+    v->nodes = malloc((n_nodes_max ? n_nodes_max : 1) * sizeof *v->nodes);
+    uint32_t *path = malloc(((size_t)v->max_len + 1) * sizeof *path); /* node index at each depth */
+    if (!v->nodes || !path) {
+        free(path);
+        goto oom;
+    }
+    uint32_t n = 0, path_len = 0;
+    const char *prev = NULL;
+    uint64_t prev_len = 0;
+    for (uint32_t k = 0; k < n_sorted; k++) {
+        uint32_t id = v->sorted_ids[k];
+        const char *s = v->pieces + v->offsets[id];
+        uint64_t len = v->offsets[id + 1] - v->offsets[id];
+        uint64_t common = 0;
+        while (common < len && common < prev_len && s[common] == prev[common]) common++;
+        /* close the nodes of the previous path below the common prefix */
+        while (path_len > common) v->nodes[path[--path_len]].subtree_end = n;
+        for (uint64_t d = common; d < len; d++) {
+            v->nodes[n] = (trie_node){.depth = (uint16_t)(d + 1), .byte = (uint8_t)s[d], .tok_begin = k, .tok_end = k};
+            path[path_len++] = n++;
+        }
+        trie_node *end = &v->nodes[path[len - 1]];
+        if (end->tok_begin == end->tok_end) end->tok_begin = k; /* sorted: same bytes are adjacent */
+        end->tok_end = k + 1;
+        prev = s;
+        prev_len = len;
+    }
+    while (path_len > 0) v->nodes[path[--path_len]].subtree_end = n;
+    free(path);
+    v->n_nodes = n;
+    *out = v;
+    return BUBO_OK;
+oom:
+    bubo_grammar_vocab_free(v);
+    return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar vocab: out of memory");
+}
