@@ -66,6 +66,12 @@ cdef class Vocab:
     def __dealloc__(self):
         bubo_grammar_vocab_free(self.v)
 
+    @staticmethod
+    def from_tokenizer(tokenizer):
+        """The vocabulary of a bubo.Tokenizer: each token's text without special rendering, so
+        control and unused tokens have no bytes and no grammar ever allows them."""
+        return Vocab([tokenizer.token_to_piece(i, False) for i in range(tokenizer.n_vocab)])
+
     def __len__(self):
         return bubo_grammar_vocab_n(self.v)
 

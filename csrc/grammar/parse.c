@@ -447,7 +447,11 @@ static const char *parse_rule(parser *P, const char *p) {
     if (!(q = parse_alternates(P, q, id, 0))) return NULL;
     if (q < P->end && *q == '\r') q += (q + 1 < P->end && q[1] == '\n') ? 2 : 1;
     else if (q < P->end && *q == '\n') q++;
-    else if (q < P->end) return fail(P, q, "expected newline or end of input, got '%c'", *q);
+    else if (q < P->end) {
+        int n = 1; /* quote the whole character, not one byte of it */
+        while (q + n < P->end && n < 4 && ((unsigned char)q[n] & 0xC0) == 0x80) n++;
+        return fail(P, q, "expected newline or end of input, got '%.*s'", n, q);
+    }
     return parse_space(P, q, 1);
 }
 
