@@ -28,6 +28,10 @@ typedef struct {
      * smallest code point its length may encode (overlong forms are invalid). */
     uint32_t utf8_value, utf8_min;
     uint32_t utf8_left;
+    /* Every alive stack accepts every completion of the unfinished character, and every
+     * completion is valid UTF-8: its exact bits no longer matter and are dropped (utf8_value 0),
+     * so the thousands of CJK prefixes inside a JSON string are one state, not thousands. */
+    uint32_t utf8_any;
 } stackset;
 
 #define DEDUP_SLOTS (2 * BUBO_GRAMMAR_MAX_STACKS) /* power of two, at least twice the stacks */
@@ -39,14 +43,37 @@ typedef struct {
     uint32_t *saved;      /* (BUBO_GRAMMAR_MAX_DEPTH) the stack being expanded, minus its top */
 } workspace;
 
+/* Transitions between the stack sets met while walking the trie, memoized: a DFA built lazily.
+ * Inside a JSON string almost every byte leads from a state back to the same state, so after
+ * the first few hundred transitions the walk over a 150k-token trie is one table load per node.
+ * The cache belongs to one matcher and lives across mask() calls (the states of one generation
+ * repeat); it is bounded and emptied (buffers kept) when it fills. */
+#define DFA_MAX_STATES 2048
+#define DFA_MAX_STACKS_PER_STATE 64 /* larger sets are rare and costly to compare: not cached */
+#define DFA_INDEX_SLOTS (2 * DFA_MAX_STATES)
+#define NO_STATE (-1)
+#define TRANS_UNKNOWN (-1) /* memset(0xFF) */
+#define TRANS_DEAD (-2)
+
+typedef struct {
+    stackset *states;     /* (cap_states = DFA_MAX_STATES) interned sets; buffers reused after a flush */
+    uint32_t *state_hash; /* (DFA_MAX_STATES) */
+    uint32_t n_states, cap_states;
+    int32_t *trans;       /* (DFA_MAX_STATES * 256) next state id, TRANS_UNKNOWN or TRANS_DEAD */
+    uint32_t *index;      /* (DFA_INDEX_SLOTS) open addressing on state_hash: id + 1, 0 empty */
+} dfa_cache;
+
 struct bubo_grammar_matcher {
     const bubo_grammar *g;
     const bubo_grammar_vocab *vocab;
     stackset state;
     stackset tmp[2];      /* accept_bytes builds here, then swaps into state */
     stackset *levels;     /* (vocab->max_len + 1) the mask walk's set at each trie depth */
+    const stackset **level_set; /* (n_levels) the set in use at each depth: levels[d] or a cached one */
+    int32_t *level_id;    /* (n_levels) its id in the cache, or NO_STATE */
     uint32_t n_levels;
     workspace ws;
+    dfa_cache cache;
 };
 
 static void set_free(stackset *s) {
@@ -63,6 +90,7 @@ static void set_clear(stackset *s) {
     s->utf8_left = 0;
     s->utf8_value = 0;
     s->utf8_min = 0;
+    s->utf8_any = 0;
 }
 
 static bubo_status reserve_frames(stackset *s, size_t need, bubo_err *err) {
@@ -125,6 +153,7 @@ static bubo_status set_copy(stackset *dst, const stackset *src, bubo_err *err) {
     dst->utf8_value = src->utf8_value;
     dst->utf8_left = src->utf8_left;
     dst->utf8_min = src->utf8_min;
+    dst->utf8_any = src->utf8_any;
     return BUBO_OK;
 }
 
@@ -220,27 +249,11 @@ static inline int class_accepts(const bubo_grammar *g, uint32_t pos, uint32_t cp
     return class_accepts_range(g, pos, cp, cp);
 }
 
-/* Does the class at pos accept some code point in [lo, hi]? Exact for negated classes too:
- * [lo, hi] must not be covered by the union of the class's ranges. */
-static int class_accepts_range(const bubo_grammar *g, uint32_t pos, uint32_t lo, uint32_t hi) {
+/* Do the ranges listed by the class at pos (its polarity aside) cover all of [lo, hi]? Walk
+ * cur upward through ranges that contain it, until past hi or stuck. */
+static int class_lists_all(const bubo_grammar *g, uint32_t pos, uint32_t lo, uint32_t hi) {
     const gelem *e = g->elems;
-    int positive = e[pos].type != GE_CHAR_NOT;
-    if (positive) {
-        uint32_t q = pos;
-        do {
-            uint32_t a = e[q].value, b = a;
-            if (e[q].type == GE_CHAR_ANY) return 1;
-            if (e[q + 1].type == GE_CHAR_RNG_UPPER) {
-                b = e[q + 1].value;
-                q += 2;
-            } else {
-                q += 1;
-            }
-            if (a <= hi && b >= lo) return 1;
-        } while (e[q].type == GE_CHAR_ALT);
-        return 0;
-    }
-    /* negated: walk cur upward through ranges that contain it; uncovered cur is accepted */
+    if (e[pos].type == GE_CHAR_ANY) return 1;
     uint32_t cur = lo;
     while (1) {
         int moved = 0;
@@ -254,13 +267,43 @@ static int class_accepts_range(const bubo_grammar *g, uint32_t pos, uint32_t lo,
                 q += 1;
             }
             if (a <= cur && cur <= b) {
-                if (b >= hi) return 0;
+                if (b >= hi) return 1;
                 cur = b + 1;
                 moved = 1;
             }
         } while (e[q].type == GE_CHAR_ALT);
-        if (!moved) return 1;
+        if (!moved) return 0;
     }
+}
+
+/* Does some range listed by the class at pos meet [lo, hi]? */
+static int class_lists_some(const bubo_grammar *g, uint32_t pos, uint32_t lo, uint32_t hi) {
+    const gelem *e = g->elems;
+    if (e[pos].type == GE_CHAR_ANY) return 1;
+    uint32_t q = pos;
+    do {
+        uint32_t a = e[q].value, b = a;
+        if (e[q + 1].type == GE_CHAR_RNG_UPPER) {
+            b = e[q + 1].value;
+            q += 2;
+        } else {
+            q += 1;
+        }
+        if (a <= hi && b >= lo) return 1;
+    } while (e[q].type == GE_CHAR_ALT);
+    return 0;
+}
+
+/* Does the class at pos accept some code point in [lo, hi]? */
+static int class_accepts_range(const bubo_grammar *g, uint32_t pos, uint32_t lo, uint32_t hi) {
+    if (g->elems[pos].type == GE_CHAR_NOT) return !class_lists_all(g, pos, lo, hi);
+    return class_lists_some(g, pos, lo, hi);
+}
+
+/* Does it accept every code point in [lo, hi]? */
+static int class_accepts_every(const bubo_grammar *g, uint32_t pos, uint32_t lo, uint32_t hi) {
+    if (g->elems[pos].type == GE_CHAR_NOT) return !class_lists_some(g, pos, lo, hi);
+    return class_lists_all(g, pos, lo, hi);
 }
 
 /* Could the class at pos accept a character whose UTF-8 encoding starts with the bytes held in
@@ -301,6 +344,7 @@ static bubo_status advance_byte(const bubo_grammar *g, workspace *ws, const stac
         left = in->utf8_left - 1;
         min = in->utf8_min;
     }
+    int any = in->utf8_left != 0 && in->utf8_any;
 
     bubo_status st;
     ws_begin(ws);
@@ -310,19 +354,29 @@ static bubo_status advance_byte(const bubo_grammar *g, workspace *ws, const stac
             uint32_t n = in->len[i];
             if (n == 0) continue;
             const uint32_t *f = in->frames + in->off[i];
-            if (!class_accepts_prefix(g, f[n - 1], value, left, min)) continue;
+            if (!any && !class_accepts_prefix(g, f[n - 1], value, left, min)) continue;
             if ((st = set_push(out, f, n, NULL, 0, err)) != BUBO_OK) return st;
             out->hash[out->n - 1] = in->hash[i];
         }
-        if (out->n > 0) {
-            out->utf8_value = value;
-            out->utf8_left = left;
-            out->utf8_min = min;
+        if (out->n == 0) return BUBO_OK;
+        out->utf8_value = value;
+        out->utf8_left = left;
+        out->utf8_min = min;
+        out->utf8_any = any;
+        uint32_t lo = value << (6 * left), hi = lo | ((1u << (6 * left)) - 1);
+        if (!any && lo >= min && hi <= 0x10FFFF && (hi < 0xD800 || lo > 0xDFFF)) {
+            int every = 1;
+            for (size_t i = 0; i < out->n && every; i++)
+                every = class_accepts_every(g, out->frames[out->off[i] + out->len[i] - 1], lo, hi);
+            if (every) {
+                out->utf8_any = 1;
+                out->utf8_value = 0;
+            }
         }
         return BUBO_OK;
     }
     uint32_t cp = value;
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return BUBO_OK;
+    if (!any && (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))) return BUBO_OK;
 
     stackset *w = &ws->work;
     set_clear(w);
@@ -331,13 +385,89 @@ static bubo_status advance_byte(const bubo_grammar *g, workspace *ws, const stac
         if (n == 0) continue;
         const uint32_t *f = in->frames + in->off[i];
         uint32_t top = f[n - 1];
-        if (!class_accepts(g, top, cp)) continue;
+        if (!any && !class_accepts(g, top, cp)) continue;
         uint32_t next = g->term_next[top];
         uint32_t extra = next;
         int keep = !ge_is_end_of_alt(g->elems[next].type);
         if ((st = set_push(w, f, n - 1, &extra, keep ? 1 : 0, err)) != BUBO_OK) return st;
     }
     return expand(g, ws, out, err);
+}
+
+// ---------------------------------------------------------------------------------------------
+// transition cache
+
+/* Order-independent: the same stacks in another order are the same state. */
+static uint32_t set_hash(const stackset *s) {
+    uint32_t h = s->utf8_value * 2654435761u ^ s->utf8_left * 40503u ^ s->utf8_min ^ s->utf8_any ^ (uint32_t)s->n * 97u;
+    for (size_t i = 0; i < s->n; i++) {
+        uint32_t x = s->hash[i] * 0x9E3779B1u;
+        h += x ^ (x >> 15);
+    }
+    return h;
+}
+
+static int set_equal(const stackset *a, const stackset *b) {
+    if (a->n != b->n || a->utf8_value != b->utf8_value || a->utf8_left != b->utf8_left || a->utf8_min != b->utf8_min ||
+        a->utf8_any != b->utf8_any)
+        return 0;
+    for (size_t i = 0; i < a->n; i++) { /* both are deduplicated: a subset of equal size is equal */
+        size_t j = 0;
+        for (; j < b->n; j++)
+            if (a->hash[i] == b->hash[j] && a->len[i] == b->len[j] &&
+                memcmp(a->frames + a->off[i], b->frames + b->off[j], a->len[i] * sizeof *a->frames) == 0)
+                break;
+        if (j == b->n) return 0;
+    }
+    return 1;
+}
+
+static void cache_flush(dfa_cache *c) {
+    c->n_states = 0;
+    if (c->index) memset(c->index, 0, DFA_INDEX_SLOTS * sizeof *c->index);
+}
+
+static void cache_free(dfa_cache *c) {
+    for (uint32_t i = 0; i < c->cap_states; i++) set_free(&c->states[i]);
+    free(c->states);
+    free(c->state_hash);
+    free(c->trans);
+    free(c->index);
+    memset(c, 0, sizeof *c);
+}
+
+/* The id of a set equal to s, adding a copy of s if there is room; NO_STATE if s is not cached. */
+static bubo_status cache_intern(dfa_cache *c, const stackset *s, int32_t *id, bubo_err *err) {
+    *id = NO_STATE;
+    if (s->n > DFA_MAX_STACKS_PER_STATE) return BUBO_OK;
+    if (!c->trans) {
+        c->trans = malloc((size_t)DFA_MAX_STATES * 256 * sizeof *c->trans);
+        c->state_hash = malloc(DFA_MAX_STATES * sizeof *c->state_hash);
+        c->index = calloc(DFA_INDEX_SLOTS, sizeof *c->index);
+        /* all slots at once: the mask walk holds pointers to states while adding more */
+        c->states = calloc(DFA_MAX_STATES, sizeof *c->states);
+        c->cap_states = c->states ? DFA_MAX_STATES : 0;
+        if (!c->trans || !c->state_hash || !c->index || !c->states) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
+    }
+    uint32_t h = set_hash(s);
+    uint32_t slot = h & (DFA_INDEX_SLOTS - 1);
+    for (; c->index[slot]; slot = (slot + 1) & (DFA_INDEX_SLOTS - 1)) {
+        uint32_t k = c->index[slot] - 1;
+        if (c->state_hash[k] == h && set_equal(&c->states[k], s)) {
+            *id = (int32_t)k;
+            return BUBO_OK;
+        }
+    }
+    if (c->n_states == DFA_MAX_STATES) return BUBO_OK; /* full: walk on uncached */
+    uint32_t k = c->n_states;
+    bubo_status st = set_copy(&c->states[k], s, err);
+    if (st != BUBO_OK) return st;
+    c->state_hash[k] = h;
+    memset(c->trans + (size_t)k * 256, 0xFF, 256 * sizeof *c->trans);
+    c->index[slot] = k + 1;
+    c->n_states++;
+    *id = (int32_t)k;
+    return BUBO_OK;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -359,6 +489,9 @@ void bubo_grammar_matcher_free(bubo_grammar_matcher *m) {
     set_free(&m->tmp[1]);
     for (uint32_t i = 0; i < m->n_levels; i++) set_free(&m->levels[i]);
     free(m->levels);
+    free(m->level_set);
+    free(m->level_id);
+    cache_free(&m->cache);
     set_free(&m->ws.work);
     free(m->ws.slot_stamp);
     free(m->ws.slot_index);
@@ -385,7 +518,7 @@ bubo_status bubo_grammar_matcher_create(const bubo_grammar *g, const bubo_gramma
                                         bubo_grammar_matcher **out, bubo_err *err) {
     *out = NULL;
     if (!g) return bubo_set_err(err, BUBO_ERR_INVALID, "grammar matcher: NULL grammar");
-    bubo_grammar_matcher *m;
+    bubo_grammar_matcher *m = NULL;
     bubo_status st = matcher_alloc(g, vocab, &m, err);
     if (st != BUBO_OK) return st;
     /* the start state: the root rule's alternatives, expanded */
@@ -412,7 +545,7 @@ bubo_status bubo_grammar_matcher_create(const bubo_grammar *g, const bubo_gramma
 bubo_status bubo_grammar_matcher_clone(const bubo_grammar_matcher *src, bubo_grammar_matcher **out,
                                        bubo_err *err) {
     *out = NULL;
-    bubo_grammar_matcher *m;
+    bubo_grammar_matcher *m = NULL;
     bubo_status st = matcher_alloc(src->g, src->vocab, &m, err);
     if (st != BUBO_OK) return st;
     if ((st = set_copy(&m->state, &src->state, err)) != BUBO_OK) {
@@ -466,27 +599,56 @@ bubo_status bubo_grammar_matcher_mask(bubo_grammar_matcher *m, uint8_t *mask, bu
     const bubo_grammar_vocab *v = m->vocab;
     if (!v) return bubo_set_err(err, BUBO_ERR_INVALID, "grammar matcher: no vocabulary");
     memset(mask, 0, v->n_vocab);
-    if (m->n_levels < v->max_len + 1) {
-        stackset *l = realloc(m->levels, (v->max_len + 1) * sizeof *l);
-        if (!l) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
-        memset(l + m->n_levels, 0, (v->max_len + 1 - m->n_levels) * sizeof *l);
-        m->levels = l;
-        m->n_levels = v->max_len + 1;
+    uint32_t n_levels = v->max_len + 1;
+    if (m->n_levels < n_levels) {
+        stackset *l = realloc(m->levels, n_levels * sizeof *l);
+        if (l) {
+            memset(l + m->n_levels, 0, (n_levels - m->n_levels) * sizeof *l);
+            m->levels = l;
+            m->n_levels = n_levels;
+        }
+        const stackset **ls = realloc(m->level_set, n_levels * sizeof *ls);
+        if (ls) m->level_set = ls;
+        int32_t *li = realloc(m->level_id, n_levels * sizeof *li);
+        if (li) m->level_id = li;
+        if (!l || !ls || !li) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
     }
-    /* levels[d] is the set after the first d bytes of the current node's path; levels[0] is
-     * the state itself (read through a pointer, never copied) */
+    dfa_cache *c = &m->cache;
+    if (c->n_states > DFA_MAX_STATES / 2) cache_flush(c); /* room for this walk's new states */
+    bubo_status st;
+    /* level d: the set after the first d bytes of the current node's path */
+    if ((st = cache_intern(c, &m->state, &m->level_id[0], err)) != BUBO_OK) return st;
+    m->level_set[0] = m->level_id[0] != NO_STATE ? &c->states[m->level_id[0]] : &m->state;
     const trie_node *nodes = v->nodes;
     uint32_t i = 0;
     while (i < v->n_nodes) {
         const trie_node *nd = &nodes[i];
-        const stackset *parent = nd->depth == 1 ? &m->state : &m->levels[nd->depth - 1];
-        stackset *here = &m->levels[nd->depth];
-        bubo_status st = advance_byte(m->g, &m->ws, parent, nd->byte, here, err);
-        if (st != BUBO_OK) return st;
-        if (here->n == 0) {
-            i = nd->subtree_end;
-            continue;
+        uint32_t d = nd->depth;
+        int32_t pid = m->level_id[d - 1];
+        int32_t cid = NO_STATE;
+        if (pid != NO_STATE) {
+            int32_t t = c->trans[(size_t)pid * 256 + nd->byte];
+            if (t == TRANS_DEAD) {
+                i = nd->subtree_end;
+                continue;
+            }
+            cid = t; /* TRANS_UNKNOWN == NO_STATE: computed below */
         }
+        if (cid == NO_STATE) {
+            stackset *here = &m->levels[d];
+            if ((st = advance_byte(m->g, &m->ws, m->level_set[d - 1], nd->byte, here, err)) != BUBO_OK) return st;
+            if (here->n == 0) {
+                if (pid != NO_STATE) c->trans[(size_t)pid * 256 + nd->byte] = TRANS_DEAD;
+                i = nd->subtree_end;
+                continue;
+            }
+            if ((st = cache_intern(c, here, &cid, err)) != BUBO_OK) return st;
+            if (pid != NO_STATE && cid != NO_STATE) c->trans[(size_t)pid * 256 + nd->byte] = cid;
+            m->level_set[d] = cid != NO_STATE ? &c->states[cid] : here;
+        } else {
+            m->level_set[d] = &c->states[cid];
+        }
+        m->level_id[d] = cid;
         for (uint32_t k = nd->tok_begin; k < nd->tok_end; k++) mask[v->sorted_ids[k]] = 1;
         i++;
     }
