@@ -61,6 +61,8 @@ typedef struct {
     uint32_t n_states, cap_states;
     int32_t *trans;       /* (DFA_MAX_STATES * 256) next state id, TRANS_UNKNOWN or TRANS_DEAD */
     uint32_t *index;      /* (DFA_INDEX_SLOTS) open addressing on state_hash: id + 1, 0 empty */
+    uint64_t (*loop_ascii)[2]; /* (DFA_MAX_STATES) ASCII bytes that lead from the state to itself */
+    uint8_t *loop_known;  /* (DFA_MAX_STATES) loop_ascii is computed */
 } dfa_cache;
 
 struct bubo_grammar_matcher {
@@ -433,6 +435,8 @@ static void cache_free(dfa_cache *c) {
     free(c->state_hash);
     free(c->trans);
     free(c->index);
+    free(c->loop_ascii);
+    free(c->loop_known);
     memset(c, 0, sizeof *c);
 }
 
@@ -447,7 +451,9 @@ static bubo_status cache_intern(dfa_cache *c, const stackset *s, int32_t *id, bu
         /* all slots at once: the mask walk holds pointers to states while adding more */
         c->states = calloc(DFA_MAX_STATES, sizeof *c->states);
         c->cap_states = c->states ? DFA_MAX_STATES : 0;
-        if (!c->trans || !c->state_hash || !c->index || !c->states) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
+        c->loop_ascii = malloc(DFA_MAX_STATES * sizeof *c->loop_ascii);
+        c->loop_known = malloc(DFA_MAX_STATES);
+        if (!c->trans || !c->state_hash || !c->index || !c->states || !c->loop_ascii || !c->loop_known) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
     }
     uint32_t h = set_hash(s);
     uint32_t slot = h & (DFA_INDEX_SLOTS - 1);
@@ -464,9 +470,45 @@ static bubo_status cache_intern(dfa_cache *c, const stackset *s, int32_t *id, bu
     if (st != BUBO_OK) return st;
     c->state_hash[k] = h;
     memset(c->trans + (size_t)k * 256, 0xFF, 256 * sizeof *c->trans);
+    c->loop_known[k] = 0;
     c->index[slot] = k + 1;
     c->n_states++;
     *id = (int32_t)k;
+    return BUBO_OK;
+}
+
+/* The state reached from cached state pid by byte (cached itself when there is room): its id,
+ * TRANS_DEAD, or NO_STATE with the set left in scratch. */
+static bubo_status cache_step(const bubo_grammar *g, workspace *ws, dfa_cache *c, int32_t pid, uint8_t byte,
+                              stackset *scratch, int32_t *out, bubo_err *err) {
+    int32_t t = c->trans[(size_t)pid * 256 + byte];
+    if (t != TRANS_UNKNOWN) {
+        *out = t;
+        return BUBO_OK;
+    }
+    bubo_status st = advance_byte(g, ws, &c->states[pid], byte, scratch, err);
+    if (st != BUBO_OK) return st;
+    if (scratch->n == 0) {
+        *out = c->trans[(size_t)pid * 256 + byte] = TRANS_DEAD;
+        return BUBO_OK;
+    }
+    if ((st = cache_intern(c, scratch, out, err)) != BUBO_OK) return st;
+    if (*out != NO_STATE) c->trans[(size_t)pid * 256 + byte] = *out;
+    return BUBO_OK;
+}
+
+static bubo_status cache_loops(const bubo_grammar *g, workspace *ws, dfa_cache *c, int32_t id, stackset *scratch,
+                               bubo_err *err) {
+    uint64_t loop[2] = {0, 0};
+    for (uint32_t b = 0; b < 128; b++) {
+        int32_t t;
+        bubo_status st = cache_step(g, ws, c, id, (uint8_t)b, scratch, &t, err);
+        if (st != BUBO_OK) return st;
+        if (t == id) loop[b >> 6] |= 1ull << (b & 63);
+    }
+    c->loop_ascii[id][0] = loop[0];
+    c->loop_ascii[id][1] = loop[1];
+    c->loop_known[id] = 1;
     return BUBO_OK;
 }
 
@@ -626,6 +668,17 @@ bubo_status bubo_grammar_matcher_mask(bubo_grammar_matcher *m, uint8_t *mask, bu
         uint32_t d = nd->depth;
         int32_t pid = m->level_id[d - 1];
         int32_t cid = NO_STATE;
+        if (pid != NO_STATE && !v->subtree_high[i]) {
+            if (!c->loop_known[pid] && (st = cache_loops(m->g, &m->ws, c, pid, &m->levels[d], err)) != BUBO_OK)
+                return st;
+            const uint64_t *loop = c->loop_ascii[pid], *bytes = v->subtree_ascii[i];
+            if (!(bytes[0] & ~loop[0]) && !(bytes[1] & ~loop[1])) {
+                /* every path below stays in this state: all of the subtree's tokens fit */
+                for (uint32_t k = nd->tok_begin, e = trie_subtree_tok_end(v, i); k < e; k++) mask[v->sorted_ids[k]] = 1;
+                i = nd->subtree_end;
+                continue;
+            }
+        }
         if (pid != NO_STATE) {
             int32_t t = c->trans[(size_t)pid * 256 + nd->byte];
             if (t == TRANS_DEAD) {

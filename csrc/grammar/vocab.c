@@ -25,6 +25,8 @@ void bubo_grammar_vocab_free(bubo_grammar_vocab *v) {
     free(v->offsets);
     free(v->sorted_ids);
     free(v->nodes);
+    free(v->subtree_ascii);
+    free(v->subtree_high);
     free(v);
 }
 
@@ -101,6 +103,20 @@ bubo_status bubo_grammar_vocab_create(const char *pieces, const uint64_t *offset
     while (path_len > 0) v->nodes[path[--path_len]].subtree_end = n;
     free(path);
     v->n_nodes = n;
+    v->n_sorted = n_sorted;
+    v->subtree_ascii = calloc(n ? n : 1, sizeof *v->subtree_ascii);
+    v->subtree_high = calloc(n ? n : 1, 1);
+    if (!v->subtree_ascii || !v->subtree_high) goto oom;
+    for (uint32_t i = n; i-- > 0;) { /* children come after their parent: fill bottom-up */
+        uint8_t b = v->nodes[i].byte;
+        if (b < 128) v->subtree_ascii[i][b >> 6] |= 1ull << (b & 63);
+        else v->subtree_high[i] = 1;
+        for (uint32_t j = i + 1; j < v->nodes[i].subtree_end; j = v->nodes[j].subtree_end) {
+            v->subtree_ascii[i][0] |= v->subtree_ascii[j][0];
+            v->subtree_ascii[i][1] |= v->subtree_ascii[j][1];
+            v->subtree_high[i] |= v->subtree_high[j];
+        }
+    }
     *out = v;
     return BUBO_OK;
 oom:

@@ -24,6 +24,18 @@ struct bubo_grammar_vocab {
     trie_node *nodes;      /* (n_nodes) */
     uint32_t n_nodes;
     uint32_t max_len;      /* longest token, in bytes */
+    uint32_t n_sorted;     /* non-empty tokens */
+    /* The bytes met anywhere in a node's subtree, its own edge included: ASCII bytes as a
+     * 128-bit set, and whether any byte is >= 0x80. A state that loops to itself on every one
+     * of them accepts the whole subtree without walking it. */
+    uint64_t (*subtree_ascii)[2]; /* (n_nodes) */
+    uint8_t *subtree_high;        /* (n_nodes) */
 };
+
+/* The tokens whose bytes end in node i's subtree are sorted_ids[nodes[i].tok_begin .. this). */
+static inline uint32_t trie_subtree_tok_end(const bubo_grammar_vocab *v, uint32_t i) {
+    uint32_t e = v->nodes[i].subtree_end;
+    return e < v->n_nodes ? v->nodes[e].tok_begin : v->n_sorted;
+}
 
 #endif
