@@ -62,7 +62,9 @@ typedef struct {
     int32_t *trans;       /* (DFA_MAX_STATES * 256) next state id, TRANS_UNKNOWN or TRANS_DEAD */
     uint32_t *index;      /* (DFA_INDEX_SLOTS) open addressing on state_hash: id + 1, 0 empty */
     uint64_t (*loop_ascii)[2]; /* (DFA_MAX_STATES) ASCII bytes that lead from the state to itself */
-    uint8_t *loop_known;  /* (DFA_MAX_STATES) loop_ascii is computed */
+    uint8_t *loop_known;  /* (DFA_MAX_STATES) LOOP_*_KNOWN: loop_ascii, loop_utf8 are computed */
+    uint8_t *loop_utf8;   /* (DFA_MAX_STATES) every non-ASCII character leads from the state to itself */
+    uint8_t *seen;        /* (DFA_MAX_STATES) scratch of cache_loops, all 0 between calls */
 } dfa_cache;
 
 struct bubo_grammar_matcher {
@@ -361,7 +363,7 @@ static bubo_status advance_byte(const bubo_grammar *g, workspace *ws, const stac
             out->hash[out->n - 1] = in->hash[i];
         }
         if (out->n == 0) return BUBO_OK;
-        out->utf8_value = value;
+        out->utf8_value = any ? 0 : value; /* once dropped, the bits stay dropped */
         out->utf8_left = left;
         out->utf8_min = min;
         out->utf8_any = any;
@@ -437,6 +439,8 @@ static void cache_free(dfa_cache *c) {
     free(c->index);
     free(c->loop_ascii);
     free(c->loop_known);
+    free(c->loop_utf8);
+    free(c->seen);
     memset(c, 0, sizeof *c);
 }
 
@@ -453,7 +457,10 @@ static bubo_status cache_intern(dfa_cache *c, const stackset *s, int32_t *id, bu
         c->cap_states = c->states ? DFA_MAX_STATES : 0;
         c->loop_ascii = malloc(DFA_MAX_STATES * sizeof *c->loop_ascii);
         c->loop_known = malloc(DFA_MAX_STATES);
-        if (!c->trans || !c->state_hash || !c->index || !c->states || !c->loop_ascii || !c->loop_known) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
+        c->loop_utf8 = malloc(DFA_MAX_STATES);
+        c->seen = calloc(DFA_MAX_STATES, 1);
+        if (!c->trans || !c->state_hash || !c->index || !c->states || !c->loop_ascii || !c->loop_known ||
+            !c->loop_utf8 || !c->seen) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
     }
     uint32_t h = set_hash(s);
     uint32_t slot = h & (DFA_INDEX_SLOTS - 1);
@@ -497,8 +504,47 @@ static bubo_status cache_step(const bubo_grammar *g, workspace *ws, dfa_cache *c
     return BUBO_OK;
 }
 
-static bubo_status cache_loops(const bubo_grammar *g, workspace *ws, dfa_cache *c, int32_t id, stackset *scratch,
-                               bubo_err *err) {
+/* Which ASCII bytes lead from a cached state back to itself (cache_loops_ascii), and whether
+ * every non-ASCII character does (cache_loops_utf8): the conditions under which the mask walk
+ * takes a whole subtree at once. Computed on demand, for subtrees worth it. */
+#define LOOP_ASCII_KNOWN 1
+#define LOOP_UTF8_KNOWN 2
+#define LOOP_MIN_SUBTREE 32  /* smaller subtrees are walked: the loop test would cost more */
+#define LOOP_MAX_PARTIALS 64 /* distinct unfinished-character states cache_loops_utf8 may visit */
+
+/* Does every continuation of the unfinished character in state t (each byte in [lo, hi], then
+ * any continuation bytes) stay alive and end back in state home? Partial states whose bits were
+ * dropped (utf8_any) are shared by thousands of prefixes: each is checked once (c->seen). */
+static bubo_status utf8_returns(const bubo_grammar *g, workspace *ws, dfa_cache *c, int32_t t, uint8_t lo,
+                                uint8_t hi, int32_t home, stackset *scratch, int *ok, int32_t *seen_list,
+                                uint32_t *n_seen, bubo_err *err) {
+    if (t < 0) {
+        *ok = 0;
+        return BUBO_OK;
+    }
+    if (c->seen[t]) return BUBO_OK;
+    if (*n_seen == LOOP_MAX_PARTIALS) { /* prefixes matter (a class like [α-ω]): no shortcut */
+        *ok = 0;
+        return BUBO_OK;
+    }
+    c->seen[t] = 1;
+    seen_list[(*n_seen)++] = t;
+    uint32_t left = c->states[t].utf8_left;
+    for (uint32_t b = lo; b <= hi && *ok; b++) {
+        int32_t u;
+        bubo_status st = cache_step(g, ws, c, t, (uint8_t)b, scratch, &u, err);
+        if (st != BUBO_OK) return st;
+        if (left == 1) {
+            if (u != home) *ok = 0;
+        } else if ((st = utf8_returns(g, ws, c, u, 0x80, 0xBF, home, scratch, ok, seen_list, n_seen, err)) != BUBO_OK) {
+            return st;
+        }
+    }
+    return BUBO_OK;
+}
+
+static bubo_status cache_loops_ascii(const bubo_grammar *g, workspace *ws, dfa_cache *c, int32_t id,
+                                     stackset *scratch, bubo_err *err) {
     uint64_t loop[2] = {0, 0};
     for (uint32_t b = 0; b < 128; b++) {
         int32_t t;
@@ -508,7 +554,35 @@ static bubo_status cache_loops(const bubo_grammar *g, workspace *ws, dfa_cache *
     }
     c->loop_ascii[id][0] = loop[0];
     c->loop_ascii[id][1] = loop[1];
-    c->loop_known[id] = 1;
+    c->loop_known[id] |= LOOP_ASCII_KNOWN;
+    return BUBO_OK;
+}
+
+static bubo_status cache_loops_utf8(const bubo_grammar *g, workspace *ws, dfa_cache *c, int32_t id,
+                                    stackset *scratch, bubo_err *err) {
+    bubo_status st = BUBO_OK;
+    int ok = c->states[id].utf8_left == 0;
+    /* the lead bytes and the range of the byte after each (Unicode's table 3-7) */
+    static const struct { uint8_t first, last, lo, hi; } leads[] = {
+        {0xC2, 0xDF, 0x80, 0xBF}, {0xE0, 0xE0, 0xA0, 0xBF}, {0xE1, 0xEC, 0x80, 0xBF}, {0xED, 0xED, 0x80, 0x9F},
+        {0xEE, 0xEF, 0x80, 0xBF}, {0xF0, 0xF0, 0x90, 0xBF}, {0xF1, 0xF3, 0x80, 0xBF}, {0xF4, 0xF4, 0x80, 0x8F},
+    };
+    int32_t seen_list[LOOP_MAX_PARTIALS];
+    uint32_t n_seen = 0;
+    for (size_t k = 0; k < sizeof leads / sizeof *leads && ok; k++) {
+        for (uint32_t b = leads[k].first; b <= leads[k].last && ok; b++) {
+            int32_t t;
+            if ((st = cache_step(g, ws, c, id, (uint8_t)b, scratch, &t, err)) != BUBO_OK) break;
+            if ((st = utf8_returns(g, ws, c, t, leads[k].lo, leads[k].hi, id, scratch, &ok, seen_list, &n_seen, err)) !=
+                BUBO_OK)
+                break;
+        }
+        if (st != BUBO_OK) break;
+    }
+    for (uint32_t k = 0; k < n_seen; k++) c->seen[seen_list[k]] = 0;
+    if (st != BUBO_OK) return st;
+    c->loop_utf8[id] = (uint8_t)ok;
+    c->loop_known[id] |= LOOP_UTF8_KNOWN;
     return BUBO_OK;
 }
 
@@ -668,11 +742,18 @@ bubo_status bubo_grammar_matcher_mask(bubo_grammar_matcher *m, uint8_t *mask, bu
         uint32_t d = nd->depth;
         int32_t pid = m->level_id[d - 1];
         int32_t cid = NO_STATE;
-        if (pid != NO_STATE && !v->subtree_high[i]) {
-            if (!c->loop_known[pid] && (st = cache_loops(m->g, &m->ws, c, pid, &m->levels[d], err)) != BUBO_OK)
+        if (pid != NO_STATE && !(v->subtree_flags[i] & SUBTREE_BAD_UTF8) &&
+            nd->subtree_end - i >= LOOP_MIN_SUBTREE && c->states[pid].utf8_left == 0) {
+            int high = v->subtree_flags[i] & SUBTREE_HIGH;
+            if (!(c->loop_known[pid] & LOOP_ASCII_KNOWN) &&
+                (st = cache_loops_ascii(m->g, &m->ws, c, pid, &m->levels[d], err)) != BUBO_OK)
                 return st;
             const uint64_t *loop = c->loop_ascii[pid], *bytes = v->subtree_ascii[i];
-            if (!(bytes[0] & ~loop[0]) && !(bytes[1] & ~loop[1])) {
+            int fits = !(bytes[0] & ~loop[0]) && !(bytes[1] & ~loop[1]);
+            if (fits && high && !(c->loop_known[pid] & LOOP_UTF8_KNOWN) &&
+                (st = cache_loops_utf8(m->g, &m->ws, c, pid, &m->levels[d], err)) != BUBO_OK)
+                return st;
+            if (fits && (!high || c->loop_utf8[pid])) {
                 /* every path below stays in this state: all of the subtree's tokens fit */
                 for (uint32_t k = nd->tok_begin, e = trie_subtree_tok_end(v, i); k < e; k++) mask[v->sorted_ids[k]] = 1;
                 i = nd->subtree_end;

@@ -19,6 +19,31 @@ static int cmp_tokens(const void *pa, const void *pb) {
     return a < b ? -1 : a > b; /* equal bytes: by id, so the order is total */
 }
 
+/* A UTF-8 validator (Unicode's table 3-7): continuation bytes still due and the range the next
+ * one must fall in. It rejects exactly what the matcher rejects, at the same byte. */
+#define UTF8_INVALID 0xFF
+typedef struct {
+    uint8_t left, lo, hi;
+} utf8_dec;
+
+static utf8_dec utf8_step(utf8_dec s, uint8_t b) {
+    const utf8_dec bad = {UTF8_INVALID, 0, 0};
+    if (s.left == UTF8_INVALID) return bad;
+    if (s.left > 0) {
+        if (b < s.lo || b > s.hi) return bad;
+        return (utf8_dec){(uint8_t)(s.left - 1), 0x80, 0xBF};
+    }
+    if (b < 0x80) return s;
+    if (b >= 0xC2 && b <= 0xDF) return (utf8_dec){1, 0x80, 0xBF};
+    if (b == 0xE0) return (utf8_dec){2, 0xA0, 0xBF};
+    if (b == 0xED) return (utf8_dec){2, 0x80, 0x9F};
+    if (b >= 0xE1 && b <= 0xEF) return (utf8_dec){2, 0x80, 0xBF};
+    if (b == 0xF0) return (utf8_dec){3, 0x90, 0xBF};
+    if (b == 0xF4) return (utf8_dec){3, 0x80, 0x8F};
+    if (b >= 0xF1 && b <= 0xF3) return (utf8_dec){3, 0x80, 0xBF};
+    return bad;
+}
+
 void bubo_grammar_vocab_free(bubo_grammar_vocab *v) {
     if (!v) return;
     free(v->pieces);
@@ -26,7 +51,7 @@ void bubo_grammar_vocab_free(bubo_grammar_vocab *v) {
     free(v->sorted_ids);
     free(v->nodes);
     free(v->subtree_ascii);
-    free(v->subtree_high);
+    free(v->subtree_flags);
     free(v);
 }
 
@@ -105,16 +130,27 @@ bubo_status bubo_grammar_vocab_create(const char *pieces, const uint64_t *offset
     v->n_nodes = n;
     v->n_sorted = n_sorted;
     v->subtree_ascii = calloc(n ? n : 1, sizeof *v->subtree_ascii);
-    v->subtree_high = calloc(n ? n : 1, 1);
-    if (!v->subtree_ascii || !v->subtree_high) goto oom;
+    v->subtree_flags = calloc(n ? n : 1, 1);
+    utf8_dec *dec = malloc(((size_t)v->max_len + 1) * sizeof *dec); /* decoder state at each depth */
+    if (!v->subtree_ascii || !v->subtree_flags || !dec) {
+        free(dec);
+        goto oom;
+    }
+    dec[0] = (utf8_dec){0, 0, 0};
+    for (uint32_t i = 0; i < n; i++) { /* preorder: the parent's state is dec[depth - 1] */
+        uint8_t b = v->nodes[i].byte;
+        dec[v->nodes[i].depth] = utf8_step(dec[v->nodes[i].depth - 1], b);
+        if (b >= 128) v->subtree_flags[i] |= SUBTREE_HIGH;
+        if (dec[v->nodes[i].depth].left == UTF8_INVALID) v->subtree_flags[i] |= SUBTREE_BAD_UTF8;
+    }
+    free(dec);
     for (uint32_t i = n; i-- > 0;) { /* children come after their parent: fill bottom-up */
         uint8_t b = v->nodes[i].byte;
         if (b < 128) v->subtree_ascii[i][b >> 6] |= 1ull << (b & 63);
-        else v->subtree_high[i] = 1;
         for (uint32_t j = i + 1; j < v->nodes[i].subtree_end; j = v->nodes[j].subtree_end) {
             v->subtree_ascii[i][0] |= v->subtree_ascii[j][0];
             v->subtree_ascii[i][1] |= v->subtree_ascii[j][1];
-            v->subtree_high[i] |= v->subtree_high[j];
+            v->subtree_flags[i] |= v->subtree_flags[j];
         }
     }
     *out = v;

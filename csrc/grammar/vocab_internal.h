@@ -26,11 +26,15 @@ struct bubo_grammar_vocab {
     uint32_t max_len;      /* longest token, in bytes */
     uint32_t n_sorted;     /* non-empty tokens */
     /* The bytes met anywhere in a node's subtree, its own edge included: ASCII bytes as a
-     * 128-bit set, and whether any byte is >= 0x80. A state that loops to itself on every one
-     * of them accepts the whole subtree without walking it. */
+     * 128-bit set, and flags. A state that loops to itself on every one of them (and, if the
+     * subtree has non-ASCII bytes, on every character, the paths being valid UTF-8) accepts
+     * the whole subtree without walking it. */
     uint64_t (*subtree_ascii)[2]; /* (n_nodes) */
-    uint8_t *subtree_high;        /* (n_nodes) */
+    uint8_t *subtree_flags;       /* (n_nodes) SUBTREE_HIGH | SUBTREE_BAD_UTF8 */
 };
+
+#define SUBTREE_HIGH 1     /* some byte >= 0x80 in the subtree */
+#define SUBTREE_BAD_UTF8 2 /* some path from the root into the subtree is not a UTF-8 prefix */
 
 /* The tokens whose bytes end in node i's subtree are sorted_ids[nodes[i].tok_begin .. this). */
 static inline uint32_t trie_subtree_tok_end(const bubo_grammar_vocab *v, uint32_t i) {
