@@ -148,10 +148,12 @@ static bubo_status set_copy(stackset *dst, const stackset *src, bubo_err *err) {
     bubo_status st;
     if ((st = reserve_frames(dst, src->n_frames, err)) != BUBO_OK) return st;
     if ((st = reserve_stacks(dst, src->n, err)) != BUBO_OK) return st;
-    memcpy(dst->frames, src->frames, src->n_frames * sizeof *src->frames);
-    memcpy(dst->off, src->off, src->n * sizeof *src->off);
-    memcpy(dst->len, src->len, src->n * sizeof *src->len);
-    memcpy(dst->hash, src->hash, src->n * sizeof *src->hash);
+    if (src->n_frames) memcpy(dst->frames, src->frames, src->n_frames * sizeof *src->frames);
+    if (src->n) { /* NULL buffers of an empty set are not memcpy's to touch */
+        memcpy(dst->off, src->off, src->n * sizeof *src->off);
+        memcpy(dst->len, src->len, src->n * sizeof *src->len);
+        memcpy(dst->hash, src->hash, src->n * sizeof *src->hash);
+    }
     dst->n = src->n;
     dst->n_frames = src->n_frames;
     dst->utf8_value = src->utf8_value;

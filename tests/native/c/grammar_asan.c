@@ -160,7 +160,7 @@ static void add_piece(vocab_bytes *v, const char *s, size_t len) {
 static vocab_bytes make_vocab(void) {
     vocab_bytes v;
     v.pieces = malloc(1 << 20);
-    v.offsets = malloc(sizeof *v.offsets * 40000);
+    v.offsets = malloc(sizeof *v.offsets * 60000);
     v.offsets[0] = 0;
     v.n = 0;
     add_piece(&v, "", 0);
@@ -180,6 +180,15 @@ static vocab_bytes make_vocab(void) {
                            "true", "false", "null", "\": \"", "\"}", "123", "\\u00e9", "", "ab"};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) add_piece(&v, extra[i], strlen(extra[i]));
     add_piece(&v, "ab", 2); /* a duplicate */
+    /* CJK: subtrees of the trie big enough for the walk to take them whole, some of them cut by
+     * a token that ends mid-character or continues with a quote */
+    for (uint32_t cp = 0x4E00; cp < 0x4F00; cp++) {
+        char s[8] = {(char)(0xE0 | (cp >> 12)), (char)(0x80 | ((cp >> 6) & 0x3F)), (char)(0x80 | (cp & 0x3F)), 'x', '"'};
+        add_piece(&v, s, 3);
+        if (cp % 3 == 0) add_piece(&v, s, 4);
+        if (cp % 17 == 0) add_piece(&v, s, 5);
+        if (cp % 5 == 0) add_piece(&v, s, 2);
+    }
     return v;
 }
 
@@ -224,6 +233,9 @@ static void test_masks(void) {
     check_masks(JSON, json_prefixes, sizeof json_prefixes / sizeof *json_prefixes, voc, &vb);
     const char *arith_prefixes[] = {"", "1", "(3 + ", "4."};
     check_masks(ARITH, arith_prefixes, sizeof arith_prefixes / sizeof *arith_prefixes, voc, &vb);
+    const char *text_prefixes[] = {"<", "<ab", "<\xe4\xb8"};
+    check_masks("root ::= \"<\" ([^<>\\u4e80-\\u4eff] | \"\\u4e90\")* \">\"", text_prefixes,
+                sizeof text_prefixes / sizeof *text_prefixes, voc, &vb);
     bubo_grammar_vocab_free(voc);
     free(vb.pieces);
     free(vb.offsets);
