@@ -50,6 +50,7 @@ typedef struct {
  * repeat); it is bounded and emptied (buffers kept) when it fills. */
 #define DFA_MAX_STATES 2048
 #define DFA_MAX_STACKS_PER_STATE 64 /* larger sets are rare and costly to compare: not cached */
+#define DFA_MAX_FRAMES (1u << 20)     /* frames held by all cached states together (4 MiB) */
 #define DFA_INDEX_SLOTS (2 * DFA_MAX_STATES)
 #define NO_STATE (-1)
 #define TRANS_UNKNOWN (-1) /* memset(0xFF) */
@@ -59,6 +60,7 @@ typedef struct {
     stackset *states;     /* (cap_states = DFA_MAX_STATES) interned sets; buffers reused after a flush */
     uint32_t *state_hash; /* (DFA_MAX_STATES) */
     uint32_t n_states, cap_states;
+    size_t n_frames;      /* frames in the cached states, bounded by DFA_MAX_FRAMES */
     int32_t *trans;       /* (DFA_MAX_STATES * 256) next state id, TRANS_UNKNOWN or TRANS_DEAD */
     uint32_t *index;      /* (DFA_INDEX_SLOTS) open addressing on state_hash: id + 1, 0 empty */
     uint64_t (*loop_ascii)[2]; /* (DFA_MAX_STATES) ASCII bytes that lead from the state to itself */
@@ -429,7 +431,11 @@ static int set_equal(const stackset *a, const stackset *b) {
 }
 
 static void cache_flush(dfa_cache *c) {
+    /* keep the buffers for reuse, but not more than the bound: drop the big ones */
+    for (uint32_t i = 0; i < c->cap_states; i++)
+        if (c->states[i].cap_frames > DFA_MAX_FRAMES / DFA_MAX_STATES) set_free(&c->states[i]);
     c->n_states = 0;
+    c->n_frames = 0;
     if (c->index) memset(c->index, 0, DFA_INDEX_SLOTS * sizeof *c->index);
 }
 
@@ -473,11 +479,13 @@ static bubo_status cache_intern(dfa_cache *c, const stackset *s, int32_t *id, bu
             return BUBO_OK;
         }
     }
-    if (c->n_states == DFA_MAX_STATES) return BUBO_OK; /* full: walk on uncached */
+    if (c->n_states == DFA_MAX_STATES || c->n_frames + s->n_frames > DFA_MAX_FRAMES)
+        return BUBO_OK; /* full: walk on uncached */
     uint32_t k = c->n_states;
     bubo_status st = set_copy(&c->states[k], s, err);
     if (st != BUBO_OK) return st;
     c->state_hash[k] = h;
+    c->n_frames += s->n_frames;
     memset(c->trans + (size_t)k * 256, 0xFF, 256 * sizeof *c->trans);
     c->loop_known[k] = 0;
     c->index[slot] = k + 1;
@@ -732,7 +740,8 @@ bubo_status bubo_grammar_matcher_mask(bubo_grammar_matcher *m, uint8_t *mask, bu
         if (!l || !ls || !li) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
     }
     dfa_cache *c = &m->cache;
-    if (c->n_states > DFA_MAX_STATES / 2) cache_flush(c); /* room for this walk's new states */
+    if (c->n_states > DFA_MAX_STATES / 2 || c->n_frames > DFA_MAX_FRAMES / 2)
+        cache_flush(c); /* room for this walk's new states */
     bubo_status st;
     /* level d: the set after the first d bytes of the current node's path */
     if ((st = cache_intern(c, &m->state, &m->level_id[0], err)) != BUBO_OK) return st;

@@ -7,16 +7,18 @@
 
 #define MAX_TOKEN_BYTES 65535 /* trie_node.depth is 16 bits */
 
-static const bubo_grammar_vocab *sort_vocab; /* qsort has no context argument in C11 */
+typedef struct {
+    const char *bytes;
+    uint32_t len;
+    uint32_t id;
+} token_key; /* what the sort compares, so that the comparator needs no global context */
 
 static int cmp_tokens(const void *pa, const void *pb) {
-    const bubo_grammar_vocab *v = sort_vocab;
-    uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
-    uint64_t la = v->offsets[a + 1] - v->offsets[a], lb = v->offsets[b + 1] - v->offsets[b];
-    int c = memcmp(v->pieces + v->offsets[a], v->pieces + v->offsets[b], la < lb ? la : lb);
+    const token_key *a = pa, *b = pb;
+    int c = memcmp(a->bytes, b->bytes, a->len < b->len ? a->len : b->len);
     if (c) return c;
-    if (la != lb) return la < lb ? -1 : 1;
-    return a < b ? -1 : a > b; /* equal bytes: by id, so the order is total */
+    if (a->len != b->len) return a->len < b->len ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id; /* equal bytes: by id, so the order is total */
 }
 
 /* A UTF-8 validator (Unicode's table 3-7): continuation bytes still due and the range the next
@@ -94,9 +96,15 @@ bubo_status bubo_grammar_vocab_create(const char *pieces, const uint64_t *offset
         bubo_grammar_vocab_free(v);
         return bubo_set_err(err, BUBO_ERR_INVALID, "grammar vocab: too many bytes");
     }
-    sort_vocab = v;
-    qsort(v->sorted_ids, n_sorted, sizeof *v->sorted_ids, cmp_tokens);
-    sort_vocab = NULL;
+    token_key *keys = malloc((n_sorted ? n_sorted : 1) * sizeof *keys);
+    if (!keys) goto oom;
+    for (uint32_t k = 0; k < n_sorted; k++) {
+        uint32_t id = v->sorted_ids[k];
+        keys[k] = (token_key){v->pieces + v->offsets[id], (uint32_t)(v->offsets[id + 1] - v->offsets[id]), id};
+    }
+    qsort(keys, n_sorted, sizeof *keys, cmp_tokens);
+    for (uint32_t k = 0; k < n_sorted; k++) v->sorted_ids[k] = keys[k].id;
+    free(keys);
 
     v->nodes = malloc((n_nodes_max ? n_nodes_max : 1) * sizeof *v->nodes);
     uint32_t *path = malloc(((size_t)v->max_len + 1) * sizeof *path); /* node index at each depth */
