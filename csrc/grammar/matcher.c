@@ -8,7 +8,12 @@
  * only prune the stacks whose class cannot contain any character starting with them.
  *
  * The mask walks the vocabulary's byte trie depth-first with one stack set per depth; a node
- * whose set comes out empty skips its whole subtree (vocab.c builds the trie, this file walks it). */
+ * whose set comes out empty skips its whole subtree (vocab.c builds the trie, this file walks it).
+ * Two things make a 150k-token walk cost tens of microseconds rather than tens of milliseconds:
+ *   - stack sets are interned and their byte transitions memoized (a lazily built DFA, bounded,
+ *     kept across mask() calls), so most nodes cost one table load;
+ *   - a state that loops back to itself on every byte (and every character) met in a subtree
+ *     accepts the whole subtree's tokens at once: inside a JSON string that is nearly all of it. */
 #include <stdlib.h>
 #include <string.h>
 
