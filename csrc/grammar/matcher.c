@@ -198,7 +198,7 @@ static bubo_status emit(workspace *ws, stackset *out, const uint32_t *f, uint32_
     uint32_t slot = h & (DEDUP_SLOTS - 1);
     for (; ws->slot_stamp[slot] == ws->stamp; slot = (slot + 1) & (DEDUP_SLOTS - 1)) {
         uint32_t i = ws->slot_index[slot];
-        if (out->hash[i] == h && out->len[i] == n && memcmp(out->frames + out->off[i], f, n * sizeof *f) == 0)
+        if (out->hash[i] == h && out->len[i] == n && (n == 0 || memcmp(out->frames + out->off[i], f, n * sizeof *f) == 0))
             return BUBO_OK;
     }
     if (out->n >= BUBO_GRAMMAR_MAX_STACKS)
@@ -428,7 +428,7 @@ static int set_equal(const stackset *a, const stackset *b) {
         size_t j = 0;
         for (; j < b->n; j++)
             if (a->hash[i] == b->hash[j] && a->len[i] == b->len[j] &&
-                memcmp(a->frames + a->off[i], b->frames + b->off[j], a->len[i] * sizeof *a->frames) == 0)
+                (a->len[i] == 0 || memcmp(a->frames + a->off[i], b->frames + b->off[j], a->len[i] * sizeof *a->frames) == 0))
                 break;
         if (j == b->n) return 0;
     }

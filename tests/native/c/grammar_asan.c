@@ -252,7 +252,29 @@ static uint32_t rnd(void) {
     return (uint32_t)(rng_state >> 11);
 }
 
+/* mask == brute force (a clone accepting each token's bytes one by one) for the state of m */
+static int mask_matches_brute_force(bubo_grammar_matcher *m, const bubo_grammar_vocab *voc, const vocab_bytes *vb,
+                                    uint8_t *mask) {
+    bubo_err err;
+    if (bubo_grammar_matcher_mask(m, mask, &err) != BUBO_OK) return 1; /* a bound was hit: refused, fine */
+    for (uint32_t t = 0; t < vb->n; t++) {
+        bubo_grammar_matcher *c;
+        if (bubo_grammar_matcher_clone(m, &c, &err) != BUBO_OK) return 0;
+        bool all = vb->offsets[t + 1] > vb->offsets[t];
+        for (uint64_t b = vb->offsets[t]; b < vb->offsets[t + 1] && all; b++)
+            if (bubo_grammar_matcher_accept_bytes(c, (const uint8_t *)vb->pieces + b, 1, &all, &err) != BUBO_OK) all = false;
+        bubo_grammar_matcher_free(c);
+        if (mask[t] != all) return 0;
+    }
+    return 1;
+}
+
 static void test_fuzz(void) {
+    vocab_bytes vb = make_vocab();
+    bubo_grammar_vocab *voc;
+    bubo_err verr;
+    CHECK(bubo_grammar_vocab_create(vb.pieces, vb.offsets, vb.n, &voc, &verr) == BUBO_OK, "vocab");
+    uint8_t *mask = malloc(vb.n);
     const char *seeds[] = {JSON, ARITH, "root ::= [a-c]{1,3} (\"x\" | [^y])* \"\\u00e9\"?\n",
                            "root ::= a b\na ::= \"a\"+ | \n b ::= ( \"b\" # c\n | . ){2,}\n"};
     const char *tokens[] = {"(", ")", "[", "]", "\"", "|", "*", "+", "?", "{", "}", ",", "::=", "\n", "\\", "^",
@@ -291,17 +313,24 @@ static void test_fuzz(void) {
         }
         parsed++;
         bubo_grammar_matcher *m;
-        if (bubo_grammar_matcher_create(g, NULL, &m, &err) == BUBO_OK) {
+        if (bubo_grammar_matcher_create(g, voc, &m, &err) == BUBO_OK) {
             for (int k = 0; k < 16; k++) {
                 uint8_t bytes[3] = {(uint8_t)rnd(), (uint8_t)(rnd() % 128), (uint8_t)rnd()};
                 bool ok;
                 if (bubo_grammar_matcher_accept_bytes(m, bytes, 1 + rnd() % 3, &ok, &err) != BUBO_OK) break;
+                if (k % 4 == 0 && bubo_grammar_matcher_mask(m, mask, &err) != BUBO_OK) break;
             }
+            if (parsed % 8 == 0)
+                CHECK(mask_matches_brute_force(m, voc, &vb, mask), "fuzz grammar %d: mask differs from brute force", it);
             bubo_grammar_matcher_free(m);
         }
         bubo_grammar_free(g);
     }
     CHECK(parsed > 100, "fuzz parsed only %d grammars", parsed);
+    free(mask);
+    bubo_grammar_vocab_free(voc);
+    free(vb.pieces);
+    free(vb.offsets);
 }
 
 int main(void) {
