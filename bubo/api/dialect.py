@@ -173,6 +173,31 @@ def bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:
     return v
 
 
+def grammar_of(body: dict[str, Any]) -> Any:
+    """llama-server's `grammar` (GBNF text), parsed, or None: a syntax error is a 400 naming line
+    and column. `json_schema` is refused until schemas convert to grammars (never unconstrained),
+    and so is a grammar beside a response_format."""
+    from bubo._grammar import Grammar
+
+    text = body.get("grammar")
+    if text not in (None, "") and body.get("response_format") not in (None, {"type": "text"}):
+        raise invalid("give grammar or response_format, not both")
+    if body.get("json_schema") is not None:
+        if text:
+            raise invalid("give grammar or json_schema, not both")
+        raise ApiError(400, "unsupported_response_format",
+                       "json_schema is not supported yet (JSON Schema to grammar is not in this build): "
+                       "send the equivalent GBNF as grammar")
+    if text is None or text == "":
+        return None
+    if not isinstance(text, str):
+        raise invalid(f"grammar must be a string of GBNF rules, not {type(text).__name__}")
+    try:
+        return Grammar(text)
+    except ValueError as e:
+        raise ApiError(400, "invalid_grammar", f"grammar: {e}") from None
+
+
 def check_response_format(value: Any, name: str = "response_format") -> None:
     """Plain text only: constrained output (json_object, json_schema) needs grammar sampling,
     which this build does not have yet; refusing beats answering unconstrained text."""

@@ -46,7 +46,7 @@ class Task:
     """One request in flight (queued, in a slot, or preempted and queued again)."""
 
     def __init__(self, stream: Any, n_vocab: int, n_ctx: int, pieces: Callable[[], list[bytes]], tokenizer: Any,
-                 task_id: int, eog_ids: Callable[[], list[int]]):
+                 task_id: int, eog_ids: Callable[[], list[int]], vocab: Callable[[], Any]):
         from bubo._sampler import Sampler
         from bubo.llm import StopMatcher
 
@@ -64,6 +64,12 @@ class Task:
         # DRY's sequence breakers are text: the sampler needs every token's text to match them
         need_pieces = native.get("dry_multiplier", 0) > 0 and native.get("dry_sequence_breakers")
         self.sampler = Sampler(n_vocab, native, pieces() if need_pieces else None)
+        self.grammar = None  # the grammar's matcher, and the mask buffer its masks go into
+        if req.grammar is not None:
+            from bubo._grammar import Matcher
+
+            self.grammar = Matcher(req.grammar, vocab())
+            self.mask = np.zeros(n_vocab, dtype=np.uint8)
         self.detok = tokenizer.detokenizer()
         self.matcher = StopMatcher(req.stop)
         self.tokens: list[int] = list(req.prompt)
@@ -115,7 +121,8 @@ class Scheduler:
         self.queue: collections.deque[Task] = collections.deque()
         self._memory_short = memory_short  # bytes the cache must commit -> True if memory is short
         self._n_admitted = 0
-        self._eog: list[int] | None = None  # end-of-generation ids, for ignore_eos
+        self._eog: list[int] | None = None  # end-of-generation ids, for ignore_eos and grammars
+        self._vocab: Any = None  # the grammar masks' byte trie
         self.n_task = 0
         self.counters = dict(
             requests_total=0, prompt_tokens_total=0, prompt_tokens_cached_total=0, prompt_seconds_total=0.0,
@@ -131,7 +138,15 @@ class Scheduler:
     def new_task(self, stream: Any) -> Task:
         self.n_task += 1
         return Task(stream, self.n_vocab, self.n_ctx, self.model._vocab_pieces, self.tokenizer, self.n_task,
-                    self._eog_ids)
+                    self._eog_ids, self._grammar_vocab)
+
+    def _grammar_vocab(self) -> Any:
+        """The vocabulary's byte trie for grammar masks, built once (the first grammar request)."""
+        if self._vocab is None:
+            from bubo._grammar import Vocab
+
+            self._vocab = Vocab.from_tokenizer(self.tokenizer)
+        return self._vocab
 
     def _eog_ids(self) -> list[int]:
         if self._eog is None:
@@ -307,8 +322,24 @@ class Scheduler:
         if t.n_gen == 0 and t.t_prompt_done == 0.0:
             t.t_prompt_done = now
             self.counters["prompt_seconds_total"] += now - t.t_admit
-        token, logprob, top = t.sampler.sample(logits)
+        mask = None
+        if t.grammar is not None:
+            try:
+                mask = self._grammar_mask(t)
+            except Exception as e:  # noqa: BLE001 - the grammar's state grew past its bounds
+                self._fail(s, ErrorEvent(400, "invalid_grammar", f"the grammar cannot go on here: {e}"))
+                return
+            if not mask.any():
+                # nothing can follow and the text is not a sentence of the grammar: a grammar
+                # whose language has no continuation here (e.g. a rule that can only recurse)
+                self._fail(s, ErrorEvent(400, "invalid_grammar",
+                                         "the grammar allows no token after this text and does not accept it as "
+                                         "complete: check that every rule can end"))
+                return
+        token, logprob, top = t.sampler.sample(logits, mask=mask)
         t.sampler.accept(token)
+        if t.grammar is not None and not self.tokenizer.is_eog(token):
+            t.grammar.accept_token(int(token))
         t.tokens.append(int(token))
         t.n_gen += 1
         req = t.req
@@ -335,6 +366,15 @@ class Scheduler:
         t.stream._push(TokenEvent(int(token), text, float(logprob), [(int(i), float(p)) for i, p in top]))
         if reason is not None:
             self._finish(s, reason)
+
+    def _grammar_mask(self, t: Task) -> np.ndarray:
+        """The tokens that keep t's text in its grammar's language; end-of-generation tokens only
+        where the text so far is a whole sentence of it."""
+        n = len(t.grammar.vocab)
+        t.grammar.mask(out=t.mask[:n])
+        eog = self._eog_ids()
+        t.mask[eog] = 1 if t.grammar.accepting else 0
+        return t.mask
 
     # --- endings ----------------------------------------------------------------------------
 

@@ -18,7 +18,9 @@ class GenerationRequest:
     max_tokens None: until an end-of-generation token or a full context. n_probs > 0 fills
     TokenEvent.top with that many (token, logprob) alternatives. cache_prompt False starts the
     cache from scratch (no prefix reuse). ignore_eos: generate past end-of-generation tokens, until
-    max_tokens or a stop string (benchmarks use it to fix the answer's length)."""
+    max_tokens or a stop string (benchmarks use it to fix the answer's length). grammar: each
+    token is sampled among those that keep the text a prefix of the grammar's language, and the
+    end-of-generation token only where the text is a whole sentence of it."""
 
     prompt: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -27,6 +29,7 @@ class GenerationRequest:
     n_probs: int = 0
     cache_prompt: bool = True
     ignore_eos: bool = False  # end-of-generation tokens get a -inf bias (llama-server's ignore_eos)
+    grammar: Any = None  # a bubo._grammar.Grammar: every token keeps the text in its language
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """llama-server's POST /completion on the real server (smollm2:135m), plain HTTP."""
 
 import json
+import re
+import urllib.error
 import urllib.request
 
 import pytest
@@ -48,3 +50,61 @@ def test_completion_token_prompt_probs_and_stop_word(base_url):
     word = by_text["content"].split()[0]
     cut = post(base_url, {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "stop": [word]})
     assert cut["stop_type"] == "word" and cut["stopping_word"] == word and word not in cut["content"]
+
+
+def post_status(base_url, body):
+    req = urllib.request.Request(base_url + "/completion", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_completion_grammar_constrains_the_answer(base_url):
+    grammar = 'root ::= city ", " city\ncity ::= [A-Z] [a-z]{2,9}'
+    for stream in (False, True):
+        r = post(base_url, {"prompt": "Two cities in Europe:", "n_predict": 24, "temperature": 0.9, "seed": 3,
+                            "grammar": grammar, "stream": stream}, stream=stream)
+        text = "".join(c["content"] for c in r) if stream else r["content"]
+        last = r[-1] if stream else r
+        assert re.fullmatch(r"[A-Z][a-z]{2,9}, [A-Z][a-z]{2,9}", text), text
+        assert last["stop_type"] == "eos"
+
+
+@pytest.mark.parametrize("body,code,where", [
+    ({"grammar": 'root ::= "a'}, "invalid_grammar", "line 1"),
+    ({"grammar": "root ::= item\n"}, "invalid_grammar", "item"),
+    ({"grammar": 42}, "invalid_value", "grammar"),
+    ({"json_schema": {"type": "object"}}, "unsupported_response_format", "json_schema"),
+    ({"json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}, "invalid_value", "not both"),
+])
+def test_completion_grammar_errors_point_at_the_problem(base_url, body, code, where):
+    status, err = post_status(base_url, {"prompt": "Hi", "n_predict": 4, **body})
+    assert status == 400 and err["error"]["code"] == code and where in err["error"]["message"], err
+
+
+def post_path(base_url, path, body):
+    req = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_openai_routes_take_grammar_too(base_url):
+    grammar = 'root ::= ("red" | "green" | "blue") "."'
+    status, out = post_path(base_url, "/v1/chat/completions", {
+        "model": "bubo", "messages": [{"role": "user", "content": "Pick a colour."}], "max_tokens": 8,
+        "grammar": grammar})
+    assert status == 200 and out["choices"][0]["message"]["content"] in ("red.", "green.", "blue.")
+    assert out["choices"][0]["finish_reason"] == "stop"
+    status, out = post_path(base_url, "/v1/completions", {"model": "bubo", "prompt": "Colour:", "max_tokens": 8,
+                                                          "grammar": grammar})
+    assert status == 200 and out["choices"][0]["text"] in ("red.", "green.", "blue.")
+    status, err = post_path(base_url, "/v1/completions", {"model": "bubo", "prompt": "Colour:", "grammar": grammar,
+                                                          "response_format": {"type": "json_object"}})
+    assert status == 400 and "not both" in err["error"]["message"], err

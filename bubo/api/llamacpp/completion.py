@@ -26,6 +26,7 @@ class NativeRequest:
     return_tokens: bool
     cache_prompt: bool
     ignore_eos: bool = False
+    grammar: Any = None  # a parsed bubo._grammar.Grammar
 
 
 def native_prompt(value: Any) -> str | list[int]:
@@ -52,6 +53,7 @@ def parse_native_request(body: Any) -> NativeRequest:
         stop=d.stop_list(body.get("stop")), stream=d.bool_field(body, "stream", False), n_probs=n_probs,
         return_tokens=d.bool_field(body, "return_tokens", False), cache_prompt=d.bool_field(body, "cache_prompt", True),
         ignore_eos=d.bool_field(body, "ignore_eos", False),
+        grammar=d.grammar_of(body),
     )
 
 

@@ -41,7 +41,7 @@ def completion() -> Any:
     model = config().served_model_name
     tokens = _tokens(engine, req.prompt)
     gen = GenerationRequest(tokens, req.params, req.n_predict, req.stop, req.n_probs, req.cache_prompt,
-                            req.ignore_eos)
+                            req.ignore_eos, req.grammar)
     stream = d.submit(engine, gen)
 
     def probs_of(ev: TokenEvent) -> dict[str, Any]:

@@ -32,7 +32,7 @@ def chat_completions() -> Any:
     engine = ready_engine()
     prompt = ch.render_request(engine, req)
     gen = GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop, req.params.n_probs,
-                            req.cache_prompt)
+                            req.cache_prompt, grammar=d.grammar_of(body))
     stream = d.submit(engine, gen)
     parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls,
                              d.forced_prefix(engine, req.tools, req.tool_choice))
@@ -72,7 +72,8 @@ def completions() -> Any:
     req = cm.parse_completion_request(body)
     engine = ready_engine()
     tokens = d.prompt_tokens(engine, req.prompt)
-    gen = GenerationRequest(tokens, req.params, req.max_tokens, req.stop, req.params.n_probs, req.cache_prompt)
+    gen = GenerationRequest(tokens, req.params, req.max_tokens, req.stop, req.params.n_probs, req.cache_prompt,
+                            grammar=d.grammar_of(body))
     stream = d.submit(engine, gen)
     id, created = d.new_id("cmpl-"), d.now()
     echo = (req.prompt if isinstance(req.prompt, str) else engine.tokenizer.decode(tokens)) if req.echo else ""
