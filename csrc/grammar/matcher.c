@@ -262,6 +262,17 @@ static inline int class_accepts(const bubo_grammar *g, uint32_t pos, uint32_t cp
     return class_accepts_range(g, pos, cp, cp);
 }
 
+
+/* The range [*a, *b] a class lists at q (a single character or a CHAR_RNG_UPPER pair); returns
+ * the position of the class's next entry. */
+static uint32_t next_range(const gelem *e, uint32_t q, uint32_t *a, uint32_t *b) {
+    *a = *b = e[q].value;
+    if (e[q + 1].type == GE_CHAR_RNG_UPPER) {
+        *b = e[q + 1].value;
+        return q + 2;
+    }
+    return q + 1;
+}
 /* Do the ranges listed by the class at pos (its polarity aside) cover all of [lo, hi]? Walk
  * cur upward through ranges that contain it, until past hi or stuck. */
 static int class_lists_all(const bubo_grammar *g, uint32_t pos, uint32_t lo, uint32_t hi) {
@@ -272,13 +283,8 @@ static int class_lists_all(const bubo_grammar *g, uint32_t pos, uint32_t lo, uin
         int moved = 0;
         uint32_t q = pos;
         do {
-            uint32_t a = e[q].value, b = a;
-            if (e[q + 1].type == GE_CHAR_RNG_UPPER) {
-                b = e[q + 1].value;
-                q += 2;
-            } else {
-                q += 1;
-            }
+            uint32_t a, b;
+            q = next_range(e, q, &a, &b);
             if (a <= cur && cur <= b) {
                 if (b >= hi) return 1;
                 cur = b + 1;
@@ -295,13 +301,8 @@ static int class_lists_some(const bubo_grammar *g, uint32_t pos, uint32_t lo, ui
     if (e[pos].type == GE_CHAR_ANY) return 1;
     uint32_t q = pos;
     do {
-        uint32_t a = e[q].value, b = a;
-        if (e[q + 1].type == GE_CHAR_RNG_UPPER) {
-            b = e[q + 1].value;
-            q += 2;
-        } else {
-            q += 1;
-        }
+        uint32_t a, b;
+        q = next_range(e, q, &a, &b);
         if (a <= hi && b >= lo) return 1;
     } while (e[q].type == GE_CHAR_ALT);
     return 0;

@@ -52,14 +52,18 @@ def test_completion_token_prompt_probs_and_stop_word(base_url):
     assert cut["stop_type"] == "word" and cut["stopping_word"] == word and word not in cut["content"]
 
 
-def post_status(base_url, body):
-    req = urllib.request.Request(base_url + "/completion", data=json.dumps(body).encode(),
+def post_path(base_url, path, body):
+    req = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def post_status(base_url, body):
+    return post_path(base_url, "/completion", body)
 
 
 def test_completion_grammar_constrains_the_answer(base_url):
@@ -83,16 +87,6 @@ def test_completion_grammar_constrains_the_answer(base_url):
 def test_completion_grammar_errors_point_at_the_problem(base_url, body, code, where):
     status, err = post_status(base_url, {"prompt": "Hi", "n_predict": 4, **body})
     assert status == 400 and err["error"]["code"] == code and where in err["error"]["message"], err
-
-
-def post_path(base_url, path, body):
-    req = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def test_openai_routes_take_grammar_too(base_url):
