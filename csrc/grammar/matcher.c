@@ -262,7 +262,6 @@ static inline int class_accepts(const bubo_grammar *g, uint32_t pos, uint32_t cp
     return class_accepts_range(g, pos, cp, cp);
 }
 
-
 /* The range [*a, *b] a class lists at q (a single character or a CHAR_RNG_UPPER pair); returns
  * the position of the class's next entry. */
 static uint32_t next_range(const gelem *e, uint32_t q, uint32_t *a, uint32_t *b) {
@@ -273,6 +272,7 @@ static uint32_t next_range(const gelem *e, uint32_t q, uint32_t *a, uint32_t *b)
     }
     return q + 1;
 }
+
 /* Do the ranges listed by the class at pos (its polarity aside) cover all of [lo, hi]? Walk
  * cur upward through ranges that contain it, until past hi or stuck. */
 static int class_lists_all(const bubo_grammar *g, uint32_t pos, uint32_t lo, uint32_t hi) {
