@@ -875,7 +875,11 @@ def schema_to_gbnf(schema: Any) -> str:
     """GBNF text (root rule `root`) whose sentences are JSON instances valid under schema; raises
     SchemaError (with a JSON pointer) for what a grammar cannot enforce."""
     c = _Converter(schema)
-    top = c.visit(schema, "", "root")
+    try:
+        top = c.visit(schema, "", "root")
+    except RecursionError:
+        raise SchemaError("/", "the schema nests too deeply or refers to itself without progress "
+                               "(a $ref cycle through allOf)") from None
     if top != "root":
         c.rules["root"] = top
     order = ["root"] + sorted(k for k in c.rules if k != "root")

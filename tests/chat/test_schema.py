@@ -194,6 +194,7 @@ def test_whitespace_is_bounded():
                                                                     {"type": "string"}]}}},
      "/properties/a/allOf/1/type"),
     ({"type": "object", "properties": {"x": {"type": "string", "unknownKeyword": 1}}}, "/properties/x/unknownKeyword"),
+    ({"allOf": [{"$ref": "#"}, {"type": "object"}]}, "/"),
 ])
 def test_unsupported_keywords_name_their_pointer(schema, pointer):
     with pytest.raises(SchemaError) as e:
