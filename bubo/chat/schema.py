@@ -211,7 +211,9 @@ def charset_gbnf(ranges: Ranges) -> str:
     """GBNF for one JSON-string unit decoding to a char in ranges: raw where JSON allows a raw
     char, an escape for '"', '\\\\' and control characters."""
     ranges = _normalize(ranges)
-    raw = _complement(_complement(ranges) + [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F)])
+    # surrogates are no characters of UTF-8 text
+    raw = _complement(_complement(ranges) + [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F),
+                                             (0xD800, 0xDFFF)])
     raw = [(a, b) for a, b in raw if a <= b]
     alts = []
     if raw:

@@ -103,6 +103,10 @@ CASES = [
     ({"type": "string", "pattern": "^\\w+(\\.\\w+)*@x\\.org$|^admin$"}, ['"a.b@x.org"', '"admin"'], ['"a@y.org"']),
     ({"type": "string", "pattern": "^[\\s\\S]?\\D\\W$"}, ['"a!"', '" a."'], ['"a1!"', '"aa"']),
     ({"description": "anything", "title": "x"}, ["1", '"s"', "[]"], ["", "tru"]),
+    ({"enum": ["café", "日本"]}, ['"café"', '"日本"'], ['"cafe"']),
+    ({"type": "object", "properties": {"größe": {"type": "integer"}}, "required": ["größe"]}, ['{"größe": 1}'], ["{}"]),
+    ({"type": "string", "pattern": "^[^\u00e9]{1,3}$"}, ['"a日😀"', '"\\\\"'], ['"é"', '"abcd"']),
+    ({"type": "string", "pattern": "^[\u00e0-\u00ff]+$"}, ['"éà"'], ['"e"']),
 ]
 
 
