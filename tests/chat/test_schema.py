@@ -212,3 +212,38 @@ def test_annotations_are_ignored():
               "description": "d", "examples": [{}], "type": "object", "$comment": "c", "deprecated": False,
               "properties": {"a": {"type": "integer", "default": 1, "readOnly": True, "x-extra": 1}}}
     assert accepts(Grammar(schema_to_gbnf(schema)), '{"a": 1}')
+
+
+WALK_ALPHABET = '{}[],:" \n0123456789-+.eEabcdfilnrstuxyzAZ@T_#/\\'
+
+
+@pytest.mark.parametrize("schema,good,bad", CASES, ids=[json.dumps(c[0])[:60] for c in CASES])
+def test_random_sentences_of_the_grammar_validate(schema, good, bad):
+    """Random walks through the grammar (each step a random character it allows, over the
+    characters of the case's valid texts, or those and JSON's): every sentence reached parses and
+    validates, so the grammar admits nothing the schema refuses."""
+    import random
+
+    grammar = Grammar(schema_to_gbnf(schema))
+    wide = sorted(set(WALK_ALPHABET) | set("".join(good)))
+    narrow = sorted(set("".join(good)))  # walks that look like the valid texts get further
+    rng = random.Random(1234)
+    found = 0
+    for walk in range(60):
+        alphabet = wide if walk % 2 else narrow
+        m, text = Matcher(grammar), ""
+        for _ in range(80):
+            if m.accepting and (rng.random() < 0.25 or not text):
+                if text:
+                    break
+            for ch in rng.sample(alphabet, len(alphabet)):
+                m2 = m.clone()
+                if m2.accept_bytes(ch.encode()):
+                    m, text = m2, text + ch
+                    break
+            else:
+                break
+        if m.accepting and text:
+            found += 1
+            assert validates(schema, text), text
+    assert found > 0
