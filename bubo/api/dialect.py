@@ -440,6 +440,15 @@ def encode(engine: Any, text: str, add_special: bool = True) -> list[int]:
 REQUIRED = "required"  # tool_choice: some call, any function
 
 
+def check_forced_call_alone(forced: str | None, grammar: Any) -> None:
+    """A forced call (tool_choice required or named) is written in the template's call format; a
+    grammar or response_format constrains the same tokens to something else, so the two together
+    cannot both hold: a 400 rather than a broken call."""
+    if forced is not None and grammar is not None:
+        raise invalid("tool_choice forces a tool call, which grammar/response_format would constrain to something "
+                      "else: send one of them")
+
+
 def check_tool_choice(choice: str | None, tools: list[dict[str, Any]] | None) -> str | None:
     """None (the model decides), REQUIRED, or the name of the function to call (one of tools)."""
     if choice is None:

@@ -54,6 +54,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise invalid("stream_options must be an object")
+    d.check_forced_call_alone(forced, grammar)
     return ChatRequest(
         messages=messages, prefill=prefill, tools=tools, thinking=thinking, template_kwargs=kwargs,
         params=d.sampling_params(body, n_probs), max_tokens=max_tokens,

@@ -110,6 +110,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         forced = d.check_tool_choice(choice["name"], tools)
     else:
         raise invalid('tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}')
+    d.check_forced_call_alone(forced, grammar)
     return ResponsesRequest(
         messages=messages, prefill=prefill, tools=tools, thinking=thinking, template_kwargs=kwargs,
         params=d.sampling_params(body), max_tokens=max_tokens, stream=d.bool_field(body, "stream", False),
