@@ -295,7 +295,7 @@ class _Regex:
             return atom
         if self.peek() == "?":  # lazy: the same language
             self.i += 1
-        if self.peek() in ("*", "+", "?", "{") and self.peek() != "{" or re.match(r"\{\d", self.s[self.i:]):
+        if self.peek() in ("*", "+", "?") or re.match(r"\{\d", self.s[self.i:]):
             raise self.fail("nested quantifier")
         return out
 
@@ -723,7 +723,7 @@ class _Converter:
                 inner = f'{item} ("," {ws} {item}){_rep(n_lo - 1, None if n_hi is None else n_hi - 1)}'
         else:
             inner = ""
-        return self.add(name, f'"[" {ws} {inner} "]" {ws}'.replace("  ", " "))
+        return self.add(name, f'"[" {ws} {inner} "]" {ws}')
 
     def string(self, schema: dict[str, Any], ptr: str, name: str) -> str:
         lo, hi = schema.get("minLength", 0), schema.get("maxLength")
@@ -821,7 +821,8 @@ def _nonneg_range(lo: int, lo_x: bool, hi: int | None, hi_x: bool) -> str:
         alts.append(f"({natural_range(lo, lo)}) {nonzero_frac}")
     if hi is not None and not hi_x and hi >= a:
         alts.append(f"({natural_range(hi, hi)}) {zero_frac}")
-    return " | ".join(f"({x})" for x in alts) or '"0"'
+    assert alts, "empty ranges are refused before (SchemaError: the bounds admit no number)"
+    return " | ".join(f"({x})" for x in alts)
 
 
 def number_range(lo: Any, lo_x: bool, hi: Any, hi_x: bool) -> str:
