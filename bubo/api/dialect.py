@@ -173,21 +173,24 @@ def bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:
     return v
 
 
-def grammar_of(body: dict[str, Any]) -> Any:
-    """llama-server's `grammar` (GBNF text), parsed, or None: a syntax error is a 400 naming line
-    and column. `json_schema` is refused until schemas convert to grammars (never unconstrained),
-    and so is a grammar beside a response_format."""
+def grammar_of(body: Mapping[str, Any]) -> Any:
+    """The one output constraint of a request, parsed (a bubo._grammar.Grammar), or None: llama-server's
+    `grammar` (GBNF; a syntax error is a 400 naming line and column), its `json_schema` (a schema), or
+    `response_format` (json_object or json_schema, see response_format_grammar). Two of them
+    together is a 400: which one wins would be a guess."""
     from bubo._grammar import Grammar
 
     text = body.get("grammar")
-    if text not in (None, "") and body.get("response_format") not in (None, {"type": "text"}):
-        raise invalid("give grammar or response_format, not both")
+    given = [name for name, present in (("grammar", text not in (None, "")),
+                                        ("json_schema", body.get("json_schema") is not None),
+                                        ("response_format", body.get("response_format") not in (None, {"type": "text"})))
+             if present]
+    if len(given) > 1:
+        raise invalid(f"give {given[0]} or {given[1]}, not both")
     if body.get("json_schema") is not None:
-        if text:
-            raise invalid("give grammar or json_schema, not both")
-        raise ApiError(400, "unsupported_response_format",
-                       "json_schema is not supported yet (JSON Schema to grammar is not in this build): "
-                       "send the equivalent GBNF as grammar")
+        return schema_grammar(body["json_schema"], "json_schema")
+    if body.get("response_format") is not None:
+        return response_format_grammar(body["response_format"])
     if text is None or text == "":
         return None
     if not isinstance(text, str):
@@ -198,18 +201,50 @@ def grammar_of(body: dict[str, Any]) -> Any:
         raise ApiError(400, "invalid_grammar", f"grammar: {e}") from None
 
 
-def check_response_format(value: Any, name: str = "response_format") -> None:
-    """Plain text only: constrained output (json_object, json_schema) needs grammar sampling,
-    which this build does not have yet; refusing beats answering unconstrained text."""
+def schema_grammar(schema: Any, where: str) -> Any:
+    """The grammar of a JSON Schema's instances (bubo.chat.schema); a keyword that cannot be
+    enforced is a 400 `unsupported_schema` whose message names its JSON pointer."""
+    from bubo._grammar import Grammar
+    from bubo.chat.schema import SchemaError, schema_to_gbnf
+    from bubo.errors import UnsupportedError
+
+    if not isinstance(schema, (dict, bool)):
+        raise invalid(f"{where} must be a JSON Schema (an object), not {type(schema).__name__}")
+    try:
+        return Grammar(schema_to_gbnf(schema))
+    except SchemaError as e:
+        raise ApiError(400, "unsupported_schema", f"{where}: {e}") from None
+    except (ValueError, UnsupportedError) as e:  # the engine's limits: repetition counts, a $ref cycle, ...
+        raise ApiError(400, "unsupported_schema", f"{where}: the grammar engine refuses it: {e}") from None
+
+
+def response_format_grammar(value: Any, name: str = "response_format", flat: bool = False) -> Any:
+    """None for plain text; json_object: any JSON object (or, as llama-server allows, the
+    instances of its `schema`); json_schema: the instances of the schema, from
+    {"json_schema": {"name", "schema", "strict"}} (chat) or {"name", "schema", "strict"} (Responses'
+    text.format, flat) or, as llama-server also takes, {"schema"} beside the type. The schema is
+    enforced whatever `strict` says."""
+    from bubo._grammar import Grammar
+    from bubo.chat.schema import JSON_OBJECT_GBNF
+
     if value is None:
-        return
+        return None
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "text":
-        return
-    if kind in ("json_object", "json_schema"):
-        raise ApiError(400, "unsupported_response_format",
-                       f"{name} {kind} is not supported yet (no grammar-constrained sampling in this build): "
-                       "drop it, or ask for JSON in the prompt")
+        return None
+    if kind == "json_object":
+        if value.get("schema") is not None:
+            return schema_grammar(value["schema"], f"{name}.schema")
+        return Grammar(JSON_OBJECT_GBNF)
+    if kind == "json_schema":
+        spec, where = value, name
+        if not flat and ("json_schema" in value or "schema" not in value):
+            spec, where = value.get("json_schema"), f"{name}.json_schema"
+            if not isinstance(spec, dict):
+                raise invalid(f'{where} must be an object like {{"name": ..., "schema": {{...}}}}')
+        if spec.get("schema") is None:
+            raise invalid(f"{where}.schema is required")
+        return schema_grammar(spec["schema"], f"{where}.schema")
     raise invalid(f'{name} must be {{"type": "text"}}, {{"type": "json_object"}} or {{"type": "json_schema", ...}}')
 
 
@@ -403,6 +438,15 @@ def encode(engine: Any, text: str, add_special: bool = True) -> list[int]:
 
 
 REQUIRED = "required"  # tool_choice: some call, any function
+
+
+def check_forced_call_alone(forced: str | None, grammar: Any) -> None:
+    """A forced call (tool_choice required or named) is written in the template's call format; a
+    grammar or response_format constrains the same tokens to something else, so the two together
+    cannot both hold: a 400 rather than a broken call."""
+    if forced is not None and grammar is not None:
+        raise invalid("tool_choice forces a tool call, which grammar/response_format would constrain to something "
+                      "else: send one of them")
 
 
 def check_tool_choice(choice: str | None, tools: list[dict[str, Any]] | None) -> str | None:

@@ -81,7 +81,12 @@ def test_completion_grammar_constrains_the_answer(base_url):
     ({"grammar": 'root ::= "a'}, "invalid_grammar", "line 1"),
     ({"grammar": "root ::= item\n"}, "invalid_grammar", "item"),
     ({"grammar": 42}, "invalid_value", "grammar"),
-    ({"json_schema": {"type": "object"}}, "unsupported_response_format", "json_schema"),
+    ({"json_schema": {"type": "object", "properties": {"age": {"type": "integer", "multipleOf": 5}}}},
+     "unsupported_schema", "/properties/age/multipleOf"),
+    ({"json_schema": "object"}, "invalid_value", "json_schema must be a JSON Schema"),
+    ({"json_schema": {"type": "strin"}}, "unsupported_schema", "/type"),
+    ({"response_format": {"type": "json_object"}, "grammar": 'root ::= "a"'}, "invalid_value", "not both"),
+    ({"response_format": {"type": "json_object"}, "json_schema": {}}, "invalid_value", "not both"),
     ({"json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}, "invalid_value", "not both"),
 ])
 def test_completion_grammar_errors_point_at_the_problem(base_url, body, code, where):

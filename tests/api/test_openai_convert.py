@@ -103,7 +103,9 @@ def test_responses_input_items():
     assert (req.max_tokens, req.thinking, req.template_kwargs["reasoning_effort"]) == (50, True, "low")
     for bad, code in (({"input": []}, "missing_messages"), ({"input": "x", "previous_response_id": "r"}, "invalid_value"),
                       ({"input": "x", "tools": [{"type": "web_search"}]}, "invalid_value"),
-                      ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "unsupported_response_format")):
+                      ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "invalid_value"),
+                      ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n",
+                                                          "schema": {"type": "object", "not": {}}}}}, "unsupported_schema")):
         with pytest.raises(ApiError) as e:
             parse_responses_request({"model": "m", **bad})
         assert e.value.code == code

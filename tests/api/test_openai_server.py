@@ -101,8 +101,9 @@ def test_chat_stop_string_prefill_and_logprobs(client):
     # bad input the engine would choke on is refused before it gets there
     ({"model": "bubo", "messages": MSGS, "logit_bias": {"999999": -100}}, 400, "invalid_value"),
     ({"model": "bubo", "messages": [{"role": "user", "content": "\ud800"}]}, 400, "invalid_value"),
-    ({"model": "bubo", "messages": MSGS, "response_format": {"type": "json_object"}}, 400,
-     "unsupported_response_format"),
+    ({"model": "bubo", "messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}}}}, 400,
+     "unsupported_schema"),
 ])
 def test_chat_errors(base_url, body, status, code):
     got, _, raw = post(base_url, "/v1/chat/completions", body)

@@ -23,6 +23,7 @@ class ChatRequest(d.Conversation):
     parallel_tool_calls: bool = True
     tool_choice: str | None = None  # d.REQUIRED or a function name: the answer must be a call
     extra: dict[str, Any] = field(default_factory=dict)
+    grammar: Any = None  # the output constraint (grammar or response_format), a bubo._grammar.Grammar
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
@@ -30,7 +31,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     body = d.require_object(body)
     messages, prefill = d.chat_messages(body.get("messages"))
     d.check_n(body)
-    d.check_response_format(body.get("response_format"))
+    grammar = d.grammar_of(body)
     max_tokens = d.max_tokens_of(body, "max_completion_tokens", "max_tokens")
     thinking, kwargs = d.thinking_of(body)
     tools = d.chat_tools(body.get("tools"))
@@ -53,13 +54,14 @@ def parse_chat_request(body: Any) -> ChatRequest:
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise invalid("stream_options must be an object")
+    d.check_forced_call_alone(forced, grammar)
     return ChatRequest(
         messages=messages, prefill=prefill, tools=tools, thinking=thinking, template_kwargs=kwargs,
         params=d.sampling_params(body, n_probs), max_tokens=max_tokens,
         stop=d.stop_list(body.get("stop")), stream=d.bool_field(body, "stream", False),
         include_usage=bool((opts or {}).get("include_usage")), logprobs=logprobs, top_logprobs=top_logprobs,
         cache_prompt=d.bool_field(body, "cache_prompt", True),
-        parallel_tool_calls=d.bool_field(body, "parallel_tool_calls", True), tool_choice=forced,
+        parallel_tool_calls=d.bool_field(body, "parallel_tool_calls", True), tool_choice=forced, grammar=grammar,
     )
 
 

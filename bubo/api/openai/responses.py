@@ -19,6 +19,7 @@ class ResponsesRequest(d.Conversation):
     echo: dict[str, Any]
     tool_choice: str | None = None  # d.REQUIRED or a function name
     parallel_tool_calls: bool = True  # request fields the response repeats (instructions, tools, ...)
+    grammar: Any = None  # text.format as a bubo._grammar.Grammar, or None
 
 
 def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -86,8 +87,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     messages, prefill = d.chat_messages(_input_messages(body))
     max_tokens = d.max_tokens_of(body, "max_output_tokens")
     text = body.get("text")
-    if isinstance(text, dict):
-        d.check_response_format(text.get("format"), "text.format")
+    grammar = d.response_format_grammar(text.get("format"), "text.format", flat=True) if isinstance(text, dict) else None
     reasoning = body.get("reasoning")
     fields = dict(body)
     if reasoning is not None:
@@ -110,10 +110,11 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         forced = d.check_tool_choice(choice["name"], tools)
     else:
         raise invalid('tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}')
+    d.check_forced_call_alone(forced, grammar)
     return ResponsesRequest(
         messages=messages, prefill=prefill, tools=tools, thinking=thinking, template_kwargs=kwargs,
         params=d.sampling_params(body), max_tokens=max_tokens, stream=d.bool_field(body, "stream", False),
-        tool_choice=forced, parallel_tool_calls=d.bool_field(body, "parallel_tool_calls", True),
+        tool_choice=forced, parallel_tool_calls=d.bool_field(body, "parallel_tool_calls", True), grammar=grammar,
         echo={"instructions": body.get("instructions"), "max_output_tokens": max_tokens,
               "tools": body.get("tools") or [], "temperature": body.get("temperature"),
               "top_p": body.get("top_p"), "metadata": body.get("metadata") or {}},

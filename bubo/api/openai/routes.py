@@ -32,7 +32,7 @@ def chat_completions() -> Any:
     engine = ready_engine()
     prompt = ch.render_request(engine, req)
     gen = GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop, req.params.n_probs,
-                            req.cache_prompt, grammar=d.grammar_of(body))
+                            req.cache_prompt, grammar=req.grammar)
     stream = d.submit(engine, gen)
     parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls,
                              d.forced_prefix(engine, req.tools, req.tool_choice))
@@ -131,7 +131,7 @@ def responses() -> Any:
     engine = ready_engine()
     forced = d.forced_prefix(engine, req.tools, req.tool_choice)
     prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill, forced)
-    stream = d.submit(engine, GenerationRequest(prompt.tokens, req.params, req.max_tokens))
+    stream = d.submit(engine, GenerationRequest(prompt.tokens, req.params, req.max_tokens, grammar=req.grammar))
     parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls, forced)
     id, created = d.new_id("resp_"), d.now()
 

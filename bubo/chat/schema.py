@@ -1,0 +1,892 @@
+"""JSON Schema to GBNF: the grammar of a subset of the schema's valid instances.
+
+The promise is one-sided and strict: every text the grammar accepts parses as JSON and validates
+against the schema. The grammar may generate fewer instances than the schema allows (listed
+properties only, integers without fractions, bounded digit counts, ASCII for \\w), never more. A
+keyword whose constraint cannot be enforced raises SchemaError naming its JSON pointer; it is
+never dropped silently. Annotations (title, description, default, examples...) are ignored.
+
+Decisions:
+- additionalProperties absent or true: only the listed properties are generated (each output is
+  still valid; arbitrary extra keys only let a model ramble). An object schema without
+  properties is any JSON object; additionalProperties given as a schema is a map (string keys,
+  values of that schema) when no properties are listed.
+- Nullable types are type arrays (["string", "null"]); OpenAPI's `nullable` is not JSON Schema
+  (validators ignore it), so it is treated as an annotation and null is not generated for it.
+- Optional properties keep declaration order, each may be absent.
+- Whitespace between tokens is bounded (" " or a newline and up to 20 spaces/tabs) so a model
+  cannot loop on it; leading whitespace before the value is not allowed.
+- oneOf is enforced only when its branches provably cannot both match (disjoint types or a
+  required discriminator property with disjoint const/enum values); otherwise it is refused:
+  anyOf would let an instance match two branches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+__all__ = ["SchemaError", "schema_to_gbnf", "JSON_OBJECT_GBNF", "MAX_DIGITS"]
+
+MAX_DIGITS = 15  # integral and fractional digits of an unbounded number (a float's precision)
+WS_RULE = '| " " | "\\n" [ \\t]{0,20}'
+
+# JSON-string content: any char but '"', '\\' and control chars, or an escape. \u escapes of
+# UTF-16 surrogates are left out so that one unit is always exactly one character (minLength).
+CHAR_RULE = ('[^"\\\\\\x7F\\x00-\\x1F] | "\\\\" (["\\\\/bfnrt] | "u" ([0-9a-cA-CefEF] [0-9a-fA-F]{3} '
+             '| [dD] [0-7] [0-9a-fA-F]{2}))')
+
+PRIMITIVES = {
+    "ws": WS_RULE,
+    "char": CHAR_RULE,
+    "string": '"\\"" char* "\\"" ws',
+    "boolean": '("true" | "false") ws',
+    "null": '"null" ws',
+    "integral": '"0" | [1-9] [0-9]{0,' + str(MAX_DIGITS - 1) + '}',
+    "integer": '"-"? integral ws',
+    "number": '"-"? integral ("." [0-9]{1,' + str(MAX_DIGITS) + '})? ([eE] [-+]? [0-9]{1,3})? ws',
+    "value": "object | array | string | number | boolean | null",
+    "object": '"{" ws (string ":" ws value ("," ws string ":" ws value)*)? "}" ws',
+    "array": '"[" ws (value ("," ws value)*)? "]" ws',
+}
+PRIMITIVE_DEPS = {
+    "string": ["char", "ws"], "boolean": ["ws"], "null": ["ws"], "integer": ["integral", "ws"],
+    "number": ["integral", "ws"], "object": ["string", "value", "ws"], "array": ["value", "ws"],
+    "value": ["object", "array", "string", "number", "boolean", "null"],
+}
+
+# 2 digits 00-99 of a year divisible by 4, for 29 February
+_LEAP = ('[0-9] [0-9] ("0" [48] | [2468] [048] | [13579] [26]) | ([02468] [048] | [13579] [26]) "00"')
+FORMATS = {
+    "date": ('[0-9]{4} "-" (("0" [13578] | "1" [02]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]) '
+             '| ("0" [469] | "11") "-" ("0" [1-9] | [12] [0-9] | "30") '
+             '| "02-" ("0" [1-9] | "1" [0-9] | "2" [0-8])) | (' + _LEAP + ') "-02-29"'),
+    "time": ('([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,6})? '
+             '("Z" | [+-] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])'),
+    "date-time": 'format-date "T" format-time',
+    "uuid": '[0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12}',
+    "email": ('[a-zA-Z0-9_%+-]{1,32} ("." [a-zA-Z0-9_%+-]{1,32}){0,3} "@" '
+              '[a-zA-Z0-9] [a-zA-Z0-9-]{0,30} ("." [a-zA-Z0-9] [a-zA-Z0-9-]{0,30}){0,3} "." [a-zA-Z]{2,10}'),
+}
+
+ANNOTATIONS = {"title", "description", "examples", "default", "$schema", "$id", "$comment", "deprecated",
+               "readOnly", "writeOnly", "contentEncoding", "contentMediaType", "discriminator", "$anchor",
+               "strict", "name",
+               "nullable"}  # OpenAPI's; JSON Schema validators ignore it, so null is not generated
+DEFS = {"$defs", "definitions"}
+TYPE_KEYWORDS = {
+    "object": {"properties", "required", "additionalProperties"},
+    "array": {"items", "prefixItems", "minItems", "maxItems", "additionalItems"},
+    "string": {"minLength", "maxLength", "format", "pattern"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
+}
+SUPPORTED = set().union(*TYPE_KEYWORDS.values()) | {"type", "enum", "const", "anyOf", "oneOf", "allOf",
+                                                    "$ref"} | DEFS
+TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+
+
+class SchemaError(ValueError):
+    """A schema whose constraints a grammar cannot enforce; pointer: where (a JSON pointer)."""
+
+    def __init__(self, pointer: str, reason: str):
+        super().__init__(f"{pointer or '/'}: {reason}")
+        self.pointer = pointer or "/"
+        self.reason = reason
+
+
+def _ptr(pointer: str, *keys: Any) -> str:
+    for k in keys:
+        pointer += "/" + str(k).replace("~", "~0").replace("/", "~1")
+    return pointer
+
+
+def literal(text: str) -> str:
+    """A GBNF string literal matching exactly text."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def json_literal(value: Any) -> str:
+    return literal(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+
+
+# --- integer ranges ------------------------------------------------------------------------
+
+
+def _same_length_range(lo: str, hi: str) -> str:
+    """Digit strings of one length between lo and hi inclusive (lo <= hi)."""
+    if not lo:
+        return ""
+    if lo == hi:
+        return literal(lo)
+    n = len(lo) - 1
+    rest = f" [0-9]{{{n}}}" if n else ""
+    if lo[0] == hi[0]:
+        return f'"{lo[0]}" ({_same_length_range(lo[1:], hi[1:])})'
+    if lo[1:] == "0" * n and hi[1:] == "9" * n:
+        return f"[{lo[0]}-{hi[0]}]{rest}"
+    alts = []
+    if lo[1:] == "0" * n:
+        first = int(lo[0])
+    else:
+        alts.append(f'"{lo[0]}" ({_same_length_range(lo[1:], "9" * n)})')
+        first = int(lo[0]) + 1
+    last = int(hi[0]) if hi[1:] == "9" * n else int(hi[0]) - 1
+    if first <= last:
+        alts.append(f"[{first}-{last}]{rest}")
+    if hi[1:] != "9" * n:
+        alts.append(f'"{hi[0]}" ({_same_length_range("0" * n, hi[1:])})')
+    return " | ".join(alts)
+
+
+def natural_range(lo: int, hi: int | None) -> str:
+    """Decimal naturals (no leading zeros) in [lo, hi]; hi None: up to MAX_DIGITS digits."""
+    assert lo >= 0 and (hi is None or hi >= lo)
+    top_len = len(str(hi)) if hi is not None else max(MAX_DIGITS, len(str(lo)))
+    alts = []
+    for n in range(len(str(lo)), top_len + 1):
+        a = lo if n == len(str(lo)) else 10 ** (n - 1)
+        b = hi if hi is not None and n == len(str(hi)) else 10 ** n - 1
+        alts.append("(" + _same_length_range(str(a), str(b)) + ")")
+    return " | ".join(alts)
+
+
+def integer_range(lo: int | None, hi: int | None) -> str:
+    alts = []
+    if hi is None or hi >= 0:
+        alts.append(natural_range(max(lo or 0, 0) if lo is not None else 0, hi))
+    if lo is None or lo < 0:
+        mag_lo = 1 if hi is None or hi >= 0 else -hi
+        mag_hi = None if lo is None else -lo
+        alts.append('"-" (' + natural_range(mag_lo, mag_hi) + ")")
+    return " | ".join(f"({a})" for a in alts)
+
+
+# --- regular expressions (the `pattern` subset) --------------------------------------------
+
+MAX_UNICODE = 0x10FFFF
+Ranges = list[tuple[int, int]]
+_DIGIT = [(0x30, 0x39)]
+_WORD = [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]
+_SPACE = [(0x09, 0x0D), (0x20, 0x20)]
+
+
+def _normalize(ranges: Ranges) -> Ranges:
+    out: Ranges = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _complement(ranges: Ranges, top: int = MAX_UNICODE) -> Ranges:
+    out, at = [], 0
+    for a, b in _normalize(ranges):
+        if a > at:
+            out.append((at, a - 1))
+        at = b + 1
+    if at <= top:
+        out.append((at, top))
+    return out
+
+
+def _class_char(c: int) -> str:
+    if c < 0x20 or c == 0x7F or chr(c) in "\\]^-[\"":
+        return f"\\x{c:02X}" if c < 0x100 else f"\\u{c:04X}"
+    return chr(c)
+
+
+def charset_gbnf(ranges: Ranges) -> str:
+    """GBNF for one JSON-string unit decoding to a char in ranges: raw where JSON allows a raw
+    char, an escape for '"', '\\\\' and control characters."""
+    ranges = _normalize(ranges)
+    # surrogates are no characters of UTF-8 text
+    raw = _complement(_complement(ranges) + [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F),
+                                             (0xD800, 0xDFFF)])
+    raw = [(a, b) for a, b in raw if a <= b]
+    alts = []
+    if raw:
+        alts.append("[" + "".join(_class_char(a) if a == b else f"{_class_char(a)}-{_class_char(b)}"
+                                  for a, b in raw) + "]")
+    short = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+    for c in [*range(0x20), 0x22, 0x5C, 0x7F]:
+        if any(a <= c <= b for a, b in ranges) and (c in short or c < 0x20):
+            alts.append(literal(short.get(c, f"\\u{c:04x}")))
+    if not alts:
+        raise ValueError("empty character class")
+    return alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
+
+
+class _Regex:
+    """A recursive-descent parser of the pattern subset, straight to GBNF over JSON-string units."""
+
+    def __init__(self, pattern: str, pointer: str):
+        self.s, self.i, self.pointer = pattern, 0, pointer
+
+    def fail(self, why: str) -> SchemaError:
+        return SchemaError(self.pointer, f"pattern {self.s!r} at offset {self.i}: {why}")
+
+    def peek(self) -> str:
+        return self.s[self.i] if self.i < len(self.s) else ""
+
+    def top(self) -> str:
+        """Top-level alternatives, each anchored by its own ^ and $ or padded with any chars."""
+        alts = []
+        while True:
+            start = self.peek() == "^"
+            if start:
+                self.i += 1
+            seq = self.sequence(top=True)
+            end = self.peek() == "$"
+            if end:
+                self.i += 1
+            body = " ".join(x for x in [("" if start else "char*"), seq, ("" if end else "char*")] if x)
+            alts.append("(" + (body or '""') + ")")
+            if self.peek() == "|":
+                self.i += 1
+                continue
+            if self.i < len(self.s):
+                raise self.fail("unexpected character" if self.peek() != ")" else "unbalanced ')'")
+            return " | ".join(alts)
+
+    def alternation(self) -> str:
+        alts = [self.sequence()]
+        while self.peek() == "|":
+            self.i += 1
+            alts.append(self.sequence())
+        return "(" + " | ".join(a or '""' for a in alts) + ")"
+
+    def sequence(self, top: bool = False) -> str:
+        items = []
+        while self.i < len(self.s) and self.peek() not in "|)":
+            if self.peek() == "$":
+                if top and (self.i + 1 == len(self.s) or self.s[self.i + 1] == "|"):
+                    break
+                raise self.fail("'$' is supported only at the end")
+            if self.peek() == "^":
+                raise self.fail("'^' is supported only at the start")
+            items.append(self.quantified(self.atom()))
+        return " ".join(items)
+
+    def quantified(self, atom: str) -> str:
+        c = self.peek()
+        if c in ("*", "+", "?"):
+            self.i += 1
+            out = atom + c
+        elif c == "{" and re.match(r"\{\d+(,\d*)?\}", self.s[self.i:]):
+            m = re.match(r"\{(\d+)(,(\d*))?\}", self.s[self.i:])
+            self.i += m.end()
+            lo, hi = int(m.group(1)), (m.group(3) if m.group(2) else m.group(1))
+            if hi and int(hi) < lo:
+                raise self.fail("{m,n} with n < m")
+            out = f"{atom}{{{lo},{hi}}}" if m.group(2) else f"{atom}{{{lo}}}"
+        else:
+            return atom
+        if self.peek() == "?":  # lazy: the same language
+            self.i += 1
+        if self.peek() in ("*", "+", "?") or re.match(r"\{\d", self.s[self.i:]):
+            raise self.fail("nested quantifier")
+        return out
+
+    def atom(self) -> str:
+        c = self.peek()
+        if c == "(":
+            self.i += 1
+            if self.s.startswith("?:", self.i):
+                self.i += 2
+            elif self.peek() == "?":
+                raise self.fail("lookaround and named groups are not supported")
+            inner = self.alternation()
+            if self.peek() != ")":
+                raise self.fail("unbalanced '('")
+            self.i += 1
+            return inner
+        if c == "[":
+            return charset_gbnf(self.char_class())
+        if c == ".":
+            self.i += 1
+            return charset_gbnf(_complement([(0x0A, 0x0A)]))
+        if c == "\\":
+            return charset_gbnf(self.escape(in_class=False))
+        if c in "*+?{":
+            raise self.fail("quantifier without an atom")
+        self.i += 1
+        return charset_gbnf([(ord(c), ord(c))])
+
+    def escape(self, in_class: bool) -> Ranges:
+        self.i += 1
+        c = self.peek()
+        self.i += 1
+        classes = {"d": _DIGIT, "w": _WORD, "s": _SPACE}
+        if c in classes:
+            return classes[c]
+        if c in "DWS":  # Python's \D excludes non-ASCII digits too: stay inside ASCII
+            return _complement(classes[c.lower()], 0x7F)
+        simple = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "0": 0}
+        if c in simple:
+            return [(simple[c], simple[c])]
+        if c in ("x", "u"):
+            n = 2 if c == "x" else 4
+            h = self.s[self.i:self.i + n]
+            if not re.fullmatch(r"[0-9a-fA-F]{%d}" % n, h):
+                raise self.fail(f"bad \\{c} escape")
+            self.i += n
+            return [(int(h, 16), int(h, 16))]
+        if c and not c.isalnum():
+            return [(ord(c), ord(c))]
+        if c == "b" and in_class:
+            return [(8, 8)]
+        raise self.fail(f"escape \\{c} is not supported")
+
+    def char_class(self) -> Ranges:
+        self.i += 1
+        negate = self.peek() == "^"
+        if negate:
+            self.i += 1
+        ranges: Ranges = []
+        shorthand = False
+        first = True
+        while True:
+            c = self.peek()
+            if not c:
+                raise self.fail("unterminated '['")
+            if c == "]" and not first:
+                self.i += 1
+                break
+            first = False
+            if c == "\\":
+                got = self.escape(in_class=True)
+                if len(got) != 1 or got[0][0] != got[0][1]:
+                    ranges += got
+                    shorthand = True
+                    continue
+                lo = got[0][0]
+            elif c == "[" and self.s.startswith("[:", self.i):
+                raise self.fail("POSIX classes are not supported")
+            else:
+                self.i += 1
+                lo = ord(c)
+            if self.peek() == "-" and self.i + 1 < len(self.s) and self.s[self.i + 1] != "]":
+                self.i += 1
+                if self.peek() == "\\":
+                    got = self.escape(in_class=True)
+                    if len(got) != 1 or got[0][0] != got[0][1]:
+                        raise self.fail("a range ends in a class escape")
+                    hi = got[0][0]
+                else:
+                    hi = ord(self.peek())
+                    self.i += 1
+                if hi < lo:
+                    raise self.fail("range out of order")
+                ranges.append((lo, hi))
+            else:
+                ranges.append((lo, lo))
+        if negate:
+            # [^\d] would admit non-ASCII digits that Python's re refuses: stay inside ASCII then
+            return _complement(ranges, 0x7F if shorthand else MAX_UNICODE)
+        return ranges
+
+
+# --- the converter -------------------------------------------------------------------------
+
+
+class _Converter:
+    def __init__(self, root_schema: Any):
+        self.root = root_schema
+        self.rules: dict[str, str] = {}
+        self.refs: dict[str, str] = {}  # "$ref" -> rule name
+
+    # rules
+
+    def use(self, name: str) -> str:
+        if name in self.rules:
+            return name
+        if name in PRIMITIVES:
+            self.rules[name] = PRIMITIVES[name]
+            for dep in PRIMITIVE_DEPS.get(name, []):
+                self.use(dep)
+        elif name.startswith("format-"):
+            self.rules[name] = FORMATS[name[len("format-"):]]
+            if name == "format-date-time":
+                self.use("format-date")
+                self.use("format-time")
+        return name
+
+    def add(self, name: str, body: str) -> str:
+        name = re.sub(r"[^a-zA-Z0-9-]+", "-", name).strip("-") or "r"
+        base, n = name, 1
+        while name in self.rules and self.rules[name] != body or name in PRIMITIVES or name.startswith("format-"):
+            n += 1
+            name = f"{base}-{n}"
+        self.rules[name] = body
+        return name
+
+    # schemas
+
+    def visit(self, schema: Any, ptr: str, name: str) -> str:
+        """A GBNF expression (usually a rule name) for the instances of schema, ending in ws."""
+        if schema is True or schema == {}:
+            return self.use("value")
+        if schema is False:
+            raise SchemaError(ptr, "false admits no instance")
+        if not isinstance(schema, dict):
+            raise SchemaError(ptr, f"a schema must be an object or a boolean, not {type(schema).__name__}")
+        for key in schema:
+            if key not in SUPPORTED and key not in ANNOTATIONS and not key.startswith("x-"):
+                raise SchemaError(_ptr(ptr, key), f"keyword {key!r} cannot be enforced by a grammar")
+        keys = {k for k in schema if k in SUPPORTED and k not in DEFS}
+
+        if "$ref" in keys:
+            if keys != {"$ref"}:
+                raise SchemaError(_ptr(ptr, sorted(keys - {"$ref"})[0]), "keywords beside $ref are not supported")
+            return self.ref(schema["$ref"], _ptr(ptr, "$ref"))
+        if "allOf" in keys:
+            return self.visit(self.merge_all_of(schema, ptr), ptr, name)
+        for key in ("anyOf", "oneOf"):
+            if key in keys:
+                return self.union(schema, key, ptr, name)
+        if "const" in keys or "enum" in keys:
+            return self.enum(schema, ptr, name)
+
+        types = schema.get("type")
+        if types is None:
+            types = [t for t, kws in TYPE_KEYWORDS.items() if kws & keys] or None
+            if types is None:
+                return self.use("value")
+        if isinstance(types, str):
+            types = [types]
+        if not isinstance(types, list) or not types or any(t not in TYPES for t in types):
+            raise SchemaError(_ptr(ptr, "type"), f"type must be one of {', '.join(TYPES)} or an array of them")
+        # keywords of the other types do not constrain these instances: nothing to enforce
+        alts = [self.typed(t, schema, ptr, name if len(types) == 1 else f"{name}-{t}") for t in types]
+        return alts[0] if len(alts) == 1 else self.add(name, " | ".join(alts))
+
+    def typed(self, t: str, schema: dict[str, Any], ptr: str, name: str) -> str:
+        if t == "object":
+            return self.object(schema, ptr, name)
+        if t == "array":
+            return self.array(schema, ptr, name)
+        if t == "string":
+            return self.string(schema, ptr, name)
+        if t in ("number", "integer"):
+            return self.number(t, schema, ptr, name)
+        return self.use(t)
+
+    def ref(self, ref: Any, ptr: str) -> str:
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise SchemaError(ptr, f"only local references (#/...) are supported, not {ref!r}")
+        if ref in self.refs:
+            return self.refs[ref]
+        target = self.resolve(ref, ptr)
+        name = self.add("ref-" + (ref.rsplit("/", 1)[-1] or "root"), f"pending {ref}")
+        self.refs[ref] = name
+        body = self.visit(target, ref[1:], name + "-body")
+        self.rules[name] = body
+        return name
+
+    def resolve(self, ref: str, ptr: str) -> Any:
+        node = self.root
+        for part in ref[1:].split("/")[1:] if ref != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise SchemaError(ptr, f"reference {ref!r} points at nothing")
+        return node
+
+    def deref(self, schema: Any, ptr: str) -> tuple[Any, str]:
+        seen = set()
+        while isinstance(schema, dict) and set(schema) - ANNOTATIONS == {"$ref"}:
+            ref = schema["$ref"]
+            if not isinstance(ref, str) or not ref.startswith("#") or ref in seen:
+                raise SchemaError(_ptr(ptr, "$ref"), f"cannot resolve {ref!r}")
+            seen.add(ref)
+            schema, ptr = self.resolve(ref, _ptr(ptr, "$ref")), ref[1:]
+        return schema, ptr
+
+    def merge_all_of(self, schema: dict[str, Any], ptr: str) -> dict[str, Any]:
+        """allOf of object schemas as one object schema (siblings are one more branch)."""
+        branches = schema["allOf"]
+        if not isinstance(branches, list) or not branches:
+            raise SchemaError(_ptr(ptr, "allOf"), "must be a non-empty array")
+        parts = [({k: v for k, v in schema.items() if k != "allOf"}, ptr)]
+        parts += [self.deref(b, _ptr(ptr, "allOf", i)) for i, b in enumerate(branches)]
+        if len(branches) == 1 and not (set(parts[0][0]) - ANNOTATIONS - DEFS):
+            return branches[0]  # allOf: [one] is that one (a $ref stays one: recursion goes by rules)
+        merged: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
+        closed = None
+        for part, p in parts:
+            if not isinstance(part, dict):
+                raise SchemaError(p, "allOf branches must be object schemas")
+            if "allOf" in part:
+                part = self.merge_all_of(part, p)
+            for k, v in part.items():
+                if k in ANNOTATIONS or k in DEFS:
+                    continue
+                if k == "type":
+                    if v != "object":
+                        raise SchemaError(_ptr(p, k), "allOf is supported for object schemas only")
+                elif k == "properties":
+                    for pk, pv in v.items():
+                        if pk in merged["properties"] and merged["properties"][pk] != pv:
+                            raise SchemaError(_ptr(p, k, pk), "allOf branches constrain this property differently")
+                        merged["properties"][pk] = pv
+                elif k == "required":
+                    merged["required"] += [r for r in v if r not in merged["required"]]
+                elif k == "additionalProperties":
+                    if v is False:
+                        closed = (set(part.get("properties", {})), _ptr(p, k))
+                    elif v is not True:
+                        raise SchemaError(_ptr(p, k), "a schema for additionalProperties inside allOf is not supported")
+                else:
+                    raise SchemaError(_ptr(p, k), "allOf is supported for object schemas only")
+        if closed is not None:
+            extra = set(merged["properties"]) - closed[0]
+            if extra:
+                raise SchemaError(closed[1], f"forbids properties that other allOf branches add: {sorted(extra)}")
+            merged["additionalProperties"] = False
+        return merged
+
+    def union(self, schema: dict[str, Any], key: str, ptr: str, name: str) -> str:
+        branches = schema[key]
+        if not isinstance(branches, list) or not branches:
+            raise SchemaError(_ptr(ptr, key), "must be a non-empty array")
+        rest = {k for k in schema if k != key and k not in ANNOTATIONS and k not in DEFS}
+        if rest:
+            raise SchemaError(_ptr(ptr, sorted(rest)[0]), f"keywords beside {key} are not supported")
+        if key == "oneOf" and len(branches) > 1:
+            self.check_disjoint(branches, _ptr(ptr, key))
+        alts = []
+        for i, b in enumerate(branches):
+            alts.append(self.visit(b, _ptr(ptr, key, i), f"{name}-{i}"))
+        return alts[0] if len(alts) == 1 else self.add(name, " | ".join(alts))
+
+    def check_disjoint(self, branches: list[Any], ptr: str) -> None:
+        resolved = [self.deref(b, _ptr(ptr, i))[0] for i, b in enumerate(branches)]
+
+        def kinds(s: Any) -> set[str] | None:
+            if not isinstance(s, dict):
+                return None
+            if "const" in s:
+                return {_json_type(s["const"])}
+            if "enum" in s and isinstance(s["enum"], list):
+                return {_json_type(v) for v in s["enum"]}
+            t = s.get("type")
+            if t is None:
+                t = [k for k, kws in TYPE_KEYWORDS.items() if kws & set(s)]
+                if not t or {"anyOf", "oneOf", "allOf", "$ref"} & set(s):
+                    return None
+            t = {t} if isinstance(t, str) else set(t)
+            if "number" in t:
+                t.add("integer")
+            return t
+
+        ks = [kinds(s) for s in resolved]
+        if all(k is not None for k in ks) and all(not (ks[i] & ks[j]) for i in range(len(ks)) for j in range(i)):
+            return
+        # same-typed values told apart by const/enum
+        values = [_values(s) for s in resolved]
+        if all(v is not None for v in values) and all(not (values[i] & values[j]) for i in range(len(values))
+                                                      for j in range(i)):
+            return
+        # objects told apart by a required discriminator property
+        if all(isinstance(s, dict) and kinds(s) == {"object"} for s in resolved):
+            common = set.intersection(*[set(s.get("required", [])) for s in resolved])
+            for prop in sorted(common):
+                vals = [_values(self.deref((s.get("properties") or {}).get(prop, {}), ptr)[0]) for s in resolved]
+                if all(v is not None for v in vals) and all(not (vals[i] & vals[j]) for i in range(len(vals))
+                                                            for j in range(i)):
+                    return
+        raise SchemaError(ptr, "oneOf branches that may match the same instance cannot be enforced "
+                               "(give them disjoint types or a required const discriminator, or use anyOf)")
+
+    def enum(self, schema: dict[str, Any], ptr: str, name: str) -> str:
+        if "const" in schema:
+            values, where = [schema["const"]], _ptr(ptr, "const")
+            if "enum" in schema:
+                if schema["const"] not in schema["enum"]:
+                    raise SchemaError(where, "const is not among enum")
+        else:
+            values, where = schema["enum"], _ptr(ptr, "enum")
+            if not isinstance(values, list) or not values:
+                raise SchemaError(where, "enum must be a non-empty array")
+        others = set(schema) - ANNOTATIONS - DEFS - {"const", "enum", "type"}
+        if others:
+            raise SchemaError(_ptr(ptr, sorted(others)[0]), "keywords beside enum/const are not supported")
+        if "type" in schema:
+            t = schema["type"]
+            allowed = {t} if isinstance(t, str) else set(t)
+            if "number" in allowed:
+                allowed.add("integer")
+            values = [v for v in values if _json_type(v) in allowed]
+            if not values:
+                raise SchemaError(where, "no value matches type")
+        body = " | ".join(json_literal(v) for v in values)
+        return self.add(name, f"({body}) {self.use('ws')}")
+
+    def object(self, schema: dict[str, Any], ptr: str, name: str) -> str:
+        props = schema.get("properties", {})
+        required = schema.get("required", [])
+        extra = schema.get("additionalProperties", True)
+        if not isinstance(props, dict):
+            raise SchemaError(_ptr(ptr, "properties"), "must be an object")
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise SchemaError(_ptr(ptr, "required"), "must be an array of strings")
+        ws = self.use("ws")
+        if not props and not required:
+            if extra is False:
+                return self.add(name, f'"{{" {ws} "}}" {ws}')
+            if extra is True:
+                return self.use("object")
+            value = self.visit(extra, _ptr(ptr, "additionalProperties"), f"{name}-value")
+            kv = self.add(f"{name}-kv", f'{self.use("string")} ":" {ws} {value}')
+            return self.add(name, f'"{{" {ws} ({kv} ("," {ws} {kv})*)? "}}" {ws}')
+        items = list(props.items())
+        for r in required:
+            if r not in props:
+                if extra is False:
+                    raise SchemaError(_ptr(ptr, "required"), f"{r!r} is required but additionalProperties is false")
+                items.append((r, True if extra is True else extra))
+        kvs = []
+        for key, sub in items:
+            where = _ptr(ptr, "properties", key) if key in props else _ptr(ptr, "additionalProperties")
+            value = self.visit(sub, where, f"{name}-{key}")
+            kvs.append((self.add(f"{name}-{key}-kv", f'{json_literal(key)} {ws} ":" {ws} {value}'), key in required))
+
+        # rest(i, first): properties i.. given whether none was written yet (no comma before)
+        memo: dict[tuple[int, bool], str] = {}
+
+        def rest(i: int, first: bool) -> str:
+            if i == len(kvs):
+                return ""
+            if (i, first) in memo:
+                return memo[(i, first)]
+            kv, req = kvs[i]
+            sep = "" if first else f'"," {ws} '
+            take = f"{sep}{kv} {rest(i + 1, False)}".strip()
+            body = take if req else f"{take} | {rest(i + 1, first) or chr(34) * 2}"
+            memo[(i, first)] = self.add(f"{name}-rest{i}{'-first' if first else ''}", body)
+            return memo[(i, first)]
+
+        return self.add(name, f'"{{" {ws} {rest(0, True)} "}}" {ws}')
+
+    def array(self, schema: dict[str, Any], ptr: str, name: str) -> str:
+        ws = self.use("ws")
+        prefix = schema.get("prefixItems", [])
+        items = schema.get("items", True)
+        items_ptr = _ptr(ptr, "items")
+        if isinstance(items, list):  # draft 7 tuples
+            prefix, items, items_ptr = items, schema.get("additionalItems", True), _ptr(ptr, "additionalItems")
+        elif "additionalItems" in schema:
+            raise SchemaError(_ptr(ptr, "additionalItems"), "additionalItems needs items as an array")
+        lo, hi = schema.get("minItems", 0), schema.get("maxItems")
+        for k, v in (("minItems", lo), ("maxItems", hi)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise SchemaError(_ptr(ptr, k), "must be a non-negative integer")
+        if hi is not None and hi < lo:
+            raise SchemaError(_ptr(ptr, "maxItems"), "maxItems < minItems admits no array")
+        if not isinstance(prefix, list):
+            raise SchemaError(_ptr(ptr, "prefixItems"), "must be an array")
+        seq = [self.visit(s, _ptr(ptr, "prefixItems", i), f"{name}-{i}") for i, s in enumerate(prefix)]
+        q = len(seq) if hi is None else min(len(seq), hi)
+        seq = seq[:q]
+        n_lo = max(lo - q, 0)
+        n_hi = 0 if q < len(prefix) else (None if hi is None else hi - q)
+        if items is False:
+            if n_lo > 0:
+                raise SchemaError(items_ptr, "forbids the items that minItems requires")
+            n_hi = 0
+        item = self.visit(items, items_ptr, f"{name}-item") if n_hi != 0 else ""
+        if seq:
+            body = f' "," {ws} '.join(seq)
+            if item:
+                body += f' ("," {ws} {item}){_rep(n_lo, n_hi)}'
+            inner = body  # shorter prefixes are valid too; the longest one is enough
+        elif item:
+            if n_lo == 0:
+                inner = f'({item} ("," {ws} {item}){_rep(0, None if n_hi is None else n_hi - 1)})?' \
+                    if n_hi != 1 else f"({item})?"
+            else:
+                inner = f'{item} ("," {ws} {item}){_rep(n_lo - 1, None if n_hi is None else n_hi - 1)}'
+        else:
+            inner = ""
+        return self.add(name, f'"[" {ws} {inner} "]" {ws}')
+
+    def string(self, schema: dict[str, Any], ptr: str, name: str) -> str:
+        lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+        for k, v in (("minLength", lo), ("maxLength", hi)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise SchemaError(_ptr(ptr, k), "must be a non-negative integer")
+        if hi is not None and hi < lo:
+            raise SchemaError(_ptr(ptr, "maxLength"), "maxLength < minLength admits no string")
+        fmt, pattern = schema.get("format"), schema.get("pattern")
+        if fmt is not None and pattern is not None:
+            raise SchemaError(_ptr(ptr, "pattern"), "pattern beside format is not supported")
+        ws = self.use("ws")
+        if fmt is not None:
+            if fmt not in FORMATS:
+                raise SchemaError(_ptr(ptr, "format"), f"format {fmt!r} is not supported "
+                                                       f"(supported: {', '.join(FORMATS)})")
+            if "minLength" in schema or "maxLength" in schema:
+                raise SchemaError(_ptr(ptr, "minLength" if "minLength" in schema else "maxLength"),
+                                  "lengths beside format are not supported")
+            return self.add(name, f'"\\"" {self.use("format-" + fmt)} "\\"" {ws}')
+        if pattern is not None:
+            if not isinstance(pattern, str):
+                raise SchemaError(_ptr(ptr, "pattern"), "must be a string")
+            if "minLength" in schema or "maxLength" in schema:
+                raise SchemaError(_ptr(ptr, "minLength" if "minLength" in schema else "maxLength"),
+                                  "lengths beside pattern are not supported")
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise SchemaError(_ptr(ptr, "pattern"), f"not a valid regular expression: {e}") from None
+            self.use("char")
+            body = _Regex(pattern, _ptr(ptr, "pattern")).top()
+            return self.add(name, f'"\\"" ({body}) "\\"" {ws}')
+        if lo == 0 and hi is None:
+            return self.use("string")
+        return self.add(name, f'"\\"" {self.use("char")}{_rep(lo, hi)} "\\"" {ws}')
+
+    def number(self, t: str, schema: dict[str, Any], ptr: str, name: str) -> str:
+        lo, lo_x, hi, hi_x = _bounds(schema, ptr)
+        if lo is None and hi is None:
+            return self.use(t)
+        if lo is not None and hi is not None and (lo > hi or lo == hi and (lo_x or hi_x)):
+            raise SchemaError(ptr, "the bounds admit no number")
+        ws = self.use("ws")
+        if t == "integer":
+            ilo = None if lo is None else (math.floor(lo) + 1 if lo_x and lo == math.floor(lo) else math.ceil(lo))
+            ihi = None if hi is None else (math.ceil(hi) - 1 if hi_x and hi == math.ceil(hi) else math.floor(hi))
+            if ilo is not None and ihi is not None and ilo > ihi:
+                raise SchemaError(ptr, "the bounds admit no integer")
+            return self.add(name, f"({integer_range(ilo, ihi)}) {ws}")
+        for k, v in (("minimum", lo), ("maximum", hi)):
+            if v is not None and v != math.floor(v):
+                raise SchemaError(_ptr(ptr, k), "only integral bounds are enforced on a number")
+        return self.add(name, f"({number_range(lo, lo_x, hi, hi_x)}) {ws}")
+
+
+def _bounds(schema: dict[str, Any], ptr: str) -> tuple[Any, bool, Any, bool]:
+    """(lower, exclusive?, upper, exclusive?) from draft 4 (boolean exclusive*) or later forms."""
+    def num(k: str) -> Any:
+        v = schema.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise SchemaError(_ptr(ptr, k), "must be a finite number")
+        return v
+
+    lo, lo_x, hi, hi_x = num("minimum"), False, num("maximum"), False
+    for side, k in (("lo", "exclusiveMinimum"), ("hi", "exclusiveMaximum")):
+        v = schema.get(k)
+        if v is None or v is False:
+            continue
+        if v is True:
+            if (lo if side == "lo" else hi) is None:
+                raise SchemaError(_ptr(ptr, k), "true needs the matching minimum/maximum")
+            lo_x, hi_x = (True, hi_x) if side == "lo" else (lo_x, True)
+            continue
+        v = num(k)
+        if side == "lo" and (lo is None or v >= lo):
+            lo, lo_x = v, True
+        elif side == "hi" and (hi is None or v <= hi):
+            hi, hi_x = v, True
+    return lo, lo_x, hi, hi_x
+
+
+def _nonneg_range(lo: int, lo_x: bool, hi: int | None, hi_x: bool) -> str:
+    """Non-negative decimals x (integral part, optional fraction, no exponent) with lo <(=) x <(=) hi,
+    lo and hi integers."""
+    frac = '("." [0-9]{1,%d})?' % MAX_DIGITS
+    nonzero_frac = '"." "0"{0,%d} [1-9] [0-9]{0,%d}' % (MAX_DIGITS - 1, MAX_DIGITS - 1)
+    zero_frac = '("." "0"{1,%d})?' % MAX_DIGITS
+    alts = []
+    a = lo + 1 if lo_x else lo  # integral parts taking any fraction
+    b = None if hi is None else hi - 1
+    if b is None or a <= b:
+        alts.append(f"({natural_range(a, b)}) {frac}")
+    if lo_x and (hi is None or lo < hi):
+        alts.append(f"({natural_range(lo, lo)}) {nonzero_frac}")
+    if hi is not None and not hi_x and hi >= a:
+        alts.append(f"({natural_range(hi, hi)}) {zero_frac}")
+    assert alts, "empty ranges are refused before (SchemaError: the bounds admit no number)"
+    return " | ".join(f"({x})" for x in alts)
+
+
+def number_range(lo: Any, lo_x: bool, hi: Any, hi_x: bool) -> str:
+    alts = []
+    lo = None if lo is None else int(lo)
+    hi = None if hi is None else int(hi)
+    if hi is None or hi > 0 or hi == 0 and not hi_x:
+        if lo is None or lo < 0:
+            alts.append(_nonneg_range(0, False, hi, hi_x))
+        else:
+            alts.append(_nonneg_range(lo, lo_x, hi, hi_x))
+    if lo is None or lo < 0:
+        # x = -m, m > 0; m < -lo (or <=), m > -hi when hi < 0
+        if hi is None or hi >= 0:
+            m_lo, m_lo_x = 0, True
+        else:
+            m_lo, m_lo_x = -hi, hi_x
+        alts.append('"-" (' + _nonneg_range(m_lo, m_lo_x, None if lo is None else -lo, lo_x) + ")")
+    return " | ".join(f"({a})" for a in alts)
+
+
+def _rep(lo: int, hi: int | None) -> str:
+    if hi is None:
+        return "*" if lo == 0 else ("+" if lo == 1 else f"{{{lo},}}")
+    if lo == hi:
+        return f"{{{lo}}}"
+    return "?" if (lo, hi) == (0, 1) else f"{{{lo},{hi}}}"
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int) or isinstance(v, float) and v.is_integer():
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}[type(v)]
+
+
+def _values(s: Any) -> set[str] | None:
+    if not isinstance(s, dict):
+        return None
+    if "const" in s:
+        return {json.dumps(s["const"], sort_keys=True)}
+    if isinstance(s.get("enum"), list):
+        return {json.dumps(v, sort_keys=True) for v in s["enum"]}
+    return None
+
+
+def schema_to_gbnf(schema: Any) -> str:
+    """GBNF text (root rule `root`) whose sentences are JSON instances valid under schema; raises
+    SchemaError (with a JSON pointer) for what a grammar cannot enforce."""
+    c = _Converter(schema)
+    try:
+        top = c.visit(schema, "", "root")
+    except RecursionError:
+        raise SchemaError("/", "the schema nests too deeply or refers to itself without progress "
+                               "(a $ref cycle through allOf)") from None
+    if top != "root":
+        c.rules["root"] = top
+    order = ["root"] + sorted(k for k in c.rules if k != "root")
+    return "\n".join(f"{k} ::= {c.rules[k]}" for k in order) + "\n"
+
+
+JSON_OBJECT_GBNF = schema_to_gbnf({"type": "object"})
