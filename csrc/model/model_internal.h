@@ -57,9 +57,9 @@ typedef struct {
     float *hb2;           /* (B, n_ff) up */
     uint8_t *mm_scratch;  /* activations quantized by bubo_matmul: the largest of any weight's need */
     size_t mm_scratch_size;
-    uint8_t *q_att;       /* (n_threads, q_att_stride) one query head in the cache's vec_dot_type */
+    uint8_t *q_att;       /* (n_threads, group, q_att_stride) the query heads of one KV head in the cache's vec_dot_type */
     size_t q_att_stride;
-    float *v_tmp;         /* (n_threads, head_dim_v) a V row widened to f32 */
+    float *v_tmp;         /* (n_threads, bubo_attend_scratch_floats(group, head_dim_v)) attention scratch */
 } bubo_run_state;
 
 struct bubo_model {

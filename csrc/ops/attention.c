@@ -1,54 +1,244 @@
-/* Attention of one query head over one sequence of the paged KV cache.
+/* Attention of the query heads that share one KV head, over one sequence of the paged KV cache.
  *
  * The blocks are read where they lie (no gather into a contiguous K/V copy). Softmax is online
  * (Milakov & Gimelshein 2018; as llama.cpp's CPU flash attention does it): a running maximum m,
- * denominator l and weighted sum of V, rescaled by exp(m_old - m_new) when a score raises the
- * maximum. The update is per token, not per block, on purpose: the result then depends on the
- * positions only, never on the block size or on which blocks a sequence happens to hold, so a
- * batched, forked or re-appended sequence gets bit-identical attention. That matters more than
- * it seems: these quantized models amplify a last-bit difference in layer 0 into logit changes
- * of ~1 (measured on smollm2:135m) through the rounding of the int8 activation blocks.
+ * denominator l and weighted sum of V, rescaled by exp(m_old - m_new) when the maximum rises.
  *
- * Products go through the kernel table: K rows are dotted with the query by the storage type's
- * vec_dot (f16 x f32, f32 x f32, q8_0 x q8_0), V rows are widened by its to_float. */
+ * Batch invariance. The positions are taken in groups of BUBO_ATTEND_GROUP aligned to absolute
+ * positions (group g holds g*16 .. g*16+15; the window start kv_begin and the end kv_end may cut
+ * the first and last group). A group's scores go through one vectorised exp, one max and one sum
+ * in a fixed lane order (lane = position % 16), then one merge into (m, l, out). So the result of
+ * a query head is a function of its query, its positions and their K/V rows only: never of the
+ * block size, the blocks a sequence holds, the batch, or which other heads share the call (every
+ * head runs exactly the same operations; sharing only saves reading and widening the rows). That
+ * matters more than it seems: these quantized models amplify a last-bit difference in layer 0
+ * into logit changes of ~1 (measured on smollm2:135m) through the int8 activation blocks.
+ *
+ * Products go through the kernel table: K rows are dotted with each query by the storage type's
+ * vec_dot (f16 x f32, f32 x f32, q8_0 x q8_0), V rows are widened once per group by its to_float.
+ * The group step (exp, max, sum, rescale, the weighted sum of V) has a scalar, AVX2, AVX-512 and
+ * NEON variant; all sum the 16 lanes in the same tree order (i + 8, then + 4, + 2, + 1) and
+ * accumulate V with fused multiply-adds, so they differ at most where exp rounds subnormals. */
 #include <math.h>
 
 #include "ops_internal.h"
 
-void bubo_attend_paged(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int32_t kv_begin,
-                       int32_t kv_end, const void *q, float kq_scale, float *out, float *v_tmp) {
-    const bubo_vec_dot_fn vec_dot = bubo_get_vec_dot(view->type);
-    const bubo_to_float_fn to_float = bubo_get_to_float(view->type);
-    const int bs = view->block_size;
+#define G BUBO_ATTEND_GROUP
 
-    float m = -INFINITY; /* running max of the scores */
-    float l = 0.0f;      /* running sum of exp(score - m) */
-    for (int j = 0; j < head_dim_v; j++) out[j] = 0.0f;
+/* One group's merge, for n_q heads. scores [n_q][G] (lanes lo .. hi-1 valid), vrows [G][hdv]
+ * (the same lanes), m, l [n_q] running max and sum, out [n_q] rows of hdv at out_stride. */
+typedef struct {
+    int n_q, hdv, lo, hi;
+    const float *scores, *vrows;
+    float *m, *l, *p; /* p [G]: scratch for one head's weights */
+    float *out;
+    size_t out_stride;
+} attend_group;
 
-    for (int32_t blk0 = kv_begin - kv_begin % bs; blk0 < kv_end; blk0 += bs) {
-        const int32_t i0 = blk0 > kv_begin ? blk0 : kv_begin;
-        const int32_t i1 = blk0 + bs < kv_end ? blk0 + bs : kv_end;
-        const int32_t block = view->table[blk0 / bs];
-        const uint8_t *k = view->k + (size_t)block * view->block_bytes_k + (size_t)kv_head * view->head_bytes_k;
-        const uint8_t *v = view->v + (size_t)block * view->block_bytes_v + (size_t)kv_head * view->head_bytes_v;
-        for (int32_t i = i0; i < i1; i++) {
-            float s;
-            vec_dot(head_dim_k, &s, k + (size_t)(i - blk0) * view->row_bytes_k, q);
-            s *= kq_scale;
-            float p = 1.0f; /* exp(s - m) */
-            if (s > m) {
-                const float correction = expf(m - s); /* 0 at the first token: m is -inf */
-                l *= correction;
-                for (int j = 0; j < head_dim_v; j++) out[j] *= correction;
-                m = s;
-            } else {
-                p = expf(s - m);
-            }
-            l += p;
-            to_float(v + (size_t)(i - blk0) * view->row_bytes_v, v_tmp, head_dim_v);
-            for (int j = 0; j < head_dim_v; j++) out[j] += p * v_tmp[j];
+/* Running max of head h raised to m_new: the rescale factor of its old sum, or 1 for none.
+ * A first group (m = -inf) has nothing to rescale. */
+static inline float group_rescale(const attend_group *g, int h, float m_new) {
+    const float m = g->m[h];
+    g->m[h] = m_new;
+    return m_new > m && m != -INFINITY ? vm_exp_lanewise(m - m_new) : 1.0f;
+}
+
+/* ---- scalar ----------------------------------------------------------------------------------- */
+
+static float sum16_tree(const float *p) {
+    float a[8];
+    for (int i = 0; i < 8; i++) a[i] = p[i] + p[i + 8];
+    for (int i = 0; i < 4; i++) a[i] += a[i + 4];
+    return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+static void group_scalar(const attend_group *g) {
+    for (int h = 0; h < g->n_q; h++) {
+        const float *s = g->scores + (size_t)h * G;
+        float mg = -INFINITY;
+        for (int i = g->lo; i < g->hi; i++) mg = fmaxf(mg, s[i]);
+        const float m_new = fmaxf(g->m[h], mg);
+        for (int i = 0; i < G; i++) g->p[i] = i >= g->lo && i < g->hi ? vm_exp_lanewise(s[i] - m_new) : 0.0f;
+        const float c = group_rescale(g, h, m_new);
+        float *out = g->out + (size_t)h * g->out_stride;
+        g->l[h] = g->l[h] * c + sum16_tree(g->p);
+        for (int j = 0; j < g->hdv; j++) {
+            float acc = out[j] * c;
+            for (int i = g->lo; i < g->hi; i++) acc = fmaf(g->p[i], g->vrows[(size_t)i * g->hdv + j], acc);
+            out[j] = acc;
         }
     }
-    const float inv_l = 1.0f / l;
-    for (int j = 0; j < head_dim_v; j++) out[j] *= inv_l;
+}
+
+/* ---- AVX2 ------------------------------------------------------------------------------------- */
+#if defined(BUBO_X86)
+
+BUBO_TARGET_AVX2 static void group_avx2(const attend_group *g) {
+    const __m256i lane0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), lane8 = _mm256_add_epi32(lane0, _mm256_set1_epi32(8));
+    const __m256i lo = _mm256_set1_epi32(g->lo - 1), hi = _mm256_set1_epi32(g->hi);
+    const __m256 valid0 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(lane0, lo), _mm256_cmpgt_epi32(hi, lane0)));
+    const __m256 valid8 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(lane8, lo), _mm256_cmpgt_epi32(hi, lane8)));
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    for (int h = 0; h < g->n_q; h++) {
+        const float *s = g->scores + (size_t)h * G;
+        const __m256 s0 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(s), valid0);
+        const __m256 s8 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8), valid8);
+        const float m_new = fmaxf(g->m[h], vm_hmax_avx2(_mm256_max_ps(s0, s8)));
+        const __m256 mv = _mm256_set1_ps(m_new);
+        const __m256 p0 = _mm256_and_ps(valid0, vm_exp_avx2(_mm256_sub_ps(s0, mv)));
+        const __m256 p8 = _mm256_and_ps(valid8, vm_exp_avx2(_mm256_sub_ps(s8, mv)));
+        _mm256_storeu_ps(g->p, p0);
+        _mm256_storeu_ps(g->p + 8, p8);
+        const float c = group_rescale(g, h, m_new);
+        g->l[h] = g->l[h] * c + vm_hsum_avx2(_mm256_add_ps(p0, p8));
+        float *out = g->out + (size_t)h * g->out_stride;
+        const __m256 cv = _mm256_set1_ps(c);
+        int j = 0;
+        for (; j + 8 <= g->hdv; j += 8) {
+            __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(out + j), cv);
+            for (int i = g->lo; i < g->hi; i++)
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(g->p[i]), _mm256_loadu_ps(g->vrows + (size_t)i * g->hdv + j), acc);
+            _mm256_storeu_ps(out + j, acc);
+        }
+        for (; j < g->hdv; j++) {
+            float acc = out[j] * c;
+            for (int i = g->lo; i < g->hi; i++) acc = fmaf(g->p[i], g->vrows[(size_t)i * g->hdv + j], acc);
+            out[j] = acc;
+        }
+    }
+}
+
+/* ---- AVX-512 ---------------------------------------------------------------------------------- */
+
+BUBO_TARGET_AVX512 static void group_avx512(const attend_group *g) {
+    const __mmask16 valid = (__mmask16)(((1u << g->hi) - 1u) & ~((1u << g->lo) - 1u));
+    for (int h = 0; h < g->n_q; h++) {
+        const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, g->scores + (size_t)h * G);
+        const float m_new = fmaxf(g->m[h], _mm512_reduce_max_ps(s)); /* max is exact in any order */
+        const __m512 p = _mm512_maskz_mov_ps(valid, vm_exp_avx512(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+        _mm512_storeu_ps(g->p, p);
+        const float c = group_rescale(g, h, m_new);
+        /* the tree order of sum16_tree: halves, then quarters, then pairs */
+        __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(p), _mm512_extractf32x8_ps(p, 1));
+        g->l[h] = g->l[h] * c + vm_hsum_avx2(s8);
+        float *out = g->out + (size_t)h * g->out_stride;
+        const __m512 cv = _mm512_set1_ps(c);
+        for (int j = 0; j < g->hdv; j += 16) {
+            const __mmask16 k = g->hdv - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (g->hdv - j)) - 1u);
+            __m512 acc = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, out + j), cv);
+            for (int i = g->lo; i < g->hi; i++)
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(g->p[i]), _mm512_maskz_loadu_ps(k, g->vrows + (size_t)i * g->hdv + j), acc);
+            _mm512_mask_storeu_ps(out + j, k, acc);
+        }
+    }
+}
+#endif /* BUBO_X86 */
+
+/* ---- NEON ------------------------------------------------------------------------------------- */
+#if defined(BUBO_ARM64)
+
+static void group_neon(const attend_group *g) {
+    for (int h = 0; h < g->n_q; h++) {
+        const float *s = g->scores + (size_t)h * G;
+        float sv[G];
+        for (int i = 0; i < G; i++) sv[i] = i >= g->lo && i < g->hi ? s[i] : -INFINITY;
+        float32x4_t x[4];
+        for (int k = 0; k < 4; k++) x[k] = vld1q_f32(sv + 4 * k);
+        const float mg = vmaxvq_f32(vmaxq_f32(vmaxq_f32(x[0], x[1]), vmaxq_f32(x[2], x[3])));
+        const float m_new = fmaxf(g->m[h], mg);
+        for (int k = 0; k < 4; k++) {
+            uint32x4_t keep = vcgtq_f32(x[k], vdupq_n_f32(-INFINITY));
+            x[k] = vreinterpretq_f32_u32(vandq_u32(keep, vreinterpretq_u32_f32(vm_exp_neon(vsubq_f32(x[k], vdupq_n_f32(m_new))))));
+            vst1q_f32(g->p + 4 * k, x[k]);
+        }
+        const float c = group_rescale(g, h, m_new);
+        /* the tree order of sum16_tree: (i, i + 8), then (i, i + 4), (i, i + 2), (i, i + 1) */
+        const float32x4_t q = vaddq_f32(vaddq_f32(x[0], x[2]), vaddq_f32(x[1], x[3]));
+        const float32x2_t d = vadd_f32(vget_low_f32(q), vget_high_f32(q));
+        g->l[h] = g->l[h] * c + (vget_lane_f32(d, 0) + vget_lane_f32(d, 1));
+        float *out = g->out + (size_t)h * g->out_stride;
+        int j = 0;
+        for (; j + 4 <= g->hdv; j += 4) {
+            float32x4_t acc = vmulq_n_f32(vld1q_f32(out + j), c);
+            for (int i = g->lo; i < g->hi; i++) acc = vfmaq_n_f32(acc, vld1q_f32(g->vrows + (size_t)i * g->hdv + j), g->p[i]);
+            vst1q_f32(out + j, acc);
+        }
+        for (; j < g->hdv; j++) {
+            float acc = out[j] * c;
+            for (int i = g->lo; i < g->hi; i++) acc = fmaf(g->p[i], g->vrows[(size_t)i * g->hdv + j], acc);
+            out[j] = acc;
+        }
+    }
+}
+#endif /* BUBO_ARM64 */
+
+/* ---- the driver ------------------------------------------------------------------------------- */
+
+typedef void (*group_fn)(const attend_group *g);
+
+static group_fn group_for_isa(bubo_isa isa) {
+#if defined(BUBO_X86)
+    if (isa == BUBO_ISA_AVX512) return group_avx512;
+    if (isa == BUBO_ISA_AVX2) return group_avx2;
+#elif defined(BUBO_ARM64)
+    if (isa == BUBO_ISA_NEON) return group_neon;
+#endif
+    (void)isa;
+    return group_scalar;
+}
+
+size_t bubo_attend_scratch_floats(int n_q, int head_dim_v) {
+    return (size_t)G * head_dim_v + (size_t)n_q * (G + 2) + G;
+}
+
+void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v,
+                           int32_t kv_begin, int32_t kv_end, int n_q, const void *q, size_t q_stride, float kq_scale,
+                           float *out, size_t out_stride, float *scratch) {
+    const bubo_vec_dot_fn vec_dot = bubo_get_vec_dot(view->type);
+    const bubo_to_float_fn to_float = bubo_get_to_float(view->type);
+    const group_fn group = group_for_isa(isa);
+    const int bs = view->block_size;
+
+    float *vrows = scratch;                            /* [G][head_dim_v] the group's V rows, widened */
+    float *scores = vrows + (size_t)G * head_dim_v;    /* [n_q][G] */
+    float *m = scores + (size_t)n_q * G, *l = m + n_q; /* [n_q] running max and sum */
+    float *p = l + n_q;                                /* [G] */
+    for (int h = 0; h < n_q; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+        for (int j = 0; j < head_dim_v; j++) out[(size_t)h * out_stride + j] = 0.0f;
+    }
+    attend_group g = {.n_q = n_q, .hdv = head_dim_v, .scores = scores, .vrows = vrows, .m = m, .l = l, .p = p,
+                      .out = out, .out_stride = out_stride};
+
+    for (int32_t g0 = kv_begin - kv_begin % G; g0 < kv_end; g0 += G) {
+        g.lo = kv_begin > g0 ? kv_begin - g0 : 0;
+        g.hi = kv_end < g0 + G ? kv_end - g0 : G;
+        for (int i = g.lo; i < g.hi; i++) {
+            const int32_t pos = g0 + i;
+            const size_t block = (size_t)view->table[pos / bs], slot = (size_t)(pos % bs);
+            const uint8_t *k = view->k + block * view->block_bytes_k + slot * view->row_bytes_k + (size_t)kv_head * view->head_bytes_k;
+            const uint8_t *v = view->v + block * view->block_bytes_v + slot * view->row_bytes_v + (size_t)kv_head * view->head_bytes_v;
+            for (int h = 0; h < n_q; h++) {
+                float s;
+                vec_dot(head_dim_k, &s, k, (const uint8_t *)q + (size_t)h * q_stride);
+                scores[(size_t)h * G + i] = s * kq_scale;
+            }
+            to_float(v, vrows + (size_t)i * head_dim_v, head_dim_v);
+        }
+        group(&g);
+    }
+    for (int h = 0; h < n_q; h++) {
+        const float inv_l = 1.0f / l[h];
+        for (int j = 0; j < head_dim_v; j++) out[(size_t)h * out_stride + j] *= inv_l;
+    }
+}
+
+void bubo_attend_paged(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int32_t kv_begin,
+                       int32_t kv_end, int n_q, const void *q, size_t q_stride, float kq_scale, float *out,
+                       size_t out_stride, float *scratch) {
+    static bubo_isa best = BUBO_ISA_COUNT; /* a benign race: every thread stores the same value */
+    if (best == BUBO_ISA_COUNT) best = bubo_cpu_best_isa();
+    bubo_attend_paged_isa(best, view, kv_head, head_dim_k, head_dim_v, kv_begin, kv_end, n_q, q, q_stride, kq_scale,
+                          out, out_stride, scratch);
 }
