@@ -18,7 +18,9 @@
  * vec_dot (f16 x f32, f32 x f32, q8_0 x q8_0), V rows are widened once per group by its to_float.
  * The group step (exp, max, sum, rescale, the weighted sum of V) has a scalar, AVX2, AVX-512 and
  * NEON variant; all sum the 16 lanes in the same tree order (i + 8, then + 4, + 2, + 1) and
- * accumulate V with fused multiply-adds, so they differ at most where exp rounds subnormals. */
+ * accumulate V and merge the sums with fused multiply-adds (written out: gnu11 lets the compiler
+ * contract a * b + c in the FMA-enabled levels only), so they differ at most where exp rounds
+ * subnormals. */
 #include <math.h>
 
 #include "ops_internal.h"
@@ -61,7 +63,7 @@ static void group_scalar(const attend_group *g) {
         for (int i = 0; i < G; i++) g->p[i] = i >= g->lo && i < g->hi ? vm_exp_lanewise(s[i] - m_new) : 0.0f;
         const float c = group_rescale(g, h, m_new);
         float *out = g->out + (size_t)h * g->out_stride;
-        g->l[h] = g->l[h] * c + sum16_tree(g->p);
+        g->l[h] = fmaf(g->l[h], c, sum16_tree(g->p));
         for (int j = 0; j < g->hdv; j++) {
             float acc = out[j] * c;
             for (int i = g->lo; i < g->hi; i++) acc = fmaf(g->p[i], g->vrows[(size_t)i * g->hdv + j], acc);
@@ -90,7 +92,7 @@ BUBO_TARGET_AVX2 static void group_avx2(const attend_group *g) {
         _mm256_storeu_ps(g->p, p0);
         _mm256_storeu_ps(g->p + 8, p8);
         const float c = group_rescale(g, h, m_new);
-        g->l[h] = g->l[h] * c + vm_hsum_avx2(_mm256_add_ps(p0, p8));
+        g->l[h] = fmaf(g->l[h], c, vm_hsum_avx2(_mm256_add_ps(p0, p8)));
         float *out = g->out + (size_t)h * g->out_stride;
         const __m256 cv = _mm256_set1_ps(c);
         int j = 0;
@@ -120,7 +122,7 @@ BUBO_TARGET_AVX512 static void group_avx512(const attend_group *g) {
         const float c = group_rescale(g, h, m_new);
         /* the tree order of sum16_tree: halves, then quarters, then pairs */
         __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(p), _mm512_extractf32x8_ps(p, 1));
-        g->l[h] = g->l[h] * c + vm_hsum_avx2(s8);
+        g->l[h] = fmaf(g->l[h], c, vm_hsum_avx2(s8));
         float *out = g->out + (size_t)h * g->out_stride;
         const __m512 cv = _mm512_set1_ps(c);
         for (int j = 0; j < g->hdv; j += 16) {
@@ -155,7 +157,7 @@ static void group_neon(const attend_group *g) {
         /* the tree order of sum16_tree: (i, i + 8), then (i, i + 4), (i, i + 2), (i, i + 1) */
         const float32x4_t q = vaddq_f32(vaddq_f32(x[0], x[2]), vaddq_f32(x[1], x[3]));
         const float32x2_t d = vadd_f32(vget_low_f32(q), vget_high_f32(q));
-        g->l[h] = g->l[h] * c + (vget_lane_f32(d, 0) + vget_lane_f32(d, 1));
+        g->l[h] = fmaf(g->l[h], c, vget_lane_f32(d, 0) + vget_lane_f32(d, 1));
         float *out = g->out + (size_t)h * g->out_stride;
         int j = 0;
         for (; j + 4 <= g->hdv; j += 4) {
