@@ -316,11 +316,12 @@ _TYPE_Q8_0 = 8  # ggml's id (bubo/quants.h), which quants.pxd does not name
 
 
 def attend_paged(int type_id, const uint8_t[:, :, :, ::1] k, const uint8_t[:, :, :, ::1] v, table,
-                 int kv_head, int head_dim_k, int head_dim_v, int32_t kv_begin, int32_t kv_end,
-                 const uint8_t[:, ::1] q, float kq_scale, isa=None):
-    """out [n_q, head_dim_v]: the attention of the n_q queries q (rows in type_id's vec_dot_type)
-    over positions kv_begin .. kv_end-1 of the sequence whose block table is `table`, in the pools
-    k [n_blocks, block_size, n_head_kv, head bytes] and v (the layout of one layer of bubo_kv)."""
+                 int kv_head, int head_dim_k, int head_dim_v, kv_begin, kv_end, const uint8_t[:, :, ::1] q,
+                 float kq_scale, isa=None):
+    """out [n_tok, n_q, head_dim_v]: the attention of token t's n_q queries q[t] (rows in type_id's
+    vec_dot_type) over positions kv_begin[t] .. kv_end[t]-1 of the sequence whose block table is
+    `table`, in the pools k [n_blocks, block_size, n_head_kv, head bytes] and v (the layout of one
+    layer of bubo_kv)."""
     cdef bubo_isa level = bubo_cpu_best_isa() if isa is None else _isa_from_name(isa)
     if not bubo_cpu_supports(level):
         raise ValueError(f"isa {isa!r} is not available on this CPU")
@@ -328,17 +329,22 @@ def attend_paged(int type_id, const uint8_t[:, :, :, ::1] k, const uint8_t[:, :,
     if t == NULL or type_id not in (BUBO_TYPE_F32, BUBO_TYPE_F16, _TYPE_Q8_0):
         raise ValueError(f"type id {type_id} is not a KV cache type")
     cdef const int32_t[::1] tv = np.ascontiguousarray(table, dtype=np.int32)
-    cdef Py_ssize_t i
-    cdef int block_size = k.shape[1], n_head_kv = k.shape[2], n_q = q.shape[0]
+    cdef const int32_t[::1] bv = np.ascontiguousarray(kv_begin, dtype=np.int32).reshape(-1)
+    cdef const int32_t[::1] ev = np.ascontiguousarray(kv_end, dtype=np.int32).reshape(-1)
+    cdef int block_size = k.shape[1], n_head_kv = k.shape[2], n_tok = q.shape[0], n_q = q.shape[1]
+    cdef Py_ssize_t i, j
     if (v.shape[0] != k.shape[0] or v.shape[1] != block_size or v.shape[2] != n_head_kv
             or <size_t>k.shape[3] != bubo_row_size(<bubo_type>type_id, head_dim_k)
             or <size_t>v.shape[3] != bubo_row_size(<bubo_type>type_id, head_dim_v)):
         raise ValueError("k and v must be [n_blocks, block_size, n_head_kv, one head's row bytes]")
-    if not (0 <= kv_begin < kv_end <= tv.shape[0] * block_size) or not (0 <= kv_head < n_head_kv) or n_q < 1:
-        raise ValueError("bad range, head or query count")
-    for i in range(kv_begin // block_size, (kv_end - 1) // block_size + 1):
-        if not (0 <= tv[i] < k.shape[0]):
-            raise ValueError(f"table[{i}] = {tv[i]} is not a block")
+    if not (0 <= kv_head < n_head_kv) or n_tok < 1 or n_q < 1 or bv.shape[0] != n_tok or ev.shape[0] != n_tok:
+        raise ValueError("bad head, query count or ranges")
+    for j in range(n_tok):
+        if not (0 <= bv[j] < ev[j] <= tv.shape[0] * block_size):
+            raise ValueError(f"bad range [{bv[j]}, {ev[j]}) for token {j}")
+        for i in range(bv[j] // block_size, (ev[j] - 1) // block_size + 1):
+            if not (0 <= tv[i] < k.shape[0]):
+                raise ValueError(f"table[{i}] = {tv[i]} is not a block")
     cdef bubo_kv_view view
     view.type = <bubo_type>type_id
     view.block_size = block_size
@@ -351,11 +357,11 @@ def attend_paged(int type_id, const uint8_t[:, :, :, ::1] k, const uint8_t[:, :,
     view.block_bytes_k = view.row_bytes_k * block_size
     view.block_bytes_v = view.row_bytes_v * block_size
     view.table = &tv[0]
-    out = np.zeros((n_q, head_dim_v), dtype=np.float32)
-    cdef float[:, ::1] ov = out
-    scratch = np.empty(bubo_attend_scratch_floats(n_q, head_dim_v), dtype=np.float32)
+    out = np.zeros((n_tok, n_q, head_dim_v), dtype=np.float32)
+    cdef float[:, :, ::1] ov = out
+    scratch = np.empty(bubo_attend_scratch_floats(n_tok, n_q, head_dim_v), dtype=np.float32)
     cdef float[::1] sv = scratch
     with nogil:
-        bubo_attend_paged_isa(level, &view, kv_head, head_dim_k, head_dim_v, kv_begin, kv_end, n_q, &q[0, 0],
-                              q.shape[1], kq_scale, &ov[0, 0], head_dim_v, &sv[0])
+        bubo_attend_paged_isa(level, &view, kv_head, head_dim_k, head_dim_v, n_tok, &bv[0], &ev[0], n_q,
+                              &q[0, 0, 0], q.shape[2], kq_scale, &ov[0, 0, 0], <size_t>n_q * head_dim_v, &sv[0])
     return out

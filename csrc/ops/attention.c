@@ -27,8 +27,8 @@
 
 #define G BUBO_ATTEND_GROUP
 
-/* One group's merge, for n_q heads. scores [n_q][G] (lanes lo .. hi-1 valid), vrows [G][hdv]
- * (the same lanes), m, l [n_q] running max and sum, out [n_q] rows of hdv at out_stride. */
+/* One group's merge, for the n_q heads of one token. scores [n_q][G] (lanes lo .. hi-1 valid),
+ * vrows [G][hdv] (the same lanes), m, l [n_q] running max and sum, out [n_q] rows of hdv at out_stride. */
 typedef struct {
     int n_q, hdv, lo, hi;
     const float *scores, *vrows;
@@ -96,6 +96,16 @@ BUBO_TARGET_AVX2 static void group_avx2(const attend_group *g) {
         float *out = g->out + (size_t)h * g->out_stride;
         const __m256 cv = _mm256_set1_ps(c);
         int j = 0;
+        for (; j + 32 <= g->hdv; j += 32) { /* four independent accumulators, as in the AVX-512 level */
+            __m256 acc[4];
+            for (int u = 0; u < 4; u++) acc[u] = _mm256_mul_ps(_mm256_loadu_ps(out + j + 8 * u), cv);
+            for (int i = g->lo; i < g->hi; i++) {
+                const __m256 pi = _mm256_set1_ps(g->p[i]);
+                const float *vr = g->vrows + (size_t)i * g->hdv + j;
+                for (int u = 0; u < 4; u++) acc[u] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(vr + 8 * u), acc[u]);
+            }
+            for (int u = 0; u < 4; u++) _mm256_storeu_ps(out + j + 8 * u, acc[u]);
+        }
         for (; j + 8 <= g->hdv; j += 8) {
             __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(out + j), cv);
             for (int i = g->lo; i < g->hi; i++)
@@ -125,12 +135,21 @@ BUBO_TARGET_AVX512 static void group_avx512(const attend_group *g) {
         g->l[h] = fmaf(g->l[h], c, vm_hsum_avx2(s8));
         float *out = g->out + (size_t)h * g->out_stride;
         const __m512 cv = _mm512_set1_ps(c);
-        for (int j = 0; j < g->hdv; j += 16) {
-            const __mmask16 k = g->hdv - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (g->hdv - j)) - 1u);
-            __m512 acc = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, out + j), cv);
-            for (int i = g->lo; i < g->hi; i++)
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(g->p[i]), _mm512_maskz_loadu_ps(k, g->vrows + (size_t)i * g->hdv + j), acc);
-            _mm512_mask_storeu_ps(out + j, k, acc);
+        /* four independent accumulators (64 floats) per pass: one chain of FMAs would wait on its latency */
+        for (int j0 = 0; j0 < g->hdv; j0 += 64) {
+            __mmask16 k[4];
+            __m512 acc[4];
+            for (int u = 0; u < 4; u++) {
+                const int left = g->hdv - j0 - 16 * u;
+                k[u] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1u) : 0;
+                acc[u] = _mm512_mul_ps(_mm512_maskz_loadu_ps(k[u], out + j0 + 16 * u), cv);
+            }
+            for (int i = g->lo; i < g->hi; i++) {
+                const __m512 pi = _mm512_set1_ps(g->p[i]);
+                const float *vr = g->vrows + (size_t)i * g->hdv + j0;
+                for (int u = 0; u < 4; u++) acc[u] = _mm512_fmadd_ps(pi, _mm512_maskz_loadu_ps(k[u], vr + 16 * u), acc[u]);
+            }
+            for (int u = 0; u < 4; u++) _mm512_mask_storeu_ps(out + j0 + 16 * u, k[u], acc[u]);
         }
     }
 }
@@ -189,58 +208,86 @@ static group_fn group_for_isa(bubo_isa isa) {
     return group_scalar;
 }
 
-size_t bubo_attend_scratch_floats(int n_q, int head_dim_v) {
-    return (size_t)G * head_dim_v + (size_t)n_q * (G + 2) + G;
+size_t bubo_attend_scratch_floats(int n_tok, int n_q, int head_dim_v) {
+    return (size_t)G * head_dim_v + (size_t)n_tok * n_q * (G + 2) + G;
+}
+
+/* Token t's lanes of the group at g0: [*lo, *hi), empty when *lo >= *hi. */
+static inline void token_lanes(int32_t g0, int32_t begin, int32_t end, int *lo, int *hi) {
+    *lo = begin > g0 ? (begin - g0 < G ? begin - g0 : G) : 0;
+    *hi = end < g0 + G ? (end > g0 ? end - g0 : 0) : G;
 }
 
 void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v,
-                           int32_t kv_begin, int32_t kv_end, int n_q, const void *q, size_t q_stride, float kq_scale,
-                           float *out, size_t out_stride, float *scratch) {
+                           int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q,
+                           size_t q_stride, float kq_scale, float *out, size_t out_tok_stride, float *scratch) {
     const bubo_vec_dot_fn vec_dot = bubo_get_vec_dot(view->type);
     const bubo_to_float_fn to_float = bubo_get_to_float(view->type);
     const group_fn group = group_for_isa(isa);
     const int bs = view->block_size;
+    const int n_rows = n_tok * n_q; /* row t * n_q + h: token t, head h */
 
-    float *vrows = scratch;                            /* [G][head_dim_v] the group's V rows, widened */
-    float *scores = vrows + (size_t)G * head_dim_v;    /* [n_q][G] */
-    float *m = scores + (size_t)n_q * G, *l = m + n_q; /* [n_q] running max and sum */
-    float *p = l + n_q;                                /* [G] */
-    for (int h = 0; h < n_q; h++) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
-        for (int j = 0; j < head_dim_v; j++) out[(size_t)h * out_stride + j] = 0.0f;
+    float *vrows = scratch;                               /* [G][head_dim_v] the group's V rows, widened */
+    float *scores = vrows + (size_t)G * head_dim_v;       /* [n_rows][G] */
+    float *m = scores + (size_t)n_rows * G, *l = m + n_rows; /* [n_rows] running max and sum */
+    float *p = l + n_rows;                                /* [G] */
+    int32_t first = kv_begin[0], last = kv_end[0];
+    for (int t = 0; t < n_tok; t++) {
+        if (kv_begin[t] < first) first = kv_begin[t];
+        if (kv_end[t] > last) last = kv_end[t];
+        for (int h = 0; h < n_q; h++) {
+            m[t * n_q + h] = -INFINITY;
+            l[t * n_q + h] = 0.0f;
+            for (int j = 0; j < head_dim_v; j++) out[(size_t)t * out_tok_stride + (size_t)h * head_dim_v + j] = 0.0f;
+        }
     }
-    attend_group g = {.n_q = n_q, .hdv = head_dim_v, .scores = scores, .vrows = vrows, .m = m, .l = l, .p = p,
-                      .out = out, .out_stride = out_stride};
+    attend_group g = {.n_q = n_q, .hdv = head_dim_v, .vrows = vrows, .p = p, .out_stride = head_dim_v};
 
-    for (int32_t g0 = kv_begin - kv_begin % G; g0 < kv_end; g0 += G) {
-        g.lo = kv_begin > g0 ? kv_begin - g0 : 0;
-        g.hi = kv_end < g0 + G ? kv_end - g0 : G;
-        for (int i = g.lo; i < g.hi; i++) {
+    for (int32_t g0 = first - first % G; g0 < last; g0 += G) {
+        int glo = G, ghi = 0; /* the lanes some token attends to */
+        for (int t = 0; t < n_tok; t++) {
+            int lo, hi;
+            token_lanes(g0, kv_begin[t], kv_end[t], &lo, &hi);
+            if (lo < hi && lo < glo) glo = lo;
+            if (lo < hi && hi > ghi) ghi = hi;
+        }
+        for (int i = glo; i < ghi; i++) {
             const int32_t pos = g0 + i;
             const size_t block = (size_t)view->table[pos / bs], slot = (size_t)(pos % bs);
             const uint8_t *k = view->k + block * view->block_bytes_k + slot * view->row_bytes_k + (size_t)kv_head * view->head_bytes_k;
             const uint8_t *v = view->v + block * view->block_bytes_v + slot * view->row_bytes_v + (size_t)kv_head * view->head_bytes_v;
-            for (int h = 0; h < n_q; h++) {
-                float s;
-                vec_dot(head_dim_k, &s, k, (const uint8_t *)q + (size_t)h * q_stride);
-                scores[(size_t)h * G + i] = s * kq_scale;
+            for (int t = 0; t < n_tok; t++) {
+                if (pos < kv_begin[t] || pos >= kv_end[t]) continue;
+                for (int h = 0; h < n_q; h++) {
+                    float s;
+                    vec_dot(head_dim_k, &s, k, (const uint8_t *)q + (size_t)(t * n_q + h) * q_stride);
+                    scores[(size_t)(t * n_q + h) * G + i] = s * kq_scale;
+                }
             }
             to_float(v, vrows + (size_t)i * head_dim_v, head_dim_v);
         }
-        group(&g);
+        for (int t = 0; t < n_tok; t++) {
+            token_lanes(g0, kv_begin[t], kv_end[t], &g.lo, &g.hi);
+            if (g.lo >= g.hi) continue;
+            g.scores = scores + (size_t)t * n_q * G;
+            g.m = m + t * n_q;
+            g.l = l + t * n_q;
+            g.out = out + (size_t)t * out_tok_stride;
+            group(&g);
+        }
     }
-    for (int h = 0; h < n_q; h++) {
-        const float inv_l = 1.0f / l[h];
-        for (int j = 0; j < head_dim_v; j++) out[(size_t)h * out_stride + j] *= inv_l;
+    for (int r = 0; r < n_rows; r++) {
+        const float inv_l = 1.0f / l[r];
+        float *o = out + (size_t)(r / n_q) * out_tok_stride + (size_t)(r % n_q) * head_dim_v;
+        for (int j = 0; j < head_dim_v; j++) o[j] *= inv_l;
     }
 }
 
-void bubo_attend_paged(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int32_t kv_begin,
-                       int32_t kv_end, int n_q, const void *q, size_t q_stride, float kq_scale, float *out,
-                       size_t out_stride, float *scratch) {
+void bubo_attend_paged(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int n_tok,
+                       const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q, size_t q_stride,
+                       float kq_scale, float *out, size_t out_tok_stride, float *scratch) {
     static bubo_isa best = BUBO_ISA_COUNT; /* a benign race: every thread stores the same value */
     if (best == BUBO_ISA_COUNT) best = bubo_cpu_best_isa();
-    bubo_attend_paged_isa(best, view, kv_head, head_dim_k, head_dim_v, kv_begin, kv_end, n_q, q, q_stride, kq_scale,
-                          out, out_stride, scratch);
+    bubo_attend_paged_isa(best, view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, n_q, q, q_stride,
+                          kq_scale, out, out_tok_stride, scratch);
 }

@@ -64,8 +64,13 @@ class Cache:
         return q.astype(np.float32).view(np.uint8), q.astype(np.float32).astype(np.float64)
 
     def attend(self, kv_head, begin, end, q_bytes, kq_scale, isa):
+        """One token's heads q_bytes [n_q, bytes] over [begin, end)."""
+        return self.attend_tokens(kv_head, [begin], [end], q_bytes[None], kq_scale, isa)[0]
+
+    def attend_tokens(self, kv_head, begins, ends, q_bytes, kq_scale, isa):
+        """Tokens' heads q_bytes [n_tok, n_q, bytes], token t over [begins[t], ends[t])."""
         return _ops.attend_paged(self.type_id, self.k_pool, self.v_pool, self.table, kv_head, self.head_dim,
-                                 self.head_dim, begin, end, q_bytes, kq_scale, isa=isa)
+                                 self.head_dim, begins, ends, np.ascontiguousarray(q_bytes), kq_scale, isa=isa)
 
 
 def attend_ref(cache, kv_head, begin, end, q, kq_scale):
@@ -149,6 +154,29 @@ def test_a_head_is_the_same_alone_grouped_or_in_any_block_layout(isa, type_name)
             assert np.array_equal(part.view(np.uint32), alone[2:5].view(np.uint32))
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", ["f16", "q8_0"])
+def test_a_token_is_the_same_alone_or_among_other_tokens(isa, type_name):
+    """A prompt's tokens attended together (causal ends, a sliding window's begins, in any order,
+    with repeats) give each (token, head) the bits it gets alone."""
+    rng = np.random.default_rng(6)
+    head_dim, n_q = 64, 3
+    cache = Cache(rng, type_name, 120, 32, 2, head_dim)
+    ends = np.array([70, 71, 72, 90, 17, 71, 120, 1, 33, 64, 65, 100, 101, 102, 5, 48], np.int32)
+    for window in (0, 20):
+        begins = np.maximum(ends - window, 0) if window else np.zeros_like(ends)
+        q_bytes, _ = cache.query(rng.standard_normal((len(ends) * n_q, head_dim)).astype(np.float32))
+        q_bytes = q_bytes.reshape(len(ends), n_q, -1)
+        together = cache.attend_tokens(0, begins, ends, q_bytes, 0.125, isa)
+        for t in range(len(ends)):
+            alone = cache.attend(0, begins[t], ends[t], q_bytes[t], 0.125, isa)
+            assert np.array_equal(together[t].view(np.uint32), alone.view(np.uint32)), (window, t)
+        # a subset, in another order
+        sub = [5, 0, 11, 3]
+        part = cache.attend_tokens(0, begins[sub], ends[sub], q_bytes[sub], 0.125, isa)
+        assert np.array_equal(part.view(np.uint32), together[sub].view(np.uint32))
+
+
 def test_levels_agree_bit_for_bit():
     """Every level sums the group's lanes in one tree order and accumulates with fused
     multiply-adds, and their exps agree in the normal range: with scores whose weights stay
@@ -171,3 +199,5 @@ def test_rejects_bad_arguments():
         cache.attend(0, 0, 49, q_bytes, 1.0, None)  # past the table
     with pytest.raises(ValueError):
         cache.attend(1, 0, 10, q_bytes, 1.0, None)  # no such KV head
+    with pytest.raises(ValueError):
+        cache.attend_tokens(0, [0, 0], [4, 5], q_bytes[None], 1.0, None)  # two ranges, one token
