@@ -359,7 +359,7 @@ def attend_paged(int type_id, const uint8_t[:, :, :, ::1] k, const uint8_t[:, :,
     view.table = &tv[0]
     out = np.zeros((n_tok, n_q, head_dim_v), dtype=np.float32)
     cdef float[:, :, ::1] ov = out
-    scratch = np.empty(bubo_attend_scratch_floats(n_tok, n_q, head_dim_v), dtype=np.float32)
+    scratch = np.empty(bubo_attend_scratch_floats(n_tok, n_q, head_dim_k, head_dim_v), dtype=np.float32)
     cdef float[::1] sv = scratch
     with nogil:
         bubo_attend_paged_isa(level, &view, kv_head, head_dim_k, head_dim_v, n_tok, &bv[0], &ev[0], n_q,

@@ -177,7 +177,7 @@ static void attention_share(void *vctx, int ith, int nth) {
     const bubo_type kv_type = bubo_kv_get_params(c->kv)->type;
     const int window = hp->is_swa[c->il] ? hp->sliding_window : 0;
     uint8_t *q_att = m->s.q_att + (size_t)ith * ATTN_TILE_TOKENS * group * m->s.q_att_stride; /* [tile][group] */
-    float *scratch = m->s.v_tmp + (size_t)ith * bubo_attend_scratch_floats(ATTN_TILE_TOKENS, group, hp->head_dim_v);
+    float *scratch = m->s.v_tmp + (size_t)ith * bubo_attend_scratch_floats(ATTN_TILE_TOKENS, group, hp->head_dim_k, hp->head_dim_v);
     float *q_tmp = scratch; /* free until attend */
     const bubo_from_float_fn to_q8 = kv_type == BUBO_TYPE_Q8_0 ? bubo_get_from_float(BUBO_TYPE_Q8_0) : NULL;
     int32_t begin[ATTN_TILE_TOKENS], end[ATTN_TILE_TOKENS];

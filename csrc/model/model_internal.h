@@ -62,7 +62,7 @@ typedef struct {
     size_t mm_scratch_size;
     uint8_t *q_att;       /* (n_threads, ATTN_TILE_TOKENS, group, q_att_stride) the query heads of one KV head in the cache's vec_dot_type */
     size_t q_att_stride;
-    float *v_tmp;         /* (n_threads, bubo_attend_scratch_floats(ATTN_TILE_TOKENS, group, head_dim_v)) attention scratch */
+    float *v_tmp;         /* (n_threads, bubo_attend_scratch_floats(ATTN_TILE_TOKENS, group, head_dim_k, head_dim_v)) attention scratch */
 } bubo_run_state;
 
 struct bubo_model {

@@ -14,8 +14,9 @@
  * matters more than it seems: these quantized models amplify a last-bit difference in layer 0
  * into logit changes of ~1 (measured on smollm2:135m) through the int8 activation blocks.
  *
- * Products go through the kernel table: K rows are dotted with each query by the storage type's
- * vec_dot (f16 x f32, f32 x f32, q8_0 x q8_0), V rows are widened once per group by its to_float.
+ * K rows: an f16 or f32 row is widened once and dotted with every query by the level's scores
+ * kernel (one order of summation for all levels); a q8_0 row goes through the kernel table's
+ * q8_0 x q8_0 vec_dot. V rows are widened once per group by the storage type's to_float.
  * The group step (exp, max, sum, rescale, the weighted sum of V) has a scalar, AVX2, AVX-512 and
  * NEON variant; all sum the 16 lanes in the same tree order (i + 8, then + 4, + 2, + 1) and
  * accumulate V and merge the sums with fused multiply-adds (written out: gnu11 lets the compiler
@@ -54,6 +55,30 @@ static float sum16_tree(const float *p) {
     return (a[0] + a[2]) + (a[1] + a[3]);
 }
 
+/* Scores of a widened K row against n f32 queries (rows q_stride floats apart), for head_dim_k a
+ * multiple of 16, summed as the kernel table's AVX-512 f16 x f32 vec_dot (and ggml's) sums:
+ * four accumulators of 16 lanes take the four 16-element chunks of each 64 elements, a chunk past
+ * the last whole 64 goes to the first; then (acc0 + acc1) + (acc2 + acc3) lane by lane, and the
+ * lanes in the tree order of sum16_tree. Every level keeps exactly these lanes and this order
+ * with fused multiply-adds, so all give the same bits. (One long chain per lane moved gemma3's
+ * greedy path off llama.cpp's in test_model_catalog: its scores are that sensitive.) */
+static void scores_scalar(int hdk, const float *k, const float *q, size_t q_stride, int n, float kq_scale,
+                          float *s, size_t s_stride) {
+    for (int r = 0; r < n; r++) {
+        const float *qr = q + (size_t)r * q_stride;
+        float acc[4][G] = {{0}};
+        int j0 = 0;
+        for (; j0 + 4 * G <= hdk; j0 += 4 * G)
+            for (int u = 0; u < 4; u++)
+                for (int l = 0; l < G; l++) acc[u][l] = fmaf(qr[j0 + G * u + l], k[j0 + G * u + l], acc[u][l]);
+        for (; j0 < hdk; j0 += G)
+            for (int l = 0; l < G; l++) acc[0][l] = fmaf(qr[j0 + l], k[j0 + l], acc[0][l]);
+        float lanes[G];
+        for (int l = 0; l < G; l++) lanes[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
+        s[(size_t)r * s_stride] = sum16_tree(lanes) * kq_scale;
+    }
+}
+
 static void group_scalar(const attend_group *g) {
     for (int h = 0; h < g->n_q; h++) {
         const float *s = g->scores + (size_t)h * G;
@@ -74,6 +99,29 @@ static void group_scalar(const attend_group *g) {
 
 /* ---- AVX2 ------------------------------------------------------------------------------------- */
 #if defined(BUBO_X86)
+
+BUBO_TARGET_AVX2 static void scores_avx2(int hdk, const float *k, const float *q, size_t q_stride, int n,
+                                          float kq_scale, float *s, size_t s_stride) {
+    for (int r = 0; r < n; r++) {
+        const float *qr = q + (size_t)r * q_stride;
+        __m256 acc[4][2]; /* [accumulator][lanes 0-7, 8-15] */
+        for (int u = 0; u < 4; u++) acc[u][0] = acc[u][1] = _mm256_setzero_ps();
+        int j0 = 0;
+        for (; j0 + 4 * G <= hdk; j0 += 4 * G)
+            for (int u = 0; u < 4; u++)
+                for (int h = 0; h < 2; h++) {
+                    const int j = j0 + G * u + 8 * h;
+                    acc[u][h] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + j), _mm256_loadu_ps(k + j), acc[u][h]);
+                }
+        for (; j0 < hdk; j0 += G)
+            for (int h = 0; h < 2; h++)
+                acc[0][h] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + j0 + 8 * h), _mm256_loadu_ps(k + j0 + 8 * h), acc[0][h]);
+        __m256 lanes[2];
+        for (int h = 0; h < 2; h++)
+            lanes[h] = _mm256_add_ps(_mm256_add_ps(acc[0][h], acc[1][h]), _mm256_add_ps(acc[2][h], acc[3][h]));
+        s[(size_t)r * s_stride] = vm_hsum_avx2(_mm256_add_ps(lanes[0], lanes[1])) * kq_scale;
+    }
+}
 
 BUBO_TARGET_AVX2 static void group_avx2(const attend_group *g) {
     const __m256i lane0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), lane8 = _mm256_add_epi32(lane0, _mm256_set1_epi32(8));
@@ -122,6 +170,22 @@ BUBO_TARGET_AVX2 static void group_avx2(const attend_group *g) {
 
 /* ---- AVX-512 ---------------------------------------------------------------------------------- */
 
+BUBO_TARGET_AVX512 static void scores_avx512(int hdk, const float *k, const float *q, size_t q_stride, int n,
+                                              float kq_scale, float *s, size_t s_stride) {
+    for (int r = 0; r < n; r++) {
+        const float *qr = q + (size_t)r * q_stride;
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        int j0 = 0;
+        for (; j0 + 4 * G <= hdk; j0 += 4 * G)
+            for (int u = 0; u < 4; u++)
+                acc[u] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + j0 + G * u), _mm512_loadu_ps(k + j0 + G * u), acc[u]);
+        for (; j0 < hdk; j0 += G) acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + j0), _mm512_loadu_ps(k + j0), acc[0]);
+        const __m512 lanes = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        s[(size_t)r * s_stride] =
+            vm_hsum_avx2(_mm256_add_ps(_mm512_castps512_ps256(lanes), _mm512_extractf32x8_ps(lanes, 1))) * kq_scale;
+    }
+}
+
 BUBO_TARGET_AVX512 static void group_avx512(const attend_group *g) {
     const __mmask16 valid = (__mmask16)(((1u << g->hi) - 1u) & ~((1u << g->lo) - 1u));
     for (int h = 0; h < g->n_q; h++) {
@@ -157,6 +221,30 @@ BUBO_TARGET_AVX512 static void group_avx512(const attend_group *g) {
 
 /* ---- NEON ------------------------------------------------------------------------------------- */
 #if defined(BUBO_ARM64)
+
+static void scores_neon(int hdk, const float *k, const float *q, size_t q_stride, int n, float kq_scale, float *s,
+                        size_t s_stride) {
+    for (int r = 0; r < n; r++) {
+        const float *qr = q + (size_t)r * q_stride;
+        float32x4_t acc[4][4]; /* [accumulator][lanes 0-3 .. 12-15] */
+        for (int u = 0; u < 4; u++)
+            for (int w = 0; w < 4; w++) acc[u][w] = vdupq_n_f32(0.0f);
+        int j0 = 0;
+        for (; j0 + 4 * G <= hdk; j0 += 4 * G)
+            for (int u = 0; u < 4; u++)
+                for (int w = 0; w < 4; w++) {
+                    const int j = j0 + G * u + 4 * w;
+                    acc[u][w] = vfmaq_f32(acc[u][w], vld1q_f32(qr + j), vld1q_f32(k + j));
+                }
+        for (; j0 < hdk; j0 += G)
+            for (int w = 0; w < 4; w++) acc[0][w] = vfmaq_f32(acc[0][w], vld1q_f32(qr + j0 + 4 * w), vld1q_f32(k + j0 + 4 * w));
+        float32x4_t a[4];
+        for (int w = 0; w < 4; w++) a[w] = vaddq_f32(vaddq_f32(acc[0][w], acc[1][w]), vaddq_f32(acc[2][w], acc[3][w]));
+        const float32x4_t h = vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[1], a[3]));
+        const float32x2_t d = vadd_f32(vget_low_f32(h), vget_high_f32(h));
+        s[(size_t)r * s_stride] = (vget_lane_f32(d, 0) + vget_lane_f32(d, 1)) * kq_scale;
+    }
+}
 
 static void group_neon(const attend_group *g) {
     for (int h = 0; h < g->n_q; h++) {
@@ -196,20 +284,34 @@ static void group_neon(const attend_group *g) {
 /* ---- the driver ------------------------------------------------------------------------------- */
 
 typedef void (*group_fn)(const attend_group *g);
+typedef void (*scores_fn)(int hdk, const float *k, const float *q, size_t q_stride, int n, float kq_scale, float *s,
+                          size_t s_stride);
 
-static group_fn group_for_isa(bubo_isa isa) {
+typedef struct {
+    group_fn group;
+    scores_fn scores;
+} attend_level;
+
+static attend_level level_for_isa(bubo_isa isa) {
 #if defined(BUBO_X86)
-    if (isa == BUBO_ISA_AVX512) return group_avx512;
-    if (isa == BUBO_ISA_AVX2) return group_avx2;
+    if (isa == BUBO_ISA_AVX512) return (attend_level){group_avx512, scores_avx512};
+    if (isa == BUBO_ISA_AVX2) return (attend_level){group_avx2, scores_avx2};
 #elif defined(BUBO_ARM64)
-    if (isa == BUBO_ISA_NEON) return group_neon;
+    if (isa == BUBO_ISA_NEON) return (attend_level){group_neon, scores_neon};
 #endif
     (void)isa;
-    return group_scalar;
+    return (attend_level){group_scalar, scores_scalar};
 }
 
-size_t bubo_attend_scratch_floats(int n_tok, int n_q, int head_dim_v) {
-    return (size_t)G * head_dim_v + (size_t)n_tok * n_q * (G + 2) + G;
+/* f16 and f32 K rows are widened once per position and dotted by the level's scores kernel with
+ * every query; q8_0 rows (and head sizes off the 16 lanes) go through the storage type's vec_dot.
+ * The choice depends on the cache type and head size only, never on the batch. */
+static int widen_k(const bubo_kv_view *view, int head_dim_k) {
+    return (view->type == BUBO_TYPE_F16 || view->type == BUBO_TYPE_F32) && head_dim_k % G == 0;
+}
+
+size_t bubo_attend_scratch_floats(int n_tok, int n_q, int head_dim_k, int head_dim_v) {
+    return (size_t)G * head_dim_v + (size_t)n_tok * n_q * (G + 2) + G + head_dim_k;
 }
 
 /* Token t's lanes of the group at g0: [*lo, *hi), empty when *lo >= *hi. */
@@ -223,7 +325,8 @@ void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, 
                            size_t q_stride, float kq_scale, float *out, size_t out_tok_stride, float *scratch) {
     const bubo_vec_dot_fn vec_dot = bubo_get_vec_dot(view->type);
     const bubo_to_float_fn to_float = bubo_get_to_float(view->type);
-    const group_fn group = group_for_isa(isa);
+    const attend_level level = level_for_isa(isa);
+    const int widen = widen_k(view, head_dim_k);
     const int bs = view->block_size;
     const int n_rows = n_tok * n_q; /* row t * n_q + h: token t, head h */
 
@@ -231,6 +334,7 @@ void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, 
     float *scores = vrows + (size_t)G * head_dim_v;       /* [n_rows][G] */
     float *m = scores + (size_t)n_rows * G, *l = m + n_rows; /* [n_rows] running max and sum */
     float *p = l + n_rows;                                /* [G] */
+    float *k_f32 = p + G;                                 /* [head_dim_k] one K row, widened */
     int32_t first = kv_begin[0], last = kv_end[0];
     for (int t = 0; t < n_tok; t++) {
         if (kv_begin[t] < first) first = kv_begin[t];
@@ -256,11 +360,18 @@ void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, 
             const size_t block = (size_t)view->table[pos / bs], slot = (size_t)(pos % bs);
             const uint8_t *k = view->k + block * view->block_bytes_k + slot * view->row_bytes_k + (size_t)kv_head * view->head_bytes_k;
             const uint8_t *v = view->v + block * view->block_bytes_v + slot * view->row_bytes_v + (size_t)kv_head * view->head_bytes_v;
+            if (widen) to_float(k, k_f32, head_dim_k);
             for (int t = 0; t < n_tok; t++) {
                 if (pos < kv_begin[t] || pos >= kv_end[t]) continue;
+                const uint8_t *qt = (const uint8_t *)q + (size_t)t * n_q * q_stride;
+                if (widen) {
+                    level.scores(head_dim_k, k_f32, (const float *)qt, q_stride / sizeof(float), n_q, kq_scale,
+                                 scores + (size_t)t * n_q * G + i, G);
+                    continue;
+                }
                 for (int h = 0; h < n_q; h++) {
                     float s;
-                    vec_dot(head_dim_k, &s, k, (const uint8_t *)q + (size_t)(t * n_q + h) * q_stride);
+                    vec_dot(head_dim_k, &s, k, qt + (size_t)h * q_stride);
                     scores[(size_t)(t * n_q + h) * G + i] = s * kq_scale;
                 }
             }
@@ -273,7 +384,7 @@ void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, 
             g.m = m + t * n_q;
             g.l = l + t * n_q;
             g.out = out + (size_t)t * out_tok_stride;
-            group(&g);
+            level.group(&g);
         }
     }
     for (int r = 0; r < n_rows; r++) {

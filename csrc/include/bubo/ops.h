@@ -114,12 +114,12 @@ bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t 
  * bits whatever the other tokens and heads, the block size or the block table (batch invariance).
  *   q        n_tok * n_q queries, row t * n_q + h at q_stride bytes, in the cache type's
  *            vec_dot_type (f32 for f16/f32 storage, q8_0 blocks for q8_0): what
- *            bubo_get_vec_dot(view->type) takes
+ *            bubo_get_vec_dot(view->type) takes; f32 rows q_stride a multiple of 4
  *   out      token t's heads at out + t * out_tok_stride, head_dim_v floats apart
- *   scratch  bubo_attend_scratch_floats(n_tok, n_q, head_dim_v) floats
+ *   scratch  bubo_attend_scratch_floats(n_tok, n_q, head_dim_k, head_dim_v) floats
  * kv_end[t] > kv_begin[t] >= 0; every position in the ranges was written. bubo_attend_paged runs
  * this CPU's best level (bubo_cpu_best_isa); _isa runs the given one, which the CPU must support. */
-size_t bubo_attend_scratch_floats(int n_tok, int n_q, int head_dim_v);
+size_t bubo_attend_scratch_floats(int n_tok, int n_q, int head_dim_k, int head_dim_v);
 void bubo_attend_paged(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int n_tok,
                        const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q, size_t q_stride,
                        float kq_scale, float *out, size_t out_tok_stride, float *scratch);
