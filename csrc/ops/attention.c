@@ -1,4 +1,5 @@
-/* Attention of the query heads that share one KV head, over one sequence of the paged KV cache.
+/* Attention of a tile of tokens of one sequence, each with the query heads that share one KV head,
+ * over that sequence of the paged KV cache.
  *
  * The blocks are read where they lie (no gather into a contiguous K/V copy). Softmax is online
  * (Milakov & Gimelshein 2018; as llama.cpp's CPU flash attention does it): a running maximum m,
@@ -8,9 +9,9 @@
  * positions (group g holds g*16 .. g*16+15; the window start kv_begin and the end kv_end may cut
  * the first and last group). A group's scores go through one vectorised exp, one max and one sum
  * in a fixed lane order (lane = position % 16), then one merge into (m, l, out). So the result of
- * a query head is a function of its query, its positions and their K/V rows only: never of the
- * block size, the blocks a sequence holds, the batch, or which other heads share the call (every
- * head runs exactly the same operations; sharing only saves reading and widening the rows). That
+ * a (token, head) is a function of its query, its positions and their K/V rows only: never of the
+ * block size, the blocks a sequence holds, the batch, or which other tokens and heads share the
+ * call (each runs exactly the same operations; sharing only saves reading and widening the rows). That
  * matters more than it seems: these quantized models amplify a last-bit difference in layer 0
  * into logit changes of ~1 (measured on smollm2:135m) through the int8 activation blocks.
  *
