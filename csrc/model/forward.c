@@ -158,10 +158,16 @@ static void step_output_norm(const void *vc, int32_t j) {
  * are attended together, so each K/V row is read and widened once for all of them; a decode step
  * with few tokens slices the heads so that every thread gets work. A (token, head) result does
  * not depend on the tiling or the slicing (bubo_attend_paged), only the speed does. */
+/* Tokens per tile: a decode step of a few rows (typically one per sequence) takes one token per
+ * item, so that its sequences spread over the threads. */
+static int attention_tile(const step_ctx *c) { return c->n < ATTN_TILE_TOKENS ? 1 : ATTN_TILE_TOKENS; }
+
+static int64_t attention_tiles(const step_ctx *c) { return (c->n + attention_tile(c) - 1) / attention_tile(c); }
+
 static int attention_slices(const step_ctx *c, int nth) {
     const bubo_hparams *hp = &c->m->hp;
     const int group = hp->n_head / hp->n_head_kv;
-    const int64_t items = (int64_t)(c->n + ATTN_TILE_TOKENS - 1) / ATTN_TILE_TOKENS * hp->n_head_kv;
+    const int64_t items = attention_tiles(c) * hp->n_head_kv;
     int slices = 1;
     while (slices < group && items * slices < 4 * (int64_t)nth) slices++;
     return slices;
@@ -173,7 +179,8 @@ static void attention_share(void *vctx, int ith, int nth) {
     const bubo_hparams *hp = &m->hp;
     const int group = hp->n_head / hp->n_head_kv; /* query heads per KV head (GQA) */
     const int slices = attention_slices(c, bubo_pool_n_threads(m->pool));
-    const int64_t n_items = (int64_t)(c->n + ATTN_TILE_TOKENS - 1) / ATTN_TILE_TOKENS * hp->n_head_kv * slices;
+    const int tile_tokens = attention_tile(c);
+    const int64_t n_items = attention_tiles(c) * hp->n_head_kv * slices;
     const bubo_type kv_type = bubo_kv_get_params(c->kv)->type;
     const int window = hp->is_swa[c->il] ? hp->sliding_window : 0;
     uint8_t *q_att = m->s.q_att + (size_t)ith * ATTN_TILE_TOKENS * group * m->s.q_att_stride; /* [tile][group] */
@@ -188,8 +195,8 @@ static void attention_share(void *vctx, int ith, int nth) {
         const int kv_head = (int)(item / slices % hp->n_head_kv), slice = (int)(item % slices);
         const int h0 = kv_head * group + group * slice / slices, h1 = kv_head * group + group * (slice + 1) / slices;
         const int n_q = h1 - h0;
-        const int32_t t_end = (tile + 1) * ATTN_TILE_TOKENS < c->n ? (tile + 1) * ATTN_TILE_TOKENS : c->n;
-        for (int32_t t0 = tile * ATTN_TILE_TOKENS, t1; t0 < t_end; t0 = t1) {
+        const int32_t t_end = (tile + 1) * tile_tokens < c->n ? (tile + 1) * tile_tokens : c->n;
+        for (int32_t t0 = tile * tile_tokens, t1; t0 < t_end; t0 = t1) {
             for (t1 = t0 + 1; t1 < t_end && c->seq_ids[t1] == c->seq_ids[t0];) t1++; /* a run of one sequence */
             for (int32_t t = t0; t < t1; t++) {
                 end[t - t0] = c->pos[t] + 1;
@@ -238,7 +245,7 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
             (st = matmul(m, &l->wv, s->xb, n, s->v, err)))
             return st;
         run_tokens(c, step_qkv);
-        if ((n + ATTN_TILE_TOKENS - 1) / ATTN_TILE_TOKENS * hp->n_head_kv * attention_slices(c, bubo_pool_n_threads(m->pool)) == 1 ||
+        if (attention_tiles(c) * hp->n_head_kv * attention_slices(c, bubo_pool_n_threads(m->pool)) == 1 ||
             bubo_pool_n_threads(m->pool) == 1)
             attention_share(c, 0, 1);
         else
