@@ -169,7 +169,7 @@ static int attention_slices(const step_ctx *c, int nth) {
     const int group = hp->n_head / hp->n_head_kv;
     const int64_t items = attention_tiles(c) * hp->n_head_kv;
     int slices = 1;
-    while (slices < group && items * slices < 4 * (int64_t)nth) slices++;
+    while (slices < group && items * slices < 2 * (int64_t)nth) slices++;
     return slices;
 }
 
