@@ -42,3 +42,19 @@ class ThreadPool:
 
 def pool_probe(pool: ThreadPool, n_runs: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
 def matmul(pool: ThreadPool | None, type_id: int, w: _ArrayLike | bytes, rows: int, cols: int, x: _ArrayLike) -> _F32: ...
+
+ATTEND_GROUP: int
+def attend_paged(
+    type_id: int,
+    k: npt.NDArray[np.uint8],
+    v: npt.NDArray[np.uint8],
+    table: _ArrayLike,
+    kv_head: int,
+    head_dim_k: int,
+    head_dim_v: int,
+    kv_begin: _ArrayLike,
+    kv_end: _ArrayLike,
+    q: npt.NDArray[np.uint8],
+    kq_scale: float,
+    isa: _Isa = None,
+) -> _F32: ...

@@ -8,11 +8,13 @@ import numpy as np
 
 from common cimport bubo_status, bubo_err, BUBO_OK, BUBO_ERR_IO, BUBO_ERR_FORMAT, BUBO_ERR_UNSUPPORTED, BUBO_ERR_NOMEM, BUBO_ERR_INVALID
 from cpu cimport bubo_isa, bubo_cpu_supports, bubo_cpu_best_isa, bubo_isa_name, BUBO_ISA_COUNT
-from quants cimport bubo_type, bubo_type_traits, bubo_type_get_traits, bubo_row_size
+from quants cimport (bubo_type, bubo_type_traits, bubo_type_get_traits, bubo_row_size, BUBO_TYPE_F32, BUBO_TYPE_F16)
 from threadpool cimport (bubo_pool, bubo_pool_create, bubo_pool_free, bubo_pool_n_threads,
                          bubo_pool_run, bubo_pool_barrier)
 from ops cimport (bubo_ops, bubo_ops_for_isa, bubo_ops_best, bubo_rope_params, BUBO_ROPE_NORMAL,
-                  BUBO_ROPE_NEOX, bubo_matmul_scratch_size, bubo_matmul)
+                  BUBO_ROPE_NEOX, bubo_matmul_scratch_size, bubo_matmul,
+                  BUBO_ATTEND_GROUP, bubo_attend_scratch_floats, bubo_attend_paged_isa)
+from kv cimport bubo_kv_view
 
 include "status.pxi"
 
@@ -304,4 +306,62 @@ def matmul(ThreadPool pool, int type_id, const uint8_t[::1] w, int64_t rows, int
             status = bubo_matmul(p, <bubo_type>type_id, &w[0] if w_size else NULL, rows, cols,
                                  &xv[0, 0], n_tokens, &yv[0, 0], &sv[0], scratch_size, &err)
     check_status(status, &err, "matmul")
+    return out
+
+
+# ---- attention over a paged KV cache ---------------------------------------------------------
+
+ATTEND_GROUP = BUBO_ATTEND_GROUP
+_TYPE_Q8_0 = 8  # ggml's id (bubo/quants.h), which quants.pxd does not name
+
+
+def attend_paged(int type_id, const uint8_t[:, :, :, ::1] k, const uint8_t[:, :, :, ::1] v, table,
+                 int kv_head, int head_dim_k, int head_dim_v, kv_begin, kv_end, const uint8_t[:, :, ::1] q,
+                 float kq_scale, isa=None):
+    """out [n_tok, n_q, head_dim_v]: the attention of token t's n_q queries q[t] (rows in type_id's
+    vec_dot_type) over positions kv_begin[t] .. kv_end[t]-1 of the sequence whose block table is
+    `table`, in the pools k [n_blocks, block_size, n_head_kv, head bytes] and v (the layout of one
+    layer of bubo_kv)."""
+    cdef bubo_isa level = bubo_cpu_best_isa() if isa is None else _isa_from_name(isa)
+    if not bubo_cpu_supports(level):
+        raise ValueError(f"isa {isa!r} is not available on this CPU")
+    cdef const bubo_type_traits *t = bubo_type_get_traits(type_id)
+    if t == NULL or type_id not in (BUBO_TYPE_F32, BUBO_TYPE_F16, _TYPE_Q8_0):
+        raise ValueError(f"type id {type_id} is not a KV cache type")
+    cdef const int32_t[::1] tv = np.ascontiguousarray(table, dtype=np.int32)
+    cdef const int32_t[::1] bv = np.ascontiguousarray(kv_begin, dtype=np.int32).reshape(-1)
+    cdef const int32_t[::1] ev = np.ascontiguousarray(kv_end, dtype=np.int32).reshape(-1)
+    cdef int block_size = k.shape[1], n_head_kv = k.shape[2], n_tok = q.shape[0], n_q = q.shape[1]
+    cdef Py_ssize_t i, j
+    if (v.shape[0] != k.shape[0] or v.shape[1] != block_size or v.shape[2] != n_head_kv
+            or <size_t>k.shape[3] != bubo_row_size(<bubo_type>type_id, head_dim_k)
+            or <size_t>v.shape[3] != bubo_row_size(<bubo_type>type_id, head_dim_v)):
+        raise ValueError("k and v must be [n_blocks, block_size, n_head_kv, one head's row bytes]")
+    if not (0 <= kv_head < n_head_kv) or n_tok < 1 or n_q < 1 or bv.shape[0] != n_tok or ev.shape[0] != n_tok:
+        raise ValueError("bad head, query count or ranges")
+    for j in range(n_tok):
+        if not (0 <= bv[j] < ev[j] <= tv.shape[0] * block_size):
+            raise ValueError(f"bad range [{bv[j]}, {ev[j]}) for token {j}")
+        for i in range(bv[j] // block_size, (ev[j] - 1) // block_size + 1):
+            if not (0 <= tv[i] < k.shape[0]):
+                raise ValueError(f"table[{i}] = {tv[i]} is not a block")
+    cdef bubo_kv_view view
+    view.type = <bubo_type>type_id
+    view.block_size = block_size
+    view.k = &k[0, 0, 0, 0]
+    view.v = &v[0, 0, 0, 0]
+    view.head_bytes_k = k.shape[3]
+    view.head_bytes_v = v.shape[3]
+    view.row_bytes_k = view.head_bytes_k * n_head_kv
+    view.row_bytes_v = view.head_bytes_v * n_head_kv
+    view.block_bytes_k = view.row_bytes_k * block_size
+    view.block_bytes_v = view.row_bytes_v * block_size
+    view.table = &tv[0]
+    out = np.zeros((n_tok, n_q, head_dim_v), dtype=np.float32)
+    cdef float[:, :, ::1] ov = out
+    scratch = np.empty(bubo_attend_scratch_floats(n_tok, n_q, head_dim_k, head_dim_v), dtype=np.float32)
+    cdef float[::1] sv = scratch
+    with nogil:
+        bubo_attend_paged_isa(level, &view, kv_head, head_dim_k, head_dim_v, n_tok, &bv[0], &ev[0], n_q,
+                              &q[0, 0, 0], q.shape[2], kq_scale, &ov[0, 0, 0], <size_t>n_q * head_dim_v, &sv[0])
     return out

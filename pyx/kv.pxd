@@ -26,6 +26,16 @@ cdef extern from "bubo/kv.h" nogil:
         int swa_full
         uint8_t is_swa[512]
 
+    ctypedef struct bubo_kv_view:
+        bubo_type type
+        int block_size
+        const uint8_t *k
+        const uint8_t *v
+        size_t block_bytes_k, block_bytes_v
+        size_t row_bytes_k, row_bytes_v
+        size_t head_bytes_k, head_bytes_v
+        const int32_t *table
+
     bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err)
     void bubo_kv_free(bubo_kv *kv)
     const bubo_kv_params *bubo_kv_get_params(const bubo_kv *kv)

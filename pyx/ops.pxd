@@ -5,6 +5,7 @@ from common cimport bubo_status, bubo_err
 from cpu cimport bubo_isa
 from quants cimport bubo_type
 from threadpool cimport bubo_pool
+from kv cimport bubo_kv_view
 
 cdef extern from "bubo/ops.h" nogil:
     ctypedef enum bubo_rope_mode:
@@ -40,3 +41,9 @@ cdef extern from "bubo/ops.h" nogil:
     bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
                             const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
                             bubo_err *err)
+
+    int BUBO_ATTEND_GROUP
+    size_t bubo_attend_scratch_floats(int n_tok, int n_q, int head_dim_k, int head_dim_v)
+    void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v,
+                               int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q,
+                               size_t q_stride, float kq_scale, float *out, size_t out_tok_stride, float *scratch)

@@ -152,46 +152,78 @@ static void step_output_norm(const void *vc, int32_t j) {
     m->ops->rms_norm(d, m->s.xb + j * d, m->s.x + (size_t)c->out_rows[j] * d, m->w.output_norm, m->hp.norm_eps);
 }
 
-/* ---- attention: one run, split by (token, head) ---------------------------------------------- */
+/* ---- attention: one run, split by (tile of tokens, KV head, slice of its query heads) ---------- */
+
+/* Consecutive tokens of one sequence (up to ATTN_TILE_TOKENS) and the query heads of one KV head
+ * are attended together, so each K/V row is read and widened once for all of them; a decode step
+ * with few tokens slices the heads so that every thread gets work. A (token, head) result does
+ * not depend on the tiling or the slicing (bubo_attend_paged), only the speed does. */
+/* Tokens per tile: a decode step of a few rows (typically one per sequence) takes one token per
+ * item, so that its sequences spread over the threads. */
+static int attention_tile(const step_ctx *c) { return c->n < ATTN_TILE_TOKENS ? 1 : ATTN_TILE_TOKENS; }
+
+static int64_t attention_tiles(const step_ctx *c) { return (c->n + attention_tile(c) - 1) / attention_tile(c); }
+
+static int attention_slices(const step_ctx *c, int nth) {
+    const bubo_hparams *hp = &c->m->hp;
+    const int group = hp->n_head / hp->n_head_kv;
+    const int64_t items = attention_tiles(c) * hp->n_head_kv;
+    int slices = 1;
+    while (slices < group && items * slices < 2 * (int64_t)nth) slices++;
+    return slices;
+}
 
 static void attention_share(void *vctx, int ith, int nth) {
     const step_ctx *c = vctx;
     const bubo_model *m = c->m;
     const bubo_hparams *hp = &m->hp;
-    const int64_t n_items = (int64_t)c->n * hp->n_head;
-    const int64_t i0 = n_items * ith / nth, i1 = n_items * (ith + 1) / nth;
     const int group = hp->n_head / hp->n_head_kv; /* query heads per KV head (GQA) */
+    const int slices = attention_slices(c, bubo_pool_n_threads(m->pool));
+    const int tile_tokens = attention_tile(c);
+    const int64_t n_items = attention_tiles(c) * hp->n_head_kv * slices;
     const bubo_type kv_type = bubo_kv_get_params(c->kv)->type;
     const int window = hp->is_swa[c->il] ? hp->sliding_window : 0;
-    uint8_t *q_att = m->s.q_att + (size_t)ith * m->s.q_att_stride;
-    float *q_f32 = (float *)q_att;
-    float *v_tmp = m->s.v_tmp + (size_t)ith * hp->head_dim_v;
+    uint8_t *q_att = m->s.q_att + (size_t)ith * ATTN_TILE_TOKENS * group * m->s.q_att_stride; /* [tile][group] */
+    float *scratch = m->s.v_tmp + (size_t)ith * bubo_attend_scratch_floats(ATTN_TILE_TOKENS, group, hp->head_dim_k, hp->head_dim_v);
+    float *q_tmp = scratch; /* free until attend */
     const bubo_from_float_fn to_q8 = kv_type == BUBO_TYPE_Q8_0 ? bubo_get_from_float(BUBO_TYPE_Q8_0) : NULL;
+    int32_t begin[ATTN_TILE_TOKENS], end[ATTN_TILE_TOKENS];
 
-    bubo_kv_view view;
-    int32_t view_seq = -1;
-    for (int64_t item = i0; item < i1; item++) {
-        const int32_t t = (int32_t)(item / hp->n_head);
-        const int h = (int)(item % hp->n_head);
-        if (c->seq_ids[t] != view_seq) {
-            view_seq = c->seq_ids[t];
-            bubo_kv_get_view(c->kv, c->il, view_seq, &view);
+    /* items are dealt round-robin: a causal prompt's later tiles cost more than its first ones */
+    for (int64_t item = ith; item < n_items; item += nth) {
+        const int32_t tile = (int32_t)(item / (hp->n_head_kv * slices));
+        const int kv_head = (int)(item / slices % hp->n_head_kv), slice = (int)(item % slices);
+        const int h0 = kv_head * group + group * slice / slices, h1 = kv_head * group + group * (slice + 1) / slices;
+        const int n_q = h1 - h0;
+        const int32_t t_end = (tile + 1) * tile_tokens < c->n ? (tile + 1) * tile_tokens : c->n;
+        for (int32_t t0 = tile * tile_tokens, t1; t0 < t_end; t0 = t1) {
+            for (t1 = t0 + 1; t1 < t_end && c->seq_ids[t1] == c->seq_ids[t0];) t1++; /* a run of one sequence */
+            for (int32_t t = t0; t < t1; t++) {
+                end[t - t0] = c->pos[t] + 1;
+                begin[t - t0] = window > 0 && end[t - t0] > window ? end[t - t0] - window : 0;
+                for (int h = h0; h < h1; h++) {
+                    const float *q = m->s.q + ((size_t)t * hp->n_head + h) * hp->head_dim_k;
+                    uint8_t *qa = q_att + ((size_t)(t - t0) * n_q + (h - h0)) * m->s.q_att_stride;
+                    float *q_f32 = (float *)qa;
+                    /* the query as the cache's dot product takes it; an f16 cache also rounds the
+                     * query to f16, as llama.cpp's f16 K x f32 Q product does */
+                    if (to_q8) {
+                        for (int j = 0; j < hp->head_dim_k; j++) q_tmp[j] = q[j] * hp->q_scale;
+                        to_q8(q_tmp, qa, hp->head_dim_k);
+                    } else if (kv_type == BUBO_TYPE_F16) {
+                        for (int j = 0; j < hp->head_dim_k; j++) q_f32[j] = bubo_f16_to_f32(bubo_f32_to_f16(q[j] * hp->q_scale));
+                    } else {
+                        for (int j = 0; j < hp->head_dim_k; j++) q_f32[j] = q[j] * hp->q_scale;
+                    }
+                }
+            }
+            bubo_kv_view view;
+            bubo_kv_get_view(c->kv, c->il, c->seq_ids[t0], &view);
+            bubo_attend_paged(&view, kv_head, hp->head_dim_k, hp->head_dim_v, t1 - t0, begin, end, n_q, q_att,
+                              m->s.q_att_stride, hp->kq_scale,
+                              m->s.att + ((size_t)t0 * hp->n_head + h0) * hp->head_dim_v,
+                              (size_t)hp->n_head * hp->head_dim_v, scratch);
         }
-        const float *q = m->s.q + ((size_t)t * hp->n_head + h) * hp->head_dim_k;
-        /* the query as the cache's dot product takes it; an f16 cache also rounds the query to
-         * f16, as llama.cpp's f16 K x f32 Q product does */
-        if (to_q8) {
-            for (int j = 0; j < hp->head_dim_k; j++) v_tmp[j] = q[j] * hp->q_scale; /* v_tmp is free until attend */
-            to_q8(v_tmp, q_att, hp->head_dim_k);
-        } else if (kv_type == BUBO_TYPE_F16) {
-            for (int j = 0; j < hp->head_dim_k; j++) q_f32[j] = bubo_f16_to_f32(bubo_f32_to_f16(q[j] * hp->q_scale));
-        } else {
-            for (int j = 0; j < hp->head_dim_k; j++) q_f32[j] = q[j] * hp->q_scale;
-        }
-        const int32_t end = c->pos[t] + 1;
-        const int32_t begin = window > 0 && end > window ? end - window : 0;
-        bubo_attend_paged(&view, h / group, hp->head_dim_k, hp->head_dim_v, begin, end, q_att, hp->kq_scale,
-                          m->s.att + ((size_t)t * hp->n_head + h) * hp->head_dim_v, v_tmp);
     }
 }
 
@@ -213,7 +245,8 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
             (st = matmul(m, &l->wv, s->xb, n, s->v, err)))
             return st;
         run_tokens(c, step_qkv);
-        if (n * hp->n_head == 1 || bubo_pool_n_threads(m->pool) == 1)
+        if (attention_tiles(c) * hp->n_head_kv * attention_slices(c, bubo_pool_n_threads(m->pool)) == 1 ||
+            bubo_pool_n_threads(m->pool) == 1)
             attention_share(c, 0, 1);
         else
             bubo_pool_run(m->pool, attention_share, c);

@@ -288,8 +288,8 @@ static bubo_status alloc_state(bubo_model *m, bubo_err *err) {
     ALLOC(s->hb, B * hp->n_ff);
     ALLOC(s->hb2, B * hp->n_ff);
     ALLOC(s->mm_scratch, mm + 1);
-    ALLOC(s->q_att, (size_t)n_threads * s->q_att_stride);
-    ALLOC(s->v_tmp, (size_t)n_threads * hp->head_dim_v);
+    ALLOC(s->q_att, (size_t)n_threads * ATTN_TILE_TOKENS * (hp->n_head / hp->n_head_kv) * s->q_att_stride);
+    ALLOC(s->v_tmp, (size_t)n_threads * bubo_attend_scratch_floats(ATTN_TILE_TOKENS, hp->n_head / hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v));
 #undef ALLOC
     if (!s->x || !s->xb || !s->xb2 || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->mm_scratch ||
         !s->q_att || !s->v_tmp)

@@ -8,6 +8,9 @@
 #include "bubo/ops.h"
 #include "bubo/threadpool.h"
 
+/* Most tokens one attention call takes: their K/V rows are read once for all of them. */
+#define ATTN_TILE_TOKENS 16
+
 /* A weight matrix in place in the mmap: rows of `cols` elements of `type`. */
 typedef struct {
     bubo_type type;
@@ -57,9 +60,9 @@ typedef struct {
     float *hb2;           /* (B, n_ff) up */
     uint8_t *mm_scratch;  /* activations quantized by bubo_matmul: the largest of any weight's need */
     size_t mm_scratch_size;
-    uint8_t *q_att;       /* (n_threads, q_att_stride) one query head in the cache's vec_dot_type */
+    uint8_t *q_att;       /* (n_threads, ATTN_TILE_TOKENS, group, q_att_stride) the query heads of one KV head in the cache's vec_dot_type */
     size_t q_att_stride;
-    float *v_tmp;         /* (n_threads, head_dim_v) a V row widened to f32 */
+    float *v_tmp;         /* (n_threads, bubo_attend_scratch_floats(ATTN_TILE_TOKENS, group, head_dim_k, head_dim_v)) attention scratch */
 } bubo_run_state;
 
 struct bubo_model {

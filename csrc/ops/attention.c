@@ -1,54 +1,405 @@
-/* Attention of one query head over one sequence of the paged KV cache.
+/* Attention of a tile of tokens of one sequence, each with the query heads that share one KV head,
+ * over that sequence of the paged KV cache.
  *
  * The blocks are read where they lie (no gather into a contiguous K/V copy). Softmax is online
  * (Milakov & Gimelshein 2018; as llama.cpp's CPU flash attention does it): a running maximum m,
- * denominator l and weighted sum of V, rescaled by exp(m_old - m_new) when a score raises the
- * maximum. The update is per token, not per block, on purpose: the result then depends on the
- * positions only, never on the block size or on which blocks a sequence happens to hold, so a
- * batched, forked or re-appended sequence gets bit-identical attention. That matters more than
- * it seems: these quantized models amplify a last-bit difference in layer 0 into logit changes
- * of ~1 (measured on smollm2:135m) through the rounding of the int8 activation blocks.
+ * denominator l and weighted sum of V, rescaled by exp(m_old - m_new) when the maximum rises.
  *
- * Products go through the kernel table: K rows are dotted with the query by the storage type's
- * vec_dot (f16 x f32, f32 x f32, q8_0 x q8_0), V rows are widened by its to_float. */
+ * Batch invariance. The positions are taken in groups of BUBO_ATTEND_GROUP aligned to absolute
+ * positions (group g holds g*16 .. g*16+15; the window start kv_begin and the end kv_end may cut
+ * the first and last group). A group's scores go through one vectorised exp, one max and one sum
+ * in a fixed lane order (lane = position % 16), then one merge into (m, l, out). So the result of
+ * a (token, head) is a function of its query, its positions and their K/V rows only: never of the
+ * block size, the blocks a sequence holds, the batch, or which other tokens and heads share the
+ * call (each runs exactly the same operations; sharing only saves reading and widening the rows). That
+ * matters more than it seems: these quantized models amplify a last-bit difference in layer 0
+ * into logit changes of ~1 (measured on smollm2:135m) through the int8 activation blocks.
+ *
+ * K rows: an f16 or f32 row is widened once and dotted with every query by the level's scores
+ * kernel (one order of summation for all levels); a q8_0 row goes through the kernel table's
+ * q8_0 x q8_0 vec_dot. V rows are widened once per group by the storage type's to_float.
+ * The group step (exp, max, sum, rescale, the weighted sum of V) has a scalar, AVX2, AVX-512 and
+ * NEON variant; all sum the 16 lanes in the same tree order (i + 8, then + 4, + 2, + 1) and
+ * accumulate V and merge the sums with fused multiply-adds (written out: gnu11 lets the compiler
+ * contract a * b + c in the FMA-enabled levels only), so they differ at most where exp rounds
+ * subnormals. */
 #include <math.h>
 
 #include "ops_internal.h"
 
-void bubo_attend_paged(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int32_t kv_begin,
-                       int32_t kv_end, const void *q, float kq_scale, float *out, float *v_tmp) {
-    const bubo_vec_dot_fn vec_dot = bubo_get_vec_dot(view->type);
-    const bubo_to_float_fn to_float = bubo_get_to_float(view->type);
-    const int bs = view->block_size;
+#define G BUBO_ATTEND_GROUP
 
-    float m = -INFINITY; /* running max of the scores */
-    float l = 0.0f;      /* running sum of exp(score - m) */
-    for (int j = 0; j < head_dim_v; j++) out[j] = 0.0f;
+/* One group's merge, for the n_q heads of one token. scores [n_q][G] (lanes lo .. hi-1 valid),
+ * vrows [G][hdv] (the same lanes), m, l [n_q] running max and sum, out [n_q] rows of hdv at out_stride. */
+typedef struct {
+    int n_q, hdv, lo, hi;
+    const float *scores, *vrows;
+    float *m, *l, *p; /* p [G]: scratch for one head's weights */
+    float *out;
+    size_t out_stride;
+} attend_group;
 
-    for (int32_t blk0 = kv_begin - kv_begin % bs; blk0 < kv_end; blk0 += bs) {
-        const int32_t i0 = blk0 > kv_begin ? blk0 : kv_begin;
-        const int32_t i1 = blk0 + bs < kv_end ? blk0 + bs : kv_end;
-        const int32_t block = view->table[blk0 / bs];
-        const uint8_t *k = view->k + (size_t)block * view->block_bytes_k + (size_t)kv_head * view->head_bytes_k;
-        const uint8_t *v = view->v + (size_t)block * view->block_bytes_v + (size_t)kv_head * view->head_bytes_v;
-        for (int32_t i = i0; i < i1; i++) {
-            float s;
-            vec_dot(head_dim_k, &s, k + (size_t)(i - blk0) * view->row_bytes_k, q);
-            s *= kq_scale;
-            float p = 1.0f; /* exp(s - m) */
-            if (s > m) {
-                const float correction = expf(m - s); /* 0 at the first token: m is -inf */
-                l *= correction;
-                for (int j = 0; j < head_dim_v; j++) out[j] *= correction;
-                m = s;
-            } else {
-                p = expf(s - m);
-            }
-            l += p;
-            to_float(v + (size_t)(i - blk0) * view->row_bytes_v, v_tmp, head_dim_v);
-            for (int j = 0; j < head_dim_v; j++) out[j] += p * v_tmp[j];
+/* Running max of head h raised to m_new: the rescale factor of its old sum, or 1 for none.
+ * A first group (m = -inf) has nothing to rescale. */
+static inline float group_rescale(const attend_group *g, int h, float m_new) {
+    const float m = g->m[h];
+    g->m[h] = m_new;
+    return m_new > m && m != -INFINITY ? vm_exp_lanewise(m - m_new) : 1.0f;
+}
+
+/* ---- scalar ----------------------------------------------------------------------------------- */
+
+static float sum16_tree(const float *p) {
+    float a[8];
+    for (int i = 0; i < 8; i++) a[i] = p[i] + p[i + 8];
+    for (int i = 0; i < 4; i++) a[i] += a[i + 4];
+    return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+/* Scores of a widened K row against n f32 queries (rows q_stride floats apart), for head_dim_k a
+ * multiple of 16, summed as the kernel table's AVX-512 f16 x f32 vec_dot (and ggml's) sums:
+ * four accumulators of 16 lanes take the four 16-element chunks of each 64 elements, a chunk past
+ * the last whole 64 goes to the first; then (acc0 + acc1) + (acc2 + acc3) lane by lane, and the
+ * lanes in the tree order of sum16_tree. Every level keeps exactly these lanes and this order
+ * with fused multiply-adds, so all give the same bits. (One long chain per lane moved gemma3's
+ * greedy path off llama.cpp's in test_model_catalog: its scores are that sensitive.) */
+static void scores_scalar(int hdk, const float *k, const float *q, size_t q_stride, int n, float kq_scale,
+                          float *s, size_t s_stride) {
+    for (int r = 0; r < n; r++) {
+        const float *qr = q + (size_t)r * q_stride;
+        float acc[4][G] = {{0}};
+        int j0 = 0;
+        for (; j0 + 4 * G <= hdk; j0 += 4 * G)
+            for (int u = 0; u < 4; u++)
+                for (int l = 0; l < G; l++) acc[u][l] = fmaf(qr[j0 + G * u + l], k[j0 + G * u + l], acc[u][l]);
+        for (; j0 < hdk; j0 += G)
+            for (int l = 0; l < G; l++) acc[0][l] = fmaf(qr[j0 + l], k[j0 + l], acc[0][l]);
+        float lanes[G];
+        for (int l = 0; l < G; l++) lanes[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
+        s[(size_t)r * s_stride] = sum16_tree(lanes) * kq_scale;
+    }
+}
+
+static void group_scalar(const attend_group *g) {
+    for (int h = 0; h < g->n_q; h++) {
+        const float *s = g->scores + (size_t)h * G;
+        float mg = -INFINITY;
+        for (int i = g->lo; i < g->hi; i++) mg = fmaxf(mg, s[i]);
+        const float m_new = fmaxf(g->m[h], mg);
+        for (int i = 0; i < G; i++) g->p[i] = i >= g->lo && i < g->hi ? vm_exp_lanewise(s[i] - m_new) : 0.0f;
+        const float c = group_rescale(g, h, m_new);
+        float *out = g->out + (size_t)h * g->out_stride;
+        g->l[h] = fmaf(g->l[h], c, sum16_tree(g->p));
+        for (int j = 0; j < g->hdv; j++) {
+            float acc = out[j] * c;
+            for (int i = g->lo; i < g->hi; i++) acc = fmaf(g->p[i], g->vrows[(size_t)i * g->hdv + j], acc);
+            out[j] = acc;
         }
     }
-    const float inv_l = 1.0f / l;
-    for (int j = 0; j < head_dim_v; j++) out[j] *= inv_l;
+}
+
+/* ---- AVX2 ------------------------------------------------------------------------------------- */
+#if defined(BUBO_X86)
+
+BUBO_TARGET_AVX2 static void scores_avx2(int hdk, const float *k, const float *q, size_t q_stride, int n,
+                                          float kq_scale, float *s, size_t s_stride) {
+    for (int r = 0; r < n; r++) {
+        const float *qr = q + (size_t)r * q_stride;
+        __m256 acc[4][2]; /* [accumulator][lanes 0-7, 8-15] */
+        for (int u = 0; u < 4; u++) acc[u][0] = acc[u][1] = _mm256_setzero_ps();
+        int j0 = 0;
+        for (; j0 + 4 * G <= hdk; j0 += 4 * G)
+            for (int u = 0; u < 4; u++)
+                for (int h = 0; h < 2; h++) {
+                    const int j = j0 + G * u + 8 * h;
+                    acc[u][h] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + j), _mm256_loadu_ps(k + j), acc[u][h]);
+                }
+        for (; j0 < hdk; j0 += G)
+            for (int h = 0; h < 2; h++)
+                acc[0][h] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + j0 + 8 * h), _mm256_loadu_ps(k + j0 + 8 * h), acc[0][h]);
+        __m256 lanes[2];
+        for (int h = 0; h < 2; h++)
+            lanes[h] = _mm256_add_ps(_mm256_add_ps(acc[0][h], acc[1][h]), _mm256_add_ps(acc[2][h], acc[3][h]));
+        s[(size_t)r * s_stride] = vm_hsum_avx2(_mm256_add_ps(lanes[0], lanes[1])) * kq_scale;
+    }
+}
+
+BUBO_TARGET_AVX2 static void group_avx2(const attend_group *g) {
+    const __m256i lane0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), lane8 = _mm256_add_epi32(lane0, _mm256_set1_epi32(8));
+    const __m256i lo = _mm256_set1_epi32(g->lo - 1), hi = _mm256_set1_epi32(g->hi);
+    const __m256 valid0 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(lane0, lo), _mm256_cmpgt_epi32(hi, lane0)));
+    const __m256 valid8 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(lane8, lo), _mm256_cmpgt_epi32(hi, lane8)));
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    for (int h = 0; h < g->n_q; h++) {
+        const float *s = g->scores + (size_t)h * G;
+        const __m256 s0 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(s), valid0);
+        const __m256 s8 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8), valid8);
+        const float m_new = fmaxf(g->m[h], vm_hmax_avx2(_mm256_max_ps(s0, s8)));
+        const __m256 mv = _mm256_set1_ps(m_new);
+        const __m256 p0 = _mm256_and_ps(valid0, vm_exp_avx2(_mm256_sub_ps(s0, mv)));
+        const __m256 p8 = _mm256_and_ps(valid8, vm_exp_avx2(_mm256_sub_ps(s8, mv)));
+        _mm256_storeu_ps(g->p, p0);
+        _mm256_storeu_ps(g->p + 8, p8);
+        const float c = group_rescale(g, h, m_new);
+        g->l[h] = fmaf(g->l[h], c, vm_hsum_avx2(_mm256_add_ps(p0, p8)));
+        float *out = g->out + (size_t)h * g->out_stride;
+        const __m256 cv = _mm256_set1_ps(c);
+        int j = 0;
+        for (; j + 32 <= g->hdv; j += 32) { /* four independent accumulators, as in the AVX-512 level */
+            __m256 acc[4];
+            for (int u = 0; u < 4; u++) acc[u] = _mm256_mul_ps(_mm256_loadu_ps(out + j + 8 * u), cv);
+            for (int i = g->lo; i < g->hi; i++) {
+                const __m256 pi = _mm256_set1_ps(g->p[i]);
+                const float *vr = g->vrows + (size_t)i * g->hdv + j;
+                for (int u = 0; u < 4; u++) acc[u] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(vr + 8 * u), acc[u]);
+            }
+            for (int u = 0; u < 4; u++) _mm256_storeu_ps(out + j + 8 * u, acc[u]);
+        }
+        for (; j + 8 <= g->hdv; j += 8) {
+            __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(out + j), cv);
+            for (int i = g->lo; i < g->hi; i++)
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(g->p[i]), _mm256_loadu_ps(g->vrows + (size_t)i * g->hdv + j), acc);
+            _mm256_storeu_ps(out + j, acc);
+        }
+        for (; j < g->hdv; j++) {
+            float acc = out[j] * c;
+            for (int i = g->lo; i < g->hi; i++) acc = fmaf(g->p[i], g->vrows[(size_t)i * g->hdv + j], acc);
+            out[j] = acc;
+        }
+    }
+}
+
+/* ---- AVX-512 ---------------------------------------------------------------------------------- */
+
+BUBO_TARGET_AVX512 static void scores_avx512(int hdk, const float *k, const float *q, size_t q_stride, int n,
+                                              float kq_scale, float *s, size_t s_stride) {
+    for (int r = 0; r < n; r++) {
+        const float *qr = q + (size_t)r * q_stride;
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        int j0 = 0;
+        for (; j0 + 4 * G <= hdk; j0 += 4 * G)
+            for (int u = 0; u < 4; u++)
+                acc[u] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + j0 + G * u), _mm512_loadu_ps(k + j0 + G * u), acc[u]);
+        for (; j0 < hdk; j0 += G) acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + j0), _mm512_loadu_ps(k + j0), acc[0]);
+        const __m512 lanes = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        s[(size_t)r * s_stride] =
+            vm_hsum_avx2(_mm256_add_ps(_mm512_castps512_ps256(lanes), _mm512_extractf32x8_ps(lanes, 1))) * kq_scale;
+    }
+}
+
+BUBO_TARGET_AVX512 static void group_avx512(const attend_group *g) {
+    const __mmask16 valid = (__mmask16)(((1u << g->hi) - 1u) & ~((1u << g->lo) - 1u));
+    for (int h = 0; h < g->n_q; h++) {
+        const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, g->scores + (size_t)h * G);
+        const float m_new = fmaxf(g->m[h], _mm512_reduce_max_ps(s)); /* max is exact in any order */
+        const __m512 p = _mm512_maskz_mov_ps(valid, vm_exp_avx512(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+        _mm512_storeu_ps(g->p, p);
+        const float c = group_rescale(g, h, m_new);
+        /* the tree order of sum16_tree: halves, then quarters, then pairs */
+        __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(p), _mm512_extractf32x8_ps(p, 1));
+        g->l[h] = fmaf(g->l[h], c, vm_hsum_avx2(s8));
+        float *out = g->out + (size_t)h * g->out_stride;
+        const __m512 cv = _mm512_set1_ps(c);
+        /* four independent accumulators (64 floats) per pass: one chain of FMAs would wait on its latency */
+        for (int j0 = 0; j0 < g->hdv; j0 += 64) {
+            __mmask16 k[4];
+            __m512 acc[4];
+            for (int u = 0; u < 4; u++) {
+                const int left = g->hdv - j0 - 16 * u;
+                k[u] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1u) : 0;
+                acc[u] = _mm512_mul_ps(_mm512_maskz_loadu_ps(k[u], out + j0 + 16 * u), cv);
+            }
+            for (int i = g->lo; i < g->hi; i++) {
+                const __m512 pi = _mm512_set1_ps(g->p[i]);
+                const float *vr = g->vrows + (size_t)i * g->hdv + j0;
+                for (int u = 0; u < 4; u++) acc[u] = _mm512_fmadd_ps(pi, _mm512_maskz_loadu_ps(k[u], vr + 16 * u), acc[u]);
+            }
+            for (int u = 0; u < 4; u++) _mm512_mask_storeu_ps(out + j0 + 16 * u, k[u], acc[u]);
+        }
+    }
+}
+#endif /* BUBO_X86 */
+
+/* ---- NEON ------------------------------------------------------------------------------------- */
+#if defined(BUBO_ARM64)
+
+static void scores_neon(int hdk, const float *k, const float *q, size_t q_stride, int n, float kq_scale, float *s,
+                        size_t s_stride) {
+    for (int r = 0; r < n; r++) {
+        const float *qr = q + (size_t)r * q_stride;
+        float32x4_t acc[4][4]; /* [accumulator][lanes 0-3 .. 12-15] */
+        for (int u = 0; u < 4; u++)
+            for (int w = 0; w < 4; w++) acc[u][w] = vdupq_n_f32(0.0f);
+        int j0 = 0;
+        for (; j0 + 4 * G <= hdk; j0 += 4 * G)
+            for (int u = 0; u < 4; u++)
+                for (int w = 0; w < 4; w++) {
+                    const int j = j0 + G * u + 4 * w;
+                    acc[u][w] = vfmaq_f32(acc[u][w], vld1q_f32(qr + j), vld1q_f32(k + j));
+                }
+        for (; j0 < hdk; j0 += G)
+            for (int w = 0; w < 4; w++) acc[0][w] = vfmaq_f32(acc[0][w], vld1q_f32(qr + j0 + 4 * w), vld1q_f32(k + j0 + 4 * w));
+        float32x4_t a[4];
+        for (int w = 0; w < 4; w++) a[w] = vaddq_f32(vaddq_f32(acc[0][w], acc[1][w]), vaddq_f32(acc[2][w], acc[3][w]));
+        const float32x4_t h = vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[1], a[3]));
+        const float32x2_t d = vadd_f32(vget_low_f32(h), vget_high_f32(h));
+        s[(size_t)r * s_stride] = (vget_lane_f32(d, 0) + vget_lane_f32(d, 1)) * kq_scale;
+    }
+}
+
+static void group_neon(const attend_group *g) {
+    for (int h = 0; h < g->n_q; h++) {
+        const float *s = g->scores + (size_t)h * G;
+        float sv[G];
+        for (int i = 0; i < G; i++) sv[i] = i >= g->lo && i < g->hi ? s[i] : -INFINITY;
+        float32x4_t x[4];
+        for (int k = 0; k < 4; k++) x[k] = vld1q_f32(sv + 4 * k);
+        const float mg = vmaxvq_f32(vmaxq_f32(vmaxq_f32(x[0], x[1]), vmaxq_f32(x[2], x[3])));
+        const float m_new = fmaxf(g->m[h], mg);
+        for (int k = 0; k < 4; k++) {
+            uint32x4_t keep = vcgtq_f32(x[k], vdupq_n_f32(-INFINITY));
+            x[k] = vreinterpretq_f32_u32(vandq_u32(keep, vreinterpretq_u32_f32(vm_exp_neon(vsubq_f32(x[k], vdupq_n_f32(m_new))))));
+            vst1q_f32(g->p + 4 * k, x[k]);
+        }
+        const float c = group_rescale(g, h, m_new);
+        /* the tree order of sum16_tree: (i, i + 8), then (i, i + 4), (i, i + 2), (i, i + 1) */
+        const float32x4_t q = vaddq_f32(vaddq_f32(x[0], x[2]), vaddq_f32(x[1], x[3]));
+        const float32x2_t d = vadd_f32(vget_low_f32(q), vget_high_f32(q));
+        g->l[h] = fmaf(g->l[h], c, vget_lane_f32(d, 0) + vget_lane_f32(d, 1));
+        float *out = g->out + (size_t)h * g->out_stride;
+        int j = 0;
+        for (; j + 4 <= g->hdv; j += 4) {
+            float32x4_t acc = vmulq_n_f32(vld1q_f32(out + j), c);
+            for (int i = g->lo; i < g->hi; i++) acc = vfmaq_n_f32(acc, vld1q_f32(g->vrows + (size_t)i * g->hdv + j), g->p[i]);
+            vst1q_f32(out + j, acc);
+        }
+        for (; j < g->hdv; j++) {
+            float acc = out[j] * c;
+            for (int i = g->lo; i < g->hi; i++) acc = fmaf(g->p[i], g->vrows[(size_t)i * g->hdv + j], acc);
+            out[j] = acc;
+        }
+    }
+}
+#endif /* BUBO_ARM64 */
+
+/* ---- the driver ------------------------------------------------------------------------------- */
+
+typedef void (*group_fn)(const attend_group *g);
+typedef void (*scores_fn)(int hdk, const float *k, const float *q, size_t q_stride, int n, float kq_scale, float *s,
+                          size_t s_stride);
+
+typedef struct {
+    group_fn group;
+    scores_fn scores;
+} attend_level;
+
+static attend_level level_for_isa(bubo_isa isa) {
+#if defined(BUBO_X86)
+    if (isa == BUBO_ISA_AVX512) return (attend_level){group_avx512, scores_avx512};
+    if (isa == BUBO_ISA_AVX2) return (attend_level){group_avx2, scores_avx2};
+#elif defined(BUBO_ARM64)
+    if (isa == BUBO_ISA_NEON) return (attend_level){group_neon, scores_neon};
+#endif
+    (void)isa;
+    return (attend_level){group_scalar, scores_scalar};
+}
+
+/* f16 and f32 K rows are widened once per position and dotted by the level's scores kernel with
+ * every query; q8_0 rows (and head sizes off the 16 lanes) go through the storage type's vec_dot.
+ * The choice depends on the cache type and head size only, never on the batch. */
+static int widen_k(const bubo_kv_view *view, int head_dim_k) {
+    return (view->type == BUBO_TYPE_F16 || view->type == BUBO_TYPE_F32) && head_dim_k % G == 0;
+}
+
+size_t bubo_attend_scratch_floats(int n_tok, int n_q, int head_dim_k, int head_dim_v) {
+    return (size_t)G * head_dim_v + (size_t)n_tok * n_q * (G + 2) + G + head_dim_k;
+}
+
+/* Token t's lanes of the group at g0: [*lo, *hi), empty when *lo >= *hi. */
+static inline void token_lanes(int32_t g0, int32_t begin, int32_t end, int *lo, int *hi) {
+    *lo = begin > g0 ? (begin - g0 < G ? begin - g0 : G) : 0;
+    *hi = end < g0 + G ? (end > g0 ? end - g0 : 0) : G;
+}
+
+void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v,
+                           int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q,
+                           size_t q_stride, float kq_scale, float *out, size_t out_tok_stride, float *scratch) {
+    const bubo_vec_dot_fn vec_dot = bubo_get_vec_dot(view->type);
+    const bubo_to_float_fn to_float = bubo_get_to_float(view->type);
+    const attend_level level = level_for_isa(isa);
+    const int widen = widen_k(view, head_dim_k);
+    const int bs = view->block_size;
+    const int n_rows = n_tok * n_q; /* row t * n_q + h: token t, head h */
+
+    float *vrows = scratch;                               /* [G][head_dim_v] the group's V rows, widened */
+    float *scores = vrows + (size_t)G * head_dim_v;       /* [n_rows][G] */
+    float *m = scores + (size_t)n_rows * G, *l = m + n_rows; /* [n_rows] running max and sum */
+    float *p = l + n_rows;                                /* [G] */
+    float *k_f32 = p + G;                                 /* [head_dim_k] one K row, widened */
+    int32_t first = kv_begin[0], last = kv_end[0];
+    for (int t = 0; t < n_tok; t++) {
+        if (kv_begin[t] < first) first = kv_begin[t];
+        if (kv_end[t] > last) last = kv_end[t];
+        for (int h = 0; h < n_q; h++) {
+            m[t * n_q + h] = -INFINITY;
+            l[t * n_q + h] = 0.0f;
+            for (int j = 0; j < head_dim_v; j++) out[(size_t)t * out_tok_stride + (size_t)h * head_dim_v + j] = 0.0f;
+        }
+    }
+    attend_group g = {.n_q = n_q, .hdv = head_dim_v, .vrows = vrows, .p = p, .out_stride = head_dim_v};
+
+    for (int32_t g0 = first - first % G; g0 < last; g0 += G) {
+        int glo = G, ghi = 0; /* the lanes some token attends to */
+        for (int t = 0; t < n_tok; t++) {
+            int lo, hi;
+            token_lanes(g0, kv_begin[t], kv_end[t], &lo, &hi);
+            if (lo < hi && lo < glo) glo = lo;
+            if (lo < hi && hi > ghi) ghi = hi;
+        }
+        for (int i = glo; i < ghi; i++) {
+            const int32_t pos = g0 + i;
+            const size_t block = (size_t)view->table[pos / bs], slot = (size_t)(pos % bs);
+            const uint8_t *k = view->k + block * view->block_bytes_k + slot * view->row_bytes_k + (size_t)kv_head * view->head_bytes_k;
+            const uint8_t *v = view->v + block * view->block_bytes_v + slot * view->row_bytes_v + (size_t)kv_head * view->head_bytes_v;
+            if (widen) to_float(k, k_f32, head_dim_k);
+            for (int t = 0; t < n_tok; t++) {
+                if (pos < kv_begin[t] || pos >= kv_end[t]) continue;
+                const uint8_t *qt = (const uint8_t *)q + (size_t)t * n_q * q_stride;
+                if (widen) {
+                    level.scores(head_dim_k, k_f32, (const float *)qt, q_stride / sizeof(float), n_q, kq_scale,
+                                 scores + (size_t)t * n_q * G + i, G);
+                    continue;
+                }
+                for (int h = 0; h < n_q; h++) {
+                    float s;
+                    vec_dot(head_dim_k, &s, k, qt + (size_t)h * q_stride);
+                    scores[(size_t)(t * n_q + h) * G + i] = s * kq_scale;
+                }
+            }
+            to_float(v, vrows + (size_t)i * head_dim_v, head_dim_v);
+        }
+        for (int t = 0; t < n_tok; t++) {
+            token_lanes(g0, kv_begin[t], kv_end[t], &g.lo, &g.hi);
+            if (g.lo >= g.hi) continue;
+            g.scores = scores + (size_t)t * n_q * G;
+            g.m = m + t * n_q;
+            g.l = l + t * n_q;
+            g.out = out + (size_t)t * out_tok_stride;
+            level.group(&g);
+        }
+    }
+    for (int r = 0; r < n_rows; r++) {
+        const float inv_l = 1.0f / l[r];
+        float *o = out + (size_t)(r / n_q) * out_tok_stride + (size_t)(r % n_q) * head_dim_v;
+        for (int j = 0; j < head_dim_v; j++) o[j] *= inv_l;
+    }
+}
+
+void bubo_attend_paged(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int n_tok,
+                       const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q, size_t q_stride,
+                       float kq_scale, float *out, size_t out_tok_stride, float *scratch) {
+    static bubo_isa best = BUBO_ISA_COUNT; /* a benign race: every thread stores the same value */
+    if (best == BUBO_ISA_COUNT) best = bubo_cpu_best_isa();
+    bubo_attend_paged_isa(best, view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, n_q, q, q_stride,
+                          kq_scale, out, out_tok_stride, scratch);
 }

@@ -102,15 +102,30 @@ bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t 
 
 /* ---- attention over the paged KV cache ------------------------------------------------------ */
 
-/* out[head_dim_v] = softmax_i(kq_scale * dot(q, K_i)) . V_i over the tokens kv_begin <= i < kv_end
- * of one sequence (its positions: the causal and sliding-window mask is the range), for KV head
- * kv_head, reading the cache blocks in place with an online softmax, one block at a time.
- *   q      one head's query in the cache type's vec_dot_type (f32 for f16/f32 storage, q8_0
- *          blocks for q8_0): what bubo_get_vec_dot(view->type) takes
- *   v_tmp  [head_dim_v] scratch for one V row widened to f32
- * kv_end > kv_begin >= 0; every token in the range was written. */
-void bubo_attend_paged(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int32_t kv_begin,
-                       int32_t kv_end, const void *q, float kq_scale, float *out, float *v_tmp);
+/* Positions are taken in groups of this many, aligned to absolute positions (see attention.c). */
+#define BUBO_ATTEND_GROUP 16
+
+/* For n_tok tokens of one sequence and, for each, n_q query heads h sharing KV head kv_head (GQA):
+ *   out[t][h][0 .. head_dim_v) = softmax_i(kq_scale * dot(q[t][h], K_i)) . V_i
+ * over the positions kv_begin[t] <= i < kv_end[t] (the causal and sliding-window mask is the
+ * range), reading the cache blocks in place with an online softmax; each K/V row is read and
+ * widened once for all the tokens and heads that attend to it.
+ * A (token, head) result depends on its query and the K/V rows of its positions only: the same
+ * bits whatever the other tokens and heads, the block size or the block table (batch invariance).
+ *   q        n_tok * n_q queries, row t * n_q + h at q_stride bytes, in the cache type's
+ *            vec_dot_type (f32 for f16/f32 storage, q8_0 blocks for q8_0): what
+ *            bubo_get_vec_dot(view->type) takes; f32 rows q_stride a multiple of 4
+ *   out      token t's heads at out + t * out_tok_stride, head_dim_v floats apart
+ *   scratch  bubo_attend_scratch_floats(n_tok, n_q, head_dim_k, head_dim_v) floats
+ * kv_end[t] > kv_begin[t] >= 0; every position in the ranges was written. bubo_attend_paged runs
+ * this CPU's best level (bubo_cpu_best_isa); _isa runs the given one, which the CPU must support. */
+size_t bubo_attend_scratch_floats(int n_tok, int n_q, int head_dim_k, int head_dim_v);
+void bubo_attend_paged(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int n_tok,
+                       const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q, size_t q_stride,
+                       float kq_scale, float *out, size_t out_tok_stride, float *scratch);
+void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v,
+                           int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q,
+                           size_t q_stride, float kq_scale, float *out, size_t out_tok_stride, float *scratch);
 
 #ifdef __cplusplus
 }
