@@ -2,10 +2,11 @@
 
 import json
 import re
-import urllib.error
 import urllib.request
 
 import pytest
+
+from .test_server_core import call_json
 
 pytestmark = pytest.mark.models
 
@@ -53,13 +54,7 @@ def test_completion_token_prompt_probs_and_stop_word(base_url):
 
 
 def post_path(base_url, path, body):
-    req = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return call_json(base_url + path, "POST", body)
 
 
 def post_status(base_url, body):

@@ -6,14 +6,14 @@ validate; what cannot be enforced is a 400 naming the JSON pointer."""
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from typing import Literal, Optional
 
 import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
+
+from .test_server_core import call_json
 
 pytestmark = pytest.mark.models
 
@@ -43,13 +43,7 @@ def client(base_url):
 
 
 def post(base_url, path, body):
-    req = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return call_json(base_url + path, "POST", body)
 
 
 def valid(schema, text):
