@@ -407,8 +407,8 @@ class ChatPrompt:
 
 
 def render_chat(engine: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                template_kwargs: Mapping[str, Any], prefill: str | None, forced: str = "") -> ChatPrompt:
-    """The prompt: the template's rendering, then the prefill, then a forced call's start."""
+                template_kwargs: Mapping[str, Any], prefill: str | None) -> ChatPrompt:
+    """The prompt: the template's rendering, then the prefill."""
     from bubo.chat import ChatTemplateError
     from bubo.chat.parsers import template_opens_think
 
@@ -422,7 +422,6 @@ def render_chat(engine: Any, messages: list[dict[str, Any]], tools: list[dict[st
         # the prefill may open (or close) the reasoning itself
         seg = ("<think>" if in_think else "") + prefill
         in_think = seg.rfind("<think>") > seg.rfind("</think>")
-    text += forced
     tokens = encode(engine, text)
     return ChatPrompt(text, tokens, in_think)
 
@@ -441,7 +440,7 @@ REQUIRED = "required"  # tool_choice: some call, any function
 
 
 def check_forced_call_alone(forced: str | None, grammar: Any) -> None:
-    """A forced call (tool_choice required or named) is written in the template's call format; a
+    """A forced call (tool_choice required or named) is a grammar of the template's call format; a
     grammar or response_format constrains the same tokens to something else, so the two together
     cannot both hold: a 400 rather than a broken call."""
     if forced is not None and grammar is not None:
@@ -469,26 +468,40 @@ def tool_format(engine: Any, tools: Any) -> str | None:
     return (tool_format_of(engine.chat_template) or "hermes") if tools else None
 
 
-def forced_prefix(engine: Any, tools: Any, choice: str | None) -> str:
-    """The text that forces a call (tool_choice required or named), appended to the prompt."""
-    from bubo.chat.parsers import forced_call_prefix
+def forced_format(engine: Any) -> str:
+    """The format a forced call is written in: the template's own, or a bare JSON object for a
+    template that teaches none (the parser then reads exactly that)."""
+    from bubo.chat.parsers import tool_format_of
+
+    return tool_format_of(engine.chat_template) or "json"
+
+
+def forced_grammar(engine: Any, tools: Any, choice: str | None, parallel_tool_calls: bool = True) -> Any:
+    """The grammar that makes the answer a call (tool_choice REQUIRED: to any of tools; a name:
+    to that function), or None when the model decides. A parameters schema the grammar cannot
+    enforce is a 400 unsupported_schema naming the tool and the keyword's pointer."""
+    from bubo._grammar import Grammar
+    from bubo.chat.tools import ToolSchemaError, call_grammar
+    from bubo.errors import UnsupportedError
 
     if choice is None or not tools:
-        return ""
-    if choice == REQUIRED and len(tools) == 1:
-        choice = tools[0]["function"]["name"]  # with no grammar, name the one tool there is
-    return forced_call_prefix(tool_format(engine, tools), None if choice == REQUIRED else choice)
+        return None
+    try:
+        return Grammar(call_grammar(forced_format(engine), tools, None if choice == REQUIRED else choice,
+                                    parallel_tool_calls))
+    except ToolSchemaError as e:
+        raise ApiError(400, "unsupported_schema", str(e)) from None
+    except (ValueError, UnsupportedError) as e:  # the engine's limits: repetition counts, a $ref cycle, ...
+        raise ApiError(400, "unsupported_schema", f"tools: the grammar engine refuses a parameters schema: {e}") from None
 
 
 def output_parser(engine: Any, thinking: bool, tools: Any, in_think: bool, parallel_tool_calls: bool = True,
-                  forced: str = "") -> OutputParser:
+                  forced: bool = False) -> OutputParser:
     """The parser of a chat answer: <think> when thinking is on; with tools, the template's
-    tool-call format. forced: the call's start that the prompt already holds."""
-    parser = OutputParser(reasoning=thinking and not forced, tool_format=tool_format(engine, tools),
-                          in_think=in_think and not forced, max_calls=None if parallel_tool_calls else 1)
-    if forced:
-        assert not parser.feed(forced)  # the start of a call: nothing to show yet
-    return parser
+    tool-call format. forced: a grammar makes the answer calls in forced_format."""
+    return OutputParser(reasoning=thinking and not forced,
+                        tool_format=forced_format(engine) if forced and tools else tool_format(engine, tools),
+                        in_think=in_think and not forced, max_calls=None if parallel_tool_calls else 1)
 
 
 # --- output --------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ Formats (the answer's shape, chosen from the chat template's source):
 - "llama3": the whole answer is `{"name": ..., "parameters": {...}}`, optionally after
   `<|python_tag|>` (Llama 3.1/3.2).
 - "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+- "json": the whole answer is `{"name": ..., "arguments": {...}}` objects, one a line: what a
+  forced call (bubo.chat.tools) writes for a template that teaches no format of its own.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ FENCE = "```"
 LLAMA3_TAG = "<|python_tag|>"
 MISTRAL_TAG = "[TOOL_CALLS]"
 
-TOOL_FORMATS = ("hermes", "llama3", "mistral")
+TOOL_FORMATS = ("hermes", "llama3", "mistral", "json")
 
 # a code fence's opening line: ``` and an optional language, then the block's first character
 _FENCE_HEAD = re.compile(r"```(?:([A-Za-z]+)\s+|\s+|(?=[^A-Za-z\s]))(\S)")
@@ -71,25 +73,6 @@ def tool_format_of(template_source: str | None) -> str | None:
     if LLAMA3_TAG in src or "ipython" in src:
         return "llama3"
     return None
-
-
-def forced_call_prefix(tool_format: str, name: str | None = None) -> str:
-    """Text that, put after the generation prompt, makes the model answer with a call (to
-    `name`, when given) in its own format: tool_choice "required" or a named function without a
-    grammar. The parser is fed the same text first, so the call parses as if generated."""
-    # with no name the call's JSON is opened up to the name's first quote: left at the bare tag,
-    # small models close the turn at once
-    if tool_format == "hermes":
-        start, args = HERMES_OPEN + "\n{", "arguments"
-    elif tool_format == "mistral":
-        start, args = MISTRAL_TAG + "[{", "arguments"
-    elif tool_format == "llama3":
-        start, args = "{", "parameters"
-    else:
-        raise ValueError(f"unknown tool-call format {tool_format!r}")
-    if name is None:
-        return start + '"name": "'
-    return start + f'"name": {json.dumps(name, ensure_ascii=False)}, "{args}": '
 
 
 def template_opens_think(prompt: str) -> bool:
@@ -250,6 +233,9 @@ class OutputParser:
                     return
                 if tag.startswith(lead) and not final:
                     return
+            if self.tool_format == "json" and lead.startswith("{"):
+                self._state = "whole"
+                return
             self._state = "content"
             return
         if self._state == "think":
@@ -355,7 +341,7 @@ class OutputParser:
             else:
                 self._content(out, buf)
         elif self._state == "whole":
-            parse = parse_llama3_calls if self.tool_format == "llama3" else parse_mistral_calls
+            parse = parse_mistral_calls if self.tool_format == "mistral" else parse_llama3_calls
             calls = parse(buf)
             if calls:
                 self.n_calls += len(calls)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bubo.chat.parsers import OutputParser, forced_call_prefix, parse_output, tool_format_of
+from bubo.chat.parsers import OutputParser, parse_output, tool_format_of
 
 
 def parse_streamed(text, step, **kw):
@@ -87,16 +87,19 @@ def test_max_calls_drops_later_calls():
     assert [x.call.name for x in parts if x.call] == ["a"]
 
 
-@pytest.mark.parametrize("fmt,name,rest,want", [
-    ("hermes", None, 'a", "arguments": {"x": 1}}\n</tool_call>', ("a", {"x": 1})),
-    ("hermes", "b", '{"y": 2}}\n</tool_call>', ("b", {"y": 2})),
-    ("mistral", None, 'c", "arguments": {}}]', ("c", {})),
-    ("mistral", "d", '{"z": [1]}}]', ("d", {"z": [1]})),
-    ("llama3", None, 'e", "parameters": {}}', ("e", {})),
-    ("llama3", "f", '{"w": "v"}}', ("f", {"w": "v"})),
+@pytest.mark.parametrize("fmt,text,want", [
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call><tool_call>\n'
+               '{"name": "b", "arguments": {}}\n</tool_call>', [("a", {"x": 1}), ("b", {})]),
+    ("mistral", '[TOOL_CALLS][{"name": "c", "arguments": {}}, {"name": "d", "arguments": {"z": [1]}}]',
+     [("c", {}), ("d", {"z": [1]})]),
+    ("llama3", '{"name": "e", "parameters": {"w": "v"}}', [("e", {"w": "v"})]),
+    ("json", '{"name": "f", "arguments": {"q": null}}\n{"name": "g", "arguments": {} }',
+     [("f", {"q": None}), ("g", {})]),
 ])
-def test_a_forced_call_parses_as_if_generated(fmt, name, rest, want):
-    p = OutputParser(reasoning=False, tool_format=fmt)
-    assert p.feed(forced_call_prefix(fmt, name)) == []
-    parts = p.feed(rest) + p.finish()
-    assert [(x.call.name, json.loads(x.call.arguments)) for x in parts] == [want]
+def test_what_a_forced_call_grammar_writes_parses(fmt, text, want):
+    # the texts are sentences of bubo.chat.tools.call_grammar (tests/chat/test_tools.py checks that)
+    for step in (1, 3, len(text)):  # streamed in pieces or whole: the same calls
+        p = OutputParser(reasoning=False, tool_format=fmt)
+        parts = [x for i in range(0, len(text), step) for x in p.feed(text[i:i + step])] + p.finish()
+        assert [(x.call.name, json.loads(x.call.arguments)) for x in parts] == want
+        assert all(x.kind == "tool_call" for x in parts)

@@ -24,11 +24,12 @@ def messages() -> Any:
     model = resolve_model(body)
     req = am.parse_messages_request(body)
     engine = ready_engine()
-    forced = d.forced_prefix(engine, req.tools, req.tool_choice)
-    prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill, forced)
-    gen = GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop)
+    forced = d.forced_grammar(engine, req.tools, req.tool_choice, req.parallel_tool_calls)
+    prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
+    gen = GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop, grammar=forced)
     stream = d.submit(engine, gen)
-    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls, forced)
+    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls,
+                             forced is not None)
     id = d.new_id("msg_")
 
     if not req.stream:
@@ -55,6 +56,5 @@ def count_tokens() -> Any:
     resolve_model(body)
     req = am.parse_messages_request(body, count_only=True)
     engine = ready_engine()
-    forced = d.forced_prefix(engine, req.tools, req.tool_choice)  # input as /v1/messages would send it
-    prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill, forced)
+    prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
     return jsonify({"input_tokens": len(prompt.tokens)})

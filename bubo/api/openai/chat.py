@@ -189,10 +189,9 @@ def token_logprobs(engine: Any, ev: TokenEvent, n_top: int) -> dict[str, Any]:
 
 def render_request(engine: Any, req: ChatRequest) -> d.ChatPrompt:
     """The prompt a chat request becomes (what /apply-template shows, what generation runs):
-    the converted messages through the model's template, a prefill appended, then the start of
-    a call when tool_choice forces one."""
-    return d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill,
-                         d.forced_prefix(engine, req.tools, req.tool_choice))
+    the converted messages through the model's template, a prefill appended (a forced call is a
+    grammar on the answer, not prompt text)."""
+    return d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
 
 
 def apply_template(engine: Any, body: Any) -> str:

@@ -31,11 +31,12 @@ def chat_completions() -> Any:
     req = ch.parse_chat_request(body)
     engine = ready_engine()
     prompt = ch.render_request(engine, req)
+    forced = d.forced_grammar(engine, req.tools, req.tool_choice, req.parallel_tool_calls)
     gen = GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop, req.params.n_probs,
-                            req.cache_prompt, grammar=req.grammar)
+                            req.cache_prompt, grammar=req.grammar or forced)
     stream = d.submit(engine, gen)
     parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls,
-                             d.forced_prefix(engine, req.tools, req.tool_choice))
+                             forced is not None)
     id, created = d.new_id("chatcmpl-"), d.now()
     n_top = req.top_logprobs
 
@@ -129,10 +130,12 @@ def responses() -> Any:
     model = resolve_model(body)
     req = rs.parse_responses_request(body)
     engine = ready_engine()
-    forced = d.forced_prefix(engine, req.tools, req.tool_choice)
-    prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill, forced)
-    stream = d.submit(engine, GenerationRequest(prompt.tokens, req.params, req.max_tokens, grammar=req.grammar))
-    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls, forced)
+    forced = d.forced_grammar(engine, req.tools, req.tool_choice, req.parallel_tool_calls)
+    prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
+    stream = d.submit(engine, GenerationRequest(prompt.tokens, req.params, req.max_tokens,
+                                                grammar=req.grammar or forced))
+    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls,
+                             forced is not None)
     id, created = d.new_id("resp_"), d.now()
 
     def reasoning_tokens(text: str) -> int:

@@ -1,0 +1,83 @@
+"""Grammars that force an answer to be tool calls, written in the chat template's own call
+format (the one bubo.chat.parsers reads back), each call's arguments following its tool's
+parameter schema (bubo.chat.schema).
+
+tool_choice "required" or a named function is enforced by such a grammar rather than by a
+prompt prefix: a prefix only starts a call, and a small model may still end it with text that
+is no call, or with arguments its schema refuses."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from bubo.chat.parsers import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG
+from bubo.chat.schema import SchemaError, literal, schema_to_gbnf
+
+# "json": the call format of a template that teaches none (a bare {"name", "arguments"} object)
+FORCED_FORMATS = ("hermes", "mistral", "llama3", "json")
+
+# a GBNF token: a string literal, a character class, a rule name, or anything else (operators,
+# spaces); only rule names are renamed when one tool's rules are embedded beside another's
+_GBNF_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z][A-Za-z0-9-]*|#[^\n]*|.', re.S)
+
+
+class ToolSchemaError(ValueError):
+    """A tool's parameters schema has a keyword the grammar cannot enforce."""
+
+    def __init__(self, tool: str, message: str):
+        super().__init__(f"tools: the parameters of function {tool!r}: {message}")
+        self.tool = tool
+
+
+def prefix_rules(gbnf: str, prefix: str) -> str:
+    """The same grammar with every rule name prefixed (root becomes prefix + "root"), so that
+    several schemas' rules can live in one grammar."""
+    return "".join(prefix + t if t[0].isalpha() else t for t in _GBNF_TOKEN.findall(gbnf))
+
+
+def _args_key(tool_format: str) -> str:
+    return "parameters" if tool_format == "llama3" else "arguments"
+
+
+def call_grammar(tool_format: str, tools: list[dict[str, Any]], name: str | None = None,
+                 parallel: bool = True) -> str:
+    """GBNF for an answer that is one call (parallel False) or one or more calls (True) to the
+    function `name`, or to any of tools when name is None. tools are OpenAI function tools."""
+    if tool_format not in FORCED_FORMATS:
+        raise ValueError(f"unknown tool-call format {tool_format!r}; known: {', '.join(FORCED_FORMATS)}")
+    chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+    if not chosen:
+        raise ValueError(f"no tool is named {name!r}")
+    rules: list[str] = []
+    alts = []
+    for i, fn in enumerate(chosen):
+        schema = fn.get("parameters")
+        if schema is None:
+            schema = {"type": "object", "properties": {}}
+        try:
+            args = schema_to_gbnf(schema)
+        except SchemaError as e:
+            raise ToolSchemaError(fn["name"], str(e)) from None
+        rules.append(prefix_rules(args, f"t{i}-"))
+        head = '{"name": ' + json.dumps(fn["name"], ensure_ascii=False) + f', "{_args_key(tool_format)}": '
+        alts.append(f"{literal(head)} t{i}-root \"}}\"")
+    rules.append("call-json ::= " + " | ".join(alts))
+    if tool_format == "hermes":
+        # as the Qwen2.5 / Hermes templates write a call: the tags on their own lines
+        rules.append(f"call ::= {literal(HERMES_OPEN + chr(10))} call-json {literal(chr(10) + HERMES_CLOSE)}")
+        more = "call"  # back to back: a newline between would be content between the calls
+        top = "call"
+    elif tool_format == "mistral":
+        rules.append("call ::= call-json")
+        more = '", " call'
+        top = f"{literal(MISTRAL_TAG + '[')} calls \"]\""
+    else:  # llama3, json: bare objects, several one a line (parsers.parse_llama3_calls)
+        rules.append("call ::= call-json")
+        more = '"\\n" call'
+        top = "calls"
+    rules.append(f"calls ::= call ({more})*" if parallel else "calls ::= call")
+    if tool_format == "hermes":
+        top = "calls"
+    return f"root ::= {top}\n" + "\n".join(rules) + "\n"
