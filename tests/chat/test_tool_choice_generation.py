@@ -1,0 +1,111 @@
+"""The issue's must-show for tool_choice: 50 seeded runs with "required" on qwen2.5-coder:0.5b
+(Hermes calls) and on smollm2:135m (whose template knows no tools: bare JSON calls) all yield
+a call whose arguments validate against its tool's schema (jsonschema); a named choice always
+calls that function. The request path is the routes' own: dialect.render_chat, forced_grammar,
+output_parser, one in-process Engine per model, the seeds submitted together."""
+
+from __future__ import annotations
+
+import json
+
+import gevent
+import jsonschema
+import pytest
+
+from bubo.api import dialect as d
+from bubo.engine import Engine, FinishEvent, GenerationRequest, TokenEvent
+from bubo.sampling import SamplingParams
+
+pytestmark = pytest.mark.models
+
+N_RUNS = 50
+N_PARALLEL = 5
+MAX_TOKENS = 160  # every call below fits in far fewer; a cut call is a failure
+TEMPERATURE = 0.8  # seeds that differ should give calls that differ
+READY_TIMEOUT_S = 120
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+        "type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 40},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"], "additionalProperties": False}}},
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+MESSAGES = [{"role": "user", "content": "What is the weather like in Paris, and what is 2 + 3?"}]
+
+
+@pytest.fixture(scope="module", params=["qwen2.5-coder:0.5b", "smollm2:135m"])
+def engine(request, catalog_model):
+    e = Engine(str(catalog_model(request.param)), n_ctx=2048, n_parallel=N_PARALLEL, n_threads=2)
+    e.start()
+    with gevent.Timeout(READY_TIMEOUT_S):
+        while not e.ready:
+            assert e.load_error is None, e.load_error
+            gevent.sleep(0.02)
+    yield e
+    e.stop()
+
+
+def answer(engine, seed, choice, parallel=False, tools=TOOLS):
+    """(calls, content, finish) of one chat request, as the chat route runs it."""
+    prompt = d.render_chat(engine, MESSAGES, tools, {}, None)
+    grammar = d.forced_grammar(engine, tools, choice, parallel)
+    parser = d.output_parser(engine, False, tools, prompt.in_think, parallel, grammar is not None)
+    stream = engine.submit(GenerationRequest(prompt.tokens, SamplingParams(temperature=TEMPERATURE, seed=seed),
+                                             max_tokens=MAX_TOKENS, grammar=grammar))
+    out = d.Output()
+    d._gather(out, d.run_events(stream, parser))
+    return out
+
+
+def run_all(engine, seeds, choice, parallel=False, tools=TOOLS):
+    jobs = [gevent.spawn(answer, engine, s, choice, parallel, tools) for s in seeds]
+    gevent.joinall(jobs, raise_error=True)
+    return [j.value for j in jobs]
+
+
+def check_calls(out, seed, want_name=None, exactly_one=True):
+    """A failure's description, or None."""
+    if out.finish.reason != "stop":
+        return f"seed {seed}: finish {out.finish.reason}: {out.content!r}"
+    if not out.tool_calls or (exactly_one and len(out.tool_calls) != 1):
+        return f"seed {seed}: {len(out.tool_calls)} calls, content {out.content!r}"
+    if out.content.strip():
+        return f"seed {seed}: content beside the call: {out.content!r}"
+    for call in out.tool_calls:
+        if want_name is not None and call.name != want_name:
+            return f"seed {seed}: called {call.name}, not {want_name}"
+        try:
+            jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        except (ValueError, KeyError, jsonschema.ValidationError) as e:
+            return f"seed {seed}: {call.name}({call.arguments}): {e}"
+    return None
+
+
+def test_required_always_calls_with_valid_arguments(engine):
+    outs = run_all(engine, range(N_RUNS), d.REQUIRED)
+    failures = [f for s, o in enumerate(outs) if (f := check_calls(o, s)) is not None]
+    assert not failures, f"{len(failures)} of {N_RUNS} runs failed:\n" + "\n".join(failures)
+
+
+def test_a_named_choice_always_calls_that_function(engine):
+    for name in ("add", "get_weather"):
+        outs = run_all(engine, range(1000, 1000 + N_PARALLEL), name)
+        failures = [f for s, o in enumerate(outs) if (f := check_calls(o, s, want_name=name)) is not None]
+        assert not failures, "\n".join(failures)
+
+
+def test_parallel_calls_allow_several(engine):
+    outs = run_all(engine, range(2000, 2000 + N_PARALLEL), d.REQUIRED, parallel=True)
+    failures = [f for s, o in enumerate(outs) if (f := check_calls(o, s, exactly_one=False)) is not None]
+    assert not failures, "\n".join(failures)
+
+
+def test_none_never_calls(engine):
+    # tool_choice "none" is tools=None by the time a route renders (chat.parse_chat_request)
+    for out in run_all(engine, range(3000, 3000 + N_PARALLEL), None, tools=None):
+        assert out.tool_calls == [] and out.content
