@@ -102,3 +102,36 @@ def test_tool_choice_forces_a_call(client):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="bubo", messages=hello, tools=TOOLS, max_tokens=4,
                                        tool_choice={"type": "function", "function": {"name": "nope"}})
+
+
+ADD = {"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_streamed_required_call_rebuilds_to_the_non_streamed_one(client, parallel):
+    # the SDK's own stream accumulator: what a client rebuilds from the deltas
+    ask = [{"role": "user", "content": "What is the weather in Paris, and what is 2 + 3?"}]
+    kw = dict(model="bubo", messages=ask, tools=TOOLS + [ADD], tool_choice="required", temperature=0.8,
+              max_tokens=96, parallel_tool_calls=parallel)
+    for seed in (1, 2, 3):
+        whole = client.chat.completions.create(seed=seed, **kw).choices[0]
+        with client.chat.completions.stream(seed=seed, **kw) as s:
+            streamed = s.get_final_completion().choices[0]
+        assert whole.finish_reason == streamed.finish_reason == "tool_calls"
+        assert whole.message.content in (None, "") and streamed.message.content in (None, "")
+        calls = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+        assert calls == [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls]
+        assert parallel or len(calls) == 1
+        for _, args in calls:
+            json.loads(args)
+
+
+def test_tool_choice_none_hides_the_tools_and_never_calls(client):
+    kw = dict(model="bubo", messages=ASK, tools=TOOLS, max_tokens=48)
+    shown = client.chat.completions.create(**kw, temperature=0)
+    assert shown.choices[0].finish_reason == "tool_calls"  # offered the tool, the model calls it
+    for seed in (0, 1, 2, 3):
+        r = client.chat.completions.create(**kw, temperature=0.8 if seed else 0, seed=seed, tool_choice="none")
+        assert not r.choices[0].message.tool_calls and r.choices[0].message.content
+        assert r.usage.prompt_tokens < shown.usage.prompt_tokens  # the tools are not in the prompt
