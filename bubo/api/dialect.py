@@ -476,10 +476,12 @@ def forced_format(engine: Any) -> str:
     return tool_format_of(engine.chat_template) or "json"
 
 
-def forced_grammar(engine: Any, tools: Any, choice: str | None, parallel_tool_calls: bool = True) -> Any:
+def forced_grammar(engine: Any, tools: Any, choice: str | None, parallel_tool_calls: bool = True,
+                   in_think: bool = False) -> Any:
     """The grammar that makes the answer a call (tool_choice REQUIRED: to any of tools; a name:
-    to that function), or None when the model decides. A parameters schema the grammar cannot
-    enforce is a 400 unsupported_schema naming the tool and the keyword's pointer."""
+    to that function), or None when the model decides; in_think: the prompt opened <think>,
+    which the answer closes first. A parameters schema the grammar cannot enforce is a 400
+    unsupported_schema naming the tool and the keyword's pointer."""
     from bubo._grammar import Grammar
     from bubo.chat.tools import ToolSchemaError, call_grammar
     from bubo.errors import UnsupportedError
@@ -488,7 +490,7 @@ def forced_grammar(engine: Any, tools: Any, choice: str | None, parallel_tool_ca
         return None
     try:
         return Grammar(call_grammar(forced_format(engine), tools, None if choice == REQUIRED else choice,
-                                    parallel_tool_calls))
+                                    parallel_tool_calls, in_think))
     except ToolSchemaError as e:
         raise ApiError(400, "unsupported_schema", str(e)) from None
     except (ValueError, UnsupportedError) as e:  # the engine's limits: repetition counts, a $ref cycle, ...
@@ -498,10 +500,13 @@ def forced_grammar(engine: Any, tools: Any, choice: str | None, parallel_tool_ca
 def output_parser(engine: Any, thinking: bool, tools: Any, in_think: bool, parallel_tool_calls: bool = True,
                   forced: bool = False) -> OutputParser:
     """The parser of a chat answer: <think> when thinking is on; with tools, the template's
-    tool-call format. forced: a grammar makes the answer calls in forced_format."""
-    return OutputParser(reasoning=thinking and not forced,
-                        tool_format=forced_format(engine) if forced and tools else tool_format(engine, tools),
-                        in_think=in_think and not forced, max_calls=None if parallel_tool_calls else 1)
+    tool-call format. forced: a grammar makes the answer calls in forced_format (after closing
+    the <think> the prompt opened, if it did)."""
+    if forced and tools:
+        return OutputParser(reasoning=in_think, tool_format=forced_format(engine), in_think=in_think,
+                            max_calls=None if parallel_tool_calls else 1)
+    return OutputParser(reasoning=thinking, tool_format=tool_format(engine, tools), in_think=in_think,
+                        max_calls=None if parallel_tool_calls else 1)
 
 
 # --- output --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from bubo.chat.parsers import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG
+from bubo.chat.parsers import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG, THINK_CLOSE
 from bubo.chat.schema import SchemaError, literal, schema_to_gbnf
 
 # "json": the call format of a template that teaches none (a bare {"name", "arguments"} object)
@@ -41,10 +41,43 @@ def _args_key(tool_format: str) -> str:
     return "parameters" if tool_format == "llama3" else "arguments"
 
 
+def _class_escape(c: str) -> str:
+    return "\\" + c if c in "\\]^-[" else c
+
+
+def text_without(stop: str, rule: str) -> list[str]:
+    """Rules rule-0 .. rule-(n-1) whose sentences (from rule-0) are the texts that do not contain
+    stop: a KMP automaton, state k = how much of stop the text's end matches."""
+    n = len(stop)
+    fail = [0] * (n + 1)  # fail[k]: the longest proper border of stop[:k]
+    for k in range(2, n + 1):
+        j = fail[k - 1]
+        while j and stop[j] != stop[k - 1]:
+            j = fail[j]
+        fail[k] = j + 1 if stop[j] == stop[k - 1] else 0
+
+    def step(k: int, c: str) -> int:
+        while k and stop[k] != c:
+            k = fail[k]
+        return k + 1 if stop[k] == c else 0
+
+    rules = []
+    for k in range(n):
+        alts, special = [], sorted(set(stop))
+        for c in special:
+            to = step(k, c)
+            if to < n:  # reaching n would be stop itself
+                alts.append(f"{literal(c)} {rule}-{to}")
+        alts.append(f"[^{''.join(_class_escape(c) for c in special)}] {rule}-0")
+        rules.append(f"{rule}-{k} ::= ({' | '.join(alts)})?")
+    return rules
+
+
 def call_grammar(tool_format: str, tools: list[dict[str, Any]], name: str | None = None,
-                 parallel: bool = True) -> str:
+                 parallel: bool = True, in_think: bool = False) -> str:
     """GBNF for an answer that is one call (parallel False) or one or more calls (True) to the
-    function `name`, or to any of tools when name is None. tools are OpenAI function tools."""
+    function `name`, or to any of tools when name is None. tools are OpenAI function tools.
+    in_think: the prompt opened a <think> block, which the answer closes before the calls."""
     if tool_format not in FORCED_FORMATS:
         raise ValueError(f"unknown tool-call format {tool_format!r}; known: {', '.join(FORCED_FORMATS)}")
     chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
@@ -80,4 +113,7 @@ def call_grammar(tool_format: str, tools: list[dict[str, Any]], name: str | None
     rules.append(f"calls ::= call ({more})*" if parallel else "calls ::= call")
     if tool_format == "hermes":
         top = "calls"
+    if in_think:
+        rules += text_without(THINK_CLOSE, "think")
+        top = f'think-0 {literal(THINK_CLOSE)} "\\n"{{0,2}} {top}'
     return f"root ::= {top}\n" + "\n".join(rules) + "\n"

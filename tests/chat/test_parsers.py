@@ -103,3 +103,14 @@ def test_what_a_forced_call_grammar_writes_parses(fmt, text, want):
         parts = [x for i in range(0, len(text), step) for x in p.feed(text[i:i + step])] + p.finish()
         assert [(x.call.name, json.loads(x.call.arguments)) for x in parts] == want
         assert all(x.kind == "tool_call" for x in parts)
+
+
+def test_a_forced_call_after_the_open_think_block():
+    # what call_grammar(..., in_think=True) writes when the prompt opened <think>
+    text = 'about the weather</think>\n\n<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>'
+    for step in (1, len(text)):
+        p = OutputParser(reasoning=True, tool_format="hermes", in_think=True)
+        parts = [x for i in range(0, len(text), step) for x in p.feed(text[i:i + step])] + p.finish()
+        assert "".join(x.text for x in parts if x.kind == "reasoning") == "about the weather"
+        assert [x.call.name for x in parts if x.call] == ["a"]
+        assert not [x for x in parts if x.kind == "content"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bubo._grammar import Grammar, Matcher
-from bubo.chat.tools import ToolSchemaError, call_grammar, prefix_rules
+from bubo.chat.tools import ToolSchemaError, call_grammar, prefix_rules, text_without
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -63,3 +63,22 @@ def test_an_unenforceable_schema_names_the_tool():
         "type": "object", "properties": {"x": {"type": "string", "pattern": "(?=a)"}}}}}]
     with pytest.raises(ToolSchemaError, match="'f'.*x"):
         call_grammar("hermes", bad)
+
+
+def test_an_open_think_block_is_closed_before_the_call():
+    g = call_grammar("hermes", TOOLS, parallel=False, in_think=True)
+    call = f"<tool_call>\n{W}\n</tool_call>"
+    assert accepts(g, f"Paris, so get_weather. <b>a</b> </thi\n</think>\n\n{call}")
+    assert accepts(g, f"</think>{call}")
+    assert not accepts(g, call)  # the block must be closed first
+    assert not accepts(g, f"a</think>b</think>{call}")  # and closed once: the rest is the call
+    assert not call_grammar("hermes", TOOLS).startswith("root ::= think")
+
+
+def test_text_without_a_stop_string_is_kmp_exact():
+    # a stop with borders (abab...): a naive "restart after a mismatch" would miss ababac
+    rules = "\n".join(text_without("abac", "t"))
+    g = f'root ::= t-0 "abac"\n{rules}\n'
+    for text, ok in [("abac", True), ("ababac", True), ("aabac", True), ("abaabac", True),
+                     ("abacabac", False), ("xabacyabac", False)]:
+        assert accepts(g, text) == ok, text

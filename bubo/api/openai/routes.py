@@ -31,7 +31,7 @@ def chat_completions() -> Any:
     req = ch.parse_chat_request(body)
     engine = ready_engine()
     prompt = ch.render_request(engine, req)
-    forced = d.forced_grammar(engine, req.tools, req.tool_choice, req.parallel_tool_calls)
+    forced = d.forced_grammar(engine, req.tools, req.tool_choice, req.parallel_tool_calls, prompt.in_think)
     gen = GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop, req.params.n_probs,
                             req.cache_prompt, grammar=req.grammar or forced)
     stream = d.submit(engine, gen)
@@ -130,8 +130,8 @@ def responses() -> Any:
     model = resolve_model(body)
     req = rs.parse_responses_request(body)
     engine = ready_engine()
-    forced = d.forced_grammar(engine, req.tools, req.tool_choice, req.parallel_tool_calls)
     prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
+    forced = d.forced_grammar(engine, req.tools, req.tool_choice, req.parallel_tool_calls, prompt.in_think)
     stream = d.submit(engine, GenerationRequest(prompt.tokens, req.params, req.max_tokens,
                                                 grammar=req.grammar or forced))
     parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls,
