@@ -49,3 +49,23 @@ def test_tool_choice_tool_forces_a_call(client):
     n_forced = client.messages.count_tokens(model="bubo", messages=hello, tools=TOOLS,
                                             tool_choice={"type": "tool", "name": "get_weather"}).input_tokens
     assert n_forced == msg.usage.input_tokens
+
+
+ADD = {"name": "add", "description": "Add two integers", "input_schema": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}
+
+
+def test_tool_choice_any_is_one_call_with_schema_valid_input(client):
+    # "Say hello." alone would get text: only the grammar makes this a call
+    hello = [{"role": "user", "content": "Say hello."}]
+    for seed in (1, 2, 3):
+        msg = client.messages.create(model="bubo", max_tokens=64, messages=hello, tools=TOOLS + [ADD],
+                                     tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                                     extra_body={"temperature": 0.8, "seed": seed})
+        assert msg.stop_reason == "tool_use"
+        (use,) = msg.content
+        assert use.type == "tool_use"
+        if use.name == "add":
+            assert set(use.input) == {"a", "b"} and all(isinstance(v, int) for v in use.input.values())
+        else:
+            assert use.name == "get_weather" and isinstance(use.input["city"], str)

@@ -135,3 +135,15 @@ def test_tool_choice_none_hides_the_tools_and_never_calls(client):
         r = client.chat.completions.create(**kw, temperature=0.8 if seed else 0, seed=seed, tool_choice="none")
         assert not r.choices[0].message.tool_calls and r.choices[0].message.content
         assert r.usage.prompt_tokens < shown.usage.prompt_tokens  # the tools are not in the prompt
+
+
+def test_responses_required_and_named_choices_call(client):
+    tools = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+              "parameters": t["function"]["parameters"]} for t in TOOLS + [ADD]]
+    for choice, want in (("required", None), ({"type": "function", "name": "add"}, "add")):
+        r = client.responses.create(model="bubo", input="Say hello.", tools=tools, tool_choice=choice,
+                                    parallel_tool_calls=False, temperature=0, max_output_tokens=64)
+        (call,) = r.output
+        assert call.type == "function_call" and (want is None or call.name == want)
+        args = json.loads(call.arguments)
+        assert set(args) == ({"a", "b"} if call.name == "add" else {"city"})
