@@ -82,3 +82,12 @@ def test_text_without_a_stop_string_is_kmp_exact():
     for text, ok in [("abac", True), ("ababac", True), ("aabac", True), ("abaabac", True),
                      ("abacabac", False), ("xabacyabac", False)]:
         assert accepts(g, text) == ok, text
+
+
+def test_optional_properties_stay_optional():
+    tools = [{"type": "function", "function": {"name": "w", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}}}]
+    g = call_grammar("json", tools)
+    assert accepts(g, '{"name": "w", "arguments": {"city": "Oslo"}}')
+    assert accepts(g, '{"name": "w", "arguments": {"city": "Oslo", "unit": "c"}}')
+    assert not accepts(g, '{"name": "w", "arguments": {"city": "Oslo", "unit": "k"}}')

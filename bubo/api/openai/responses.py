@@ -63,7 +63,8 @@ def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:
     """Responses tools ({type: function, name, parameters, strict}) in the chat format. The
-    schema is used as sent whatever strict says: no grammar constrains the output here yet."""
+    schema is used as sent whatever strict says: a forced call's grammar (dialect.forced_grammar)
+    enforces it as written, so with strict absent or null optional properties stay optional."""
     if tools is None:
         return None
     if not isinstance(tools, list):
