@@ -13,27 +13,22 @@ import pytest
 
 from bubo._grammar import Grammar
 from bubo.chat.schema import schema_to_gbnf
-from bubo.engine import Engine, FinishEvent, GenerationRequest, TokenEvent
+from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
 from bubo.sampling import SamplingParams
+from engines import start_engine
 
 CASES = json.loads((Path(__file__).parent / "testdata" / "schemas.json").read_text())
 SEEDS = [11, 22, 33, 44, 55]
 MAX_TOKENS = 200  # every test schema has instances far shorter: running out is the model's ramble, a failure
 pytestmark = pytest.mark.models
 
-READY_TIMEOUT_S = 120
 TEMPERATURE = 0.8  # seeds that differ should give answers that differ
 FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER  # 2020-12 formats (RFC 3339 time), checked
 
 
 @pytest.fixture(scope="module")
 def engine(catalog_model):
-    e = Engine(str(catalog_model("qwen2.5-coder:0.5b")), n_ctx=4096, n_parallel=len(SEEDS), n_threads=2)
-    e.start()
-    with gevent.Timeout(READY_TIMEOUT_S):
-        while not e.ready:
-            assert e.load_error is None, e.load_error
-            gevent.sleep(0.02)
+    e = start_engine(catalog_model("qwen2.5-coder:0.5b"), n_ctx=4096, n_parallel=len(SEEDS))
     yield e
     e.stop()
 

@@ -13,8 +13,9 @@ import jsonschema
 import pytest
 
 from bubo.api import dialect as d
-from bubo.engine import Engine, FinishEvent, GenerationRequest, TokenEvent
+from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
 from bubo.sampling import SamplingParams
+from engines import start_engine
 
 pytestmark = pytest.mark.models
 
@@ -22,7 +23,6 @@ N_RUNS = 50
 N_PARALLEL = 5
 MAX_TOKENS = 160  # every call below fits in far fewer; a cut call is a failure
 TEMPERATURE = 0.8  # seeds that differ should give calls that differ
-READY_TIMEOUT_S = 120
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
@@ -40,12 +40,7 @@ MESSAGES = [{"role": "user", "content": "What is the weather like in Paris, and 
 
 @pytest.fixture(scope="module", params=["qwen2.5-coder:0.5b", "smollm2:135m"])
 def engine(request, catalog_model):
-    e = Engine(str(catalog_model(request.param)), n_ctx=2048, n_parallel=N_PARALLEL, n_threads=2)
-    e.start()
-    with gevent.Timeout(READY_TIMEOUT_S):
-        while not e.ready:
-            assert e.load_error is None, e.load_error
-            gevent.sleep(0.02)
+    e = start_engine(catalog_model(request.param), n_ctx=2048, n_parallel=N_PARALLEL)
     yield e
     e.stop()
 

@@ -9,7 +9,7 @@ import pytest
 from bubo.engine import Engine, FinishEvent, GenerationRequest, QueueFullError, TokenEvent
 from bubo.sampling import SamplingParams
 
-from .conftest import start_engine
+from engines import start_engine
 
 GREEDY = SamplingParams(temperature=0)
 SEEDED = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=1234)

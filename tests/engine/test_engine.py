@@ -9,7 +9,7 @@ from bubo.engine import (ContextLengthError, Engine, ErrorEvent, FinishEvent, Ge
                          InsufficientMemoryError, NotReadyError, TokenEvent)
 from bubo.sampling import SamplingParams
 
-from .conftest import start_engine, wait_ready
+from engines import start_engine, wait_ready
 
 N_CTX = 512
 GREEDY = SamplingParams(temperature=0)

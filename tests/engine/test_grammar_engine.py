@@ -13,7 +13,7 @@ from bubo._grammar import Grammar
 from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
 from bubo.sampling import SamplingParams
 
-from .conftest import start_engine
+from engines import start_engine
 
 JSONISH = r'''
 root   ::= "{" ws "\"name\":" ws string "," ws "\"age\":" ws number ws "}"

@@ -1,4 +1,5 @@
-"""Shared by the engine tests: start an engine on smollm2:135m and wait until it is ready."""
+"""Shared by the tests that run an in-process Engine: start one and wait until it is ready.
+(tests/ is on sys.path: `from engines import start_engine`.)"""
 
 from __future__ import annotations
 
