@@ -11,7 +11,7 @@ import math
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from bubo.api.errors import ApiError
@@ -33,6 +33,10 @@ class Conversation:
     params: SamplingParams
     max_tokens: int | None
     stream: bool
+    _: KW_ONLY
+    tool_choice: str | None = None  # REQUIRED or a function name: the answer must be a call
+    parallel_tool_calls: bool = True
+    grammar: Any = None  # the output constraint (grammar, response_format, text.format), a Grammar
 
 # the code of a 400 for a field of the wrong type or out of range (the reference's table has
 # no name for it; OpenAI's own API says "invalid_value")
@@ -495,6 +499,30 @@ def forced_grammar(engine: Any, tools: Any, choice: str | None, parallel_tool_ca
         raise ApiError(400, "unsupported_schema", str(e)) from None
     except (ValueError, UnsupportedError) as e:  # the engine's limits: repetition counts, a $ref cycle, ...
         raise ApiError(400, "unsupported_schema", f"tools: the grammar engine refuses a parameters schema: {e}") from None
+
+
+def constrain(engine: Any, req: Conversation, in_think: bool) -> tuple[Any, OutputParser]:
+    """(grammar, parser) of a chat-shaped answer: the request's own constraint, else the forced
+    call's grammar; the parser reads what that grammar lets the model write."""
+    forced = forced_grammar(engine, req.tools, req.tool_choice, req.parallel_tool_calls, in_think)
+    parser = output_parser(engine, req.thinking, req.tools, in_think, req.parallel_tool_calls, forced is not None)
+    return req.grammar or forced, parser
+
+
+def openai_tool_choice(choice: Any, tools: list[dict[str, Any]] | None, named: str | None,
+                       shape: str) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """OpenAI's tool_choice ("none", "auto", "required" or a named function; named: the name the
+    dialect's object form gave, or None): (the tools to render, None / REQUIRED / the name). "none"
+    hides the tools. shape: the dialect's object form, for the error."""
+    if choice == "none":
+        return None, None
+    if choice is None or choice == "auto":
+        return tools, None
+    if choice == "required":
+        return tools, check_tool_choice(REQUIRED, tools)
+    if isinstance(named, str):
+        return tools, check_tool_choice(named, tools)
+    raise invalid(f'tool_choice must be "none", "auto", "required" or {shape}')
 
 
 def output_parser(engine: Any, thinking: bool, tools: Any, in_think: bool, parallel_tool_calls: bool = True,

@@ -184,8 +184,7 @@ class Scheduler:
             if task.cancelled:
                 self.queue.popleft()
                 continue
-            slot = free[0]
-            self.kv.free(slot.id)
+            slot = free[0]  # an idle slot's sequence is empty: _release and _preempt free it
             n_hit = 0
             if task.req.cache_prompt:
                 # the last known token always runs: its logits (or its row) are what comes next

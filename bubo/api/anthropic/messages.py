@@ -19,8 +19,6 @@ from bubo.engine.types import FinishEvent
 @dataclass
 class MessagesRequest(d.Conversation):
     stop: list[str]
-    parallel_tool_calls: bool = True
-    tool_choice: str | None = None  # d.REQUIRED or a tool name
 
 
 def _blocks_text(blocks: Any, where: str) -> str:

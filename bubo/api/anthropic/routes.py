@@ -25,11 +25,8 @@ def messages() -> Any:
     req = am.parse_messages_request(body)
     engine = ready_engine()
     prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
-    forced = d.forced_grammar(engine, req.tools, req.tool_choice, req.parallel_tool_calls, prompt.in_think)
-    gen = GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop, grammar=forced)
-    stream = d.submit(engine, gen)
-    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls,
-                             forced is not None)
+    grammar, parser = d.constrain(engine, req, prompt.in_think)
+    stream = d.submit(engine, GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop, grammar=grammar))
     id = d.new_id("msg_")
 
     if not req.stream:

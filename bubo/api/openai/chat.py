@@ -20,10 +20,7 @@ class ChatRequest(d.Conversation):
     logprobs: bool
     top_logprobs: int
     cache_prompt: bool = True
-    parallel_tool_calls: bool = True
-    tool_choice: str | None = None  # d.REQUIRED or a function name: the answer must be a call
     extra: dict[str, Any] = field(default_factory=dict)
-    grammar: Any = None  # the output constraint (grammar or response_format), a bubo._grammar.Grammar
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
@@ -36,16 +33,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
     thinking, kwargs = d.thinking_of(body)
     tools = d.chat_tools(body.get("tools"))
     choice = body.get("tool_choice")
-    if choice == "none":
-        tools, forced = None, None
-    elif choice is None or choice == "auto":
-        forced = None
-    elif choice == "required":
-        forced = d.check_tool_choice(d.REQUIRED, tools)
-    elif isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str):
-        forced = d.check_tool_choice(choice["function"]["name"], tools)
-    else:
-        raise invalid('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}')
+    named = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    tools, forced = d.openai_tool_choice(choice, tools, named, '{"type": "function", "function": {"name": ...}}')
     logprobs = d.bool_field(body, "logprobs", False)
     top_logprobs = d.n_probs_of(body, "top_logprobs")
     if top_logprobs > 20:

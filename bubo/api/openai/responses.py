@@ -16,10 +16,7 @@ from bubo.engine.types import FinishEvent
 
 @dataclass
 class ResponsesRequest(d.Conversation):
-    echo: dict[str, Any]
-    tool_choice: str | None = None  # d.REQUIRED or a function name
-    parallel_tool_calls: bool = True  # request fields the response repeats (instructions, tools, ...)
-    grammar: Any = None  # text.format as a bubo._grammar.Grammar, or None
+    echo: dict[str, Any]  # request fields the response repeats (instructions, tools, ...)
 
 
 def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -101,16 +98,8 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     thinking, kwargs = d.thinking_of(fields)
     tools = _tools(body.get("tools"))
     choice = body.get("tool_choice")
-    if choice == "none":
-        tools, forced = None, None
-    elif choice is None or choice == "auto":
-        forced = None
-    elif choice == "required":
-        forced = d.check_tool_choice(d.REQUIRED, tools)
-    elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        forced = d.check_tool_choice(choice["name"], tools)
-    else:
-        raise invalid('tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}')
+    named = choice.get("name") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    tools, forced = d.openai_tool_choice(choice, tools, named, '{"type": "function", "name": ...}')
     d.check_forced_call_alone(forced, grammar)
     return ResponsesRequest(
         messages=messages, prefill=prefill, tools=tools, thinking=thinking, template_kwargs=kwargs,

@@ -31,12 +31,10 @@ def chat_completions() -> Any:
     req = ch.parse_chat_request(body)
     engine = ready_engine()
     prompt = ch.render_request(engine, req)
-    forced = d.forced_grammar(engine, req.tools, req.tool_choice, req.parallel_tool_calls, prompt.in_think)
+    grammar, parser = d.constrain(engine, req, prompt.in_think)
     gen = GenerationRequest(prompt.tokens, req.params, req.max_tokens, req.stop, req.params.n_probs,
-                            req.cache_prompt, grammar=req.grammar or forced)
+                            req.cache_prompt, grammar=grammar)
     stream = d.submit(engine, gen)
-    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls,
-                             forced is not None)
     id, created = d.new_id("chatcmpl-"), d.now()
     n_top = req.top_logprobs
 
@@ -131,11 +129,8 @@ def responses() -> Any:
     req = rs.parse_responses_request(body)
     engine = ready_engine()
     prompt = d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
-    forced = d.forced_grammar(engine, req.tools, req.tool_choice, req.parallel_tool_calls, prompt.in_think)
-    stream = d.submit(engine, GenerationRequest(prompt.tokens, req.params, req.max_tokens,
-                                                grammar=req.grammar or forced))
-    parser = d.output_parser(engine, req.thinking, req.tools, prompt.in_think, req.parallel_tool_calls,
-                             forced is not None)
+    grammar, parser = d.constrain(engine, req, prompt.in_think)
+    stream = d.submit(engine, GenerationRequest(prompt.tokens, req.params, req.max_tokens, grammar=grammar))
     id, created = d.new_id("resp_"), d.now()
 
     def reasoning_tokens(text: str) -> int:
