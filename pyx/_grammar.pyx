@@ -23,6 +23,7 @@ cdef class Grammar:
     message names line and column."""
     cdef bubo_grammar *g
     cdef readonly str root
+    cdef readonly str text  # the GBNF source (a grammar is wrapped by rewriting it: bubo.chat.thinking)
 
     def __cinit__(self, text, str root="root"):
         cdef bytes data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
@@ -36,6 +37,7 @@ cdef class Grammar:
             st = bubo_grammar_parse(p, n, r, &self.g, &err)
         check_status(st, &err, None)
         self.root = root
+        self.text = data.decode("utf-8", "replace")
 
     def __dealloc__(self):
         bubo_grammar_free(self.g)

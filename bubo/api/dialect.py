@@ -481,32 +481,54 @@ def forced_format(engine: Any) -> str:
 
 
 def forced_grammar(engine: Any, tools: Any, choice: str | None, parallel_tool_calls: bool = True,
-                   in_think: bool = False) -> Any:
+                   in_think: bool = False, thinking: bool = False) -> Any:
     """The grammar that makes the answer a call (tool_choice REQUIRED: to any of tools; a name:
     to that function), or None when the model decides; in_think: the prompt opened <think>,
-    which the answer closes first. A parameters schema the grammar cannot enforce is a 400
-    unsupported_schema naming the tool and the keyword's pointer."""
-    from bubo._grammar import Grammar
+    which the answer closes first (thinking: after reasoning, else at once). A parameters schema
+    the grammar cannot enforce is a 400 unsupported_schema naming the tool and the keyword's
+    pointer."""
     from bubo.chat.tools import ToolSchemaError, call_grammar
-    from bubo.errors import UnsupportedError
 
     if choice is None or not tools:
         return None
     try:
-        return Grammar(call_grammar(forced_format(engine), tools, None if choice == REQUIRED else choice,
-                                    parallel_tool_calls, in_think))
+        text = call_grammar(forced_format(engine), tools, None if choice == REQUIRED else choice, parallel_tool_calls)
     except ToolSchemaError as e:
         raise ApiError(400, "unsupported_schema", str(e)) from None
+    return answer_constraint(engine, None, text, thinking, in_think)
+
+
+def answer_constraint(engine: Any, grammar: Any, forced: str | None, thinking: bool, in_think: bool) -> Any:
+    """The grammar of the whole chat answer: the request's own (a compiled Grammar) or a forced
+    call's (GBNF), with the reasoning's place around it (bubo.chat.thinking: thinking off closes
+    a think block at once, on puts it before the constrained part); None: no constraint."""
+    from bubo._grammar import Grammar
+    from bubo.chat.thinking import answer_grammar, template_thinks
+    from bubo.errors import UnsupportedError
+
+    body, root = (grammar.text, grammar.root) if grammar is not None else (forced, "root")
+    text = answer_grammar(body, root, thinking=thinking, in_think=in_think,
+                          thinks=template_thinks(engine.chat_template))
+    if text is None:
+        if grammar is not None or forced is None:
+            return grammar
+        text = forced
+    try:
+        return Grammar(text)
     except (ValueError, UnsupportedError) as e:  # the engine's limits: repetition counts, a $ref cycle, ...
-        raise ApiError(400, "unsupported_schema", f"tools: the grammar engine refuses a parameters schema: {e}") from None
+        what = "a parameters schema" if grammar is None else "the answer's grammar"
+        raise ApiError(400, "unsupported_schema" if grammar is None else "invalid_grammar",
+                       f"{'tools' if grammar is None else 'grammar'}: the grammar engine refuses {what}: {e}") from None
 
 
 def constrain(engine: Any, req: Conversation, in_think: bool) -> tuple[Any, OutputParser]:
     """(grammar, parser) of a chat-shaped answer: the request's own constraint, else the forced
-    call's grammar; the parser reads what that grammar lets the model write."""
-    forced = forced_grammar(engine, req.tools, req.tool_choice, req.parallel_tool_calls, in_think)
+    call's grammar, with the reasoning's place around it; the parser reads what that grammar
+    lets the model write."""
+    forced = forced_grammar(engine, req.tools, req.tool_choice, req.parallel_tool_calls, in_think, req.thinking)
+    grammar = forced if forced is not None else answer_constraint(engine, req.grammar, None, req.thinking, in_think)
     parser = output_parser(engine, req.thinking, req.tools, in_think, req.parallel_tool_calls, forced is not None)
-    return req.grammar or forced, parser
+    return grammar, parser
 
 
 def openai_tool_choice(choice: Any, tools: list[dict[str, Any]] | None, named: str | None,
@@ -527,14 +549,15 @@ def openai_tool_choice(choice: Any, tools: list[dict[str, Any]] | None, named: s
 
 def output_parser(engine: Any, thinking: bool, tools: Any, in_think: bool, parallel_tool_calls: bool = True,
                   forced: bool = False) -> OutputParser:
-    """The parser of a chat answer: <think> when thinking is on; with tools, the template's
-    tool-call format. forced: a grammar makes the answer calls in forced_format (after closing
-    the <think> the prompt opened, if it did)."""
-    if forced and tools:
-        return OutputParser(reasoning=in_think, tool_format=forced_format(engine), in_think=in_think,
-                            max_calls=None if parallel_tool_calls else 1)
-    return OutputParser(reasoning=thinking, tool_format=tool_format(engine, tools), in_think=in_think,
-                        max_calls=None if parallel_tool_calls else 1)
+    """The parser of a chat answer: <think> when thinking is on, when the prompt opened one, or
+    when the template thinks (thinking off: the grammar lets only an empty block through, which
+    yields nothing); with tools, the template's tool-call format, or forced_format when a
+    grammar makes the answer calls."""
+    from bubo.chat.thinking import template_thinks
+
+    return OutputParser(reasoning=thinking or in_think or template_thinks(engine.chat_template),
+                        tool_format=forced_format(engine) if forced and tools else tool_format(engine, tools),
+                        in_think=in_think, max_calls=None if parallel_tool_calls else 1)
 
 
 # --- output --------------------------------------------------------------------------------

@@ -163,8 +163,9 @@ class OutputParser:
         self.reasoning = reasoning
         self.tool_format = tool_format
         self._buf = ""
-        # states: "start" (nothing shown yet), "think", "content", "hermes" (inside <tool_call>),
-        # "whole" (the rest of the answer is a llama3/mistral call list, parsed at the end)
+        # states: "start" (nothing shown yet, or the reasoning just ended), "think", "content",
+        # "hermes" (inside <tool_call>), "whole" (the rest of the answer is a llama3/mistral/json
+        # call list, parsed at the end)
         self._state = "think" if (reasoning and in_think) else "start"
         self._seen_content = False
         self._after_think = False  # a </think> ended the reasoning: the answer's leading gap goes
@@ -219,7 +220,7 @@ class OutputParser:
             lead = buf.lstrip()
             if not lead and not final:
                 return
-            if self.reasoning:
+            if self.reasoning and not self._after_think:
                 if lead.startswith(THINK_OPEN):
                     self._buf = lead[len(THINK_OPEN):]
                     self._state = "think"
@@ -244,7 +245,7 @@ class OutputParser:
                 if buf[:i]:
                     out.append(Part("reasoning", buf[:i]))
                 self._buf = buf[i + len(THINK_CLOSE):]
-                self._state = "content"
+                self._state = "start"  # the answer after the reasoning: content, or calls
                 self._after_think = True
                 return
             hold = 0 if final else _partial_suffix(buf, (THINK_CLOSE,))

@@ -12,15 +12,17 @@ import json
 import re
 from typing import Any
 
-from bubo.chat.parsers import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG, THINK_CLOSE
+from bubo.chat.parsers import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG
 from bubo.chat.schema import SchemaError, literal, schema_to_gbnf
 
 # "json": the call format of a template that teaches none (a bare {"name", "arguments"} object)
 FORCED_FORMATS = ("hermes", "mistral", "llama3", "json")
 
-# a GBNF token: a string literal, a character class, a rule name, or anything else (operators,
-# spaces); only rule names are renamed when one tool's rules are embedded beside another's
-_GBNF_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z][A-Za-z0-9-]*|#[^\n]*|.', re.S)
+# a GBNF token: a string literal, a character class, a {m,n} repetition, a rule name (the
+# grammar parser's word characters), a comment, or anything else (operators, spaces); only rule
+# names are renamed when one grammar's rules are embedded beside another's
+_GBNF_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\{[^}]*\}|[A-Za-z0-9_-]+|#[^\n]*|.', re.S)
+_GBNF_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class ToolSchemaError(ValueError):
@@ -34,7 +36,7 @@ class ToolSchemaError(ValueError):
 def prefix_rules(gbnf: str, prefix: str) -> str:
     """The same grammar with every rule name prefixed (root becomes prefix + "root"), so that
     several schemas' rules can live in one grammar."""
-    return "".join(prefix + t if t[0].isalpha() else t for t in _GBNF_TOKEN.findall(gbnf))
+    return "".join(prefix + t if _GBNF_NAME.fullmatch(t) else t for t in _GBNF_TOKEN.findall(gbnf))
 
 
 def _args_key(tool_format: str) -> str:
@@ -74,10 +76,10 @@ def text_without(stop: str, rule: str) -> list[str]:
 
 
 def call_grammar(tool_format: str, tools: list[dict[str, Any]], name: str | None = None,
-                 parallel: bool = True, in_think: bool = False) -> str:
+                 parallel: bool = True) -> str:
     """GBNF for an answer that is one call (parallel False) or one or more calls (True) to the
     function `name`, or to any of tools when name is None. tools are OpenAI function tools.
-    in_think: the prompt opened a <think> block, which the answer closes before the calls."""
+    A <think> block before the calls is bubo.chat.thinking's (answer_grammar)."""
     if tool_format not in FORCED_FORMATS:
         raise ValueError(f"unknown tool-call format {tool_format!r}; known: {', '.join(FORCED_FORMATS)}")
     chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
@@ -113,7 +115,4 @@ def call_grammar(tool_format: str, tools: list[dict[str, Any]], name: str | None
     rules.append(f"calls ::= call ({more})*" if parallel else "calls ::= call")
     if tool_format == "hermes":
         top = "calls"
-    if in_think:
-        rules += text_without(THINK_CLOSE, "think")
-        top = f'think-0 {literal(THINK_CLOSE)} "\\n"{{0,2}} {top}'
     return f"root ::= {top}\n" + "\n".join(rules) + "\n"

@@ -105,12 +105,27 @@ def test_what_a_forced_call_grammar_writes_parses(fmt, text, want):
         assert all(x.kind == "tool_call" for x in parts)
 
 
-def test_a_forced_call_after_the_open_think_block():
-    # what call_grammar(..., in_think=True) writes when the prompt opened <think>
-    text = 'about the weather</think>\n\n<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>'
+@pytest.mark.parametrize("call", [
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>'),
+    ("json", '{"name": "a", "arguments": {}}'),
+    ("llama3", '{"name": "a", "parameters": {}}'),
+    ("mistral", '[TOOL_CALLS][{"name": "a", "arguments": {}}]'),
+])
+def test_a_forced_call_after_the_open_think_block(call):
+    # what bubo.chat.thinking.answer_grammar lets a forced call be when the prompt opened <think>:
+    # the calls are read after the reasoning in every format, not only in the tag-led ones
+    fmt, written = call
+    text = f"about the weather</think>\n\n{written}"
     for step in (1, len(text)):
-        p = OutputParser(reasoning=True, tool_format="hermes", in_think=True)
+        p = OutputParser(reasoning=True, tool_format=fmt, in_think=True)
         parts = [x for i in range(0, len(text), step) for x in p.feed(text[i:i + step])] + p.finish()
         assert "".join(x.text for x in parts if x.kind == "reasoning") == "about the weather"
         assert [x.call.name for x in parts if x.call] == ["a"]
         assert not [x for x in parts if x.kind == "content"]
+
+
+def test_one_think_block_only():
+    # after the reasoning, a second <think> is content (the block is read at the answer's start)
+    p = OutputParser(reasoning=True)
+    parts = p.feed("<think>a</think>\n<think>b</think>") + p.finish()
+    assert [(x.kind, x.text) for x in parts] == [("reasoning", "a"), ("content", "<think>b</think>")]

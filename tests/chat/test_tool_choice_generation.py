@@ -48,8 +48,8 @@ def engine(request, catalog_model):
 def answer(engine, seed, choice, parallel=False, tools=TOOLS):
     """(calls, content, finish) of one chat request, as the chat route runs it."""
     prompt = d.render_chat(engine, MESSAGES, tools, {}, None)
-    grammar = d.forced_grammar(engine, tools, choice, parallel, prompt.in_think)
-    parser = d.output_parser(engine, False, tools, prompt.in_think, parallel, grammar is not None)
+    grammar = d.forced_grammar(engine, tools, choice, parallel, prompt.in_think, thinking=True)
+    parser = d.output_parser(engine, True, tools, prompt.in_think, parallel, grammar is not None)
     stream = engine.submit(GenerationRequest(prompt.tokens, SamplingParams(temperature=TEMPERATURE, seed=seed),
                                              max_tokens=MAX_TOKENS, grammar=grammar))
     out = d.Output()
