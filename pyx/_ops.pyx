@@ -8,11 +8,12 @@ import numpy as np
 
 from common cimport bubo_status, bubo_err, BUBO_OK, BUBO_ERR_IO, BUBO_ERR_FORMAT, BUBO_ERR_UNSUPPORTED, BUBO_ERR_NOMEM, BUBO_ERR_INVALID
 from cpu cimport bubo_isa, bubo_cpu_supports, bubo_cpu_best_isa, bubo_isa_name, BUBO_ISA_COUNT
-from quants cimport (bubo_type, bubo_type_traits, bubo_type_get_traits, bubo_row_size, BUBO_TYPE_F32, BUBO_TYPE_F16)
+from quants cimport (bubo_type, bubo_type_traits, bubo_type_get_traits, bubo_row_size, bubo_prepacked_size,
+                     bubo_prepack_fn, bubo_get_tile_prepacked, BUBO_TYPE_F32, BUBO_TYPE_F16)
 from threadpool cimport (bubo_pool, bubo_pool_create, bubo_pool_free, bubo_pool_n_threads,
                          bubo_pool_run, bubo_pool_barrier)
 from ops cimport (bubo_ops, bubo_ops_for_isa, bubo_ops_best, bubo_rope_params, BUBO_ROPE_NORMAL,
-                  BUBO_ROPE_NEOX, bubo_matmul_scratch_size, bubo_matmul,
+                  BUBO_ROPE_NEOX, bubo_matmul_scratch_size, bubo_matmul, bubo_matmul_prepack, bubo_matmul_prepacked,
                   BUBO_ATTEND_GROUP, bubo_attend_scratch_floats, bubo_attend_paged_isa)
 from kv cimport bubo_kv_view
 
@@ -279,9 +280,9 @@ def pool_probe(ThreadPool pool, int64_t n_runs):
 
 # ---- matmul -----------------------------------------------------------------------------------
 
-def matmul(ThreadPool pool, int type_id, const uint8_t[::1] w, int64_t rows, int64_t cols, x):
-    """y [n_tokens, rows] = x [n_tokens, cols] @ W.T for W [rows, cols] stored as type_id blocks.
-    pool None: the calling thread alone."""
+def matmul(ThreadPool pool, int type_id, const uint8_t[::1] w, int64_t rows, int64_t cols, x, bint prepacked=False):
+    """y [n_tokens, rows] = x [n_tokens, cols] @ W.T for W [rows, cols] stored as type_id blocks
+    (prepacked: w is prepack()'s form of W). pool None: the calling thread alone."""
     cdef const bubo_type_traits *t = bubo_type_get_traits(type_id)
     if t == NULL:
         raise ValueError(f"unknown type id {type_id}")
@@ -290,7 +291,7 @@ def matmul(ThreadPool pool, int type_id, const uint8_t[::1] w, int64_t rows, int
         raise ValueError(f"{cols} columns are not a whole number of {t.name.decode()} blocks")
     cdef const float[:, ::1] xv = _f32(x).reshape(-1, cols)
     cdef int64_t n_tokens = xv.shape[0]
-    cdef size_t w_size = row_bytes * <size_t>rows
+    cdef size_t w_size = bubo_prepacked_size(<bubo_type>type_id, rows, cols) if prepacked else row_bytes * <size_t>rows
     if <size_t>w.shape[0] != w_size:
         raise ValueError(f"W [{rows}, {cols}] takes {w_size} bytes, got {w.shape[0]}")
     out = np.zeros((n_tokens, rows), dtype=np.float32)
@@ -303,9 +304,32 @@ def matmul(ThreadPool pool, int type_id, const uint8_t[::1] w, int64_t rows, int
     cdef bubo_status status = BUBO_OK
     if rows and n_tokens:
         with nogil:
-            status = bubo_matmul(p, <bubo_type>type_id, &w[0] if w_size else NULL, rows, cols,
-                                 &xv[0, 0], n_tokens, &yv[0, 0], &sv[0], scratch_size, &err)
+            if prepacked:
+                status = bubo_matmul_prepacked(p, <bubo_type>type_id, &w[0] if w_size else NULL, rows, cols,
+                                               &xv[0, 0], n_tokens, &yv[0, 0], &sv[0], scratch_size, &err)
+            else:
+                status = bubo_matmul(p, <bubo_type>type_id, &w[0] if w_size else NULL, rows, cols,
+                                     &xv[0, 0], n_tokens, &yv[0, 0], &sv[0], scratch_size, &err)
     check_status(status, &err, "matmul")
+    return out
+
+
+def prepack(int type_id, const uint8_t[::1] w, int64_t rows, int64_t cols):
+    """W's prepacked form for matmul(..., prepacked=True), or None where this CPU's best level has
+    no prepacked kernels for type_id."""
+    cdef bubo_prepack_fn fn = NULL
+    if bubo_get_tile_prepacked(<bubo_type>type_id, &fn) == NULL:
+        return None
+    cdef size_t row_bytes = bubo_row_size(<bubo_type>type_id, cols)
+    if row_bytes == 0 or <size_t>w.shape[0] != row_bytes * <size_t>rows or rows <= 0:
+        raise ValueError(f"W [{rows}, {cols}] takes {row_bytes * rows} bytes, got {w.shape[0]}")
+    out = np.zeros(bubo_prepacked_size(<bubo_type>type_id, rows, cols), dtype=np.uint8)
+    cdef uint8_t[::1] ov = out
+    cdef bubo_err err
+    cdef bubo_status status
+    with nogil:
+        status = bubo_matmul_prepack(<bubo_type>type_id, &w[0], rows, cols, &ov[0], &err)
+    check_status(status, &err, "prepack")
     return out
 
 

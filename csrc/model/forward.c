@@ -49,7 +49,8 @@ static void run_tokens(step_ctx *c, void (*fn)(const void *, int32_t)) {
 }
 
 static bubo_status matmul(bubo_model *m, const bubo_mat *w, const float *x, int32_t n, float *y, bubo_err *err) {
-    return bubo_matmul(m->pool, w->type, w->data, w->rows, w->cols, x, n, y, m->s.mm_scratch, m->s.mm_scratch_size, err);
+    return (w->packed ? bubo_matmul_prepacked : bubo_matmul)(m->pool, w->type, w->data, w->rows, w->cols, x, n, y,
+                                                             m->s.mm_scratch, m->s.mm_scratch_size, err);
 }
 
 /* ---- the per-token steps ---------------------------------------------------------------------- */

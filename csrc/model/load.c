@@ -1,10 +1,13 @@
 /* Loading a model: hyperparameters from the GGUF metadata, weights bound by tensor name, and the
  * run state sized once for the largest chunk. The rules per family follow llama.cpp's loader
  * (src/llama-model.cpp, src/models/<arch>.cpp), so that the same file means the same model. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "model_internal.h"
 
@@ -297,6 +300,72 @@ static bubo_status alloc_state(bubo_model *m, bubo_err *err) {
     return BUBO_OK;
 }
 
+/* ---- prepacked weights ------------------------------------------------------------------------ */
+/* Every matrix the forward pass multiplies (not token_embd, whose rows are also looked up: a tied
+ * output stays in place) is packed once where this CPU has prepacked kernels for its type, which
+ * saves each matmul its unpacking: the same bits, faster (bubo_matmul_prepacked). The mmap'd pages
+ * of the original are given back. BUBO_NO_PREPACK=1 keeps every matrix in place. */
+
+typedef struct {
+    const bubo_mat *w;
+    bubo_prepack_fn fn;
+    size_t row_bytes;
+    uint8_t *dst;
+} prepack_task;
+
+static void prepack_share(void *vt, int ith, int nth) {
+    const prepack_task *t = vt;
+    const int64_t groups = (t->w->rows + 15) / 16;
+    const int64_t r0 = groups * ith / nth * 16, r1e = groups * (ith + 1) / nth * 16;
+    const int64_t r1 = r1e < t->w->rows ? r1e : t->w->rows;
+    if (r1 > r0)
+        t->fn((const uint8_t *)t->w->data + (size_t)r0 * t->row_bytes, t->row_bytes, r1 - r0, (int)t->w->cols,
+              t->dst + (size_t)r0 * t->row_bytes);
+}
+
+static bubo_status prepack_mat(bubo_model *m, bubo_mat *w, bubo_err *err) {
+    bubo_prepack_fn fn = NULL;
+    if (!w->data || w->packed || w->cols > INT_MAX || !bubo_get_tile_prepacked(w->type, &fn)) return BUBO_OK;
+    const size_t size = (bubo_prepacked_size(w->type, w->rows, w->cols) + 63) & ~(size_t)63;
+    uint8_t *dst = aligned_alloc(64, size);
+    if (!dst) return bubo_set_err(err, BUBO_ERR_NOMEM, "%s: out of memory for the prepacked weights", m->path);
+    prepack_task t = {w, fn, bubo_row_size(w->type, w->cols), dst};
+    if (bubo_pool_n_threads(m->pool) > 1)
+        bubo_pool_run(m->pool, prepack_share, &t);
+    else
+        prepack_share(&t, 0, 1);
+    /* the original's whole pages go back to the file (a private read-only mapping: never lost) */
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t from = ((uintptr_t)w->data + page - 1) & ~(page - 1);
+    const uintptr_t to = ((uintptr_t)w->data + t.row_bytes * (size_t)w->rows) & ~(page - 1);
+    if (to > from) madvise((void *)from, to - from, MADV_DONTNEED);
+    w->data = dst;
+    w->packed = dst;
+    return BUBO_OK;
+}
+
+static bubo_status prepack_weights(bubo_model *m, bubo_err *err) {
+    const char *off = getenv("BUBO_NO_PREPACK");
+    if (off && *off && strcmp(off, "0") != 0) return BUBO_OK;
+    bubo_status st = BUBO_OK;
+    for (int il = 0; il < m->hp.n_layer && !st; il++) {
+        bubo_layer_weights *l = &m->w.layers[il];
+        bubo_mat *mats[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->gate, &l->up, &l->down};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0] && !st; i++) st = prepack_mat(m, mats[i], err);
+    }
+    if (!st && !m->hp.tied_output) st = prepack_mat(m, &m->w.output, err);
+    return st;
+}
+
+static void free_prepacked(bubo_model *m) {
+    for (int il = 0; il < BUBO_MAX_LAYERS; il++) {
+        bubo_layer_weights *l = &m->w.layers[il];
+        bubo_mat *mats[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->gate, &l->up, &l->down};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free(mats[i]->packed);
+    }
+    free(m->w.output.packed); /* NULL when tied: token_embd is never packed */
+}
+
 /* ---- load / free ----------------------------------------------------------------------------- */
 
 bubo_status bubo_model_load(const char *path, int n_threads, bubo_model **out, bubo_err *err) {
@@ -317,6 +386,7 @@ bubo_status bubo_model_load(const char *path, int n_threads, bubo_model **out, b
     if (!st) st = load_hparams(&L, &m->hp);
     if (!st) st = bind_weights(&L, m);
     if (!st) st = bubo_pool_create(n_threads, &m->pool, err);
+    if (!st) st = prepack_weights(m, err);
     if (!st) st = alloc_state(m, err);
     if (st) {
         bubo_model_free(m);
@@ -330,6 +400,7 @@ bubo_status bubo_model_load(const char *path, int n_threads, bubo_model **out, b
 void bubo_model_free(bubo_model *m) {
     if (!m) return;
     bubo_pool_free(m->pool);
+    free_prepacked(m);
     for (int il = 0; il < BUBO_MAX_LAYERS; il++) {
         bubo_layer_weights *l = &m->w.layers[il];
         float *vecs[] = {l->attn_norm, l->bq, l->bk, l->bv, l->q_norm, l->k_norm, l->post_attn_norm, l->ffn_norm, l->post_ffw_norm};

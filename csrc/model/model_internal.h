@@ -11,15 +11,19 @@
 /* Most tokens one attention call takes: their K/V rows are read once for all of them. */
 #define ATTN_TILE_TOKENS 16
 
-/* A weight matrix in place in the mmap: rows of `cols` elements of `type`. */
+/* A weight matrix: rows of `cols` elements of `type`, in place in the mmap, or prepacked at load
+ * (bubo_matmul_prepack) where this CPU has prepacked kernels for the type: then `packed` owns the
+ * packed form and data points at it. */
 typedef struct {
     bubo_type type;
     const void *data;
     int64_t rows, cols;
+    void *packed;
 } bubo_mat;
 
 /* ---- weights --------------------------------------------------------------------------------- */
-/* Vectors (norms, biases) are widened to f32 copies at load; matrices stay in the mmap. */
+/* Vectors (norms, biases) are widened to f32 copies at load; matrices stay in the mmap unless
+ * prepacked (see bubo_mat). */
 
 typedef struct {
     float *attn_norm;      /* [n_embd] */

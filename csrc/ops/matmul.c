@@ -75,9 +75,17 @@ size_t bubo_matmul_scratch_size(bubo_type type, int64_t cols, int64_t n_tokens) 
     return bubo_row_size(traits->vec_dot_type, cols) * (size_t)n_tokens;
 }
 
-bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
-                        const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
-                        bubo_err *err) {
+/* The tile over packed weights: the level that packed them (bubo_get_tile_prepacked chose it at
+ * load), even if BUBO_FORCE_ISA lowered the best level since. */
+static bubo_vec_dot_tile_fn prepacked_tile(const bubo_type_traits *traits) {
+    for (int isa = 0; isa < BUBO_ISA_COUNT; isa++)
+        if (traits->vec_dot_tile_prepacked[isa] && bubo_cpu_supports((bubo_isa)isa)) return traits->vec_dot_tile_prepacked[isa];
+    return NULL;
+}
+
+static bubo_status matmul_run(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
+                              const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
+                              int prepacked, bubo_err *err) {
     const bubo_type_traits *traits = bubo_type_get_traits(type);
     if (!traits) return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: unknown type id %d", (int)type);
     if (!traits->supported) return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: type %s is not supported", traits->name);
@@ -93,7 +101,7 @@ bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t 
 
     matmul_task task = {
         .pool = pool,
-        .vec_dot_tile = bubo_get_vec_dot_tile(type),
+        .vec_dot_tile = prepacked ? prepacked_tile(traits) : bubo_get_vec_dot_tile(type),
         .w = w,
         .w_row_bytes = bubo_row_size(type, cols),
         .rows = rows,
@@ -116,11 +124,36 @@ bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t 
         task.xq_type_size = act->type_size;
     }
     if (!task.vec_dot_tile || (traits->vec_dot_type != BUBO_TYPE_F32 && !task.from_float))
-        return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: type %s has no dot product kernel", traits->name);
+        return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: type %s has no %sdot product kernel", traits->name,
+                            prepacked ? "prepacked " : "");
 
     if (pool && bubo_pool_n_threads(pool) > 1)
         bubo_pool_run(pool, matmul_share, &task);
     else
         matmul_share(&task, 0, 1);
+    return BUBO_OK;
+}
+
+bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
+                        const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
+                        bubo_err *err) {
+    return matmul_run(pool, type, w, rows, cols, x, n_tokens, y, scratch, scratch_size, 0, err);
+}
+
+bubo_status bubo_matmul_prepacked(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
+                                  const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
+                                  bubo_err *err) {
+    return matmul_run(pool, type, w, rows, cols, x, n_tokens, y, scratch, scratch_size, 1, err);
+}
+
+bubo_status bubo_matmul_prepack(bubo_type type, const void *w, int64_t rows, int64_t cols, void *dst, bubo_err *err) {
+    bubo_prepack_fn prepack = NULL;
+    const size_t row_bytes = bubo_row_size(type, cols);
+    if (!bubo_get_tile_prepacked(type, &prepack))
+        return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: no prepacked kernels for type %d on this CPU", (int)type);
+    if (rows < 0 || cols <= 0 || cols > INT_MAX || row_bytes == 0 || !w || !dst)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "matmul_prepack: bad shape rows=%lld cols=%lld", (long long)rows,
+                            (long long)cols);
+    prepack(w, row_bytes, rows, (int)cols, dst);
     return BUBO_OK;
 }

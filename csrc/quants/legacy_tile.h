@@ -199,6 +199,14 @@ static inline void prefetch_next_group(const uint8_t *xr, size_t x_stride, int n
     for (uintptr_t a = from; a < to; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
 }
 
+/* The same for prepacked groups (below), where a group's blocks k0..k0+kp-1 are one range. */
+static inline void prefetch_next_prepacked(const uint8_t *xr, size_t x_stride, int nr, int k0, int kp, size_t x_size) {
+    if (nr <= TILE_ROWS) return;
+    const uintptr_t next = (uintptr_t)(xr + (size_t)TILE_ROWS * x_stride) + (size_t)k0 * TILE_ROWS * x_size;
+    const uintptr_t to = next + (size_t)kp * TILE_ROWS * x_size;
+    for (uintptr_t a = next & ~(uintptr_t)63; a < to; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
+}
+
 /* The tile for a few tokens: the same chain per (row, token) as tile_micro_avx512 (16 rows in the
  * lanes of one accumulator, one fma per block), but each block's 16 integer sums come from a
  * reduction tree over untransposed rows instead of a packing, which only pays off when many
@@ -274,18 +282,19 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_micro_
 #undef MICRO
 }
 
-/* The whole tile. x_size: weight block bytes; with_min: Q8_1 activations (else Q8_0, offset off). */
-BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy_avx512(
+/* The whole tile. x_size: weight block bytes; with_min: Q8_1 activations (else Q8_0, offset off);
+ * prepacked: x holds prepacked groups (below) and `pack` unpacks them, for every token count. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy_any_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
     const void *restrict vy, size_t y_stride, tile_pack_fn pack, legacy_udot2_fn udot2, size_t x_size, int with_min,
-    int off) {
+    int off, int prepacked) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK8_0;
     if (nb == 0) {
         for (int t = 0; t < n_tokens; t++) memset(s + (size_t)t * s_stride, 0, (size_t)n_rows * sizeof(float));
         return;
     }
-    if (n_tokens < TILE_PACK_MIN_TOKENS) {
+    if (!prepacked && n_tokens < TILE_PACK_MIN_TOKENS) {
         rows_legacy_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, x_size, y, y_stride, udot2, with_min, off);
         return;
     }
@@ -302,7 +311,10 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
             const uint8_t *xr = x + (size_t)r0 * x_stride;
             for (int k0 = 0; k0 < nb; k0 += TILE_PANEL) {
                 const int kp = nb - k0 < TILE_PANEL ? nb - k0 : TILE_PANEL;
-                prefetch_next_group(xr, x_stride, nr, k0, k0 + kp, nb);
+                if (prepacked)
+                    prefetch_next_prepacked(xr, x_stride, nr, k0, kp, x_size);
+                else
+                    prefetch_next_group(xr, x_stride, nr, k0, k0 + kp, nb);
                 pack(&packed, xr, x_stride, nr, k0, kp);
                 tile_micro_any_avx512(&packed, n_tokens, kp, k0 == 0, nr, s + r0, s_stride, y, y_stride,
                                       (size_t)k0 * y_size, with_min,
@@ -337,6 +349,96 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
         }
     }
 }
+
+/* The tile of weight rows in place. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy_avx512(
+    int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
+    const void *restrict vy, size_t y_stride, tile_pack_fn pack, legacy_udot2_fn udot2, size_t x_size, int with_min,
+    int off) {
+    tile_legacy_any_avx512(n, n_rows, n_tokens, s, s_stride, vx, x_stride, vy, y_stride, pack, udot2, x_size, with_min,
+                           off, 0);
+}
+
+/* ---- prepacked weights -------------------------------------------------------------------------
+ * A matrix multiplied many times (a model's weights) can be packed once, at load: each group of 16
+ * rows becomes, block after block, what `pack` makes of that block (the panel's bytes; for 4-bit
+ * types two values a byte), then the 16 rows' d and, with a min, m as f16. That is exactly the
+ * bytes of the 16 rows' blocks (288 for Q4_0, 320 for Q4_1, 544 for Q8_0), so group g still starts
+ * at row 16 g's offset; the last group is padded to 16 rows. Unpacking a panel from it is a few
+ * loads, masks and shifts instead of a transpose and a gather, and every token count takes the
+ * tile (one token too): the panel holds the same values either way, so the results are the same
+ * bits as from the rows in place. */
+
+/* Bytes of block k of a group: the panel's q (4-bit: half), d, and m where the type has one. */
+static inline size_t prepacked_q_bytes(int nibbles) { return nibbles ? 256 : 512; }
+
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void prepack_legacy_avx512(
+    const uint8_t *x, size_t x_stride, int64_t rows, int nb, uint8_t *dst, tile_pack_fn pack, size_t x_size,
+    int nibbles, int with_m) {
+    packed_panel_avx512 p __attribute__((aligned(64)));
+    const size_t qb = prepacked_q_bytes(nibbles);
+    for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
+        const int nr = rows - r0 < TILE_ROWS ? (int)(rows - r0) : TILE_ROWS;
+        uint8_t *g = dst + (size_t)r0 * x_stride;
+        for (int k = 0; k < nb; k++) {
+            pack(&p, x + (size_t)r0 * x_stride, x_stride, nr, k, 1);
+            uint8_t *b = g + (size_t)k * TILE_ROWS * x_size;
+            if (nibbles) {
+                for (int i = 0; i < 4; i++)
+                    _mm512_storeu_si512(b + 64 * i, _mm512_or_si512(p.q[0][2 * i], _mm512_slli_epi16(p.q[0][2 * i + 1], 4)));
+            } else {
+                for (int i = 0; i < 8; i++) _mm512_storeu_si512(b + 64 * i, p.q[0][i]);
+            }
+            _mm256_storeu_si256((__m256i *)(b + qb), _mm512_cvtps_ph(p.d[0], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            if (with_m)
+                _mm256_storeu_si256((__m256i *)(b + qb + 32),
+                                    _mm512_cvtps_ph(p.m[0], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        }
+    }
+}
+
+/* The panel of blocks k0 .. k0+kp-1 of the prepacked group at g (a tile_pack_fn's work). */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void unpack_prepacked_avx512(
+    packed_panel_avx512 *p, const uint8_t *g, int k0, int kp, size_t x_size, int nibbles, int with_m) {
+    const size_t qb = prepacked_q_bytes(nibbles);
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < kp; k++) {
+        const uint8_t *b = g + (size_t)(k0 + k) * TILE_ROWS * x_size;
+        if (nibbles) {
+            for (int i = 0; i < 4; i++) {
+                const __m512i z = _mm512_loadu_si512(b + 64 * i);
+                p->q[k][2 * i] = _mm512_and_si512(z, low);
+                p->q[k][2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low);
+            }
+        } else {
+            for (int i = 0; i < 8; i++) p->q[k][i] = _mm512_loadu_si512(b + 64 * i);
+        }
+        p->d[k] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + qb)));
+        if (with_m) p->m[k] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + qb + 32)));
+    }
+}
+
+/* A type's prepack, its unpack (a tile_pack_fn) and its tile over prepacked groups: NAME_prepack_avx512,
+ * NAME_unpack_avx512, NAME_tile_prepacked_avx512. PACK, UDOT2, WITH_MIN and OFF as tile_legacy_avx512
+ * takes them; NIBBLES: a 4-bit type. */
+#define BUBO_PREPACKED_LEGACY(NAME, BLOCK, PACK, UDOT2, NIBBLES, WITH_MIN, OFF)                                        \
+    BUBO_TARGET_AVX512 static void NAME##_prepack_avx512(const void *restrict x, size_t x_stride, int64_t rows, int n, \
+                                                         void *restrict dst) {                                        \
+        prepack_legacy_avx512(x, x_stride, rows, n / QK8_0, dst, PACK, sizeof(BLOCK), NIBBLES, WITH_MIN);            \
+    }                                                                                                                 \
+    BUBO_TARGET_AVX512 static void NAME##_unpack_avx512(packed_panel_avx512 *p, const uint8_t *x, size_t x_stride,    \
+                                                        int n_rows, int k0, int kp) {                                 \
+        (void)x_stride;                                                                                               \
+        (void)n_rows;                                                                                                 \
+        unpack_prepacked_avx512(p, x, k0, kp, sizeof(BLOCK), NIBBLES, WITH_MIN);                                     \
+    }                                                                                                                 \
+    BUBO_TARGET_AVX512 static void NAME##_tile_prepacked_avx512(int n, int n_rows, int n_tokens, float *restrict s,   \
+                                                                size_t s_stride, const void *restrict x,              \
+                                                                size_t x_stride, const void *restrict y,              \
+                                                                size_t y_stride) {                                    \
+        tile_legacy_any_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, NAME##_unpack_avx512,      \
+                               UDOT2, sizeof(BLOCK), WITH_MIN, OFF, 1);                                               \
+    }
 
 #endif /* BUBO_X86 */
 

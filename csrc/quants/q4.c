@@ -365,6 +365,9 @@ BUBO_TARGET_AVX512 static void tile_q4_1_q8_1_avx512(int n, int n_rows, int n_to
     tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q4_1_avx512, udot2_q4_1_avx512, sizeof(block_q4_1), 1, 0);
 }
 
+BUBO_PREPACKED_LEGACY(q4_0, block_q4_0, pack_q4_0_avx512, udot2_q4_0_avx512, 1, 0, 8)
+BUBO_PREPACKED_LEGACY(q4_1, block_q4_1, pack_q4_1_avx512, udot2_q4_1_avx512, 1, 1, 0)
+
 #endif /* BUBO_X86 */
 
 /* vec_dot looped over a tile, where no SIMD tile exists */
@@ -405,12 +408,16 @@ void bubo_register_q4(bubo_type_traits *table) {
     q4_0->to_float[BUBO_ISA_AVX512] = dequantize_row_q4_0_avx512;
     q4_0->vec_dot[BUBO_ISA_AVX512] = vec_dot_q4_0_q8_0_avx512;
     q4_0->vec_dot_tile[BUBO_ISA_AVX512] = tile_q4_0_q8_0_avx512;
+    q4_0->prepack[BUBO_ISA_AVX512] = q4_0_prepack_avx512;
+    q4_0->vec_dot_tile_prepacked[BUBO_ISA_AVX512] = q4_0_tile_prepacked_avx512;
     q4_1->to_float[BUBO_ISA_AVX2] = dequantize_row_q4_1_avx2;
     q4_1->vec_dot[BUBO_ISA_AVX2] = vec_dot_q4_1_q8_1_avx2;
     q4_1->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_q4_1_q8_1_avx2;
     q4_1->to_float[BUBO_ISA_AVX512] = dequantize_row_q4_1_avx512;
     q4_1->vec_dot[BUBO_ISA_AVX512] = vec_dot_q4_1_q8_1_avx512;
     q4_1->vec_dot_tile[BUBO_ISA_AVX512] = tile_q4_1_q8_1_avx512;
+    q4_1->prepack[BUBO_ISA_AVX512] = q4_1_prepack_avx512;
+    q4_1->vec_dot_tile_prepacked[BUBO_ISA_AVX512] = q4_1_tile_prepacked_avx512;
 #endif
 #if defined(BUBO_ARM64)
     q4_0->to_float[BUBO_ISA_NEON] = dequantize_row_q4_0_neon;

@@ -339,6 +339,8 @@ BUBO_TARGET_AVX512 static void tile_q8_0_q8_0_avx512(int n, int n_rows, int n_to
     tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q8_0_avx512, udot2_q8_0_avx512, sizeof(block_q8_0), 0, 128);
 }
 
+BUBO_PREPACKED_LEGACY(q8_0, block_q8_0, pack_q8_0_avx512, udot2_q8_0_avx512, 0, 0, 128)
+
 #endif /* BUBO_X86 */
 
 /* vec_dot looped over a tile, where no SIMD tile exists */
@@ -377,6 +379,8 @@ void bubo_register_q8(bubo_type_traits *table) {
     q8_0->from_float[BUBO_ISA_AVX512] = quantize_row_q8_0_avx512;
     q8_0->vec_dot[BUBO_ISA_AVX512] = vec_dot_q8_0_q8_0_avx512;
     q8_0->vec_dot_tile[BUBO_ISA_AVX512] = tile_q8_0_q8_0_avx512;
+    q8_0->prepack[BUBO_ISA_AVX512] = q8_0_prepack_avx512;
+    q8_0->vec_dot_tile_prepacked[BUBO_ISA_AVX512] = q8_0_tile_prepacked_avx512;
     q8_1->from_float[BUBO_ISA_AVX2] = quantize_row_q8_1_avx2;
     q8_1->from_float[BUBO_ISA_AVX512] = quantize_row_q8_1_avx512;
 #endif

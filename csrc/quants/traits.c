@@ -89,6 +89,19 @@ bubo_from_float_fn bubo_get_from_float(bubo_type type) { PICK_BEST(from_float) }
 bubo_vec_dot_fn bubo_get_vec_dot(bubo_type type) { PICK_BEST(vec_dot) }
 bubo_vec_dot_tile_fn bubo_get_vec_dot_tile(bubo_type type) { PICK_BEST(vec_dot_tile) }
 
+bubo_vec_dot_tile_fn bubo_get_tile_prepacked(bubo_type type, bubo_prepack_fn *prepack) {
+    const bubo_type_traits *t = bubo_type_get_traits(type);
+    const bubo_isa best = bubo_cpu_best_isa();
+    if (!t || !t->prepack[best] || !t->vec_dot_tile_prepacked[best]) return NULL;
+    if (prepack) *prepack = t->prepack[best];
+    return t->vec_dot_tile_prepacked[best];
+}
+
+size_t bubo_prepacked_size(bubo_type type, int64_t rows, int64_t n) {
+    if (rows < 0) return 0;
+    return bubo_row_size(type, n) * (size_t)((rows + 15) / 16 * 16);
+}
+
 size_t bubo_row_size(bubo_type type, int64_t n) {
     const bubo_type_traits *t = bubo_type_get_traits(type);
     if (!t || n < 0 || n % t->blck_size) return 0;

@@ -186,6 +186,11 @@ typedef void (*bubo_vec_dot_tile_fn)(int n, int n_rows, int n_tokens, float *res
                                      const void *restrict x, size_t x_stride, const void *restrict y,
                                      size_t y_stride);
 
+/* Rewrites `rows` weight rows of n elements (x_stride bytes apart) into the prepacked layout of
+ * this level's vec_dot_tile_prepacked, at dst: bubo_prepacked_size(type, rows, n) bytes, rows padded
+ * to a multiple of 16, row group g at byte 16 g x_stride (see quants/legacy_tile.h). */
+typedef void (*bubo_prepack_fn)(const void *restrict x, size_t x_stride, int64_t rows, int n, void *restrict dst);
+
 typedef struct {
     const char *name;       /* "q4_K" ... as ggml spells it */
     int64_t blck_size;      /* elements per block */
@@ -198,6 +203,10 @@ typedef struct {
     bubo_vec_dot_fn vec_dot[BUBO_ISA_COUNT];
     /* Present exactly where vec_dot is: a SIMD tile, or vec_dot looped over the tile. */
     bubo_vec_dot_tile_fn vec_dot_tile[BUBO_ISA_COUNT];
+    /* Where a level has them: weights packed once (prepack), and the tile that reads them (the same
+     * bits as vec_dot_tile on the rows in place, for every token count). */
+    bubo_prepack_fn prepack[BUBO_ISA_COUNT];
+    bubo_vec_dot_tile_fn vec_dot_tile_prepacked[BUBO_ISA_COUNT];
 } bubo_type_traits;
 
 /* Traits of a type id (NULL for an id GGUF does not define). */
@@ -207,6 +216,11 @@ bubo_to_float_fn bubo_get_to_float(bubo_type type);
 bubo_from_float_fn bubo_get_from_float(bubo_type type);
 bubo_vec_dot_fn bubo_get_vec_dot(bubo_type type);
 bubo_vec_dot_tile_fn bubo_get_vec_dot_tile(bubo_type type);
+/* The prepacked tile of this CPU's best level and its prepack (*prepack), or NULL where that level
+ * has none: the layout belongs to one level, so there is no fallback to a lower one. */
+bubo_vec_dot_tile_fn bubo_get_tile_prepacked(bubo_type type, bubo_prepack_fn *prepack);
+/* Bytes of the prepacked form of rows x n (rows rounded up to 16); 0 if n is not whole blocks. */
+size_t bubo_prepacked_size(bubo_type type, int64_t rows, int64_t n);
 /* Bytes of one row of n elements; 0 if n is not a multiple of the block size. */
 size_t bubo_row_size(bubo_type type, int64_t n);
 

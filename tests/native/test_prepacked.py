@@ -1,0 +1,106 @@
+"""Prepacked weights (bubo_matmul_prepack / bubo_matmul_prepacked, quants/legacy_tile.h): a
+model's Q4_0, Q4_1 and Q8_0 matrices are packed once at load where this CPU's best level has the
+kernels (AVX-512), and every product over them must be the same bits as over the rows in place:
+for every token count (the packed tile serves one token too), ragged row groups, short and long
+rows, and through whole models (BUBO_NO_PREPACK=1 keeps the rows in place)."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+
+from bubo import _kernels as K
+from bubo import _ops
+from bubo._model import KVCache, Model
+from bubo._tokenizer import Tokenizer
+
+from blocks import realistic_rows
+from reference.tiny import write_tiny_model
+
+PREPACKED = [GT.Q4_0, GT.Q4_1, GT.Q8_0]
+HAS_KERNELS = K.best_isa() == "avx512"  # the level whose tiles the packed layout belongs to
+
+
+def bits(a):
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("type_id", PREPACKED, ids=lambda t: t.name)
+def test_prepacked_matmul_is_the_same_bits(type_id):
+    assert HAS_KERNELS == (_ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), 32), np.uint8), 1, 32)
+                           is not None)
+    if not HAS_KERNELS:
+        return  # nothing is packed on this CPU: the model multiplies its rows in place
+    rng = np.random.default_rng(int(type_id))
+    pool = _ops.ThreadPool(2)
+    # one block, an odd count, a decode step's whole-row limit (128 blocks) and past it
+    for rows in (1, 16, 37, 300):
+        for n_blocks in (1, 3, 128, 129):
+            cols = 32 * n_blocks
+            w = np.ascontiguousarray(realistic_rows(type_id, rows, cols, int(rng.integers(1 << 30)))).view(np.uint8)
+            w = w.reshape(-1)
+            packed = _ops.prepack(int(type_id), w, rows, cols)
+            assert packed.nbytes == (rows + 15) // 16 * 16 * K.row_size(int(type_id), cols)
+            x = rng.standard_normal((70, cols)).astype(np.float32)
+            for n in (1, 2, 3, 4, 7, 8, 9, 17, 33, 70):
+                for p in (None, pool):
+                    want = _ops.matmul(p, int(type_id), w, rows, cols, x[:n])
+                    got = _ops.matmul(p, int(type_id), packed, rows, cols, x[:n], prepacked=True)
+                    assert np.array_equal(bits(got), bits(want)), (rows, cols, n)
+    with pytest.raises(ValueError):  # the packed form's size, not the rows'
+        _ops.matmul(None, int(type_id), w, rows, cols, x[:1], prepacked=True)
+    with pytest.raises(ValueError):
+        _ops.prepack(int(type_id), w[:-1], rows, cols)
+
+
+def test_a_lower_forced_level_packs_nothing(monkeypatch):
+    monkeypatch.setenv("BUBO_FORCE_ISA", "avx2")
+    for type_id in PREPACKED:
+        assert _ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), 32), np.uint8), 1, 32) is None
+
+
+PROMPT = ("The owl turned its head and watched the river, where small fish rose at dusk while the "
+          "wind moved through the reeds and the first stars came out over the hills. ") * 3
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("types", ["Q4_0", "Q4_1", "Q8_0"])
+def test_tiny_model_logits_prepacked_or_not(tmp_path, monkeypatch, arch, types):
+    """A 40-token prompt in one batch and then token by token: the same logits, bit for bit, with
+    the weights prepacked at load and in place."""
+    path = write_tiny_model(tmp_path / f"{arch}-{types}.gguf", arch, types=types)
+    tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:40])
+
+    def logits():
+        model = Model(path, n_threads=2)
+        whole = model.decode(KVCache(model, n_ctx=64), tokens, np.arange(40), np.zeros(40), np.ones(40, bool))
+        kv = KVCache(model, n_ctx=64)
+        steps = np.concatenate([model.decode(kv, tokens[i:i + 1], np.array([i]), np.zeros(1), np.ones(1, bool))
+                                for i in range(40)])
+        return whole, steps
+
+    packed = logits()
+    monkeypatch.setenv("BUBO_NO_PREPACK", "1")
+    in_place = logits()
+    for a, b in zip(packed, in_place):
+        assert np.array_equal(bits(a), bits(b))
+
+
+def test_smollm2_logits_prepacked_or_not(monkeypatch):
+    """The real Q4_1 model: 64 prompt tokens and 4 sequences decoding side by side."""
+    from bubo import store
+    path = str(store.pull("smollm2:135m"))
+    tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:64])
+
+    def logits():
+        model = Model(path, n_threads=2)
+        kv = KVCache(model, n_ctx=512, n_seq_max=4)
+        out = [model.decode(kv, tokens, np.arange(64), np.zeros(64), np.ones(64, bool))]
+        for s in range(1, 4):  # 3 more sequences with the prompt's tail
+            out.append(model.decode(kv, tokens[s:], np.arange(64 - s), np.full(64 - s, s), np.ones(64 - s, bool)))
+        for i in range(8):  # decode steps of 4 rows, one per sequence
+            t = tokens[i:i + 4]
+            out.append(model.decode(kv, t, np.array([64, 63, 62, 61]) + i, np.arange(4), np.ones(4, bool)))
+        return np.concatenate(out)
+
+    packed = logits()
+    monkeypatch.setenv("BUBO_NO_PREPACK", "1")
+    assert np.array_equal(bits(packed), bits(logits()))
