@@ -361,31 +361,39 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
 
 /* ---- prepacked weights -------------------------------------------------------------------------
  * A matrix multiplied many times (a model's weights) can be packed once, at load: each group of 16
- * rows becomes, block after block, what `pack` makes of that block (the panel's bytes; for 4-bit
- * types two values a byte), then the 16 rows' d and, with a min, m as f16. That is exactly the
- * bytes of the 16 rows' blocks (288 for Q4_0, 320 for Q4_1, 544 for Q8_0), so group g still starts
- * at row 16 g's offset; the last group is padded to 16 rows. Unpacking a panel from it is a few
+ * rows becomes, block after block, what `pack` makes of that block (the panel's bytes; for 4- and
+ * 5-bit types two low nibbles a byte, and for 5-bit types the fifth bits as 8 byte masks of 64
+ * bits), then the 16 rows' d and, with a min, m as f16. That is exactly the bytes of the 16 rows'
+ * blocks (288 for Q4_0, 320 for Q4_1, 352 for Q5_0, 384 for Q5_1, 544 for Q8_0), so group g still
+ * starts at row 16 g's offset; the last group is padded to 16 rows. Unpacking a panel from it is a few
  * loads, masks and shifts instead of a transpose and a gather, and every token count takes the
  * tile (one token too): the panel holds the same values either way, so the results are the same
  * bits as from the rows in place. */
 
-/* Bytes of block k of a group: the panel's q (4-bit: half), d, and m where the type has one. */
-static inline size_t prepacked_q_bytes(int nibbles) { return nibbles ? 256 : 512; }
+/* Bytes of the values of one block of a group (nbits 4, 5 or 8); d and m follow. */
+static inline size_t prepacked_q_bytes(int nbits) { return nbits == 8 ? 512 : nbits == 5 ? 320 : 256; }
 
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void prepack_legacy_avx512(
     const uint8_t *x, size_t x_stride, int64_t rows, int nb, uint8_t *dst, tile_pack_fn pack, size_t x_size,
-    int nibbles, int with_m) {
+    int nbits, int with_m) {
     packed_panel_avx512 p __attribute__((aligned(64)));
-    const size_t qb = prepacked_q_bytes(nibbles);
+    const size_t qb = prepacked_q_bytes(nbits);
+    const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
         const int nr = rows - r0 < TILE_ROWS ? (int)(rows - r0) : TILE_ROWS;
         uint8_t *g = dst + (size_t)r0 * x_stride;
         for (int k = 0; k < nb; k++) {
             pack(&p, x + (size_t)r0 * x_stride, x_stride, nr, k, 1);
             uint8_t *b = g + (size_t)k * TILE_ROWS * x_size;
-            if (nibbles) {
+            if (nbits < 8) {
                 for (int i = 0; i < 4; i++)
-                    _mm512_storeu_si512(b + 64 * i, _mm512_or_si512(p.q[0][2 * i], _mm512_slli_epi16(p.q[0][2 * i + 1], 4)));
+                    _mm512_storeu_si512(b + 64 * i, _mm512_or_si512(_mm512_and_si512(p.q[0][2 * i], low),
+                                                                    _mm512_slli_epi16(_mm512_and_si512(p.q[0][2 * i + 1], low), 4)));
+                if (nbits == 5)
+                    for (int i = 0; i < 8; i++) {
+                        const uint64_t hi = _mm512_test_epi8_mask(p.q[0][i], _mm512_set1_epi8(0x10));
+                        memcpy(b + 256 + 8 * i, &hi, 8);
+                    }
             } else {
                 for (int i = 0; i < 8; i++) _mm512_storeu_si512(b + 64 * i, p.q[0][i]);
             }
@@ -399,17 +407,23 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void prepack_leg
 
 /* The panel of blocks k0 .. k0+kp-1 of the prepacked group at g (a tile_pack_fn's work). */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void unpack_prepacked_avx512(
-    packed_panel_avx512 *p, const uint8_t *g, int k0, int kp, size_t x_size, int nibbles, int with_m) {
-    const size_t qb = prepacked_q_bytes(nibbles);
+    packed_panel_avx512 *p, const uint8_t *g, int k0, int kp, size_t x_size, int nbits, int with_m) {
+    const size_t qb = prepacked_q_bytes(nbits);
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (int k = 0; k < kp; k++) {
         const uint8_t *b = g + (size_t)(k0 + k) * TILE_ROWS * x_size;
-        if (nibbles) {
+        if (nbits < 8) {
             for (int i = 0; i < 4; i++) {
                 const __m512i z = _mm512_loadu_si512(b + 64 * i);
                 p->q[k][2 * i] = _mm512_and_si512(z, low);
                 p->q[k][2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low);
             }
+            if (nbits == 5)
+                for (int i = 0; i < 8; i++) {
+                    uint64_t hi;
+                    memcpy(&hi, b + 256 + 8 * i, 8);
+                    p->q[k][i] = _mm512_mask_add_epi8(p->q[k][i], (__mmask64)hi, p->q[k][i], _mm512_set1_epi8(0x10));
+                }
         } else {
             for (int i = 0; i < 8; i++) p->q[k][i] = _mm512_loadu_si512(b + 64 * i);
         }
@@ -420,17 +434,17 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void unpack_prep
 
 /* A type's prepack, its unpack (a tile_pack_fn) and its tile over prepacked groups: NAME_prepack_avx512,
  * NAME_unpack_avx512, NAME_tile_prepacked_avx512. PACK, UDOT2, WITH_MIN and OFF as tile_legacy_avx512
- * takes them; NIBBLES: a 4-bit type. */
-#define BUBO_PREPACKED_LEGACY(NAME, BLOCK, PACK, UDOT2, NIBBLES, WITH_MIN, OFF)                                        \
+ * takes them; NBITS: the bits of a value (4, 5 or 8). */
+#define BUBO_PREPACKED_LEGACY(NAME, BLOCK, PACK, UDOT2, NBITS, WITH_MIN, OFF)                                        \
     BUBO_TARGET_AVX512 static void NAME##_prepack_avx512(const void *restrict x, size_t x_stride, int64_t rows, int n, \
                                                          void *restrict dst) {                                        \
-        prepack_legacy_avx512(x, x_stride, rows, n / QK8_0, dst, PACK, sizeof(BLOCK), NIBBLES, WITH_MIN);            \
+        prepack_legacy_avx512(x, x_stride, rows, n / QK8_0, dst, PACK, sizeof(BLOCK), NBITS, WITH_MIN);            \
     }                                                                                                                 \
     BUBO_TARGET_AVX512 static void NAME##_unpack_avx512(packed_panel_avx512 *p, const uint8_t *x, size_t x_stride,    \
                                                         int n_rows, int k0, int kp) {                                 \
         (void)x_stride;                                                                                               \
         (void)n_rows;                                                                                                 \
-        unpack_prepacked_avx512(p, x, k0, kp, sizeof(BLOCK), NIBBLES, WITH_MIN);                                     \
+        unpack_prepacked_avx512(p, x, k0, kp, sizeof(BLOCK), NBITS, WITH_MIN);                                     \
     }                                                                                                                 \
     BUBO_TARGET_AVX512 static void NAME##_tile_prepacked_avx512(int n, int n_rows, int n_tokens, float *restrict s,   \
                                                                 size_t s_stride, const void *restrict x,              \

@@ -365,8 +365,8 @@ BUBO_TARGET_AVX512 static void tile_q4_1_q8_1_avx512(int n, int n_rows, int n_to
     tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q4_1_avx512, udot2_q4_1_avx512, sizeof(block_q4_1), 1, 0);
 }
 
-BUBO_PREPACKED_LEGACY(q4_0, block_q4_0, pack_q4_0_avx512, udot2_q4_0_avx512, 1, 0, 8)
-BUBO_PREPACKED_LEGACY(q4_1, block_q4_1, pack_q4_1_avx512, udot2_q4_1_avx512, 1, 1, 0)
+BUBO_PREPACKED_LEGACY(q4_0, block_q4_0, pack_q4_0_avx512, udot2_q4_0_avx512, 4, 0, 8)
+BUBO_PREPACKED_LEGACY(q4_1, block_q4_1, pack_q4_1_avx512, udot2_q4_1_avx512, 4, 1, 0)
 
 #endif /* BUBO_X86 */
 

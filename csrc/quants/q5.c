@@ -414,6 +414,9 @@ BUBO_TARGET_AVX512 static void tile_q5_1_q8_1_avx512(int n, int n_rows, int n_to
     tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q5_1_avx512, udot2_q5_1_avx512, sizeof(block_q5_1), 1, 0);
 }
 
+BUBO_PREPACKED_LEGACY(q5_0, block_q5_0, pack_q5_0_avx512, udot2_q5_0_avx512, 5, 0, 16)
+BUBO_PREPACKED_LEGACY(q5_1, block_q5_1, pack_q5_1_avx512, udot2_q5_1_avx512, 5, 1, 0)
+
 #endif /* BUBO_X86 */
 
 /* vec_dot looped over a tile, where no SIMD tile exists */
@@ -454,12 +457,16 @@ void bubo_register_q5(bubo_type_traits *table) {
     q5_0->to_float[BUBO_ISA_AVX512] = dequantize_row_q5_0_avx512;
     q5_0->vec_dot[BUBO_ISA_AVX512] = vec_dot_q5_0_q8_0_avx512;
     q5_0->vec_dot_tile[BUBO_ISA_AVX512] = tile_q5_0_q8_0_avx512;
+    q5_0->prepack[BUBO_ISA_AVX512] = q5_0_prepack_avx512;
+    q5_0->vec_dot_tile_prepacked[BUBO_ISA_AVX512] = q5_0_tile_prepacked_avx512;
     q5_1->to_float[BUBO_ISA_AVX2] = dequantize_row_q5_1_avx2;
     q5_1->vec_dot[BUBO_ISA_AVX2] = vec_dot_q5_1_q8_1_avx2;
     q5_1->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_q5_1_q8_1_avx2;
     q5_1->to_float[BUBO_ISA_AVX512] = dequantize_row_q5_1_avx512;
     q5_1->vec_dot[BUBO_ISA_AVX512] = vec_dot_q5_1_q8_1_avx512;
     q5_1->vec_dot_tile[BUBO_ISA_AVX512] = tile_q5_1_q8_1_avx512;
+    q5_1->prepack[BUBO_ISA_AVX512] = q5_1_prepack_avx512;
+    q5_1->vec_dot_tile_prepacked[BUBO_ISA_AVX512] = q5_1_tile_prepacked_avx512;
 #endif
 #if defined(BUBO_ARM64)
     q5_0->to_float[BUBO_ISA_NEON] = dequantize_row_q5_0_neon;

@@ -339,7 +339,7 @@ BUBO_TARGET_AVX512 static void tile_q8_0_q8_0_avx512(int n, int n_rows, int n_to
     tile_legacy_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, pack_q8_0_avx512, udot2_q8_0_avx512, sizeof(block_q8_0), 0, 128);
 }
 
-BUBO_PREPACKED_LEGACY(q8_0, block_q8_0, pack_q8_0_avx512, udot2_q8_0_avx512, 0, 0, 128)
+BUBO_PREPACKED_LEGACY(q8_0, block_q8_0, pack_q8_0_avx512, udot2_q8_0_avx512, 8, 0, 128)
 
 #endif /* BUBO_X86 */
 

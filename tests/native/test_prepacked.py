@@ -1,5 +1,5 @@
 """Prepacked weights (bubo_matmul_prepack / bubo_matmul_prepacked, quants/legacy_tile.h): a
-model's Q4_0, Q4_1 and Q8_0 matrices are packed once at load where this CPU's best level has the
+model's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices are packed once at load where this CPU's best level has the
 kernels (AVX-512), and every product over them must be the same bits as over the rows in place:
 for every token count (the packed tile serves one token too), ragged row groups, short and long
 rows, and through whole models (BUBO_NO_PREPACK=1 keeps the rows in place)."""
@@ -15,7 +15,7 @@ from bubo._tokenizer import Tokenizer
 from blocks import realistic_rows
 from reference.tiny import write_tiny_model
 
-PREPACKED = [GT.Q4_0, GT.Q4_1, GT.Q8_0]
+PREPACKED = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0]
 HAS_KERNELS = K.best_isa() == "avx512"  # the level whose tiles the packed layout belongs to
 
 
@@ -62,7 +62,7 @@ PROMPT = ("The owl turned its head and watched the river, where small fish rose 
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
-@pytest.mark.parametrize("types", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("types", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_tiny_model_logits_prepacked_or_not(tmp_path, monkeypatch, arch, types):
     """A 40-token prompt in one batch and then token by token: the same logits, bit for bit, with
     the weights prepacked at load and in place."""
@@ -84,10 +84,12 @@ def test_tiny_model_logits_prepacked_or_not(tmp_path, monkeypatch, arch, types):
         assert np.array_equal(bits(a), bits(b))
 
 
-def test_smollm2_logits_prepacked_or_not(monkeypatch):
-    """The real Q4_1 model: 64 prompt tokens and 4 sequences decoding side by side."""
+@pytest.mark.parametrize("name", ["smollm2:135m", "qwen2.5-coder:0.5b"])
+def test_catalog_logits_prepacked_or_not(monkeypatch, name):
+    """The real models (smollm2: Q4_1 layers; qwen2.5-coder: Q5_0 and Q8_0 beside its k-quants):
+    64 prompt tokens and 3 more sequences, then decode steps of 4 rows, one per sequence."""
     from bubo import store
-    path = str(store.pull("smollm2:135m"))
+    path = str(store.pull(name))
     tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:64])
 
     def logits():

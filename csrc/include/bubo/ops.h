@@ -104,7 +104,7 @@ bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t 
  * kernels (bubo_get_tile_prepacked; BUBO_ERR_UNSUPPORTED elsewhere), and then multiplied by
  * bubo_matmul_prepacked, which takes the same arguments with w the packed form. Each output is the
  * same bits as bubo_matmul gives on W in place; the packing only saves the tile its per-call
- * unpacking (most of a decode step's cost for the 4- and 8-bit legacy types). */
+ * unpacking (most of a decode step's cost for the legacy types Q4_0 ... Q8_0). */
 bubo_status bubo_matmul_prepack(bubo_type type, const void *w, int64_t rows, int64_t cols, void *dst, bubo_err *err);
 bubo_status bubo_matmul_prepacked(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
                                   const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
