@@ -60,8 +60,14 @@ static void step_embed(const void *vc, int32_t t) {
     const bubo_model *m = c->m;
     const bubo_mat *e = &m->w.token_embd;
     float *x = m->s.x + (size_t)t * m->hp.n_embd;
-    bubo_get_to_float(e->type)((const uint8_t *)e->data + (size_t)c->tokens[t] * bubo_row_size(e->type, e->cols), x,
-                               e->cols);
+    const size_t row_bytes = bubo_row_size(e->type, e->cols);
+    const uint8_t *row = (const uint8_t *)e->data + (size_t)c->tokens[t] * row_bytes;
+    if (e->packed) { /* a tied token_embd, prepacked: the row's blocks back first (same bits) */
+        uint8_t *blocks = m->s.embd_rows + (size_t)t * row_bytes;
+        bubo_get_prepacked_row(e->type)(e->data, row_bytes, c->tokens[t], (int)e->cols, blocks);
+        row = blocks;
+    }
+    bubo_get_to_float(e->type)(row, x, e->cols);
     if (m->hp.embd_scale != 1.0f) m->ops->scale(m->hp.n_embd, x, x, m->hp.embd_scale);
 }
 

@@ -293,18 +293,20 @@ static bubo_status alloc_state(bubo_model *m, bubo_err *err) {
     ALLOC(s->mm_scratch, mm + 1);
     ALLOC(s->q_att, (size_t)n_threads * ATTN_TILE_TOKENS * (hp->n_head / hp->n_head_kv) * s->q_att_stride);
     ALLOC(s->v_tmp, (size_t)n_threads * bubo_attend_scratch_floats(ATTN_TILE_TOKENS, hp->n_head / hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v));
+    if (m->w.token_embd.packed) ALLOC(s->embd_rows, B * bubo_row_size(m->w.token_embd.type, m->w.token_embd.cols));
 #undef ALLOC
     if (!s->x || !s->xb || !s->xb2 || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->mm_scratch ||
-        !s->q_att || !s->v_tmp)
+        !s->q_att || !s->v_tmp || (m->w.token_embd.packed && !s->embd_rows))
         return bubo_set_err(err, BUBO_ERR_NOMEM, "%s: out of memory for the activations", m->path);
     return BUBO_OK;
 }
 
 /* ---- prepacked weights ------------------------------------------------------------------------ */
-/* Every matrix the forward pass multiplies (not token_embd, whose rows are also looked up: a tied
- * output stays in place) is packed once where this CPU has prepacked kernels for its type, which
- * saves each matmul its unpacking: the same bits, faster (bubo_matmul_prepacked). The mmap'd pages
- * of the original are given back. BUBO_NO_PREPACK=1 keeps every matrix in place. */
+/* Every matrix the forward pass multiplies is packed once where this CPU has prepacked kernels for
+ * its type, which saves each matmul its unpacking: the same bits, faster (bubo_matmul_prepacked).
+ * token_embd is packed only when it is also the output (tied); its lookups then rebuild the row's
+ * blocks first (bubo_get_prepacked_row). The mmap'd pages of the originals are given back.
+ * BUBO_NO_PREPACK=1 keeps every matrix in place. */
 
 typedef struct {
     const bubo_mat *w;
@@ -354,6 +356,11 @@ static bubo_status prepack_weights(bubo_model *m, bubo_err *err) {
         for (size_t i = 0; i < sizeof mats / sizeof mats[0] && !st; i++) st = prepack_mat(m, mats[i], err);
     }
     if (!st && !m->hp.tied_output) st = prepack_mat(m, &m->w.output, err);
+    /* a tied output is token_embd: packed too where its rows can be rebuilt for the lookup */
+    if (!st && m->hp.tied_output && bubo_get_prepacked_row(m->w.token_embd.type)) {
+        st = prepack_mat(m, &m->w.token_embd, err);
+        m->w.output = m->w.token_embd;
+    }
     return st;
 }
 
@@ -363,7 +370,8 @@ static void free_prepacked(bubo_model *m) {
         bubo_mat *mats[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->gate, &l->up, &l->down};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free(mats[i]->packed);
     }
-    free(m->w.output.packed); /* NULL when tied: token_embd is never packed */
+    free(m->w.token_embd.packed);
+    if (!m->hp.tied_output) free(m->w.output.packed); /* tied: the same buffer */
 }
 
 /* ---- load / free ----------------------------------------------------------------------------- */
@@ -409,7 +417,8 @@ void bubo_model_free(bubo_model *m) {
     free(m->w.output_norm);
     free(m->w.rope_freqs);
     bubo_run_state *s = &m->s;
-    void *bufs[] = {s->x, s->xb, s->xb2, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->mm_scratch, s->q_att, s->v_tmp};
+    void *bufs[] = {s->x, s->xb, s->xb2, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->mm_scratch, s->q_att, s->v_tmp,
+                    s->embd_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     bubo_gguf_close(m->gguf);
     free(m->path);

@@ -43,7 +43,7 @@ typedef struct {
 } bubo_layer_weights;
 
 typedef struct {
-    bubo_mat token_embd;   /* (n_vocab, n_embd): rows are looked up, not multiplied */
+    bubo_mat token_embd;   /* (n_vocab, n_embd): rows are looked up (and multiplied when tied) */
     float *output_norm;    /* [n_embd] */
     bubo_mat output;       /* (n_vocab, n_embd); token_embd when tied */
     float *rope_freqs;     /* [n_rot / 2] frequency divisors (llama3), or NULL */
@@ -67,6 +67,7 @@ typedef struct {
     uint8_t *q_att;       /* (n_threads, ATTN_TILE_TOKENS, group, q_att_stride) the query heads of one KV head in the cache's vec_dot_type */
     size_t q_att_stride;
     float *v_tmp;         /* (n_threads, bubo_attend_scratch_floats(ATTN_TILE_TOKENS, group, head_dim_k, head_dim_v)) attention scratch */
+    uint8_t *embd_rows;   /* (B, token_embd row bytes) rows rebuilt from a prepacked token_embd, or NULL */
 } bubo_run_state;
 
 struct bubo_model {

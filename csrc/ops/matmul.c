@@ -75,14 +75,6 @@ size_t bubo_matmul_scratch_size(bubo_type type, int64_t cols, int64_t n_tokens) 
     return bubo_row_size(traits->vec_dot_type, cols) * (size_t)n_tokens;
 }
 
-/* The tile over packed weights: the level that packed them (bubo_get_tile_prepacked chose it at
- * load), even if BUBO_FORCE_ISA lowered the best level since. */
-static bubo_vec_dot_tile_fn prepacked_tile(const bubo_type_traits *traits) {
-    for (int isa = 0; isa < BUBO_ISA_COUNT; isa++)
-        if (traits->vec_dot_tile_prepacked[isa] && bubo_cpu_supports((bubo_isa)isa)) return traits->vec_dot_tile_prepacked[isa];
-    return NULL;
-}
-
 static bubo_status matmul_run(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
                               const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
                               int prepacked, bubo_err *err) {
@@ -101,7 +93,7 @@ static bubo_status matmul_run(bubo_pool *pool, bubo_type type, const void *w, in
 
     matmul_task task = {
         .pool = pool,
-        .vec_dot_tile = prepacked ? prepacked_tile(traits) : bubo_get_vec_dot_tile(type),
+        .vec_dot_tile = prepacked ? bubo_get_prepacked_tile_any(type) : bubo_get_vec_dot_tile(type),
         .w = w,
         .w_row_bytes = bubo_row_size(type, cols),
         .rows = rows,

@@ -432,16 +432,55 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void unpack_prep
     }
 }
 
-/* A type's prepack, its unpack (a tile_pack_fn) and its tile over prepacked groups: NAME_prepack_avx512,
- * NAME_unpack_avx512, NAME_tile_prepacked_avx512. PACK, UDOT2, WITH_MIN and OFF as tile_legacy_avx512
+/* Row r's original blocks (the type's own bytes) from the prepacked groups at `packed`: the inverse
+ * of prepack_legacy_avx512, for the rows a model also looks up (a tied token_embd). Lane r % 16 of
+ * a block's panel holds the row's values in element order, dword i = elements 4i .. 4i+3. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void prepacked_row_avx512(
+    const uint8_t *packed, size_t x_stride, int64_t r, int nb, uint8_t *dst, size_t x_size, int nbits, int with_m) {
+    const uint8_t *g = packed + (size_t)(r / TILE_ROWS) * TILE_ROWS * x_stride;
+    const int lane = (int)(r % TILE_ROWS);
+    const size_t qb = prepacked_q_bytes(nbits);
+    packed_panel_avx512 p __attribute__((aligned(64)));
+    uint8_t bytes[64] __attribute__((aligned(64)));
+    for (int k = 0; k < nb; k++) {
+        unpack_prepacked_avx512(&p, g, k, 1, x_size, nbits, with_m);
+        uint8_t q[32];
+        for (int i = 0; i < 8; i++) {
+            _mm512_store_si512(bytes, p.q[0][i]);
+            memcpy(q + 4 * i, bytes + 4 * lane, 4);
+        }
+        const uint8_t *b = g + (size_t)k * TILE_ROWS * x_size;
+        uint8_t *o = dst + (size_t)k * x_size;
+        memcpy(o, b + qb + 2 * lane, 2); /* d, then m: the stored f16 bits */
+        o += 2;
+        if (with_m) {
+            memcpy(o, b + qb + 32 + 2 * lane, 2);
+            o += 2;
+        }
+        if (nbits == 8) {
+            for (int j = 0; j < 32; j++) o[j] = q[j] ^ 0x80;
+            continue;
+        }
+        if (nbits == 5) {
+            uint32_t qh = 0;
+            for (int j = 0; j < 32; j++) qh |= (uint32_t)(q[j] >> 4) << j;
+            memcpy(o, &qh, 4);
+            o += 4;
+        }
+        for (int j = 0; j < 16; j++) o[j] = (uint8_t)((q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4);
+    }
+}
+
+/* A type's prepack, its unpack (a tile_pack_fn), its tile over prepacked groups and its row rebuild:
+ * NAME_prepack_avx512, NAME_unpack_avx512, NAME_tile_prepacked_avx512, NAME_prepacked_row_avx512. PACK, UDOT2, WITH_MIN and OFF as tile_legacy_avx512
  * takes them; NBITS: the bits of a value (4, 5 or 8). */
 #define BUBO_PREPACKED_LEGACY(NAME, BLOCK, PACK, UDOT2, NBITS, WITH_MIN, OFF)                                        \
     BUBO_TARGET_AVX512 static void NAME##_prepack_avx512(const void *restrict x, size_t x_stride, int64_t rows, int n, \
                                                          void *restrict dst) {                                        \
         prepack_legacy_avx512(x, x_stride, rows, n / QK8_0, dst, PACK, sizeof(BLOCK), NBITS, WITH_MIN);            \
     }                                                                                                                 \
-    BUBO_TARGET_AVX512 static void NAME##_unpack_avx512(packed_panel_avx512 *p, const uint8_t *x, size_t x_stride,    \
-                                                        int n_rows, int k0, int kp) {                                 \
+    BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void NAME##_unpack_avx512(                       \
+        packed_panel_avx512 *p, const uint8_t *x, size_t x_stride, int n_rows, int k0, int kp) {                      \
         (void)x_stride;                                                                                               \
         (void)n_rows;                                                                                                 \
         unpack_prepacked_avx512(p, x, k0, kp, sizeof(BLOCK), NBITS, WITH_MIN);                                     \
@@ -452,6 +491,10 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void unpack_prep
                                                                 size_t y_stride) {                                    \
         tile_legacy_any_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, NAME##_unpack_avx512,      \
                                UDOT2, sizeof(BLOCK), WITH_MIN, OFF, 1);                                               \
+    }                                                                                                                 \
+    BUBO_TARGET_AVX512 static void NAME##_prepacked_row_avx512(const void *restrict packed, size_t x_stride,          \
+                                                               int64_t r, int n, void *restrict dst) {                \
+        prepacked_row_avx512(packed, x_stride, r, n / QK8_0, dst, sizeof(BLOCK), NBITS, WITH_MIN);                   \
     }
 
 #endif /* BUBO_X86 */

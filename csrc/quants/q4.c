@@ -410,6 +410,7 @@ void bubo_register_q4(bubo_type_traits *table) {
     q4_0->vec_dot_tile[BUBO_ISA_AVX512] = tile_q4_0_q8_0_avx512;
     q4_0->prepack[BUBO_ISA_AVX512] = q4_0_prepack_avx512;
     q4_0->vec_dot_tile_prepacked[BUBO_ISA_AVX512] = q4_0_tile_prepacked_avx512;
+    q4_0->prepacked_row[BUBO_ISA_AVX512] = q4_0_prepacked_row_avx512;
     q4_1->to_float[BUBO_ISA_AVX2] = dequantize_row_q4_1_avx2;
     q4_1->vec_dot[BUBO_ISA_AVX2] = vec_dot_q4_1_q8_1_avx2;
     q4_1->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_q4_1_q8_1_avx2;
@@ -418,6 +419,7 @@ void bubo_register_q4(bubo_type_traits *table) {
     q4_1->vec_dot_tile[BUBO_ISA_AVX512] = tile_q4_1_q8_1_avx512;
     q4_1->prepack[BUBO_ISA_AVX512] = q4_1_prepack_avx512;
     q4_1->vec_dot_tile_prepacked[BUBO_ISA_AVX512] = q4_1_tile_prepacked_avx512;
+    q4_1->prepacked_row[BUBO_ISA_AVX512] = q4_1_prepacked_row_avx512;
 #endif
 #if defined(BUBO_ARM64)
     q4_0->to_float[BUBO_ISA_NEON] = dequantize_row_q4_0_neon;

@@ -381,6 +381,7 @@ void bubo_register_q8(bubo_type_traits *table) {
     q8_0->vec_dot_tile[BUBO_ISA_AVX512] = tile_q8_0_q8_0_avx512;
     q8_0->prepack[BUBO_ISA_AVX512] = q8_0_prepack_avx512;
     q8_0->vec_dot_tile_prepacked[BUBO_ISA_AVX512] = q8_0_tile_prepacked_avx512;
+    q8_0->prepacked_row[BUBO_ISA_AVX512] = q8_0_prepacked_row_avx512;
     q8_1->from_float[BUBO_ISA_AVX2] = quantize_row_q8_1_avx2;
     q8_1->from_float[BUBO_ISA_AVX512] = quantize_row_q8_1_avx512;
 #endif

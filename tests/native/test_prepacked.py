@@ -45,6 +45,10 @@ def test_prepacked_matmul_is_the_same_bits(type_id):
                     want = _ops.matmul(p, int(type_id), w, rows, cols, x[:n])
                     got = _ops.matmul(p, int(type_id), packed, rows, cols, x[:n], prepacked=True)
                     assert np.array_equal(bits(got), bits(want)), (rows, cols, n)
+    # every row's own bytes come back from the packed form (a tied token_embd's lookups)
+    for r in range(rows):
+        assert np.array_equal(_ops.prepacked_row(int(type_id), packed, rows, cols, r),
+                              w[r * K.row_size(int(type_id), cols):(r + 1) * K.row_size(int(type_id), cols)]), r
     with pytest.raises(ValueError):  # the packed form's size, not the rows'
         _ops.matmul(None, int(type_id), w, rows, cols, x[:1], prepacked=True)
     with pytest.raises(ValueError):
@@ -84,9 +88,11 @@ def test_tiny_model_logits_prepacked_or_not(tmp_path, monkeypatch, arch, types):
         assert np.array_equal(bits(a), bits(b))
 
 
-@pytest.mark.parametrize("name", ["smollm2:135m", "qwen2.5-coder:0.5b"])
+@pytest.mark.parametrize("name", ["smollm2:135m", "qwen2.5-coder:0.5b", "gemma3:270m"])
 def test_catalog_logits_prepacked_or_not(monkeypatch, name):
-    """The real models (smollm2: Q4_1 layers; qwen2.5-coder: Q5_0 and Q8_0 beside its k-quants):
+    """The real models (smollm2: Q4_1 layers and a tied Q8_0 token_embd, packed for the output and
+    rebuilt row by row for the lookups; qwen2.5-coder: Q5_0 layers and a Q8_0 output beside its
+    k-quants; gemma3: Q5_0 layers and a tied Q8_0 token_embd of 262,144 rows):
     64 prompt tokens and 3 more sequences, then decode steps of 4 rows, one per sequence."""
     from bubo import store
     path = str(store.pull(name))

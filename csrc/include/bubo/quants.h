@@ -190,6 +190,8 @@ typedef void (*bubo_vec_dot_tile_fn)(int n, int n_rows, int n_tokens, float *res
  * this level's vec_dot_tile_prepacked, at dst: bubo_prepacked_size(type, rows, n) bytes, rows padded
  * to a multiple of 16, row group g at byte 16 g x_stride (see quants/legacy_tile.h). */
 typedef void (*bubo_prepack_fn)(const void *restrict x, size_t x_stride, int64_t rows, int n, void *restrict dst);
+/* Writes row r's original bytes (bubo_row_size(type, n) of them) from its prepacked form at packed. */
+typedef void (*bubo_prepacked_row_fn)(const void *restrict packed, size_t x_stride, int64_t r, int n, void *restrict dst);
 
 typedef struct {
     const char *name;       /* "q4_K" ... as ggml spells it */
@@ -207,6 +209,7 @@ typedef struct {
      * bits as vec_dot_tile on the rows in place, for every token count). */
     bubo_prepack_fn prepack[BUBO_ISA_COUNT];
     bubo_vec_dot_tile_fn vec_dot_tile_prepacked[BUBO_ISA_COUNT];
+    bubo_prepacked_row_fn prepacked_row[BUBO_ISA_COUNT];
 } bubo_type_traits;
 
 /* Traits of a type id (NULL for an id GGUF does not define). */
@@ -219,6 +222,10 @@ bubo_vec_dot_tile_fn bubo_get_vec_dot_tile(bubo_type type);
 /* The prepacked tile of this CPU's best level and its prepack (*prepack), or NULL where that level
  * has none: the layout belongs to one level, so there is no fallback to a lower one. */
 bubo_vec_dot_tile_fn bubo_get_tile_prepacked(bubo_type type, bubo_prepack_fn *prepack);
+/* The tile over prepacked weights, and the row rebuild: of the level that packs them, even if
+ * BUBO_FORCE_ISA lowered the best level after they were packed (NULL where the CPU has none). */
+bubo_vec_dot_tile_fn bubo_get_prepacked_tile_any(bubo_type type);
+bubo_prepacked_row_fn bubo_get_prepacked_row(bubo_type type);
 /* Bytes of the prepacked form of rows x n (rows rounded up to 16); 0 if n is not whole blocks. */
 size_t bubo_prepacked_size(bubo_type type, int64_t rows, int64_t n);
 /* Bytes of one row of n elements; 0 if n is not a multiple of the block size. */
