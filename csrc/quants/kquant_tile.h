@@ -188,6 +188,117 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
     }
 }
 
+/* ---- prepacked k-quants ------------------------------------------------------------------------
+ * As legacy_tile.h does for the 32-element types: a model's matrices are packed once at load, per
+ * group of 16 rows and super-block, into a form that unpacks into packed_kq_avx512 with a few
+ * loads, masks and shifts (the values transposed into the lanes, 4-bit pairs a byte, the scales
+ * and factors as per-row planes), exactly as many bytes as the 16 rows' super-blocks; group g
+ * starts at row 16 g's offset, the last group padded. Every token count takes the tile (one too):
+ * the same bits as the rows in place (the chain is kq_chain_step's either way). */
+
+/* Writes one super-block of a group (16 x_size bytes at b) from its panel p and the rows it came from. */
+typedef void (*kq_compress_fn)(const packed_kq_avx512 *p, const uint8_t *x, size_t x_stride, int n_rows,
+                               size_t block_offset, uint8_t *b);
+/* The panel of the super-block at b (a group's, as kq_compress_fn wrote it). */
+typedef void (*kq_unpack_prepacked_fn)(packed_kq_avx512 *p, const uint8_t *b);
+
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prepack_avx512(
+    const uint8_t *x, size_t x_stride, int64_t rows, int nb, uint8_t *dst, size_t x_size, kq_unpack_fn unpack,
+    kq_compress_fn compress) {
+    packed_kq_avx512 p __attribute__((aligned(64)));
+    for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
+        const int nr = rows - r0 < TILE_ROWS ? (int)(rows - r0) : TILE_ROWS;
+        for (int k = 0; k < nb; k++) {
+            kq_pack_avx512(&p, x + (size_t)r0 * x_stride, x_stride, nr, (size_t)k * x_size, unpack);
+            compress(&p, x + (size_t)r0 * x_stride, x_stride, nr, (size_t)k * x_size,
+                     dst + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * x_size);
+        }
+    }
+}
+
+/* Stores 4-bit values (the panel's q, each byte < 16) two a byte: 2048 bytes at b. */
+BUBO_TARGET_AVX512 static inline void kq_store_nibbles(const packed_kq_avx512 *p, uint8_t *b) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int g = 0; g < 8; g++)
+        for (int i = 0; i < 4; i++)
+            _mm512_storeu_si512(b + 64 * (4 * g + i),
+                                _mm512_or_si512(_mm512_and_si512(p->q[g][2 * i], low),
+                                                _mm512_slli_epi16(_mm512_and_si512(p->q[g][2 * i + 1], low), 4)));
+}
+
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_load_nibbles(packed_kq_avx512 *p,
+                                                                                    const uint8_t *b) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int g = 0; g < 8; g++)
+        for (int i = 0; i < 4; i++) {
+            const __m512i z = _mm512_loadu_si512(b + 64 * (4 * g + i));
+            p->q[g][2 * i] = _mm512_and_si512(z, low);
+            p->q[g][2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low);
+        }
+}
+
+/* The micro tile over nt (1..8) tokens with nt a literal in each case (its chains interleave). */
+#define KQ_MICRO_ANY(packed, nt, first, nr, st, s_stride, yt, y_stride)                       \
+    do {                                                                                     \
+        switch (nt) {                                                                        \
+        case 1: kq_micro_avx512(packed, 1, first, nr, st, s_stride, yt, y_stride); break;    \
+        case 2: kq_micro_avx512(packed, 2, first, nr, st, s_stride, yt, y_stride); break;    \
+        case 3: kq_micro_avx512(packed, 3, first, nr, st, s_stride, yt, y_stride); break;    \
+        case 4: kq_micro_avx512(packed, 4, first, nr, st, s_stride, yt, y_stride); break;    \
+        case 5: kq_micro_avx512(packed, 5, first, nr, st, s_stride, yt, y_stride); break;    \
+        case 6: kq_micro_avx512(packed, 6, first, nr, st, s_stride, yt, y_stride); break;    \
+        case 7: kq_micro_avx512(packed, 7, first, nr, st, s_stride, yt, y_stride); break;    \
+        case 8: kq_micro_avx512(packed, 8, first, nr, st, s_stride, yt, y_stride); break;    \
+        default: break;                                                                      \
+        }                                                                                    \
+    } while (0)
+
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant_prepacked_avx512(
+    int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
+    const void *restrict vy, size_t y_stride, size_t x_size, kq_unpack_prepacked_fn unpack) {
+    const uint8_t *x = vx, *y = vy;
+    const int nb = n / QK_K;
+    if (nb == 0) {
+        for (int t = 0; t < n_tokens; t++) memset(s + (size_t)t * s_stride, 0, (size_t)n_rows * sizeof(float));
+        return;
+    }
+    packed_kq_avx512 packed __attribute__((aligned(64)));
+    const size_t group_block = (size_t)TILE_ROWS * x_size; /* one super-block of a group */
+    if (n_tokens <= TILE_TOKENS) {
+        /* a decode step: each group's super-blocks stream in order, the next group's prefetched */
+        for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
+            const int nr = n_rows - r0;
+            const uint8_t *xr = x + (size_t)r0 * x_stride;
+            for (int k = 0; k < nb; k++) {
+                if (nr > TILE_ROWS) {
+                    const uint8_t *next = xr + (size_t)TILE_ROWS * x_stride + (size_t)k * group_block;
+                    for (size_t o = 0; o < group_block; o += 64) _mm_prefetch((const char *)next + o, _MM_HINT_T0);
+                }
+                unpack(&packed, xr + (size_t)k * group_block);
+                KQ_MICRO_ANY(&packed, n_tokens, k == 0, nr, s + r0, s_stride, y + (size_t)k * sizeof(block_q8_K), y_stride);
+            }
+        }
+        return;
+    }
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
+        const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
+        for (int k = 0; k < nb; k++) {
+            for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
+                const int nr = n_rows - r0;
+                unpack(&packed, x + (size_t)r0 * x_stride + (size_t)k * group_block);
+                const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
+                float *st = s + (size_t)t0 * s_stride + r0;
+                int t = 0;
+                for (; t + TILE_TOKENS <= nt; t += TILE_TOKENS)
+                    kq_micro_avx512(&packed, TILE_TOKENS, k == 0, nr, st + (size_t)t * s_stride, s_stride,
+                                    yt + (size_t)t * y_stride, y_stride);
+                KQ_MICRO_ANY(&packed, nt - t, k == 0, nr, st + (size_t)t * s_stride, s_stride, yt + (size_t)t * y_stride,
+                             y_stride);
+            }
+        }
+    }
+}
+
 /* One super-block's step of the chain kq_micro_avx512 runs in each lane, for the AVX-512 vec_dots:
  * isum is the total of 16 int32 lanes, msum of 8. Given the same exact integer sums, a vec_dot
  * gives each output the bits the tile gives it. */

@@ -264,6 +264,60 @@ BUBO_TARGET_AVX512 static void tile_q4_K_q8_K_avx512(int n, int n_rows, int n_to
     tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q4_K), kq_unpack_q4_K_avx512,
                        kq_rows_q4_K_q8_K_avx512, Q4_K_PACK_MIN_TOKENS);
 }
+
+/* Prepacked (kquant_tile.h), per group and super-block, 2304 bytes = 16 x 144: the values two a
+ * byte (2048), the 12 packed scale bytes as planes of the 16 rows (192), d and dmin as f16 (64). */
+#define Q4_K_PP_SCALES 2048
+#define Q4_K_PP_D (Q4_K_PP_SCALES + 16 * K_SCALE_SIZE)
+#define Q4_K_PP_DMIN (Q4_K_PP_D + 32)
+_Static_assert(Q4_K_PP_DMIN + 32 == 16 * sizeof(block_q4_K), "prepacked q4_K size");
+
+BUBO_TARGET_AVX512 static void kq_compress_q4_K(const packed_kq_avx512 *p, const uint8_t *x, size_t x_stride, int n_rows,
+                                                size_t off, uint8_t *b) {
+    kq_store_nibbles(p, b);
+    memset(b + Q4_K_PP_SCALES, 0, 16 * sizeof(block_q4_K) - Q4_K_PP_SCALES);
+    for (int r = 0; r < TILE_ROWS && r < n_rows; r++) {
+        const block_q4_K *blk = (const block_q4_K *)(x + (size_t)r * x_stride + off);
+        for (int i = 0; i < K_SCALE_SIZE; i++) b[Q4_K_PP_SCALES + 16 * i + r] = blk->scales[i];
+        memcpy(b + Q4_K_PP_D + 2 * r, &blk->d, 2);
+        memcpy(b + Q4_K_PP_DMIN + 2 * r, &blk->dmin, 2);
+    }
+}
+
+/* kq_unpack_scales_mins, 16 rows at once: plane i holds byte i of each row's packed scales. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_unpack_prepacked_q4_K(packed_kq_avx512 *p,
+                                                                                              const uint8_t *b) {
+    kq_load_nibbles(p, b);
+    __m512i plane[K_SCALE_SIZE];
+    for (int i = 0; i < K_SCALE_SIZE; i++)
+        plane[i] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + Q4_K_PP_SCALES + 16 * i)));
+    const __m512i m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15);
+    for (int g = 0; g < 4; g++) {
+        const __m512i sc = _mm512_and_si512(plane[g], m63), mn = _mm512_and_si512(plane[4 + g], m63);
+        const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(plane[8 + g], m15),
+                                              _mm512_slli_epi32(_mm512_srli_epi32(plane[g], 6), 4));
+        const __m512i mn_hi = _mm512_or_si512(_mm512_srli_epi32(plane[8 + g], 4),
+                                              _mm512_slli_epi32(_mm512_srli_epi32(plane[4 + g], 6), 4));
+        p->sc[2 * g] = p->sc[2 * g + 1] = sc;
+        p->sc[8 + 2 * g] = p->sc[8 + 2 * g + 1] = sc_hi;
+        p->m_pair[g] = _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16));
+        p->m_pair[4 + g] = _mm512_or_si512(mn_hi, _mm512_slli_epi32(mn_hi, 16));
+    }
+    p->dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + Q4_K_PP_D)));
+    p->dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + Q4_K_PP_DMIN)));
+}
+
+BUBO_TARGET_AVX512 static void q4_K_prepack_avx512(const void *restrict x, size_t x_stride, int64_t rows, int n,
+                                                   void *restrict dst) {
+    kq_prepack_avx512(x, x_stride, rows, n / QK_K, dst, sizeof(block_q4_K), kq_unpack_q4_K_avx512, kq_compress_q4_K);
+}
+
+BUBO_TARGET_AVX512 static void q4_K_tile_prepacked_avx512(int n, int n_rows, int n_tokens, float *restrict s,
+                                                          size_t s_stride, const void *restrict x, size_t x_stride,
+                                                          const void *restrict y, size_t y_stride) {
+    tile_kquant_prepacked_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q4_K),
+                                 kq_unpack_prepacked_q4_K);
+}
 #endif /* BUBO_X86 */
 
 /* vec_dot looped over a tile, where no SIMD tile exists */
@@ -289,6 +343,8 @@ void bubo_register_q4_k(bubo_type_traits *table) {
     t->to_float[BUBO_ISA_AVX512] = dequantize_row_q4_K_avx512;
     t->vec_dot[BUBO_ISA_AVX512] = vec_dot_q4_K_q8_K_avx512;
     t->vec_dot_tile[BUBO_ISA_AVX512] = tile_q4_K_q8_K_avx512;
+    t->prepack[BUBO_ISA_AVX512] = q4_K_prepack_avx512;
+    t->vec_dot_tile_prepacked[BUBO_ISA_AVX512] = q4_K_tile_prepacked_avx512;
 #endif
 #if defined(BUBO_ARM64)
     t->to_float[BUBO_ISA_NEON] = dequantize_row_q4_K_neon;

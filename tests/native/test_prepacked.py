@@ -1,8 +1,9 @@
-"""Prepacked weights (bubo_matmul_prepack / bubo_matmul_prepacked, quants/legacy_tile.h): a
-model's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices are packed once at load where this CPU's best level has the
-kernels (AVX-512), and every product over them must be the same bits as over the rows in place:
-for every token count (the packed tile serves one token too), ragged row groups, short and long
-rows, and through whole models (BUBO_NO_PREPACK=1 keeps the rows in place)."""
+"""Prepacked weights (bubo_matmul_prepack / bubo_matmul_prepacked, quants/legacy_tile.h and
+kquant_tile.h): a model's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q4_K matrices are packed once at load
+where this CPU's best level has the kernels (AVX-512), and every product over them must be the
+same bits as over the rows in place: for every token count (the packed tile serves one token
+too), ragged row groups, short and long rows, and through whole models (BUBO_NO_PREPACK=1 keeps
+the rows in place)."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GT
@@ -13,9 +14,10 @@ from bubo._model import KVCache, Model
 from bubo._tokenizer import Tokenizer
 
 from blocks import realistic_rows
-from reference.tiny import write_tiny_model
+from reference.tiny import KQUANT_DIMS, write_tiny_model
 
-PREPACKED = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0]
+LEGACY = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0]  # their rows can be rebuilt (a tied token_embd)
+PREPACKED = LEGACY + [GT.Q4_K]
 HAS_KERNELS = K.best_isa() == "avx512"  # the level whose tiles the packed layout belongs to
 
 
@@ -25,16 +27,18 @@ def bits(a):
 
 @pytest.mark.parametrize("type_id", PREPACKED, ids=lambda t: t.name)
 def test_prepacked_matmul_is_the_same_bits(type_id):
-    assert HAS_KERNELS == (_ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), 32), np.uint8), 1, 32)
+    blck = K.type_info(int(type_id))["blck_size"]
+    assert HAS_KERNELS == (_ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), blck), np.uint8), 1, blck)
                            is not None)
     if not HAS_KERNELS:
         return  # nothing is packed on this CPU: the model multiplies its rows in place
     rng = np.random.default_rng(int(type_id))
     pool = _ops.ThreadPool(2)
-    # one block, an odd count, a decode step's whole-row limit (128 blocks) and past it
+    # one block, an odd count, a legacy decode step's whole-row limit (128 blocks) and past it
+    blck = K.type_info(int(type_id))["blck_size"]
     for rows in (1, 16, 37, 300):
-        for n_blocks in (1, 3, 128, 129):
-            cols = 32 * n_blocks
+        for n_blocks in (1, 3, 128, 129) if blck == 32 else (1, 3, 19):
+            cols = blck * n_blocks
             w = np.ascontiguousarray(realistic_rows(type_id, rows, cols, int(rng.integers(1 << 30)))).view(np.uint8)
             w = w.reshape(-1)
             packed = _ops.prepack(int(type_id), w, rows, cols)
@@ -45,10 +49,14 @@ def test_prepacked_matmul_is_the_same_bits(type_id):
                     want = _ops.matmul(p, int(type_id), w, rows, cols, x[:n])
                     got = _ops.matmul(p, int(type_id), packed, rows, cols, x[:n], prepacked=True)
                     assert np.array_equal(bits(got), bits(want)), (rows, cols, n)
-    # every row's own bytes come back from the packed form (a tied token_embd's lookups)
-    for r in range(rows):
+    # every row's own bytes come back from the packed form (a tied token_embd's lookups); a k-quant
+    # token_embd stays in place
+    for r in range(rows) if type_id in LEGACY else ():
         assert np.array_equal(_ops.prepacked_row(int(type_id), packed, rows, cols, r),
                               w[r * K.row_size(int(type_id), cols):(r + 1) * K.row_size(int(type_id), cols)]), r
+    if type_id not in LEGACY:
+        with pytest.raises(ValueError, match="no prepacked form"):
+            _ops.prepacked_row(int(type_id), packed, rows, cols, 0)
     with pytest.raises(ValueError):  # the packed form's size, not the rows'
         _ops.matmul(None, int(type_id), w, rows, cols, x[:1], prepacked=True)
     with pytest.raises(ValueError):
@@ -58,7 +66,8 @@ def test_prepacked_matmul_is_the_same_bits(type_id):
 def test_a_lower_forced_level_packs_nothing(monkeypatch):
     monkeypatch.setenv("BUBO_FORCE_ISA", "avx2")
     for type_id in PREPACKED:
-        assert _ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), 32), np.uint8), 1, 32) is None
+        blck = K.type_info(int(type_id))["blck_size"]
+        assert _ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), blck), np.uint8), 1, blck) is None
 
 
 PROMPT = ("The owl turned its head and watched the river, where small fish rose at dusk while the "
@@ -66,11 +75,14 @@ PROMPT = ("The owl turned its head and watched the river, where small fish rose 
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
-@pytest.mark.parametrize("types", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("types", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "kquant"])
 def test_tiny_model_logits_prepacked_or_not(tmp_path, monkeypatch, arch, types):
     """A 40-token prompt in one batch and then token by token: the same logits, bit for bit, with
-    the weights prepacked at load and in place."""
-    path = write_tiny_model(tmp_path / f"{arch}-{types}.gguf", arch, types=types)
+    the weights prepacked at load and in place ("kquant": Q4_K beside Q6_K, which stays in place)."""
+    kw = dict(KQUANT_DIMS, types={m: ("Q6_K" if m in ("attn_v", "output") else "Q4_K")
+                                  for m in ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                                            "ffn_up", "ffn_down", "output")}) if types == "kquant" else dict(types=types)
+    path = write_tiny_model(tmp_path / f"{arch}-{types}.gguf", arch, **kw)
     tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:40])
 
     def logits():
@@ -91,8 +103,8 @@ def test_tiny_model_logits_prepacked_or_not(tmp_path, monkeypatch, arch, types):
 @pytest.mark.parametrize("name", ["smollm2:135m", "qwen2.5-coder:0.5b", "gemma3:270m"])
 def test_catalog_logits_prepacked_or_not(monkeypatch, name):
     """The real models (smollm2: Q4_1 layers and a tied Q8_0 token_embd, packed for the output and
-    rebuilt row by row for the lookups; qwen2.5-coder: Q5_0 layers and a Q8_0 output beside its
-    k-quants; gemma3: Q5_0 layers and a tied Q8_0 token_embd of 262,144 rows):
+    rebuilt row by row for the lookups; qwen2.5-coder: Q5_0 and Q4_K layers and a Q8_0 output;
+    gemma3: Q5_0 and Q4_K layers and a tied Q8_0 token_embd of 262,144 rows):
     64 prompt tokens and 3 more sequences, then decode steps of 4 rows, one per sequence."""
     from bubo import store
     path = str(store.pull(name))
