@@ -9,12 +9,12 @@ import numpy as np
 from common cimport bubo_status, bubo_err, BUBO_OK, BUBO_ERR_IO, BUBO_ERR_FORMAT, BUBO_ERR_UNSUPPORTED, BUBO_ERR_NOMEM, BUBO_ERR_INVALID
 from cpu cimport bubo_isa, bubo_cpu_supports, bubo_cpu_best_isa, bubo_isa_name, BUBO_ISA_COUNT
 from quants cimport (bubo_type, bubo_type_traits, bubo_type_get_traits, bubo_row_size, bubo_prepacked_size,
-                     bubo_prepack_fn, bubo_get_tile_prepacked, bubo_prepacked_row_fn, bubo_get_prepacked_row,
-                     BUBO_TYPE_F32, BUBO_TYPE_F16)
+                     bubo_prepack_isa, BUBO_TYPE_F32, BUBO_TYPE_F16)
 from threadpool cimport (bubo_pool, bubo_pool_create, bubo_pool_free, bubo_pool_n_threads,
                          bubo_pool_run, bubo_pool_barrier)
 from ops cimport (bubo_ops, bubo_ops_for_isa, bubo_ops_best, bubo_rope_params, BUBO_ROPE_NORMAL,
                   BUBO_ROPE_NEOX, bubo_matmul_scratch_size, bubo_matmul, bubo_matmul_prepack, bubo_matmul_prepacked,
+                  bubo_prepacked_row,
                   BUBO_ATTEND_GROUP, bubo_attend_scratch_floats, bubo_attend_paged_isa)
 from kv cimport bubo_kv_view
 
@@ -303,10 +303,11 @@ def matmul(ThreadPool pool, int type_id, const uint8_t[::1] w, int64_t rows, int
     cdef bubo_pool *p = pool.pool if pool is not None else NULL
     cdef bubo_err err
     cdef bubo_status status = BUBO_OK
+    cdef bubo_isa isa = bubo_prepack_isa(<bubo_type>type_id)
     if rows and n_tokens:
         with nogil:
             if prepacked:
-                status = bubo_matmul_prepacked(p, <bubo_type>type_id, &w[0] if w_size else NULL, rows, cols,
+                status = bubo_matmul_prepacked(p, isa, <bubo_type>type_id, &w[0] if w_size else NULL, rows, cols,
                                                &xv[0, 0], n_tokens, &yv[0, 0], &sv[0], scratch_size, &err)
             else:
                 status = bubo_matmul(p, <bubo_type>type_id, &w[0] if w_size else NULL, rows, cols,
@@ -316,10 +317,10 @@ def matmul(ThreadPool pool, int type_id, const uint8_t[::1] w, int64_t rows, int
 
 
 def prepack(int type_id, const uint8_t[::1] w, int64_t rows, int64_t cols):
-    """W's prepacked form for matmul(..., prepacked=True), or None where this CPU's best level has
-    no prepacked kernels for type_id."""
-    cdef bubo_prepack_fn fn = NULL
-    if bubo_get_tile_prepacked(<bubo_type>type_id, &fn) == NULL:
+    """W's prepacked form for matmul(..., prepacked=True), for this CPU's best level
+    (BUBO_FORCE_ISA respected), or None where that level has no prepacked kernels for type_id."""
+    cdef bubo_isa isa = bubo_prepack_isa(<bubo_type>type_id)
+    if isa == BUBO_ISA_COUNT:
         return None
     cdef size_t row_bytes = bubo_row_size(<bubo_type>type_id, cols)
     if row_bytes == 0 or <size_t>w.shape[0] != row_bytes * <size_t>rows or rows <= 0:
@@ -329,26 +330,25 @@ def prepack(int type_id, const uint8_t[::1] w, int64_t rows, int64_t cols):
     cdef bubo_err err
     cdef bubo_status status
     with nogil:
-        status = bubo_matmul_prepack(<bubo_type>type_id, &w[0], rows, cols, &ov[0], &err)
+        status = bubo_matmul_prepack(isa, <bubo_type>type_id, &w[0], rows, cols, &ov[0], &err)
     check_status(status, &err, "prepack")
     return out
 
 
 def prepacked_row(int type_id, const uint8_t[::1] packed, int64_t rows, int64_t cols, int64_t r):
     """Row r's original bytes, rebuilt from prepack()'s form of a [rows, cols] matrix."""
-    cdef bubo_prepacked_row_fn fn = bubo_get_prepacked_row(<bubo_type>type_id)
-    if fn == NULL:
-        raise ValueError(f"type {type_id} has no prepacked form on this CPU")
     cdef size_t row_bytes = bubo_row_size(<bubo_type>type_id, cols)
     if row_bytes == 0 or <size_t>packed.shape[0] != bubo_prepacked_size(<bubo_type>type_id, rows, cols):
         raise ValueError(f"a prepacked [{rows}, {cols}] matrix takes {bubo_prepacked_size(<bubo_type>type_id, rows, cols)} "
                          f"bytes, got {packed.shape[0]}")
-    if not 0 <= r < rows:
-        raise ValueError(f"row {r} is not in 0..{rows - 1}")
     out = np.zeros(row_bytes, dtype=np.uint8)
     cdef uint8_t[::1] ov = out
+    cdef bubo_err err
+    cdef bubo_status status
     with nogil:
-        fn(&packed[0], row_bytes, r, <int>cols, &ov[0])
+        status = bubo_prepacked_row(bubo_prepack_isa(<bubo_type>type_id), <bubo_type>type_id, &packed[0], rows, cols, r,
+                                    &ov[0], &err)
+    check_status(status, &err, "prepacked_row")
     return out
 
 

@@ -41,11 +41,13 @@ cdef extern from "bubo/ops.h" nogil:
     bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
                             const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
                             bubo_err *err)
-    bubo_status bubo_matmul_prepack(bubo_type type, const void *w, int64_t rows, int64_t cols, void *dst,
-                                    bubo_err *err)
-    bubo_status bubo_matmul_prepacked(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
-                                      const float *x, int64_t n_tokens, float *y, void *scratch,
+    bubo_status bubo_matmul_prepack(bubo_isa isa, bubo_type type, const void *w, int64_t rows, int64_t cols,
+                                    void *dst, bubo_err *err)
+    bubo_status bubo_matmul_prepacked(bubo_pool *pool, bubo_isa isa, bubo_type type, const void *w, int64_t rows,
+                                      int64_t cols, const float *x, int64_t n_tokens, float *y, void *scratch,
                                       size_t scratch_size, bubo_err *err)
+    bubo_status bubo_prepacked_row(bubo_isa isa, bubo_type type, const void *packed, int64_t rows, int64_t cols,
+                                   int64_t r, void *dst, bubo_err *err)
 
     int BUBO_ATTEND_GROUP
     size_t bubo_attend_scratch_floats(int n_tok, int n_q, int head_dim_k, int head_dim_v)

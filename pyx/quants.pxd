@@ -40,11 +40,7 @@ cdef extern from "bubo/quants.h" nogil:
     bubo_vec_dot_tile_fn bubo_get_vec_dot_tile(bubo_type type)
     size_t bubo_row_size(bubo_type type, int64_t n)
     size_t bubo_prepacked_size(bubo_type type, int64_t rows, int64_t n)
-    ctypedef void (*bubo_prepack_fn)(const void *x, size_t x_stride, int64_t rows, int n, void *dst) noexcept nogil
-    bubo_vec_dot_tile_fn bubo_get_tile_prepacked(bubo_type type, bubo_prepack_fn *prepack)
-    ctypedef void (*bubo_prepacked_row_fn)(const void *packed, size_t x_stride, int64_t r, int n,
-                                           void *dst) noexcept nogil
-    bubo_prepacked_row_fn bubo_get_prepacked_row(bubo_type type)
+    bubo_isa bubo_prepack_isa(bubo_type type)
 
     float bubo_f16_to_f32(bubo_f16 h)
     bubo_f16 bubo_f32_to_f16(float f)

@@ -231,11 +231,13 @@ class Engine:
         path = store.resolve(self.model_name)
         with GGUFFile(path) as f:
             md = f.metadata
-        self.n_ctx_train, self.n_ctx = _context_size(md, self._n_ctx_requested)
         # the library Model's own cache is a reservation of address space, committed only if
         # someone generates through engine.model directly (tests compare with it)
-        model = Model(path, n_ctx=min(self.n_ctx, MODEL_API_CTX), n_threads=self.n_threads,
+        model = Model(path, n_ctx=min(self._n_ctx_requested or MODEL_API_CTX, MODEL_API_CTX), n_threads=self.n_threads,
                       chat_template=self._chat_template_override)
+        # the context is sized from the memory free after the load: prepacked weights are the
+        # process's own memory, not page cache the kernel could give to the KV cache
+        self.n_ctx_train, self.n_ctx = _context_size(md, self._n_ctx_requested)
         if self.n_ctx > (self.n_ctx_train or self.n_ctx):
             # a server honours -c past the trained context, as llama-server does (quality past
             # the trained length is the user's call)

@@ -49,8 +49,10 @@ static void run_tokens(step_ctx *c, void (*fn)(const void *, int32_t)) {
 }
 
 static bubo_status matmul(bubo_model *m, const bubo_mat *w, const float *x, int32_t n, float *y, bubo_err *err) {
-    return (w->packed ? bubo_matmul_prepacked : bubo_matmul)(m->pool, w->type, w->data, w->rows, w->cols, x, n, y,
-                                                             m->s.mm_scratch, m->s.mm_scratch_size, err);
+    if (w->packed)
+        return bubo_matmul_prepacked(m->pool, w->packed_isa, w->type, w->data, w->rows, w->cols, x, n, y,
+                                     m->s.mm_scratch, m->s.mm_scratch_size, err);
+    return bubo_matmul(m->pool, w->type, w->data, w->rows, w->cols, x, n, y, m->s.mm_scratch, m->s.mm_scratch_size, err);
 }
 
 /* ---- the per-token steps ---------------------------------------------------------------------- */
@@ -64,7 +66,7 @@ static void step_embed(const void *vc, int32_t t) {
     const uint8_t *row = (const uint8_t *)e->data + (size_t)c->tokens[t] * row_bytes;
     if (e->packed) { /* a tied token_embd, prepacked: the row's blocks back first (same bits) */
         uint8_t *blocks = m->s.embd_rows + (size_t)t * row_bytes;
-        bubo_get_prepacked_row(e->type)(e->data, row_bytes, c->tokens[t], (int)e->cols, blocks);
+        bubo_type_get_traits(e->type)->prepacked_row[e->packed_isa](e->data, row_bytes, c->tokens[t], (int)e->cols, blocks);
         row = blocks;
     }
     bubo_get_to_float(e->type)(row, x, e->cols);

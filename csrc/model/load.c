@@ -305,12 +305,14 @@ static bubo_status alloc_state(bubo_model *m, bubo_err *err) {
 /* Every matrix the forward pass multiplies is packed once where this CPU has prepacked kernels for
  * its type, which saves each matmul its unpacking: the same bits, faster (bubo_matmul_prepacked).
  * token_embd is packed only when it is also the output (tied); its lookups then rebuild the row's
- * blocks first (bubo_get_prepacked_row). The mmap'd pages of the originals are given back.
- * BUBO_NO_PREPACK=1 keeps every matrix in place. */
+ * blocks first (the level's prepacked_row). The mmap'd pages of the originals are given back. The
+ * packed form costs the same memory, but anonymous (not shared with other processes, not evictable
+ * without swap). Packed matrices keep the level they were packed for (bubo_prepack_isa: set
+ * BUBO_FORCE_ISA before loading). BUBO_NO_PREPACK=1 keeps every matrix in place. */
 
 typedef struct {
     const bubo_mat *w;
-    bubo_prepack_fn fn;
+    bubo_prepack_fn fn; /* the level's, called directly: the shape is checked once in prepack_mat */
     size_t row_bytes;
     uint8_t *dst;
 } prepack_task;
@@ -326,8 +328,9 @@ static void prepack_share(void *vt, int ith, int nth) {
 }
 
 static bubo_status prepack_mat(bubo_model *m, bubo_mat *w, bubo_err *err) {
-    bubo_prepack_fn fn = NULL;
-    if (!w->data || w->packed || w->cols > INT_MAX || !bubo_get_tile_prepacked(w->type, &fn)) return BUBO_OK;
+    const bubo_isa isa = bubo_prepack_isa(w->type);
+    if (!w->data || w->packed || w->cols > INT_MAX || isa == BUBO_ISA_COUNT) return BUBO_OK;
+    const bubo_prepack_fn fn = bubo_type_get_traits(w->type)->prepack[isa];
     const size_t size = (bubo_prepacked_size(w->type, w->rows, w->cols) + 63) & ~(size_t)63;
     uint8_t *dst = aligned_alloc(64, size);
     if (!dst) return bubo_set_err(err, BUBO_ERR_NOMEM, "%s: out of memory for the prepacked weights", m->path);
@@ -343,6 +346,7 @@ static bubo_status prepack_mat(bubo_model *m, bubo_mat *w, bubo_err *err) {
     if (to > from) madvise((void *)from, to - from, MADV_DONTNEED);
     w->data = dst;
     w->packed = dst;
+    w->packed_isa = isa;
     return BUBO_OK;
 }
 
@@ -357,7 +361,9 @@ static bubo_status prepack_weights(bubo_model *m, bubo_err *err) {
     }
     if (!st && !m->hp.tied_output) st = prepack_mat(m, &m->w.output, err);
     /* a tied output is token_embd: packed too where its rows can be rebuilt for the lookup */
-    if (!st && m->hp.tied_output && bubo_get_prepacked_row(m->w.token_embd.type)) {
+    const bubo_isa embd_isa = bubo_prepack_isa(m->w.token_embd.type);
+    if (!st && m->hp.tied_output && embd_isa != BUBO_ISA_COUNT &&
+        bubo_type_get_traits(m->w.token_embd.type)->prepacked_row[embd_isa]) {
         st = prepack_mat(m, &m->w.token_embd, err);
         m->w.output = m->w.token_embd;
     }

@@ -13,12 +13,13 @@
 
 /* A weight matrix: rows of `cols` elements of `type`, in place in the mmap, or prepacked at load
  * (bubo_matmul_prepack) where this CPU has prepacked kernels for the type: then `packed` owns the
- * packed form and data points at it. */
+ * packed form, data points at it, and packed_isa is the level it was packed for. */
 typedef struct {
     bubo_type type;
     const void *data;
     int64_t rows, cols;
     void *packed;
+    bubo_isa packed_isa;
 } bubo_mat;
 
 /* ---- weights --------------------------------------------------------------------------------- */

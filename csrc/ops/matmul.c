@@ -79,9 +79,18 @@ size_t bubo_matmul_scratch_size(bubo_type type, int64_t cols, int64_t n_tokens) 
     return bubo_row_size(traits->vec_dot_type, cols) * (size_t)n_tokens;
 }
 
+/* The level's prepacked kernels of a type, or NULL where the level has none or the CPU lacks it. */
+static const bubo_type_traits *prepacked_traits(bubo_isa isa, bubo_type type) {
+    const bubo_type_traits *t = bubo_type_get_traits(type);
+    if (!t || isa < 0 || isa >= BUBO_ISA_COUNT || !bubo_cpu_supports(isa)) return NULL;
+    return t->prepack[isa] && t->vec_dot_tile_prepacked[isa] ? t : NULL;
+}
+
+/* prepacked_isa: BUBO_ISA_COUNT for weights in place, else the level they were packed for. */
 static bubo_status matmul_run(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
                               const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
-                              int prepacked, bubo_err *err) {
+                              bubo_isa prepacked_isa, bubo_err *err) {
+    const int prepacked = prepacked_isa != BUBO_ISA_COUNT;
     const bubo_type_traits *traits = bubo_type_get_traits(type);
     if (!traits) return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: unknown type id %d", (int)type);
     if (!traits->supported) return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: type %s is not supported", traits->name);
@@ -97,7 +106,9 @@ static bubo_status matmul_run(bubo_pool *pool, bubo_type type, const void *w, in
 
     matmul_task task = {
         .pool = pool,
-        .vec_dot_tile = prepacked ? bubo_get_prepacked_tile_any(type) : bubo_get_vec_dot_tile(type),
+        .vec_dot_tile = !prepacked                              ? bubo_get_vec_dot_tile(type)
+                        : prepacked_traits(prepacked_isa, type) ? traits->vec_dot_tile_prepacked[prepacked_isa]
+                                                                : NULL,
         .w = w,
         .w_row_bytes = bubo_row_size(type, cols),
         .rows = rows,
@@ -133,23 +144,43 @@ static bubo_status matmul_run(bubo_pool *pool, bubo_type type, const void *w, in
 bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
                         const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
                         bubo_err *err) {
-    return matmul_run(pool, type, w, rows, cols, x, n_tokens, y, scratch, scratch_size, 0, err);
+    return matmul_run(pool, type, w, rows, cols, x, n_tokens, y, scratch, scratch_size, BUBO_ISA_COUNT, err);
 }
 
-bubo_status bubo_matmul_prepacked(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
-                                  const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
-                                  bubo_err *err) {
-    return matmul_run(pool, type, w, rows, cols, x, n_tokens, y, scratch, scratch_size, 1, err);
+bubo_status bubo_matmul_prepacked(bubo_pool *pool, bubo_isa isa, bubo_type type, const void *w, int64_t rows,
+                                  int64_t cols, const float *x, int64_t n_tokens, float *y, void *scratch,
+                                  size_t scratch_size, bubo_err *err) {
+    if (!prepacked_traits(isa, type))
+        return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: no prepacked kernels for type %d at level %d on this CPU",
+                            (int)type, (int)isa);
+    return matmul_run(pool, type, w, rows, cols, x, n_tokens, y, scratch, scratch_size, isa, err);
 }
 
-bubo_status bubo_matmul_prepack(bubo_type type, const void *w, int64_t rows, int64_t cols, void *dst, bubo_err *err) {
-    bubo_prepack_fn prepack = NULL;
-    const size_t row_bytes = bubo_row_size(type, cols);
-    if (!bubo_get_tile_prepacked(type, &prepack))
-        return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: no prepacked kernels for type %d on this CPU", (int)type);
-    if (rows < 0 || cols <= 0 || cols > INT_MAX || row_bytes == 0 || !w || !dst)
+static bubo_status prepack_check(bubo_isa isa, bubo_type type, const void *w, int64_t rows, int64_t cols,
+                                 const void *dst, bubo_err *err) {
+    if (!prepacked_traits(isa, type))
+        return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: no prepacked kernels for type %d at level %d on this CPU",
+                            (int)type, (int)isa);
+    if (rows < 0 || cols <= 0 || cols > INT_MAX || bubo_row_size(type, cols) == 0 || !w || !dst)
         return bubo_set_err(err, BUBO_ERR_INVALID, "matmul_prepack: bad shape rows=%lld cols=%lld", (long long)rows,
                             (long long)cols);
-    prepack(w, row_bytes, rows, (int)cols, dst);
+    return BUBO_OK;
+}
+
+bubo_status bubo_matmul_prepack(bubo_isa isa, bubo_type type, const void *w, int64_t rows, int64_t cols, void *dst,
+                                bubo_err *err) {
+    bubo_status st = prepack_check(isa, type, w, rows, cols, dst, err);
+    if (!st) bubo_type_get_traits(type)->prepack[isa](w, bubo_row_size(type, cols), rows, (int)cols, dst);
+    return st;
+}
+
+bubo_status bubo_prepacked_row(bubo_isa isa, bubo_type type, const void *packed, int64_t rows, int64_t cols,
+                               int64_t r, void *dst, bubo_err *err) {
+    bubo_status st = prepack_check(isa, type, packed, rows, cols, dst, err);
+    if (st) return st;
+    const bubo_prepacked_row_fn fn = bubo_type_get_traits(type)->prepacked_row[isa];
+    if (!fn) return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: type %d has no prepacked row rebuild", (int)type);
+    if (r < 0 || r >= rows) return bubo_set_err(err, BUBO_ERR_INVALID, "prepacked_row: row %lld of %lld", (long long)r, (long long)rows);
+    fn(packed, bubo_row_size(type, cols), r, (int)cols, dst);
     return BUBO_OK;
 }

@@ -89,24 +89,11 @@ bubo_from_float_fn bubo_get_from_float(bubo_type type) { PICK_BEST(from_float) }
 bubo_vec_dot_fn bubo_get_vec_dot(bubo_type type) { PICK_BEST(vec_dot) }
 bubo_vec_dot_tile_fn bubo_get_vec_dot_tile(bubo_type type) { PICK_BEST(vec_dot_tile) }
 
-bubo_vec_dot_tile_fn bubo_get_tile_prepacked(bubo_type type, bubo_prepack_fn *prepack) {
+bubo_isa bubo_prepack_isa(bubo_type type) {
     const bubo_type_traits *t = bubo_type_get_traits(type);
     const bubo_isa best = bubo_cpu_best_isa();
-    if (!t || !t->prepack[best] || !t->vec_dot_tile_prepacked[best]) return NULL;
-    if (prepack) *prepack = t->prepack[best];
-    return t->vec_dot_tile_prepacked[best];
+    return t && t->prepack[best] && t->vec_dot_tile_prepacked[best] ? best : BUBO_ISA_COUNT;
 }
-
-/* The first level the CPU runs that has field: the prepacked layout belongs to one level. */
-#define PICK_PREPACKED(field)                                                         \
-    const bubo_type_traits *t = bubo_type_get_traits(type);                           \
-    if (!t) return NULL;                                                              \
-    for (int isa = 0; isa < BUBO_ISA_COUNT; isa++)                                    \
-        if (t->field[isa] && bubo_cpu_supports((bubo_isa)isa)) return t->field[isa]; \
-    return NULL;
-
-bubo_vec_dot_tile_fn bubo_get_prepacked_tile_any(bubo_type type) { PICK_PREPACKED(vec_dot_tile_prepacked) }
-bubo_prepacked_row_fn bubo_get_prepacked_row(bubo_type type) { PICK_PREPACKED(prepacked_row) }
 
 size_t bubo_prepacked_size(bubo_type type, int64_t rows, int64_t n) {
     if (rows < 0) return 0;

@@ -49,13 +49,13 @@ def test_prepacked_matmul_is_the_same_bits(type_id):
                     want = _ops.matmul(p, int(type_id), w, rows, cols, x[:n])
                     got = _ops.matmul(p, int(type_id), packed, rows, cols, x[:n], prepacked=True)
                     assert np.array_equal(bits(got), bits(want)), (rows, cols, n)
-    # every row's own bytes come back from the packed form (a tied token_embd's lookups); a k-quant
-    # token_embd stays in place
-    for r in range(rows) if type_id in LEGACY else ():
-        assert np.array_equal(_ops.prepacked_row(int(type_id), packed, rows, cols, r),
-                              w[r * K.row_size(int(type_id), cols):(r + 1) * K.row_size(int(type_id), cols)]), r
-    if type_id not in LEGACY:
-        with pytest.raises(ValueError, match="no prepacked form"):
+            # every row's own bytes come back from the packed form (a tied token_embd's lookups)
+            row = K.row_size(int(type_id), cols)
+            for r in range(rows) if type_id in LEGACY else ():
+                assert np.array_equal(_ops.prepacked_row(int(type_id), packed, rows, cols, r),
+                                      w[r * row:(r + 1) * row]), (rows, cols, r)
+    if type_id not in LEGACY:  # a k-quant token_embd stays in place
+        with pytest.raises(Exception, match="no prepacked row rebuild"):
             _ops.prepacked_row(int(type_id), packed, rows, cols, 0)
     with pytest.raises(ValueError):  # the packed form's size, not the rows'
         _ops.matmul(None, int(type_id), w, rows, cols, x[:1], prepacked=True)
@@ -63,11 +63,36 @@ def test_prepacked_matmul_is_the_same_bits(type_id):
         _ops.prepack(int(type_id), w[:-1], rows, cols)
 
 
-def test_a_lower_forced_level_packs_nothing(monkeypatch):
+def test_a_lower_forced_level_packs_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("BUBO_FORCE_ISA", "avx2")
     for type_id in PREPACKED:
         blck = K.type_info(int(type_id))["blck_size"]
         assert _ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), blck), np.uint8), 1, blck) is None
+    # a model loaded then is the model in place, bit for bit
+    path = write_tiny_model(tmp_path / "q4_0.gguf", "llama", types="Q4_0")
+    tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:40])
+
+    def logits():
+        model = Model(path, n_threads=2)
+        return model.decode(KVCache(model, n_ctx=64), tokens, np.arange(40), np.zeros(40), np.ones(40, bool))
+
+    forced = logits()
+    monkeypatch.setenv("BUBO_NO_PREPACK", "1")
+    assert np.array_equal(bits(forced), bits(logits()))
+
+
+def test_packed_weights_keep_their_level(tmp_path, monkeypatch):
+    """A model packed for AVX-512 keeps those kernels when BUBO_FORCE_ISA lowers the level later
+    (the packed layout is that level's): it goes on decoding, every packed matmul as before."""
+    if not HAS_KERNELS:
+        return  # nothing was packed
+    path = write_tiny_model(tmp_path / "q8_0.gguf", "llama", types="Q8_0")
+    tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:8])
+    model = Model(path, n_threads=2)
+    before = model.decode(KVCache(model, n_ctx=64), tokens, np.arange(8), np.zeros(8), np.ones(8, bool))
+    monkeypatch.setenv("BUBO_FORCE_ISA", "avx2")
+    after = model.decode(KVCache(model, n_ctx=64), tokens, np.arange(8), np.zeros(8), np.ones(8, bool))
+    assert np.isfinite(after).all() and np.argmax(after, -1).tolist() == np.argmax(before, -1).tolist()
 
 
 PROMPT = ("The owl turned its head and watched the river, where small fish rose at dusk while the "
@@ -120,6 +145,23 @@ def test_catalog_logits_prepacked_or_not(monkeypatch, name):
             t = tokens[i:i + 4]
             out.append(model.decode(kv, t, np.array([64, 63, 62, 61]) + i, np.arange(4), np.ones(4, bool)))
         return np.concatenate(out)
+
+    packed = logits()
+    monkeypatch.setenv("BUBO_NO_PREPACK", "1")
+    assert np.array_equal(bits(packed), bits(logits()))
+
+
+def test_a_long_prompt_through_a_tied_embedding(monkeypatch):
+    """smollm2's token_embd is tied and packed: 400 prompt tokens in one batch, their lookups split
+    over both threads (each into its own row of scratch), against the rows in place."""
+    from bubo import store
+    path = str(store.pull("smollm2:135m"))
+    tokens = np.array(Tokenizer(path).encode(PROMPT * 12, add_special=False)[:400])
+    assert len(tokens) == 400
+
+    def logits():
+        model = Model(path, n_threads=2)
+        return model.decode(KVCache(model, n_ctx=512), tokens, np.arange(400), np.zeros(400), np.ones(400, bool))
 
     packed = logits()
     monkeypatch.setenv("BUBO_NO_PREPACK", "1")

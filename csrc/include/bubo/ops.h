@@ -99,16 +99,21 @@ bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t 
                         const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
                         bubo_err *err);
 
-/* Weights used many times can be packed once (bubo_matmul_prepack writes W's prepacked form,
- * bubo_prepacked_size(type, rows, cols) bytes, into dst) where this CPU's best level has prepacked
- * kernels (bubo_get_tile_prepacked; BUBO_ERR_UNSUPPORTED elsewhere), and then multiplied by
- * bubo_matmul_prepacked, which takes the same arguments with w the packed form. Each output is the
- * same bits as bubo_matmul gives on W in place; the packing only saves the tile its per-call
- * unpacking (most of a decode step's cost for the legacy types Q4_0 ... Q8_0). */
-bubo_status bubo_matmul_prepack(bubo_type type, const void *w, int64_t rows, int64_t cols, void *dst, bubo_err *err);
-bubo_status bubo_matmul_prepacked(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
-                                  const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
-                                  bubo_err *err);
+/* Weights used many times can be packed once for a level that has prepacked kernels for their
+ * type (bubo_prepack_isa: this CPU's best, or none): bubo_matmul_prepack writes W's prepacked form,
+ * bubo_prepacked_size(type, rows, cols) bytes, into dst, and bubo_matmul_prepacked multiplies it,
+ * with bubo_matmul's arguments plus that level (BUBO_ERR_UNSUPPORTED for a level without the
+ * kernels or that this CPU lacks). Each output is the same bits as bubo_matmul gives on W in place
+ * at that level; the packing saves the tile its per-call unpacking (most of a decode step's cost
+ * for the legacy types Q4_0 ... Q8_0 and for Q4_K). bubo_prepacked_row writes row r's own bytes
+ * back (bubo_row_size(type, cols)) from the packed form, for the legacy types. */
+bubo_status bubo_matmul_prepack(bubo_isa isa, bubo_type type, const void *w, int64_t rows, int64_t cols, void *dst,
+                                bubo_err *err);
+bubo_status bubo_matmul_prepacked(bubo_pool *pool, bubo_isa isa, bubo_type type, const void *w, int64_t rows,
+                                  int64_t cols, const float *x, int64_t n_tokens, float *y, void *scratch,
+                                  size_t scratch_size, bubo_err *err);
+bubo_status bubo_prepacked_row(bubo_isa isa, bubo_type type, const void *packed, int64_t rows, int64_t cols,
+                               int64_t r, void *dst, bubo_err *err);
 
 
 /* ---- attention over the paged KV cache ------------------------------------------------------ */

@@ -219,13 +219,11 @@ bubo_to_float_fn bubo_get_to_float(bubo_type type);
 bubo_from_float_fn bubo_get_from_float(bubo_type type);
 bubo_vec_dot_fn bubo_get_vec_dot(bubo_type type);
 bubo_vec_dot_tile_fn bubo_get_vec_dot_tile(bubo_type type);
-/* The prepacked tile of this CPU's best level and its prepack (*prepack), or NULL where that level
- * has none: the layout belongs to one level, so there is no fallback to a lower one. */
-bubo_vec_dot_tile_fn bubo_get_tile_prepacked(bubo_type type, bubo_prepack_fn *prepack);
-/* The tile over prepacked weights, and the row rebuild: of the level that packs them, even if
- * BUBO_FORCE_ISA lowered the best level after they were packed (NULL where the CPU has none). */
-bubo_vec_dot_tile_fn bubo_get_prepacked_tile_any(bubo_type type);
-bubo_prepacked_row_fn bubo_get_prepacked_row(bubo_type type);
+/* The level whose prepacked kernels weights of this type are packed for: this CPU's best level
+ * (BUBO_FORCE_ISA respected) where it has them, else BUBO_ISA_COUNT (nothing is packed). The layout
+ * belongs to that level, with no fallback to another: packed weights keep their level's kernels
+ * even if BUBO_FORCE_ISA changes later (set it before loading a model). */
+bubo_isa bubo_prepack_isa(bubo_type type);
 /* Bytes of the prepacked form of rows x n (rows rounded up to 16); 0 if n is not whole blocks. */
 size_t bubo_prepacked_size(bubo_type type, int64_t rows, int64_t n);
 /* Bytes of one row of n elements; 0 if n is not a multiple of the block size. */
