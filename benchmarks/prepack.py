@@ -4,8 +4,8 @@
     python benchmarks/prepack.py                  # matmuls per type, then the three catalog models
     python benchmarks/prepack.py --skip-models    # the matmuls only
 
-1. Matmuls: for each type that has prepacked kernels on this CPU (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 on
-   AVX-512), enough copies of a [rows, cols] matrix to spill the caches (--mib of weights), each
+1. Matmuls: for each type that has prepacked kernels on this CPU (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and
+   Q4_K on AVX-512), enough copies of a [rows, cols] matrix (cols rounded up to whole blocks) to spill the caches (--mib of weights), each
    multiplied by 1 and by 4 tokens (a decode step of 1 and 4 sequences) with 2 threads, in place
    (bubo_matmul) and prepacked (bubo_matmul_prepacked), alternating, best of --rounds: microseconds
    per matrix and the ratio in place / prepacked (above 1: packing helps).
@@ -35,22 +35,24 @@ from gguf import GGMLQuantizationType as GT  # noqa: E402
 
 from bubo import _ops  # noqa: E402
 
-TYPES = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0]
+TYPES = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q4_K]
 MODELS = ["smollm2:135m", "gemma3:270m", "qwen2.5-coder:0.5b"]
 
 
-def matmuls(rows: int, cols: int, mib: int, rounds: int) -> None:
+def matmuls(rows: int, cols_wanted: int, mib: int, rounds: int) -> None:
     from blocks import realistic_rows
 
     pool = _ops.ThreadPool(2)
     rng = np.random.default_rng(0)
-    print(f"### matmuls: [{rows}, {cols}], {mib} MiB of copies, 2 threads, best of {rounds}\n")
-    print("| type | tokens | in place us | prepacked us | in place / prepacked |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print(f"### matmuls: [{rows}, {cols_wanted}], {mib} MiB of copies, 2 threads, best of {rounds}\n")
+    print("| type | cols | tokens | in place us | prepacked us | in place / prepacked |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for t in TYPES:
+        blck = 256 if t == GT.Q4_K else 32
+        cols = -(-cols_wanted // blck) * blck
         base = np.ascontiguousarray(realistic_rows(t, rows, cols, 1)).view(np.uint8).reshape(-1)
         if _ops.prepack(int(t), base, rows, cols) is None:
-            print(f"| {t.name} | - | - | - | no prepacked kernels on this CPU |")
+            print(f"| {t.name} | {cols} | - | - | - | no prepacked kernels on this CPU |")
             continue
         copies = max(1, mib * (1 << 20) // base.nbytes)
         inplace = [base.copy() for _ in range(copies)]
@@ -64,7 +66,7 @@ def matmuls(rows: int, cols: int, mib: int, rounds: int) -> None:
                     for w in mats:
                         _ops.matmul(pool, int(t), w, rows, cols, x, prepacked=mode)
                     best[mode] = min(best[mode], (time.perf_counter() - t0) / len(mats) * 1e6)
-            print(f"| {t.name} | {n} | {best[False]:.1f} | {best[True]:.1f} | {best[False] / best[True]:.2f}x |")
+            print(f"| {t.name} | {cols} | {n} | {best[False]:.1f} | {best[True]:.1f} | {best[False] / best[True]:.2f}x |")
     print()
 
 
