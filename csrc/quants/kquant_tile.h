@@ -61,6 +61,9 @@ typedef struct {
 typedef void (*kq_unpack_fn)(const void *block, uint8_t q[QK_K], int32_t sc[16], int16_t m[16], float *dx,
                              float *dm);
 
+/* The panel of a prepacked group's super-block at b (see "prepacked k-quants" below). */
+typedef void (*kq_unpack_prepacked_fn)(packed_kq_avx512 *p, const uint8_t *b);
+
 BUBO_TARGET_AVX512 static inline void kq_pack_avx512(packed_kq_avx512 *p, const uint8_t *x, size_t x_stride,
                                                      int n_rows, size_t block_offset, kq_unpack_fn unpack) {
     static const uint8_t zero_super_block[256] __attribute__((aligned(64)));
@@ -137,6 +140,52 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_av
     }
 }
 
+/* The micro tile over nt (1..8) tokens with nt a literal in each case (its chains interleave). */
+#define KQ_MICRO_ANY(packed, nt, first, nr, st, s_stride, yt, y_stride)                       \
+    do {                                                                                     \
+        switch (nt) {                                                                        \
+        case 1: kq_micro_avx512(packed, 1, first, nr, st, s_stride, yt, y_stride); break;    \
+        case 2: kq_micro_avx512(packed, 2, first, nr, st, s_stride, yt, y_stride); break;    \
+        case 3: kq_micro_avx512(packed, 3, first, nr, st, s_stride, yt, y_stride); break;    \
+        case 4: kq_micro_avx512(packed, 4, first, nr, st, s_stride, yt, y_stride); break;    \
+        case 5: kq_micro_avx512(packed, 5, first, nr, st, s_stride, yt, y_stride); break;    \
+        case 6: kq_micro_avx512(packed, 6, first, nr, st, s_stride, yt, y_stride); break;    \
+        case 7: kq_micro_avx512(packed, 7, first, nr, st, s_stride, yt, y_stride); break;    \
+        case 8: kq_micro_avx512(packed, 8, first, nr, st, s_stride, yt, y_stride); break;    \
+        default: break;                                                                      \
+        }                                                                                    \
+    } while (0)
+
+/* The prompt path of both tiles: chunks of TILE_CHUNK tokens, super-block by super-block, each row
+ * group's panel serving the chunk's micro tiles. The panel is packed from the rows in place by
+ * unpack, or unpacked from prepacked groups by unpack_pp: exactly one of them is given. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prompt_avx512(
+    int nb, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const uint8_t *x, size_t x_stride,
+    const uint8_t *y, size_t y_stride, size_t x_size, kq_unpack_fn unpack, kq_unpack_prepacked_fn unpack_pp) {
+    packed_kq_avx512 packed __attribute__((aligned(64)));
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
+        const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
+        for (int k = 0; k < nb; k++) {
+            for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
+                const int nr = n_rows - r0;
+                if (unpack_pp)
+                    unpack_pp(&packed, x + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * x_size);
+                else
+                    kq_pack_avx512(&packed, x + (size_t)r0 * x_stride, x_stride, nr, (size_t)k * x_size, unpack);
+                const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
+                float *st = s + (size_t)t0 * s_stride + r0;
+                int t = 0;
+                for (; t + TILE_TOKENS <= nt; t += TILE_TOKENS)
+                    kq_micro_avx512(&packed, TILE_TOKENS, k == 0, nr, st + (size_t)t * s_stride, s_stride,
+                                    yt + (size_t)t * y_stride, y_stride);
+                /* the tail as one micro tile of a constant width (its chains interleave) */
+                KQ_MICRO_ANY(&packed, nt - t, k == 0, nr, st + (size_t)t * s_stride, s_stride, yt + (size_t)t * y_stride,
+                             y_stride);
+            }
+        }
+    }
+}
+
 /* The whole tile. Below pack_min_tokens tokens (the type's measured crossover: its packing is
  * dearer than re-running the rows kernel's unpack for a few tokens) it runs `rows`, else packs. */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant_avx512(
@@ -159,33 +208,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
                      y_stride);
         return;
     }
-    packed_kq_avx512 packed __attribute__((aligned(64)));
-    for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
-        const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
-        for (int k = 0; k < nb; k++) {
-            for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
-                const int nr = n_rows - r0;
-                kq_pack_avx512(&packed, x + (size_t)r0 * x_stride, x_stride, nr, (size_t)k * x_size, unpack);
-                const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
-                float *st = s + (size_t)t0 * s_stride + r0;
-                int t = 0;
-                for (; t + TILE_TOKENS <= nt; t += TILE_TOKENS)
-                    kq_micro_avx512(&packed, TILE_TOKENS, k == 0, nr, st + (size_t)t * s_stride, s_stride,
-                                    yt + (size_t)t * y_stride, y_stride);
-                /* the tail as one micro tile of a constant width (its chains interleave) */
-#define TAIL(w)                                                                                              \
-    case w:                                                                                                  \
-        kq_micro_avx512(&packed, w, k == 0, nr, st + (size_t)t * s_stride, s_stride, yt + (size_t)t * y_stride, \
-                        y_stride);                                                                           \
-        break;
-                switch (nt - t) {
-                    TAIL(1) TAIL(2) TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
-                default: break;
-                }
-#undef TAIL
-            }
-        }
-    }
+    kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, unpack, NULL);
 }
 
 /* ---- prepacked k-quants ------------------------------------------------------------------------
@@ -199,8 +222,6 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
 /* Writes one super-block of a group (16 x_size bytes at b) from its panel p and the rows it came from. */
 typedef void (*kq_compress_fn)(const packed_kq_avx512 *p, const uint8_t *x, size_t x_stride, int n_rows,
                                size_t block_offset, uint8_t *b);
-/* The panel of the super-block at b (a group's, as kq_compress_fn wrote it). */
-typedef void (*kq_unpack_prepacked_fn)(packed_kq_avx512 *p, const uint8_t *b);
 
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prepack_avx512(
     const uint8_t *x, size_t x_stride, int64_t rows, int nb, uint8_t *dst, size_t x_size, kq_unpack_fn unpack,
@@ -237,22 +258,6 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_load_nib
         }
 }
 
-/* The micro tile over nt (1..8) tokens with nt a literal in each case (its chains interleave). */
-#define KQ_MICRO_ANY(packed, nt, first, nr, st, s_stride, yt, y_stride)                       \
-    do {                                                                                     \
-        switch (nt) {                                                                        \
-        case 1: kq_micro_avx512(packed, 1, first, nr, st, s_stride, yt, y_stride); break;    \
-        case 2: kq_micro_avx512(packed, 2, first, nr, st, s_stride, yt, y_stride); break;    \
-        case 3: kq_micro_avx512(packed, 3, first, nr, st, s_stride, yt, y_stride); break;    \
-        case 4: kq_micro_avx512(packed, 4, first, nr, st, s_stride, yt, y_stride); break;    \
-        case 5: kq_micro_avx512(packed, 5, first, nr, st, s_stride, yt, y_stride); break;    \
-        case 6: kq_micro_avx512(packed, 6, first, nr, st, s_stride, yt, y_stride); break;    \
-        case 7: kq_micro_avx512(packed, 7, first, nr, st, s_stride, yt, y_stride); break;    \
-        case 8: kq_micro_avx512(packed, 8, first, nr, st, s_stride, yt, y_stride); break;    \
-        default: break;                                                                      \
-        }                                                                                    \
-    } while (0)
-
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant_prepacked_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
     const void *restrict vy, size_t y_stride, size_t x_size, kq_unpack_prepacked_fn unpack) {
@@ -265,38 +270,20 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
     packed_kq_avx512 packed __attribute__((aligned(64)));
     const size_t group_block = (size_t)TILE_ROWS * x_size; /* one super-block of a group */
     if (n_tokens <= TILE_TOKENS) {
-        /* a decode step: each group's super-blocks stream in order, the next group's prefetched */
+        /* a decode step: the groups' super-blocks stream in address order */
         for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
             const int nr = n_rows - r0;
             const uint8_t *xr = x + (size_t)r0 * x_stride;
             for (int k = 0; k < nb; k++) {
-                if (nr > TILE_ROWS) {
-                    const uint8_t *next = xr + (size_t)TILE_ROWS * x_stride + (size_t)k * group_block;
-                    for (size_t o = 0; o < group_block; o += 64) _mm_prefetch((const char *)next + o, _MM_HINT_T0);
-                }
+                prefetch_prepacked(xr + (size_t)k * group_block, group_block,
+                                   x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride);
                 unpack(&packed, xr + (size_t)k * group_block);
                 KQ_MICRO_ANY(&packed, n_tokens, k == 0, nr, s + r0, s_stride, y + (size_t)k * sizeof(block_q8_K), y_stride);
             }
         }
         return;
     }
-    for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
-        const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
-        for (int k = 0; k < nb; k++) {
-            for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
-                const int nr = n_rows - r0;
-                unpack(&packed, x + (size_t)r0 * x_stride + (size_t)k * group_block);
-                const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
-                float *st = s + (size_t)t0 * s_stride + r0;
-                int t = 0;
-                for (; t + TILE_TOKENS <= nt; t += TILE_TOKENS)
-                    kq_micro_avx512(&packed, TILE_TOKENS, k == 0, nr, st + (size_t)t * s_stride, s_stride,
-                                    yt + (size_t)t * y_stride, y_stride);
-                KQ_MICRO_ANY(&packed, nt - t, k == 0, nr, st + (size_t)t * s_stride, s_stride, yt + (size_t)t * y_stride,
-                             y_stride);
-            }
-        }
-    }
+    kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, NULL, unpack);
 }
 
 /* One super-block's step of the chain kq_micro_avx512 runs in each lane, for the AVX-512 vec_dots:

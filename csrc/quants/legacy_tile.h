@@ -53,7 +53,7 @@ typedef struct {
 
 /* The same for a decode step (up to TILE_TOKENS tokens), filled once for a whole row of up to
  * TILE_DECODE_BLOCKS blocks, so that every row group reads it instead of recomputing it. */
-#define TILE_DECODE_BLOCKS 128 /* 4096 columns */
+#define TILE_DECODE_BLOCKS 512 /* 16384 columns: longer rows go in column chunks */
 typedef struct {
     float d[TILE_TOKENS][TILE_DECODE_BLOCKS];
     int32_t off_sum[TILE_TOKENS][TILE_DECODE_BLOCKS];
@@ -199,14 +199,6 @@ static inline void prefetch_next_group(const uint8_t *xr, size_t x_stride, int n
     for (uintptr_t a = from; a < to; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
 }
 
-/* The same for prepacked groups (below), where a group's blocks k0..k0+kp-1 are one range. */
-static inline void prefetch_next_prepacked(const uint8_t *xr, size_t x_stride, int nr, int k0, int kp, size_t x_size) {
-    if (nr <= TILE_ROWS) return;
-    const uintptr_t next = (uintptr_t)(xr + (size_t)TILE_ROWS * x_stride) + (size_t)k0 * TILE_ROWS * x_size;
-    const uintptr_t to = next + (size_t)kp * TILE_ROWS * x_size;
-    for (uintptr_t a = next & ~(uintptr_t)63; a < to; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
-}
-
 /* The tile for a few tokens: the same chain per (row, token) as tile_micro_avx512 (16 rows in the
  * lanes of one accumulator, one fma per block), but each block's 16 integer sums come from a
  * reduction tree over untransposed rows instead of a packing, which only pays off when many
@@ -300,25 +292,33 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
     }
     const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     packed_panel_avx512 packed __attribute__((aligned(64)));
-    if (n_tokens <= TILE_TOKENS && nb <= TILE_DECODE_BLOCKS) {
+    if (n_tokens <= TILE_TOKENS) {
         /* a decode step: each weight is used by one micro tile only, so the weights' memory
          * traffic is the cost. A row group's panels in turn (its 16 rows stream in order) while
-         * the next group is prefetched, as rows_legacy_avx512 does */
+         * the next group is prefetched, as rows_legacy_avx512 does; rows longer than
+         * TILE_DECODE_BLOCKS go in column chunks of that many blocks, the activations' side data
+         * filled once per chunk (the chain per output is the same: blocks ascending) */
         q8_0_decode_side_avx512 dside;
-        if (!with_min) q8_0_side_fill_avx512(&dside.d[0][0], &dside.off_sum[0][0], TILE_DECODE_BLOCKS, y, y_stride, n_tokens, 0, nb, off);
-        for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
-            const int nr = n_rows - r0;
-            const uint8_t *xr = x + (size_t)r0 * x_stride;
-            for (int k0 = 0; k0 < nb; k0 += TILE_PANEL) {
-                const int kp = nb - k0 < TILE_PANEL ? nb - k0 : TILE_PANEL;
-                if (prepacked)
-                    prefetch_next_prepacked(xr, x_stride, nr, k0, kp, x_size);
-                else
-                    prefetch_next_group(xr, x_stride, nr, k0, k0 + kp, nb);
-                pack(&packed, xr, x_stride, nr, k0, kp);
-                tile_micro_any_avx512(&packed, n_tokens, kp, k0 == 0, nr, s + r0, s_stride, y, y_stride,
-                                      (size_t)k0 * y_size, with_min,
-                                      (side_view){&dside.d[0][k0], &dside.off_sum[0][k0], TILE_DECODE_BLOCKS});
+        const uint8_t *end = x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride;
+        for (int c0 = 0; c0 < nb; c0 += TILE_DECODE_BLOCKS) {
+            const int c1 = nb - c0 < TILE_DECODE_BLOCKS ? nb : c0 + TILE_DECODE_BLOCKS;
+            if (!with_min)
+                q8_0_side_fill_avx512(&dside.d[0][0], &dside.off_sum[0][0], TILE_DECODE_BLOCKS, y, y_stride, n_tokens,
+                                      c0, c1 - c0, off);
+            for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
+                const int nr = n_rows - r0;
+                const uint8_t *xr = x + (size_t)r0 * x_stride;
+                for (int k0 = c0; k0 < c1; k0 += TILE_PANEL) {
+                    const int kp = c1 - k0 < TILE_PANEL ? c1 - k0 : TILE_PANEL;
+                    if (prepacked)
+                        prefetch_prepacked(xr + (size_t)k0 * TILE_ROWS * x_size, (size_t)kp * TILE_ROWS * x_size, end);
+                    else
+                        prefetch_next_group(xr, x_stride, nr, k0, k0 + kp, nb);
+                    pack(&packed, xr, x_stride, nr, k0, kp);
+                    tile_micro_any_avx512(&packed, n_tokens, kp, k0 == 0, nr, s + r0, s_stride, y, y_stride,
+                                          (size_t)k0 * y_size, with_min,
+                                          (side_view){&dside.d[0][k0 - c0], &dside.off_sum[0][k0 - c0], TILE_DECODE_BLOCKS});
+                }
             }
         }
         return;

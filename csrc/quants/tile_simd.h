@@ -13,6 +13,21 @@
 
 static const uint8_t tile_zero_block[64] __attribute__((aligned(64)));
 
+/* Prepacked weights (legacy_tile.h, kquant_tile.h) stream in address order through a decode step,
+ * group after group and block after block: each piece read prefetches the piece PREPACKED_AHEAD
+ * bytes further on, up to the stream's end. (A fixed distance: the next row group's same blocks,
+ * as the in-place kernels prefetch, lie a whole row group away, 40+ KiB for long rows, and would
+ * be evicted from L1 before their turn.) */
+#ifndef PREPACKED_AHEAD
+#define PREPACKED_AHEAD 4096
+#endif
+static inline void prefetch_prepacked(const uint8_t *cur, size_t len, const uint8_t *end) {
+    uintptr_t a = ((uintptr_t)cur + PREPACKED_AHEAD) & ~(uintptr_t)63;
+    uintptr_t to = (uintptr_t)cur + PREPACKED_AHEAD + len;
+    if (to > (uintptr_t)end) to = (uintptr_t)end;
+    for (; a < to; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
+}
+
 /* Transposes 8 registers of [row i | row i+8] (32 bytes each) into q[g] = dword g of rows 0..15. */
 BUBO_TARGET_AVX512 static inline void transpose_rows_avx512(const __m512i z[8], __m512i q[8]) {
     __m512i t[8], u[8];

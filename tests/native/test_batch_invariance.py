@@ -42,8 +42,8 @@ def test_matmul_row_does_not_depend_on_its_batch(type_id, isa, monkeypatch):
     rng = np.random.default_rng(type_id * 31 + ISAS.index(isa))
     pool = _ops.ThreadPool(2)
     blck = block_of(type_id)
-    # legacy: past 128 blocks (4096 columns) a decode step leaves the tile's whole-row path
-    for n_blocks in (1, 3, 9, 129) if blck == 32 else (1, 3, 5):
+    # legacy: past 512 blocks (16384 columns) a decode step takes its rows in column chunks
+    for n_blocks in (1, 3, 9, 129, 513) if blck == 32 else (1, 3, 5):
         cols = blck * n_blocks
         w = np.ascontiguousarray(realistic_rows(GT(type_id), ROWS, cols, int(rng.integers(1 << 30)))).view(np.uint8)
         w = w.reshape(-1)

@@ -25,6 +25,16 @@ def bits(a):
     return np.ascontiguousarray(a, np.float32).view(np.uint32)
 
 
+def assert_same_in_place(monkeypatch, logits):
+    """logits() (a fresh model each call) gives the same bits prepacked (as loaded now) and with
+    BUBO_NO_PREPACK=1."""
+    first = logits()
+    monkeypatch.setenv("BUBO_NO_PREPACK", "1")
+    second = logits()
+    for a, b in zip(first, second) if isinstance(first, tuple) else [(first, second)]:
+        assert np.array_equal(bits(a), bits(b))
+
+
 @pytest.mark.parametrize("type_id", PREPACKED, ids=lambda t: t.name)
 def test_prepacked_matmul_is_the_same_bits(type_id):
     blck = K.type_info(int(type_id))["blck_size"]
@@ -34,10 +44,10 @@ def test_prepacked_matmul_is_the_same_bits(type_id):
         return  # nothing is packed on this CPU: the model multiplies its rows in place
     rng = np.random.default_rng(int(type_id))
     pool = _ops.ThreadPool(2)
-    # one block, an odd count, a legacy decode step's whole-row limit (128 blocks) and past it
+    # one block, an odd count, a legacy decode step's column chunk (512 blocks) and past it
     blck = K.type_info(int(type_id))["blck_size"]
     for rows in (1, 16, 37, 300):
-        for n_blocks in (1, 3, 128, 129) if blck == 32 else (1, 3, 19):
+        for n_blocks in (1, 3, 129, 512, 513) if blck == 32 else (1, 3, 19):
             cols = blck * n_blocks
             w = np.ascontiguousarray(realistic_rows(type_id, rows, cols, int(rng.integers(1 << 30)))).view(np.uint8)
             w = w.reshape(-1)
@@ -76,9 +86,7 @@ def test_a_lower_forced_level_packs_nothing(tmp_path, monkeypatch):
         model = Model(path, n_threads=2)
         return model.decode(KVCache(model, n_ctx=64), tokens, np.arange(40), np.zeros(40), np.ones(40, bool))
 
-    forced = logits()
-    monkeypatch.setenv("BUBO_NO_PREPACK", "1")
-    assert np.array_equal(bits(forced), bits(logits()))
+    assert_same_in_place(monkeypatch, logits)
 
 
 def test_packed_weights_keep_their_level(tmp_path, monkeypatch):
@@ -118,11 +126,7 @@ def test_tiny_model_logits_prepacked_or_not(tmp_path, monkeypatch, arch, types):
                                 for i in range(40)])
         return whole, steps
 
-    packed = logits()
-    monkeypatch.setenv("BUBO_NO_PREPACK", "1")
-    in_place = logits()
-    for a, b in zip(packed, in_place):
-        assert np.array_equal(bits(a), bits(b))
+    assert_same_in_place(monkeypatch, logits)
 
 
 @pytest.mark.parametrize("name", ["smollm2:135m", "qwen2.5-coder:0.5b", "gemma3:270m"])
@@ -146,9 +150,7 @@ def test_catalog_logits_prepacked_or_not(monkeypatch, name):
             out.append(model.decode(kv, t, np.array([64, 63, 62, 61]) + i, np.arange(4), np.ones(4, bool)))
         return np.concatenate(out)
 
-    packed = logits()
-    monkeypatch.setenv("BUBO_NO_PREPACK", "1")
-    assert np.array_equal(bits(packed), bits(logits()))
+    assert_same_in_place(monkeypatch, logits)
 
 
 def test_a_long_prompt_through_a_tied_embedding(monkeypatch):
@@ -163,6 +165,4 @@ def test_a_long_prompt_through_a_tied_embedding(monkeypatch):
         model = Model(path, n_threads=2)
         return model.decode(KVCache(model, n_ctx=512), tokens, np.arange(400), np.zeros(400), np.ones(400, bool))
 
-    packed = logits()
-    monkeypatch.setenv("BUBO_NO_PREPACK", "1")
-    assert np.array_equal(bits(packed), bits(logits()))
+    assert_same_in_place(monkeypatch, logits)
