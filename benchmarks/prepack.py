@@ -12,6 +12,10 @@
 2. Models: `python -m bubo bench -p 512 -n 128` on each catalog model with BUBO_NO_PREPACK=1 and
    without, alternating round by round, median over --rounds: tokens per second and the ratio
    prepacked / in place (above 1: packing helps).
+3. Server under steady load (--steady-s seconds per point, 0 skips it): `python -m bubo serve -np 4
+   -c 16384 -t 2` on each model, packed and in place; 1 and 4 client threads each stream 128-token
+   /completion answers (greedy, ignore_eos) back to back: generated tokens per second over the
+   window, and 4 clients against 1.
 
 The outputs are the same bits either way (tests/native/test_prepacked.py); only the time differs.
 """
@@ -24,6 +28,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "nativ
 from gguf import GGMLQuantizationType as GT  # noqa: E402
 
 from bubo import _ops  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_serve  # noqa: E402  (its server process and /completion client)
 
 TYPES = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q4_K]
 MODELS = ["smollm2:135m", "gemma3:270m", "qwen2.5-coder:0.5b"]
@@ -98,6 +106,49 @@ def models(names: list[str], rounds: int, n_prompt: int, n_gen: int) -> None:
     print()
 
 
+def steady(model: str, packed: bool, n_clients: int, seconds: float) -> float:
+    """Generated tokens per second of n_clients streaming 128-token answers back to back."""
+    from bubo import store
+
+    path = store.pull(model)
+    port = bench_serve.free_port()
+    cmd = [sys.executable, "-m", "bubo", "serve", "-m", str(path), "--host", bench_serve.HOST, "--port", str(port),
+           "-c", "16384", "-t", "2", "-np", "4"]
+    os.environ["BUBO_NO_PREPACK"] = "0" if packed else "1"  # the server process inherits it
+    try:
+        with bench_serve.Server("bubo", cmd, port):
+            bench_serve.completion(port, "Warm up.", 8)
+            done = [0] * n_clients
+            stop_at = time.perf_counter() + seconds
+
+            def client(i: int) -> None:
+                k = 0
+                while time.perf_counter() < stop_at:
+                    done[i] += bench_serve.completion(port, bench_serve.client_prompt(1000 * i + k), 128).n_tokens
+                    k += 1
+
+            t0 = time.perf_counter()
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(n_clients)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return sum(done) / (time.perf_counter() - t0)
+    finally:
+        os.environ.pop("BUBO_NO_PREPACK", None)
+
+
+def servers(names: list[str], seconds: float) -> None:
+    print(f"### server under steady load: -np 4, 128-token answers back to back, {seconds:.0f} s a point\n")
+    print("| model | in place 1 | prepacked 1 | in place 4 | prepacked 4 | 4 / 1 clients, prepacked |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name in names:
+        r = {(packed, n): steady(name, packed, n, seconds) for packed in (False, True) for n in (1, 4)}
+        print(f"| {name} | {r[False, 1]:.1f} | {r[True, 1]:.1f} | {r[False, 4]:.1f} | {r[True, 4]:.1f} | "
+              f"{r[True, 4] / r[True, 1]:.2f}x |")
+    print()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=2048)
@@ -108,10 +159,14 @@ def main() -> None:
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("--skip-models", action="store_true")
+    ap.add_argument("--steady-s", type=float, default=10.0, help="seconds per server point (0: no server part)")
     args = ap.parse_args()
     matmuls(args.rows, args.cols, args.mib, args.rounds)
+    names = [m for m in args.models.split(",") if m]
     if not args.skip_models:
-        models([m for m in args.models.split(",") if m], args.rounds, args.n_prompt, args.n_gen)
+        models(names, args.rounds, args.n_prompt, args.n_gen)
+        if args.steady_s > 0:
+            servers(names, args.steady_s)
 
 
 if __name__ == "__main__":
