@@ -17,6 +17,7 @@ class Grammar:
     """A parsed GBNF grammar; a syntax error raises ValueError naming line and column."""
 
     root: str
+    text: str  # the GBNF source
     def __init__(self, text: str | bytes, root: str = "root") -> None: ...
     @property
     def n_rules(self) -> int: ...
