@@ -516,9 +516,9 @@ def answer_constraint(engine: Any, grammar: Any, forced: str | None, thinking: b
     try:
         return Grammar(text)
     except (ValueError, UnsupportedError) as e:  # the engine's limits: repetition counts, a $ref cycle, ...
-        what = "a parameters schema" if grammar is None else "the answer's grammar"
-        raise ApiError(400, "unsupported_schema" if grammar is None else "invalid_grammar",
-                       f"{'tools' if grammar is None else 'grammar'}: the grammar engine refuses {what}: {e}") from None
+        code, what = ("unsupported_schema", "tools: the grammar engine refuses a parameters schema") if grammar is None \
+            else ("invalid_grammar", "grammar: the grammar engine refuses the answer's grammar")
+        raise ApiError(400, code, f"{what}: {e}") from None
 
 
 def constrain(engine: Any, req: Conversation, in_think: bool) -> tuple[Any, OutputParser]:

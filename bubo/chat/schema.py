@@ -102,6 +102,19 @@ def _ptr(pointer: str, *keys: Any) -> str:
     return pointer
 
 
+def _count_bounds(schema: dict[str, Any], ptr: str, suffix: str, what: str) -> tuple[int, int | None]:
+    """(min, max) of minItems/maxItems or minLength/maxLength (suffix "Items" or "Length"): each a
+    non-negative integer, max absent (None) or not below min."""
+    lo_key, hi_key = "min" + suffix, "max" + suffix
+    lo, hi = schema.get(lo_key, 0), schema.get(hi_key)
+    for k, v in ((lo_key, lo), (hi_key, hi)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise SchemaError(_ptr(ptr, k), "must be a non-negative integer")
+    if hi is not None and hi < lo:
+        raise SchemaError(_ptr(ptr, hi_key), f"{hi_key} < {lo_key} admits no {what}")
+    return lo, hi
+
+
 def literal(text: str) -> str:
     """A GBNF string literal matching exactly text."""
     out = []
@@ -692,12 +705,7 @@ class _Converter:
             prefix, items, items_ptr = items, schema.get("additionalItems", True), _ptr(ptr, "additionalItems")
         elif "additionalItems" in schema:
             raise SchemaError(_ptr(ptr, "additionalItems"), "additionalItems needs items as an array")
-        lo, hi = schema.get("minItems", 0), schema.get("maxItems")
-        for k, v in (("minItems", lo), ("maxItems", hi)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                raise SchemaError(_ptr(ptr, k), "must be a non-negative integer")
-        if hi is not None and hi < lo:
-            raise SchemaError(_ptr(ptr, "maxItems"), "maxItems < minItems admits no array")
+        lo, hi = _count_bounds(schema, ptr, "Items", "array")
         if not isinstance(prefix, list):
             raise SchemaError(_ptr(ptr, "prefixItems"), "must be an array")
         seq = [self.visit(s, _ptr(ptr, "prefixItems", i), f"{name}-{i}") for i, s in enumerate(prefix)]
@@ -726,12 +734,7 @@ class _Converter:
         return self.add(name, f'"[" {ws} {inner} "]" {ws}')
 
     def string(self, schema: dict[str, Any], ptr: str, name: str) -> str:
-        lo, hi = schema.get("minLength", 0), schema.get("maxLength")
-        for k, v in (("minLength", lo), ("maxLength", hi)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                raise SchemaError(_ptr(ptr, k), "must be a non-negative integer")
-        if hi is not None and hi < lo:
-            raise SchemaError(_ptr(ptr, "maxLength"), "maxLength < minLength admits no string")
+        lo, hi = _count_bounds(schema, ptr, "Length", "string")
         fmt, pattern = schema.get("format"), schema.get("pattern")
         if fmt is not None and pattern is not None:
             raise SchemaError(_ptr(ptr, "pattern"), "pattern beside format is not supported")

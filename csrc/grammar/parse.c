@@ -580,12 +580,12 @@ bubo_status bubo_grammar_parse(const char *text, size_t len, const char *root, b
 
     const char *p = parse_space(&P, text, 1);
     while (p && p < P.end) p = parse_rule(&P, p);
-    if (P.status != BUBO_OK) goto fail;
+    if (P.status != BUBO_OK) goto done;
 
     for (uint32_t i = 0; i < P.n_rules; i++)
         if (!P.rules[i].defined) {
             fail(&P, P.rules[i].first_ref, "undefined rule '%s'", P.rules[i].name);
-            goto fail;
+            goto done;
         }
     uint32_t root_id = UINT32_MAX;
     size_t root_len = strlen(root);
@@ -595,7 +595,7 @@ bubo_status bubo_grammar_parse(const char *text, size_t len, const char *root, b
             root_id = P.map[h] - 1;
     if (root_id == UINT32_MAX) {
         P.status = bubo_set_err(err, BUBO_ERR_INVALID, "grammar: no rule '%s' (the root)", root);
-        goto fail;
+        goto done;
     }
 
     g = calloc(1, sizeof *g);
@@ -616,21 +616,15 @@ bubo_status bubo_grammar_parse(const char *text, size_t len, const char *root, b
         at += P.rules[i].body.n;
     }
     build_terminal_tables(g);
-    if ((P.status = check_left_recursion(&P, g, nullable)) != BUBO_OK) goto fail;
-
-    free(nullable);
-    for (uint32_t i = 0; i < P.n_rules; i++) {
-        free(P.rules[i].name);
-        free(P.rules[i].body.v);
+    if ((P.status = check_left_recursion(&P, g, nullable)) == BUBO_OK) {
+        *out = g;
+        g = NULL;
     }
-    free(P.rules);
-    free(P.map);
-    *out = g;
-    return BUBO_OK;
+    goto done;
 
 oom:
     P.status = bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
-fail:
+done: /* the parser's own tables go either way; g is NULL once it is the caller's */
     free(nullable);
     bubo_grammar_free(g);
     for (uint32_t i = 0; i < P.n_rules; i++) {
