@@ -243,7 +243,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help=f"total context of each server (default {CTX_PER_SLOT} x -np)")
     ap.add_argument("-t", "--threads", type=_positive_int, default=2)
     ap.add_argument("--clients", type=_positive_ints, default=[1, 4, 8], help="concurrent clients, comma-separated")
-    ap.add_argument("-n", "--n-predict", type=_positive_int, default=128, help="tokens each throughput answer generates")
+    ap.add_argument("-n", "--n-predict", type=_positive_int, default=128,
+                    help="tokens each throughput answer generates")
     ap.add_argument("--rounds", type=_positive_int, default=2, help="alternating rounds of both servers")
     ap.add_argument("--prefix-tokens", type=_positive_int, default=2000, help="the shared system prompt's length")
     ap.add_argument("--questions", type=int, default=len(QUESTIONS),
@@ -258,7 +259,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.ctx_size = CTX_PER_SLOT * args.parallel
     need = args.prefix_tokens + 64 + args.prefix_max_tokens  # a question and the chat template's tokens
     if args.ctx_size // args.parallel < need:
-        ap.error(f"-c {args.ctx_size} leaves {args.ctx_size // args.parallel} tokens a slot; the prefix test needs {need}")
+        ap.error(f"-c {args.ctx_size} leaves {args.ctx_size // args.parallel} tokens a slot; "
+                 f"the prefix test needs {need}")
     args.servers = [args.only] if args.only else list(SERVERS)
     return args
 
@@ -434,7 +436,8 @@ def completion(port: int, prompt: str, n_predict: int) -> RequestResult:
 
 def chat(port: int, model_id: str, system: str, question: str, max_tokens: int) -> RequestResult:
     """One streamed chat completion; TTFT at the first chunk that carries generated text."""
-    body = {"model": model_id, "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+    body = {"model": model_id,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
             "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     t_sent = time.perf_counter()
     t_first = None
@@ -607,4 +610,4 @@ if __name__ == "__main__":
         raise SystemExit(main())
     except KeyboardInterrupt:
         print("\nbench_serve: interrupted (servers stopped)", file=sys.stderr)
-        raise SystemExit(130)
+        raise SystemExit(130) from None

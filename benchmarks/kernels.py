@@ -122,7 +122,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     args = ap.parse_args()
     if args.gemm:
-        types = args.types.split(",") if args.types != ",".join(WEIGHT_TYPES) else ["q4_1", "q8_0", "q5_0", "q4_K", "q6_K", "f32", "f16"]
+        types = args.types.split(",") if args.types != ",".join(WEIGHT_TYPES) else [
+            "q4_1", "q8_0", "q5_0", "q4_K", "q6_K", "f32", "f16"]
         gemm(types, args.tokens)
         return
     rng = np.random.default_rng(0)

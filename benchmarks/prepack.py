@@ -5,9 +5,9 @@
     python benchmarks/prepack.py --skip-models    # the matmuls only
 
 1. Matmuls: for each type that has prepacked kernels on this CPU (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and
-   Q4_K on AVX-512), enough copies of a [rows, cols] matrix (cols rounded up to whole blocks) to spill the caches (--mib of weights), each
-   multiplied by 1 and by 4 tokens (a decode step of 1 and 4 sequences) with 2 threads, in place
-   (bubo_matmul) and prepacked (bubo_matmul_prepacked), alternating, best of --rounds: microseconds
+   Q4_K on AVX-512), enough copies of a [rows, cols] matrix (cols rounded up to whole blocks) to spill the caches
+   (--mib of weights), each multiplied by 1 and by 4 tokens (a decode step of 1 and 4 sequences) with 2 threads,
+   in place (bubo_matmul) and prepacked (bubo_matmul_prepacked), alternating, best of --rounds: microseconds
    per matrix and the ratio in place / prepacked (above 1: packing helps).
 2. Models: `python -m bubo bench -p 512 -n 128` on each catalog model with BUBO_NO_PREPACK=1 and
    without, alternating round by round, median over --rounds: tokens per second and the ratio
@@ -74,7 +74,8 @@ def matmuls(rows: int, cols_wanted: int, mib: int, rounds: int) -> None:
                     for w in mats:
                         _ops.matmul(pool, int(t), w, rows, cols, x, prepacked=mode)
                     best[mode] = min(best[mode], (time.perf_counter() - t0) / len(mats) * 1e6)
-            print(f"| {t.name} | {cols} | {n} | {best[False]:.1f} | {best[True]:.1f} | {best[False] / best[True]:.2f}x |")
+            print(f"| {t.name} | {cols} | {n} | {best[False]:.1f} | {best[True]:.1f} | "
+                  f"{best[False] / best[True]:.2f}x |")
     print()
 
 

@@ -27,9 +27,9 @@ def _use_installed_build() -> None:
 
 _use_installed_build()
 
+from bubo._tokenizer import Detokenizer, Tokenizer
 from bubo.errors import BuboError, GGUFError, UnsupportedError
 from bubo.gguf import GGUFFile, TensorInfo
-from bubo._tokenizer import Detokenizer, Tokenizer
 from bubo.llm import Completion, Model
 
 __version__ = "0.1.0"

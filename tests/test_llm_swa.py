@@ -3,6 +3,7 @@ window's blocks for the local layers, so a repeated or extended prompt whose sha
 reaches back past the window cannot be resumed from the cache; the model starts the prompt over,
 and the answer is the same as the first time."""
 import bubo
+
 from reference.tiny import write_tiny_model
 
 PROMPT = ("The quick brown fox jumps over the lazy dog, and the dog sleeps in the sun while "

@@ -17,6 +17,9 @@ from werkzeug.exceptions import HTTPException
 from bubo.api.auth import check_api_key
 from bubo.api.config import ServerConfig
 from bubo.api.errors import ApiError, error_response
+from bubo.api.request import release_models
+from bubo.engine.engine import Engine
+from bubo.engine.registry import Registry
 
 log = logging.getLogger("bubo.api")
 
@@ -26,12 +29,19 @@ DIALECTS = ("bubo.api.openai", "bubo.api.anthropic", "bubo.api.llamacpp")
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 
-def create_app(engine: Any, config: ServerConfig | None = None) -> Flask:
+def create_app(models: Engine | Registry, config: ServerConfig | None = None) -> Flask:
+    """The app serving one engine (its names: config's served_model_name, aliases and "bubo"), or
+    every model of a registry (router mode)."""
     from bubo.api import core
 
-    config = config or ServerConfig(served_model_name=engine.model_name)
+    if isinstance(models, Registry):
+        registry = models
+        config = config or ServerConfig(served_model_name=registry.default.name)
+    else:
+        config = config or ServerConfig(served_model_name=models.model_name)
+        registry = Registry.single(models, config.served_model_name, config.model_names[1:])
     app = Flask("bubo")
-    app.config["BUBO_ENGINE"] = engine
+    app.config["BUBO_MODELS"] = registry
     app.config["BUBO_CONFIG"] = config
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
@@ -52,6 +62,10 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> Flask:
     @app.before_request
     def _auth() -> None:
         check_api_key(config.api_keys)
+
+    @app.teardown_request
+    def _release(_: BaseException | None) -> None:
+        release_models()
 
     @app.after_request
     def _cors(resp: Any) -> Any:
@@ -91,6 +105,7 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> Flask:
     @app.errorhandler(Exception)
     def _unexpected(err: Exception) -> Any:
         log.exception("unexpected error in %s %s", request.method, request.path)
-        return error_response(request.path, ApiError(500, "internal_error", f"internal error: {type(err).__name__}: {err}"))
+        return error_response(request.path,
+                              ApiError(500, "internal_error", f"internal error: {type(err).__name__}: {err}"))
 
     return app

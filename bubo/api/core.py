@@ -1,18 +1,29 @@
-"""The server's own routes: health, ready, models, props, slots, metrics, tokenize, detokenize,
-apply-template, the 501 paths, and /debug/* (only with --debug-hooks on a loopback address)."""
+"""The server's own routes: health, ready, models (and router mode's load/unload), props, slots,
+metrics, tokenize, detokenize, apply-template, the 501 paths, and /debug/* (only with
+--debug-hooks on a loopback address).
+
+With several models, llama-server's GET routes take `?model=` (the default model without it)
+and the POST routes a `model` field; GET routes never load a model."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
 import bubo
+from bubo.api import errors, pipeline
+from bubo.api import fields as f
 from bubo.api.errors import ApiError
-from bubo.api.request import config, engine, json_body, ready_engine, resolve_model, submit
+from bubo.api.llamacpp.shapes import prometheus, slots_json
+from bubo.api.request import config, debug_mem_available, json_body, models, optional_model, runtime_of, use_model
 from bubo.api.sse import cancel_on_disconnect, sse_response
+from bubo.engine.engine import ModelInfo
+from bubo.engine.registry import ModelEntry, ModelStatus
+from bubo.engine.types import EngineRefusal, FinishEvent, GenerationRequest, TokenEvent
 
 blueprint = Blueprint("core", __name__)
 debug_blueprint = Blueprint("debug", __name__, url_prefix="/debug")
@@ -23,12 +34,30 @@ NOT_IMPLEMENTED = ["/v1/embeddings", "/v1/rerank", "/v1/reranking", "/rerank", "
                    "/sdapi/v1/<path:rest>"]
 
 
-def _route(*paths: str, methods: tuple[str, ...] = ("GET",)) -> Any:
-    def deco(f: Any) -> Any:
+def _route(*paths: str, methods: tuple[str, ...] = ("GET",)) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         for p in paths:
-            blueprint.add_url_rule(p, f.__name__ + p, f, methods=list(methods))
-        return f
+            blueprint.add_url_rule(p, fn.__name__ + p, fn, methods=list(methods))
+        return fn
     return deco
+
+
+def _entry(name: str) -> ModelEntry:
+    return models().lookup(name)
+
+
+def _info(entry: ModelEntry) -> ModelInfo | None:
+    eng = entry.engine
+    return eng.info if eng is not None and eng.info is not None else entry.info
+
+
+def _not_ready(entry: ModelEntry) -> ApiError:
+    status = entry.status
+    if status is ModelStatus.FAILED:
+        return ApiError(503, "not_ready", f"the model {entry.name} failed to load: {entry.failure}")
+    if status is ModelStatus.LOADING:
+        return ApiError(503, "not_ready", f"the model {entry.name} is loading; try again when /ready says ready")
+    return ApiError(503, "not_ready", f"the model {entry.name} is {status.value}")
 
 
 # --- health and readiness ----------------------------------------------------------------
@@ -41,72 +70,129 @@ def health() -> Any:
 
 @_route("/ready", "/v1/ready", "/readyz")
 def ready() -> Any:
-    ready_engine()
-    return jsonify(status="ready", model=config().served_model_name)
+    """200 when the model (?model=, else the default one) can answer now: loaded, or sleeping
+    (it reloads on its next request)."""
+    name = optional_model()
+    entry = _entry(name)
+    if entry.status is ModelStatus.LOADED:
+        return jsonify(status="ready", model=name)
+    if entry.status is ModelStatus.SLEEPING:
+        return jsonify(status="ready", model=name, sleeping=True)
+    raise _not_ready(entry)
 
 
 # --- models and properties ----------------------------------------------------------------
 
 
-@_route("/v1/models", "/models")
-def models() -> Any:
-    eng = engine()
-    n_ctx = eng.n_ctx
-    data = [{
+def _status_json(entry: ModelEntry) -> dict[str, Any]:
+    out: dict[str, Any] = {"value": entry.status.value}
+    if entry.status is ModelStatus.FAILED:
+        out["failed"] = True
+        out["error"] = entry.failure
+    return out
+
+
+def _model_json(name: str, entry: ModelEntry) -> dict[str, Any]:
+    info = _info(entry)
+    eng = entry.engine
+    n_ctx = info.n_ctx if info is not None else (eng.n_ctx if eng is not None else entry.spec.settings.n_ctx)
+    n_ctx_train = info.n_ctx_train if info is not None else None
+    out: dict[str, Any] = {
         "id": name,
         "object": "model",
         "created": STARTED,
         "owned_by": "bubo",
         "context_length": n_ctx,
         "max_model_len": n_ctx,
-        "meta": {"n_ctx": n_ctx, "n_ctx_train": eng.n_ctx_train},
+        "meta": {"n_ctx": n_ctx, "n_ctx_train": n_ctx_train},
         "architecture": {"input_modalities": ["text"]},
-    } for name in config().model_names]
-    return jsonify(object="list", data=data)
+        "status": _status_json(entry),
+    }
+    if name != entry.name:
+        out["alias_of"] = entry.name
+    else:
+        out["aliases"] = list(entry.spec.aliases)
+        out["path"] = entry.spec.source
+    return out
+
+
+@_route("/v1/models", "/models")
+def list_models() -> Any:
+    """Every name a request may use (model ids first, then aliases), each with its model's
+    context and status (unloaded, loading, loaded, unloading, sleeping, failed)."""
+    reg = models()
+    return jsonify(object="list", data=[_model_json(n, reg.lookup(n)) for n in reg.names()])
+
+
+def _model_field(body: dict[str, Any]) -> str:
+    name = body.get("model")
+    if not isinstance(name, str) or not name:
+        raise f.invalid('the body needs "model": the name of one of the models GET /models lists')
+    return name
+
+
+def _manage(action: Callable[[str], ModelEntry]) -> Any:
+    body = json_body()
+    name = _model_field(body)
+    try:
+        models().lookup(name)
+        entry = action(name)
+    except EngineRefusal as e:
+        raise errors.from_refusal(e) from None
+    return jsonify(success=True, model=entry.name, status=entry.status.value)
+
+
+@_route("/models/load", methods=("POST",))
+def load_model() -> Any:
+    """Start loading a model (a failed one tries again); answers at once: GET /models shows when
+    it is loaded. Loading past --models-max first unloads the least recently used idle model."""
+    return _manage(models().load)
+
+
+@_route("/models/unload", methods=("POST",))
+def unload_model() -> Any:
+    """Unload a model once its requests in flight have ended (it waits for them; new requests
+    wait for the unload); answers when its memory is released."""
+    return _manage(models().unload)
 
 
 @_route("/props")
 def props() -> Any:
-    if request.args.get("model"):
-        resolve_model({"model": request.args["model"]})
-    eng = ready_engine()
+    name = optional_model()
+    entry = _entry(name)
+    info = _info(entry)
+    if info is None or entry.status not in (ModelStatus.LOADED, ModelStatus.SLEEPING):
+        raise _not_ready(entry)
     from bubo.sampling import SamplingParams
 
-    tok = eng.tokenizer
-    md = eng.metadata
-    arch = md.get("general.architecture", "")
-
-    def text_of(i: int | None) -> str:
-        return tok.token_text(i).decode("utf-8", "replace") if i is not None else ""
-
+    s = entry.spec.settings
     defaults = {k: (list(v) if isinstance(v, tuple) else v)
                 for k, v in dataclasses.asdict(SamplingParams()).items()}
-    cfg = config()
     return jsonify({
-        "model": cfg.served_model_name,
-        "model_alias": cfg.served_model_name,
-        "model_path": eng.model_path,
-        "template": eng.chat_template,
-        "chat_template": eng.chat_template,
-        "bos_token": text_of(tok.bos_id),
-        "eos_token": text_of(tok.eos_id),
+        "model": name,
+        "model_alias": name,
+        "model_path": info.path,
+        "template": info.chat_template,
+        "chat_template": info.chat_template,
+        "bos_token": info.bos_token,
+        "eos_token": info.eos_token,
         "model_info": {
-            "architecture": arch,
-            "name": md.get("general.name"),
-            "n_ctx_train": eng.n_ctx_train,
-            "n_vocab": tok.n_vocab,
-            "n_embd": md.get(f"{arch}.embedding_length"),
-            "n_layer": md.get(f"{arch}.block_count"),
+            "architecture": info.architecture,
+            "name": info.name,
+            "n_ctx_train": info.n_ctx_train,
+            "n_vocab": info.n_vocab,
+            "n_embd": info.n_embd,
+            "n_layer": info.n_layer,
         },
-        "default_generation_settings": {"id": 0, "n_ctx": eng.n_ctx, "params": defaults},
-        "total_slots": eng.n_parallel,
-        "n_ctx": eng.n_ctx,
-        "n_batch": eng.n_batch,
-        "n_ubatch": eng.n_ubatch,
-        "queue_size": eng.queue_size,
+        "default_generation_settings": {"id": 0, "n_ctx": info.n_ctx, "params": defaults},
+        "total_slots": info.n_parallel,
+        "n_ctx": info.n_ctx,
+        "n_batch": s.n_batch,
+        "n_ubatch": s.n_ubatch,
+        "queue_size": s.queue_size,
         "modalities": {"vision": False, "audio": False},
         "build_info": f"bubo {bubo.__version__}",
-        "is_sleeping": False,
+        "is_sleeping": entry.status is ModelStatus.SLEEPING,
     })
 
 
@@ -117,91 +203,49 @@ def props() -> Any:
 def slots() -> Any:
     if not config().slots_enabled:
         raise ApiError(501, "not_implemented", "the /slots endpoint is turned off (--no-slots)")
-    eng = engine()
-    if not eng.ready:
-        return jsonify([])
-    out = eng.slots()
+    eng = _entry(optional_model()).engine
+    out = slots_json(eng.slots()) if eng is not None and eng.ready else []
     if request.args.get("fail_on_no_slot") in ("1", "true") and all(s["is_processing"] for s in out):
         raise ApiError(503, "no_slot_available", "every slot is busy")
     return jsonify(out)
 
 
-# (name, type, help): llama-server's names, under the llamacpp: prefix
-METRICS = [
-    ("requests_total", "counter", "Requests started since start."),
-    ("prompt_tokens_total", "counter", "Prompt tokens processed (not counting those reused from the cache)."),
-    ("prompt_tokens_cached_total", "counter", "Prompt tokens reused from the slot's cache."),
-    ("prompt_seconds_total", "counter", "Prompt processing time, seconds."),
-    ("tokens_predicted_total", "counter", "Generated tokens."),
-    ("tokens_predicted_seconds_total", "counter", "Generation time, seconds."),
-    ("n_decode_total", "counter", "Decode calls (batches)."),
-    ("n_tokens_max", "counter", "Largest number of tokens the slot's cache has held."),
-    ("n_drafted_total", "counter", "Speculative decoding: draft tokens proposed."),
-    ("n_drafted_accepted_total", "counter", "Speculative decoding: draft tokens accepted."),
-    ("prompt_tokens_seconds", "gauge", "Average prompt throughput, tokens/s."),
-    ("predicted_tokens_seconds", "gauge", "Average generation throughput, tokens/s."),
-    ("n_busy_slots_per_decode", "gauge", "Average busy slots per decode call."),
-    ("kv_cache_usage_ratio", "gauge", "KV cache usage (1 = full): blocks held by slots or kept for the prefix cache."),
-    ("kv_cache_tokens", "gauge", "Tokens in the KV cache."),
-    ("requests_processing", "gauge", "Requests being processed."),
-    ("requests_deferred", "gauge", "Requests waiting for a slot."),
-    ("n_preemptions_total", "counter", "Requests that gave their slot back when the KV cache was full (resumed later)."),
-    ("kv_cache_used_blocks", "gauge", "KV cache blocks held by slots."),
-    ("kv_cache_cached_blocks", "gauge", "KV cache blocks no slot holds, kept for the prefix cache."),
-    ("prefix_cache_hit_ratio", "gauge", "Prompt tokens reused from the prefix cache / prompt tokens, since start."),
-    ("time_to_first_token_seconds", "histogram", "Time from a request's arrival to its first token."),
-    ("queue_wait_seconds", "histogram", "Time a request waited for a slot."),
-]
-
-
 @_route("/metrics", "/v1/metrics")
 def metrics() -> Any:
-    eng = engine()
-    values = eng.metrics() if eng.ready else {}
-    lines = []
-    for name, kind, help_ in METRICS:
-        full = "llamacpp:" + name
-        lines += [f"# HELP {full} {help_}", f"# TYPE {full} {kind}"]
-        if kind == "histogram":
-            h = values.get(name) or {"buckets": [("+Inf", 0)], "sum": 0.0, "count": 0}
-            lines += [f'{full}_bucket{{le="{le}"}} {n}' for le, n in h["buckets"]]
-            lines += [f"{full}_sum {_num(float(h['sum']))}", f"{full}_count {h['count']}"]
-        else:
-            lines.append(f"{full} {_num(values.get(name, 0))}")
-    return Response("\n".join(lines) + "\n", mimetype="text/plain; version=0.0.4")
+    """llama-server's metrics; with several models and no ?model=, every model's, labelled."""
+    reg = models()
+    if reg.is_router and not request.args.get("model"):
+        per = [({"model": e.name}, e.engine.metrics() if e.engine is not None else _zero()) for e in reg.entries]
+    else:
+        eng = _entry(optional_model()).engine
+        per = [({}, eng.metrics() if eng is not None else _zero())]
+    return Response(prometheus(per), mimetype="text/plain; version=0.0.4")
 
 
-def _num(v: Any) -> str:
-    return str(int(v)) if isinstance(v, bool) or (isinstance(v, int)) else repr(float(v))
+def _zero() -> Any:
+    from bubo.engine.types import EngineMetrics
+
+    return EngineMetrics()
 
 
 # --- tokens and templates -----------------------------------------------------------------
 
 
-def _bool(body: dict[str, Any], key: str, default: bool) -> bool:
-    v = body.get(key, default)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise ApiError(400, "invalid_type", f"{key} must be true or false, not {v!r}")
-    return v
-
-
 @_route("/tokenize", methods=("POST",))
 def tokenize() -> Any:
     body = json_body()
-    eng = ready_engine()
+    rt = runtime_of(use_model(optional_model(body)))
     content = body.get("content")
     if not isinstance(content, str):
         raise ApiError(400, "invalid_request", 'tokenize needs "content": a string')
     # llama-server's defaults: no BOS unless asked, special tokens parsed
-    ids = eng.tokenizer.encode(content, add_special=_bool(body, "add_special", False),
-                               parse_special=_bool(body, "parse_special", True))
-    if not _bool(body, "with_pieces", False):
+    ids = rt.tokenizer.encode(content, add_special=f.bool_field(body, "add_special", False),
+                              parse_special=f.bool_field(body, "parse_special", True))
+    if not f.bool_field(body, "with_pieces", False):
         return jsonify(tokens=ids)
     out = []
     for i in ids:
-        raw = eng.tokenizer.token_to_piece(i, special=True)
+        raw = rt.token_piece(i)
         try:
             piece: Any = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -213,15 +257,15 @@ def tokenize() -> Any:
 @_route("/detokenize", methods=("POST",))
 def detokenize() -> Any:
     body = json_body()
-    eng = ready_engine()
+    rt = runtime_of(use_model(optional_model(body)))
     ids = body.get("tokens")
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise ApiError(400, "invalid_request", 'detokenize needs "tokens": a list of token ids')
     try:
-        text = eng.model.detokenize(ids)
+        rt.check_ids(ids)
     except ValueError as e:
         raise ApiError(400, "invalid_request", str(e)) from None
-    return jsonify(content=text)
+    return jsonify(content=rt.tokenizer.decode(ids))
 
 
 @_route("/apply-template", methods=("POST",))
@@ -231,7 +275,7 @@ def apply_template() -> Any:
     from bubo.api.openai.chat import apply_template as render
 
     body = json_body()
-    return jsonify(prompt=render(ready_engine(), body))
+    return jsonify(prompt=render(runtime_of(use_model(optional_model(body))), body))
 
 
 # --- paths that exist but do nothing on a text model --------------------------------------
@@ -252,14 +296,14 @@ for _p in NOT_IMPLEMENTED:
 def debug_prompt() -> Any:
     """Generate from a raw prompt (text, or token ids) straight through Engine.submit; streams
     each event with "stream": true. For tests and diagnosis, not an API."""
-    from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
     from bubo.sampling import SamplingParams
 
     body = json_body()
-    eng = ready_engine()
+    engine = use_model(optional_model(body))
+    rt = runtime_of(engine)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        ids = eng.tokenizer.encode(prompt, add_special=True, parse_special=True)
+        ids = rt.tokenizer.encode(prompt, add_special=True, parse_special=True)
     elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         ids = prompt
     else:
@@ -273,11 +317,19 @@ def debug_prompt() -> Any:
         n_probs = int(body.get("n_probs", 0))
     except (ValueError, TypeError) as e:
         raise ApiError(400, "invalid_request", str(e)) from None
-    stream = submit(GenerationRequest(ids, params, max_tokens, stop, n_probs, body.get("cache_prompt") is not False))
+    req = GenerationRequest(ids, params, max_tokens, stop, n_probs, body.get("cache_prompt") is not False)
+    stream = pipeline.submit(engine, req, debug_mem_available())
 
     def event_dict(ev: Any) -> dict[str, Any]:
         d = dataclasses.asdict(ev)
         d["event"] = {TokenEvent: "token", FinishEvent: "finish"}.get(type(ev), "error")
+        if isinstance(ev, FinishEvent):
+            from bubo.api.llamacpp.shapes import timings_json
+
+            d["timings"] = timings_json(ev.timings)
+        elif d["event"] == "error":
+            err = errors.from_event(ev)
+            d.update(reason=ev.reason.value, status=err.status, code=err.code)
         return d
 
     if body.get("stream"):
@@ -295,13 +347,22 @@ def debug_prompt() -> Any:
 
 @debug_blueprint.route("/cache", methods=["GET"])
 def debug_cache() -> Any:
-    return jsonify(ready_engine().cache_view())
+    engine = use_model(optional_model())
+    try:
+        view = engine.cache_view()
+    except EngineRefusal as e:
+        raise errors.from_refusal(e) from None
+    return jsonify(n_ctx=view.n_ctx, block_size=view.block_size, used_blocks=view.used_blocks,
+                   cached_blocks=view.cached_blocks,
+                   slots=[{"id": i, "n_tokens": len(toks), "tokens": toks} for i, toks in view.slots])
 
 
 @debug_blueprint.route("/settings", methods=["GET"])
 def debug_settings() -> Any:
     cfg = dataclasses.asdict(config())
     cfg["api_keys"] = [f"<{len(cfg['api_keys'])} keys>"] if cfg["api_keys"] else []
-    eng = engine()
-    return jsonify(config=cfg, model=eng.model_name, model_path=eng.model_path, n_ctx=eng.n_ctx,
-                   n_threads=eng.n_threads)
+    entry = _entry(optional_model())
+    eng = entry.engine
+    return jsonify(config=cfg, model=entry.spec.source, model_path=eng.model_path if eng is not None else None,
+                   n_ctx=eng.n_ctx if eng is not None else None,
+                   n_threads=eng.n_threads if eng is not None else None)

@@ -1,4 +1,4 @@
-"""The one place error bodies are made.
+"""The one place error bodies are made, and engine reasons become HTTP errors.
 
 OpenAI shape, every route but the two Anthropic ones:
     {"error": {"message": ..., "type": ..., "code": ...}}
@@ -6,15 +6,21 @@ Anthropic shape, /v1/messages and /v1/messages/count_tokens:
     {"type": "error", "error": {"type": ..., "message": ..., "code": ...}, "request_id": ...}
 
 Handlers raise ApiError; the app turns it (and every other failure: unknown path, wrong method,
-oversized body, an unexpected exception) into the right shape for the path."""
+oversized body, an unexpected exception) into the right shape for the path. The engine's
+refusals and failed streams carry a Reason (bubo.engine.types); from_reason() gives each its
+status, code and headers, and stream_error() the in-band event a stream that already sent its
+200 ends with, in each dialect's shape."""
 
 from __future__ import annotations
 
+import enum
 import json
 import uuid
 from typing import Any
 
 from flask import Response
+
+from bubo.engine.types import EngineRefusal, ErrorEvent, Reason
 
 # the reference's table: the OpenAI type of each status
 _OPENAI_TYPE = {
@@ -42,6 +48,24 @@ _ANTHROPIC_TYPE = {
 }
 ANTHROPIC_PATHS = ("/v1/messages",)  # and everything under it (count_tokens)
 RETRY_AFTER_SECONDS = 5
+# a full queue drains at the speed of generation: seconds, not the memory guard's minutes
+QUEUE_RETRY_AFTER_SECONDS = 1
+
+# each engine reason: (status, code, Retry-After seconds or None)
+_REASONS: dict[Reason, tuple[int, str, int | None]] = {
+    Reason.CONTEXT_EXCEEDED: (400, "context_length_exceeded", None),
+    Reason.MEMORY_SHORT: (503, "insufficient_memory", RETRY_AFTER_SECONDS),
+    Reason.MEMORY_NEVER: (507, "insufficient_memory_permanent", None),
+    Reason.QUEUE_FULL: (503, "queue_full", QUEUE_RETRY_AFTER_SECONDS),
+    Reason.NOT_READY: (503, "not_ready", None),
+    Reason.CANCELLED: (503, "cancelled", None),
+    Reason.SHUTTING_DOWN: (503, "shutting_down", None),
+    Reason.INVALID_REQUEST: (400, "invalid_request", None),
+    Reason.GRAMMAR_STUCK: (400, "invalid_grammar", None),
+    Reason.MODEL_UNKNOWN: (404, "model_not_found", None),
+    Reason.MODEL_NOT_LOADED: (400, "model_not_loaded", None),
+    Reason.INTERNAL: (500, "internal_error", None),
+}
 
 
 class ApiError(Exception):
@@ -59,6 +83,20 @@ class ApiError(Exception):
             self.headers.setdefault("Retry-After", str(RETRY_AFTER_SECONDS))
 
 
+def from_reason(reason: Reason, message: str) -> ApiError:
+    """The API error of an engine refusal or a failed stream."""
+    status, code, retry = _REASONS[reason]
+    return ApiError(status, code, message, headers={"Retry-After": str(retry)} if retry is not None else None)
+
+
+def from_refusal(e: EngineRefusal) -> ApiError:
+    return from_reason(e.reason, e.message)
+
+
+def from_event(ev: ErrorEvent) -> ApiError:
+    return from_reason(ev.reason, ev.message)
+
+
 def openai_type(status: int) -> str:
     return _OPENAI_TYPE.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
@@ -68,27 +106,32 @@ def anthropic_type(status: int) -> str:
 
 
 def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None) -> Response:
-    resp = Response(json.dumps(body, ensure_ascii=False, separators=(",", ":")), status=status, mimetype="application/json")
+    resp = Response(json.dumps(body, ensure_ascii=False, separators=(",", ":")), status=status,
+                    mimetype="application/json")
     for k, v in (headers or {}).items():
         resp.headers[k] = v
     return resp
 
 
+def openai_body(status: int, code: str, message: str, type: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type or openai_type(status), "code": code}}
+
+
+def anthropic_body(status: int, code: str, message: str, type: str | None = None) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": type or anthropic_type(status), "message": message, "code": code}}
+
+
 def api_error(status: int, code: str, message: str, type: str | None = None,
               headers: dict[str, str] | None = None) -> Response:
     """An error response in the OpenAI shape."""
-    body = {"error": {"message": message, "type": type or openai_type(status), "code": code}}
-    return _json(status, body, headers)
+    return _json(status, openai_body(status, code, message, type), headers)
 
 
 def anthropic_error(status: int, code: str, message: str, type: str | None = None,
                     headers: dict[str, str] | None = None) -> Response:
     """An error response in the Anthropic shape, the stable code in error.code."""
-    body = {
-        "type": "error",
-        "error": {"type": type or anthropic_type(status), "message": message, "code": code},
-        "request_id": "req_" + uuid.uuid4().hex[:24],
-    }
+    body = anthropic_body(status, code, message, type)
+    body["request_id"] = "req_" + uuid.uuid4().hex[:24]
     return _json(status, body, headers)
 
 
@@ -101,3 +144,21 @@ def error_response(path: str, err: ApiError) -> Response:
     if is_anthropic_path(path):
         return anthropic_error(err.status, err.code, err.message, None, err.headers)
     return api_error(err.status, err.code, err.message, err.type, err.headers)
+
+
+class StreamShape(enum.Enum):
+    """How a stream that already sent its 200 reports an error, in-band."""
+
+    OPENAI = "openai"  # chat completions, completions, /completion: a data event with the error object
+    RESPONSES = "responses"  # an "error" event with code, message and the sequence number
+    ANTHROPIC = "anthropic"  # an "error" event with Anthropic's error object
+
+
+def stream_error(shape: StreamShape, err: ApiError, sequence_number: int = 0) -> Any:
+    """The SSE item (see bubo.api.sse) that ends a stream with err."""
+    if shape is StreamShape.ANTHROPIC:
+        return ("error", anthropic_body(err.status, err.code, err.message))
+    if shape is StreamShape.RESPONSES:
+        return ("error", {"type": "error", "code": err.code, "message": err.message, "param": None,
+                          "sequence_number": sequence_number})
+    return openai_body(err.status, err.code, err.message)

@@ -1,4 +1,10 @@
-"""Request helpers shared by every route: the JSON body, the model name, the app's engine."""
+"""Request helpers shared by every route: the JSON body, the model a request names, its engine.
+
+A route that generates names its model (`resolve_model`: OpenAI and Anthropic bodies must; the
+llama-server routes may, in `model`, or on GET routes in `?model=`), then takes the model's engine
+with `use_model`: the registry (bubo/engine/registry.py) loads the model first if it is not
+loaded, or waits while it is swapped in, and keeps it loaded until the request ends (the app's
+teardown releases it; a stream still being read keeps its engine busy on its own)."""
 
 from __future__ import annotations
 
@@ -6,69 +12,25 @@ import json
 import os
 from typing import Any
 
-from flask import current_app, request
+from flask import current_app, g, request
 
+from bubo.api import errors
 from bubo.api.config import ServerConfig
 from bubo.api.errors import ApiError
+from bubo.engine.protocol import ServingEngine
+from bubo.engine.registry import DEFAULT_NAME, ModelEntry, Registry, UnknownModelError
+from bubo.engine.types import EngineRefusal
+from bubo.runtime import Runtime
 
 
 def config() -> ServerConfig:
-    return current_app.config["BUBO_CONFIG"]
+    cfg: ServerConfig = current_app.config["BUBO_CONFIG"]
+    return cfg
 
 
-def engine() -> Any:
-    return current_app.config["BUBO_ENGINE"]
-
-
-def ready_engine() -> Any:
-    """The engine as the routes submit to it (see GuardedEngine), or a 503 not_ready while the
-    model loads (or after it failed to load)."""
-    eng = engine()
-    if not eng.ready:
-        if eng.load_error:
-            raise ApiError(503, "not_ready", f"the model {eng.model_name} failed to load: {eng.load_error}")
-        raise ApiError(503, "not_ready", f"the model {eng.model_name} is loading; try again when /ready says ready")
-    return GuardedEngine(eng, debug_mem_available())
-
-
-def debug_mem_available() -> int | None:
-    """BUBO_DEBUG_MEM_AVAILABLE (bytes): the memory guard's "available now" figure, honoured
-    only with the debug hooks on, so that a test can produce the 503 path at will."""
-    if not config().debug_routes_enabled:
-        return None
-    raw = os.environ.get("BUBO_DEBUG_MEM_AVAILABLE", "").strip()
-    return int(raw) if raw.isdigit() else None
-
-
-# a full queue drains at the speed of generation: seconds, not the memory guard's minutes
-QUEUE_RETRY_AFTER_SECONDS = 1
-
-
-class GuardedEngine:
-    """The engine, whose submit turns the memory guard's refusals into the reference's errors:
-    507 insufficient_memory_permanent (never fits: no Retry-After), 503 insufficient_memory
-    (not now: Retry-After, from ApiError), and a full wait queue into 503 queue_full with
-    Retry-After. Every route submits through it, whatever its dialect;
-    everything else is the engine's own."""
-
-    def __init__(self, eng: Any, mem_available: int | None):
-        self._engine = eng
-        self._mem_available = mem_available
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def submit(self, req: Any) -> Any:
-        from bubo.engine import InsufficientMemoryError, QueueFullError
-
-        try:
-            return self._engine.submit(req, mem_available=self._mem_available)
-        except QueueFullError as e:
-            raise ApiError(503, "queue_full", str(e), headers={"Retry-After": str(QUEUE_RETRY_AFTER_SECONDS)}) from None
-        except InsufficientMemoryError as e:
-            if e.permanent:
-                raise ApiError(507, "insufficient_memory_permanent", str(e)) from None
-            raise ApiError(503, "insufficient_memory", str(e)) from None
+def models() -> Registry:
+    reg: Registry = current_app.config["BUBO_MODELS"]
+    return reg
 
 
 def json_body() -> dict[str, Any]:
@@ -81,45 +43,96 @@ def json_body() -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ApiError(400, "parse_error", f"the request body is not valid UTF-8 (byte {e.start}: {e.reason})") from None
+        raise ApiError(400, "parse_error",
+                       f"the request body is not valid UTF-8 (byte {e.start}: {e.reason})") from None
     try:
         body = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ApiError(400, "parse_error", f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        raise ApiError(400, "parse_error",
+                       f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "parse_error", f"the request body must be a JSON object, not {type(body).__name__}")
     return body
 
 
-def resolve_model(body: dict[str, Any]) -> str:
-    """The model name of a request that must name one: 400 missing_model when absent (or
-    null/empty), 404 model_not_found (naming the served id) when not served here."""
-    cfg = config()
-    name = body.get("model")
-    served = cfg.served_model_name
-    if name is None or name == "":
-        raise ApiError(400, "missing_model", f'the request has no model: add "model": "{served}" (or "bubo")')
+def _unknown(name: str) -> ApiError:
+    reg = models()
+    if not reg.is_router:
+        served = reg.default.name
+        others = ", ".join(f"'{n}'" for n in reg.names()[1:])
+        return ApiError(404, "model_not_found",
+                        f"model '{name}' is not served by this process; it serves '{served}' (also {others})")
+    ids = ", ".join(f"'{e.name}'" for e in reg.entries)
+    return ApiError(404, "model_not_found", f"model '{name}' is not served by this process; it serves {ids} "
+                                            f"('{DEFAULT_NAME}' names '{reg.default.name}')")
+
+
+def _check_name(name: Any) -> str:
     if not isinstance(name, str):
         raise ApiError(400, "invalid_type", f"model must be a string, not {type(name).__name__}")
-    if name not in cfg.model_names:
-        others = ", ".join(f"'{n}'" for n in cfg.model_names[1:])
-        raise ApiError(404, "model_not_found",
-                       f"model '{name}' is not served by this process; it serves '{served}' (also {others})")
+    try:
+        models().lookup(name)
+    except UnknownModelError:
+        raise _unknown(name) from None
     return name
 
 
-def submit(req: Any) -> Any:
-    """engine.submit(req), its refusals as API errors: 503 not_ready while loading, 400
-    context_length_exceeded naming both lengths, 503/507 from the memory guard, 400
-    invalid_request for bad token ids."""
-    from bubo.engine import ContextLengthError, NotReadyError
+def resolve_model(body: dict[str, Any]) -> str:
+    """The model name of a request that must name one: 400 missing_model when absent (or
+    null/empty), 404 model_not_found (naming the served models) when not served here."""
+    name = body.get("model")
+    if name is None or name == "":
+        raise ApiError(400, "missing_model", f'the request has no model: add "model": "{models().default.name}" '
+                                             f'(or "{DEFAULT_NAME}")')
+    return _check_name(name)
 
-    eng = ready_engine()
+
+def optional_model(body: dict[str, Any] | None = None) -> str:
+    """The model of a route where naming one is optional (llama-server's routes: `model` in the
+    body, or `?model=` on a GET route); the default model when absent. With one model, a body's
+    model field is not checked (llama-server ignores it there)."""
+    reg = models()
+    name = request.args.get("model") or None
+    if name is None and body is not None and reg.is_router:
+        given = body.get("model")
+        name = given if given not in (None, "") else None
+    return _check_name(name) if name is not None else reg.default.name
+
+
+def use_model(name: str) -> ServingEngine:
+    """The loaded engine of model `name` (loaded, or waited for, first), held until this request
+    ends. Its refusals as API errors: 503 not_ready (loading at start, or its load failed), 400
+    model_not_loaded (autoload off), 503/507 when it cannot fit in memory."""
+    reg = models()
     try:
-        return eng.submit(req)
-    except NotReadyError as e:
-        raise ApiError(503, "not_ready", str(e)) from None
-    except ContextLengthError as e:
-        raise ApiError(400, "context_length_exceeded", str(e)) from None
-    except ValueError as e:
-        raise ApiError(400, "invalid_request", str(e)) from None
+        engine = reg.acquire(name)
+    except EngineRefusal as e:
+        raise errors.from_refusal(e) from None
+    held: list[ModelEntry] = g.setdefault("bubo_held", [])
+    held.append(reg.lookup(name))
+    return engine
+
+
+def release_models() -> None:
+    """The request ended: the models it used may be unloaded again (the app's teardown)."""
+    held: list[ModelEntry] = g.pop("bubo_held", [])
+    reg = current_app.config.get("BUBO_MODELS")
+    if isinstance(reg, Registry):
+        for entry in held:
+            reg.release(entry)
+
+
+def runtime_of(engine: ServingEngine) -> Runtime:
+    rt = engine.runtime
+    if rt is None:
+        raise ApiError(503, "not_ready", f"the model {engine.model_name} is not loaded")
+    return rt
+
+
+def debug_mem_available() -> int | None:
+    """BUBO_DEBUG_MEM_AVAILABLE (bytes): the memory guard's "available now" figure, honoured
+    only with the debug hooks on, so that a test can produce the 503 path at will."""
+    if not config().debug_routes_enabled:
+        return None
+    raw = os.environ.get("BUBO_DEBUG_MEM_AVAILABLE", "").strip()
+    return int(raw) if raw.isdigit() else None

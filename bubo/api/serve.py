@@ -1,7 +1,10 @@
-"""`python -m bubo serve`: the engine thread, the app, gevent's WSGI server.
+"""`python -m bubo serve`: the models' engines, the app, gevent's WSGI server.
 
-The HTTP server listens before the model is loaded (the engine loads it on its own thread):
-/health answers at once, /ready says 503 not_ready until the model is in memory."""
+The HTTP server listens before any model is loaded (each engine loads its model on its own
+thread): /health answers at once, /ready says 503 not_ready until the default model is in memory.
+With several models (several -m, --models-dir, a preset, or a store holding several) the server
+is a router: bubo/api/models_config.py says which models and names, bubo/engine/registry.py
+loads, swaps and puts them to sleep."""
 
 from __future__ import annotations
 
@@ -16,11 +19,13 @@ from typing import Any
 from gevent import pywsgi
 
 from bubo.api.config import ServerConfig, is_loopback
+from bubo.api.models_config import model_specs, served_name
+from bubo.engine.registry import ModelEntry, ModelStatus, Registry
 
 log = logging.getLogger("bubo.serve")
 
 
-class _Handler(pywsgi.WSGIHandler):
+class _Handler(pywsgi.WSGIHandler):  # type: ignore[misc]  # gevent has no type information
     """Hands the client socket to the app (environ["bubo.socket"]) so that an SSE response can
     see the client leave (EOF) without waiting for its next write to fail."""
 
@@ -34,20 +39,18 @@ class _Handler(pywsgi.WSGIHandler):
         super().handle()
 
     def get_environ(self) -> dict[str, Any]:
-        env = super().get_environ()
+        env: dict[str, Any] = super().get_environ()
         env["bubo.socket"] = self.socket
         return env
 
 
-def _served_name(model: str) -> str:
-    """The default model id: a catalog name as given, a path as its file name without .gguf."""
-    if os.sep in model or model.endswith(".gguf"):
-        base = os.path.basename(model)
-        return base[:-5] if base.endswith(".gguf") else base
-    return model
+# kept for callers of the old name
+_served_name = served_name
 
 
-def config_from_args(args: argparse.Namespace) -> ServerConfig:
+def config_from_args(args: argparse.Namespace, default_name: str | None = None) -> ServerConfig:
+    """The HTTP settings; the served name and aliases are the default model's (one model: -m's
+    name or --served-model-name, and -a)."""
     from bubo.api.auth import load_key_file
     from bubo.cli import _csv
 
@@ -55,8 +58,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if args.api_key_file:
         keys += load_key_file(args.api_key_file)
     return ServerConfig(
-        served_model_name=args.served_model_name or _served_name(args.model),
-        aliases=_csv(args.alias),
+        served_model_name=default_name or args.served_model_name or served_name(args.model),
+        aliases=_csv(args.alias) if default_name is None else [],
         api_keys=keys,
         cors_origins=_csv(args.cors_origins),
         debug_hooks=args.debug_hooks,
@@ -66,61 +69,70 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     )
 
 
+def requested_models(args: argparse.Namespace) -> list[str]:
+    """The -m models (BUBO_ARG_MODEL counts as one -m)."""
+    if args.models:
+        return list(args.models)
+    return [args.model] if os.environ.get("BUBO_ARG_MODEL") else []
+
+
 def serve(args: argparse.Namespace) -> int:
     import gevent
 
     from bubo.api.app import create_app
-    from bubo.engine import Engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     if args.port < 0 or args.port > 65535:
         raise ValueError(f"--port {args.port}: give 0..65535")
-    config = config_from_args(args)
-    if args.debug_hooks and not is_loopback(args.host):
-        log.warning("--debug-hooks ignored: %s is not a loopback address", args.host)
-    # a debug hook: widen the loading window so tests can see /ready say not_ready
-    delay = float(os.environ.get("BUBO_DEBUG_LOAD_DELAY_S", "0") or 0) if config.debug_routes_enabled else 0.0
-    template = None
-    if args.chat_template_file:
-        try:
-            with open(args.chat_template_file, encoding="utf-8") as f:
-                template = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"--chat-template-file {args.chat_template_file}: {e}") from None
     for flag, value, least in (("--parallel", args.parallel, 1), ("--batch-size", args.batch_size, 1),
-                               ("--ubatch-size", args.ubatch_size, 1), ("--queue-size", args.queue_size, 0)):
+                               ("--ubatch-size", args.ubatch_size, 1), ("--queue-size", args.queue_size, 0),
+                               ("--models-max", args.models_max, 0)):
         if value is not None and value < least:
             raise ValueError(f"{flag} {value}: give at least {least}")
-    engine = Engine(args.model, n_ctx=args.ctx_size, n_threads=args.threads, chat_template=template,
-                    load_delay_s=delay, n_parallel=args.parallel, n_batch=args.batch_size,
-                    n_ubatch=args.ubatch_size, queue_size=args.queue_size)
-    app = create_app(engine, config)
+    if args.sleep_idle_seconds is not None and args.sleep_idle_seconds <= 0:
+        raise ValueError(f"--sleep-idle-seconds {args.sleep_idle_seconds}: give a positive number of seconds")
+    if args.debug_hooks and not is_loopback(args.host):
+        log.warning("--debug-hooks ignored: %s is not a loopback address", args.host)
+    debug = args.debug_hooks and is_loopback(args.host)
+    # a debug hook: widen the loading window so tests can see /ready say not_ready
+    delay = float(os.environ.get("BUBO_DEBUG_LOAD_DELAY_S", "0") or 0) if debug else 0.0
+    args.models = requested_models(args)
+    specs = model_specs(args, delay)
+    registry = Registry(specs, models_max=args.models_max, autoload=not args.no_models_autoload,
+                        sleep_idle_s=args.sleep_idle_seconds)
+    registry.check_files()
+    router = registry.is_router
+    config = config_from_args(args, specs[0].name if router else None)
+    if not router:
+        config.served_model_name = specs[0].name
+        config.aliases = list(specs[0].aliases)
+    app = create_app(registry, config)
     server = pywsgi.WSGIServer((args.host, args.port), app, handler_class=_Handler,
                                log=None, error_log=logging.getLogger("bubo.http"))
     server.init_socket()
     host, port = server.address[:2]
     config.port = port
-    engine.start()
+    registry.start()
     url = f"http://{host if ':' not in host else '[' + host + ']'}:{port}"
     print(f"bubo serve: listening on {url}", flush=True)
-    print(f"bubo serve: model {args.model} as '{config.served_model_name}' (also: "
-          f"{', '.join(config.model_names[1:])}), loading", flush=True)
-    print(f"bubo serve: threads {engine.n_threads}; context "
+    threads = specs[0].settings.n_threads or os.cpu_count() or 1
+    if router:
+        print(f"bubo serve: {len(specs)} models (router mode; at most {args.models_max or 'any number of'} loaded "
+              f"at once{', loaded on request' if not args.no_models_autoload else ''}): "
+              + ", ".join(f"{s.name} ({s.source})" for s in specs), flush=True)
+    else:
+        print(f"bubo serve: model {specs[0].source} as '{config.served_model_name}' (also: "
+              f"{', '.join(config.model_names[1:])}), loading", flush=True)
+    print(f"bubo serve: threads {threads}; context "
           f"{args.ctx_size if args.ctx_size else 'the trained context, capped by memory'}"
           f"{'; API key required' if config.api_keys else ''}", flush=True)
     routes = sorted({r.rule for r in app.url_map.iter_rules() if r.endpoint != "static"})
     print("bubo serve: routes " + " ".join(routes), flush=True)
+    for entry in registry.entries:
+        if entry.status is ModelStatus.FAILED:
+            print(f"bubo serve: model {entry.name} cannot be served: {entry.failure}", flush=True)
+    watcher = gevent.spawn(_report_loads, registry)
 
-    def on_ready() -> None:
-        while not engine.ready and engine.load_error is None:
-            gevent.sleep(0.1)
-        if engine.ready:
-            print(f"bubo serve: ready: {engine.model_path}, context {engine.n_ctx} tokens "
-                  f"(trained {engine.n_ctx_train}) shared by {engine.n_parallel} slots", flush=True)
-        else:
-            print(f"bubo serve: the model failed to load: {engine.load_error}", flush=True)
-
-    gevent.spawn(on_ready)
     def stop() -> None:
         print("bubo serve: stopping", flush=True)
         server.stop(timeout=1)
@@ -130,8 +142,35 @@ def serve(args: argparse.Namespace) -> int:
     try:
         server.serve_forever()
     finally:
-        engine.stop()
+        watcher.kill(block=False)
+        registry.stop()
         for h in handlers:
             h.cancel()
     print("bubo serve: stopped", flush=True)
     return 0
+
+
+def _report_loads(registry: Registry) -> None:
+    """Print each load's outcome (the first one as `ready:`, as with one model)."""
+    import gevent
+
+    seen: dict[str, tuple[ModelStatus, int]] = {}
+    while True:
+        for e in registry.entries:
+            now = (e.status, e.n_loads)
+            if seen.get(e.name) != now:
+                seen[e.name] = now
+                _report(e, registry.is_router)
+        gevent.sleep(0.1)
+
+
+def _report(e: ModelEntry, router: bool) -> None:
+    eng = e.engine
+    who = f" {e.name}" if router else ""
+    if e.status is ModelStatus.LOADED and eng is not None:
+        print(f"bubo serve: ready{who}: {eng.model_path}, context {eng.n_ctx} tokens "
+              f"(trained {eng.n_ctx_train}) shared by {eng.n_parallel} slots", flush=True)
+    elif e.status is ModelStatus.FAILED and eng is not None:
+        print(f"bubo serve: the model{who} failed to load: {e.failure}", flush=True)
+    elif router and e.status in (ModelStatus.SLEEPING, ModelStatus.UNLOADED) and e.n_loads:
+        print(f"bubo serve: model {e.name} {e.status.value}", flush=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["SchemaError", "schema_to_gbnf", "JSON_OBJECT_GBNF", "MAX_DIGITS"]
 
@@ -299,6 +299,7 @@ class _Regex:
             out = atom + c
         elif c == "{" and re.match(r"\{\d+(,\d*)?\}", self.s[self.i:]):
             m = re.match(r"\{(\d+)(,(\d*))?\}", self.s[self.i:])
+            assert m is not None  # the same pattern matched just above
             self.i += m.end()
             lo, hi = int(m.group(1)), (m.group(3) if m.group(2) else m.group(1))
             if hi and int(hi) < lo:
@@ -352,7 +353,7 @@ class _Regex:
         if c in ("x", "u"):
             n = 2 if c == "x" else 4
             h = self.s[self.i:self.i + n]
-            if not re.fullmatch(r"[0-9a-fA-F]{%d}" % n, h):
+            if not re.fullmatch(f"[0-9a-fA-F]{{{n}}}", h):
                 raise self.fail(f"bad \\{c} escape")
             self.i += n
             return [(int(h, 16), int(h, 16))]
@@ -538,7 +539,8 @@ class _Converter:
         parts = [({k: v for k, v in schema.items() if k != "allOf"}, ptr)]
         parts += [self.deref(b, _ptr(ptr, "allOf", i)) for i, b in enumerate(branches)]
         if len(branches) == 1 and not (set(parts[0][0]) - ANNOTATIONS - DEFS):
-            return branches[0]  # allOf: [one] is that one (a $ref stays one: recursion goes by rules)
+            # allOf: [one] is that one (a $ref stays one: recursion goes by rules)
+            return cast("dict[str, Any]", branches[0])
         merged: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
         closed = None
         for part, p in parts:
@@ -608,20 +610,18 @@ class _Converter:
             return t
 
         ks = [kinds(s) for s in resolved]
-        if all(k is not None for k in ks) and all(not (ks[i] & ks[j]) for i in range(len(ks)) for j in range(i)):
+        if _disjoint(ks):
             return
         # same-typed values told apart by const/enum
         values = [_values(s) for s in resolved]
-        if all(v is not None for v in values) and all(not (values[i] & values[j]) for i in range(len(values))
-                                                      for j in range(i)):
+        if _disjoint(values):
             return
         # objects told apart by a required discriminator property
         if all(isinstance(s, dict) and kinds(s) == {"object"} for s in resolved):
             common = set.intersection(*[set(s.get("required", [])) for s in resolved])
             for prop in sorted(common):
                 vals = [_values(self.deref((s.get("properties") or {}).get(prop, {}), ptr)[0]) for s in resolved]
-                if all(v is not None for v in vals) and all(not (vals[i] & vals[j]) for i in range(len(vals))
-                                                            for j in range(i)):
+                if _disjoint(vals):
                     return
         raise SchemaError(ptr, "oneOf branches that may match the same instance cannot be enforced "
                                "(give them disjoint types or a required const discriminator, or use anyOf)")
@@ -812,9 +812,9 @@ def _bounds(schema: dict[str, Any], ptr: str) -> tuple[Any, bool, Any, bool]:
 def _nonneg_range(lo: int, lo_x: bool, hi: int | None, hi_x: bool) -> str:
     """Non-negative decimals x (integral part, optional fraction, no exponent) with lo <(=) x <(=) hi,
     lo and hi integers."""
-    frac = '("." [0-9]{1,%d})?' % MAX_DIGITS
-    nonzero_frac = '"." "0"{0,%d} [1-9] [0-9]{0,%d}' % (MAX_DIGITS - 1, MAX_DIGITS - 1)
-    zero_frac = '("." "0"{1,%d})?' % MAX_DIGITS
+    frac = f'("." [0-9]{{1,{MAX_DIGITS}}})?'
+    nonzero_frac = f'"." "0"{{0,{MAX_DIGITS - 1}}} [1-9] [0-9]{{0,{MAX_DIGITS - 1}}}'
+    zero_frac = f'("." "0"{{1,{MAX_DIGITS}}})?'
     alts = []
     a = lo + 1 if lo_x else lo  # integral parts taking any fraction
     b = None if hi is None else hi - 1
@@ -864,7 +864,14 @@ def _json_type(v: Any) -> str:
         return "integer"
     if isinstance(v, float):
         return "number"
-    return {str: "string", list: "array", dict: "object"}[type(v)]
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names[type(v)]
+
+
+def _disjoint(sets: list[set[str] | None]) -> bool:
+    """Every set known (not None) and no two of them share an element."""
+    known = [s for s in sets if s is not None]
+    return len(known) == len(sets) and all(not (known[i] & known[j]) for i in range(len(known)) for j in range(i))
 
 
 def _values(s: Any) -> set[str] | None:

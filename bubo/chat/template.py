@@ -107,5 +107,5 @@ class ChatTemplate:
                 eos_token=self.eos_token,
                 **extra,
             )
-        except Exception as e:  # the template is untrusted code: any failure is its error
+        except Exception as e:  # noqa: BLE001 - the template is untrusted code: any failure is its error
             raise ChatTemplateError(f"chat template error: {type(e).__name__}: {e}") from None

@@ -1,8 +1,28 @@
-"""The engine thread: requests in (GenerationRequest), events out (EventStream)."""
+"""The engine: requests in (GenerationRequest), events out (EventStream), on a Runtime.
 
-from bubo.engine.engine import Engine, EventStream
-from bubo.engine.types import (ContextLengthError, ErrorEvent, Event, FinishEvent, GenerationRequest,
-                               InsufficientMemoryError, NotReadyError, QueueFullError, TokenEvent)
+engine.Engine is one model on its own thread; registry.Registry maps model names to engines
+(load, unload, idle sleep, LRU); protocol.ServingEngine is what the api layer needs of an engine."""
 
-__all__ = ["ContextLengthError", "Engine", "ErrorEvent", "Event", "EventStream", "FinishEvent",
-           "GenerationRequest", "InsufficientMemoryError", "NotReadyError", "QueueFullError", "TokenEvent"]
+from bubo.engine.engine import CacheView, Engine, EventStream
+from bubo.engine.types import (
+                               ContextLengthError,
+                               EngineMetrics,
+                               EngineRefusal,
+                               ErrorEvent,
+                               Event,
+                               FinishEvent,
+                               GenerationRequest,
+                               InsufficientMemoryError,
+                               InvalidRequestError,
+                               NotReadyError,
+                               QueueFullError,
+                               Reason,
+                               SlotPhase,
+                               SlotState,
+                               Timings,
+                               TokenEvent,
+)
+
+__all__ = ["CacheView", "ContextLengthError", "Engine", "EngineMetrics", "EngineRefusal", "ErrorEvent", "Event",
+           "EventStream", "FinishEvent", "GenerationRequest", "InsufficientMemoryError", "InvalidRequestError",
+           "NotReadyError", "QueueFullError", "Reason", "SlotPhase", "SlotState", "Timings", "TokenEvent"]

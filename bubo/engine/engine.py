@@ -1,4 +1,4 @@
-"""The engine: one OS thread that owns the model and serves every request in parallel slots.
+"""The engine: one OS thread that owns a model and serves every request in parallel slots.
 
     engine = Engine("smollm2:135m", n_ctx=2048, n_parallel=4)
     engine.start()                      # loads on the engine thread; returns at once
@@ -7,21 +7,27 @@
         ...                             # TokenEvent ... then one FinishEvent or ErrorEvent
 
 Only the engine thread calls decode (native code, GIL released), so health, metrics and
-tokenize answers stay fast while a long prompt runs. The thread runs the scheduler
-(bubo/engine/scheduler.py): continuous batching over n_parallel slots that share one paged KV
-cache of n_ctx tokens and its prefix cache. Requests wait in a FIFO queue for a slot; with
-queue_size set, a request that finds every slot busy and queue_size requests waiting is refused
-(QueueFullError: the API's 503 with Retry-After). The thread wakes a waiting greenlet through a
-libev/libuv async watcher of that greenlet's hub (thread-safe to send), never by blocking the hub.
+tokenize answers stay fast while a long prompt runs. The thread loads a Runtime (bubo/runtime.py)
+and runs the scheduler (bubo/engine/scheduler.py): continuous batching over n_parallel slots that
+share one paged KV cache of n_ctx tokens and its prefix cache. Requests wait in a FIFO queue for a
+slot; with queue_size set, a request that finds every slot busy and queue_size requests waiting is
+refused (QueueFullError). The thread wakes a waiting greenlet through a libev/libuv async watcher
+of that greenlet's hub (thread-safe to send), never by blocking the hub.
 
 The memory guard: the KV cache is reserved for the whole context but taken from the OS only as it
 fills (bubo._model.KVCache), so a context larger than memory is allowed and each request is
 checked before it is queued. The KV bytes it needs beyond what the cache already took (prompt +
 max_tokens, capped at the context) are compared with what the machine can give: more than its
-total memory less what this process holds can never fit (InsufficientMemoryError, permanent:
-507); more than is available now less a safety margin must wait (503, retry). A request without
-max_tokens is admitted for its prompt; its answer ends with finish "length" when the cache would
-have to grow past the memory available, rather than invite the OOM killer.
+total memory less what this process holds can never fit (InsufficientMemoryError, permanent);
+more than is available now less a safety margin must wait (InsufficientMemoryError, retry). A
+request without max_tokens is admitted for its prompt; its answer ends with finish "length" when
+the cache would have to grow past the memory available, rather than invite the OOM killer. This
+process's memory counts every model it holds, so with several models loaded (the registry,
+bubo/engine/registry.py) the guard covers their sum.
+
+stop() ends the thread after its current step; requests still in flight end with an ErrorEvent
+(Reason.SHUTTING_DOWN) and the engine lets go of its runtime and cache, so their memory returns
+to the OS once nothing else holds them (the registry's unload and idle sleep rely on that).
 
 The thread and its locks are the unpatched ones (gevent.monkey.get_original), so the engine
 stays a real thread even in a monkey-patched process.
@@ -30,17 +36,37 @@ stays a real thread even in a monkey-patched process.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import gevent
 import gevent.event
 from gevent.monkey import get_original
 
-from bubo.engine.types import (ContextLengthError, ErrorEvent, Event, GenerationRequest, InsufficientMemoryError,
-                               NotReadyError, QueueFullError, TokenEvent)
+from bubo.engine.types import (
+    ContextLengthError,
+    EngineMetrics,
+    ErrorEvent,
+    Event,
+    GenerationRequest,
+    InsufficientMemoryError,
+    InvalidRequestError,
+    NotReadyError,
+    QueueFullError,
+    Reason,
+    SlotState,
+    TokenEvent,
+)
+
+if TYPE_CHECKING:
+    from bubo._model import KVCache
+    from bubo._tokenizer import Tokenizer
+    from bubo.engine.scheduler import Scheduler
+    from bubo.runtime import Runtime
 
 log = logging.getLogger("bubo.engine")
 
@@ -58,7 +84,6 @@ MIN_TOKENS_PER_SLOT = 512
 DEFAULT_N_BATCH = 2048  # llama-server's -b
 DEFAULT_N_UBATCH = 512  # llama-server's -ub
 MAX_STEP_TOKENS = 512  # the native decode's batch limit (BUBO_MODEL_MAX_BATCH)
-MODEL_API_CTX = 4096  # the context of engine.model's own cache (the library API beside the server)
 # memory the guard leaves to everything else (page cache, other processes, this one's buffers)
 MEM_SAFETY_MARGIN = 512 * 1024 * 1024
 
@@ -68,23 +93,33 @@ class EventStream:
 
     cancel() (or killing the greenlet that waits on it) ends it: the engine stops the request
     at its next step and frees the slot; iteration then stops without a final event. Read a
-    stream to its final event or cancel it: until then it holds a watcher in the reader's hub."""
+    stream to its final event or cancel it: until then it holds a watcher in the reader's hub
+    (and counts as open: a model with open streams is not unloaded)."""
 
     def __init__(self, request: GenerationRequest):
-        self.request = request
+        self._request = request
         self._lock = _allocate_lock()
         self._events: collections.deque[Event] = collections.deque()
         self._cancelled = False
         self._done = False  # a final event was taken by the reader
         self._closed = False  # the watcher is gone: the engine must not send any more
+        self._on_close: Callable[[], None] | None = None
         self._hub = gevent.get_hub()
         self._wake = gevent.event.Event()
         self._watcher = self._hub.loop.async_()
         self._watcher.start(self._wake.set)
 
+    @property
+    def request(self) -> GenerationRequest:
+        return self._request
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call callback (in the reader's thread) once the stream is read to its end or cancelled."""
+        self._on_close = callback
+
     # --- the engine's side (engine thread) ---------------------------------------------
 
-    def _push(self, event: Event) -> None:
+    def push(self, event: Event) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -135,10 +170,43 @@ class EventStream:
             if self._closed:
                 return
             self._closed = True
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
         # the watcher belongs to the reader's hub: close it from the reader's thread only
         if _get_ident() == self._hub.thread_ident:
             self._watcher.stop()
             self._watcher.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What a loaded model is, kept after it is unloaded (a sleeping model's /props)."""
+
+    path: str
+    architecture: str
+    name: str | None
+    n_ctx: int
+    n_ctx_train: int | None
+    n_vocab: int
+    n_embd: int | None
+    n_layer: int | None
+    n_parallel: int
+    chat_template: str | None
+    bos_token: str
+    eos_token: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheView:
+    """What the KV cache holds: each slot's tokens, the blocks in use, the blocks kept only for
+    the prefix cache."""
+
+    n_ctx: int
+    block_size: int
+    used_blocks: int
+    cached_blocks: int
+    slots: list[tuple[int, list[int]]]  # (slot id, the tokens its sequence holds)
 
 
 class Engine:
@@ -158,6 +226,9 @@ class Engine:
             raise ValueError(f"batch sizes must be positive, got n_batch={n_batch} n_ubatch={n_ubatch}")
         if queue_size is not None and queue_size < 0:
             raise ValueError(f"queue_size must be >= 0 (or None: unbounded), got {queue_size}")
+        self._settings: dict[str, Any] = dict(
+            n_ctx=n_ctx, n_threads=n_threads, chat_template=chat_template, load_delay_s=load_delay_s,
+            n_parallel=n_parallel, n_batch=n_batch, n_ubatch=n_ubatch, queue_size=queue_size)
         self.model_name = str(model)
         self._chat_template_override = chat_template  # replaces the GGUF's tokenizer.chat_template
         self.model_path: str | None = None
@@ -168,21 +239,43 @@ class Engine:
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
         self.queue_size = queue_size
-        self.tokenizer: Any = None
-        self.chat_template: str | None = None
-        self.metadata: dict[str, Any] = {}
-        self.model: Any = None  # bubo.Model, once ready (its own one-sequence cache: the library API)
-        self.kv: Any = None  # the slots' shared KV cache
+        self.runtime: Runtime | None = None  # once loaded; None again once stopped
+        self.kv: KVCache | None = None  # the slots' shared KV cache
+        self.weights_bytes = 0  # the model file's size, once loaded
+        self.info: ModelInfo | None = None  # once loaded; kept once stopped
         self.ready = False
         self.load_error: str | None = None
+        self.stopped = False  # the thread has ended and let go of the model
         self._n_ctx_requested = n_ctx
         self._load_delay_s = load_delay_s  # a debug hook: makes the loading window observable
         self._lock = _allocate_lock()  # guards the scheduler's queue
         self._work = _allocate_lock()  # released = "there is work"; the engine thread acquires it
         self._work.acquire()
-        self._sched: Any = None
+        self._sched: Scheduler | None = None
         self._started = False
         self._stopping = False
+        self._n_open = 0  # streams submitted and not yet read to their end or cancelled
+
+    # --- what the model is (once ready) ------------------------------------------------
+
+    def _runtime(self) -> Runtime:
+        rt = self.runtime
+        if rt is None or not self.ready:
+            raise NotReadyError(self.load_error or f"the model {self.model_name} is not loaded")
+        return rt
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._runtime().tokenizer
+
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template's source (the override, else the model file's; None: a base model)."""
+        return self._runtime().chat_template_source
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self._runtime().metadata
 
     # --- life cycle --------------------------------------------------------------------
 
@@ -193,10 +286,25 @@ class Engine:
         self._started = True
         _start_new_thread(self._main, ())
 
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def fresh(self) -> Engine:
+        """A new engine, not started, for the same model with the same settings (to load it again
+        after this one stopped)."""
+        return Engine(self.model_name, **self._settings)
+
     def stop(self) -> None:
-        """Ask the engine thread to end after the current step."""
+        """Ask the engine thread to end after the current step (see the module docstring)."""
         self._stopping = True
         self._signal()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight: no request in a slot or waiting, no stream still being read."""
+        sched = self._sched
+        return self._n_open == 0 and (sched is None or sched.idle())
 
     def _main(self) -> None:
         try:
@@ -204,40 +312,49 @@ class Engine:
         except BaseException as e:  # noqa: BLE001 - reported by /ready, logged
             self.load_error = f"{type(e).__name__}: {e}"
             log.error("loading %s failed: %s", self.model_name, self.load_error)
+            self._release()
             return
         self.ready = True
         log.info("model ready: %s (context %d tokens shared by %d slots, %d threads)", self.model_name,
                  self.n_ctx, self.n_parallel, self.n_threads)
         sched = self._sched
+        assert sched is not None
         while not self._stopping:
             try:
                 worked = sched.step(self._lock)
             except Exception as e:  # noqa: BLE001 - a bug in one step must not end the engine
                 log.exception("engine step failed")
-                sched.fail_all(ErrorEvent(500, "internal_error", f"generation failed: {type(e).__name__}: {e}"))
+                sched.fail_all(ErrorEvent(Reason.INTERNAL, f"generation failed: {type(e).__name__}: {e}"))
                 worked = True
             if not worked:
                 self._work.acquire()
+        self.ready = False
+        with self._lock:
+            sched.fail_all(ErrorEvent(Reason.SHUTTING_DOWN, f"the model {self.model_name} was stopped (unloaded, "
+                                                            "or the server is shutting down)"), queued=True)
+        self._release()
+
+    def _release(self) -> None:
+        """Let go of the model and its cache (the thread is ending)."""
+        self._sched = None
+        self.kv = None
+        self.runtime = None
+        self.stopped = True
 
     def _load(self) -> None:
         from bubo import store
         from bubo._model import KVCache
         from bubo.engine.scheduler import Scheduler
-        from bubo.gguf import GGUFFile
-        from bubo.llm import Model
+        from bubo.runtime import Runtime
 
         if self._load_delay_s > 0:
             time.sleep(self._load_delay_s)
         path = store.resolve(self.model_name)
-        with GGUFFile(path) as f:
-            md = f.metadata
-        # the library Model's own cache is a reservation of address space, committed only if
-        # someone generates through engine.model directly (tests compare with it)
-        model = Model(path, n_ctx=min(self._n_ctx_requested or MODEL_API_CTX, MODEL_API_CTX), n_threads=self.n_threads,
-                      chat_template=self._chat_template_override)
+        runtime = Runtime(path, n_threads=self.n_threads, chat_template=self._chat_template_override,
+                          name=self.model_name)
         # the context is sized from the memory free after the load: prepacked weights are the
         # process's own memory, not page cache the kernel could give to the KV cache
-        self.n_ctx_train, self.n_ctx = _context_size(md, self._n_ctx_requested)
+        self.n_ctx_train, self.n_ctx = _context_size(runtime.metadata, self._n_ctx_requested)
         if self.n_ctx > (self.n_ctx_train or self.n_ctx):
             # a server honours -c past the trained context, as llama-server does (quality past
             # the trained length is the user's call)
@@ -248,69 +365,75 @@ class Engine:
         # swa_full: every layer keeps every block, so that a cached prefix is whole for the
         # sliding-window layers too (their window pool would have released the blocks a later
         # request needs); it costs gemma3 the window layers' share of the context's memory
-        self.kv = KVCache(model._native, self.n_ctx, n_seq_max=self.n_parallel, swa_full=True)
-        self._sched = Scheduler(model, self.kv, self.n_parallel, n_step, self.n_ctx, self._memory_short)
+        self.kv = KVCache(runtime.native, self.n_ctx, n_seq_max=self.n_parallel, swa_full=True)
+        self._sched = Scheduler(runtime, self.kv, self.n_parallel, n_step, self.n_ctx, self._memory_short)
         self.model_path = str(path)
-        self.metadata = model.metadata
-        self.tokenizer = model.tokenizer
-        tmpl = self._chat_template_override or md.get("tokenizer.chat_template")
-        self.chat_template = tmpl if isinstance(tmpl, str) else None
-        self.model = model
+        self.weights_bytes = os.path.getsize(path)
+        self.info = _model_info(runtime, self.n_ctx, self.n_ctx_train, self.n_parallel)
+        self.runtime = runtime
 
     # --- requests ----------------------------------------------------------------------
 
     def submit(self, req: GenerationRequest, *, mem_available: int | None = None) -> EventStream:
         """Queue a request; returns its EventStream at once. Raises NotReadyError while the
-        model loads, ContextLengthError for a prompt that cannot fit, InsufficientMemoryError
-        for a KV cache that cannot fit in memory (now, or ever), QueueFullError when every slot
-        is busy and queue_size requests already wait, ValueError for token ids out of range or
-        an empty prompt. mem_available (bytes) replaces the machine's available memory figure:
-        a debug hook that makes the 503 path testable."""
-        if not self.ready:
+        model loads (or once stopped), ContextLengthError for a prompt that cannot fit,
+        InsufficientMemoryError for a KV cache that cannot fit in memory (now, or ever),
+        QueueFullError when every slot is busy and queue_size requests already wait,
+        InvalidRequestError (a ValueError) for token ids out of range or an empty prompt.
+        mem_available (bytes) replaces the machine's available memory figure: a debug hook that
+        makes the memory guard's retry path testable."""
+        sched = self._sched
+        rt = self.runtime
+        if not self.ready or sched is None or rt is None:
             raise NotReadyError(self.load_error or f"the model {self.model_name} is loading")
         if not req.prompt:
-            raise ValueError("the prompt is empty")
-        assert self.n_ctx is not None
+            raise InvalidRequestError("the prompt is empty")
+        assert self.n_ctx is not None and self.n_parallel is not None
         if len(req.prompt) >= self.n_ctx:
             raise ContextLengthError(len(req.prompt), self.n_ctx)
         if req.max_tokens is not None and req.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be a positive integer or None, got {req.max_tokens}")
+            raise InvalidRequestError(f"max_tokens must be a positive integer or None, got {req.max_tokens}")
         self._check_memory(req, mem_available)
-        self.model._check_ids(req.prompt)
-        n_vocab = self.tokenizer.n_vocab
+        rt.check_ids(req.prompt)
+        n_vocab = rt.n_vocab
         bad = [t for t in (req.params.logit_bias or {}) if not 0 <= int(t) < n_vocab]
         if bad:
-            raise ValueError(f"logit_bias token {bad[0]} is out of range: this model's ids are 0..{n_vocab - 1}")
+            raise InvalidRequestError(f"logit_bias token {bad[0]} is out of range: this model's ids are "
+                                      f"0..{n_vocab - 1}")
         stream = EventStream(req)
-        sched = self._sched
-        task = sched.new_task(stream)  # builds the sampler: outside the lock the engine thread takes
+        try:
+            task = sched.new_task(stream)  # builds the sampler: outside the lock the engine thread takes
+        except BaseException:
+            stream.cancel()
+            raise
         with self._lock:
-            if self.queue_size is not None:
-                n_busy = sum(1 for s in sched.slots if s.task is not None)
-                if n_busy + sched.n_waiting() >= self.n_parallel + self.queue_size:
-                    stream.cancel()
-                    raise QueueFullError(self.n_parallel, self.queue_size)
-            sched.queue.append(task)
+            full = (self.queue_size is not None
+                    and sched.n_busy() + sched.n_waiting() >= self.n_parallel + self.queue_size)
+            if not full:
+                sched.queue.append(task)
+                self._n_open += 1
+                stream.on_close(self._stream_closed)
+        if full:
+            assert self.queue_size is not None
+            stream.cancel()
+            raise QueueFullError(self.n_parallel, self.queue_size)
         self._signal()
         return stream
+
+    def _stream_closed(self) -> None:
+        with self._lock:
+            self._n_open -= 1
 
     def kv_bytes_needed(self, req: GenerationRequest) -> tuple[int, int]:
         """(tokens, bytes): the tokens the request may put in the cache (prompt + max_tokens,
         capped at the context; the prompt alone without max_tokens) and the KV bytes the cache
         must still take from the OS for them, counting its free and cached blocks as there.
         Read from another thread while the engine runs, it is an estimate."""
-        assert self.n_ctx is not None
+        sched, kv = self._sched, self.kv
+        assert self.n_ctx is not None and sched is not None and kv is not None
         n = len(req.prompt) + (req.max_tokens if req.max_tokens is not None else 0)
         n = min(n, self.n_ctx)
-        return n, self.kv.grow_bytes(self._spare_seq(), n)
-
-    def _spare_seq(self) -> int:
-        """A sequence id to estimate a new request's growth with: an idle slot's (it holds
-        nothing), else the first slot's (its blocks then count as there: an estimate)."""
-        for s in self._sched.slots:
-            if s.task is None:
-                return s.id
-        return 0
+        return n, kv.grow_bytes(_spare_seq(sched), n)
 
     def _check_memory(self, req: GenerationRequest, mem_available: int | None) -> None:
         n, need = self.kv_bytes_needed(req)
@@ -340,26 +463,35 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        return self._sched is not None and any(s.task is not None for s in self._sched.slots)
-
-    def metrics(self) -> dict[str, Any]:
-        """Counters since start (llama-server's metric names, without the llamacpp: prefix),
-        gauges, and the histograms ttft_seconds and queue_wait_seconds (Histogram.snapshot)."""
         sched = self._sched
+        return sched is not None and any(s.task is not None for s in sched.slots)
+
+    def metrics(self) -> EngineMetrics:
+        """Counters since start and gauges now (zeros before the model is loaded)."""
+        sched, kv = self._sched, self.kv
+        if sched is None or kv is None:
+            return EngineMetrics()
         c = dict(sched.counters)
         with self._lock:
             deferred = sched.n_waiting()
         processing = sum(1 for s in sched.slots if s.task is not None)
-        kv = self.kv
-        n_kv = sum(kv.seq_len(s.id) for s in sched.slots)
         used, total = kv.blocks_in_use(), kv.pool_blocks()
         lookups = c.pop("prefix_cache_lookup_tokens_total")
         hits = c.pop("prefix_cache_hit_tokens_total")
         busy_total = c.pop("n_busy_slots_total")
-        c.update(
+        return EngineMetrics(
+            requests_total=int(c["requests_total"]),
+            prompt_tokens_total=int(c["prompt_tokens_total"]),
+            prompt_tokens_cached_total=int(c["prompt_tokens_cached_total"]),
+            prompt_seconds_total=float(c["prompt_seconds_total"]),
+            tokens_predicted_total=int(c["tokens_predicted_total"]),
+            tokens_predicted_seconds_total=float(c["tokens_predicted_seconds_total"]),
+            n_decode_total=int(c["n_decode_total"]),
+            n_tokens_max=int(c["n_tokens_max"]),
+            n_preemptions_total=int(c["n_preemptions_total"]),
             requests_processing=processing,
             requests_deferred=deferred,
-            kv_cache_tokens=n_kv,
+            kv_cache_tokens=sum(kv.seq_len(s.id) for s in sched.slots),
             kv_cache_usage_ratio=(used + kv.n_cached_blocks) / total if total else 0.0,
             kv_cache_used_blocks=used,
             kv_cache_cached_blocks=kv.n_cached_blocks,
@@ -369,27 +501,53 @@ class Engine:
                                       if c["tokens_predicted_seconds_total"] > 0 else 0.0),
             n_busy_slots_per_decode=busy_total / c["n_decode_total"] if c["n_decode_total"] else 0.0,
             prefix_cache_hit_ratio=hits / lookups if lookups else 0.0,
-            n_drafted_total=0, n_drafted_accepted_total=0,  # no speculative decoding yet
             time_to_first_token_seconds=sched.ttft.snapshot(),
             queue_wait_seconds=sched.queue_wait.snapshot(),
         )
-        return c
 
-    def cache_view(self) -> dict[str, Any]:
-        """What the KV cache holds (/debug/cache): each slot's tokens, the blocks in use and the
-        blocks kept only for the prefix cache."""
-        kv = self.kv
+    def cache_view(self) -> CacheView:
+        """What the KV cache holds (/debug/cache)."""
+        sched, kv = self._sched, self.kv
+        if sched is None or kv is None or self.n_ctx is None:
+            raise NotReadyError(self.load_error or f"the model {self.model_name} is not loaded")
         out = []
-        for s in self._sched.slots:
+        for s in sched.slots:
             t = s.task
-            toks = list(t.tokens[: t.n_past]) if t is not None else []
-            out.append({"id": s.id, "n_tokens": len(toks), "tokens": toks})
-        return {"n_ctx": self.n_ctx, "block_size": kv.block_size, "used_blocks": kv.blocks_in_use(),
-                "cached_blocks": kv.n_cached_blocks, "slots": out}
+            out.append((s.id, list(t.tokens[: t.n_past]) if t is not None else list(s.held)))
+        return CacheView(self.n_ctx, kv.block_size, kv.blocks_in_use(), kv.n_cached_blocks, out)
 
-    def slots(self) -> list[dict[str, Any]]:
-        """Every slot, as llama-server's /slots shows them."""
-        return self._sched.slot_views()
+    def slots(self) -> list[SlotState]:
+        """Every slot's state ([] before the model is loaded)."""
+        sched = self._sched
+        return sched.slot_states() if sched is not None else []
+
+
+def _model_info(rt: Runtime, n_ctx: int, n_ctx_train: int | None, n_parallel: int) -> ModelInfo:
+    md = rt.metadata
+    arch = str(md.get("general.architecture", ""))
+    tok = rt.tokenizer
+
+    def text_of(i: int | None) -> str:
+        return tok.token_text(i).decode("utf-8", "replace") if i is not None else ""
+
+    def num(key: str) -> int | None:
+        v = md.get(f"{arch}.{key}")
+        return int(v) if isinstance(v, int) else None
+
+    name = md.get("general.name")
+    return ModelInfo(path=rt.path, architecture=arch, name=name if isinstance(name, str) else None, n_ctx=n_ctx,
+                     n_ctx_train=n_ctx_train, n_vocab=rt.n_vocab, n_embd=num("embedding_length"),
+                     n_layer=num("block_count"), n_parallel=n_parallel, chat_template=rt.chat_template_source,
+                     bos_token=text_of(tok.bos_id), eos_token=text_of(tok.eos_id))
+
+
+def _spare_seq(sched: Scheduler) -> int:
+    """A sequence id to estimate a new request's growth with: an idle slot's (it holds
+    nothing), else the first slot's (its blocks then count as there: an estimate)."""
+    for s in sched.slots:
+        if s.task is None:
+            return s.id
+    return 0
 
 
 def _context_size(md: dict[str, Any], requested: int | None) -> tuple[int | None, int]:

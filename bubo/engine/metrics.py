@@ -7,7 +7,9 @@ that breaks the exposition format's invariants (counts are cumulative when rende
 from __future__ import annotations
 
 import bisect
-from typing import Any
+import math
+
+from bubo.engine.types import HistogramSnapshot
 
 # seconds: from a cache hit on a short prompt (ms) to a long prompt queued behind others (minutes)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -25,13 +27,13 @@ class Histogram:
         self.sum += value
         self.count += 1
 
-    def snapshot(self) -> dict[str, Any]:
-        """{"buckets": [(le, cumulative count), ..., ("+Inf", count)], "sum": s, "count": n}."""
+    def snapshot(self) -> HistogramSnapshot:
+        """Cumulative counts per upper bound, the last bound infinite, with the sum and count."""
         counts = list(self.counts)
         out, total = [], 0
         for le, c in zip(self.buckets, counts):
             total += c
             out.append((le, total))
         total += counts[-1]
-        out.append(("+Inf", total))
-        return {"buckets": out, "sum": self.sum, "count": total}
+        out.append((math.inf, total))
+        return HistogramSnapshot(out, self.sum, total)

@@ -1,14 +1,38 @@
 """What goes into the engine and what comes out of it: the seam between api/ and engine/.
 
-No JSON and no dialect below this line: every route converts its request into one
-GenerationRequest and turns the events of its EventStream into its own response shape."""
+No JSON, no HTTP and no dialect below this line. Every route converts its request into one
+GenerationRequest and turns the events of its EventStream into its own response shape. The
+engine's refusals and failures carry a Reason (an enum); what status code, error code and error
+type a reason becomes in each dialect is decided in bubo/api/errors.py. Timings, slot states and
+metrics are dataclasses; llama-server's names for them are made in bubo/api/llamacpp/."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from bubo.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from bubo._grammar import Grammar
+
+
+class Reason(enum.Enum):
+    """Why the engine refused a request or ended it without a FinishEvent."""
+
+    CONTEXT_EXCEEDED = "context_exceeded"  # the prompt does not fit in the context
+    MEMORY_SHORT = "memory_short"  # the KV cache cannot take the memory now: retry later
+    MEMORY_NEVER = "memory_never"  # the request needs more memory than the machine can ever give
+    QUEUE_FULL = "queue_full"  # every slot busy and the wait queue full
+    NOT_READY = "not_ready"  # the model is loading, failed to load, or was stopped
+    MODEL_UNKNOWN = "model_unknown"  # no model of that name is served
+    MODEL_NOT_LOADED = "model_not_loaded"  # the model is not loaded and will not be loaded on demand
+    CANCELLED = "cancelled"  # the reader cancelled the stream
+    SHUTTING_DOWN = "shutting_down"  # the engine stopped before the request ended
+    INVALID_REQUEST = "invalid_request"  # token ids out of range, an empty prompt, ...
+    GRAMMAR_STUCK = "grammar_stuck"  # the grammar allows no token here, or its state outgrew its bounds
+    INTERNAL = "internal"  # a bug: a step failed unexpectedly
 
 
 @dataclass
@@ -29,7 +53,32 @@ class GenerationRequest:
     n_probs: int = 0
     cache_prompt: bool = True
     ignore_eos: bool = False  # end-of-generation tokens get a -inf bias (llama-server's ignore_eos)
-    grammar: Any = None  # a bubo._grammar.Grammar: every token keeps the text in its language
+    grammar: Grammar | None = None  # every token keeps the text in this grammar's language
+
+
+@dataclass(frozen=True)
+class Timings:
+    """How long one request took, and how much of its prompt came from the cache.
+
+    prompt_n is the prompt tokens computed (not cached_n, which came from the cache); queue_s is
+    the wait for a slot; cache_miss says why prompt tokens that could have come from the prefix
+    cache did not (None: everything reusable was reused)."""
+
+    cached_n: int = 0
+    prompt_n: int = 0
+    prompt_s: float = 0.0
+    predicted_n: int = 0
+    predicted_s: float = 0.0
+    queue_s: float = 0.0
+    cache_miss: str | None = None
+
+    @property
+    def prompt_per_second(self) -> float:
+        return self.prompt_n / self.prompt_s if self.prompt_n and self.prompt_s > 0 else 0.0
+
+    @property
+    def predicted_per_second(self) -> float:
+        return self.predicted_n / self.predicted_s if self.predicted_n and self.predicted_s > 0 else 0.0
 
 
 @dataclass
@@ -54,34 +103,116 @@ class FinishEvent:
     """The last event of a successful generation.
 
     reason: "stop" (an end-of-generation token or a stop string) or "length" (max_tokens, or
-    the context is full). timings has llama-server's keys: prompt_n, prompt_ms,
-    prompt_per_token_ms, prompt_per_second, predicted_n, predicted_ms, predicted_per_token_ms,
-    predicted_per_second, cache_n; and queue_ms (the wait for a slot) and cache_miss (why
-    prompt tokens that could have come from the prefix cache did not, or None)."""
+    the context is full, or the memory for more is short)."""
 
     reason: str
     stop_string: str | None
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
-    timings: dict[str, Any]
+    timings: Timings = field(default_factory=Timings)
 
 
 @dataclass
 class ErrorEvent:
-    """The last event of a failed generation: an HTTP status with the reference's error code."""
+    """The last event of a failed generation: why (a Reason) and a message for the client."""
 
-    status: int
-    code: str
+    reason: Reason
     message: str
 
 
 Event = TokenEvent | FinishEvent | ErrorEvent
 
 
-class ContextLengthError(ValueError):
-    """The prompt does not fit in the context (with room for one generated token): a 400
-    context_length_exceeded, raised by Engine.submit."""
+class SlotPhase(enum.Enum):
+    IDLE = "idle"
+    PROMPT = "prompt"  # reading its prompt
+    GENERATING = "generating"
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """One slot as it is now (or, when idle, the last request it served: task_id, counts and
+    params stay; phase is IDLE)."""
+
+    id: int
+    n_ctx: int
+    phase: SlotPhase
+    task_id: int = -1
+    n_prompt: int = 0
+    n_prompt_processed: int = 0  # prompt tokens computed so far (not from the cache)
+    n_prompt_cached: int = 0
+    n_decoded: int = 0
+    n_remain: int = -1  # tokens left before max_tokens; -1: no limit
+    n_cache: int = 0  # tokens the slot's KV sequence holds
+    params: SamplingParams | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    cache_prompt: bool = True
+
+    @property
+    def processing(self) -> bool:
+        return self.phase is not SlotPhase.IDLE
+
+
+@dataclass(frozen=True)
+class HistogramSnapshot:
+    """Cumulative bucket counts [(upper bound, count), ..., (inf, count)], their sum and count."""
+
+    buckets: list[tuple[float, int]]
+    sum: float
+    count: int
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """Counters since start and gauges now. Read from another thread while the engine runs, the
+    figures are a snapshot that may be one step stale, never torn."""
+
+    requests_total: int = 0
+    prompt_tokens_total: int = 0
+    prompt_tokens_cached_total: int = 0
+    prompt_seconds_total: float = 0.0
+    tokens_predicted_total: int = 0
+    tokens_predicted_seconds_total: float = 0.0
+    n_decode_total: int = 0
+    n_tokens_max: int = 0
+    n_preemptions_total: int = 0
+    n_drafted_total: int = 0
+    n_drafted_accepted_total: int = 0
+    requests_processing: int = 0
+    requests_deferred: int = 0
+    kv_cache_tokens: int = 0
+    kv_cache_usage_ratio: float = 0.0
+    kv_cache_used_blocks: int = 0
+    kv_cache_cached_blocks: int = 0
+    prompt_tokens_seconds: float = 0.0
+    predicted_tokens_seconds: float = 0.0
+    n_busy_slots_per_decode: float = 0.0
+    prefix_cache_hit_ratio: float = 0.0
+    time_to_first_token_seconds: HistogramSnapshot = field(
+        default_factory=lambda: HistogramSnapshot([(float("inf"), 0)], 0.0, 0))
+    queue_wait_seconds: HistogramSnapshot = field(
+        default_factory=lambda: HistogramSnapshot([(float("inf"), 0)], 0.0, 0))
+
+
+# --- refusals: raised by Engine.submit, each with its reason ---------------------------------
+
+
+class EngineRefusal(Exception):
+    """The engine would not take a request. reason says why; the message is for the client."""
+
+    reason: Reason = Reason.INTERNAL
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class ContextLengthError(EngineRefusal, ValueError):
+    """The prompt does not fit in the context (with room for one generated token)."""
+
+    reason = Reason.CONTEXT_EXCEEDED
 
     def __init__(self, prompt_tokens: int, n_ctx: int):
         self.prompt_tokens = prompt_tokens
@@ -92,40 +223,62 @@ class ContextLengthError(ValueError):
         )
 
 
-class NotReadyError(RuntimeError):
-    """The model is still loading (or failed to load): a 503 not_ready, raised by Engine.submit."""
+class InvalidRequestError(EngineRefusal, ValueError):
+    """Token ids out of range, an empty prompt, a bad max_tokens: what the API's validation
+    should have caught; the engine checks it again because the library submits directly."""
+
+    reason = Reason.INVALID_REQUEST
 
 
-class InsufficientMemoryError(RuntimeError):
-    """The request's KV cache does not fit in memory: raised by Engine.submit.
+class NotReadyError(EngineRefusal, RuntimeError):
+    """The model is still loading, failed to load, or was unloaded."""
+
+    reason = Reason.NOT_READY
+
+
+class InsufficientMemoryError(EngineRefusal, RuntimeError):
+    """The request's KV cache does not fit in memory.
 
     permanent: it needs more than the machine has at all (less what this process holds already):
-    a 507 insufficient_memory_permanent, no use retrying. Otherwise it needs more than is
-    available now: a 503 insufficient_memory, worth retrying once memory is freed."""
+    no use retrying (Reason.MEMORY_NEVER). Otherwise it needs more than is available now
+    (Reason.MEMORY_SHORT): worth retrying once memory is freed."""
 
-    def __init__(self, needed: int, limit: int, permanent: bool, n_tokens: int):
+    def __init__(self, needed: int, limit: int, permanent: bool, n_tokens: int, what: str | None = None):
         self.needed = needed
         self.limit = limit
         self.permanent = permanent
         self.n_tokens = n_tokens
         gib = 1024 ** 3
+        if what is None:
+            what = f"{needed / gib:.2f} GiB more KV cache ({n_tokens} tokens of prompt and max_tokens)"
         if permanent:
-            what = (f"the request needs {needed / gib:.2f} GiB more KV cache ({n_tokens} tokens of prompt "
-                    f"and max_tokens) but this computer can give at most {limit / gib:.2f} GiB: "
-                    "shorten the prompt or lower max_tokens")
+            msg = (f"the request needs {what} but this computer can give at most {limit / gib:.2f} GiB: "
+                   "shorten the prompt or lower max_tokens")
         else:
-            what = (f"the request needs {needed / gib:.2f} GiB more KV cache ({n_tokens} tokens of prompt "
-                    f"and max_tokens) but only {limit / gib:.2f} GiB is available now: free memory, "
-                    "then send the request again")
-        super().__init__(what)
+            msg = (f"the request needs {what} but only {limit / gib:.2f} GiB is available now: free memory, "
+                   "then send the request again")
+        super().__init__(msg)
+
+    @property
+    def reason(self) -> Reason:  # type: ignore[override]
+        return Reason.MEMORY_NEVER if self.permanent else Reason.MEMORY_SHORT
 
 
-class QueueFullError(RuntimeError):
-    """Every slot is busy and queue_size requests already wait: a 503 with Retry-After, raised
-    by Engine.submit (llama-server's --queue-size behaviour: refuse rather than pile up)."""
+class QueueFullError(EngineRefusal, RuntimeError):
+    """Every slot is busy and queue_size requests already wait (llama-server's --queue-size
+    behaviour: refuse rather than pile up)."""
+
+    reason = Reason.QUEUE_FULL
 
     def __init__(self, n_slots: int, queue_size: int):
         self.n_slots = n_slots
         self.queue_size = queue_size
         super().__init__(f"the server is busy: all {n_slots} slots are generating and {queue_size} "
                          f"requests are waiting (--queue-size {queue_size}); try again shortly")
+
+
+def refusal_of(event: ErrorEvent) -> EngineRefusal:
+    """An ErrorEvent as an exception (the library raises what a stream ended with)."""
+    err = EngineRefusal(event.message)
+    err.reason = event.reason
+    return err

@@ -92,7 +92,7 @@ def main() -> None:
     out.write(f'#define BUBO_UNICODE_VERSION "{version}"\n')
     out.write(f"#define BUBO_UC_BLOCK_SHIFT {BLOCK.bit_length() - 1}\n")
     out.write(f"#define BUBO_UC_N_BLOCKS {len(blocks)}\n\n")
-    out.write(f"/* block number (code point >> BUBO_UC_BLOCK_SHIFT) -> stored block */\n")
+    out.write("/* block number (code point >> BUBO_UC_BLOCK_SHIFT) -> stored block */\n")
     out.write(f"static const uint8_t bubo_uc_stage1[{len(stage1)}] = {{\n")
     for i in range(0, len(stage1), 24):
         out.write("    " + ", ".join(str(x) for x in stage1[i:i + 24]) + ",\n")

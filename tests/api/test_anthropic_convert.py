@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from bubo.api.anthropic.messages import MessageEvents, message_response, parse_messages_request, stop_reason
-from bubo.api.dialect import Output
 from bubo.api.errors import ApiError
+from bubo.api.pipeline import Output
 from bubo.chat.parsers import Part, ToolCall
 from bubo.engine.types import FinishEvent
 
 DATA = Path(__file__).parent / "testdata"
 CASES = json.loads((DATA / "anthropic_requests.json").read_text())
-FIN = FinishEvent("stop", None, 13, 4, 3, {})
+FIN = FinishEvent("stop", None, 13, 4, 3)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
@@ -40,7 +40,8 @@ def test_count_tokens_needs_no_max_tokens_and_refuses_stream():
 def test_message_and_events():
     call = ToolCall("f", '{"a": 1}', "call_x")
     out = Output(reasoning="hmm", content="Hi!", tool_calls=[call], finish=FIN)
-    assert message_response(id="msg_1", model="bubo", out=out) == json.loads((DATA / "anthropic_message.json").read_text())
+    assert message_response(id="msg_1", model="bubo", out=out) == json.loads(
+        (DATA / "anthropic_message.json").read_text())
     m = MessageEvents("msg_1", "bubo")
     evs = m.start(13) + m.parts([Part("reasoning", "hmm"), Part("content", "Hi")]) + m.parts(
         [Part("content", "!"), Part("tool_call", call=call)]) + m.end(FIN)
@@ -48,10 +49,10 @@ def test_message_and_events():
 
 
 @pytest.mark.parametrize("fin,n_calls,want", [
-    (FinishEvent("stop", None, 1, 0, 1, {}), 0, "end_turn"),
-    (FinishEvent("stop", "END", 1, 0, 1, {}), 0, "stop_sequence"),
-    (FinishEvent("length", None, 1, 0, 1, {}), 0, "max_tokens"),
-    (FinishEvent("stop", None, 1, 0, 1, {}), 1, "tool_use"),
+    (FinishEvent("stop", None, 1, 0, 1), 0, "end_turn"),
+    (FinishEvent("stop", "END", 1, 0, 1), 0, "stop_sequence"),
+    (FinishEvent("length", None, 1, 0, 1), 0, "max_tokens"),
+    (FinishEvent("stop", None, 1, 0, 1), 1, "tool_use"),
 ])
 def test_stop_reason(fin, n_calls, want):
     assert stop_reason(fin, n_calls) == want

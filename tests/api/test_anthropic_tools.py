@@ -1,9 +1,9 @@
 """Tool use on qwen2.5-coder:0.5b through the `anthropic` SDK: a tool_use block (non-streamed,
 and streamed as input_json_delta), then a round trip with a tool_result."""
 
+import anthropic
 import pytest
 
-import anthropic
 from .conftest import start_server
 
 pytestmark = pytest.mark.models

@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 
 from bubo.engine.engine import MEM_SAFETY_MARGIN, memory_budget
+
 from .conftest import start_server
 
 pytestmark = pytest.mark.models

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from bubo.api.dialect import Output
 from bubo.api.errors import ApiError
 from bubo.api.openai.chat import ChatChunks, chat_response, parse_chat_request
 from bubo.api.openai.completions import parse_completion_request
+from bubo.api.pipeline import Output
 from bubo.chat.parsers import Part, ToolCall
-from bubo.engine.types import FinishEvent
+from bubo.engine.types import FinishEvent, Timings
 
 DATA = Path(__file__).parent / "testdata"
 CHAT_CASES = json.loads((DATA / "chat_requests.json").read_text())
@@ -36,12 +36,13 @@ def test_chat_request_sampling_fields():
                               "top_k": 5.0, "min_p": 0.1, "repeat_penalty": 1.1, "seed": 7, "logit_bias": {"12": -100},
                               "logprobs": True, "top_logprobs": 3, "dry_multiplier": 0.5, "unknown_field": 1})
     p = req.params
-    assert (p.temperature, p.top_k, p.min_p, p.repeat_penalty, p.seed, p.n_probs, p.dry_multiplier) == (0, 5, 0.1, 1.1, 7, 3, 0.5)
+    assert (p.temperature, p.top_k, p.min_p, p.repeat_penalty, p.seed, p.n_probs, p.dry_multiplier) == (
+        0, 5, 0.1, 1.1, 7, 3, 0.5)
     assert p.logit_bias == {12: -100.0}
 
 
-FIN = FinishEvent("stop", None, 13, 4, 3, {"prompt_n": 9, "cache_n": 4, "prompt_per_second": 100.0,
-                                            "predicted_per_second": 20.0, "predicted_n": 3})
+FIN = FinishEvent("stop", None, 13, 4, 3, Timings(cached_n=4, prompt_n=9, prompt_s=0.125, predicted_n=3,
+                                                   predicted_s=0.25, queue_s=0.5))
 
 
 def test_chat_response_shape():
@@ -101,11 +102,13 @@ def test_responses_input_items():
     assert req.tools == [{"type": "function", "function": {"name": "w", "description": "",
                                                            "parameters": {"type": "object"}}}]
     assert (req.max_tokens, req.thinking, req.template_kwargs["reasoning_effort"]) == (50, True, "low")
-    for bad, code in (({"input": []}, "missing_messages"), ({"input": "x", "previous_response_id": "r"}, "invalid_value"),
+    for bad, code in (({"input": []}, "missing_messages"),
+                      ({"input": "x", "previous_response_id": "r"}, "invalid_value"),
                       ({"input": "x", "tools": [{"type": "web_search"}]}, "invalid_value"),
                       ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "invalid_value"),
                       ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n",
-                                                          "schema": {"type": "object", "not": {}}}}}, "unsupported_schema")):
+                                                          "schema": {"type": "object", "not": {}}}}},
+                       "unsupported_schema")):
         with pytest.raises(ApiError) as e:
             parse_responses_request({"model": "m", **bad})
         assert e.value.code == code

@@ -142,7 +142,8 @@ def test_reasoning_is_parsed_out_streamed_and_not(client):
     chunks = list(client.chat.completions.create(model="bubo", messages=msgs, max_tokens=12, temperature=0,
                                                  stream=True))
     deltas = [c.choices[0].delta for c in chunks]
-    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == m.model_extra["reasoning_content"]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == m.model_extra[
+        "reasoning_content"]
     # thinking off: the grammar closes the block the prefill opened at once, and what follows is
     # the answer (bubo.chat.thinking)
     off = client.chat.completions.create(model="bubo", messages=msgs, max_tokens=12, temperature=0,

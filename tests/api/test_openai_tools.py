@@ -7,7 +7,8 @@ import openai
 import pytest
 
 import bubo
-from bubo.api.dialect import chat_messages
+from bubo.api.fields import chat_messages
+
 from .conftest import start_server
 
 pytestmark = pytest.mark.models

@@ -229,7 +229,8 @@ def test_slots_props_and_metrics_describe_the_slots(four_slots):
         assert f'llamacpp:{name}_bucket{{le="+Inf"}}' in text and f"llamacpp:{name}_count" in text
     m = metrics(url)
     assert 0 < m["llamacpp:prefix_cache_hit_ratio"] <= 1
-    assert m['llamacpp:time_to_first_token_seconds_bucket{le="+Inf"}'] == m["llamacpp:time_to_first_token_seconds_count"] >= 3
+    assert (m['llamacpp:time_to_first_token_seconds_bucket{le="+Inf"}']
+            == m["llamacpp:time_to_first_token_seconds_count"] >= 3)
 
 
 def test_no_slots_turns_the_endpoint_off():

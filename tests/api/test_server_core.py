@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -14,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from .conftest import MODEL, start_server
+from .conftest import MODEL
 
 # the latency bound the issue sets for /health and /metrics while a generation runs
 FAST_ANSWER_S = 0.100

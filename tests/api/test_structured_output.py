@@ -6,7 +6,7 @@ validate; what cannot be enforced is a 400 naming the JSON pointer."""
 from __future__ import annotations
 
 import json
-from typing import Literal, Optional
+from typing import Literal
 
 import jsonschema
 import openai
@@ -29,11 +29,12 @@ class Weather(BaseModel):
     city: City
     condition: Literal["sunny", "cloudy", "rain"]
     temperature_c: int = Field(ge=-50, le=60)
-    note: Optional[str] = Field(default=None, max_length=30)
+    note: str | None = Field(default=None, max_length=30)
 
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "tags"],
-          "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 99},
+          "properties": {"name": {"type": "string", "maxLength": 20},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 99},
                          "tags": {"type": "array", "maxItems": 3, "items": {"enum": ["a", "b", "c"]}}}}
 
 
@@ -75,7 +76,8 @@ def test_chat_json_schema_streamed_equals_unstreamed(client):
 
 
 def test_json_object_is_an_object(client):
-    out = client.chat.completions.create(model="smollm2:135m", messages=[{"role": "user", "content": "A JSON object, please."}],
+    out = client.chat.completions.create(model="smollm2:135m",
+                                         messages=[{"role": "user", "content": "A JSON object, please."}],
                                          max_tokens=MAX_TOKENS, temperature=0, response_format={"type": "json_object"})
     text = out.choices[0].message.content
     if out.choices[0].finish_reason == "stop":
@@ -95,7 +97,8 @@ def test_completions_take_response_format(base_url):
 def test_responses_text_format(client):
     out = client.responses.create(model="smollm2:135m", input="Describe a person.", max_output_tokens=MAX_TOKENS,
                                   temperature=0.7,
-                                  text={"format": {"type": "json_schema", "name": "p", "schema": SCHEMA, "strict": True}})
+                                  text={"format": {"type": "json_schema", "name": "p", "schema": SCHEMA,
+                                                   "strict": True}})
     assert out.status == "completed", out
     assert valid(SCHEMA, out.output_text)
 

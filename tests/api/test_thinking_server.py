@@ -138,7 +138,8 @@ def test_a_forced_call_after_the_block_the_prompt_opened(client, off):
 def test_anthropic_thinking_disabled_closes_the_block(server):
     c = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
     # (this SDK version has no temperature argument: sent as an extra field)
-    args = dict(model="bubo", max_tokens=60, messages=FEW_SHOT, extra_body={"chat_template_kwargs": OPEN, "temperature": 0})
+    args = dict(model="bubo", max_tokens=60, messages=FEW_SHOT,
+                extra_body={"chat_template_kwargs": OPEN, "temperature": 0})
     on = c.messages.create(**args)
     assert on.content[0].type == "thinking" and on.content[0].thinking.strip()
     off = c.messages.create(thinking={"type": "disabled"}, **args)

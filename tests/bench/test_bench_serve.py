@@ -28,7 +28,8 @@ def bs():
 
 def test_defaults(bs):
     a = bs.parse_args([])
-    assert (a.model, a.parallel, a.threads, a.clients, a.n_predict, a.rounds) == ("smollm2:135m", 4, 2, [1, 4, 8], 128, 2)
+    assert (a.model, a.parallel, a.threads, a.clients, a.n_predict, a.rounds) == (
+        "smollm2:135m", 4, 2, [1, 4, 8], 128, 2)
     assert a.ctx_size == bs.CTX_PER_SLOT * 4  # llama-server splits -c among its slots
     assert a.llama_server == "/tmp/llama-build/bin/llama-server"
     assert a.servers == ["bubo", "llama"] and a.json is None

@@ -31,7 +31,8 @@ OBJ = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"typ
                                         "tag": {"type": "string"}}, "required": ["name"],
        "additionalProperties": False}
 DEFS = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
-                                                              "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                                                              "kids": {"type": "array",
+                                                                       "items": {"$ref": "#/$defs/node"}}},
                            "required": ["v", "kids"]}},
         "$ref": "#/$defs/node"}
 
@@ -95,7 +96,8 @@ CASES = [
     ({"type": "number", "minimum": 0, "maximum": 1}, ["0", "0.5", "1", "1.000", "0.999"], ["1.01", "-0.1", "2", "1e0"]),
     ({"type": "number", "exclusiveMinimum": 0, "maximum": 100}, ["0.001", "50", "100"], ["0", "0.0", "-1", "100.5"]),
     ({"type": "number", "minimum": -10, "exclusiveMaximum": -2}, ["-10", "-2.5", "-9.99"], ["-2", "-10.5", "0"]),
-    ({"type": "string", "pattern": "^[A-Z]{2}-\\d{3,4}$"}, ['"AB-123"', '"XY-9999"'], ['"ab-123"', '"AB-12"', '"AB-12345"']),
+    ({"type": "string", "pattern": "^[A-Z]{2}-\\d{3,4}$"}, ['"AB-123"', '"XY-9999"'],
+     ['"ab-123"', '"AB-12"', '"AB-12345"']),
     ({"type": "string", "pattern": "^(cat|dog)s?$"}, ['"cat"', '"dogs"'], ['"cow"', '"cats!"']),
     ({"type": "string", "pattern": "ab+"}, ['"ab"', '"xxabbby"'], ['"a"', '"ba"']),
     ({"type": "string", "pattern": "^a.c$"}, ['"abc"', '"a\\"c"', '"a\\\\c"'], ['"a\\nc"', '"ac"']),

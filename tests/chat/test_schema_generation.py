@@ -15,6 +15,7 @@ from bubo._grammar import Grammar
 from bubo.chat.schema import schema_to_gbnf
 from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
 from bubo.sampling import SamplingParams
+
 from engines import start_engine
 
 CASES = json.loads((Path(__file__).parent / "testdata" / "schemas.json").read_text())
@@ -47,7 +48,7 @@ def test_forty_schemas_five_seeds_each_validate(engine):
     for case in CASES:
         schema = case["schema"]
         grammar = Grammar(schema_to_gbnf(schema))
-        prompt = engine.model.chat_prompt([{"role": "user", "content": case["prompt"] + " Reply in JSON."}])
+        prompt = engine.runtime.chat_prompt([{"role": "user", "content": case["prompt"] + " Reply in JSON."}])
         tokens = engine.tokenizer.encode(prompt, add_special=True, parse_special=True)
         jobs = [gevent.spawn(generate, engine, tokens, grammar, seed) for seed in SEEDS]
         gevent.joinall(jobs, raise_error=True)

@@ -4,7 +4,7 @@ expected strings are written out by hand from the templates' definitions."""
 import pytest
 
 from bubo import GGUFFile, store
-from bubo.chat import ChatTemplate, ChatTemplateError, NoChatTemplateError
+from bubo.chat import ChatTemplate, NoChatTemplateError
 
 pytestmark = pytest.mark.models
 
@@ -54,7 +54,8 @@ def test_qwen25_default_system():
 def test_qwen25_tools_and_tool_calls_use_hf_tojson():
     t = _template("qwen2.5-coder:0.5b")
     tools = [{"type": "function", "function": {"name": "weather", "description": "Wetter für <Ort>",
-                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+                                                "parameters": {"type": "object",
+                                                               "properties": {"city": {"type": "string"}}}}}]
     msgs = [
         {"role": "system", "content": "Use tools."},
         {"role": "user", "content": "Weather in Zürich?"},
@@ -63,7 +64,8 @@ def test_qwen25_tools_and_tool_calls_use_hf_tojson():
         {"role": "tool", "content": "12°C"},
     ]
     assert t.render(msgs, tools=tools) == (
-        "<|im_start|>system\nUse tools.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "<|im_start|>system\nUse tools.\n\n# Tools\n\n"
+        "You may call one or more functions to assist with the user query.\n\n"
         "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
         '{"type": "function", "function": {"name": "weather", "description": "Wetter für <Ort>", '
         '"parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}\n</tools>\n\n'
@@ -71,7 +73,8 @@ def test_qwen25_tools_and_tool_calls_use_hf_tojson():
         "<tool_call></tool_call> XML tags:\n<tool_call>\n"
         '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
         "<|im_start|>user\nWeather in Zürich?<|im_end|>\n"
-        '<|im_start|>assistant\n<tool_call>\n{"name": "weather", "arguments": {"city": "Zürich"}}\n</tool_call><|im_end|>\n'
+        '<|im_start|>assistant\n<tool_call>\n'
+        '{"name": "weather", "arguments": {"city": "Zürich"}}\n</tool_call><|im_end|>\n'
         "<|im_start|>user\n<tool_response>\n12°C\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n"
     )

@@ -72,7 +72,8 @@ def test_off_and_the_model_opens_a_block_it_is_empty(body):
 
 def test_off_the_free_answer_never_starts_a_block():
     g = answer_grammar(None, thinking=False, in_think=False, thinks=True)
-    for ok in ["", "Hi", "  \n<b>bold</b>", "<thinking is fun", "<thin", "a <think> tag in a sentence", "<think></think>"]:
+    for ok in ["", "Hi", "  \n<b>bold</b>", "<thinking is fun", "<thin", "a <think> tag in a sentence",
+               "<think></think>"]:
         assert accepts(g, ok), ok
     for bad in ["<think>", "<think>x", " \n\t<think>", "<think></think><think>x"]:
         assert not accepts(g, bad), bad
@@ -90,4 +91,4 @@ def test_a_forced_call_after_the_block_the_prompt_opened(thinking):
     g = answer_grammar(call_grammar("hermes", TOOLS, parallel=False), thinking=thinking, in_think=True, thinks=False)
     assert accepts(g, f"</think>\n\n{CALL}")
     assert accepts(g, f"the tool f</think>\n\n{CALL}") == thinking
-    assert not accepts(g, CALL) and not accepts(g, f"</think>\n\nno call")
+    assert not accepts(g, CALL) and not accepts(g, "</think>\n\nno call")

@@ -1,8 +1,8 @@
 """The issue's must-show for tool_choice: 50 seeded runs with "required" on qwen2.5-coder:0.5b
 (Hermes calls) and on smollm2:135m (whose template knows no tools: bare JSON calls) all yield
 a call whose arguments validate against its tool's schema (jsonschema); a named choice always
-calls that function. The request path is the routes' own: dialect.render_chat, forced_grammar,
-output_parser, one in-process Engine per model, the seeds submitted together."""
+calls that function. The request path is the routes' own: pipeline.prepare (render, grammar,
+parser), one in-process Engine per model, the seeds submitted together."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import gevent
 import jsonschema
 import pytest
 
-from bubo.api import dialect as d
-from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
+from bubo.api import pipeline
+from bubo.chat.constrain import REQUIRED
+from bubo.engine import GenerationRequest
 from bubo.sampling import SamplingParams
+
 from engines import start_engine
 
 pytestmark = pytest.mark.models
@@ -47,13 +49,13 @@ def engine(request, catalog_model):
 
 def answer(engine, seed, choice, parallel=False, tools=TOOLS):
     """(calls, content, finish) of one chat request, as the chat route runs it."""
-    prompt = d.render_chat(engine, MESSAGES, tools, {}, None)
-    grammar = d.forced_grammar(engine, tools, choice, parallel, prompt.in_think, thinking=True)
-    parser = d.output_parser(engine, True, tools, prompt.in_think, parallel, grammar is not None)
-    stream = engine.submit(GenerationRequest(prompt.tokens, SamplingParams(temperature=TEMPERATURE, seed=seed),
-                                             max_tokens=MAX_TOKENS, grammar=grammar))
-    out = d.Output()
-    d._gather(out, d.run_events(stream, parser))
+    conv = pipeline.Conversation(MESSAGES, None, tools, True, {}, SamplingParams(temperature=TEMPERATURE, seed=seed),
+                                 MAX_TOKENS, False, tool_choice=choice, parallel_tool_calls=parallel)
+    prep = pipeline.prepare(engine.runtime, conv)
+    stream = engine.submit(GenerationRequest(prep.prompt.tokens, conv.params, max_tokens=MAX_TOKENS,
+                                             grammar=prep.grammar))
+    out = pipeline.Output()
+    pipeline.gather(out, pipeline.run_events(stream, prep.parser))
     return out
 
 
@@ -82,7 +84,7 @@ def check_calls(out, seed, want_name=None, exactly_one=True):
 
 
 def test_required_always_calls_with_valid_arguments(engine):
-    outs = run_all(engine, range(N_RUNS), d.REQUIRED)
+    outs = run_all(engine, range(N_RUNS), REQUIRED)
     failures = [f for s, o in enumerate(outs) if (f := check_calls(o, s)) is not None]
     assert not failures, f"{len(failures)} of {N_RUNS} runs failed:\n" + "\n".join(failures)
 
@@ -95,7 +97,7 @@ def test_a_named_choice_always_calls_that_function(engine):
 
 
 def test_parallel_calls_allow_several(engine):
-    outs = run_all(engine, range(2000, 2000 + N_PARALLEL), d.REQUIRED, parallel=True)
+    outs = run_all(engine, range(2000, 2000 + N_PARALLEL), REQUIRED, parallel=True)
     failures = [f for s, o in enumerate(outs) if (f := check_calls(o, s, exactly_one=False)) is not None]
     assert not failures, "\n".join(failures)
 

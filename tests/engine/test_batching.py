@@ -6,6 +6,7 @@ from __future__ import annotations
 import gevent
 import pytest
 
+from bubo.api.llamacpp.shapes import slots_json, timings_json
 from bubo.engine import Engine, FinishEvent, GenerationRequest, QueueFullError, TokenEvent
 from bubo.sampling import SamplingParams
 
@@ -51,7 +52,7 @@ def engine(catalog_model):
 
 
 def chat_ids(engine, question, system="You are a helpful assistant."):
-    text = engine.model.chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": question}])
+    text = engine.runtime.chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": question}])
     return engine.tokenizer.encode(text, add_special=True, parse_special=True)
 
 
@@ -73,7 +74,7 @@ def together(engine, reqs):
 
 def wait_idle(engine):
     with gevent.Timeout(30):
-        while engine.busy or engine.metrics()["requests_deferred"]:
+        while engine.busy or engine.metrics().requests_deferred:
             gevent.sleep(0.005)
 
 
@@ -103,15 +104,15 @@ def test_a_request_gives_the_same_bits_alone_and_beside_1_3_7_others(engine, par
     alone, fin = collect(engine.submit(target))
     assert len(alone) == fin.completion_tokens > 8
     for n in (1, 3, 7):
-        before = engine.metrics()["n_decode_total"]
+        before = engine.metrics().n_decode_total
         results = together(engine, [target, *neighbours(engine, n)])
         toks, fin2 = results[0]
         assert signature(toks) == signature(alone), f"beside {n} others"
         assert fin2.reason == fin.reason and fin2.completion_tokens == fin.completion_tokens
         m = engine.metrics()
         # the requests really shared steps: fewer decode calls than rows of all of them alone
-        assert m["n_busy_slots_per_decode"] > 1
-        assert m["n_decode_total"] - before < sum(f.completion_tokens for _, f in results)
+        assert m.n_busy_slots_per_decode > 1
+        assert m.n_decode_total - before < sum(f.completion_tokens for _, f in results)
     wait_idle(engine)
 
 
@@ -134,9 +135,9 @@ def test_a_shared_system_prompt_is_read_once_for_twenty_questions(engine):
     for fin in fins[1:]:
         # every full block of the shared prefix comes from the cache
         assert fin.cached_tokens >= shared // bs * bs, (fin.cached_tokens, shared)
-        assert fin.timings["prompt_n"] == fin.prompt_tokens - fin.cached_tokens
+        assert timings_json(fin.timings)["prompt_n"] == fin.prompt_tokens - fin.cached_tokens
     m = engine.metrics()
-    assert m["prefix_cache_hit_ratio"] > 0
+    assert m.prefix_cache_hit_ratio > 0
     wait_idle(engine)
 
 
@@ -146,9 +147,9 @@ def test_slots_give_back_every_block_and_the_prefix_cache_keeps_them(engine):
     together(engine, neighbours(engine, 5))
     wait_idle(engine)
     m = engine.metrics()
-    assert m["kv_cache_used_blocks"] == base["kv_cache_used_blocks"] == 0
-    assert m["kv_cache_cached_blocks"] > 0
-    assert all(not s["is_processing"] and s["cache_n"] == 0 for s in engine.slots())
+    assert m.kv_cache_used_blocks == base.kv_cache_used_blocks == 0
+    assert m.kv_cache_cached_blocks > 0
+    assert all(not s["is_processing"] and s["cache_n"] == 0 for s in slots_json(engine.slots()))
 
 
 def test_slots_report_their_task(engine):
@@ -157,8 +158,8 @@ def test_slots_report_their_task(engine):
                                              stop=["END"]))
     first = next(stream)
     assert isinstance(first, TokenEvent)
-    busy = [s for s in engine.slots() if s["is_processing"]]
-    assert len(engine.slots()) == 8 and len(busy) == 1
+    busy = [s for s in slots_json(engine.slots()) if s["is_processing"]]
+    assert len(slots_json(engine.slots())) == 8 and len(busy) == 1
     s = busy[0]
     assert s["state"] == 4 and s["params"]["n_predict"] == 200 and s["params"]["stop"] == ["END"]
     assert s["n_prompt_tokens"] > 0 and s["next_token"]["n_decoded"] >= 1
@@ -177,9 +178,9 @@ def test_a_full_cache_preempts_the_newest_and_answers_stay_exact(catalog_model):
         for (a, fa), (b, fb) in zip(alone, both):
             assert signature(a) == signature(b)
             assert fa.reason == fb.reason
-        assert e.metrics()["n_preemptions_total"] > 0
+        assert e.metrics().n_preemptions_total > 0
         wait_idle(e)
-        assert e.metrics()["kv_cache_used_blocks"] == 0
+        assert e.metrics().kv_cache_used_blocks == 0
     finally:
         e.stop()
 
@@ -194,10 +195,10 @@ def test_queue_bound_refuses_past_it_and_a_cancelled_queued_request_never_starts
         c = e.submit(GenerationRequest(prompt, GREEDY, max_tokens=4))
         with pytest.raises(QueueFullError):
             e.submit(GenerationRequest(prompt, GREEDY, max_tokens=4))
-        assert e.metrics()["requests_deferred"] == 2
-        started = e.metrics()["requests_total"]
+        assert e.metrics().requests_deferred == 2
+        started = e.metrics().requests_total
         b.cancel()
-        assert e.metrics()["requests_deferred"] == 1
+        assert e.metrics().requests_deferred == 1
         # a place freed: one more may wait
         d = e.submit(GenerationRequest(prompt, GREEDY, max_tokens=4))
         a.cancel()
@@ -205,7 +206,7 @@ def test_queue_bound_refuses_past_it_and_a_cancelled_queued_request_never_starts
         collect(d)
         wait_idle(e)
         # b never took a slot: only c and d started after a
-        assert e.metrics()["requests_total"] == started + 2
+        assert e.metrics().requests_total == started + 2
     finally:
         e.stop()
 
@@ -218,13 +219,13 @@ def test_a_long_prompt_never_stalls_a_generating_slot_for_more_than_one_chunk(ca
         long_prompt = chat_ids(e, " ".join(f"Note {i}: nothing happened on day {i}." for i in range(150)))
         assert len(long_prompt) > 1500
         b = e.submit(GenerationRequest(long_prompt, GREEDY, max_tokens=2, cache_prompt=False))
-        steps_before = e.metrics()["n_decode_total"]
+        steps_before = e.metrics().n_decode_total
         seen_a = 0
         b_first = gevent.spawn(next, b)
         while not b_first.ready():
             assert isinstance(next(a), TokenEvent)
             seen_a += 1
-        steps = e.metrics()["n_decode_total"] - steps_before
+        steps = e.metrics().n_decode_total - steps_before
         n_chunks = -(-len(long_prompt) // (128 - 1))  # the chunks share each step with a's row
         # a got a token from every step that read a chunk of b's prompt (give or take the step
         # running when b arrived and the one that sampled b's first token)

@@ -5,8 +5,20 @@ from __future__ import annotations
 import gevent
 import pytest
 
-from bubo.engine import (ContextLengthError, Engine, ErrorEvent, FinishEvent, GenerationRequest,
-                         InsufficientMemoryError, NotReadyError, TokenEvent)
+import bubo
+from bubo.api.errors import from_event
+from bubo.api.llamacpp.shapes import slots_json, timings_json
+from bubo.engine import (
+    ContextLengthError,
+    Engine,
+    ErrorEvent,
+    FinishEvent,
+    GenerationRequest,
+    InsufficientMemoryError,
+    NotReadyError,
+    Reason,
+    TokenEvent,
+)
 from bubo.sampling import SamplingParams
 
 from engines import start_engine, wait_ready
@@ -39,14 +51,14 @@ def run(engine, req):
 
 def wait_idle(engine):
     with gevent.Timeout(30):
-        while engine.busy or engine.metrics()["requests_deferred"]:
+        while engine.busy or engine.metrics().requests_deferred:
             gevent.sleep(0.005)
 
 
 def test_events_are_tokens_then_one_finish_and_match_the_python_api(engine):
     prompt = "The capital of France is"
     toks, fin = run(engine, GenerationRequest(ids(engine, prompt), GREEDY, max_tokens=12, n_probs=3))
-    want = engine.model.complete(prompt, max_tokens=12, temperature=0)
+    want = bubo.Model(engine.model_path, n_ctx=N_CTX, n_threads=2).complete(prompt, max_tokens=12, temperature=0)
     assert "".join(t.text for t in toks) == want.text
     assert [t.token for t in toks] == want.tokens
     assert fin.reason == "length" and fin.stop_string is None
@@ -55,7 +67,7 @@ def test_events_are_tokens_then_one_finish_and_match_the_python_api(engine):
     for t in toks:
         assert len(t.top) == 3 and t.top[0][0] == t.token  # greedy: the chosen token ranks first
         assert t.logprob == pytest.approx(t.top[0][1]) and t.logprob <= 0
-    tm = fin.timings
+    tm = timings_json(fin.timings)
     assert tm["prompt_n"] + tm["cache_n"] == fin.prompt_tokens and tm["predicted_n"] == 12
     assert set(tm) == {"prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
                        "predicted_ms", "predicted_per_token_ms", "predicted_per_second", "cache_n",
@@ -74,7 +86,7 @@ def test_stop_string_is_cut_and_reported(engine):
 
 
 def test_end_of_generation_token_ends_with_stop(engine):
-    chat = engine.model.chat_prompt([{"role": "user", "content": "Say hi."}])
+    chat = engine.runtime.chat_prompt([{"role": "user", "content": "Say hi."}])
     toks, fin = run(engine, GenerationRequest(ids(engine, chat), GREEDY, max_tokens=200))
     assert fin.reason == "stop" and fin.stop_string is None
     assert engine.tokenizer.is_eog(toks[-1].token)
@@ -92,18 +104,18 @@ def test_prefix_reuse_reports_cached_tokens(engine):
     assert len(a) > 2 * bs
     b = a + engine.tokenizer.encode(" liked", add_special=False)
     _, f1 = run(engine, GenerationRequest(a, GREEDY, max_tokens=4, cache_prompt=False))
-    assert f1.cached_tokens == 0 and f1.timings["prompt_n"] == len(a)
-    assert f1.timings["cache_miss"] == "cache_prompt is false"
+    assert f1.cached_tokens == 0 and timings_json(f1.timings)["prompt_n"] == len(a)
+    assert timings_json(f1.timings)["cache_miss"] == "cache_prompt is false"
     _, f2 = run(engine, GenerationRequest(b, GREEDY, max_tokens=4))
     # a's full blocks were cached (whatever was generated after them)
-    assert f2.cached_tokens == len(a) // bs * bs and f2.timings["cache_n"] == f2.cached_tokens
-    assert f2.timings["prompt_n"] == len(b) - f2.cached_tokens
+    assert f2.cached_tokens == len(a) // bs * bs and timings_json(f2.timings)["cache_n"] == f2.cached_tokens
+    assert timings_json(f2.timings)["prompt_n"] == len(b) - f2.cached_tokens
     # the same prompt again: every full block but the one the last token needs
     toks3, f3 = run(engine, GenerationRequest(b, GREEDY, max_tokens=4))
-    assert f3.cached_tokens == (len(b) - 1) // bs * bs and f3.timings["cache_miss"] is None
+    assert f3.cached_tokens == (len(b) - 1) // bs * bs and timings_json(f3.timings)["cache_miss"] is None
     _, f4 = run(engine, GenerationRequest(b, GREEDY, max_tokens=4, cache_prompt=False))
     assert f4.cached_tokens == 0
-    assert engine.metrics()["prompt_tokens_cached_total"] >= f2.cached_tokens + f3.cached_tokens
+    assert engine.metrics().prompt_tokens_cached_total >= f2.cached_tokens + f3.cached_tokens
 
 
 def test_one_slot_serialises_requests(engine):
@@ -114,8 +126,8 @@ def test_one_slot_serialises_requests(engine):
     first = next(a)
     assert isinstance(first, TokenEvent)
     m = engine.metrics()
-    assert m["requests_processing"] == 1 and m["requests_deferred"] == 1
-    assert engine.slots()[0]["is_processing"]
+    assert m.requests_processing == 1 and m.requests_deferred == 1
+    assert slots_json(engine.slots())[0]["is_processing"]
     texts = {}
 
     def read(name, stream, head=""):
@@ -125,19 +137,19 @@ def test_one_slot_serialises_requests(engine):
     gevent.joinall([gevent.spawn(read, "b", b), gevent.spawn(read, "a", a, first.text)], raise_error=True)
     assert texts == {"a": solo, "b": solo}
     wait_idle(engine)
-    assert engine.metrics()["requests_deferred"] == 0 and not engine.slots()[0]["is_processing"]
+    assert engine.metrics().requests_deferred == 0 and not slots_json(engine.slots())[0]["is_processing"]
 
 
 def test_cancel_frees_the_slot_within_one_step(engine):
     long = engine.submit(GenerationRequest(ids(engine, "Count: 1, 2, 3,"), GREEDY, max_tokens=None))
     for _ in range(3):
         assert isinstance(next(long), TokenEvent)
-    before = engine.metrics()["tokens_predicted_total"]
+    before = engine.metrics().tokens_predicted_total
     long.cancel()
-    n_at_cancel = engine.slots()[0]["next_token"]["n_decoded"]
+    n_at_cancel = slots_json(engine.slots())[0]["next_token"]["n_decoded"]
     assert list(long) == []  # a cancelled stream ends without a final event
     wait_idle(engine)
-    generated = engine.metrics()["tokens_predicted_total"] - before
+    generated = engine.metrics().tokens_predicted_total - before
     assert generated <= n_at_cancel + 1  # the step running at cancel() may finish, no more
     assert generated < N_CTX // 2  # far from running to the full context
     # the slot serves the next request at once, and correctly
@@ -150,11 +162,11 @@ def test_cancel_while_queued_skips_the_request(engine):
     a = engine.submit(GenerationRequest(p, GREEDY, max_tokens=8))
     b = engine.submit(GenerationRequest(p, GREEDY, max_tokens=8))
     b.cancel()
-    requests_before = engine.metrics()["requests_total"]
+    requests_before = engine.metrics().requests_total
     assert isinstance(list(a)[-1], FinishEvent)
     wait_idle(engine)
     assert list(b) == []
-    assert engine.metrics()["requests_total"] - requests_before <= 1
+    assert engine.metrics().requests_total - requests_before <= 1
 
 
 def test_context_length(engine):
@@ -249,7 +261,9 @@ def test_a_failing_request_ends_with_an_error_event_and_the_engine_goes_on(engin
     monkeypatch.setattr(engine._sched, "_run", broken)
     events = list(engine.submit(GenerationRequest([1, 2], GREEDY, max_tokens=2)))
     assert len(events) == 1 and isinstance(events[0], ErrorEvent)
-    assert (events[0].status, events[0].code) == (500, "internal_error") and "boom" in events[0].message
+    err = from_event(events[0])
+    assert events[0].reason is Reason.INTERNAL and (err.status, err.code) == (500, "internal_error")
+    assert "boom" in events[0].message
     monkeypatch.undo()
     _, fin = run(engine, GenerationRequest([1, 2], GREEDY, max_tokens=2))
     assert fin.completion_tokens == 2

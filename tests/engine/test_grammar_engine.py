@@ -31,7 +31,7 @@ def engine(catalog_model):
 
 
 def chat(engine, text):
-    prompt = engine.model.chat_prompt([{"role": "user", "content": text}])
+    prompt = engine.runtime.chat_prompt([{"role": "user", "content": text}])
     return engine.tokenizer.encode(prompt, add_special=True, parse_special=True)
 
 

@@ -6,6 +6,7 @@ tests compare float32 bits, with no tolerance."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GT
+from test_matmul import SUPPORTED_TYPES
 
 from bubo import _kernels as K
 from bubo import _ops
@@ -14,7 +15,6 @@ from bubo._tokenizer import Tokenizer
 
 from blocks import realistic_rows
 from reference.tiny import KQUANT_DIMS, write_tiny_model
-from test_matmul import SUPPORTED_TYPES
 
 ISAS = K.supported_isas()
 # every decode step width (each kernel and tail width up to two micro tiles), around the old tile
@@ -101,7 +101,8 @@ def test_tiny_model_logits_do_not_depend_on_batching(tmp_path, arch, types):
     by token with another sequence's prompt in one batch: the same logits, bit for bit."""
     kw = dict(KQUANT_DIMS, types={m: ("Q6_K" if m in ("attn_v", "ffn_down", "output") else "Q4_K")
                                   for m in ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
-                                            "ffn_up", "ffn_down", "output")}) if types == "kquant" else dict(types=types)
+                                            "ffn_up", "ffn_down", "output")}) if types == "kquant" else dict(
+        types=types)
     path = write_tiny_model(tmp_path / f"{arch}-{types}.gguf", arch, **kw)
     model = Model(path, n_threads=2)
     text = Tokenizer(path).encode(PROMPT, add_special=False)

@@ -110,7 +110,8 @@ def test_f32_to_f16_rounds_to_nearest_even():
         want = F16_PROBES.astype(np.float16).view(np.uint16)
     assert_same_f16(got, want)
     # spot checks that do not lean on numpy
-    assert K.f32_to_f16(np.array([65520.0, 65519.996, 2.0**-25, 2.0**-25 * 1.0000001, 2.0**-24 * 1.5], np.float32)).tolist() == [
+    assert K.f32_to_f16(np.array([65520.0, 65519.996, 2.0**-25, 2.0**-25 * 1.0000001, 2.0**-24 * 1.5],
+                                 np.float32)).tolist() == [
         0x7C00, 0x7BFF, 0x0000, 0x0001, 0x0002]
 
 
@@ -185,7 +186,8 @@ def test_from_float_every_level_equals_scalar_conversion(type_id):
 @pytest.mark.parametrize("type_id", FLOAT_TYPES)
 def test_quant_dequant_match_gguf(type_id):
     rng = np.random.default_rng(type_id)
-    x = np.concatenate([rng.standard_normal(1001).astype(np.float32) * 10, [0.0, -0.0, 1e-8, 65504.0, 1e30]]).astype(np.float32)
+    x = np.concatenate([rng.standard_normal(1001).astype(np.float32) * 10,
+                        [0.0, -0.0, 1e-8, 65504.0, 1e30]]).astype(np.float32)
     gt = FLOAT_TYPES[type_id]
     with np.errstate(over="ignore"):
         want = np.ascontiguousarray(gq.quantize(x, gt)).view(np.uint8).reshape(-1)

@@ -5,10 +5,9 @@ the chunk, columns not a multiple of the panel) and with row, activation and out
 wider than the data."""
 import numpy as np
 import pytest
+from test_matmul import SUPPORTED_TYPES, decode_activations, make_weights
 
 from bubo import _kernels as K
-
-from test_matmul import SUPPORTED_TYPES, decode_activations, make_weights
 
 F32 = 0
 

@@ -515,16 +515,16 @@ def test_truncated_everywhere_names_an_offset():
 def test_invalid_utf8_raises_naming_the_key():
     f = GGUFFile.from_bytes(kv_file(("tok", ARRAY, (STRING, ["ok", b"\xff\xfe"]))))
     with pytest.raises(GGUFError, match=r"element 1 of key 'tok' is not valid UTF-8"):
-        f.metadata
+        _ = f.metadata
     f = GGUFFile.from_bytes(kv_file(("bad\xff".encode("latin-1"), UINT8, 1)))
     with pytest.raises(GGUFError, match=r"key 0 is not valid UTF-8"):
-        f.metadata
+        _ = f.metadata
     f = GGUFFile.from_bytes(kv_file(("s", STRING, b"\xc3")))
     with pytest.raises(GGUFError, match=r"the value of key 's' is not valid UTF-8"):
-        f.metadata
+        _ = f.metadata
     f = GGUFFile.from_bytes(kv_file(tensors=[(b"w\x80", [4], 0, bytes(16))]))
     with pytest.raises(GGUFError, match=r"the name of tensor 0 is not valid UTF-8"):
-        f.tensors
+        _ = f.tensors
 
 
 # ---- supported types and architectures -------------------------------------------------------

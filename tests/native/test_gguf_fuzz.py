@@ -85,7 +85,8 @@ def field_value(rng: random.Random, field: gb.Field, size: int) -> int:
     elif field.kind == "tensor_offset":
         base = rng.choice(U64_EDGES + [size, size // 2, rng.randrange(0, size + 64, 32), rng.randrange(size + 64)])
     else:
-        base = rng.choice(U64_EDGES + [size, left, left // 8, left // 12, left // 13, left // 24, rng.randrange(size + 1)])
+        base = rng.choice(U64_EDGES + [size, left, left // 8, left // 12, left // 13, left // 24,
+                                       rng.randrange(size + 1)])
     return (base + rng.choice([0, 0, 0, 1, -1])) % (1 << (8 * field.size))
 
 
@@ -110,7 +111,8 @@ def mutate(rng: random.Random, raw: bytes, fields) -> bytes:
             buf = buf[: max(0, f.offset + rng.choice([-1, 0, 1, f.size]))]
         elif op < 0.86:  # one field copied over another of the same width (duplicate names, offsets)
             same = [(a, b) for a, b in ((rng.choice(fields), rng.choice(fields)) for _ in range(8))
-                    if a.size == b.size and a is not b and a.offset + a.size <= len(buf) and b.offset + b.size <= len(buf)]
+                    if a.size == b.size and a is not b and a.offset + a.size <= len(buf)
+                    and b.offset + b.size <= len(buf)]
             if same:
                 a, b = same[0]
                 buf[b.offset : b.offset + b.size] = buf[a.offset : a.offset + a.size]
@@ -119,7 +121,8 @@ def mutate(rng: random.Random, raw: bytes, fields) -> bytes:
             j = min(len(buf), i + rng.randint(1, 64))
             buf = buf[:i] + buf[j:] if rng.random() < 0.5 else buf[:j] + buf[i:j] + buf[j:]
         else:  # grow or shrink the tail (padding, data section)
-            buf = buf + bytes(rng.randint(1, 300)) if rng.random() < 0.5 else buf[: max(0, len(buf) - rng.randint(1, 300))]
+            buf = (buf + bytes(rng.randint(1, 300)) if rng.random() < 0.5
+                   else buf[: max(0, len(buf) - rng.randint(1, 300))])
     return bytes(buf)
 
 

@@ -8,7 +8,8 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bubo._grammar import MAX_DEPTH, MAX_NESTING, MAX_REPEAT, Grammar, Matcher, Vocab
 from bubo.errors import UnsupportedError
@@ -164,7 +165,7 @@ def test_utf8_split_across_bytes():
         assert m.accepting == (i == len(text) - 1)
     # a lead byte that cannot start any allowed character is refused at once
     m = Matcher(g)
-    assert not m.accept_bytes("a".encode())
+    assert not m.accept_bytes(b"a")
     assert not m.accept_bytes("Ω".encode()[:1] + b"\x00")
     assert not m.accept_bytes(b"\x80")  # a continuation byte with nothing to continue
     assert not m.accept_bytes(b"\xce\xce")  # a lead byte where a continuation is due
@@ -180,8 +181,8 @@ def test_invalid_utf8_never_matches():
     assert m.accept_bytes(b"\xad") and m.accepting
 
 
-@pytest.mark.parametrize("cls", ["[α-ω]", "[^α-ω]", "[^\\x00-\\U0010FFFF]", "[^a-z\\u0080-\\u07FF]", "[\\u0800-\\u0801]",
-                                 "[^\\u0000-\\uD7FF\\uE000-\\U0010FFFF]", ".", "[😀]"])
+@pytest.mark.parametrize("cls", ["[α-ω]", "[^α-ω]", "[^\\x00-\\U0010FFFF]", "[^a-z\\u0080-\\u07FF]",
+                                 "[\\u0800-\\u0801]", "[^\\u0000-\\uD7FF\\uE000-\\U0010FFFF]", ".", "[😀]"])
 def test_partial_characters_are_exact(cls):
     """A prefix of a character is accepted iff some completion of it is: pruning on partial
     characters never keeps a dead stack nor drops a live one."""
@@ -469,7 +470,7 @@ def test_masks_match_brute_force_on_catalog_vocabularies(model_vocab):
         for prefix in prefixes:
             data = prefix if isinstance(prefix, bytes) else prefix.encode()
             if isinstance(prefix, bytes):  # '\xe4' in latin-1: the lead byte of a 3-byte character
-                data = '{"k": "'.encode() + b"\xe4"
+                data = b'{"k": "' + b"\xe4"
             m = Matcher(g, vocab)
             assert m.accept_bytes(data), (name, data)
             got = m.mask()

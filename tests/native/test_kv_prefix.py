@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bubo._model import KVCache, Model
+
 from reference.tiny import write_tiny_model
 
 BLOCK = 8
@@ -367,7 +368,7 @@ def test_random_operations_keep_every_invariant(llama, seed, hash_mask):
         register(s)
         return True
 
-    for step in range(600):
+    for _step in range(600):
         s = int(rng.integers(3))
         op = rng.choice(["request", "extend", "truncate", "fork", "free", "prefix_clear"],
                         p=[0.3, 0.3, 0.15, 0.1, 0.13, 0.02])

@@ -67,7 +67,7 @@ def _check_against_llamacpp(name, model, prompts):
         deltas = []
         for i, (ours, theirs) in enumerate(zip(ids, g["ids"])):
             lp = _log_softmax(rows[i])
-            deltas += [abs(lp[t] - l) for t, l in g["top_logprobs"][i]]
+            deltas += [abs(lp[t] - want) for t, want in g["top_logprobs"][i]]
             if ours == theirs:
                 continue
             our_gap = lp[ours] - lp[theirs]

@@ -7,10 +7,10 @@ same argmax at every position but near ties of the reference (NEAR_TIE_LOGITS), 
 test accepts and counts. Random token ids make flat, tie-ridden distributions; the prompt is
 real text."""
 import numpy as np
-import pytest
 
 from bubo._model import KVCache, Model
 from bubo._tokenizer import Tokenizer
+
 from reference import load
 
 # the largest |C - reference| allowed, as a fraction of each row's logit spread (max - min);

@@ -11,6 +11,7 @@ import pytest
 
 from bubo._model import KVCache, Model
 from bubo._tokenizer import Tokenizer
+
 from reference import load
 from reference.tiny import write_tiny_model
 

@@ -12,6 +12,7 @@ import pytest
 
 from bubo._model import KVCache, Model
 from bubo._tokenizer import Tokenizer
+
 from reference import load
 from reference.tiny import KQUANT_DIMS, KQUANT_TYPES, write_tiny_model
 

@@ -114,7 +114,8 @@ def test_tiny_model_logits_prepacked_or_not(tmp_path, monkeypatch, arch, types):
     the weights prepacked at load and in place ("kquant": Q4_K beside Q6_K, which stays in place)."""
     kw = dict(KQUANT_DIMS, types={m: ("Q6_K" if m in ("attn_v", "output") else "Q4_K")
                                   for m in ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
-                                            "ffn_up", "ffn_down", "output")}) if types == "kquant" else dict(types=types)
+                                            "ffn_up", "ffn_down", "output")}) if types == "kquant" else dict(
+        types=types)
     path = write_tiny_model(tmp_path / f"{arch}-{types}.gguf", arch, **kw)
     tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:40])
 

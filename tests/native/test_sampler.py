@@ -346,7 +346,7 @@ def test_penalty_window_slides():
 
 # a toy vocabulary for DRY: letters, breakers, tokens that hold a breaker, halves of "foo"
 DRY_PIECES = [bytes([c]) for c in b"abcdefghijklmnopqrstuvwxyz"] + [b"\n", b":", b"x:", b"fo", b"o", b"oo!", b" "]
-A, B, C, D, E, NL, COLON, X_COLON, FO, O, OO, SP = 0, 1, 2, 3, 4, 26, 27, 28, 29, 30, 31, 32
+A, B, C, D, E, NL, COLON, X_COLON, FO, O, OO, SP = 0, 1, 2, 3, 4, 26, 27, 28, 29, 30, 31, 32  # noqa: E741 - the letter o
 
 
 @pytest.mark.parametrize("history,breakers", [
@@ -481,7 +481,7 @@ def test_chain_matches_python_given_draws(case):
     s = Sampler(n_vocab, params)
     rng = np.random.default_rng(case)
     history, checked = [], 0
-    for step in range(60):
+    for _step in range(60):
         lg = (rng.standard_normal(n_vocab) * rng.uniform(0.5, 4.0)).astype(np.float32)
         draws = (float(rng.random()), float(rng.random()))
         want, ids, probs, margin = m_chain(lg, params, history, draws)

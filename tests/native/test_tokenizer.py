@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import pathlib
 import threading
-import warnings
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -222,7 +221,7 @@ def test_random_bytes(catalog_all, data):
     # not UTF-8: byte-level BPE sees U+FFFD for each bad byte (as llama.cpp); SentencePiece's
     # byte fallback gives the bytes back, but for spaces, whose U+2581 escape a stray lead byte
     # can split into byte tokens that then come back as the escape's bytes (llama.cpp's too)
-    for name, (tok, missing) in catalog_all.items():
+    for name, (tok, _missing) in catalog_all.items():
         ids = tok.encode(data, add_special=False)
         assert all(0 <= i < tok.n_vocab for i in ids)
         pieces = b"".join(tok.token_to_piece(i) for i in ids)
@@ -496,7 +495,8 @@ def test_rstrip_special_tokens_of_phi3():
     user_id = tok.n_vocab - 1
     assert tok.token_attr(user_id) & TOKEN_ATTR_RSTRIP
     # the spaces after an RSTRIP token are dropped, and the text after it gets the SPM space
-    assert tok.encode(user + "   hi", add_special=False, parse_special=True) == tok.encode(user + "hi", add_special=False, parse_special=True)
+    assert tok.encode(user + "   hi", add_special=False, parse_special=True) == tok.encode(
+        user + "hi", add_special=False, parse_special=True)
 
 
 def test_add_eos_and_bos_from_metadata():

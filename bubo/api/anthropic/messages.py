@@ -10,14 +10,17 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from bubo.api import dialect as d
-from bubo.api.dialect import Output, invalid
+from bubo.api import fields as f
+from bubo.api.errors import ApiError
+from bubo.api.fields import invalid
+from bubo.api.pipeline import Conversation, Output
+from bubo.chat.constrain import REQUIRED
 from bubo.chat.parsers import Part, ToolCall
 from bubo.engine.types import FinishEvent
 
 
 @dataclass
-class MessagesRequest(d.Conversation):
+class MessagesRequest(Conversation):
     stop: list[str]
 
 
@@ -42,9 +45,9 @@ def anthropic_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], str 
     """Anthropic messages (and system) -> (template messages, prefill)."""
     msgs = body.get("messages")
     if msgs is None or (isinstance(msgs, list) and not msgs):
-        raise d.ApiError(400, "missing_messages", "messages is required: a non-empty array of messages")
+        raise ApiError(400, "missing_messages", "messages is required: a non-empty array of messages")
     if not isinstance(msgs, list):
-        raise d.ApiError(400, "missing_messages", "messages must be a non-empty array of messages")
+        raise ApiError(400, "missing_messages", "messages must be a non-empty array of messages")
     out: list[dict[str, Any]] = []
     system = _blocks_text(body.get("system"), "system")
     if system:
@@ -99,7 +102,7 @@ def anthropic_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], str 
     if out and out[-1]["role"] == "assistant" and not out[-1].get("tool_calls"):
         prefill = out.pop()["content"]
         if not any(m["role"] != "system" for m in out):
-            raise d.ApiError(400, "missing_messages", "messages holds only an assistant prefill: add a user message")
+            raise ApiError(400, "missing_messages", "messages holds only an assistant prefill: add a user message")
     return out, prefill
 
 
@@ -120,7 +123,7 @@ def anthropic_tools(tools: Any, tool_choice: Any) -> list[dict[str, Any]] | None
 
 
 def parse_messages_request(body: Any, count_only: bool = False) -> MessagesRequest:
-    body = d.require_object(body)
+    body = f.require_object(body)
     if count_only and body.get("stream"):
         raise invalid("count_tokens does not stream: remove stream")
     messages, prefill = anthropic_messages(body)
@@ -129,25 +132,25 @@ def parse_messages_request(body: Any, count_only: bool = False) -> MessagesReque
     else:
         if body.get("max_tokens") is None:
             raise invalid("max_tokens is required: the most tokens to generate, a positive integer")
-        max_tokens = d.max_tokens_of(body, "max_tokens")
-    thinking, kwargs = d.thinking_of(body)
-    stop = d.stop_list(body.get("stop_sequences"), "stop_sequences")
+        max_tokens = f.max_tokens_of(body, "max_tokens")
+    thinking, kwargs = f.thinking_of(body)
+    stop = f.stop_list(body.get("stop_sequences"), "stop_sequences")
     tools = anthropic_tools(body.get("tools"), body.get("tool_choice"))
     choice = body.get("tool_choice")
     kind = choice.get("type") if isinstance(choice, dict) else None
     if choice is None or kind in ("auto", "none"):
         forced = None
     elif kind == "any":
-        forced = d.check_tool_choice(d.REQUIRED, tools)
+        forced = f.check_tool_choice(REQUIRED, tools)
     elif kind == "tool" and isinstance(choice.get("name"), str):
-        forced = d.check_tool_choice(choice["name"], tools)
+        forced = f.check_tool_choice(choice["name"], tools)
     else:
         raise invalid('tool_choice must be {"type": "auto"}, {"type": "any"}, {"type": "tool", "name": ...} '
                       'or {"type": "none"}')
     return MessagesRequest(
         messages=messages, prefill=prefill, tools=tools, tool_choice=forced,
-        thinking=thinking, template_kwargs=kwargs, params=d.sampling_params(body), max_tokens=max_tokens,
-        stop=stop, stream=d.bool_field(body, "stream", False),
+        thinking=thinking, template_kwargs=kwargs, params=f.sampling_params(body), max_tokens=max_tokens,
+        stop=stop, stream=f.bool_field(body, "stream", False),
         parallel_tool_calls=not (isinstance(body.get("tool_choice"), dict)
                                  and body["tool_choice"].get("disable_parallel_tool_use") is True),
     )
@@ -209,7 +212,8 @@ class MessageEvents:
         self.n_calls = 0
 
     def start(self, input_tokens: int) -> list[tuple[str, dict[str, Any]]]:
-        msg = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+        msg: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
+                               "content": [],
                "stop_reason": None, "stop_sequence": None,
                "usage": {"input_tokens": input_tokens, "output_tokens": 0}}
         return [("message_start", {"type": "message_start", "message": msg}), ("ping", {"type": "ping"})]

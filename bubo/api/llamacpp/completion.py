@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bubo.api import dialect as d
-from bubo.api.dialect import invalid
+from bubo.api import fields as f
+from bubo.api.fields import invalid
+from bubo.api.llamacpp.shapes import timings_json
+from bubo.chat.constrain import OutputSpec
 from bubo.engine.types import FinishEvent
 from bubo.sampling import SamplingParams
 
@@ -26,7 +28,7 @@ class NativeRequest:
     return_tokens: bool
     cache_prompt: bool
     ignore_eos: bool = False
-    grammar: Any = None  # a parsed bubo._grammar.Grammar
+    output: OutputSpec | None = None  # grammar or json_schema
 
 
 def native_prompt(value: Any) -> str | list[int]:
@@ -44,16 +46,16 @@ def native_prompt(value: Any) -> str | list[int]:
 
 
 def parse_native_request(body: Any) -> NativeRequest:
-    body = d.require_object(body)
+    body = f.require_object(body)
     prompt = native_prompt(body.get("prompt"))
-    n_predict = d.max_tokens_of(body, "n_predict", "max_tokens")
-    n_probs = d.n_probs_of(body)
+    n_predict = f.max_tokens_of(body, "n_predict", "max_tokens")
+    n_probs = f.n_probs_of(body)
     return NativeRequest(
-        prompt=prompt, params=d.sampling_params(body, n_probs), n_predict=n_predict,
-        stop=d.stop_list(body.get("stop")), stream=d.bool_field(body, "stream", False), n_probs=n_probs,
-        return_tokens=d.bool_field(body, "return_tokens", False), cache_prompt=d.bool_field(body, "cache_prompt", True),
-        ignore_eos=d.bool_field(body, "ignore_eos", False),
-        grammar=d.grammar_of(body),
+        prompt=prompt, params=f.sampling_params(body, n_probs), n_predict=n_predict,
+        stop=f.stop_list(body.get("stop")), stream=f.bool_field(body, "stream", False), n_probs=n_probs,
+        return_tokens=f.bool_field(body, "return_tokens", False), cache_prompt=f.bool_field(body, "cache_prompt", True),
+        ignore_eos=f.bool_field(body, "ignore_eos", False),
+        output=f.output_spec(body),
     )
 
 
@@ -89,7 +91,7 @@ def native_response(*, model: str, content: str, fin: FinishEvent, tokens: list[
         "stop_type": stop_type(fin),
         "stopping_word": fin.stop_string or "",
         "tokens_cached": fin.prompt_tokens + fin.completion_tokens,
-        "timings": fin.timings,
+        "timings": timings_json(fin.timings),
         "usage": {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
                   "total_tokens": fin.prompt_tokens + fin.completion_tokens},
     }

@@ -1,4 +1,5 @@
-"""llama-server's generating route, POST /completion (it needs no model field)."""
+"""llama-server's generating route, POST /completion (it needs no model field; with several
+models, `model` picks one and the default model answers without it)."""
 
 from __future__ import annotations
 
@@ -7,28 +8,32 @@ from typing import Any
 
 from flask import Blueprint, jsonify
 
-from bubo.api import dialect as d
-from bubo.api.errors import ApiError
+from bubo.api import pipeline
+from bubo.api.errors import ApiError, StreamShape, stream_error
+from bubo.api.fields import invalid
 from bubo.api.llamacpp import completion as nc
-from bubo.api.request import config, json_body, ready_engine
+from bubo.api.request import debug_mem_available, json_body, optional_model, runtime_of, use_model
 from bubo.api.sse import sse_response
-from bubo.engine.types import GenerationRequest, TokenEvent
+from bubo.engine.types import FinishEvent, GenerationRequest, TokenEvent
+from bubo.runtime import Runtime
 
 blueprint = Blueprint("llamacpp", __name__)
 
 
-def _tokens(engine: Any, prompt: str | list[Any]) -> list[int]:
-    if isinstance(prompt, str) or all(isinstance(t, int) for t in prompt):
-        return d.prompt_tokens(engine, prompt)
+def _tokens(rt: Runtime, prompt: str | list[Any]) -> list[int]:
+    if isinstance(prompt, str):
+        return pipeline.prompt_tokens(rt, prompt)
+    if all(isinstance(t, int) for t in prompt):
+        return pipeline.prompt_tokens(rt, [int(t) for t in prompt])
     # a mix: the first text gets BOS as a plain prompt would, the later ones none
     ids: list[int] = []
     for item in prompt:
         if isinstance(item, str):
-            ids += d.encode(engine, item, add_special=not ids)
+            ids += pipeline.encode(rt, item, add_special=not ids)
         else:
-            ids += d.prompt_tokens(engine, [item])
+            ids += pipeline.prompt_tokens(rt, [item])
     if not ids:
-        raise d.invalid("prompt is empty")
+        raise invalid("prompt is empty")
     return ids
 
 
@@ -37,40 +42,42 @@ def _tokens(engine: Any, prompt: str | list[Any]) -> list[int]:
 def completion() -> Any:
     body = json_body()
     req = nc.parse_native_request(body)
-    engine = ready_engine()
-    model = config().served_model_name
-    tokens = _tokens(engine, req.prompt)
+    model = optional_model(body)
+    engine = use_model(model)
+    rt = runtime_of(engine)
+    tokens = _tokens(rt, req.prompt)
     gen = GenerationRequest(tokens, req.params, req.n_predict, req.stop, req.n_probs, req.cache_prompt,
-                            req.ignore_eos, req.grammar)
-    stream = d.submit(engine, gen)
+                            req.ignore_eos, pipeline.completion_grammar(req.output))
+    stream = pipeline.submit(engine, gen, debug_mem_available())
+    n_ctx = engine.n_ctx or 0
 
     def probs_of(ev: TokenEvent) -> dict[str, Any]:
-        top = [(t, d.token_piece(engine, t), lp) for t, lp in ev.top[: req.n_probs]]
-        return nc.probability(ev.token, d.token_piece(engine, ev.token), ev.logprob, top)
+        top = [(t, rt.token_piece(t), lp) for t, lp in ev.top[: req.n_probs]]
+        return nc.probability(ev.token, rt.token_piece(ev.token), ev.logprob, top)
 
     if not req.stream:
-        out = d.collect(stream, None)
+        out = pipeline.collect(stream, None)
         ids = [t.token for t in out.tokens]
         return jsonify(nc.native_response(
-            model=model, content=out.content, fin=out.finish, tokens=ids if req.return_tokens else None,
+            model=model, content=out.content, fin=out.finished, tokens=ids if req.return_tokens else None,
             probs=[probs_of(t) for t in out.tokens] if req.n_probs else None,
-            prompt_text=req.prompt if isinstance(req.prompt, str) else engine.tokenizer.decode(tokens),
-            settings=nc.generation_settings(req, engine.n_ctx)))
+            prompt_text=req.prompt if isinstance(req.prompt, str) else rt.tokenizer.decode(tokens),
+            settings=nc.generation_settings(req, n_ctx)))
 
     def chunks() -> Iterator[Any]:
         n = 0
         try:
-            for parts, ev in d.run_events(stream, None):
+            for parts, ev in pipeline.run_events(stream, None):
                 if isinstance(ev, TokenEvent):
                     n += 1
                     yield nc.native_chunk(content="".join(p.text for p in parts),
                                           tokens=[ev.token] if req.return_tokens else None, n_predicted=n,
                                           n_prompt=len(tokens), probs=[probs_of(ev)] if req.n_probs else None)
-                else:
+                elif isinstance(ev, FinishEvent):
                     yield nc.native_response(
                         model=model, content="", fin=ev, tokens=None, probs=None,
-                        prompt_text="", settings=nc.generation_settings(req, engine.n_ctx))
+                        prompt_text="", settings=nc.generation_settings(req, n_ctx))
         except ApiError as e:
-            yield d.stream_error(e)
+            yield stream_error(StreamShape.OPENAI, e)
 
     return sse_response(chunks(), stream=stream)

@@ -5,14 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bubo.api import dialect as d
-from bubo.api.dialect import Output, invalid
+from bubo.api import fields as f
+from bubo.api.fields import invalid
+from bubo.api.llamacpp.shapes import timings_json
+from bubo.api.pipeline import Conversation, Output, Prompt, render_chat
 from bubo.chat.parsers import Part, ToolCall
 from bubo.engine.types import FinishEvent, TokenEvent
+from bubo.runtime import Runtime
 
 
 @dataclass
-class ChatRequest(d.Conversation):
+class ChatRequest(Conversation):
     """A validated chat request, before rendering (which needs the model)."""
 
     stop: list[str]
@@ -25,32 +28,32 @@ class ChatRequest(d.Conversation):
 
 def parse_chat_request(body: Any) -> ChatRequest:
     """Every validation rule of the reference, in its order: messages, n, limits, thinking."""
-    body = d.require_object(body)
-    messages, prefill = d.chat_messages(body.get("messages"))
-    d.check_n(body)
-    grammar = d.grammar_of(body)
-    max_tokens = d.max_tokens_of(body, "max_completion_tokens", "max_tokens")
-    thinking, kwargs = d.thinking_of(body)
-    tools = d.chat_tools(body.get("tools"))
+    body = f.require_object(body)
+    messages, prefill = f.chat_messages(body.get("messages"))
+    f.check_n(body)
+    output = f.output_spec(body)
+    max_tokens = f.max_tokens_of(body, "max_completion_tokens", "max_tokens")
+    thinking, kwargs = f.thinking_of(body)
+    tools = f.chat_tools(body.get("tools"))
     choice = body.get("tool_choice")
     named = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
-    tools, forced = d.openai_tool_choice(choice, tools, named, '{"type": "function", "function": {"name": ...}}')
-    logprobs = d.bool_field(body, "logprobs", False)
-    top_logprobs = d.n_probs_of(body, "top_logprobs")
+    tools, forced = f.openai_tool_choice(choice, tools, named, '{"type": "function", "function": {"name": ...}}')
+    logprobs = f.bool_field(body, "logprobs", False)
+    top_logprobs = f.n_probs_of(body, "top_logprobs")
     if top_logprobs > 20:
         raise invalid(f"top_logprobs must be at most 20, got {top_logprobs}")
-    n_probs = max(top_logprobs if logprobs else 0, d.n_probs_of(body))
+    n_probs = max(top_logprobs if logprobs else 0, f.n_probs_of(body))
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise invalid("stream_options must be an object")
-    d.check_forced_call_alone(forced, grammar)
+    f.check_forced_call_alone(forced, output)
     return ChatRequest(
         messages=messages, prefill=prefill, tools=tools, thinking=thinking, template_kwargs=kwargs,
-        params=d.sampling_params(body, n_probs), max_tokens=max_tokens,
-        stop=d.stop_list(body.get("stop")), stream=d.bool_field(body, "stream", False),
+        params=f.sampling_params(body, n_probs), max_tokens=max_tokens,
+        stop=f.stop_list(body.get("stop")), stream=f.bool_field(body, "stream", False),
         include_usage=bool((opts or {}).get("include_usage")), logprobs=logprobs, top_logprobs=top_logprobs,
-        cache_prompt=d.bool_field(body, "cache_prompt", True),
-        parallel_tool_calls=d.bool_field(body, "parallel_tool_calls", True), tool_choice=forced, grammar=grammar,
+        cache_prompt=f.bool_field(body, "cache_prompt", True),
+        parallel_tool_calls=f.bool_field(body, "parallel_tool_calls", True), tool_choice=forced, output=output,
     )
 
 
@@ -63,7 +66,8 @@ def usage(fin: FinishEvent) -> dict[str, Any]:
         "completion_tokens": fin.completion_tokens,
         "total_tokens": fin.prompt_tokens + fin.completion_tokens,
         "prompt_tokens_details": cache_details(fin, "cached_tokens"),
-        **d.usage_numbers(fin),
+        "prompt_tokens_per_second": fin.timings.prompt_per_second,
+        "completion_tokens_per_second": fin.timings.predicted_per_second,
     }
 
 
@@ -71,7 +75,7 @@ def cache_details(fin: FinishEvent, key: str) -> dict[str, Any]:
     """{key: prompt tokens reused from the prefix cache}, plus cache_miss_reason (bubo's own
     field) when some prompt tokens that could have been reused were not."""
     out: dict[str, Any] = {key: fin.cached_tokens}
-    miss = fin.timings.get("cache_miss")
+    miss = fin.timings.cache_miss
     if miss:
         out["cache_miss_reason"] = miss
     return out
@@ -115,7 +119,7 @@ def chat_response(*, id: str, created: int, model: str, out: Output,
             "finish_reason": finish_reason(fin, len(out.tool_calls)),
         }],
         "usage": usage(fin),
-        "timings": fin.timings,
+        "timings": timings_json(fin.timings),
     }
 
 
@@ -163,7 +167,7 @@ class ChatChunks:
 
     def last(self, fin: FinishEvent) -> dict[str, Any]:
         c = self._chunk({}, finish_reason(fin, self.n_calls))
-        c["timings"] = fin.timings
+        c["timings"] = timings_json(fin.timings)
         return c
 
     def usage(self, fin: FinishEvent) -> dict[str, Any]:
@@ -171,19 +175,19 @@ class ChatChunks:
                 "choices": [], "usage": usage(fin)}
 
 
-def token_logprobs(engine: Any, ev: TokenEvent, n_top: int) -> dict[str, Any]:
-    top = [(d.token_piece(engine, t), lp) for t, lp in ev.top[:n_top]]
-    return logprob_entry(d.token_piece(engine, ev.token), ev.logprob, top)
+def token_logprobs(runtime: Runtime, ev: TokenEvent, n_top: int) -> dict[str, Any]:
+    top = [(runtime.token_piece(t), lp) for t, lp in ev.top[:n_top]]
+    return logprob_entry(runtime.token_piece(ev.token), ev.logprob, top)
 
 
-def render_request(engine: Any, req: ChatRequest) -> d.ChatPrompt:
+def render_request(runtime: Runtime, req: ChatRequest) -> Prompt:
     """The prompt a chat request becomes (what /apply-template shows, what generation runs):
     the converted messages through the model's template, a prefill appended (a forced call is a
     grammar on the answer, not prompt text)."""
-    return d.render_chat(engine, req.messages, req.tools, req.template_kwargs, req.prefill)
+    return render_chat(runtime, req.messages, req.tools, req.template_kwargs, req.prefill)
 
 
-def apply_template(engine: Any, body: Any) -> str:
+def apply_template(runtime: Runtime, body: Any) -> str:
     """What POST /apply-template answers: the prompt text a chat body becomes, exactly as
     /v1/chat/completions renders it (stream is ignored; model is not needed)."""
-    return render_request(engine, parse_chat_request(body)).text
+    return render_request(runtime, parse_chat_request(body)).text

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bubo.api import dialect as d
-from bubo.api.dialect import invalid
+from bubo.api import fields as f
+from bubo.api.fields import invalid
+from bubo.api.llamacpp.shapes import timings_json
 from bubo.api.openai.chat import usage
+from bubo.chat.constrain import OutputSpec
 from bubo.engine.types import FinishEvent
 from bubo.sampling import SamplingParams
 
@@ -23,6 +25,7 @@ class CompletionRequest:
     logprobs: int | None  # alternatives per token, None: no logprobs
     echo: bool
     cache_prompt: bool
+    output: OutputSpec | None = None
 
 
 def prompt_of(value: Any, name: str = "prompt") -> str | list[int]:
@@ -43,11 +46,11 @@ DEFAULT_MAX_TOKENS = 16
 
 
 def parse_completion_request(body: Any) -> CompletionRequest:
-    body = d.require_object(body)
+    body = f.require_object(body)
     prompt = prompt_of(body.get("prompt"))
-    d.check_n(body)
+    f.check_n(body)
     if "max_tokens" in body:
-        max_tokens = d.max_tokens_of(body, "max_tokens")
+        max_tokens = f.max_tokens_of(body, "max_tokens")
     else:
         max_tokens = DEFAULT_MAX_TOKENS
     lp = body.get("logprobs")
@@ -57,10 +60,10 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     if not isinstance(opts, dict):
         raise invalid("stream_options must be an object")
     return CompletionRequest(
-        prompt=prompt, params=d.sampling_params(body, max(lp or 0, d.n_probs_of(body))), max_tokens=max_tokens,
-        stop=d.stop_list(body.get("stop")), stream=d.bool_field(body, "stream", False),
-        include_usage=bool(opts.get("include_usage")), logprobs=lp, echo=d.bool_field(body, "echo", False),
-        cache_prompt=d.bool_field(body, "cache_prompt", True),
+        prompt=prompt, params=f.sampling_params(body, max(lp or 0, f.n_probs_of(body))), max_tokens=max_tokens,
+        stop=f.stop_list(body.get("stop")), stream=f.bool_field(body, "stream", False),
+        include_usage=bool(opts.get("include_usage")), logprobs=lp, echo=f.bool_field(body, "echo", False),
+        cache_prompt=f.bool_field(body, "cache_prompt", True), output=f.output_spec(body),
     )
 
 
@@ -83,7 +86,7 @@ def completion_response(*, id: str, created: int, model: str, text: str, fin: Fi
         "id": id, "object": "text_completion", "created": created, "model": model,
         "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": fin.reason}],
         "usage": usage(fin),
-        "timings": fin.timings,
+        "timings": timings_json(fin.timings),
     }
 
 
@@ -93,3 +96,18 @@ def completion_chunk(*, id: str, created: int, model: str, text: str, finish: st
         "id": id, "object": "text_completion", "created": created, "model": model,
         "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
     }
+
+
+def last_chunk(*, id: str, created: int, model: str, fin: FinishEvent) -> dict[str, Any]:
+    """The stream's last chunk: no text, the finish_reason and the timings."""
+    c = completion_chunk(id=id, created=created, model=model, text="", finish=fin.reason)
+    c["timings"] = timings_json(fin.timings)
+    return c
+
+
+def usage_chunk(*, id: str, created: int, model: str, fin: FinishEvent) -> dict[str, Any]:
+    """stream_options.include_usage: a chunk without choices that carries the usage."""
+    c = completion_chunk(id=id, created=created, model=model, text="")
+    c["choices"] = []
+    c["usage"] = usage(fin)
+    return c

@@ -7,15 +7,17 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from bubo.api import dialect as d
-from bubo.api.dialect import Output, invalid
+from bubo.api import fields as f
+from bubo.api.errors import ApiError
+from bubo.api.fields import invalid
 from bubo.api.openai.chat import cache_details
+from bubo.api.pipeline import Conversation, Output
 from bubo.chat.parsers import Part, ToolCall
 from bubo.engine.types import FinishEvent
 
 
 @dataclass
-class ResponsesRequest(d.Conversation):
+class ResponsesRequest(Conversation):
     echo: dict[str, Any]  # request fields the response repeats (instructions, tools, ...)
 
 
@@ -29,7 +31,7 @@ def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         msgs.append({"role": "system", "content": instructions})
     items = body.get("input")
     if items is None or items == "" or items == []:
-        raise d.ApiError(400, "missing_messages", "input is required: a string or a non-empty array of items")
+        raise ApiError(400, "missing_messages", "input is required: a string or a non-empty array of items")
     if isinstance(items, str):
         return msgs + [{"role": "user", "content": items}]
     if not isinstance(items, list):
@@ -60,7 +62,7 @@ def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:
     """Responses tools ({type: function, name, parameters, strict}) in the chat format. The
-    schema is used as sent whatever strict says: a forced call's grammar (dialect.forced_grammar)
+    schema is used as sent whatever strict says: a forced call's grammar (bubo.chat.constrain)
     enforces it as written, so with strict absent or null optional properties stay optional."""
     if tools is None:
         return None
@@ -78,14 +80,14 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
 
 
 def parse_responses_request(body: Any) -> ResponsesRequest:
-    body = d.require_object(body)
+    body = f.require_object(body)
     if body.get("previous_response_id"):
         raise invalid("previous_response_id is not supported: this server stores no responses; "
                       "send the whole conversation in input")
-    messages, prefill = d.chat_messages(_input_messages(body))
-    max_tokens = d.max_tokens_of(body, "max_output_tokens")
+    messages, prefill = f.chat_messages(_input_messages(body))
+    max_tokens = f.max_tokens_of(body, "max_output_tokens")
     text = body.get("text")
-    grammar = d.response_format_grammar(text.get("format"), "text.format", flat=True) if isinstance(text, dict) else None
+    output = f.response_format_spec(text.get("format"), "text.format", flat=True) if isinstance(text, dict) else None
     reasoning = body.get("reasoning")
     fields = dict(body)
     if reasoning is not None:
@@ -95,16 +97,16 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
             if body.get("reasoning_effort") is not None and body["reasoning_effort"] != reasoning["effort"]:
                 raise invalid("reasoning.effort and reasoning_effort disagree: send one")
             fields["reasoning_effort"] = reasoning["effort"]
-    thinking, kwargs = d.thinking_of(fields)
+    thinking, kwargs = f.thinking_of(fields)
     tools = _tools(body.get("tools"))
     choice = body.get("tool_choice")
     named = choice.get("name") if isinstance(choice, dict) and choice.get("type") == "function" else None
-    tools, forced = d.openai_tool_choice(choice, tools, named, '{"type": "function", "name": ...}')
-    d.check_forced_call_alone(forced, grammar)
+    tools, forced = f.openai_tool_choice(choice, tools, named, '{"type": "function", "name": ...}')
+    f.check_forced_call_alone(forced, output)
     return ResponsesRequest(
         messages=messages, prefill=prefill, tools=tools, thinking=thinking, template_kwargs=kwargs,
-        params=d.sampling_params(body), max_tokens=max_tokens, stream=d.bool_field(body, "stream", False),
-        tool_choice=forced, parallel_tool_calls=d.bool_field(body, "parallel_tool_calls", True), grammar=grammar,
+        params=f.sampling_params(body), max_tokens=max_tokens, stream=f.bool_field(body, "stream", False),
+        tool_choice=forced, parallel_tool_calls=f.bool_field(body, "parallel_tool_calls", True), output=output,
         echo={"instructions": body.get("instructions"), "max_output_tokens": max_tokens,
               "tools": body.get("tools") or [], "temperature": body.get("temperature"),
               "top_p": body.get("top_p"), "metadata": body.get("metadata") or {}},
@@ -130,7 +132,8 @@ def reasoning_item(id: str, text: str, status: str = "completed") -> dict[str, A
 
 
 def message_item(id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    done = status == "completed"
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if done else []
     return {"type": "message", "id": id, "status": status, "role": "assistant", "content": content}
 
 
@@ -156,10 +159,10 @@ def response_object(*, id: str, created: int, model: str, req: ResponsesRequest,
 def output_items(out: Output) -> list[dict[str, Any]]:
     items = []
     if out.reasoning:
-        items.append(reasoning_item(d.new_id("rs_"), out.reasoning))
+        items.append(reasoning_item(f.new_id("rs_"), out.reasoning))
     if out.content or not (out.reasoning or out.tool_calls):
-        items.append(message_item(d.new_id("msg_"), out.content))
-    items += [call_item(d.new_id("fc_"), c) for c in out.tool_calls]
+        items.append(message_item(f.new_id("msg_"), out.content))
+    items += [call_item(f.new_id("fc_"), c) for c in out.tool_calls]
     return items
 
 
@@ -214,10 +217,10 @@ class ResponseEvents:
         idx = len(self.items)
         self.text = ""
         if kind == "reasoning":
-            self.open = reasoning_item(d.new_id("rs_"), "", "in_progress")
+            self.open = reasoning_item(f.new_id("rs_"), "", "in_progress")
             self.open["content"] = []
             return evs + [self._ev("response.output_item.added", output_index=idx, item=self.open)]
-        self.open = message_item(d.new_id("msg_"), "", "in_progress")
+        self.open = message_item(f.new_id("msg_"), "", "in_progress")
         return evs + [self._ev("response.output_item.added", output_index=idx, item=self.open),
                       self._ev("response.content_part.added", item_id=self.open["id"], output_index=idx,
                                content_index=0, part={"type": "output_text", "text": "", "annotations": [],
@@ -232,13 +235,14 @@ class ResponseEvents:
                     evs += self._begin(kind)
                 self.text += p.text
                 name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-                extra = {} if kind == "reasoning" else {"logprobs": []}
+                extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
+                assert self.open is not None
                 evs.append(self._ev(name, item_id=self.open["id"], output_index=len(self.items), content_index=0,
                                     delta=p.text, **extra))
             elif p.call is not None:
                 evs += self._close()
                 idx = len(self.items)
-                item_id = d.new_id("fc_")
+                item_id = f.new_id("fc_")
                 evs.append(self._ev("response.output_item.added", output_index=idx,
                                     item=call_item(item_id, p.call, "in_progress")))
                 evs.append(self._ev("response.function_call_arguments.delta", item_id=item_id, output_index=idx,

@@ -1,8 +1,9 @@
-"""What the generating dialects share: request fields -> GenerationRequest parts, chat messages
--> the template's input, and the event stream -> parsed output.
+"""Request fields, validated: the rules every dialect shares, one function per field (or group).
 
-Pure functions on JSON bodies (dicts), each raising ApiError with the reference's code; the
-blueprints in openai/, anthropic/ and llamacpp/ are thin wrappers around them."""
+Pure functions on JSON bodies (dicts) that raise ApiError with the reference's code; each
+dialect's parse_* function (openai/, anthropic/, llamacpp/) calls them in its own order. What a
+field becomes is a typed value: SamplingParams, an OutputSpec (bubo.chat.constrain), the
+template's messages, ..."""
 
 from __future__ import annotations
 
@@ -10,33 +11,12 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import KW_ONLY, dataclass, field
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bubo.api.errors import ApiError
-from bubo.chat.parsers import OutputParser, Part, ToolCall
-from bubo.engine.types import ErrorEvent, FinishEvent, TokenEvent
+from bubo.chat.constrain import REQUIRED, ConstraintError, OutputSpec, gbnf_spec, json_object_spec, schema_spec
 from bubo.sampling import SamplingParams
-
-
-@dataclass
-class Conversation:
-    """What every chat-shaped route (chat completions, Responses, Anthropic messages) validates its
-    body into before rendering, which needs the model; each dialect's request adds its own fields."""
-
-    messages: list[dict[str, Any]]  # for the template, tool-call arguments as objects
-    prefill: str | None  # a final assistant message: the answer continues it
-    tools: list[dict[str, Any]] | None
-    thinking: bool
-    template_kwargs: dict[str, Any]
-    params: SamplingParams
-    max_tokens: int | None
-    stream: bool
-    _: KW_ONLY
-    tool_choice: str | None = None  # REQUIRED or a function name: the answer must be a call
-    parallel_tool_calls: bool = True
-    grammar: Any = None  # the output constraint (grammar, response_format, text.format), a Grammar
 
 # the code of a 400 for a field of the wrong type or out of range (the reference's table has
 # no name for it; OpenAI's own API says "invalid_value")
@@ -177,79 +157,71 @@ def bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:
     return v
 
 
-def grammar_of(body: Mapping[str, Any]) -> Any:
-    """The one output constraint of a request, parsed (a bubo._grammar.Grammar), or None: llama-server's
-    `grammar` (GBNF; a syntax error is a 400 naming line and column), its `json_schema` (a schema), or
-    `response_format` (json_object or json_schema, see response_format_grammar). Two of them
-    together is a 400: which one wins would be a guess."""
-    from bubo._grammar import Grammar
-
+def output_spec(body: Mapping[str, Any]) -> OutputSpec | None:
+    """The one output constraint of a request, validated and converted (not compiled): llama-server's
+    `grammar` (GBNF), its `json_schema` (a schema), or `response_format` (json_object or
+    json_schema, see response_format_spec). Two of them together is a 400: which one wins would be
+    a guess."""
     text = body.get("grammar")
-    given = [name for name, present in (("grammar", text not in (None, "")),
-                                        ("json_schema", body.get("json_schema") is not None),
-                                        ("response_format", body.get("response_format") not in (None, {"type": "text"})))
-             if present]
+    fields = (("grammar", text not in (None, "")),
+              ("json_schema", body.get("json_schema") is not None),
+              ("response_format", body.get("response_format") not in (None, {"type": "text"})))
+    given = [name for name, present in fields if present]
     if len(given) > 1:
         raise invalid(f"give {given[0]} or {given[1]}, not both")
     if body.get("json_schema") is not None:
-        return schema_grammar(body["json_schema"], "json_schema")
+        return schema(body["json_schema"], "json_schema")
     if body.get("response_format") is not None:
-        return response_format_grammar(body["response_format"])
+        return response_format_spec(body["response_format"])
     if text is None or text == "":
         return None
     if not isinstance(text, str):
         raise invalid(f"grammar must be a string of GBNF rules, not {type(text).__name__}")
+    return gbnf_spec(text)
+
+
+def constraint_error(e: ConstraintError) -> ApiError:
+    return ApiError(400, e.code, e.message)
+
+
+def schema(value: Any, where: str) -> OutputSpec:
+    """A JSON Schema field: the grammar of its instances; a keyword that cannot be enforced is a
+    400 unsupported_schema whose message names its JSON pointer."""
     try:
-        return Grammar(text)
-    except ValueError as e:
-        raise ApiError(400, "invalid_grammar", f"grammar: {e}") from None
+        return schema_spec(value, where)
+    except ConstraintError as e:
+        raise constraint_error(e) from None
 
 
-def schema_grammar(schema: Any, where: str) -> Any:
-    """The grammar of a JSON Schema's instances (bubo.chat.schema); a keyword that cannot be
-    enforced is a 400 `unsupported_schema` whose message names its JSON pointer."""
-    from bubo._grammar import Grammar
-    from bubo.chat.schema import SchemaError, schema_to_gbnf
-    from bubo.errors import UnsupportedError
-
-    if not isinstance(schema, (dict, bool)):
-        raise invalid(f"{where} must be a JSON Schema (an object), not {type(schema).__name__}")
-    try:
-        return Grammar(schema_to_gbnf(schema))
-    except SchemaError as e:
-        raise ApiError(400, "unsupported_schema", f"{where}: {e}") from None
-    except (ValueError, UnsupportedError) as e:  # the engine's limits: repetition counts, a $ref cycle, ...
-        raise ApiError(400, "unsupported_schema", f"{where}: the grammar engine refuses it: {e}") from None
-
-
-def response_format_grammar(value: Any, name: str = "response_format", flat: bool = False) -> Any:
+def response_format_spec(value: Any, name: str = "response_format", flat: bool = False) -> OutputSpec | None:
     """None for plain text; json_object: any JSON object (or, as llama-server allows, the
     instances of its `schema`); json_schema: the instances of the schema, from
     {"json_schema": {"name", "schema", "strict"}} (chat) or {"name", "schema", "strict"} (Responses'
     text.format, flat) or, as llama-server also takes, {"schema"} beside the type. The schema is
     enforced whatever `strict` says."""
-    from bubo._grammar import Grammar
-    from bubo.chat.schema import JSON_OBJECT_GBNF
-
+    kinds = '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", ...}'
     if value is None:
         return None
-    kind = value.get("type") if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        raise invalid(f"{name} must be {kinds}")
+    kind = value.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
         if value.get("schema") is not None:
-            return schema_grammar(value["schema"], f"{name}.schema")
-        return Grammar(JSON_OBJECT_GBNF)
+            return schema(value["schema"], f"{name}.schema")
+        return json_object_spec(name)
     if kind == "json_schema":
-        spec, where = value, name
+        spec: Any = value
+        where = name
         if not flat and ("json_schema" in value or "schema" not in value):
             spec, where = value.get("json_schema"), f"{name}.json_schema"
             if not isinstance(spec, dict):
                 raise invalid(f'{where} must be an object like {{"name": ..., "schema": {{...}}}}')
         if spec.get("schema") is None:
             raise invalid(f"{where}.schema is required")
-        return schema_grammar(spec["schema"], f"{where}.schema")
-    raise invalid(f'{name} must be {{"type": "text"}}, {{"type": "json_object"}} or {{"type": "json_schema", ...}}')
+        return schema(spec["schema"], f"{where}.schema")
+    raise invalid(f"{name} must be {kinds}")
 
 
 # --- thinking ------------------------------------------------------------------------------
@@ -377,7 +349,8 @@ def _template_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     for j, c in enumerate(calls):
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise invalid(f"{where}.tool_calls[{j}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., \"arguments\": ...}}}}")
+            raise invalid(f'{where}.tool_calls[{j}] must be {{"type": "function", "function": '
+                          '{"name": ..., "arguments": ...}}')
         args = fn.get("arguments")
         if isinstance(args, str):
             try:
@@ -396,54 +369,15 @@ def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise invalid(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., \"parameters\": ...}}}}")
+            raise invalid(f'tools[{i}] must be {{"type": "function", "function": '
+                          '{"name": ..., "parameters": ...}}')
     return tools or None
 
 
-# --- rendering (needs the engine's model and tokenizer) ------------------------------------
+# --- tool choice --------------------------------------------------------------------------
 
 
-@dataclass
-class ChatPrompt:
-    text: str
-    tokens: list[int]
-    in_think: bool  # the prompt ends inside <think>
-
-
-def render_chat(engine: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                template_kwargs: Mapping[str, Any], prefill: str | None) -> ChatPrompt:
-    """The prompt: the template's rendering, then the prefill."""
-    from bubo.chat import ChatTemplateError
-    from bubo.chat.parsers import template_opens_think
-
-    try:
-        text = engine.model.chat_prompt(messages, tools=tools, **template_kwargs)
-    except ChatTemplateError as e:
-        raise invalid(str(e)) from None
-    in_think = template_opens_think(text)
-    if prefill:
-        text += prefill
-        # the prefill may open (or close) the reasoning itself
-        seg = ("<think>" if in_think else "") + prefill
-        in_think = seg.rfind("<think>") > seg.rfind("</think>")
-    tokens = encode(engine, text)
-    return ChatPrompt(text, tokens, in_think)
-
-
-def encode(engine: Any, text: str, add_special: bool = True) -> list[int]:
-    """Tokenize request text (special-token text parsed, as llama-server does). JSON can carry
-    a lone UTF-16 surrogate ("\\ud800") that no UTF-8 text holds: a 400, not a crash."""
-    try:
-        return engine.tokenizer.encode(text, add_special=add_special, parse_special=True)
-    except UnicodeEncodeError as e:
-        raise invalid(f"the request's text holds {e.object[e.start:e.end]!r} at character {e.start} of the "
-                      f"prompt, a lone UTF-16 surrogate that is not valid Unicode text") from None
-
-
-REQUIRED = "required"  # tool_choice: some call, any function
-
-
-def check_forced_call_alone(forced: str | None, grammar: Any) -> None:
+def check_forced_call_alone(forced: str | None, grammar: OutputSpec | None) -> None:
     """A forced call (tool_choice required or named) is a grammar of the template's call format; a
     grammar or response_format constrains the same tokens to something else, so the two together
     cannot both hold: a 400 rather than a broken call."""
@@ -465,72 +399,6 @@ def check_tool_choice(choice: str | None, tools: list[dict[str, Any]] | None) ->
     return choice
 
 
-def tool_format(engine: Any, tools: Any) -> str | None:
-    """The template's tool-call format (hermes when the template shows none: the most common)."""
-    from bubo.chat.parsers import tool_format_of
-
-    return (tool_format_of(engine.chat_template) or "hermes") if tools else None
-
-
-def forced_format(engine: Any) -> str:
-    """The format a forced call is written in: the template's own, or a bare JSON object for a
-    template that teaches none (the parser then reads exactly that)."""
-    from bubo.chat.parsers import tool_format_of
-
-    return tool_format_of(engine.chat_template) or "json"
-
-
-def forced_grammar(engine: Any, tools: Any, choice: str | None, parallel_tool_calls: bool = True,
-                   in_think: bool = False, thinking: bool = False) -> Any:
-    """The grammar that makes the answer a call (tool_choice REQUIRED: to any of tools; a name:
-    to that function), or None when the model decides; in_think: the prompt opened <think>,
-    which the answer closes first (thinking: after reasoning, else at once). A parameters schema
-    the grammar cannot enforce is a 400 unsupported_schema naming the tool and the keyword's
-    pointer."""
-    from bubo.chat.tools import ToolSchemaError, call_grammar
-
-    if choice is None or not tools:
-        return None
-    try:
-        text = call_grammar(forced_format(engine), tools, None if choice == REQUIRED else choice, parallel_tool_calls)
-    except ToolSchemaError as e:
-        raise ApiError(400, "unsupported_schema", str(e)) from None
-    return answer_constraint(engine, None, text, thinking, in_think)
-
-
-def answer_constraint(engine: Any, grammar: Any, forced: str | None, thinking: bool, in_think: bool) -> Any:
-    """The grammar of the whole chat answer: the request's own (a compiled Grammar) or a forced
-    call's (GBNF), with the reasoning's place around it (bubo.chat.thinking: thinking off closes
-    a think block at once, on puts it before the constrained part); None: no constraint."""
-    from bubo._grammar import Grammar
-    from bubo.chat.thinking import answer_grammar, template_thinks
-    from bubo.errors import UnsupportedError
-
-    body, root = (grammar.text, grammar.root) if grammar is not None else (forced, "root")
-    text = answer_grammar(body, root, thinking=thinking, in_think=in_think,
-                          thinks=template_thinks(engine.chat_template))
-    if text is None:
-        if grammar is not None or forced is None:
-            return grammar
-        text = forced
-    try:
-        return Grammar(text)
-    except (ValueError, UnsupportedError) as e:  # the engine's limits: repetition counts, a $ref cycle, ...
-        code, what = ("unsupported_schema", "tools: the grammar engine refuses a parameters schema") if grammar is None \
-            else ("invalid_grammar", "grammar: the grammar engine refuses the answer's grammar")
-        raise ApiError(400, code, f"{what}: {e}") from None
-
-
-def constrain(engine: Any, req: Conversation, in_think: bool) -> tuple[Any, OutputParser]:
-    """(grammar, parser) of a chat-shaped answer: the request's own constraint, else the forced
-    call's grammar, with the reasoning's place around it; the parser reads what that grammar
-    lets the model write."""
-    forced = forced_grammar(engine, req.tools, req.tool_choice, req.parallel_tool_calls, in_think, req.thinking)
-    grammar = forced if forced is not None else answer_constraint(engine, req.grammar, None, req.thinking, in_think)
-    parser = output_parser(engine, req.thinking, req.tools, in_think, req.parallel_tool_calls, forced is not None)
-    return grammar, parser
-
-
 def openai_tool_choice(choice: Any, tools: list[dict[str, Any]] | None, named: str | None,
                        shape: str) -> tuple[list[dict[str, Any]] | None, str | None]:
     """OpenAI's tool_choice ("none", "auto", "required" or a named function; named: the name the
@@ -545,125 +413,3 @@ def openai_tool_choice(choice: Any, tools: list[dict[str, Any]] | None, named: s
     if isinstance(named, str):
         return tools, check_tool_choice(named, tools)
     raise invalid(f'tool_choice must be "none", "auto", "required" or {shape}')
-
-
-def output_parser(engine: Any, thinking: bool, tools: Any, in_think: bool, parallel_tool_calls: bool = True,
-                  forced: bool = False) -> OutputParser:
-    """The parser of a chat answer: <think> when thinking is on, when the prompt opened one, or
-    when the template thinks (thinking off: the grammar lets only an empty block through, which
-    yields nothing); with tools, the template's tool-call format, or forced_format when a
-    grammar makes the answer calls."""
-    from bubo.chat.thinking import template_thinks
-
-    return OutputParser(reasoning=thinking or in_think or template_thinks(engine.chat_template),
-                        tool_format=forced_format(engine) if forced and tools else tool_format(engine, tools),
-                        in_think=in_think, max_calls=None if parallel_tool_calls else 1)
-
-
-# --- output --------------------------------------------------------------------------------
-
-
-@dataclass
-class Output:
-    """A whole answer, collected from its events through the parser."""
-
-    reasoning: str = ""
-    content: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    tokens: list[TokenEvent] = field(default_factory=list)
-    finish: FinishEvent | None = None
-
-
-def run_events(events: Iterable[Any], parser: OutputParser | None) -> Iterator[tuple[list[Part], Any]]:
-    """(parts, event) per event: the parsed parts its text released (the FinishEvent carries the
-    parser's rest). An ErrorEvent raises ApiError."""
-    for ev in events:
-        if isinstance(ev, ErrorEvent):
-            raise ApiError(ev.status, ev.code, ev.message)
-        if isinstance(ev, TokenEvent):
-            parts = parser.feed(ev.text) if parser else ([Part("content", ev.text)] if ev.text else [])
-            yield parts, ev
-        elif isinstance(ev, FinishEvent):
-            yield (parser.finish() if parser else []), ev
-            return
-    raise ApiError(503, "cancelled", "the generation was cancelled before it finished")
-
-
-def collect(stream: Any, parser: OutputParser | None) -> Output:
-    """A non-streamed answer: the engine stream's events, gathered. A client that goes away
-    meanwhile cancels the stream (its slot is freed at the engine's next step); run_events then
-    raises for an answer nobody will read."""
-    from bubo.api.sse import cancel_on_disconnect
-
-    out = Output()
-    with cancel_on_disconnect(stream) as events:
-        _gather(out, run_events(events, parser))
-    return out
-
-
-def _gather(out: Output, items: Iterable[Any]) -> None:
-    for parts, ev in items:
-        for p in parts:
-            if p.kind == "reasoning":
-                out.reasoning += p.text
-            elif p.kind == "content":
-                out.content += p.text
-            elif p.call is not None:
-                out.tool_calls.append(p.call)
-        if isinstance(ev, TokenEvent):
-            out.tokens.append(ev)
-        else:
-            out.finish = ev
-
-
-def usage_numbers(fin: FinishEvent) -> dict[str, Any]:
-    t = fin.timings
-    return {
-        "prompt_tokens_per_second": t.get("prompt_per_second", 0.0),
-        "completion_tokens_per_second": t.get("predicted_per_second", 0.0),
-    }
-
-
-def token_piece(engine: Any, token: int) -> bytes:
-    return engine.tokenizer.token_to_piece(int(token), True)
-
-
-# --- submitting ----------------------------------------------------------------------------
-
-
-def prompt_tokens(engine: Any, prompt: str | list[int], name: str = "prompt") -> list[int]:
-    """A raw prompt's tokens: text is tokenized as llama-server does (BOS added, special-token
-    text parsed), token ids are checked against the vocabulary and used as they are."""
-    if isinstance(prompt, str):
-        ids = encode(engine, prompt)
-    else:
-        n = engine.tokenizer.n_vocab
-        for i, t in enumerate(prompt):
-            if not 0 <= t < n:
-                raise invalid(f"{name}[{i}] = {t} is not a token id of this model (0..{n - 1})")
-        ids = list(prompt)
-    if not ids:
-        raise invalid(f"{name} is empty: give some text or token ids")
-    return ids
-
-
-def submit(engine: Any, req: Any) -> Any:
-    """engine.submit, its refusals as the reference's errors."""
-    from bubo.engine.types import ContextLengthError, NotReadyError
-
-    n_vocab = engine.tokenizer.n_vocab
-    for tok in req.params.logit_bias:
-        if tok >= n_vocab:
-            raise invalid(f"logit_bias names token {tok}, but this model's ids are 0..{n_vocab - 1}")
-    try:
-        return engine.submit(req)
-    except ContextLengthError as e:
-        raise ApiError(400, "context_length_exceeded", str(e)) from None
-    except NotReadyError as e:
-        raise ApiError(503, "not_ready", str(e)) from None
-
-
-def stream_error(err: ApiError) -> dict[str, Any]:
-    """An error after a stream's 200 went out: reported in-band, in the OpenAI shape."""
-    return {"error": {"message": err.message, "type": "server_error" if err.status >= 500 else "invalid_request_error",
-                      "code": err.code}}

@@ -1,0 +1,241 @@
+"""Which models `bubo serve` serves, under which names, with which settings.
+
+Sources, in this order (the first model is the default one, which "bubo" also names and which
+loads at start):
+  - every -m (a GGUF path or a catalog name), in the order given;
+  - --models-dir DIR: every DIR/*.gguf (named after the file, without .gguf) and every
+    subfolder holding exactly one .gguf file (named after the folder), in name order;
+  - --models-preset FILE: sections with a `model` key define more models;
+  - none of these: the models the store holds (`bubo list`) when it holds several, else the
+    default catalog model.
+
+A preset is an INI file: `[*]` holds defaults for every model, `[name]` one model's settings
+(a model found elsewhere, or a new one with `model = PATH`); keys are the flag names without
+dashes, long or short (`c`, `ctx-size`, `np`, `threads`, ...), plus `alias` and
+`load-on-startup`. A flag given on the command line wins over the model's section, which wins over
+`[*]`. An unknown key, a bad value, a section that names no model, or two models under one name
+stop the server at start with an error naming the file, the section and the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import dataclasses
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bubo.engine.registry import DEFAULT_NAME, EngineSettings, ModelSpec
+
+GLOBAL_SECTION = "*"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class ModelsConfigError(ValueError):
+    """The model sources or a preset file are wrong; the message says where."""
+
+
+def served_name(model: str) -> str:
+    """A model's id: a catalog name as given, a path as its file name without .gguf."""
+    if os.sep in model or model.endswith(".gguf"):
+        base = os.path.basename(model)
+        return base[:-5] if base.endswith(".gguf") else base
+    return model
+
+
+def _int(least: int) -> Callable[[str], int]:
+    def conv(v: str) -> int:
+        n = int(v)
+        if n < least:
+            raise ValueError(f"give at least {least}")
+        return n
+    return conv
+
+
+def _bool(v: str) -> bool:
+    low = v.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("expected true or false")
+
+
+def _template(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(str(e)) from None
+
+
+# preset key -> (EngineSettings field or a spec field, converter); short and long flag names
+_SETTING_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "c": ("n_ctx", _int(1)), "ctx-size": ("n_ctx", _int(1)),
+    "t": ("n_threads", _int(1)), "threads": ("n_threads", _int(1)),
+    "np": ("n_parallel", _int(1)), "parallel": ("n_parallel", _int(1)),
+    "b": ("n_batch", _int(1)), "batch-size": ("n_batch", _int(1)),
+    "ub": ("n_ubatch", _int(1)), "ubatch-size": ("n_ubatch", _int(1)),
+    "queue-size": ("queue_size", _int(0)),
+    "chat-template-file": ("chat_template", _template),
+}
+_SPEC_KEYS = {"m": "model", "model": "model", "a": "alias", "alias": "alias", "load-on-startup": "load-on-startup"}
+KNOWN_KEYS = sorted(set(_SETTING_KEYS) | set(_SPEC_KEYS))
+
+
+@dataclasses.dataclass
+class _Section:
+    settings: dict[str, Any]
+    model: str | None = None
+    aliases: tuple[str, ...] = ()
+    load_on_startup: bool | None = None
+    used: bool = False
+
+
+def read_preset(path: str) -> dict[str, _Section]:
+    """The sections of a preset file, every key checked (ModelsConfigError naming file, section
+    and key)."""
+    parser = configparser.ConfigParser(interpolation=None, default_section="\0none", strict=True)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys as written
+    try:
+        with open(path, encoding="utf-8") as f:
+            parser.read_file(f, source=path)
+    except OSError as e:
+        raise ModelsConfigError(f"--models-preset {path}: {e.strerror or e}") from None
+    except (configparser.Error, UnicodeDecodeError) as e:
+        raise ModelsConfigError(f"--models-preset {path}: {e}".replace("\n", " ")) from None
+    out: dict[str, _Section] = {}
+    for name in parser.sections():
+        sec = _Section({})
+        for raw_key, value in parser.items(name):
+            key = raw_key.strip().lower()
+            where = f"--models-preset {path}: [{name}] {raw_key}"
+            if key in _SETTING_KEYS:
+                field, conv = _SETTING_KEYS[key]
+                try:
+                    sec.settings[field] = conv(value.strip())
+                except ValueError as e:
+                    raise ModelsConfigError(f"{where} = {value!r}: {e}") from None
+            elif key in _SPEC_KEYS:
+                what = _SPEC_KEYS[key]
+                if name == GLOBAL_SECTION and what != "load-on-startup":
+                    raise ModelsConfigError(f"{where}: [{GLOBAL_SECTION}] holds settings for every model; "
+                                            f"{raw_key} belongs in one model's section")
+                if what == "model":
+                    if not value.strip():
+                        raise ModelsConfigError(f"{where} is empty: give a GGUF path or a catalog name")
+                    sec.model = value.strip()
+                elif what == "alias":
+                    sec.aliases = tuple(a.strip() for a in value.split(",") if a.strip())
+                else:
+                    try:
+                        sec.load_on_startup = _bool(value)
+                    except ValueError as e:
+                        raise ModelsConfigError(f"{where} = {value!r}: {e}") from None
+            else:
+                raise ModelsConfigError(f"{where}: unknown key; the keys are {', '.join(KNOWN_KEYS)} "
+                                        "(flag names without dashes)")
+        out[name] = sec
+    return out
+
+
+def _dir_models(path: str) -> list[tuple[str, str]]:
+    """(name, file) of every model in a --models-dir folder."""
+    d = Path(path)
+    if not d.is_dir():
+        raise ModelsConfigError(f"--models-dir {path}: not a folder")
+    out = []
+    for p in sorted(d.iterdir()):
+        if p.is_file() and p.name.endswith(".gguf"):
+            out.append((p.name[:-5], str(p)))
+        elif p.is_dir():
+            inside = sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith(".gguf"))
+            if len(inside) == 1:
+                out.append((p.name, str(inside[0])))
+    if not out:
+        raise ModelsConfigError(f"--models-dir {path}: no .gguf files in it")
+    return out
+
+
+def _store_models() -> list[tuple[str, str]]:
+    from bubo import store
+    from bubo.cli import DEFAULT_SERVE_MODEL
+
+    stored = [m.name for m in store.stored_models()]
+    if len(stored) < 2:
+        return [(DEFAULT_SERVE_MODEL, DEFAULT_SERVE_MODEL)]
+    stored.sort(key=lambda n: n != DEFAULT_SERVE_MODEL)  # the default model first, if stored
+    return [(n, n) for n in stored]
+
+
+def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0) -> dict[str, Any]:
+    """The engine settings given on the command line (or in BUBO_ARG_* variables)."""
+    given: dict[str, Any] = {}
+    for field, value in (("n_ctx", args.ctx_size), ("n_threads", args.threads), ("n_parallel", args.parallel),
+                         ("n_batch", args.batch_size), ("n_ubatch", args.ubatch_size),
+                         ("queue_size", args.queue_size)):
+        if value is not None:
+            given[field] = value
+    if args.chat_template_file:
+        try:
+            given["chat_template"] = _template(args.chat_template_file)
+        except ValueError as e:
+            raise ModelsConfigError(f"--chat-template-file {args.chat_template_file}: {e}") from None
+    if load_delay_s:
+        given["load_delay_s"] = load_delay_s
+    return given
+
+
+def model_specs(args: argparse.Namespace, load_delay_s: float = 0.0) -> list[ModelSpec]:
+    """Every model `bubo serve` was asked to serve (see the module docstring)."""
+    found: list[tuple[str, str, str]] = []  # (name, source, origin)
+    for m in args.models or []:
+        found.append((served_name(m), m, "-m"))
+    if args.models_dir:
+        found += [(n, p, f"--models-dir {args.models_dir}") for n, p in _dir_models(args.models_dir)]
+    preset = read_preset(args.models_preset) if args.models_preset else {}
+    for name, section in preset.items():
+        if name != GLOBAL_SECTION and section.model is not None:
+            section.used = True
+            found.append((name, section.model, f"--models-preset {args.models_preset} [{name}]"))
+    if not found:
+        found = [(n, s, "the store") for n, s in _store_models()]
+    # the same file under the same name twice is one model
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for name, source, origin in found:
+        if (name, source) not in seen:
+            seen.add((name, source))
+            unique.append((name, source, origin))
+    single = len(unique) == 1
+    if not single and (args.served_model_name or args.alias):
+        flag = "--served-model-name" if args.served_model_name else "-a/--alias"
+        raise ModelsConfigError(f"{flag} names one model, but {len(unique)} are served: give each its names in a "
+                                "--models-preset section (alias = ...)")
+    glob = preset.get(GLOBAL_SECTION) or _Section({})
+    cli = cli_settings(args, load_delay_s)
+    specs = []
+    for i, (name, source, origin) in enumerate(unique):
+        sec = preset.get(name)
+        if sec is not None:
+            sec.used = True
+        fields = {**glob.settings, **(sec.settings if sec else {}), **cli}
+        aliases: tuple[str, ...] = sec.aliases if sec else ()
+        if single:
+            name = args.served_model_name or name
+            aliases = tuple(a.strip() for a in (args.alias or "").split(",") if a.strip()) + aliases
+        startup = i == 0
+        for s in (glob, sec):
+            if s is not None and s.load_on_startup is not None:
+                startup = s.load_on_startup
+        specs.append(ModelSpec(name, source, tuple(a for a in aliases if a not in (name, DEFAULT_NAME)),
+                               EngineSettings(**fields), load_on_startup=startup or single, origin=origin))
+    unused = [n for n, s in preset.items() if n != GLOBAL_SECTION and not s.used]
+    if unused:
+        names = ", ".join(s.name for s in specs)
+        raise ModelsConfigError(f"--models-preset {args.models_preset}: [{unused[0]}] names no model: add "
+                                f"model = PATH to it, or name one of the served models ({names})")
+    return specs

@@ -1,0 +1,199 @@
+"""The generation core: one request's logits in, its events out.
+
+A Generation owns what turns a row of logits into the next TokenEvent: the sampler chain (with
+the request's seed), the grammar matcher and its token mask, the streaming detokenizer, the stop
+matcher, and the finish rules (end-of-generation token, stop string, max_tokens, a full context,
+memory that is short). The scheduler makes one per request; the library's bubo.Model is a
+one-slot client of the same scheduler, so the library and the server run this code alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from bubo.engine.types import GenerationRequest, TokenEvent
+
+if TYPE_CHECKING:
+    from bubo._grammar import Matcher
+    from bubo.runtime import Runtime
+
+STOP = "stop"  # an end-of-generation token or a stop string
+LENGTH = "length"  # max_tokens, a full context, or memory that is short
+
+
+class StopMatcher:
+    """Cuts a text stream at the first stop string, even one spread over several pieces.
+
+    feed() returns the text that is safe to show: it holds back the longest tail of what it has
+    seen that could still become a stop string. A stop string "completes" at the position of its
+    last character; the first one to complete wins (the longest one on a tie), wherever the
+    piece boundaries fall, and nothing from its first character on is ever returned."""
+
+    def __init__(self, stop: Iterable[str] = ()):
+        self.stop = sorted({s for s in stop if s}, key=len, reverse=True)
+        self._held = ""
+        self.stopped: str | None = None  # the stop string that ended the stream
+
+    def feed(self, text: str) -> str:
+        if self.stopped is not None:
+            return ""
+        buf = self._held + text
+        best: tuple[int, int, str] | None = None  # (end, -len, stop)
+        for s in self.stop:
+            i = buf.find(s)
+            if i >= 0 and (best is None or (i + len(s), -len(s)) < best[:2]):
+                best = (i + len(s), -len(s), s)
+        if best is not None:
+            self.stopped = best[2]
+            self._held = ""
+            return buf[: best[0] + best[1]]
+        hold = self._partial_len(buf)
+        self._held = buf[len(buf) - hold:] if hold else ""
+        return buf[: len(buf) - hold]
+
+    def flush(self) -> str:
+        """The stream ended without a stop string: the held-back tail is plain text."""
+        out, self._held = ("" if self.stopped is not None else self._held), ""
+        return out
+
+    def _partial_len(self, buf: str) -> int:
+        """Length of the longest suffix of buf that is a proper prefix of a stop string."""
+        best = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(buf)), best, -1):
+                if buf.endswith(s[:n]):
+                    best = n
+                    break
+        return best
+
+
+class Detok(Protocol):
+    def feed(self, id: int) -> str: ...
+    def flush(self) -> str: ...
+
+
+class TextOut:
+    """Tokens to the text a client may see: whole UTF-8 characters (the detokenizer), cut at the
+    first stop string (the StopMatcher)."""
+
+    def __init__(self, detok: Detok, stops: StopMatcher):
+        self.detok = detok
+        self.stops = stops
+
+    @property
+    def stopped(self) -> str | None:
+        return self.stops.stopped
+
+    def token(self, token: int) -> str:
+        return self.stops.feed(self.detok.feed(token))
+
+    def end(self) -> str:
+        """The stream ends here: what the detokenizer and the stop matcher held back."""
+        return self.stops.feed(self.detok.flush()) + self.stops.flush()
+
+
+def text_pieces(tokens: Iterable[int], detok: Detok, stops: StopMatcher) -> Iterator[str]:
+    """A token stream as the text pieces a Generation sends (empty pieces left out): stops
+    pulling tokens at the one that completes a stop string."""
+    out = TextOut(detok, stops)
+    for tok in tokens:
+        piece = out.token(tok)
+        if piece:
+            yield piece
+        if out.stopped is not None:
+            return
+    piece = out.end()
+    if piece:
+        yield piece
+
+
+class GrammarStuck(Exception):
+    """The grammar allows no token after this text (and does not accept it whole), or its state
+    outgrew its bounds."""
+
+
+class Generation:
+    """One request's sampling and output state. n_ctx: the most tokens its sequence may hold."""
+
+    def __init__(self, runtime: Runtime, req: GenerationRequest, n_ctx: int):
+        from bubo._sampler import Sampler
+
+        self.runtime = runtime
+        self.req = req
+        self.n_ctx = n_ctx
+        native: dict[str, Any] = req.params.to_native(n_ctx=n_ctx)
+        if req.n_probs != native.get("n_probs", 0):
+            native["n_probs"] = req.n_probs
+        if req.ignore_eos:
+            bias = dict(native.get("logit_bias") or {})
+            bias.update((t, float("-inf")) for t in runtime.eog_ids())
+            native["logit_bias"] = bias
+        # DRY's sequence breakers are text: the sampler needs every token's text to match them
+        need_pieces = native.get("dry_multiplier", 0) > 0 and native.get("dry_sequence_breakers")
+        self.sampler = Sampler(runtime.n_vocab, native, runtime.vocab_pieces() if need_pieces else None)
+        self.grammar: Matcher | None = None
+        self._mask: npt.NDArray[np.uint8] | None = None
+        if req.grammar is not None:
+            from bubo._grammar import Matcher
+
+            self.grammar = Matcher(req.grammar, runtime.grammar_vocab())
+            self._mask = np.zeros(runtime.n_vocab, dtype=np.uint8)
+        self.text = TextOut(runtime.tokenizer.detokenizer(), StopMatcher(req.stop))
+        self.n_gen = 0
+
+    @property
+    def stop_string(self) -> str | None:
+        return self.text.stopped
+
+    def step(self, logits: npt.NDArray[np.float32], n_seq: int,
+             room: Callable[[int], bool] | None = None) -> tuple[TokenEvent, str | None]:
+        """Sample the next token: (its event, the finish reason or None to go on). n_seq: the
+        tokens the sequence holds once this one is appended; room(n): whether memory lets the
+        cache hold n tokens (asked only while nothing else ends the answer). GrammarStuck when
+        the grammar cannot go on."""
+        mask = self._grammar_mask() if self.grammar is not None else None
+        token, logprob, top = self.sampler.sample(logits, mask=mask)
+        self.sampler.accept(token)
+        tok = self.runtime.tokenizer
+        eog = tok.is_eog(token)
+        if self.grammar is not None and not eog:
+            self.grammar.accept_token(int(token))
+        self.n_gen += 1
+        out = self.text
+        reason: str | None = None
+        if eog:
+            text = out.end()
+            reason = STOP
+        else:
+            text = out.token(token)
+            max_tokens = self.req.max_tokens
+            full = ((max_tokens is not None and self.n_gen >= max_tokens) or n_seq - 1 >= self.n_ctx
+                    or (room is not None and not room(n_seq)))
+            if out.stopped is None and full:
+                text += out.end()
+                reason = LENGTH
+            if out.stopped is not None:
+                reason = STOP
+        return TokenEvent(int(token), text, float(logprob), [(int(i), float(p)) for i, p in top]), reason
+
+    def _grammar_mask(self) -> npt.NDArray[np.uint8]:
+        """The tokens that keep the text in the grammar's language; end-of-generation tokens only
+        where the text so far is a whole sentence of it."""
+        g, mask = self.grammar, self._mask
+        assert g is not None and mask is not None
+        try:
+            n = len(g.vocab) if g.vocab is not None else 0
+            g.mask(out=mask[:n])
+        except Exception as e:  # noqa: BLE001 - the grammar's state grew past its bounds
+            raise GrammarStuck(f"the grammar cannot go on here: {e}") from None
+        mask[self.runtime.eog_ids()] = 1 if g.accepting else 0
+        if not mask.any():
+            # nothing can follow and the text is not a sentence of the grammar: a grammar whose
+            # language has no continuation here (e.g. a rule that can only recurse)
+            raise GrammarStuck("the grammar allows no token after this text and does not accept it as "
+                               "complete: check that every rule can end")
+        return mask

@@ -1,0 +1,54 @@
+"""What the api layer needs of an engine (bubo.engine.Engine is the one implementation; tests and
+other hosts may bring their own)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
+
+from bubo.engine.types import EngineMetrics, Event, GenerationRequest, SlotState
+
+if TYPE_CHECKING:
+    from bubo.engine.engine import CacheView, ModelInfo
+    from bubo.runtime import Runtime
+
+
+class Stream(Protocol):
+    """A request's events, read in the greenlet that submitted it."""
+
+    def __iter__(self) -> Iterator[Event]: ...
+
+    def __next__(self) -> Event: ...
+
+    def cancel(self) -> None: ...
+
+    @property
+    def cancelled(self) -> bool: ...
+
+
+class ServingEngine(Protocol):
+    """One model's engine, as the HTTP routes use it."""
+
+    model_name: str
+    model_path: str | None
+    n_ctx: int | None
+    n_ctx_train: int | None
+    n_threads: int
+    n_parallel: int | None
+    n_batch: int
+    n_ubatch: int
+    queue_size: int | None
+    runtime: Runtime | None
+    ready: bool
+    load_error: str | None
+
+    @property
+    def info(self) -> ModelInfo | None: ...
+
+    def submit(self, req: GenerationRequest, *, mem_available: int | None = None) -> Stream: ...
+
+    def metrics(self) -> EngineMetrics: ...
+
+    def slots(self) -> list[SlotState]: ...
+
+    def cache_view(self) -> CacheView: ...

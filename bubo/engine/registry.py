@@ -1,0 +1,416 @@
+"""Several models behind one server: names to engines, loaded, unloaded, swapped and put to sleep.
+
+    reg = Registry([ModelSpec("smollm2", "/m/smollm2.gguf"), ModelSpec("gemma3", "/m/gemma3.gguf")],
+                   models_max=1)
+    reg.start()                       # loads the models marked load_on_startup
+    engine = reg.acquire("gemma3")    # in a greenlet: waits while gemma3 loads (and smollm2 leaves)
+    stream = engine.submit(...)
+
+One model is the registry's simplest case: one entry, loaded at start, never swapped.
+
+Every name is a model id or one of its aliases. acquire() gives the loaded engine, loading it
+first when it is not (autoload; a sleeping model always reloads), and counts the caller as a
+user of it until release(); an engine with users, queued or running requests, or streams still
+being read is busy. A load that would pass models_max (or the memory available) first unloads the
+least recently used idle model; while every loaded model is busy it waits, so a request that
+needs a swap is answered once one is free, never dropped. unload() waits for the model's work in
+flight to end; requests that arrive meanwhile wait for the unload, then load it again (autoload)
+or are refused. With sleep_idle_s, a model idle that long is unloaded (its memory goes back to
+the OS) and shows as sleeping until its next request reloads it.
+
+Everything here runs in the gevent hub's thread (the HTTP greenlets and the registry's own
+watcher greenlets); models load on their engines' threads, which the greenlets poll.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import gc
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+
+import gevent
+import gevent.lock
+
+from bubo.engine.engine import Engine, ModelInfo, memory_budget
+from bubo.engine.types import EngineRefusal, InsufficientMemoryError, NotReadyError, Reason
+
+log = logging.getLogger("bubo.registry")
+
+POLL_S = 0.02  # how often a waiting greenlet looks at a load, an unload or a busy model again
+DEFAULT_MODELS_MAX = 4  # llama-server's default; 0: no limit
+DEFAULT_NAME = "bubo"  # always names the default model (the first one)
+
+
+class ModelStatus(enum.Enum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+    UNLOADING = "unloading"  # waiting for its requests in flight to end
+    SLEEPING = "sleeping"  # unloaded after sleep_idle_s without requests; the next one reloads it
+    FAILED = "failed"  # the last load failed (error says why); /models/load tries again
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSettings:
+    """What an Engine is made with (llama-server's -c, -t, -np, -b, -ub, --queue-size, ...)."""
+
+    n_ctx: int | None = None
+    n_threads: int | None = None
+    n_parallel: int | None = None
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    queue_size: int | None = None
+    chat_template: str | None = None
+    load_delay_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """One model the server can serve: its id, other names, where it comes from (a GGUF path or
+    a catalog name) and how its engine is made."""
+
+    name: str
+    source: str
+    aliases: tuple[str, ...] = ()
+    settings: EngineSettings = EngineSettings()
+    load_on_startup: bool = False
+    origin: str = "command line"  # where the spec was given (for error messages)
+
+
+class UnknownModelError(EngineRefusal, LookupError):
+    reason = Reason.MODEL_UNKNOWN
+
+    def __init__(self, name: str, available: list[str]):
+        self.name = name
+        self.available = available
+        listed = ", ".join(f"'{n}'" for n in available)
+        super().__init__(f"model '{name}' is not served here; the models are {listed}")
+
+
+class ModelNotLoadedError(EngineRefusal, RuntimeError):
+    reason = Reason.MODEL_NOT_LOADED
+
+
+class ModelEntry:
+    """One model's state in the registry."""
+
+    def __init__(self, spec: ModelSpec, engine: Engine | None = None):
+        self.spec = spec
+        self.engine = engine
+        self._status = ModelStatus.UNLOADED
+        self.error: str | None = None  # why the last load failed
+        self.users = 0  # acquired and not yet released
+        self.last_used = 0.0  # time.monotonic() of the last acquire (LRU)
+        self.last_busy = time.monotonic()  # when it was last seen busy (idle sleep)
+        self.n_loads = 0
+        self.startup = False  # loading at start: requests get not_ready meanwhile, as with one model
+        self.info: ModelInfo | None = None  # what it was when last loaded (kept while it sleeps)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def status(self) -> ModelStatus:
+        eng = self.engine
+        if self._status in (ModelStatus.UNLOADING, ModelStatus.SLEEPING) or eng is None:
+            return self._status
+        if eng.ready:
+            return ModelStatus.LOADED
+        if eng.load_error is not None:
+            return ModelStatus.FAILED
+        if eng.stopped:
+            return ModelStatus.UNLOADED
+        return ModelStatus.LOADING
+
+    @property
+    def failure(self) -> str:
+        """Why the model cannot be served (its last load failed, or its file is broken)."""
+        eng = self.engine
+        return (eng.load_error if eng is not None and eng.load_error else None) or self.error or "unknown error"
+
+    @property
+    def busy(self) -> bool:
+        eng = self.engine
+        return self.users > 0 or (eng is not None and not eng.idle)
+
+
+def _never_loaded(spec: ModelSpec) -> Engine:
+    s = spec.settings
+    return Engine(spec.source, n_ctx=s.n_ctx, n_threads=s.n_threads, chat_template=s.chat_template,
+                  load_delay_s=s.load_delay_s, n_parallel=s.n_parallel, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
+                  queue_size=s.queue_size)
+
+
+class Registry:
+    """See the module docstring. models_max 0: no limit; autoload False: a model loads only at
+    start (load_on_startup) or through load(); sleep_idle_s None: models never sleep."""
+
+    def __init__(self, specs: Iterable[ModelSpec], *, models_max: int = DEFAULT_MODELS_MAX, autoload: bool = True,
+                 sleep_idle_s: float | None = None, factory: Callable[[ModelSpec], Engine] = _never_loaded):
+        self.entries: list[ModelEntry] = [ModelEntry(s) for s in specs]
+        if not self.entries:
+            raise ValueError("the registry needs at least one model")
+        if models_max < 0:
+            raise ValueError(f"models_max must be >= 0 (0: no limit), got {models_max}")
+        if sleep_idle_s is not None and sleep_idle_s <= 0:
+            raise ValueError(f"sleep_idle_s must be positive, got {sleep_idle_s}")
+        self.models_max = models_max
+        self.autoload = autoload
+        self.sleep_idle_s = sleep_idle_s
+        self._factory = factory
+        self._names: dict[str, ModelEntry] = {}
+        for e in self.entries:
+            for n in (e.name, *e.spec.aliases):
+                other = self._names.get(n)
+                if other is not None and other is not e:
+                    raise ValueError(f"two models are named '{n}': {other.spec.source} ({other.spec.origin}) and "
+                                     f"{e.spec.source} ({e.spec.origin}); give one of them another name")
+                self._names[n] = e
+        self._names.setdefault(DEFAULT_NAME, self.entries[0])
+        self._swap = gevent.lock.Semaphore()  # one load decision at a time
+        self._watchers: list[gevent.Greenlet] = []
+
+    @classmethod
+    def single(cls, engine: Engine, name: str, aliases: Iterable[str] = ()) -> Registry:
+        """A registry of one model whose engine is already made (started or not); if it sleeps,
+        it comes back as a fresh engine with the same settings."""
+        spec = ModelSpec(name, engine.model_name, tuple(a for a in aliases if a != name), load_on_startup=True)
+        reg = cls([spec], models_max=0, factory=lambda _spec: engine.fresh())
+        reg.entries[0].engine = engine
+        return reg
+
+    # --- names ---------------------------------------------------------------------------------
+
+    @property
+    def default(self) -> ModelEntry:
+        return self.entries[0]
+
+    @property
+    def is_router(self) -> bool:
+        return len(self.entries) > 1
+
+    def names(self) -> list[str]:
+        """Every name a request may use: the ids in order, then the aliases."""
+        out = [e.name for e in self.entries]
+        out += [n for n in self._names if n not in out]
+        return out
+
+    def lookup(self, name: str) -> ModelEntry:
+        entry = self._names.get(name)
+        if entry is None:
+            raise UnknownModelError(name, self.names())
+        return entry
+
+    def check_files(self) -> None:
+        """Read the header of every model that is a file: one that cannot be served (missing,
+        not GGUF, malformed, an architecture or block type bubo does not run) shows as failed,
+        with the reason, before anyone asks for it; the others are not disturbed."""
+        from bubo.errors import BuboError
+        from bubo.gguf import GGUFFile, check_model_file
+
+        for e in self.entries:
+            if e.engine is not None or not _is_path(e.spec.source):
+                continue
+            try:
+                with GGUFFile(e.spec.source) as f:
+                    check_model_file(f)
+            except (BuboError, OSError) as err:
+                e._status = ModelStatus.FAILED
+                e.error = f"{type(err).__name__}: {err}"
+                log.error("model %s cannot be served: %s", e.name, e.error)
+
+    # --- life cycle ---------------------------------------------------------------------------
+
+    def start(self, sleep_poll_s: float = 1.0) -> None:
+        """Start loading the models marked load_on_startup (an engine already made is started
+        as it is), and the idle-sleep watcher."""
+        for e in self.entries:
+            if e.engine is not None:
+                e.startup = True
+                if not e.engine.started:
+                    e.engine.start()
+                    e.n_loads += 1
+            elif e.spec.load_on_startup and e.status is ModelStatus.UNLOADED:
+                self._begin_load(e)
+                e.startup = True
+        if self.sleep_idle_s is not None:
+            self._watchers.append(gevent.spawn(self._sleeper, min(sleep_poll_s, self.sleep_idle_s / 4)))
+
+    def stop(self) -> None:
+        for g in self._watchers:
+            g.kill(block=False)
+        for e in self.entries:
+            if e.engine is not None:
+                e.engine.stop()
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def acquire(self, name: str) -> Engine:
+        """The loaded engine of the model `name` (an id or alias), loading it if need be; the
+        caller uses it until release(entry). UnknownModelError, ModelNotLoadedError (autoload off),
+        NotReadyError (its load failed), InsufficientMemoryError (it cannot fit beside what must
+        stay loaded)."""
+        entry = self.lookup(name)
+        while True:
+            status = entry.status
+            if status is ModelStatus.LOADED:
+                assert entry.engine is not None
+                entry.users += 1
+                entry.last_used = entry.last_busy = time.monotonic()
+                return entry.engine
+            if status is ModelStatus.LOADING and entry.startup:
+                raise NotReadyError(f"the model {entry.name} is loading; try again when /ready says ready")
+            if status is ModelStatus.FAILED:
+                raise NotReadyError(f"the model {entry.name} failed to load: {entry.failure}")
+            if status is ModelStatus.UNLOADED and not self.autoload:
+                raise ModelNotLoadedError(f"the model {entry.name} is not loaded and this server loads models only "
+                                          f"when asked (--no-models-autoload): POST /models/load "
+                                          f'{{"model": "{entry.name}"}} first')
+            if status in (ModelStatus.UNLOADED, ModelStatus.SLEEPING):
+                self._begin_load(entry)
+                continue
+            gevent.sleep(POLL_S)  # loading, or unloading: look again
+
+    def release(self, entry: ModelEntry) -> None:
+        entry.users = max(entry.users - 1, 0)
+        entry.last_busy = time.monotonic()
+
+    def peek(self, name: str) -> ModelEntry:
+        """The entry of `name` without loading anything (GET routes: status, slots, metrics)."""
+        return self.lookup(name)
+
+    # --- load and unload ------------------------------------------------------------------------
+
+    def load(self, name: str) -> ModelEntry:
+        """Start loading `name` unless it is loaded or loading (a failed model tries again);
+        returns at once (its status tells when it is loaded)."""
+        entry = self.lookup(name)
+        status = entry.status
+        if status in (ModelStatus.UNLOADED, ModelStatus.SLEEPING, ModelStatus.FAILED):
+            self._begin_load(entry)
+        return entry
+
+    def unload(self, name: str, *, sleeping: bool = False) -> ModelEntry:
+        """Unload `name`, waiting for its requests in flight (queued, running, or streams still
+        being read) to end; requests that arrive meanwhile wait for the unload. Returns once
+        its memory is released (unloaded or failed models: at once)."""
+        entry = self.lookup(name)
+        while entry.status is ModelStatus.LOADING:
+            gevent.sleep(POLL_S)
+        if entry.status is not ModelStatus.LOADED:
+            if entry.status is ModelStatus.UNLOADING:
+                while entry.status is ModelStatus.UNLOADING:
+                    gevent.sleep(POLL_S)
+            return entry
+        entry._status = ModelStatus.UNLOADING
+        try:
+            while entry.busy:
+                gevent.sleep(POLL_S)
+            self._drop(entry, ModelStatus.SLEEPING if sleeping else ModelStatus.UNLOADED)
+        finally:
+            if entry._status is ModelStatus.UNLOADING:  # interrupted: it is still loaded
+                entry._status = ModelStatus.UNLOADED
+        return entry
+
+    def _drop(self, entry: ModelEntry, status: ModelStatus) -> None:
+        """Stop an idle entry's engine and let its memory go."""
+        eng = entry.engine
+        assert eng is not None
+        eng.stop()
+        while not eng.stopped:
+            gevent.sleep(POLL_S)
+        entry.info = eng.info or entry.info
+        entry.engine = None
+        entry._status = status
+        del eng
+        gc.collect()  # the runtime and its cache may sit in reference cycles: free them now
+        log.info("model %s %s", entry.name, "sleeps" if status is ModelStatus.SLEEPING else "unloaded")
+
+    def _begin_load(self, entry: ModelEntry) -> None:
+        """Make room (models_max, memory), then start entry's engine. Waits while every model
+        that would have to go is busy."""
+        with self._swap:
+            while True:
+                status = entry.status
+                if status in (ModelStatus.LOADED, ModelStatus.LOADING, ModelStatus.UNLOADING):
+                    return  # another request got here first
+                must, victim = self._victim(entry)
+                if not must:
+                    break
+                if victim is None:
+                    gevent.sleep(POLL_S)  # every model that could go is busy: wait for one
+                    continue
+                self._drop(victim, ModelStatus.UNLOADED)
+            entry._status = ModelStatus.UNLOADED
+            entry.error = None
+            entry.startup = False
+            entry.engine = self._factory(entry.spec)
+            entry.engine.start()
+            entry.n_loads += 1
+            entry.last_used = entry.last_busy = time.monotonic()
+            log.info("loading model %s from %s", entry.name, entry.spec.source)
+
+    def _victim(self, entry: ModelEntry) -> tuple[bool, ModelEntry | None]:
+        """(must one go, the model to unload) before entry can load: one must go over models_max,
+        or while the memory available now is short of entry's weights; the least recently used
+        idle one goes (None: all that could are busy)."""
+        loaded = [e for e in self.entries if e is not entry and e.engine is not None
+                  and e.status in (ModelStatus.LOADED, ModelStatus.LOADING)]
+        over = self.models_max > 0 and len(loaded) >= self.models_max
+        need = _weights_bytes(entry.spec.source)
+        ceiling, available = memory_budget()
+        short = need is not None and available is not None and need > available
+        if not (over or short):
+            return False, None
+        idle = sorted((e for e in loaded if e.status is ModelStatus.LOADED and not e.busy), key=lambda e: e.last_used)
+        if idle:
+            return True, idle[0]
+        if short and not over and not loaded:
+            assert need is not None and available is not None
+            permanent = ceiling is not None and need > ceiling
+            raise InsufficientMemoryError(need, ceiling if permanent and ceiling is not None else available,
+                                          permanent, 0, what=f"{need / 1024 ** 3:.2f} GiB for the weights of "
+                                                             f"{entry.name}")
+        return True, None
+
+    # --- idle sleep -------------------------------------------------------------------------------
+
+    def _sleeper(self, poll_s: float) -> None:
+        assert self.sleep_idle_s is not None
+        while True:
+            gevent.sleep(poll_s)
+            now = time.monotonic()
+            for e in self.entries:
+                if e.status is not ModelStatus.LOADED:
+                    continue
+                if e.busy:
+                    e.last_busy = now
+                elif now - e.last_busy >= self.sleep_idle_s:
+                    try:
+                        self.unload(e.name, sleeping=True)
+                    except Exception:  # noqa: BLE001 - the watcher must go on
+                        log.exception("putting %s to sleep failed", e.name)
+
+
+def _weights_bytes(source: str) -> int | None:
+    """The size of a model's file, what its weights take in memory once loaded (a catalog
+    model's listed size; None: unknown)."""
+    try:
+        return os.path.getsize(source)
+    except OSError:
+        pass
+    from bubo import store
+
+    entry = store.CATALOG.get(source)
+    return entry.size if entry is not None else None
+
+
+def _is_path(source: str) -> bool:
+    from bubo import store
+
+    return source not in store.CATALOG

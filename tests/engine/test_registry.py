@@ -1,0 +1,192 @@
+"""The model registry on tiny models, in-process: names, loads on demand, LRU swaps under
+--models-max, unload waiting for work in flight, idle sleep, failed loads, autoload off."""
+
+from __future__ import annotations
+
+import gevent
+import pytest
+
+from bubo.engine import FinishEvent, GenerationRequest, NotReadyError, TokenEvent
+from bubo.engine.registry import (EngineSettings, ModelNotLoadedError, ModelSpec, ModelStatus, Registry,
+                                  UnknownModelError)
+from bubo.sampling import SamplingParams
+from reference.tiny import write_tiny_model
+
+GREEDY = SamplingParams(temperature=0)
+SETTINGS = EngineSettings(n_ctx=256, n_threads=1, n_parallel=2)
+TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("registry")
+    return {"a": write_tiny_model(d / "a.gguf", "llama", types="F32"),
+            "b": write_tiny_model(d / "b.gguf", "qwen2", types="F32", seed=1)}
+
+
+def registry(tiny, **kw):
+    specs = [ModelSpec("a", tiny["a"], ("alpha",), SETTINGS), ModelSpec("b", tiny["b"], (), SETTINGS)]
+    return Registry(specs, **kw)
+
+
+def ask(engine, n=8):
+    return engine.submit(GenerationRequest([1, 2, 3, 4], GREEDY, max_tokens=n, ignore_eos=True))
+
+
+def answer(reg, name, n=8):
+    engine = reg.acquire(name)
+    try:
+        events = list(ask(engine, n))
+    finally:
+        reg.release(reg.lookup(name))
+    assert isinstance(events[-1], FinishEvent), events[-1]
+    return [e.token for e in events if isinstance(e, TokenEvent)]
+
+
+def wait_for(cond, what):
+    with gevent.Timeout(TIMEOUT_S, AssertionError(f"timed out waiting for {what}")):
+        while not cond():
+            gevent.sleep(0.01)
+
+
+def test_names_aliases_and_unknown_models(tiny):
+    reg = registry(tiny)
+    assert reg.names() == ["a", "b", "alpha", "bubo"]
+    assert reg.lookup("alpha") is reg.lookup("a") is reg.lookup("bubo") is reg.default
+    with pytest.raises(UnknownModelError, match="'nope' is not served here; the models are 'a', 'b'"):
+        reg.lookup("nope")
+    with pytest.raises(ValueError, match="two models are named 'a'"):
+        Registry([ModelSpec("a", tiny["a"]), ModelSpec("b", tiny["b"], ("a",))])
+
+
+def test_models_load_on_their_first_request_and_answer_like_a_lone_engine(tiny):
+    reg = registry(tiny)
+    reg.start()
+    try:
+        assert [e.status for e in reg.entries] == [ModelStatus.UNLOADED] * 2
+        a1 = answer(reg, "a")
+        b1 = answer(reg, "b")
+        assert reg.lookup("a").status is reg.lookup("b").status is ModelStatus.LOADED
+        assert a1 != b1  # two different models answered
+        # interleaved, and concurrent, each model gives its own answer again
+        ga = [gevent.spawn(answer, reg, n) for n in ("a", "b", "alpha", "b", "a")]
+        gevent.joinall(ga, raise_error=True, timeout=TIMEOUT_S)
+        assert [g.value for g in ga] == [a1, b1, a1, b1, a1]
+    finally:
+        reg.stop()
+
+
+def test_models_max_swaps_the_least_recently_used_idle_model(tiny):
+    reg = registry(tiny, models_max=1)
+    reg.start()
+    try:
+        answer(reg, "a")
+        answer(reg, "b")
+        a, b = reg.lookup("a"), reg.lookup("b")
+        assert (a.status, b.status) == (ModelStatus.UNLOADED, ModelStatus.LOADED)
+        assert a.engine is None  # its engine (and memory) is gone
+        answer(reg, "a")
+        assert (a.status, b.status) == (ModelStatus.LOADED, ModelStatus.UNLOADED)
+        assert a.n_loads == 2
+    finally:
+        reg.stop()
+
+
+def test_a_request_waiting_for_a_swap_is_answered_once_the_busy_model_is_done(tiny):
+    reg = registry(tiny, models_max=1)
+    reg.start()
+    try:
+        engine = reg.acquire("a")
+        stream = ask(engine, 40)
+        first = next(stream)  # "a" is busy: a stream is being read
+        assert isinstance(first, TokenEvent)
+        waiting = gevent.spawn(answer, reg, "b")
+        gevent.sleep(0.3)
+        assert not waiting.ready() and reg.lookup("a").status is ModelStatus.LOADED
+        rest = list(stream)
+        reg.release(reg.lookup("a"))
+        assert isinstance(rest[-1], FinishEvent) and rest[-1].completion_tokens == 40  # never cut
+        assert len(waiting.get(timeout=TIMEOUT_S)) == 8  # answered, not dropped
+        assert reg.lookup("a").status is ModelStatus.UNLOADED
+    finally:
+        reg.stop()
+
+
+def test_unload_waits_for_the_stream_in_flight(tiny):
+    reg = registry(tiny)
+    reg.start()
+    try:
+        engine = reg.acquire("a")
+        reg.release(reg.lookup("a"))
+        stream = ask(engine, 40)
+        assert isinstance(next(stream), TokenEvent)
+        unloading = gevent.spawn(reg.unload, "a")
+        gevent.sleep(0.3)
+        assert not unloading.ready() and reg.lookup("a").status is ModelStatus.UNLOADING
+        events = list(stream)
+        assert isinstance(events[-1], FinishEvent) and events[-1].completion_tokens == 40
+        unloading.get(timeout=TIMEOUT_S)
+        assert reg.lookup("a").status is ModelStatus.UNLOADED and engine.stopped and engine.runtime is None
+        # the next request loads it again
+        assert len(answer(reg, "a")) == 8
+    finally:
+        reg.stop()
+
+
+def test_an_idle_model_sleeps_and_its_next_request_wakes_it(tiny):
+    reg = registry(tiny, sleep_idle_s=0.4)
+    reg.start(sleep_poll_s=0.05)
+    try:
+        first = answer(reg, "a")
+        a = reg.lookup("a")
+        wait_for(lambda: a.status is ModelStatus.SLEEPING, "a to sleep")
+        assert a.engine is None and a.info is not None  # what it was stays known
+        assert answer(reg, "a") == first and a.n_loads == 2
+    finally:
+        reg.stop()
+
+
+def test_autoload_off_loads_only_when_asked(tiny):
+    reg = registry(tiny, autoload=False)
+    reg.start()
+    try:
+        with pytest.raises(ModelNotLoadedError, match="POST /models/load"):
+            reg.acquire("b")
+        reg.load("b")
+        wait_for(lambda: reg.lookup("b").status is ModelStatus.LOADED, "b to load")
+        assert len(answer(reg, "b")) == 8
+    finally:
+        reg.stop()
+
+
+def test_a_broken_file_fails_and_the_others_serve(tiny, tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(100))
+    reg = Registry([ModelSpec("a", tiny["a"], (), SETTINGS), ModelSpec("broken", str(broken), (), SETTINGS)])
+    reg.check_files()
+    reg.start()
+    try:
+        bad = reg.lookup("broken")
+        assert bad.status is ModelStatus.FAILED and "GGUF" in bad.failure
+        with pytest.raises(NotReadyError, match="broken failed to load"):
+            reg.acquire("broken")
+        assert len(answer(reg, "a")) == 8
+        # a load is tried again on request, and fails the same way
+        reg.load("broken")
+        wait_for(lambda: reg.lookup("broken").status is ModelStatus.FAILED, "the retry to fail")
+    finally:
+        reg.stop()
+
+
+def test_a_model_loading_at_start_answers_not_ready(tiny):
+    slow = ModelSpec("a", tiny["a"], (), EngineSettings(n_ctx=256, n_threads=1, load_delay_s=1.0),
+                     load_on_startup=True)
+    reg = Registry([slow])
+    reg.start()
+    try:
+        with pytest.raises(NotReadyError, match="loading"):
+            reg.acquire("a")
+        wait_for(lambda: reg.lookup("a").status is ModelStatus.LOADED, "a to load")
+        assert len(answer(reg, "a")) == 8
+    finally:
+        reg.stop()
