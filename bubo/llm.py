@@ -188,7 +188,7 @@ class Model:
                  temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, min_p: float | None = None,
                  add_special: bool = True, parse_special: bool = False,
-                 grammar: str | Grammar | None = None, **sampling: Any) -> TextStream:
+                 grammar: str | Grammar | None = None, ignore_eos: bool = False, **sampling: Any) -> TextStream:
         """Stream the continuation of `prompt` (text, or token ids used as they are) as text
         pieces. Stops at an end-of-generation token, at a stop string (which is not yielded,
         nor anything after it) or after max_tokens (None: until the context is full).
@@ -196,7 +196,8 @@ class Model:
         Sampling parameters left as None take bubo.sampling.SamplingParams' defaults (those of
         llama.cpp); other SamplingParams fields can be passed by name. temperature <= 0 is greedy.
         grammar (GBNF text or a bubo._grammar.Grammar): every token keeps the text in its
-        language, and the answer ends only where the text is a whole sentence of it."""
+        language, and the answer ends only where the text is a whole sentence of it. ignore_eos:
+        generate past end-of-generation tokens (until max_tokens or a stop string)."""
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
             raise ValueError(f"max_tokens must be a positive integer (or None for no limit), got {max_tokens!r}")
         if isinstance(prompt, str):
@@ -220,7 +221,8 @@ class Model:
             from bubo._grammar import Grammar
 
             grammar = Grammar(grammar)
-        return TextStream(self, self._start(GenerationRequest(ids, params, max_tokens, stops, grammar=grammar)))
+        req = GenerationRequest(ids, params, max_tokens, stops, ignore_eos=ignore_eos, grammar=grammar)
+        return TextStream(self, self._start(req))
 
     def complete(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion:
         """generate(), collected: the text with why it ended."""

@@ -60,7 +60,7 @@ _REASONS: dict[Reason, tuple[int, str, int | None]] = {
     Reason.NOT_READY: (503, "not_ready", None),
     Reason.CANCELLED: (503, "cancelled", None),
     Reason.SHUTTING_DOWN: (503, "shutting_down", None),
-    Reason.INVALID_REQUEST: (400, "invalid_request", None),
+    Reason.INVALID_REQUEST: (400, "invalid_value", None),  # a field out of range (token ids, logit_bias)
     Reason.GRAMMAR_STUCK: (400, "invalid_grammar", None),
     Reason.MODEL_UNKNOWN: (404, "model_not_found", None),
     Reason.MODEL_NOT_LOADED: (400, "model_not_loaded", None),

@@ -117,15 +117,9 @@ def encode(runtime: Runtime, text: str, add_special: bool = True) -> list[int]:
 
 def prompt_tokens(runtime: Runtime, prompt: str | list[int], name: str = "prompt") -> list[int]:
     """A raw prompt's tokens: text is tokenized as llama-server does (BOS added, special-token
-    text parsed), token ids are checked against the vocabulary and used as they are."""
-    if isinstance(prompt, str):
-        ids = encode(runtime, prompt)
-    else:
-        n = runtime.n_vocab
-        for i, t in enumerate(prompt):
-            if not 0 <= t < n:
-                raise invalid(f"{name}[{i}] = {t} is not a token id of this model (0..{n - 1})")
-        ids = list(prompt)
+    text parsed), token ids are used as they are (the engine checks them against the vocabulary:
+    one check, for the library and the server alike)."""
+    ids = encode(runtime, prompt) if isinstance(prompt, str) else list(prompt)
     if not ids:
         raise invalid(f"{name} is empty: give some text or token ids")
     return ids

@@ -29,10 +29,14 @@ _URL = re.compile(r"listening on (http://\S+)")
 
 
 class Server:
-    def __init__(self, *flags: str, env: dict[str, str] | None = None, model: str = MODEL,
+    def __init__(self, *flags: str, env: dict[str, str] | None = None, model: str | None = MODEL,
                  ctx: int = 2048, threads: int = 2):
-        path = store.pull(model)  # before the clock starts: a download is not a slow server
-        cmd = [sys.executable, "-m", "bubo", "serve", "-m", str(path), "--served-model-name", model,
+        """model None: the flags name the models (router mode: several -m, --models-dir, ...)."""
+        models: list[str] = []
+        if model is not None:
+            path = store.pull(model)  # before the clock starts: a download is not a slow server
+            models = ["-m", str(path), "--served-model-name", model]
+        cmd = [sys.executable, "-m", "bubo", "serve", *models,
                "--host", "127.0.0.1", "--port", "0", "-c", str(ctx), "-t", str(threads), *flags]
         full_env = {**os.environ, **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

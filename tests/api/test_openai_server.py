@@ -220,16 +220,14 @@ def test_streamed_logprobs_equal_non_streamed(client):
 
 def test_apply_template_function_matches_the_generated_prompt(client, base_url):
     # the function /apply-template can share: its prompt is the one chat generation runs on
-    from types import SimpleNamespace
-
+    # (run here on the library's runtime: the same Runtime type the server's engine holds)
     import bubo
     from bubo.api.openai.chat import apply_template
 
     model = bubo.Model("smollm2:135m", n_ctx=256, n_threads=1)
-    fake_engine = SimpleNamespace(model=model, tokenizer=model.tokenizer)
     body = {"messages": [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]}] + MSGS +
             [{"role": "assistant", "content": "Red,"}], "stream": True}
-    text = apply_template(fake_engine, body)
+    text = apply_template(model.runtime, body)
     assert text.endswith("<|im_start|>assistant\nRed,")
     r = client.chat.completions.create(model="bubo", messages=body["messages"], max_tokens=1)
     assert r.usage.prompt_tokens == len(model.tokenize(text, parse_special=True))

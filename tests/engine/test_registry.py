@@ -7,9 +7,16 @@ import gevent
 import pytest
 
 from bubo.engine import FinishEvent, GenerationRequest, NotReadyError, TokenEvent
-from bubo.engine.registry import (EngineSettings, ModelNotLoadedError, ModelSpec, ModelStatus, Registry,
-                                  UnknownModelError)
+from bubo.engine.registry import (
+    EngineSettings,
+    ModelNotLoadedError,
+    ModelSpec,
+    ModelStatus,
+    Registry,
+    UnknownModelError,
+)
 from bubo.sampling import SamplingParams
+
 from reference.tiny import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0)
