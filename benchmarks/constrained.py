@@ -39,7 +39,7 @@ def run(engine: Engine, prompt: list[int], n: int, grammar: Grammar | None) -> t
     events = list(engine.submit(req))
     fin = events[-1]
     assert isinstance(fin, FinishEvent), fin
-    return fin.timings["predicted_per_second"], fin.completion_tokens, fin.reason
+    return fin.timings.predicted_per_second, fin.completion_tokens, fin.reason
 
 
 def main() -> None:
@@ -56,7 +56,8 @@ def main() -> None:
         while not engine.ready:
             assert engine.load_error is None, engine.load_error
             gevent.sleep(0.05)
-    text = engine.model.chat_prompt([{"role": "user", "content": "Write many detailed notes about rivers as JSON."}])
+    assert engine.runtime is not None
+    text = engine.runtime.chat_prompt([{"role": "user", "content": "Write many detailed notes about rivers as JSON."}])
     prompt = engine.tokenizer.encode(text, add_special=True, parse_special=True)
     grammar = Grammar(schema_to_gbnf(SCHEMA))
     run(engine, prompt, 8, None)  # warm-up: weights paged in, prompt cached

@@ -197,3 +197,38 @@ def test_a_model_loading_at_start_answers_not_ready(tiny):
         assert len(answer(reg, "a")) == 8
     finally:
         reg.stop()
+
+
+def test_the_memory_guard_covers_the_sum_of_models(tiny, monkeypatch):
+    """A load that the memory available cannot hold beside the loaded models first unloads the
+    least recently used idle one (whatever --models-max says); with nothing left to unload it is
+    refused: for now (503, retry) or for good (507) when the machine could never hold it."""
+    import os
+
+    from bubo.engine import InsufficientMemoryError
+    from bubo.engine import registry as reg_mod
+
+    size_b = os.path.getsize(tiny["b"])
+    reg = registry(tiny, models_max=0)
+    reg.start()
+    try:
+        answer(reg, "a")
+        # b fits once a's memory is back
+        a = reg.lookup("a")
+        monkeypatch.setattr(reg_mod, "memory_budget",
+                            lambda override=None: (1 << 40, size_b - 1 if a.engine is not None else size_b))
+        answer(reg, "b")  # a had to go to make room
+        assert (reg.lookup("a").status, reg.lookup("b").status) == (ModelStatus.UNLOADED, ModelStatus.LOADED)
+        reg.unload("b")
+        monkeypatch.setattr(reg_mod, "memory_budget", lambda override=None: (1 << 40, size_b - 1))
+        with pytest.raises(InsufficientMemoryError) as e:
+            reg.acquire("b")
+        assert not e.value.permanent and "weights of b" in str(e.value)
+        monkeypatch.setattr(reg_mod, "memory_budget", lambda override=None: (size_b - 1, 0))
+        with pytest.raises(InsufficientMemoryError) as e:
+            reg.acquire("b")
+        assert e.value.permanent
+        monkeypatch.undo()
+        assert len(answer(reg, "b")) == 8
+    finally:
+        reg.stop()
