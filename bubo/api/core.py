@@ -23,7 +23,7 @@ from bubo.api.request import config, debug_mem_available, json_body, models, opt
 from bubo.api.sse import cancel_on_disconnect, sse_response
 from bubo.engine.engine import ModelInfo
 from bubo.engine.registry import ModelEntry, ModelStatus
-from bubo.engine.types import EngineRefusal, FinishEvent, GenerationRequest, TokenEvent
+from bubo.engine.types import EngineMetrics, EngineRefusal, FinishEvent, GenerationRequest, TokenEvent
 
 blueprint = Blueprint("core", __name__)
 debug_blueprint = Blueprint("debug", __name__, url_prefix="/debug")
@@ -222,9 +222,7 @@ def metrics() -> Any:
     return Response(prometheus(per), mimetype="text/plain; version=0.0.4")
 
 
-def _zero() -> Any:
-    from bubo.engine.types import EngineMetrics
-
+def _zero() -> EngineMetrics:
     return EngineMetrics()
 
 

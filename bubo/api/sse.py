@@ -24,6 +24,8 @@ import gevent
 import gevent.queue
 from flask import Response, request
 
+from bubo.engine.protocol import Stream
+
 log = logging.getLogger("bubo.api")
 
 _END = object()
@@ -38,7 +40,7 @@ def format_event(item: Any) -> str:
     return f"{head}data: {data}\n\n"
 
 
-def sse_response(gen: Iterator[Any], stream: Any = None, ping_seconds: float | None = None) -> Response:
+def sse_response(gen: Iterator[Any], stream: Stream | None = None, ping_seconds: float | None = None) -> Response:
     from bubo.api.request import config
 
     ping = ping_seconds if ping_seconds is not None else config().sse_ping_seconds
@@ -49,7 +51,7 @@ def sse_response(gen: Iterator[Any], stream: Any = None, ping_seconds: float | N
     return resp
 
 
-def _events(gen: Iterator[Any], stream: Any, ping: float, sock: socket.socket | None) -> Iterator[bytes]:
+def _events(gen: Iterator[Any], stream: Stream | None, ping: float, sock: socket.socket | None) -> Iterator[bytes]:
     q: gevent.queue.Queue = gevent.queue.Queue()
 
     def produce() -> None:
@@ -104,7 +106,7 @@ def _watch_disconnect(sock: socket.socket, on_disconnect: Callable[[], None]) ->
 
 
 @contextlib.contextmanager
-def cancel_on_disconnect(stream: Any) -> Iterator[Any]:
+def cancel_on_disconnect(stream: Stream) -> Iterator[Stream]:
     """For a non-streamed answer: while the handler collects `stream`, a client that goes away
     cancels it (the slot is freed at the engine's next step; iterating the stream then stops
     without a final event).

@@ -182,6 +182,7 @@ class Registry:
         spec = ModelSpec(name, engine.model_name, tuple(a for a in aliases if a != name), load_on_startup=True)
         reg = cls([spec], models_max=0, factory=lambda _spec: engine.fresh())
         reg.entries[0].engine = engine
+        reg.entries[0].startup = True  # its first load is the server's start: not_ready meanwhile
         return reg
 
     # --- names ---------------------------------------------------------------------------------
@@ -362,8 +363,10 @@ class Registry:
         loaded = [e for e in self.entries if e is not entry and e.engine is not None
                   and e.status in (ModelStatus.LOADED, ModelStatus.LOADING)]
         over = self.models_max > 0 and len(loaded) >= self.models_max
-        need = _weights_bytes(entry.spec.source)
-        ceiling, available = memory_budget()
+        # one model loads as it always did; with several, the memory available now must hold
+        # the new model's weights beside the ones that stay
+        need = _weights_bytes(entry.spec.source) if self.is_router else None
+        ceiling, available = memory_budget() if need is not None else (None, None)
         short = need is not None and available is not None and need > available
         if not (over or short):
             return False, None
