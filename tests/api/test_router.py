@@ -74,6 +74,19 @@ def stream_completion(url: str, model: str, n: int, events: list, done: dict) ->
     done["t"] = time.monotonic()
 
 
+def start_stream(url: str, model: str, n: int) -> tuple[threading.Thread, list, dict]:
+    """A streamed /completion of n tokens read in a thread, once its first chunk has come."""
+    events: list = []
+    done: dict = {}
+    reader = threading.Thread(target=stream_completion, args=(url, model, n, events, done))
+    reader.start()
+    deadline = time.monotonic() + 60
+    while not events:
+        assert time.monotonic() < deadline, "the stream never started"
+        time.sleep(0.01)
+    return reader, events, done
+
+
 @pytest.fixture(scope="module")
 def singles(catalog_model):
     """What each model answers alone: a single-model server per model."""
@@ -145,14 +158,7 @@ def test_unknown_models_are_404_naming_the_available_ones(router):
 
 def test_unload_during_a_stream_waits_for_it_and_never_cuts_it(router):
     complete(router.url, GEMMA, "Hi", 2)  # loaded
-    events: list = []
-    done: dict = {}
-    reader = threading.Thread(target=stream_completion, args=(router.url, GEMMA, 120, events, done))
-    reader.start()
-    deadline = time.monotonic() + 60
-    while not events:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    reader, events, done = start_stream(router.url, GEMMA, 120)
     status, r = call_json(router.url + "/models/unload", "POST", {"model": GEMMA}, timeout=180)
     unloaded_at = time.monotonic()
     reader.join(180)
@@ -176,14 +182,7 @@ def test_models_max_1_swaps_and_a_request_waiting_for_the_swap_is_answered(catal
         assert r["tokens"] == singles[GEMMA][PROMPTS[1]]
         assert (status_of(s.url, SMOL), status_of(s.url, GEMMA)) == ("unloaded", "loaded")
         # a long stream keeps gemma busy; a request for smollm2 waits for it, then swaps
-        events: list = []
-        done: dict = {}
-        reader = threading.Thread(target=stream_completion, args=(s.url, GEMMA, 100, events, done))
-        reader.start()
-        deadline = time.monotonic() + 60
-        while not events:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        reader, events, done = start_stream(s.url, GEMMA, 100)
         r = complete(s.url, SMOL, PROMPTS[2])
         answered_at = time.monotonic()
         reader.join(180)

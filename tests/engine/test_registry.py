@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import gevent
 import pytest
 
@@ -29,6 +31,15 @@ def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("registry")
     return {"a": write_tiny_model(d / "a.gguf", "llama", types="F32"),
             "b": write_tiny_model(d / "b.gguf", "qwen2", types="F32", seed=1)}
+
+
+@contextlib.contextmanager
+def started(reg, **kw):
+    reg.start(**kw)
+    try:
+        yield reg
+    finally:
+        reg.stop()
 
 
 def registry(tiny, **kw):
@@ -68,8 +79,7 @@ def test_names_aliases_and_unknown_models(tiny):
 
 def test_models_load_on_their_first_request_and_answer_like_a_lone_engine(tiny):
     reg = registry(tiny)
-    reg.start()
-    try:
+    with started(reg):
         assert [e.status for e in reg.entries] == [ModelStatus.UNLOADED] * 2
         a1 = answer(reg, "a")
         b1 = answer(reg, "b")
@@ -79,14 +89,11 @@ def test_models_load_on_their_first_request_and_answer_like_a_lone_engine(tiny):
         ga = [gevent.spawn(answer, reg, n) for n in ("a", "b", "alpha", "b", "a")]
         gevent.joinall(ga, raise_error=True, timeout=TIMEOUT_S)
         assert [g.value for g in ga] == [a1, b1, a1, b1, a1]
-    finally:
-        reg.stop()
 
 
 def test_models_max_swaps_the_least_recently_used_idle_model(tiny):
     reg = registry(tiny, models_max=1)
-    reg.start()
-    try:
+    with started(reg):
         answer(reg, "a")
         answer(reg, "b")
         a, b = reg.lookup("a"), reg.lookup("b")
@@ -95,14 +102,11 @@ def test_models_max_swaps_the_least_recently_used_idle_model(tiny):
         answer(reg, "a")
         assert (a.status, b.status) == (ModelStatus.LOADED, ModelStatus.UNLOADED)
         assert a.n_loads == 2
-    finally:
-        reg.stop()
 
 
 def test_a_request_waiting_for_a_swap_is_answered_once_the_busy_model_is_done(tiny):
     reg = registry(tiny, models_max=1)
-    reg.start()
-    try:
+    with started(reg):
         engine = reg.acquire("a")
         stream = ask(engine, 40)
         first = next(stream)  # "a" is busy: a stream is being read
@@ -115,14 +119,11 @@ def test_a_request_waiting_for_a_swap_is_answered_once_the_busy_model_is_done(ti
         assert isinstance(rest[-1], FinishEvent) and rest[-1].completion_tokens == 40  # never cut
         assert len(waiting.get(timeout=TIMEOUT_S)) == 8  # answered, not dropped
         assert reg.lookup("a").status is ModelStatus.UNLOADED
-    finally:
-        reg.stop()
 
 
 def test_unload_waits_for_the_stream_in_flight(tiny):
     reg = registry(tiny)
-    reg.start()
-    try:
+    with started(reg):
         engine = reg.acquire("a")
         reg.release(reg.lookup("a"))
         stream = ask(engine, 40)
@@ -136,34 +137,26 @@ def test_unload_waits_for_the_stream_in_flight(tiny):
         assert reg.lookup("a").status is ModelStatus.UNLOADED and engine.stopped and engine.runtime is None
         # the next request loads it again
         assert len(answer(reg, "a")) == 8
-    finally:
-        reg.stop()
 
 
 def test_an_idle_model_sleeps_and_its_next_request_wakes_it(tiny):
     reg = registry(tiny, sleep_idle_s=0.4)
-    reg.start(sleep_poll_s=0.05)
-    try:
+    with started(reg, sleep_poll_s=0.05):
         first = answer(reg, "a")
         a = reg.lookup("a")
         wait_for(lambda: a.status is ModelStatus.SLEEPING, "a to sleep")
         assert a.engine is None and a.info is not None  # what it was stays known
         assert answer(reg, "a") == first and a.n_loads == 2
-    finally:
-        reg.stop()
 
 
 def test_autoload_off_loads_only_when_asked(tiny):
     reg = registry(tiny, autoload=False)
-    reg.start()
-    try:
+    with started(reg):
         with pytest.raises(ModelNotLoadedError, match="POST /models/load"):
             reg.acquire("b")
         reg.load("b")
         wait_for(lambda: reg.lookup("b").status is ModelStatus.LOADED, "b to load")
         assert len(answer(reg, "b")) == 8
-    finally:
-        reg.stop()
 
 
 def test_a_broken_file_fails_and_the_others_serve(tiny, tmp_path):
@@ -171,8 +164,7 @@ def test_a_broken_file_fails_and_the_others_serve(tiny, tmp_path):
     broken.write_bytes(b"GGUF" + bytes(100))
     reg = Registry([ModelSpec("a", tiny["a"], (), SETTINGS), ModelSpec("broken", str(broken), (), SETTINGS)])
     reg.check_files()
-    reg.start()
-    try:
+    with started(reg):
         bad = reg.lookup("broken")
         assert bad.status is ModelStatus.FAILED and "GGUF" in bad.failure
         with pytest.raises(NotReadyError, match="broken failed to load"):
@@ -181,22 +173,17 @@ def test_a_broken_file_fails_and_the_others_serve(tiny, tmp_path):
         # a load is tried again on request, and fails the same way
         reg.load("broken")
         wait_for(lambda: reg.lookup("broken").status is ModelStatus.FAILED, "the retry to fail")
-    finally:
-        reg.stop()
 
 
 def test_a_model_loading_at_start_answers_not_ready(tiny):
     slow = ModelSpec("a", tiny["a"], (), EngineSettings(n_ctx=256, n_threads=1, load_delay_s=1.0),
                      load_on_startup=True)
     reg = Registry([slow])
-    reg.start()
-    try:
+    with started(reg):
         with pytest.raises(NotReadyError, match="loading"):
             reg.acquire("a")
         wait_for(lambda: reg.lookup("a").status is ModelStatus.LOADED, "a to load")
         assert len(answer(reg, "a")) == 8
-    finally:
-        reg.stop()
 
 
 def test_the_memory_guard_covers_the_sum_of_models(tiny, monkeypatch):
@@ -210,8 +197,7 @@ def test_the_memory_guard_covers_the_sum_of_models(tiny, monkeypatch):
 
     size_b = os.path.getsize(tiny["b"])
     reg = registry(tiny, models_max=0)
-    reg.start()
-    try:
+    with started(reg):
         answer(reg, "a")
         # b fits once a's memory is back
         a = reg.lookup("a")
@@ -230,5 +216,3 @@ def test_the_memory_guard_covers_the_sum_of_models(tiny, monkeypatch):
         assert e.value.permanent
         monkeypatch.undo()
         assert len(answer(reg, "b")) == 8
-    finally:
-        reg.stop()
