@@ -41,6 +41,7 @@ from bubo.runtime import Runtime
 
 if TYPE_CHECKING:
     from bubo._grammar import Grammar
+    from bubo.engine.scheduler import Task
     from bubo._model import Model as NativeModel
     from bubo.sampling import SamplingParams
 
@@ -72,6 +73,8 @@ class _Run:
     def __init__(self, request: GenerationRequest):
         self._request = request
         self.events: collections.deque[Event] = collections.deque()
+        self.started = False  # queued in the slot (at its first read)
+        self.task: Task | None = None
         self.superseded = False  # a newer generation took the slot
         self.closed = False  # its reader stopped it
         self.ended = False  # its final event was read, or it was closed
@@ -257,15 +260,21 @@ class Model:
     # --- the one slot ----------------------------------------------------------------------
 
     def _start(self, req: GenerationRequest) -> _Run:
-        """Queue req in the slot; a generation still being read is superseded (its stream raises
-        at its next read; the slot keeps what its sequence holds for the new one to reuse)."""
-        old = self._current
-        if old is not None and not old.ended:
-            old.superseded = True
+        """req's run; it takes the slot when it is first read."""
         run = _Run(req)
-        self._sched.queue.append(self._sched.new_task(run))
-        self._current = run
+        run.task = self._sched.new_task(run)  # its sampler and grammar state: errors show here
         return run
+
+    def _begin(self, run: _Run) -> None:
+        """Give run the slot: a generation still being read is superseded (its stream raises at
+        its next read; the slot keeps what its sequence holds for the new one to reuse)."""
+        old = self._current
+        if old is not None and old is not run and not old.ended:
+            old.superseded = True
+        run.started = True
+        assert run.task is not None
+        self._sched.queue.append(run.task)
+        self._current = run
 
     def _next_event(self, run: _Run) -> Event | None:
         """run's next event, stepping the scheduler until there is one; None once it ended."""
@@ -276,6 +285,8 @@ class Model:
                     "finish or close one generator before starting the next")
             if run.ended:
                 return None
+            if not run.started:
+                self._begin(run)
             if run.events:
                 ev = run.events.popleft()
                 if not isinstance(ev, TokenEvent):

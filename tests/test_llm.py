@@ -306,3 +306,14 @@ def test_chat_uses_the_template_and_special_tokens(fake_model):
     c = m.chat(msgs)
     assert c.text == "Hello!" and c.prompt_tokens == len(ids)
     assert "".join(m.chat_stream(msgs)) == "Hello!"
+
+
+@pytest.mark.models
+def test_a_generation_takes_the_slot_when_first_read(fake_model):
+    """Two generations made before either is read each run in full, one after the other."""
+    m, script = fake_model
+    script("The owl", " says hoo")
+    a = m.generate("The owl")
+    b = m.generate("The owl", max_tokens=2)
+    assert "".join(a) == " says hoo" and a.completion().finish_reason == "stop"
+    assert b.completion is not None and len(list(b)) >= 1 and b.completion().finish_reason == "length"

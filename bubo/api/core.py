@@ -19,7 +19,16 @@ from bubo.api import errors, pipeline
 from bubo.api import fields as f
 from bubo.api.errors import ApiError
 from bubo.api.llamacpp.shapes import prometheus, slots_json
-from bubo.api.request import config, debug_mem_available, json_body, models, optional_model, runtime_of, use_model
+from bubo.api.request import (
+    config,
+    debug_mem_available,
+    json_body,
+    models,
+    optional_model,
+    resolve_model,
+    runtime_of,
+    use_model,
+)
 from bubo.api.sse import cancel_on_disconnect, sse_response
 from bubo.engine.engine import ModelInfo
 from bubo.engine.registry import ModelEntry, ModelStatus
@@ -158,6 +167,8 @@ def unload_model() -> Any:
 
 @_route("/props")
 def props() -> Any:
+    if not models().is_router and request.args.get("model"):
+        resolve_model({"model": request.args["model"]})  # checked, as it always was; the answer names the model
     name = optional_model()
     entry = _entry(name)
     info = _info(entry)
@@ -166,6 +177,9 @@ def props() -> Any:
     from bubo.sampling import SamplingParams
 
     s = entry.spec.settings
+    eng = entry.engine
+    n_batch, n_ubatch, queue_size = ((eng.n_batch, eng.n_ubatch, eng.queue_size) if eng is not None
+                                     else (s.n_batch, s.n_ubatch, s.queue_size))
     defaults = {k: (list(v) if isinstance(v, tuple) else v)
                 for k, v in dataclasses.asdict(SamplingParams()).items()}
     return jsonify({
@@ -187,9 +201,9 @@ def props() -> Any:
         "default_generation_settings": {"id": 0, "n_ctx": info.n_ctx, "params": defaults},
         "total_slots": info.n_parallel,
         "n_ctx": info.n_ctx,
-        "n_batch": s.n_batch,
-        "n_ubatch": s.n_ubatch,
-        "queue_size": s.queue_size,
+        "n_batch": n_batch,
+        "n_ubatch": n_ubatch,
+        "queue_size": queue_size,
         "modalities": {"vision": False, "audio": False},
         "build_info": f"bubo {bubo.__version__}",
         "is_sleeping": entry.status is ModelStatus.SLEEPING,

@@ -207,8 +207,9 @@ def model_specs(args: argparse.Namespace, load_delay_s: float = 0.0) -> list[Mod
     seen: set[tuple[str, str]] = set()
     unique = []
     for name, source, origin in found:
-        if (name, source) not in seen:
-            seen.add((name, source))
+        key = (name, os.path.realpath(source) if os.path.exists(source) else source)
+        if key not in seen:
+            seen.add(key)
             unique.append((name, source, origin))
     single = len(unique) == 1
     if not single and (args.served_model_name or args.alias):

@@ -190,8 +190,11 @@ def collect(stream: Stream, parser: OutputParser | None) -> Output:
     from bubo.api.sse import cancel_on_disconnect
 
     out = Output()
-    with cancel_on_disconnect(stream) as events:
-        gather(out, run_events(events, parser))
+    try:
+        with cancel_on_disconnect(stream) as events:
+            gather(out, run_events(events, parser))
+    finally:
+        stream.cancel()  # nothing once the stream ended; else (an error here) its slot is freed
     return out
 
 

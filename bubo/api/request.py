@@ -89,11 +89,13 @@ def resolve_model(body: dict[str, Any]) -> str:
 
 def optional_model(body: dict[str, Any] | None = None) -> str:
     """The model of a route where naming one is optional (llama-server's routes: `model` in the
-    body, or `?model=` on a GET route); the default model when absent. With one model, a body's
-    model field is not checked (llama-server ignores it there)."""
+    body, or `?model=` on a GET route); the default model when absent. With one model, both are
+    ignored, as llama-server does (/props checks `?model=` itself)."""
     reg = models()
+    if not reg.is_router:
+        return reg.default.name
     name = request.args.get("model") or None
-    if name is None and body is not None and reg.is_router:
+    if name is None and body is not None:
         given = body.get("model")
         name = given if given not in (None, "") else None
     return _check_name(name) if name is not None else reg.default.name

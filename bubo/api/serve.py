@@ -100,8 +100,9 @@ def serve(args: argparse.Namespace) -> int:
     specs = model_specs(args, delay)
     registry = Registry(specs, models_max=args.models_max, autoload=not args.no_models_autoload,
                         sleep_idle_s=args.sleep_idle_seconds)
-    registry.check_files()
     router = registry.is_router
+    if router:
+        registry.check_files()  # a broken file shows as failed at once; one model fails its load as always
     config = config_from_args(args, specs[0].name if router else None)
     if not router:
         config.served_model_name = specs[0].name

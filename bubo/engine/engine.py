@@ -329,10 +329,13 @@ class Engine:
             if not worked:
                 self._work.acquire()
         self.ready = False
-        with self._lock:
-            sched.fail_all(ErrorEvent(Reason.SHUTTING_DOWN, f"the model {self.model_name} was stopped (unloaded, "
-                                                            "or the server is shutting down)"), queued=True)
-        self._release()
+        try:
+            with self._lock:
+                sched.fail_all(ErrorEvent(Reason.SHUTTING_DOWN, f"the model {self.model_name} was stopped "
+                                                                "(unloaded, or the server is shutting down)"),
+                               queued=True)
+        finally:
+            self._release()
 
     def _release(self) -> None:
         """Let go of the model and its cache (the thread is ending)."""
@@ -407,12 +410,18 @@ class Engine:
             stream.cancel()
             raise
         with self._lock:
+            # checked under the lock the engine thread takes to fail what is queued when it
+            # stops: a request is either queued before that (and failed) or refused here
+            stopping = self._stopping
             full = (self.queue_size is not None
                     and sched.n_busy() + sched.n_waiting() >= self.n_parallel + self.queue_size)
-            if not full:
+            if not (full or stopping):
                 sched.queue.append(task)
                 self._n_open += 1
                 stream.on_close(self._stream_closed)
+        if stopping:
+            stream.cancel()
+            raise NotReadyError(f"the model {self.model_name} is being unloaded")
         if full:
             assert self.queue_size is not None
             stream.cancel()
@@ -430,7 +439,8 @@ class Engine:
         must still take from the OS for them, counting its free and cached blocks as there.
         Read from another thread while the engine runs, it is an estimate."""
         sched, kv = self._sched, self.kv
-        assert self.n_ctx is not None and sched is not None and kv is not None
+        if self.n_ctx is None or sched is None or kv is None:
+            raise NotReadyError(self.load_error or f"the model {self.model_name} is not loaded")
         n = len(req.prompt) + (req.max_tokens if req.max_tokens is not None else 0)
         n = min(n, self.n_ctx)
         return n, kv.grow_bytes(_spare_seq(sched), n)

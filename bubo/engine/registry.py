@@ -108,6 +108,8 @@ class ModelEntry:
         self.last_busy = time.monotonic()  # when it was last seen busy (idle sleep)
         self.n_loads = 0
         self.startup = False  # loading at start: requests get not_ready meanwhile, as with one model
+        self.pending = False  # a load waits for room (a swap): shows as loading
+        self.waiting = 0  # requests waiting for it to load: it serves them before it can be swapped out
         self.info: ModelInfo | None = None  # what it was when last loaded (kept while it sleeps)
 
     @property
@@ -117,6 +119,8 @@ class ModelEntry:
     @property
     def status(self) -> ModelStatus:
         eng = self.engine
+        if self.pending and eng is None:
+            return ModelStatus.LOADING
         if self._status in (ModelStatus.UNLOADING, ModelStatus.SLEEPING) or eng is None:
             return self._status
         if eng.ready:
@@ -172,6 +176,11 @@ class Registry:
                                      f"{e.spec.source} ({e.spec.origin}); give one of them another name")
                 self._names[n] = e
         self._names.setdefault(DEFAULT_NAME, self.entries[0])
+        at_start = [e.name for e in self.entries if e.spec.load_on_startup]
+        if 0 < models_max < len(at_start):
+            raise ValueError(f"{len(at_start)} models load at start ({', '.join(at_start)}) but at most {models_max} "
+                             "may be loaded at once (--models-max): raise it, or set load-on-startup = false for "
+                             "some")
         self._swap = gevent.lock.Semaphore()  # one load decision at a time
         self._watchers: list[gevent.Greenlet] = []
 
@@ -229,7 +238,8 @@ class Registry:
 
     def start(self, sleep_poll_s: float = 1.0) -> None:
         """Start loading the models marked load_on_startup (an engine already made is started
-        as it is), and the idle-sleep watcher."""
+        as it is), and the idle-sleep watcher. Returns at once: a model that cannot load (its
+        file, or the memory) shows as failed, and the others serve."""
         for e in self.entries:
             if e.engine is not None:
                 e.startup = True
@@ -237,8 +247,8 @@ class Registry:
                     e.engine.start()
                     e.n_loads += 1
             elif e.spec.load_on_startup and e.status is ModelStatus.UNLOADED:
-                self._begin_load(e)
-                e.startup = True
+                e.startup = e.pending = True  # loading (requests get not_ready) from now on
+                self._watchers.append(gevent.spawn(self._load_quietly, e))
         if self.sleep_idle_s is not None:
             self._watchers.append(gevent.spawn(self._sleeper, min(sleep_poll_s, self.sleep_idle_s / 4)))
 
@@ -254,9 +264,16 @@ class Registry:
     def acquire(self, name: str) -> Engine:
         """The loaded engine of the model `name` (an id or alias), loading it if need be; the
         caller uses it until release(entry). UnknownModelError, ModelNotLoadedError (autoload off),
-        NotReadyError (its load failed), InsufficientMemoryError (it cannot fit beside what must
-        stay loaded)."""
+        NotReadyError (loading at start, or its load failed), InsufficientMemoryError (it cannot
+        fit beside what must stay loaded)."""
         entry = self.lookup(name)
+        entry.waiting += 1
+        try:
+            return self._acquire(entry)
+        finally:
+            entry.waiting -= 1
+
+    def _acquire(self, entry: ModelEntry) -> Engine:
         while True:
             status = entry.status
             if status is ModelStatus.LOADED:
@@ -275,26 +292,33 @@ class Registry:
             if status in (ModelStatus.UNLOADED, ModelStatus.SLEEPING):
                 self._begin_load(entry)
                 continue
-            gevent.sleep(POLL_S)  # loading, or unloading: look again
+            gevent.sleep(POLL_S)  # loading, waiting for a swap, or unloading: look again
 
     def release(self, entry: ModelEntry) -> None:
         entry.users = max(entry.users - 1, 0)
         entry.last_busy = time.monotonic()
 
-    def peek(self, name: str) -> ModelEntry:
-        """The entry of `name` without loading anything (GET routes: status, slots, metrics)."""
-        return self.lookup(name)
-
     # --- load and unload ------------------------------------------------------------------------
 
     def load(self, name: str) -> ModelEntry:
         """Start loading `name` unless it is loaded or loading (a failed model tries again);
-        returns at once (its status tells when it is loaded)."""
+        returns at once (its status tells when it is loaded), unless the load is refused at once
+        (the memory: InsufficientMemoryError)."""
         entry = self.lookup(name)
-        status = entry.status
-        if status in (ModelStatus.UNLOADED, ModelStatus.SLEEPING, ModelStatus.FAILED):
-            self._begin_load(entry)
+        if entry.status in (ModelStatus.UNLOADED, ModelStatus.SLEEPING, ModelStatus.FAILED):
+            g = gevent.spawn(self._begin_load, entry)
+            g.join(timeout=POLL_S)  # a refusal comes at once; a swap that waits goes on alone
+            if g.ready():
+                g.get()
+            else:
+                g.link_exception(lambda g: self._failed(entry, g.exception))
         return entry
+
+    @staticmethod
+    def _failed(entry: ModelEntry, err: BaseException | None) -> None:
+        entry._status = ModelStatus.FAILED
+        entry.error = err.message if isinstance(err, EngineRefusal) else f"{type(err).__name__}: {err}"
+        log.error("model %s cannot load: %s", entry.name, entry.error)
 
     def unload(self, name: str, *, sleeping: bool = False) -> ModelEntry:
         """Unload `name`, waiting for its requests in flight (queued, running, or streams still
@@ -303,25 +327,31 @@ class Registry:
         entry = self.lookup(name)
         while entry.status is ModelStatus.LOADING:
             gevent.sleep(POLL_S)
-        if entry.status is not ModelStatus.LOADED:
-            if entry.status is ModelStatus.UNLOADING:
-                while entry.status is ModelStatus.UNLOADING:
-                    gevent.sleep(POLL_S)
+        if entry.status is ModelStatus.UNLOADING:
+            while entry.status is ModelStatus.UNLOADING:
+                gevent.sleep(POLL_S)
             return entry
+        if entry.status is ModelStatus.LOADED:
+            self._drain(entry, ModelStatus.SLEEPING if sleeping else ModelStatus.UNLOADED)
+        return entry
+
+    def _drain(self, entry: ModelEntry, status: ModelStatus) -> None:
+        """Unload a loaded entry once its work in flight has ended: from now on new requests for
+        it wait (its status is unloading), so a busy model cannot keep a swap waiting forever."""
         entry._status = ModelStatus.UNLOADING
         try:
             while entry.busy:
                 gevent.sleep(POLL_S)
-            self._drop(entry, ModelStatus.SLEEPING if sleeping else ModelStatus.UNLOADED)
+            self._drop(entry, status)
         finally:
             if entry._status is ModelStatus.UNLOADING:  # interrupted: it is still loaded
                 entry._status = ModelStatus.UNLOADED
-        return entry
 
     def _drop(self, entry: ModelEntry, status: ModelStatus) -> None:
         """Stop an idle entry's engine and let its memory go."""
         eng = entry.engine
         assert eng is not None
+        entry._status = ModelStatus.UNLOADING  # no request takes it from here on
         eng.stop()
         while not eng.stopped:
             gevent.sleep(POLL_S)
@@ -332,54 +362,74 @@ class Registry:
         gc.collect()  # the runtime and its cache may sit in reference cycles: free them now
         log.info("model %s %s", entry.name, "sleeps" if status is ModelStatus.SLEEPING else "unloaded")
 
+    def _load_quietly(self, entry: ModelEntry) -> None:
+        """A start-up load (entry.pending set) in a greenlet of its own: a refusal marks the
+        model failed, with why."""
+        try:
+            self._load_pending(entry, startup=True)
+        except EngineRefusal as e:
+            self._failed(entry, e)
+
     def _begin_load(self, entry: ModelEntry) -> None:
-        """Make room (models_max, memory), then start entry's engine. Waits while every model
-        that would have to go is busy."""
-        with self._swap:
-            while True:
-                status = entry.status
-                if status in (ModelStatus.LOADED, ModelStatus.LOADING, ModelStatus.UNLOADING):
-                    return  # another request got here first
-                must, victim = self._victim(entry)
-                if not must:
-                    break
-                if victim is None:
-                    gevent.sleep(POLL_S)  # every model that could go is busy: wait for one
-                    continue
-                self._drop(victim, ModelStatus.UNLOADED)
-            entry._status = ModelStatus.UNLOADED
-            entry.error = None
-            entry.startup = False
-            entry.engine = self._factory(entry.spec)
-            entry.engine.start()
-            entry.n_loads += 1
-            entry.last_used = entry.last_busy = time.monotonic()
-            log.info("loading model %s from %s", entry.name, entry.spec.source)
+        """Make room (models_max, memory), then start entry's engine. While the model that must
+        go is busy, it stops taking requests and this waits for its work in flight to end."""
+        if entry.status in (ModelStatus.LOADED, ModelStatus.LOADING, ModelStatus.UNLOADING):
+            return  # another request got here first
+        entry.pending = True  # shows as loading: the requests behind this one wait for it
+        self._load_pending(entry)
+
+    def _load_pending(self, entry: ModelEntry, startup: bool = False) -> None:
+        try:
+            with self._swap:
+                while True:
+                    must, victim = self._victim(entry)
+                    if not must:
+                        break
+                    if victim is not None:
+                        self._drain(victim, ModelStatus.UNLOADED)
+                    else:
+                        gevent.sleep(POLL_S)  # still loading, or about to serve its waiters: look again
+                entry._status = ModelStatus.UNLOADED
+                entry.error = None
+                entry.startup = startup
+                entry.engine = self._factory(entry.spec)
+                entry.engine.start()
+                entry.n_loads += 1
+                entry.last_used = entry.last_busy = time.monotonic()
+                log.info("loading model %s from %s", entry.name, entry.spec.source)
+        finally:
+            entry.pending = False
 
     def _victim(self, entry: ModelEntry) -> tuple[bool, ModelEntry | None]:
-        """(must one go, the model to unload) before entry can load: one must go over models_max,
-        or while the memory available now is short of entry's weights; the least recently used
-        idle one goes (None: all that could are busy)."""
-        loaded = [e for e in self.entries if e is not entry and e.engine is not None
-                  and e.status in (ModelStatus.LOADED, ModelStatus.LOADING)]
+        """(must one go, which) before entry can load: over models_max, or while the memory
+        available now (less what the models still loading will take) is short of entry's
+        weights, the least recently used loaded model goes, idle ones first; None while every
+        candidate is still loading or has requests waiting for it (they are served first).
+        InsufficientMemoryError when entry cannot fit even with every other model gone."""
+        loaded = [e for e in self.entries if e is not entry and e.engine is not None]
         over = self.models_max > 0 and len(loaded) >= self.models_max
+        short = False
         # one model loads as it always did; with several, the memory available now must hold
         # the new model's weights beside the ones that stay
         need = _weights_bytes(entry.spec.source) if self.is_router else None
-        ceiling, available = memory_budget() if need is not None else (None, None)
-        short = need is not None and available is not None and need > available
+        if need is not None:
+            ceiling, available = memory_budget()
+            coming = sum(_weights_bytes(e.spec.source) or 0 for e in loaded if e.status is ModelStatus.LOADING)
+            reclaimable = sum(_weights_bytes(e.spec.source) or 0 for e in loaded)
+            if ceiling is not None and need > ceiling + reclaimable:
+                raise InsufficientMemoryError(need, ceiling + reclaimable, True, 0,
+                                              what=f"{need / 1024 ** 3:.2f} GiB for the weights of {entry.name}")
+            if available is not None and need > available - coming:
+                short = True
+                if not loaded:
+                    raise InsufficientMemoryError(need, max(available - coming, 0), False, 0,
+                                                  what=f"{need / 1024 ** 3:.2f} GiB for the weights of {entry.name}")
         if not (over or short):
             return False, None
-        idle = sorted((e for e in loaded if e.status is ModelStatus.LOADED and not e.busy), key=lambda e: e.last_used)
-        if idle:
-            return True, idle[0]
-        if short and not over and not loaded:
-            assert need is not None and available is not None
-            permanent = ceiling is not None and need > ceiling
-            raise InsufficientMemoryError(need, ceiling if permanent and ceiling is not None else available,
-                                          permanent, 0, what=f"{need / 1024 ** 3:.2f} GiB for the weights of "
-                                                             f"{entry.name}")
-        return True, None
+        ready = [e for e in loaded if e.status is ModelStatus.LOADED and e.waiting == 0]
+        if not ready:
+            return True, None
+        return True, min(ready, key=lambda e: (e.busy, e.last_used))
 
     # --- idle sleep -------------------------------------------------------------------------------
 
@@ -389,10 +439,8 @@ class Registry:
             gevent.sleep(poll_s)
             now = time.monotonic()
             for e in self.entries:
-                if e.status is not ModelStatus.LOADED:
-                    continue
-                if e.busy:
-                    e.last_busy = now
+                if e.status is not ModelStatus.LOADED or e.busy:
+                    e.last_busy = now  # idle time counts from the end of the load or of the last request
                 elif now - e.last_busy >= self.sleep_idle_s:
                     try:
                         self.unload(e.name, sleeping=True)

@@ -276,10 +276,10 @@ class Scheduler:
         if not task.req.cache_prompt:
             return "cache_prompt is false"
         reusable = (task.n_prompt - 1) // self.block_size * self.block_size
-        if n_hit >= reusable:
-            return None
         if reusable == 0:
             return f"the prompt is shorter than one cache block ({self.block_size} tokens) plus one"
+        if n_hit >= reusable:
+            return None
         if n_hit == 0:
             return "no cached block starts this prompt (new prefix, or evicted)"
         return (f"the cache holds the first {n_hit} tokens of this prompt; block {n_hit // self.block_size} "

@@ -277,8 +277,28 @@ class QueueFullError(EngineRefusal, RuntimeError):
                          f"requests are waiting (--queue-size {queue_size}); try again shortly")
 
 
+class GenerationError(EngineRefusal, RuntimeError):
+    """A generation ended without finishing (the library raises what its stream ended with)."""
+
+
+class GenerationValueError(EngineRefusal, ValueError):
+    """A generation ended on its input: the context, its grammar, a token id."""
+
+
+class GenerationMemoryError(EngineRefusal, MemoryError):
+    """A generation ended because the KV cache could not take more memory."""
+
+
 def refusal_of(event: ErrorEvent) -> EngineRefusal:
-    """An ErrorEvent as an exception (the library raises what a stream ended with)."""
-    err = EngineRefusal(event.message)
+    """An ErrorEvent as an exception of the matching builtin kind (MemoryError, ValueError or
+    RuntimeError), its reason kept."""
+    kind: type[EngineRefusal]
+    if event.reason in (Reason.MEMORY_SHORT, Reason.MEMORY_NEVER):
+        kind = GenerationMemoryError
+    elif event.reason in (Reason.CONTEXT_EXCEEDED, Reason.INVALID_REQUEST, Reason.GRAMMAR_STUCK):
+        kind = GenerationValueError
+    else:
+        kind = GenerationError
+    err = kind(event.message)
     err.reason = event.reason
     return err

@@ -113,7 +113,9 @@ def test_a_request_waiting_for_a_swap_is_answered_once_the_busy_model_is_done(ti
         assert isinstance(first, TokenEvent)
         waiting = gevent.spawn(answer, reg, "b")
         gevent.sleep(0.3)
-        assert not waiting.ready() and reg.lookup("a").status is ModelStatus.LOADED
+        # "a" must go: it takes no new request, and finishes the one in flight
+        assert not waiting.ready() and reg.lookup("a").status is ModelStatus.UNLOADING
+        assert reg.lookup("b").status is ModelStatus.LOADING
         rest = list(stream)
         reg.release(reg.lookup("a"))
         assert isinstance(rest[-1], FinishEvent) and rest[-1].completion_tokens == 40  # never cut
@@ -216,3 +218,78 @@ def test_the_memory_guard_covers_the_sum_of_models(tiny, monkeypatch):
         assert e.value.permanent
         monkeypatch.undo()
         assert len(answer(reg, "b")) == 8
+
+
+def test_a_request_for_the_model_being_swapped_out_is_answered(tiny):
+    """It waits for the unload, then loads the model again, rather than reach a stopping engine."""
+    reg = registry(tiny, models_max=1)
+    with started(reg):
+        answer(reg, "a")
+        gb = gevent.spawn(answer, reg, "b")
+        gevent.sleep(0)  # b's load begins: a is being dropped
+        ga = gevent.spawn(answer, reg, "a")
+        gevent.joinall([gb, ga], raise_error=True, timeout=TIMEOUT_S)
+        assert len(gb.value) == len(ga.value) == 8
+        assert reg.lookup("a").users == reg.lookup("b").users == 0
+
+
+def test_a_model_kept_busy_cannot_hold_off_a_swap(tiny):
+    reg = registry(tiny, models_max=1)
+    with started(reg):
+        answer(reg, "a")
+        stop = False
+        served = {"a": 0}
+
+        def keep_busy():
+            while not stop:
+                answer(reg, "a", 16)
+                served["a"] += 1
+
+        workers = [gevent.spawn(keep_busy), gevent.spawn_later(0.005, keep_busy)]
+        gevent.sleep(0.2)
+        b = gevent.spawn(answer, reg, "b")
+        assert len(b.get(timeout=TIMEOUT_S)) == 8  # the swap happened while "a" was in demand
+        stop = True
+        gevent.joinall(workers, raise_error=True, timeout=TIMEOUT_S)
+        assert served["a"] > 0
+
+
+def test_a_slow_load_is_not_put_to_sleep_as_it_ends(tiny):
+    slow = ModelSpec("a", tiny["a"], (), EngineSettings(n_ctx=256, n_threads=1, load_delay_s=1.0),
+                     load_on_startup=True)
+    reg = Registry([slow], sleep_idle_s=0.6)
+    with started(reg, sleep_poll_s=0.05):
+        a = reg.lookup("a")
+        wait_for(lambda: a.status is ModelStatus.LOADED, "a to load")
+        gevent.sleep(0.3)
+        assert a.status is ModelStatus.LOADED  # idle time counts from the end of the load
+        wait_for(lambda: a.status is ModelStatus.SLEEPING, "a to sleep")
+
+
+def test_load_answers_at_once_while_its_swap_waits(tiny):
+    reg = registry(tiny, models_max=1)
+    with started(reg):
+        engine = reg.acquire("a")
+        stream = ask(engine, 40)
+        assert isinstance(next(stream), TokenEvent)
+        with gevent.Timeout(1, AssertionError("load() waited for the swap")):
+            reg.load("b")
+        assert reg.lookup("b").status is ModelStatus.LOADING
+        assert isinstance(list(stream)[-1], FinishEvent)
+        reg.release(reg.lookup("a"))
+        wait_for(lambda: reg.lookup("b").status is ModelStatus.LOADED, "b to load")
+        assert reg.lookup("a").status is ModelStatus.UNLOADED
+
+
+def test_start_up_checks(tiny, monkeypatch):
+    from bubo.engine import registry as reg_mod
+
+    with pytest.raises(ValueError, match="2 models load at start .* at most 1"):
+        Registry([ModelSpec("a", tiny["a"], load_on_startup=True), ModelSpec("b", tiny["b"], load_on_startup=True)],
+                 models_max=1)
+    # a model that cannot fit in memory at start fails; the server still starts
+    monkeypatch.setattr(reg_mod, "memory_budget", lambda override=None: (1 << 40, 10))
+    reg = Registry([ModelSpec("a", tiny["a"], (), SETTINGS, load_on_startup=True), ModelSpec("b", tiny["b"])])
+    with started(reg):
+        wait_for(lambda: reg.lookup("a").status is ModelStatus.FAILED, "a to fail")
+        assert "weights of a" in reg.lookup("a").failure
