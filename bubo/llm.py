@@ -41,8 +41,8 @@ from bubo.runtime import Runtime
 
 if TYPE_CHECKING:
     from bubo._grammar import Grammar
-    from bubo.engine.scheduler import Task
     from bubo._model import Model as NativeModel
+    from bubo.engine.scheduler import Task
     from bubo.sampling import SamplingParams
 
 __all__ = ["Completion", "Model", "StopMatcher", "TextStream"]
