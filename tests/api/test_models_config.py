@@ -39,8 +39,11 @@ def test_several_models_and_a_models_dir(tmp_path):
                                                           ("sub", False)]
     assert got[3].source == str(d / "sub" / "only.gguf")
     assert all(s.settings.n_parallel == 2 for s in got)
-    # the same file twice under one name is one model
+    # the same file twice under one name is one model (a link to it too)
     assert len(specs("-m", "/m/x.gguf", "-m", "/m/x.gguf")) == 1
+    (tmp_path / "link").mkdir()
+    (tmp_path / "link" / "a.gguf").symlink_to(d / "a.gguf")
+    assert len(specs("-m", str(d / "a.gguf"), "-m", str(tmp_path / "link" / "a.gguf"))) == 1
 
 
 def test_preset_precedence_command_line_then_section_then_defaults(tmp_path):

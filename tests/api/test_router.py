@@ -250,9 +250,9 @@ def test_bad_configurations_stop_the_server_at_start(catalog_model, tmp_path):
     err = start_error("-m", smol, "--models-preset", str(preset))
     assert "[ghost] names no model" in err
     # two files under one name
-    for sub in ("one", "two"):
+    for sub, model in (("one", SMOL), ("two", GEMMA)):
         (tmp_path / sub).mkdir()
-        (tmp_path / sub / "model.gguf").symlink_to(smol)
+        (tmp_path / sub / "model.gguf").symlink_to(catalog_model(model))
     err = start_error("-m", str(tmp_path / "one" / "model.gguf"), "-m", str(tmp_path / "two" / "model.gguf"))
     assert "two models are named 'model'" in err and "one" in err and "two" in err
     err = start_error("-m", SMOL, "-m", GEMMA, "--served-model-name", "x")
