@@ -161,14 +161,17 @@ def _dir_models(path: str) -> list[tuple[str, str]]:
 
 
 def _store_models() -> list[tuple[str, str]]:
+    """(name, source) of the stored models when there are several (the default model first, if
+    stored); else the default model alone (pulled if need be)."""
     from bubo import store
     from bubo.cli import DEFAULT_SERVE_MODEL
 
-    stored = [m.name for m in store.stored_models()]
+    stored = [(m.name, m.name) if m.name in store.CATALOG else (served_name(str(m.path)), str(m.path))
+              for m in store.stored_models()]
     if len(stored) < 2:
         return [(DEFAULT_SERVE_MODEL, DEFAULT_SERVE_MODEL)]
-    stored.sort(key=lambda n: n != DEFAULT_SERVE_MODEL)  # the default model first, if stored
-    return [(n, n) for n in stored]
+    stored.sort(key=lambda m: m[0] != DEFAULT_SERVE_MODEL)
+    return stored
 
 
 def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0) -> dict[str, Any]:

@@ -1,8 +1,9 @@
-"""Prometheus histograms for the engine's latencies (time to first token, queue wait).
+"""Latency histograms of the engine (time to first token, queue wait); bubo/api/llamacpp/shapes.py
+writes them as Prometheus histograms.
 
 Written by the engine thread, read by /metrics on another: each observe is a handful of integer
 increments under the GIL, and a reader may see one observation half-counted, never a torn one
-that breaks the exposition format's invariants (counts are cumulative when rendered)."""
+that breaks the exposition format's invariants (counts are cumulative in the snapshot)."""
 
 from __future__ import annotations
 

@@ -86,3 +86,18 @@ def test_other_bad_sources(tmp_path):
         specs("--models-dir", str(tmp_path / "empty"))
     with pytest.raises(ModelsConfigError, match="-a/--alias names one model"):
         specs("-m", "/a.gguf", "-m", "/b.gguf", "-a", "x")
+
+
+def test_no_model_serves_the_store(monkeypatch, tmp_path):
+    from bubo import store
+
+    def stored(*names):
+        return lambda: [store.StoredModel(n, tmp_path / (n if n.endswith(".gguf") else "x.gguf"), 1) for n in names]
+
+    monkeypatch.setattr(store, "stored_models", stored("gemma3:270m"))
+    assert [(s.name, s.source) for s in specs()] == [("smollm2:135m", "smollm2:135m")]  # as always: the default
+    monkeypatch.setattr(store, "stored_models", stored("gemma3:270m", "mine.gguf", "smollm2:135m"))
+    got = specs()
+    assert [(s.name, s.source, s.load_on_startup) for s in got] == [
+        ("smollm2:135m", "smollm2:135m", True), ("gemma3:270m", "gemma3:270m", False),
+        ("mine", str(tmp_path / "mine.gguf"), False)]
