@@ -156,14 +156,25 @@ def test_unknown_models_are_404_naming_the_available_ones(router):
     assert_error(status, r, 400, "invalid_value", "invalid_request_error")
 
 
+def in_background(fn, *args, **kwargs) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("value", fn(*args, **kwargs)))
+    t.start()
+    return t, out
+
+
 def test_unload_during_a_stream_waits_for_it_and_never_cuts_it(router):
     complete(router.url, GEMMA, "Hi", 2)  # loaded
     reader, events, done = start_stream(router.url, GEMMA, 120)
-    status, r = call_json(router.url + "/models/unload", "POST", {"model": GEMMA}, timeout=180)
-    unloaded_at = time.monotonic()
-    reader.join(180)
-    assert status == 200 and r == {"success": True, "model": GEMMA, "status": "unloaded"}
-    assert unloaded_at >= done["t"]  # the unload answered only once the stream had ended
+    unloading, out = in_background(call_json, router.url + "/models/unload", "POST", {"model": GEMMA}, timeout=180)
+    seen = set()
+    while reader.is_alive():
+        seen.add((status_of(router.url, GEMMA), unloading.is_alive()))
+        time.sleep(0.01)
+    unloading.join(180)
+    # while the stream went on, the model was unloading and the unload call still waiting
+    assert ("unloading", True) in seen, seen
+    assert out["value"] == (200, {"success": True, "model": GEMMA, "status": "unloaded"})
     assert events[-1]["stop"] is True and events[-1]["tokens_predicted"] == 120  # whole, not cut
     assert sum(1 for e in events if not e["stop"]) == 120
     assert status_of(router.url, GEMMA) == "unloaded"
@@ -183,11 +194,18 @@ def test_models_max_1_swaps_and_a_request_waiting_for_the_swap_is_answered(catal
         assert (status_of(s.url, SMOL), status_of(s.url, GEMMA)) == ("unloaded", "loaded")
         # a long stream keeps gemma busy; a request for smollm2 waits for it, then swaps
         reader, events, done = start_stream(s.url, GEMMA, 100)
-        r = complete(s.url, SMOL, PROMPTS[2])
-        answered_at = time.monotonic()
-        reader.join(180)
+        asking, out = in_background(complete, s.url, SMOL, PROMPTS[2])
+        seen = set()
+        while reader.is_alive():
+            ms = models(s.url)
+            seen.add((ms[GEMMA]["status"]["value"], ms[SMOL]["status"]["value"], asking.is_alive()))
+            time.sleep(0.01)
+        asking.join(180)
+        # gemma finished its stream while smollm2's request waited for the swap
+        assert ("unloading", "loading", True) in seen, seen
+        r = out["value"]
         assert r["model"] == SMOL and r["tokens"] == singles[SMOL][PROMPTS[2]]  # answered, not dropped
-        assert answered_at >= done["t"] and events[-1]["tokens_predicted"] == 100  # gemma's stream was whole
+        assert events[-1]["tokens_predicted"] == 100  # gemma's stream was whole
         assert (status_of(s.url, SMOL), status_of(s.url, GEMMA)) == ("loaded", "unloaded")
 
 
