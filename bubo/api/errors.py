@@ -105,9 +105,19 @@ def anthropic_type(status: int) -> str:
     return _ANTHROPIC_TYPE.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
+def dumps(body: Any) -> str:
+    """JSON text for a response that cannot fail on its strings: text with a lone surrogate (from
+    a client's input, quoted in a message) goes out escaped."""
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(body, ensure_ascii=True, separators=(",", ":"))
+    return text
+
+
 def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None) -> Response:
-    resp = Response(json.dumps(body, ensure_ascii=False, separators=(",", ":")), status=status,
-                    mimetype="application/json")
+    resp = Response(dumps(body), status=status, mimetype="application/json")
     for k, v in (headers or {}).items():
         resp.headers[k] = v
     return resp

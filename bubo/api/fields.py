@@ -7,13 +7,13 @@ template's messages, ..."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from bubo.api import jsonin
 from bubo.api.errors import ApiError
 from bubo.chat.constrain import REQUIRED, ConstraintError, OutputSpec, gbnf_spec, json_object_spec, schema_spec
 from bubo.sampling import SamplingParams
@@ -354,9 +354,9 @@ def _template_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
         args = fn.get("arguments")
         if isinstance(args, str):
             try:
-                args = json.loads(args) if args.strip() else {}
-            except ValueError:
-                raise invalid(f"{where}.tool_calls[{j}].function.arguments is not valid JSON") from None
+                args = jsonin.parse(args) if args.strip() else {}
+            except jsonin.JSONInputError as e:
+                raise invalid(f"{where}.tool_calls[{j}].function.arguments is not valid JSON: {e.message}") from None
         out.append({"id": c.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}})
     return out
 

@@ -8,13 +8,12 @@ teardown releases it; a stream still being read keeps its engine busy on its own
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 from flask import current_app, g, request
 
-from bubo.api import errors
+from bubo.api import errors, jsonin
 from bubo.api.config import ServerConfig
 from bubo.api.errors import ApiError
 from bubo.engine.protocol import ServingEngine
@@ -46,10 +45,11 @@ def json_body() -> dict[str, Any]:
         raise ApiError(400, "parse_error",
                        f"the request body is not valid UTF-8 (byte {e.start}: {e.reason})") from None
     try:
-        body = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ApiError(400, "parse_error",
-                       f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        body = jsonin.parse(text)
+    except jsonin.JSONInputError as e:
+        if e.surrogate:
+            raise ApiError(400, "invalid_value", f"the request body: {e.message}") from None
+        raise ApiError(400, "parse_error", f"the request body is not valid JSON: {e.message}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "parse_error", f"the request body must be a JSON object, not {type(body).__name__}")
     return body

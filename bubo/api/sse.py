@@ -14,7 +14,6 @@ given, is cancelled: the engine frees the slot at its next step."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ import gevent
 import gevent.queue
 from flask import Response, request
 
+from bubo.api.errors import dumps
 from bubo.engine.protocol import Stream
 
 log = logging.getLogger("bubo.api")
@@ -35,7 +35,7 @@ def format_event(item: Any) -> str:
     name = None
     if isinstance(item, tuple):
         name, item = item
-    data = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False, separators=(",", ":"))
+    data = item if isinstance(item, str) else dumps(item)
     head = f"event: {name}\n" if name else ""
     return f"{head}data: {data}\n\n"
 

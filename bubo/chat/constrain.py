@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bubo._grammar import Grammar
+from bubo._grammar import Grammar, Matcher
 from bubo.chat.parsers import OutputParser, template_opens_think, tool_format_of
 from bubo.chat.schema import JSON_OBJECT_GBNF, SchemaError, schema_to_gbnf
 from bubo.chat.thinking import answer_grammar, template_thinks
@@ -134,11 +134,15 @@ def constrain(template_source: str | None, *, spec: OutputSpec | None = None,
 
 
 def _compile(text: str, spec: OutputSpec | None, wrapped: bool = False) -> Grammar:
-    """Compile GBNF once. spec None: a forced call's grammar (its refusals are the tools'
-    schemas'). wrapped: the spec's GBNF sits inside the reasoning's grammar; if that fails, the
-    spec alone is compiled to name the line and column in the request's own text."""
+    """Compile GBNF once, and start a matcher on it: a grammar whose first step already has more
+    alive parses than the matcher follows is refused here, not when the request runs. spec None:
+    a forced call's grammar (its refusals are the tools' schemas'). wrapped: the spec's GBNF sits
+    inside the reasoning's grammar; if that fails, the spec alone is compiled to name the line and
+    column in the request's own text."""
     try:
-        return Grammar(text)
+        grammar = Grammar(text)
+        Matcher(grammar)
+        return grammar
     except (ValueError, UnsupportedError) as e:
         err = e
     if spec is None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from typing import Any, cast
 
@@ -130,6 +131,45 @@ def literal(text: str) -> str:
 
 def json_literal(value: Any) -> str:
     return literal(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+
+
+# how deep literal_alternatives nests its groups before it lists what is left as it is
+MAX_TRIE_DEPTH = 200
+
+
+def literal_alternatives(texts: list[str]) -> str:
+    """A GBNF expression matching exactly one of texts, factored into a trie (shared prefixes
+    once, then a group of what follows): the matcher follows one parse per prefix instead of one
+    per text, so an enum of 100,000 values is as cheap to follow as a word."""
+    words = sorted(set(texts))
+    if len(words) == 1:
+        return literal(words[0])
+    return _trie(words, 0)
+
+
+def _trie(words: list[str], depth: int) -> str:
+    """words sorted and distinct (one may be "")."""
+    if depth > MAX_TRIE_DEPTH:
+        body = " | ".join(literal(w) for w in words if w)
+        return f"({body})?" if "" in words else f"({body})"
+    alts = []
+    rest = [w for w in words if w]
+    i = 0
+    while i < len(rest):
+        j = i + 1
+        while j < len(rest) and rest[j][0] == rest[i][0]:
+            j += 1
+        group = rest[i:j]
+        if len(group) == 1:
+            alts.append(literal(group[0]))
+        else:
+            prefix = os.path.commonprefix(group)
+            alts.append(f"{literal(prefix)} {_trie([w[len(prefix):] for w in group], depth + 1)}")
+        i = j
+    body = " | ".join(alts)
+    if "" in words:
+        return f"({body})?"
+    return body if len(alts) == 1 else f"({body})"
 
 
 # --- integer ranges ------------------------------------------------------------------------
@@ -647,7 +687,7 @@ class _Converter:
             values = [v for v in values if _json_type(v) in allowed]
             if not values:
                 raise SchemaError(where, "no value matches type")
-        body = " | ".join(json_literal(v) for v in values)
+        body = literal_alternatives([json.dumps(v, ensure_ascii=False, separators=(",", ":")) for v in values])
         return self.add(name, f"({body}) {self.use('ws')}")
 
     def object(self, schema: dict[str, Any], ptr: str, name: str) -> str:

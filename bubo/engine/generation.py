@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from bubo.engine.types import GenerationRequest, TokenEvent
+from bubo.engine.types import EngineRefusal, GenerationRequest, Reason, TokenEvent
 
 if TYPE_CHECKING:
     from bubo._grammar import Matcher
@@ -111,6 +111,12 @@ def text_pieces(tokens: Iterable[int], detok: Detok, stops: StopMatcher) -> Iter
         yield piece
 
 
+class GrammarRefused(EngineRefusal, ValueError):
+    """A grammar the matcher cannot start on (too ambiguous from its first step)."""
+
+    reason = Reason.GRAMMAR_STUCK
+
+
 class GrammarStuck(Exception):
     """The grammar allows no token after this text (and does not accept it whole), or its state
     outgrew its bounds."""
@@ -139,8 +145,12 @@ class Generation:
         self._mask: npt.NDArray[np.uint8] | None = None
         if req.grammar is not None:
             from bubo._grammar import Matcher
+            from bubo.errors import UnsupportedError
 
-            self.grammar = Matcher(req.grammar, runtime.grammar_vocab())
+            try:
+                self.grammar = Matcher(req.grammar, runtime.grammar_vocab())
+            except (ValueError, UnsupportedError) as e:
+                raise GrammarRefused(f"the grammar cannot be followed: {e}") from None
             self._mask = np.zeros(runtime.n_vocab, dtype=np.uint8)
         self.text = TextOut(runtime.tokenizer.detokenizer(), StopMatcher(req.stop))
         self.n_gen = 0

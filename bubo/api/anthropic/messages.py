@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bubo.api import fields as f
+from bubo.api import jsonin
 from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
 from bubo.api.pipeline import Conversation, Output
@@ -175,8 +176,8 @@ def usage(fin: FinishEvent) -> dict[str, Any]:
 
 def tool_input(call: ToolCall) -> Any:
     try:
-        return json.loads(call.arguments)
-    except ValueError:
+        return jsonin.parse(call.arguments)
+    except jsonin.JSONInputError:
         return {}
 
 
