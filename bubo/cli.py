@@ -94,6 +94,19 @@ def _parser() -> _ArgParser:
     p.add_flag("--queue-size", type=int, default=None,
                help="requests that may wait for a slot; past it, 503 with Retry-After (default: unbounded)")
     p.add_flag("--no-slots", action="store_true", help="turn the /slots endpoint off")
+    p.add_flag("-to", "--timeout", type=float, default=600.0,
+               help="the longest a request's body may take to arrive, seconds (a body must also keep to "
+                    "64 KiB/s after the first --header-timeout seconds)")
+    p.add_flag("--header-timeout", type=float, default=10.0,
+               help="seconds from a request's first byte to the end of its headers (then 408 and closed)")
+    p.add_flag("--keepalive-timeout", type=float, default=15.0,
+               help="seconds a connection may wait for its next request before it is closed")
+    p.add_flag("--drain-timeout", type=float, default=30.0,
+               help="on SIGTERM or SIGINT, how long requests in flight may go on before they are ended with an "
+                    "error event (a second signal ends them at once)")
+    p.add_flag("--max-connections", type=int, default=None,
+               help="open connections at most (default 4096, kept 256 below the open-file limit); past it "
+                    "the connection waiting longest for a request is closed, or the newcomer gets 503")
     p.add_flag("--api-key", default=None, help="require this key (several: comma-separated)")
     p.add_flag("--api-key-file", default=None, help="file of keys, one per line (# comments)")
     p.add_flag("--chat-template-file", default=None, help="a Jinja chat template to use instead of the model's own")

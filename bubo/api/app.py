@@ -61,6 +61,10 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
 
     @app.before_request
     def _auth() -> None:
+        if config.draining:
+            raise ApiError(503, "shutting_down", "the server is shutting down: send the request to another one, or "
+                                                 "again once it is back", headers={"Connection": "close",
+                                                                                   "Retry-After": "5"})
         check_api_key(config.api_keys)
 
     @app.teardown_request

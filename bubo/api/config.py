@@ -25,6 +25,7 @@ class ServerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     sse_ping_seconds: float = SSE_PING_SECONDS
     slots_enabled: bool = True  # --no-slots turns /slots off
+    draining: bool = False  # shutting down: new requests get 503 shutting_down
 
     @property
     def model_names(self) -> list[str]:

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from flask import current_app, g, request
+from werkzeug.exceptions import ClientDisconnected
 
 from bubo.api import errors, jsonin
 from bubo.api.config import ServerConfig
@@ -36,7 +37,7 @@ def json_body() -> dict[str, Any]:
     """The request's JSON object. 413 over the size limit (Flask's MAX_CONTENT_LENGTH), 400
     parse_error for invalid UTF-8, malformed JSON or a body that is not an object. The
     Content-Type is not checked: curl's default form type is common."""
-    raw = request.get_data(cache=True)
+    raw = _body_bytes()
     if not raw.strip():
         raise ApiError(400, "parse_error", "the request body is empty: send a JSON object")
     try:
@@ -53,6 +54,27 @@ def json_body() -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "parse_error", f"the request body must be a JSON object, not {type(body).__name__}")
     return body
+
+
+def _body_bytes() -> bytes:
+    """The request's body. A chunked body is counted against the size limit as it arrives (413,
+    and the connection closes, past it); a body that cannot be read (a malformed chunk, or one
+    that did not arrive in time) is a 400 that closes the connection."""
+    env = request.environ
+    limit = config().max_body_bytes
+    try:
+        if env.get("HTTP_TRANSFER_ENCODING", "").strip().lower() == "chunked":
+            raw: bytes = env["wsgi.input"].read(limit + 1)
+            if len(raw) > limit:
+                raise ApiError(413, "request_too_large",
+                               f"the request body is larger than the limit of {limit} bytes",
+                               headers={"Connection": "close"})
+            return raw
+        return request.get_data(cache=True)
+    except (OSError, ClientDisconnected) as e:
+        why = "it did not arrive in time, or the client went away" if isinstance(e, ClientDisconnected) else str(e)
+        raise ApiError(400, "bad_request", f"the request body could not be read: {why}",
+                       headers={"Connection": "close"}) from None
 
 
 def _unknown(name: str) -> ApiError:

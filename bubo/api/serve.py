@@ -12,36 +12,14 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
-from typing import Any
 
-from gevent import pywsgi
-
+from bubo.api import http
 from bubo.api.config import ServerConfig, is_loopback
 from bubo.api.models_config import model_specs, served_name
 from bubo.engine.registry import ModelEntry, ModelStatus, Registry
 
 log = logging.getLogger("bubo.serve")
-
-
-class _Handler(pywsgi.WSGIHandler):  # type: ignore[misc]  # gevent has no type information
-    """Hands the client socket to the app (environ["bubo.socket"]) so that an SSE response can
-    see the client leave (EOF) without waiting for its next write to fail."""
-
-    def handle(self) -> None:
-        # pywsgi writes the headers and the body in separate sends: with Nagle's algorithm the
-        # body waits for the client's delayed ACK of the headers, 40 ms on Linux, per response
-        try:
-            self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass  # not TCP (a Unix socket)
-        super().handle()
-
-    def get_environ(self) -> dict[str, Any]:
-        env: dict[str, Any] = super().get_environ()
-        env["bubo.socket"] = self.socket
-        return env
 
 
 # kept for callers of the old name
@@ -86,9 +64,15 @@ def serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--port {args.port}: give 0..65535")
     for flag, value, least in (("--parallel", args.parallel, 1), ("--batch-size", args.batch_size, 1),
                                ("--ubatch-size", args.ubatch_size, 1), ("--queue-size", args.queue_size, 0),
-                               ("--models-max", args.models_max, 0)):
+                               ("--models-max", args.models_max, 0), ("--max-connections", args.max_connections, 1)):
         if value is not None and value < least:
             raise ValueError(f"{flag} {value}: give at least {least}")
+    for flag, seconds in (("--timeout", args.timeout), ("--header-timeout", args.header_timeout),
+                          ("--keepalive-timeout", args.keepalive_timeout)):
+        if not seconds > 0:
+            raise ValueError(f"{flag} {seconds}: give a positive number of seconds")
+    if not args.drain_timeout >= 0:
+        raise ValueError(f"--drain-timeout {args.drain_timeout}: give 0 or more seconds")
     if args.sleep_idle_seconds is not None and args.sleep_idle_seconds <= 0:
         raise ValueError(f"--sleep-idle-seconds {args.sleep_idle_seconds}: give a positive number of seconds")
     if args.debug_hooks and not is_loopback(args.host):
@@ -108,8 +92,11 @@ def serve(args: argparse.Namespace) -> int:
         config.served_model_name = specs[0].name
         config.aliases = list(specs[0].aliases)
     app = create_app(registry, config)
-    server = pywsgi.WSGIServer((args.host, args.port), app, handler_class=_Handler,
-                               log=None, error_log=logging.getLogger("bubo.http"))
+    fd_limit = http.raise_fd_limit()
+    limits = http.Limits(keepalive_s=args.keepalive_timeout, header_s=args.header_timeout, timeout_s=args.timeout,
+                         max_connections=http.connection_cap(args.max_connections, fd_limit))
+    server = http.Server((args.host, args.port), app, limits=limits, log=None,
+                         error_log=logging.getLogger("bubo.http"))
     server.init_socket()
     host, port = server.address[:2]
     config.port = port
@@ -126,7 +113,8 @@ def serve(args: argparse.Namespace) -> int:
               f"{', '.join(config.model_names[1:])}), loading", flush=True)
     print(f"bubo serve: threads {threads}; context "
           f"{args.ctx_size if args.ctx_size else 'the trained context, capped by memory'}"
-          f"{'; API key required' if config.api_keys else ''}", flush=True)
+          f"{'; API key required' if config.api_keys else ''}; at most {limits.max_connections} connections",
+          flush=True)
     routes = sorted({r.rule for r in app.url_map.iter_rules() if r.endpoint != "static"})
     print("bubo serve: routes " + " ".join(routes), flush=True)
     for entry in registry.entries:
@@ -134,12 +122,9 @@ def serve(args: argparse.Namespace) -> int:
             print(f"bubo serve: model {entry.name} cannot be served: {entry.failure}", flush=True)
     watcher = gevent.spawn(_report_loads, registry)
 
-    def stop() -> None:
-        print("bubo serve: stopping", flush=True)
-        server.stop(timeout=1)
-
+    drain = Drain(server, registry, config, args.drain_timeout)
     # the handlers must stay referenced: a collected watcher no longer fires
-    handlers = [gevent.signal_handler(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)]
+    handlers = [gevent.signal_handler(sig, drain.signal) for sig in (signal.SIGTERM, signal.SIGINT)]
     try:
         server.serve_forever()
     finally:
@@ -149,6 +134,62 @@ def serve(args: argparse.Namespace) -> int:
             h.cancel()
     print("bubo serve: stopped", flush=True)
     return 0
+
+
+class Drain:
+    """SIGTERM or SIGINT: stop accepting, let the requests in flight finish for up to timeout_s
+    (new requests on open connections get 503 shutting_down), then end what is left with an error
+    event in each dialect's stream shape (the engines stop: Reason.SHUTTING_DOWN) and stop. A second
+    signal skips the wait."""
+
+    FLUSH_S = 2.0  # how long the ended streams get to write their last events
+
+    def __init__(self, server: http.Server, registry: Registry, config: ServerConfig, timeout_s: float):
+        self.server = server
+        self.registry = registry
+        self.config = config
+        self.timeout_s = timeout_s
+        self.phase = "serving"
+
+    def signal(self) -> None:
+        import gevent
+
+        if self.phase == "serving":
+            self.phase = "draining"
+            gevent.spawn(self._drain)
+        elif self.phase == "draining":
+            self.phase = "ending"
+            print("bubo serve: second signal: ending the requests in flight now", flush=True)
+
+    def _busy(self) -> int:
+        return sum(1 for c in self.server.conns.values() if not c.waiting)
+
+    def _drop_idle(self) -> None:
+        for h, c in list(self.server.conns.items()):
+            if c.waiting:
+                h.drop()
+
+    def _drain(self) -> None:
+        import time
+
+        import gevent
+
+        self.config.draining = True
+        self.server.stop_accepting()  # no new connections (serve_forever goes on until stop)
+        print(f"bubo serve: draining: {self._busy()} requests in flight, up to {self.timeout_s:g} s", flush=True)
+        deadline = time.monotonic() + self.timeout_s
+        while self._busy() and self.phase == "draining" and time.monotonic() < deadline:
+            self._drop_idle()
+            gevent.sleep(0.05)
+        left = self._busy()
+        if left:
+            print(f"bubo serve: ending {left} requests in flight", flush=True)
+        self.registry.stop()  # the engines end what is left: an error event in every stream
+        deadline = time.monotonic() + self.FLUSH_S
+        while self._busy() and time.monotonic() < deadline:
+            gevent.sleep(0.05)
+        print("bubo serve: stopping", flush=True)
+        self.server.stop(timeout=1)
 
 
 def _report_loads(registry: Registry) -> None:

@@ -255,6 +255,7 @@ class Engine:
         self._started = False
         self._stopping = False
         self._n_open = 0  # streams submitted and not yet read to their end or cancelled
+        self._stop_why = f"the model {self.model_name} was stopped (unloaded, or the server is shutting down)"
 
     # --- what the model is (once ready) ------------------------------------------------
 
@@ -295,8 +296,11 @@ class Engine:
         after this one stopped)."""
         return Engine(self.model_name, **self._settings)
 
-    def stop(self) -> None:
-        """Ask the engine thread to end after the current step (see the module docstring)."""
+    def stop(self, why: str | None = None) -> None:
+        """Ask the engine thread to end after the current step (see the module docstring); why
+        is what the requests still in flight are told."""
+        if why is not None:
+            self._stop_why = why
         self._stopping = True
         self._signal()
 
@@ -331,9 +335,7 @@ class Engine:
         self.ready = False
         try:
             with self._lock:
-                sched.fail_all(ErrorEvent(Reason.SHUTTING_DOWN, f"the model {self.model_name} was stopped "
-                                                                "(unloaded, or the server is shutting down)"),
-                               queued=True)
+                sched.fail_all(ErrorEvent(Reason.SHUTTING_DOWN, self._stop_why), queued=True)
         finally:
             self._release()
 

@@ -182,6 +182,7 @@ class Registry:
                              "may be loaded at once (--models-max): raise it, or set load-on-startup = false for "
                              "some")
         self._swap = gevent.lock.Semaphore()  # one load decision at a time
+        self.stopped = False
         self._watchers: list[gevent.Greenlet] = []
 
     @classmethod
@@ -253,11 +254,13 @@ class Registry:
             self._watchers.append(gevent.spawn(self._sleeper, min(sleep_poll_s, self.sleep_idle_s / 4)))
 
     def stop(self) -> None:
+        """Stop every engine (their requests end with Reason.SHUTTING_DOWN) and load nothing more."""
+        self.stopped = True
         for g in self._watchers:
             g.kill(block=False)
         for e in self.entries:
             if e.engine is not None:
-                e.engine.stop()
+                e.engine.stop("the server is shutting down: this answer ends here, unfinished")
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -275,6 +278,8 @@ class Registry:
 
     def _acquire(self, entry: ModelEntry) -> Engine:
         while True:
+            if self.stopped:
+                raise NotReadyError("the server is shutting down")
             status = entry.status
             if status is ModelStatus.LOADED:
                 assert entry.engine is not None

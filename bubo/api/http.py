@@ -1,0 +1,304 @@
+"""The HTTP server under the app: gevent's WSGI server with limits a hostile client cannot get
+around.
+
+Per connection:
+  - keepalive_s: waiting for a request, before the first one and between them;
+  - header_s: from a request's first byte to the end of its headers (408, then closed);
+  - a body must arrive before min(timeout_s, header_s + its length / MIN_BODY_RATE) seconds have
+    passed since its headers, and no read may wait more than header_s for a byte;
+  - at most max_connections open: a new connection beyond it closes the connection that has
+    waited longest for a request (idle, or still sending its headers); if every one is working on
+    a request, the newcomer gets 503 and is closed.
+Framing is strict: more than one Content-Length, Content-Length beside Transfer-Encoding, a
+Transfer-Encoding other than chunked, or a malformed length is a 400 and the connection is
+closed; a response that closes the connection (413, a malformed chunk) does not read the rest of
+the body first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import resource
+import socket
+import time
+from typing import Any
+
+import gevent
+from gevent import pywsgi
+
+log = logging.getLogger("bubo.http")
+
+MIN_BODY_RATE = 64 * 1024  # bytes per second a body must at least arrive at, after header_s
+FD_HEADROOM = 256  # file descriptors kept free below the limit (models, logs, the engine's files)
+DEFAULT_MAX_CONNECTIONS = 4096
+
+_REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+            b"Connection: close\r\nContent-Length: 121\r\n\r\n"
+            b'{"error":{"message":"too many open connections: try again shortly","type":"server_error",'
+            b'"code":"too_many_connections"}}')
+_TIMEOUT = (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: 118\r\n\r\n"
+            b'{"error":{"message":"the request headers did not arrive in time","type":"invalid_request_error",'
+            b'"code":"request_timeout"}}')
+
+
+def _bad_request(why: str) -> bytes:
+    body = ('{"error":{"message":"' + why.replace('"', "'") +
+            '","type":"invalid_request_error","code":"bad_request"}}').encode("ascii", "replace")
+    return (b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+@dataclasses.dataclass
+class Limits:
+    keepalive_s: float = 15.0
+    header_s: float = 10.0
+    timeout_s: float = 600.0  # llama-server's -to: the longest a request's body may take
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft limit on open files to the hard one; returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def connection_cap(requested: int | None, fd_limit: int) -> int:
+    """The connection cap: as asked, or the default, kept FD_HEADROOM below the fd limit."""
+    cap = requested if requested is not None else DEFAULT_MAX_CONNECTIONS
+    return max(1, min(cap, fd_limit - FD_HEADROOM))
+
+
+class _Conn:
+    __slots__ = ("handler", "waiting", "since")
+
+    def __init__(self, handler: Handler):
+        self.handler = handler
+        self.waiting = True  # idle, or reading a request's headers: may be closed for a newcomer
+        self.since = time.monotonic()
+
+
+class Server(pywsgi.WSGIServer):  # type: ignore[misc]  # gevent has no type information
+    """WSGIServer whose handlers follow `limits`; conns are the connections open now."""
+
+    def __init__(self, *args: Any, limits: Limits | None = None, **kwargs: Any):
+        kwargs.setdefault("handler_class", Handler)
+        super().__init__(*args, **kwargs)
+        self.limits = limits or Limits()
+        self.conns: dict[Handler, _Conn] = {}
+        self.n_refused = 0
+        self.n_evicted = 0
+
+    def make_room(self, newcomer: Handler) -> bool:
+        """Room for newcomer under the cap: close the connections that have waited longest for
+        a request, as many as needed. False when every other connection is working."""
+        excess = len(self.conns) - self.limits.max_connections
+        if excess <= 0:
+            return True
+        waiting = sorted((c for h, c in self.conns.items() if c.waiting and h is not newcomer),
+                         key=lambda c: c.since)
+        if len(waiting) < excess:
+            return False
+        for c in waiting[:excess]:
+            c.handler.drop()
+            self.n_evicted += 1
+        return True
+
+
+class _Input(pywsgi.Input):  # type: ignore[misc]
+    """The request body: read within its deadline; not read to its end once the response closes
+    the connection."""
+
+    __slots__ = ("abandoned", "deadline", "gap_s")
+
+    def _discard(self) -> None:
+        if not getattr(self, "abandoned", False):
+            super()._discard()
+
+    def _do_read(self, length: int | None = None, use_readline: bool = False) -> bytes:
+        return self._timed(super()._do_read, length, use_readline)
+
+    def _chunked_read(self, length: int | None = None, use_readline: bool = False) -> bytes:
+        return self._timed(super()._chunked_read, length, use_readline)
+
+    def _timed(self, read: Any, length: int | None, use_readline: bool) -> bytes:
+        left = getattr(self, "deadline", 0.0) - time.monotonic()
+        gap = getattr(self, "gap_s", 0.0)
+        if not gap:
+            data: bytes = read(length, use_readline)
+            return data
+        if left <= 0:
+            raise pywsgi._InvalidClientInput("the request body did not arrive in time")
+        try:
+            with gevent.Timeout(min(left, gap)):
+                data = read(length, use_readline)
+        except gevent.Timeout:
+            raise pywsgi._InvalidClientInput("the request body did not arrive in time") from None
+        return data
+
+
+class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
+    """Hands the client socket to the app (environ["bubo.socket"]) so that an SSE response can
+    see the client leave (EOF) without waiting for its next write to fail; applies the server's
+    limits (the module docstring)."""
+
+    _raw_headers: list[tuple[str, str]] = []
+    _header_timer: gevent.Timeout | None = None
+    wsgi_input: Any = None
+
+    # --- the connection ----------------------------------------------------------------
+
+    def handle(self) -> None:
+        # pywsgi writes the headers and the body in separate sends: with Nagle's algorithm the
+        # body waits for the client's delayed ACK of the headers, 40 ms on Linux, per response
+        try:
+            self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass  # not TCP (a Unix socket)
+        server: Server = self.server
+        server.conns[self] = _Conn(self)
+        try:
+            if not server.make_room(self):
+                server.n_refused += 1
+                self._send_raw(_REFUSED)
+                return
+            super().handle()
+        except OSError:
+            pass  # the client went away (or the connection was closed for a newcomer)
+        finally:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            server.conns.pop(self, None)
+
+    def drop(self) -> None:
+        """Close this connection from another greenlet (it is waiting for a request)."""
+        sock = getattr(self, "socket", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _send_raw(self, data: bytes) -> None:
+        try:
+            self.socket.sendall(data)
+        except OSError:
+            pass
+
+    def _waiting(self, waiting: bool) -> None:
+        conn = self.server.conns.get(self)
+        if conn is not None:
+            conn.waiting = waiting
+            conn.since = time.monotonic()
+
+    # --- a request -----------------------------------------------------------------------
+
+    def read_requestline(self) -> str:
+        limits: Limits = self.server.limits
+        self._waiting(True)
+        try:
+            with gevent.Timeout(limits.keepalive_s):
+                if not self.rfile.peek(1):
+                    return ""  # the client closed the connection
+        except (gevent.Timeout, OSError, ValueError):
+            return ""  # idle too long, or closed for a newcomer: close
+        # a request has begun: its line and headers must come within header_s
+        self._header_timer = gevent.Timeout(limits.header_s, _HeaderTimeout)
+        self._header_timer.start()
+        try:
+            line: str = super().read_requestline()
+        except _HeaderTimeout:
+            self._timed_out()
+            return ""
+        if not line:
+            self._header_timer.cancel()
+        return line
+
+    def read_request(self, raw_requestline: str) -> bool:
+        try:
+            ok: bool = super().read_request(raw_requestline)
+        except _HeaderTimeout:
+            raise _Framing("") from None
+        finally:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+        self._check_framing()
+        self._waiting(False)
+        return ok
+
+    def MessageClass(self, *args: Any) -> Any:  # noqa: N802 - pywsgi's name
+        msg = super().MessageClass(*args)
+        self._raw_headers = list(getattr(msg, "_headers", []))  # before pywsgi drops a Content-Length
+        return msg
+
+    def _check_framing(self) -> None:
+        names = [k.lower() for k, _ in self._raw_headers]
+        n_cl, n_te = names.count("content-length"), names.count("transfer-encoding")
+        if n_cl > 1:
+            raise _Framing("more than one Content-Length header")
+        if n_te > 1:
+            raise _Framing("more than one Transfer-Encoding header")
+        if n_cl and n_te:
+            raise _Framing("Content-Length and Transfer-Encoding together")
+        if n_te and self.headers.get("transfer-encoding", "").strip().lower() != "chunked":
+            raise _Framing("only Transfer-Encoding: chunked is accepted")
+        if n_cl and not self.headers.get("content-length", "").strip().isdigit():
+            raise _Framing("Content-Length is not a number")
+
+    def _handle_client_error(self, ex: BaseException) -> Any:
+        if isinstance(ex, _Framing):
+            if not ex.why:  # the header deadline
+                return ("408", _TIMEOUT)
+            log.info("bad request framing from %s: %s", self.client_address, ex.why)
+            return ("400", _bad_request(ex.why))
+        return super()._handle_client_error(ex)
+
+    def _timed_out(self) -> None:
+        self._send_raw(_TIMEOUT)
+        self.close_connection = True
+
+    def get_environ(self) -> dict[str, Any]:
+        env: dict[str, Any] = super().get_environ()
+        env["bubo.socket"] = self.socket
+        old: Any = self.wsgi_input
+        limits: Limits = self.server.limits
+        body = _Input(old.rfile, old.content_length, socket=old.socket, chunked_input=old.chunked_input)
+        length = old.content_length or 0
+        body.deadline = time.monotonic() + min(limits.timeout_s, limits.header_s + length / MIN_BODY_RATE)
+        if old.chunked_input:
+            body.deadline = time.monotonic() + limits.timeout_s
+        body.gap_s = limits.header_s
+        body.abandoned = False
+        self.wsgi_input = body
+        if env.get("wsgi.input") is old:
+            env["wsgi.input"] = body
+        return env
+
+    def start_response(self, status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        if any(k.lower() == "connection" and v.lower() == "close" for k, v in headers):
+            # the rest of the body is not read: the connection ends with this response
+            self.close_connection = True
+            body = getattr(self, "wsgi_input", None)
+            if isinstance(body, _Input):
+                body.abandoned = True
+        return super().start_response(status, headers, exc_info)
+
+
+class _HeaderTimeout(BaseException):
+    pass
+
+
+class _Framing(ValueError):
+    def __init__(self, why: str):
+        super().__init__(why or "the request headers did not arrive in time")
+        self.why = why
