@@ -7,8 +7,8 @@ Per connection:
   - a body must arrive before min(timeout_s, header_s + its length / MIN_BODY_RATE) seconds have
     passed since its headers, and no read may wait more than header_s for a byte;
   - at most max_connections open: a new connection beyond it closes the connection that has
-    waited longest for a request (idle, or still sending its headers); if every one is working on
-    a request, the newcomer gets 503 and is closed.
+    waited longest (idle, still sending its headers, or still sending its body); if every one is
+    working on a request, the newcomer gets 503 and is closed.
 Framing is strict: more than one Content-Length, Content-Length beside Transfer-Encoding, a
 Transfer-Encoding other than chunked, or a malformed length is a 400 and the connection is
 closed; a response that closes the connection (413, a malformed chunk) does not read the rest of
@@ -82,7 +82,7 @@ class _Conn:
 
     def __init__(self, handler: Handler):
         self.handler = handler
-        self.waiting = True  # idle, or reading a request's headers: may be closed for a newcomer
+        self.waiting = True  # idle, or reading a request's headers or body: may be closed for a newcomer
         self.since = time.monotonic()
 
 
@@ -233,7 +233,8 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
                 self._header_timer.cancel()
                 self._header_timer = None
         self._check_framing()
-        self._waiting(False)
+        if not (self.content_length or self.headers.get("transfer-encoding")):
+            self._waiting(False)  # no body to wait for: the request is at work from here
         return ok
 
     def MessageClass(self, *args: Any) -> Any:  # noqa: N802 - pywsgi's name
@@ -270,6 +271,7 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
     def get_environ(self) -> dict[str, Any]:
         env: dict[str, Any] = super().get_environ()
         env["bubo.socket"] = self.socket
+        env["bubo.body_read"] = lambda: self._waiting(False)  # the app has the whole body: at work
         old: Any = self.wsgi_input
         limits: Limits = self.server.limits
         body = _Input(old.rfile, old.content_length, socket=old.socket, chunked_input=old.chunked_input)

@@ -69,8 +69,12 @@ def _body_bytes() -> bytes:
                 raise ApiError(413, "request_too_large",
                                f"the request body is larger than the limit of {limit} bytes",
                                headers={"Connection": "close"})
-            return raw
-        return request.get_data(cache=True)
+        else:
+            raw = request.get_data(cache=True)
+        done = env.get("bubo.body_read")
+        if done is not None:
+            done()  # the HTTP server: this connection is at work now, not waiting on its client
+        return raw
     except (OSError, ClientDisconnected) as e:
         why = "it did not arrive in time, or the client went away" if isinstance(e, ClientDisconnected) else str(e)
         raise ApiError(400, "bad_request", f"the request body could not be read: {why}",

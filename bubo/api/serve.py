@@ -175,7 +175,8 @@ class Drain:
         import gevent
 
         self.config.draining = True
-        self.server.stop_accepting()  # no new connections (serve_forever goes on until stop)
+        self.server.stop_accepting()  # no new connections (serve_forever goes on until stop) ...
+        self.server.socket.close()  # ... and none waiting in the backlog: a new client is refused at once
         print(f"bubo serve: draining: {self._busy()} requests in flight, up to {self.timeout_s:g} s", flush=True)
         deadline = time.monotonic() + self.timeout_s
         while self._busy() and self.phase == "draining" and time.monotonic() < deadline:
