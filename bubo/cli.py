@@ -94,6 +94,9 @@ def _parser() -> _ArgParser:
     p.add_flag("--queue-size", type=int, default=None,
                help="requests that may wait for a slot; past it, 503 with Retry-After (default: unbounded)")
     p.add_flag("--no-slots", action="store_true", help="turn the /slots endpoint off")
+    p.add_flag("--allow-special-in-content", action="store_true",
+               help="let control-token text in chat messages and tools (\"<|im_start|>\") become control tokens, "
+                    "as llama-server does (by default only the chat template's own markup does)")
     p.add_flag("-to", "--timeout", type=float, default=600.0,
                help="the longest a request's body may take to arrive, seconds (a body must also keep to "
                     "64 KiB/s after the first --header-timeout seconds)")

@@ -238,12 +238,18 @@ class Model:
              **kwargs: Any) -> Completion:
         """Answer `messages` ([{"role": "user", "content": "..."}, ...]) with the model's chat
         template; kwargs as for generate()."""
-        return self.complete(self.chat_prompt(messages, tools=tools), parse_special=True, **kwargs)
+        return self.complete(self._chat_ids(messages, tools), **kwargs)
 
     def chat_stream(self, messages: Sequence[Mapping[str, Any]], *,
                     tools: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any) -> TextStream:
         """chat(), streamed as text pieces."""
-        return self.generate(self.chat_prompt(messages, tools=tools), parse_special=True, **kwargs)
+        return self.generate(self._chat_ids(messages, tools), **kwargs)
+
+    def _chat_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> list[int]:
+        """The chat prompt's tokens: the template's markup as control tokens, the messages' and
+        tools' own text as text (control-token text they hold included)."""
+        ct = self.runtime.chat_text(messages, tools=tools)
+        return self.tokenizer.encode(ct.text, add_special=True, parse_special=True, text_spans=ct.spans or None)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], *,
                     tools: Sequence[Mapping[str, Any]] | None = None, add_generation_prompt: bool = True,

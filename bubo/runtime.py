@@ -14,7 +14,10 @@ scratch buffers are its own.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import re
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,6 +30,41 @@ from bubo.gguf import GGUFFile
 if TYPE_CHECKING:
     from bubo._grammar import Vocab
     from bubo._model import Model as NativeModel
+
+
+@dataclass
+class ChatText:
+    """A rendered chat prompt; spans: (start, end) characters of it that stay plain text."""
+
+    text: str
+    spans: list[tuple[int, int]]
+
+
+def _holds(pattern: re.Pattern[str], *values: Any) -> bool:
+    """Whether any string in values (dict keys included, any depth) matches pattern."""
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if pattern.search(v):
+                return True
+        elif isinstance(v, Mapping):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return False
+
+
+def _replace(value: Any, pattern: re.Pattern[str], repl: Callable[[re.Match[str]], str]) -> Any:
+    """value with every match of pattern in its strings (dict keys included) replaced."""
+    if isinstance(value, str):
+        return pattern.sub(repl, value)
+    if isinstance(value, Mapping):
+        return {_replace(k, pattern, repl): _replace(v, pattern, repl) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_replace(v, pattern, repl) for v in value]
+    return value
 
 
 class Runtime:
@@ -53,6 +91,7 @@ class Runtime:
         self._pieces: list[bytes] | None = None
         self._vocab: Vocab | None = None
         self._eog: list[int] | None = None
+        self._controls: re.Pattern[str] | bool | None = None
 
     def __repr__(self) -> str:
         return f"Runtime({self.name!r})"
@@ -110,6 +149,59 @@ class Runtime:
         if self.tokenizer.add_bos and bos and text.startswith(bos):
             text = text[len(bos):]
         return text
+
+    def chat_text(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
+                  add_generation_prompt: bool = True, specials_in_content: bool = False,
+                  **template_kwargs: Any) -> ChatText:
+        """The rendered chat template, and the spans of it that are to stay plain text: the text
+        of control tokens ("<|im_start|>") that the messages or tools themselves hold. Tokenize
+        with parse_special=True and text_spans=spans: the template's own markup becomes control
+        tokens, text from the request does not. specials_in_content: the request's text may
+        hold control tokens (no spans: llama-server's behaviour, an opt-in)."""
+        pattern = None if specials_in_content else self._control_pattern()
+        if pattern is None or not _holds(pattern, messages, tools):
+            return ChatText(self.chat_prompt(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                             **template_kwargs), [])
+        # each control-token text in the request stands in the template's input as a placeholder
+        # that no template treats as markup, and is put back, marked plain, in its output
+        nonce = "".join(secrets.choice("0123456789") for _ in range(12))
+        found: dict[str, str] = {}
+
+        def hide(m: re.Match[str]) -> str:
+            return f"\ue000{nonce}:{found.setdefault(m.group(), str(len(found)))}\ue001"
+
+        text = self.chat_prompt(_replace(messages, pattern, hide), tools=_replace(tools, pattern, hide),
+                                add_generation_prompt=add_generation_prompt, **template_kwargs)
+        texts = {v: k for k, v in found.items()}
+        out: list[str] = []
+        spans: list[tuple[int, int]] = []
+        at, n = 0, 0
+        for m in re.finditer(f"\ue000{nonce}:(\\d+)\ue001", text):
+            out.append(text[at:m.start()])
+            n += m.start() - at
+            special = texts.get(m.group(1), "")
+            out.append(special)
+            spans.append((n, n + len(special)))
+            n += len(special)
+            at = m.end()
+        out.append(text[at:])
+        return ChatText("".join(out), spans)
+
+    def control_spans(self, text: str) -> list[tuple[int, int]]:
+        """The (start, end) characters of text that spell a control token."""
+        pattern = self._control_pattern()
+        return [m.span() for m in pattern.finditer(text)] if pattern is not None else []
+
+    def _control_pattern(self) -> re.Pattern[str] | None:
+        """A regex of every control token's text, longest first (None: the model has none)."""
+        if self._controls is None:
+            tok = self.tokenizer
+            texts = {tok.token_text(i).decode("utf-8", "replace") for i in range(self.n_vocab)
+                     if tok.is_control(i)}
+            texts.discard("")
+            ordered = sorted(texts, key=len, reverse=True)
+            self._controls = re.compile("|".join(map(re.escape, ordered))) if ordered else False
+        return self._controls if isinstance(self._controls, re.Pattern) else None
 
     # --- derived from the vocabulary once --------------------------------------------------
 

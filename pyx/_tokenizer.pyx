@@ -111,14 +111,27 @@ cdef class Tokenizer:
 
     # ---- tokenize / detokenize ------------------------------------------------------------
 
-    def encode(self, text, bint add_special=True, bint parse_special=False):
+    def encode(self, text, bint add_special=True, bint parse_special=False, text_spans=None):
         """Token ids of text (str, or bytes taken as UTF-8). add_special: BOS/EOS as the model's
         metadata asks; parse_special: the text of control tokens ("<|im_start|>") becomes those
-        tokens instead of plain text."""
+        tokens instead of plain text, except inside text_spans: (start, end) ranges of text
+        (characters of a str, bytes of bytes), sorted and not overlapping, that stay plain text
+        (a chat prompt: what came from the messages)."""
         cdef const bubo_tokenizer *t = self._t()
         cdef bytes data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         cdef const char *s = data
         cdef size_t n = len(data)
+        cdef size_t n_spans = 0, i
+        cdef size_t *spans = NULL
+        cdef list bounds
+        if text_spans:
+            bounds = _byte_spans(text, text_spans)
+            n_spans = len(bounds) // 2
+            spans = <size_t *>malloc(len(bounds) * sizeof(size_t))
+            if spans == NULL:
+                raise MemoryError()
+            for i in range(len(bounds)):
+                spans[i] = bounds[i]
         cdef unsigned flags = (BUBO_TOKENIZE_ADD_SPECIAL if add_special else 0) | \
                               (BUBO_TOKENIZE_PARSE_SPECIAL if parse_special else 0)
         # a token covers at least one byte of text, but for BOS/EOS and the rare token per
@@ -134,13 +147,14 @@ cdef class Tokenizer:
                 if out == NULL:
                     raise MemoryError()
                 with nogil:
-                    st = bubo_tokenize(t, s, n, flags, out, cap, &n_tokens, &err)
+                    st = bubo_tokenize_spans(t, s, n, flags, spans, n_spans, out, cap, &n_tokens, &err)
                 check_status(st, &err, None)
                 if n_tokens <= cap:
                     return [out[i] for i in range(n_tokens)]
                 cap = n_tokens
         finally:
             free(out)
+            free(spans)
 
     def decode(self, ids, bint skip_special=False):
         """The text of a sequence, as llama.cpp detokenizes it. skip_special: drop the BOS/EOS the
@@ -342,3 +356,25 @@ cdef class Detokenizer:
         cdef size_t n = 0
         bubo_detokenizer_flush(self._d(), &text, &n)
         return text[:n].decode("utf-8")
+
+
+def _byte_spans(text, spans):
+    """[start0, end0, start1, ...] in bytes of UTF-8 for (start, end) ranges of text: characters of
+    a str (counted piece by piece between the bounds, in one pass), bytes of bytes."""
+    cdef list flat = []
+    cdef Py_ssize_t prev = -1
+    for a, b in spans:
+        if not (0 <= a <= b <= len(text)) or a < prev:
+            raise ValueError(f"text_spans must be sorted (start, end) ranges within the text, not overlapping; got {(a, b)!r}")
+        flat.append(a)
+        flat.append(b)
+        prev = b
+    if not isinstance(text, str):
+        return flat
+    cdef list out = []
+    cdef Py_ssize_t at = 0, nbytes = 0
+    for c in flat:
+        nbytes += len(text[at:c].encode("utf-8"))
+        at = c
+        out.append(nbytes)
+    return out

@@ -69,6 +69,9 @@ cdef extern from "bubo/tokenizer.h" nogil:
         BUBO_TOKENIZE_PARSE_SPECIAL
     bubo_status bubo_tokenize(const bubo_tokenizer *t, const char *text, size_t len, unsigned flags,
                               bubo_token *out, size_t cap, size_t *n_tokens, bubo_err *err)
+    bubo_status bubo_tokenize_spans(const bubo_tokenizer *t, const char *text, size_t len, unsigned flags,
+                                    const size_t *spans, size_t n_spans, bubo_token *out, size_t cap,
+                                    size_t *n_tokens, bubo_err *err)
 
     const char *bubo_token_piece(const bubo_tokenizer *t, bubo_token id, int special, size_t *len)
 

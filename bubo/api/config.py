@@ -26,6 +26,7 @@ class ServerConfig:
     sse_ping_seconds: float = SSE_PING_SECONDS
     slots_enabled: bool = True  # --no-slots turns /slots off
     draining: bool = False  # shutting down: new requests get 503 shutting_down
+    allow_special_in_content: bool = False  # control-token text in messages becomes control tokens
 
     @property
     def model_names(self) -> list[str]:

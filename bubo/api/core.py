@@ -284,10 +284,11 @@ def detokenize() -> Any:
 def apply_template() -> Any:
     """The prompt text a chat body becomes, rendered by the same code as /v1/chat/completions
     (validation, content parts, tool-call arguments, chat_template_kwargs, prefill)."""
-    from bubo.api.openai.chat import apply_template as render
+    from bubo.api.openai.chat import apply_template_json
 
     body = json_body()
-    return jsonify(prompt=render(runtime_of(use_model(optional_model(body))), body))
+    return jsonify(apply_template_json(runtime_of(use_model(optional_model(body))), body,
+                                       config().allow_special_in_content))
 
 
 # --- paths that exist but do nothing on a text model --------------------------------------

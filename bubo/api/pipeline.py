@@ -51,6 +51,7 @@ class Prompt:
     text: str
     tokens: list[int]
     in_think: bool  # the prompt ends inside <think>
+    spans: list[tuple[int, int]] = field(default_factory=list)  # control-token text from the request: plain
 
 
 @dataclass
@@ -67,26 +68,33 @@ class Prepared:
 
 
 def render_chat(runtime: Runtime, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                template_kwargs: Mapping[str, Any], prefill: str | None) -> Prompt:
-    """The prompt: the template's rendering, then the prefill."""
+                template_kwargs: Mapping[str, Any], prefill: str | None, specials_in_content: bool = False) -> Prompt:
+    """The prompt: the template's rendering, then the prefill. Control-token text that came
+    from the request (messages, tools, the prefill) is tokenized as text (Runtime.chat_text),
+    unless specials_in_content (the server's --allow-special-in-content)."""
     from bubo.chat import ChatTemplateError
 
     try:
-        text = runtime.chat_prompt(messages, tools=tools, **template_kwargs)
+        rendered = runtime.chat_text(messages, tools=tools, specials_in_content=specials_in_content,
+                                     **template_kwargs)
     except ChatTemplateError as e:
         raise invalid(str(e)) from None
+    text, spans = rendered.text, list(rendered.spans)
     in_think = in_think_after(text)
     if prefill:
+        if not specials_in_content:
+            spans += [(len(text) + a, len(text) + b) for a, b in runtime.control_spans(prefill)]
         text += prefill
         # the prefill may open (or close) the reasoning itself
         seg = ("<think>" if in_think else "") + prefill
         in_think = seg.rfind("<think>") > seg.rfind("</think>")
-    return Prompt(text, encode(runtime, text), in_think)
+    return Prompt(text, encode(runtime, text, spans=spans), in_think, spans)
 
 
-def prepare(runtime: Runtime, conv: Conversation) -> Prepared:
+def prepare(runtime: Runtime, conv: Conversation, specials_in_content: bool = False) -> Prepared:
     """Render, constrain, tokenize: a Conversation made ready to submit."""
-    prompt = render_chat(runtime, conv.messages, conv.tools, conv.template_kwargs, conv.prefill)
+    prompt = render_chat(runtime, conv.messages, conv.tools, conv.template_kwargs, conv.prefill,
+                         specials_in_content)
     try:
         c = constrain(runtime.chat_template_source, spec=conv.output, tools=conv.tools, choice=conv.tool_choice,
                       parallel=conv.parallel_tool_calls, thinking=conv.thinking, in_think=prompt.in_think)
@@ -105,11 +113,14 @@ def completion_grammar(spec: OutputSpec | None) -> Grammar | None:
         raise constraint_error(e) from None
 
 
-def encode(runtime: Runtime, text: str, add_special: bool = True) -> list[int]:
-    """Tokenize request text (special-token text parsed, as llama-server does). JSON can carry
-    a lone UTF-16 surrogate ("\\ud800") that no UTF-8 text holds: a 400, not a crash."""
+def encode(runtime: Runtime, text: str, add_special: bool = True,
+           spans: list[tuple[int, int]] | None = None) -> list[int]:
+    """Tokenize request text (special-token text parsed, as llama-server does, but for the
+    spans, which stay plain text). JSON can carry a lone UTF-16 surrogate ("\\ud800") that no
+    UTF-8 text holds: a 400, not a crash."""
     try:
-        return runtime.tokenizer.encode(text, add_special=add_special, parse_special=True)
+        return runtime.tokenizer.encode(text, add_special=add_special, parse_special=True,
+                                        text_spans=spans or None)
     except UnicodeEncodeError as e:
         raise invalid(f"the request's text holds {e.object[e.start:e.end]!r} at character {e.start} of the "
                       f"prompt, a lone UTF-16 surrogate that is not valid Unicode text") from None
@@ -137,12 +148,13 @@ def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | N
 
 
 def start_chat(engine: ServingEngine, conv: Conversation, *, stop: list[str] | None = None, n_probs: int = 0,
-               cache_prompt: bool = True, mem_available: int | None = None) -> tuple[Runtime, Prepared, Stream]:
+               cache_prompt: bool = True, mem_available: int | None = None,
+               specials_in_content: bool = False) -> tuple[Runtime, Prepared, Stream]:
     """prepare + submit for a chat-shaped route: (the runtime, the prepared prompt, its stream)."""
     rt = engine.runtime
     if rt is None:
         raise errors.from_reason(Reason.NOT_READY, f"the model {engine.model_name} is not loaded")
-    prep = prepare(rt, conv)
+    prep = prepare(rt, conv, specials_in_content)
     req = GenerationRequest(prep.prompt.tokens, conv.params, conv.max_tokens, list(stop or []), n_probs, cache_prompt,
                             grammar=prep.grammar)
     return rt, prep, submit(engine, req, mem_available)

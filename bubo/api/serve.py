@@ -44,6 +44,7 @@ def config_from_args(args: argparse.Namespace, default_name: str | None = None) 
         host=args.host,
         port=args.port,
         slots_enabled=not args.no_slots,
+        allow_special_in_content=args.allow_special_in_content,
     )
 
 

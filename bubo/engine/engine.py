@@ -375,6 +375,7 @@ class Engine:
         self.model_path = str(path)
         self.weights_bytes = os.path.getsize(path)
         self.info = _model_info(runtime, self.n_ctx, self.n_ctx_train, self.n_parallel)
+        runtime.control_spans("")  # the control tokens' texts, found once here rather than in a request
         self.runtime = runtime
 
     # --- requests ----------------------------------------------------------------------

@@ -2,6 +2,7 @@
  * (llama_vocab::impl::tokenize and tokenizer_st_partition). */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "text/text_internal.h"
 
@@ -68,13 +69,26 @@ static uint64_t occ_pop(occ_heap *h) {
  * yet tried, and accept one if its bytes are all unclaimed. A position already claimed is done
  * with (its other occurrences all cover it); one whose occurrence ran into a claimed byte
  * further on offers its next shorter occurrence. */
-static int find_special(const bubo_tokenizer *t, const uint8_t *s, size_t len, int parse_special, partition *p) {
+/* The longest special token at pos within max_len bytes that may stand there: none that would
+ * cross the end of pos's region (plain span or not), and no control or unknown token inside a
+ * plain span. region_end NULL: the text is one region. */
+static int32_t match_at(const bubo_tokenizer *t, const uint8_t *s, size_t len, size_t pos, size_t max_len,
+                        uint32_t skipped, const uint8_t *plain, const uint32_t *region_end) {
+    if (region_end) {
+        if (region_end[pos] - pos < max_len) max_len = region_end[pos] - pos;
+        if (plain[pos]) skipped |= BUBO_TOKEN_ATTR_CONTROL | BUBO_TOKEN_ATTR_UNKNOWN;
+    }
+    return best_match(t, s, len, pos, max_len, skipped);
+}
+
+static int find_special(const bubo_tokenizer *t, const uint8_t *s, size_t len, int parse_special, partition *p,
+                        const uint8_t *plain, const uint32_t *region_end) {
     const uint32_t skipped = parse_special ? 0 : (BUBO_TOKEN_ATTR_CONTROL | BUBO_TOKEN_ATTR_UNKNOWN);
     occ_heap h = {NULL, 0};
     size_t cap = 0;
     for (size_t pos = 0; pos < len; pos++) {
         if (!t->trie_first_byte[s[pos]]) continue;
-        int32_t id = best_match(t, s, len, pos, SIZE_MAX, skipped);
+        int32_t id = match_at(t, s, len, pos, SIZE_MAX, skipped, plain, region_end);
         if (id < 0) continue;
         if (h.n == cap) {
             cap = cap ? 2 * cap : 64;
@@ -110,7 +124,7 @@ static int find_special(const bubo_tokenizer *t, const uint8_t *s, size_t len, i
         size_t n = t->text_len[id], k;
         for (k = pos; k < pos + n && p->state[k] == RAW; k++) {}
         if (k < pos + n) { /* runs into a token found earlier: a shorter one may still fit */
-            int32_t next = best_match(t, s, len, pos, n - 1, skipped);
+            int32_t next = match_at(t, s, len, pos, n - 1, skipped, plain, region_end);
             if (next >= 0) occ_push(&h, ((uint64_t)t->special_priority[next] << 32) | pos);
             continue;
         }
@@ -129,16 +143,39 @@ static int find_special(const bubo_tokenizer *t, const uint8_t *s, size_t len, i
 
 bubo_status bubo_tokenize(const bubo_tokenizer *t, const char *text, size_t len, unsigned flags, bubo_token *out,
                           size_t cap, size_t *n_tokens, bubo_err *err) {
+    return bubo_tokenize_spans(t, text, len, flags, NULL, 0, out, cap, n_tokens, err);
+}
+
+bubo_status bubo_tokenize_spans(const bubo_tokenizer *t, const char *text, size_t len, unsigned flags,
+                                const size_t *spans, size_t n_spans, bubo_token *out, size_t cap,
+                                size_t *n_tokens, bubo_err *err) {
     *n_tokens = 0;
     if (len >= (1u << 30)) return bubo_set_err(err, BUBO_ERR_INVALID, "tokenize: %zu bytes of text is more than 1 GiB", len);
+    for (size_t i = 0; i < n_spans; i++) {
+        const size_t a = spans[2 * i], b = spans[2 * i + 1];
+        if (a > b || b > len || (i > 0 && a < spans[2 * i - 1]))
+            return bubo_set_err(err, BUBO_ERR_INVALID,
+                                "tokenize: plain-text span %zu [%zu, %zu) is not sorted, or not within %zu bytes", i,
+                                a, b, len);
+    }
     const uint8_t *s = (const uint8_t *)text;
     const int add_special = (flags & BUBO_TOKENIZE_ADD_SPECIAL) != 0;
     const int parse_special = (flags & BUBO_TOKENIZE_PARSE_SPECIAL) != 0;
     bubo_tok_sink sink = {out, cap, 0};
     partition p = {calloc(len + 1, 1), malloc((len + 1) * sizeof(int32_t))};
+    uint8_t *plain = NULL;
+    uint32_t *region_end = NULL;
     if (!p.state || !p.token_at) goto nomem;
     for (size_t i = 0; i < len; i++) p.token_at[i] = -1;
-    if (!find_special(t, s, len, parse_special, &p)) goto nomem;
+    if (n_spans > 0 && len > 0) {
+        plain = calloc(len, 1);
+        region_end = malloc(len * sizeof *region_end);
+        if (!plain || !region_end) goto nomem;
+        for (size_t i = 0; i < n_spans; i++) memset(plain + spans[2 * i], 1, spans[2 * i + 1] - spans[2 * i]);
+        region_end[len - 1] = (uint32_t)len;
+        for (size_t i = len - 1; i-- > 0;) region_end[i] = plain[i] == plain[i + 1] ? region_end[i + 1] : (uint32_t)(i + 1);
+    }
+    if (!find_special(t, s, len, parse_special, &p, plain, region_end)) goto nomem;
 
     if (add_special && t->add_bos) bubo_sink_push(&sink, t->special_ids[BUBO_SPECIAL_BOS]);
     /* SentencePiece puts a space before the text at the start and after each special token */
@@ -165,10 +202,14 @@ bubo_status bubo_tokenize(const bubo_tokenizer *t, const char *text, size_t len,
 
     free(p.state);
     free(p.token_at);
+    free(plain);
+    free(region_end);
     *n_tokens = sink.n;
     return BUBO_OK;
 nomem:
     free(p.state);
     free(p.token_at);
+    free(plain);
+    free(region_end);
     return bubo_set_err(err, BUBO_ERR_NOMEM, "tokenize: out of memory for %zu bytes of text", len);
 }

@@ -690,3 +690,64 @@ def test_attributes_from_token_types():
     with pytest.raises(ValueError):
         tok.special_id("nope")
     assert TOKEN_ATTR_CONTROL
+
+
+# ---- plain-text spans (a chat prompt: the messages' text never becomes control tokens) ----------
+
+
+def _controls(tok):
+    return {tok.token_text(i).decode("utf-8", "replace"): i for i in range(tok.n_vocab) if tok.is_control(i)}
+
+
+def test_plain_text_spans_keep_control_token_text_as_text(catalog):
+    name, tok = catalog
+    controls = sorted((t for t in _controls(tok) if t), key=len, reverse=True)
+    ctl = controls[0]
+    text = f"{ctl}head\n{ctl}middle{ctl}\ntail{ctl}"
+    i = text.index("middle") - len(ctl)
+    j = text.index("\ntail")
+    whole = tok.encode(text, False, True)
+    spanned = tok.encode(text, False, True, text_spans=[(i, j)])
+    ctl_id = _controls(tok)[ctl]
+    assert whole.count(ctl_id) == 4 and spanned.count(ctl_id) == 2
+    # the span's text is tokenized as text (its control-token text included): the same text
+    assert tok.decode(spanned) == text
+    # no spans, or spans without control-token text: exactly the usual tokens
+    assert tok.encode(text, False, True, text_spans=[]) == whole
+    assert tok.encode(text, False, True, text_spans=[(text.index("head"), text.index("head") + 4)]) == whole
+    # a control token that would cross a span's end is text too
+    k = text.index(ctl)
+    crossing = tok.encode(text, False, True, text_spans=[(k + 1, k + 2)])
+    assert crossing.count(ctl_id) == 3 and tok.decode(crossing) == text
+    # spans on the bytes of a str are characters: non-ASCII text before a span counts once
+    t2 = "é🦉 " + ctl
+    assert tok.encode(t2, False, True, text_spans=[(3, 3 + len(ctl))]).count(ctl_id) == 0
+    assert tok.encode(t2.encode(), False, True, text_spans=[(7, 7 + len(ctl.encode()))]).count(ctl_id) == 0
+
+
+@pytest.mark.parametrize("spans", [[(5, 3)], [(0, 2), (1, 4)], [(0, 10**6)], [(-1, 2)]])
+def test_bad_plain_text_spans_are_a_value_error(catalog, spans):
+    _, tok = catalog
+    with pytest.raises(ValueError, match="text_spans must be sorted"):
+        tok.encode("hello world", True, True, text_spans=spans)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet="ab <|>\n_é", max_size=40), st.data())
+def test_spans_without_control_text_change_nothing(text, data):
+    tok = _smollm2_tokenizer()
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    spans = [(cuts[i], cuts[i + 1]) for i in range(0, len(cuts) - 1, 2)]
+    if any("<|im_start|>" in text[max(a - 12, 0):b + 12] or "<|im_end|>" in text[max(a - 10, 0):b + 10]
+           for a, b in spans):
+        return  # spans near control-token text may change it: the other tests
+    assert tok.encode(text, True, True, text_spans=spans) == tok.encode(text, True, True)
+
+
+_SMOLLM2 = []
+
+
+def _smollm2_tokenizer():
+    if not _SMOLLM2:
+        _SMOLLM2.append(Tokenizer(store.pull("smollm2:135m")))
+    return _SMOLLM2[0]

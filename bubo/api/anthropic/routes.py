@@ -12,7 +12,7 @@ from bubo.api import fields as f
 from bubo.api import pipeline
 from bubo.api.anthropic import messages as am
 from bubo.api.errors import ApiError, StreamShape, stream_error
-from bubo.api.request import debug_mem_available, json_body, resolve_model, runtime_of, use_model
+from bubo.api.request import config, debug_mem_available, json_body, resolve_model, runtime_of, use_model
 from bubo.api.sse import sse_response
 from bubo.engine.types import FinishEvent
 
@@ -24,7 +24,8 @@ def messages() -> Any:
     body = json_body()
     model = resolve_model(body)
     req = am.parse_messages_request(body)
-    _, prep, stream = pipeline.start_chat(use_model(model), req, stop=req.stop, mem_available=debug_mem_available())
+    _, prep, stream = pipeline.start_chat(use_model(model), req, stop=req.stop, mem_available=debug_mem_available(),
+                                          specials_in_content=config().allow_special_in_content)
     id = f.new_id("msg_")
 
     if not req.stream:
@@ -50,5 +51,6 @@ def count_tokens() -> Any:
     model = resolve_model(body)
     req = am.parse_messages_request(body, count_only=True)
     rt = runtime_of(use_model(model))
-    prompt = pipeline.render_chat(rt, req.messages, req.tools, req.template_kwargs, req.prefill)
+    prompt = pipeline.render_chat(rt, req.messages, req.tools, req.template_kwargs, req.prefill,
+                                  config().allow_special_in_content)
     return jsonify({"input_tokens": len(prompt.tokens)})

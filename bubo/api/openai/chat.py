@@ -180,14 +180,24 @@ def token_logprobs(runtime: Runtime, ev: TokenEvent, n_top: int) -> dict[str, An
     return logprob_entry(runtime.token_piece(ev.token), ev.logprob, top)
 
 
-def render_request(runtime: Runtime, req: ChatRequest) -> Prompt:
+def render_request(runtime: Runtime, req: ChatRequest, specials_in_content: bool = False) -> Prompt:
     """The prompt a chat request becomes (what /apply-template shows, what generation runs):
     the converted messages through the model's template, a prefill appended (a forced call is a
     grammar on the answer, not prompt text)."""
-    return render_chat(runtime, req.messages, req.tools, req.template_kwargs, req.prefill)
+    return render_chat(runtime, req.messages, req.tools, req.template_kwargs, req.prefill, specials_in_content)
 
 
-def apply_template(runtime: Runtime, body: Any) -> str:
+def apply_template(runtime: Runtime, body: Any, specials_in_content: bool = False) -> str:
     """What POST /apply-template answers: the prompt text a chat body becomes, exactly as
     /v1/chat/completions renders it (stream is ignored; model is not needed)."""
-    return render_request(runtime, parse_chat_request(body)).text
+    return render_request(runtime, parse_chat_request(body), specials_in_content).text
+
+
+def apply_template_json(runtime: Runtime, body: Any, specials_in_content: bool = False) -> dict[str, Any]:
+    """/apply-template's answer: {"prompt": text}, and "text_spans" ([start, end] characters)
+    where the prompt holds control-token text from the request, which is tokenized as text."""
+    prompt = render_request(runtime, parse_chat_request(body), specials_in_content)
+    out: dict[str, Any] = {"prompt": prompt.text}
+    if prompt.spans:
+        out["text_spans"] = [list(s) for s in prompt.spans]
+    return out

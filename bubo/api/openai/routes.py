@@ -14,7 +14,7 @@ from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.openai import chat as ch
 from bubo.api.openai import completions as cm
 from bubo.api.openai import responses as rs
-from bubo.api.request import debug_mem_available, json_body, resolve_model, runtime_of, use_model
+from bubo.api.request import config, debug_mem_available, json_body, resolve_model, runtime_of, use_model
 from bubo.api.sse import sse_response
 from bubo.engine.types import FinishEvent, GenerationRequest, TokenEvent
 
@@ -31,7 +31,8 @@ def chat_completions() -> Any:
     model = resolve_model(body)
     req = ch.parse_chat_request(body)
     rt, prep, stream = pipeline.start_chat(use_model(model), req, stop=req.stop, n_probs=req.params.n_probs,
-                                           cache_prompt=req.cache_prompt, mem_available=debug_mem_available())
+                                           cache_prompt=req.cache_prompt, mem_available=debug_mem_available(),
+                                           specials_in_content=config().allow_special_in_content)
     id, created = f.new_id("chatcmpl-"), f.now()
     n_top = req.top_logprobs
 
@@ -120,7 +121,8 @@ def responses() -> Any:
     body = json_body()
     model = resolve_model(body)
     req = rs.parse_responses_request(body)
-    rt, prep, stream = pipeline.start_chat(use_model(model), req, mem_available=debug_mem_available())
+    rt, prep, stream = pipeline.start_chat(use_model(model), req, mem_available=debug_mem_available(),
+                                           specials_in_content=config().allow_special_in_content)
     id, created = f.new_id("resp_"), f.now()
 
     def reasoning_tokens(text: str) -> int:

@@ -100,6 +100,16 @@ float bubo_tokenizer_score(const bubo_tokenizer *t, bubo_token id);
 bubo_status bubo_tokenize(const bubo_tokenizer *t, const char *text, size_t len, unsigned flags,
                           bubo_token *out, size_t cap, size_t *n_tokens, bubo_err *err);
 
+/* bubo_tokenize, where the n_spans byte ranges [spans[2i], spans[2i+1]) (sorted, not overlapping,
+ * within len) are plain text even with BUBO_TOKENIZE_PARSE_SPECIAL: a control or unknown token
+ * never matches inside them, and no special token crosses one of their ends. The text around and
+ * between them is split into fragments exactly as bubo_tokenize splits it (a chat prompt whose
+ * message contents hold control-token text: the template's markup stays control tokens, the
+ * contents' text stays text). */
+bubo_status bubo_tokenize_spans(const bubo_tokenizer *t, const char *text, size_t len, unsigned flags,
+                                const size_t *spans, size_t n_spans, bubo_token *out, size_t cap,
+                                size_t *n_tokens, bubo_err *err);
+
 /* The bytes a token stands for (not NUL-terminated, possibly a fragment of a UTF-8 character);
  * with special == 0 control and unknown tokens give "". NULL for an id outside the vocabulary.
  * The pointer stays valid while the tokenizer lives. */
