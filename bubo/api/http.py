@@ -114,32 +114,46 @@ class Server(pywsgi.WSGIServer):  # type: ignore[misc]  # gevent has no type inf
 
 
 class _Input(pywsgi.Input):  # type: ignore[misc]
-    """The request body: read within its deadline; not read to its end once the response closes
-    the connection."""
+    """The request body: read piece by piece, each piece within header_s and the whole within
+    its deadline (a slow client's body fails; a large one sent steadily does not); not read to its
+    end once the response closes the connection."""
 
     __slots__ = ("abandoned", "deadline", "gap_s")
+
+    PIECE = 64 * 1024
 
     def _discard(self) -> None:
         if not getattr(self, "abandoned", False):
             super()._discard()
 
-    def _do_read(self, length: int | None = None, use_readline: bool = False) -> bytes:
-        return self._timed(super()._do_read, length, use_readline)
+    def read(self, length: int | None = None) -> bytes:
+        if length is not None and length < 0:
+            length = None
+        pieces: list[bytes] = []
+        n = 0
+        while length is None or n < length:
+            want = self.PIECE if length is None else min(self.PIECE, length - n)
+            piece = self._timed(super().read, want)
+            if not piece:
+                break
+            pieces.append(piece)
+            n += len(piece)
+        return b"".join(pieces)
 
-    def _chunked_read(self, length: int | None = None, use_readline: bool = False) -> bytes:
-        return self._timed(super()._chunked_read, length, use_readline)
+    def readline(self, size: int | None = None) -> bytes:
+        return self._timed(super().readline, size)
 
-    def _timed(self, read: Any, length: int | None, use_readline: bool) -> bytes:
-        left = getattr(self, "deadline", 0.0) - time.monotonic()
+    def _timed(self, read: Any, size: int | None) -> bytes:
         gap = getattr(self, "gap_s", 0.0)
         if not gap:
-            data: bytes = read(length, use_readline)
+            data: bytes = read(size)
             return data
+        left = getattr(self, "deadline", 0.0) - time.monotonic()
         if left <= 0:
             raise pywsgi._InvalidClientInput("the request body did not arrive in time")
         try:
             with gevent.Timeout(min(left, gap)):
-                data = read(length, use_readline)
+                data = read(size)
         except gevent.Timeout:
             raise pywsgi._InvalidClientInput("the request body did not arrive in time") from None
         return data

@@ -33,11 +33,17 @@ SLACK_S = 2.0  # a deadline is met within this much more (a shared, noisy machin
 BODY_LIMIT = 16 * 1024 * 1024
 
 
+KEY = "hostile-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+RAW_AUTH = b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+
+
 @pytest.fixture(scope="module")
 def hostile():
-    s = Server(*LIMITS, "-np", "2", ctx=512)
+    """The server under attack; its clients authenticate (the attackers need not)."""
+    s = Server(*LIMITS, "-np", "2", "--api-key", KEY, ctx=512)
     try:
-        yield s.wait_ready()
+        yield s.wait_ready(AUTH)
     finally:
         s.stop()
 
@@ -114,12 +120,12 @@ def test_half_open_and_slowloris_connections_past_the_cap_do_not_lock_a_client_o
         worst_health, fds = 0.0, []
         for _ in range(20):
             t0 = time.monotonic()
-            assert call_json(hostile.url + "/health", timeout=10) == (200, {"status": "ok"})
+            assert call_json(hostile.url + "/health", timeout=10, headers=AUTH) == (200, {"status": "ok"})
             worst_health = max(worst_health, time.monotonic() - t0)
             fds.append(fd_count(hostile))
             time.sleep(0.05)
         t0 = time.monotonic()
-        status, r = call_json(hostile.url + "/v1/chat/completions", "POST", CHAT, timeout=60)
+        status, r = call_json(hostile.url + "/v1/chat/completions", "POST", CHAT, timeout=60, headers=AUTH)
         chat_s = time.monotonic() - t0
     finally:
         stop.set()
@@ -138,7 +144,7 @@ def test_idle_and_half_sent_sockets_are_closed_after_their_deadlines(hostile):
     assert data == b"" and took < KEEPALIVE_S + SLACK_S
     # a kept-alive socket after one request
     s = connect(hostile)
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + RAW_AUTH + b"\r\n")
     data, took = read_until_closed(s)
     assert status_of(data) == 200 and data.count(b"HTTP/1.1 ") == 1 and took < KEEPALIVE_S + SLACK_S
     # headers begun and never finished: 408
@@ -148,14 +154,34 @@ def test_idle_and_half_sent_sockets_are_closed_after_their_deadlines(hostile):
     assert status_of(data) == 408 and b"request_timeout" in data and took < HEADER_S + SLACK_S
     # a body that does not come: 400 once its deadline (header timeout + length at 64 KiB/s) is past
     s = connect(hostile)
-    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"content\"")
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + RAW_AUTH + b"Content-Length: 1000\r\n\r\n{\"content\"")
     data, took = read_until_closed(s)
     assert status_of(data) == 400 and took < HEADER_S + SLACK_S + 1
     # 50 MB announced: 413 at once, and the connection closes without reading the body
     s = connect(hostile)
-    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 50000000\r\n\r\n{\"content\"")
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + RAW_AUTH +
+              b"Content-Length: 50000000\r\n\r\n{\"content\"")
     data, took = read_until_closed(s)
     assert status_of(data) == 413 and b"Connection: close" in data and took < SLACK_S
+
+
+def test_a_large_body_sent_steadily_is_read(hostile):
+    """Longer in all than the header timeout, no gap as long, faster than 64 KiB/s: accepted,
+    with Content-Length and chunked."""
+    content = "word " * 60_000  # 300 KB
+    body = json.dumps({"content": content}).encode()
+    thirds = [body[i * len(body) // 3:(i + 1) * len(body) // 3] for i in range(3)]
+    for chunked in (False, True):
+        s = connect(hostile, timeout=60)
+        head = b"Transfer-Encoding: chunked\r\n" if chunked else b"Content-Length: %d\r\n" % len(body)
+        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + RAW_AUTH + head + b"\r\n")
+        for part in thirds:
+            time.sleep(HEADER_S * 0.6)
+            s.sendall(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
+        if chunked:
+            s.sendall(b"0\r\n\r\n")
+        data, _ = read_until_closed(s)
+        assert status_of(data) == 200 and b'"tokens"' in data, data[:300]
 
 
 # --- framing -------------------------------------------------------------------------------
@@ -180,7 +206,7 @@ BODY = b'{"content":"hi"}'
         "negative", "bad chunk size"])
 def test_bad_framing_is_400_and_closes_the_connection(hostile, head, body, why):
     s = connect(hostile)
-    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n" + body)
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + RAW_AUTH + head + b"\r\n" + body)
     data, took = read_until_closed(s)
     assert status_of(data) == 400, data
     assert why in data and took < SLACK_S
@@ -194,7 +220,8 @@ def test_chunked_bodies_count_against_the_limit(hostile):
         return out + b"0\r\n\r\n"
 
     s = connect(hostile)
-    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + RAW_AUTH +
+              b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
               + chunked(BODY))
     data, _ = read_until_closed(s)
     assert status_of(data) == 200 and b'"tokens"' in data
@@ -202,7 +229,8 @@ def test_chunked_bodies_count_against_the_limit(hostile):
                     BODY + b" " * BODY_LIMIT):  # a valid body, then spaces past the limit
         s = connect(hostile, timeout=60)
         try:
-            s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(payload))
+            s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + RAW_AUTH + b"Transfer-Encoding: chunked\r\n\r\n"
+                      + chunked(payload))
         except (BrokenPipeError, ConnectionResetError):
             pass  # the server answered and closed before the rest arrived
         data, _ = read_until_closed(s)
@@ -217,7 +245,7 @@ JSON_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/
 
 
 def post_raw(server: Server, path: str, raw: bytes) -> tuple[int, bytes]:
-    status, _, data = call(server.url + path, "POST", raw=raw, timeout=120)
+    status, _, data = call(server.url + path, "POST", raw=raw, timeout=120, headers=AUTH)
     return status, data
 
 
@@ -242,10 +270,10 @@ def test_deep_huge_and_odd_json_is_a_400_on_every_route(hostile, path):
 
 def test_known_500s_are_answered(hostile):
     def chat(**extra):
-        return call_json(hostile.url + "/v1/chat/completions", "POST", {**CHAT, **extra}, timeout=120)
+        return call_json(hostile.url + "/v1/chat/completions", "POST", {**CHAT, **extra}, timeout=120, headers=AUTH)
 
     # a surrogate in /tokenize's content
-    status, r = call_json(hostile.url + "/tokenize", "POST", raw=b'{"content":"\\ud800"}')
+    status, r = call_json(hostile.url + "/tokenize", "POST", raw=b'{"content":"\\ud800"}', headers=AUTH)
     assert status == 400 and r["error"]["code"] == "invalid_value" and "content" in r["error"]["message"]
     # an enum of 100,000 strings works (a trie), and the answer is one of them
     values = [f"value-{i}" for i in range(100_000)]
@@ -260,7 +288,8 @@ def test_known_500s_are_answered(hostile):
     status, r = chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": anyof}})
     assert status == 400 and r["error"]["code"] == "unsupported_schema" and "ambiguous" in r["error"]["message"]
     grammar = "root ::= " + " | ".join(f'"alt{i}"' for i in range(100_000))
-    status, r = call_json(hostile.url + "/completion", "POST", {"prompt": "x", "n_predict": 2, "grammar": grammar})
+    status, r = call_json(hostile.url + "/completion", "POST", {"prompt": "x", "n_predict": 2, "grammar": grammar},
+                          headers=AUTH)
     assert status == 400 and r["error"]["code"] == "invalid_grammar" and "ambiguous" in r["error"]["message"]
 
 
@@ -295,11 +324,11 @@ def test_a_generated_sweep_of_odd_values_in_every_field_never_gives_500(hostile)
     failures = []
     n = 0
     for path, body in BODIES.items():
-        assert call_json(hostile.url + path, "POST", body, timeout=120)[0] == 200, path  # the valid body works
+        assert call_json(hostile.url + path, "POST", body, timeout=120, headers=AUTH)[0] == 200, path  # it works
         for field in body:
             for value in ODD:
                 changed = {**body, field: value}
-                status, _, data = call(hostile.url + path, "POST", changed, timeout=120)
+                status, _, data = call(hostile.url + path, "POST", changed, timeout=120, headers=AUTH)
                 n += 1
                 if status >= 500:
                     failures.append((path, field, repr(value)[:40], status, data[:200]))
