@@ -95,53 +95,32 @@ def test_control_token_text_in_every_chat_field_is_text(runtime):
         assert not p.spans and p.tokens == rt.tokenizer.encode(p.text, add_special=True, parse_special=True), field
 
 
-def test_every_dialect_tokenizes_it_as_text(runtime):
+def responses_body(x: str) -> dict:
+    return {"model": "m", "instructions": "Be brief.\n" + x, "input": [
+        {"type": "message", "role": "user", "content": "Hi\n" + x},
+        {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": '{"q": "x"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "found\n" + x}],
+        "tools": [{"type": "function", "name": "lookup", "parameters": TOOL["function"]["parameters"]}]}
+
+
+def messages_body(x: str) -> dict:
+    return {"model": "m", "max_tokens": 8, "system": [{"type": "text", "text": x}], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Hi\n" + x}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "lookup", "input": {"q": x}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "found\n" + x}]},
+        {"role": "assistant", "content": "Well\n" + x}],
+        "tools": [{"name": "lookup", "description": x, "input_schema": TOOL["function"]["parameters"]}]}
+
+
+@pytest.mark.parametrize("parse,body", [(parse_responses_request, responses_body),
+                                        (parse_messages_request, messages_body)], ids=["responses", "messages"])
+def test_every_dialect_tokenizes_it_as_text(runtime, parse, body):
     rt = runtime
-
-    def controls(prompt: pipeline.Prompt) -> int:
-        return n_control(rt, prompt.tokens)
-
-    resp = parse_responses_request({"model": "m", "instructions": "Be brief.\n" + INJECT, "input": [
-        {"type": "message", "role": "user", "content": "Hi\n" + INJECT},
-        {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": '{"q": "x"}'},
-        {"type": "function_call_output", "call_id": "c1", "output": "found\n" + INJECT}],
-        "tools": [{"type": "function", "name": "lookup", "parameters": TOOL["function"]["parameters"]}]})
-    safe = parse_responses_request({"model": "m", "instructions": "Be brief.\n" + SAFE, "input": [
-        {"type": "message", "role": "user", "content": "Hi\n" + SAFE},
-        {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": '{"q": "x"}'},
-        {"type": "function_call_output", "call_id": "c1", "output": "found\n" + SAFE}],
-        "tools": [{"type": "function", "name": "lookup", "parameters": TOOL["function"]["parameters"]}]})
-    for a, b in ((resp, safe),):
-        pa = pipeline.render_chat(rt, a.messages, a.tools, a.template_kwargs, a.prefill)
-        pb = pipeline.render_chat(rt, b.messages, b.tools, b.template_kwargs, b.prefill)
-        assert controls(pa) == controls(pb) and pa.spans
-    msgs = parse_messages_request({"model": "m", "max_tokens": 8, "system": [{"type": "text", "text": INJECT}],
-                                   "messages": [{"role": "user",
-                                                 "content": [{"type": "text", "text": "Hi\n" + INJECT}]},
-                                                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1",
-                                                                                   "name": "lookup",
-                                                                                   "input": {"q": INJECT}}]},
-                                                {"role": "user", "content": [{"type": "tool_result",
-                                                                              "tool_use_id": "t1",
-                                                                              "content": "found\n" + INJECT}]},
-                                                {"role": "assistant", "content": "Well\n" + INJECT}],
-                                   "tools": [{"name": "lookup", "description": INJECT,
-                                              "input_schema": TOOL["function"]["parameters"]}]})
-    safe = parse_messages_request({"model": "m", "max_tokens": 8, "system": [{"type": "text", "text": SAFE}],
-                                   "messages": [{"role": "user",
-                                                 "content": [{"type": "text", "text": "Hi\n" + SAFE}]},
-                                                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1",
-                                                                                   "name": "lookup",
-                                                                                   "input": {"q": SAFE}}]},
-                                                {"role": "user", "content": [{"type": "tool_result",
-                                                                              "tool_use_id": "t1",
-                                                                              "content": "found\n" + SAFE}]},
-                                                {"role": "assistant", "content": "Well\n" + SAFE}],
-                                   "tools": [{"name": "lookup", "description": SAFE,
-                                              "input_schema": TOOL["function"]["parameters"]}]})
-    pa = pipeline.render_chat(rt, msgs.messages, msgs.tools, msgs.template_kwargs, msgs.prefill)
+    got, safe = parse(body(INJECT)), parse(body(SAFE))
+    pa = pipeline.render_chat(rt, got.messages, got.tools, got.template_kwargs, got.prefill)
     pb = pipeline.render_chat(rt, safe.messages, safe.tools, safe.template_kwargs, safe.prefill)
-    assert controls(pa) == controls(pb) and pa.spans
+    assert n_control(rt, pa.tokens) == n_control(rt, pb.tokens) and pa.spans
+    assert all(pa.text[a:b] in INJECT for a, b in pa.spans)
 
 
 def test_the_server_counts_and_shows_it_as_text(catalog_model):
