@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bubo._tokenizer import Tokenizer
+from bubo._tokenizer import TOKEN_ATTR_UNKNOWN, Tokenizer
 from bubo.chat import ChatTemplate
 from bubo.engine.types import InvalidRequestError
 from bubo.gguf import GGUFFile
@@ -159,7 +159,7 @@ class Runtime:
         tokens, text from the request does not. specials_in_content: the request's text may
         hold control tokens (no spans: llama-server's behaviour, an opt-in)."""
         pattern = None if specials_in_content else self._control_pattern()
-        if pattern is None or not _holds(pattern, messages, tools):
+        if pattern is None or not _holds(pattern, messages, tools, template_kwargs):
             return ChatText(self.chat_prompt(messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                              **template_kwargs), [])
         # each control-token text in the request stands in the template's input as a placeholder
@@ -171,7 +171,8 @@ class Runtime:
             return f"\ue000{nonce}:{found.setdefault(m.group(), str(len(found)))}\ue001"
 
         text = self.chat_prompt(_replace(messages, pattern, hide), tools=_replace(tools, pattern, hide),
-                                add_generation_prompt=add_generation_prompt, **template_kwargs)
+                                add_generation_prompt=add_generation_prompt,
+                                **_replace(dict(template_kwargs), pattern, hide))
         texts = {v: k for k, v in found.items()}
         out: list[str] = []
         spans: list[tuple[int, int]] = []
@@ -196,8 +197,9 @@ class Runtime:
         """A regex of every control token's text, longest first (None: the model has none)."""
         if self._controls is None:
             tok = self.tokenizer
+            unknown = TOKEN_ATTR_UNKNOWN
             texts = {tok.token_text(i).decode("utf-8", "replace") for i in range(self.n_vocab)
-                     if tok.is_control(i)}
+                     if tok.is_control(i) or tok.token_attr(i) & unknown}
             texts.discard("")
             ordered = sorted(texts, key=len, reverse=True)
             self._controls = re.compile("|".join(map(re.escape, ordered))) if ordered else False

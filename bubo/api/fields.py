@@ -26,6 +26,9 @@ FLT_MAX = 3.4028234663852886e38
 INT32_MAX = 2**31 - 1
 
 REASONING_EFFORTS = ("off", "none", "minimal", "low", "medium", "high", "xhigh", "max")
+# template variables the server sets itself
+RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                            "specials_in_content"}
 
 # every SamplingParams field is read from the request under its own name (llama-server's names)
 _SAMPLING_FIELDS = [f for f in SamplingParams.__dataclass_fields__ if f not in ("n_probs",)]
@@ -235,6 +238,10 @@ def thinking_of(body: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
         kwargs = {}
     if not isinstance(kwargs, dict):
         raise invalid("chat_template_kwargs must be an object")
+    reserved = sorted(set(kwargs) & RESERVED_TEMPLATE_KWARGS)
+    if reserved:
+        raise invalid(f"chat_template_kwargs.{reserved[0]} is set by the server (from the request's own fields); "
+                      "leave it out")
     said: dict[str, bool] = {}  # field -> thinking on?
     effort = body.get("reasoning_effort")
     if effort is not None:

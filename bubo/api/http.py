@@ -18,7 +18,9 @@ the body first.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import re
 import resource
 import socket
 import time
@@ -32,22 +34,27 @@ log = logging.getLogger("bubo.http")
 MIN_BODY_RATE = 64 * 1024  # bytes per second a body must at least arrive at, after header_s
 FD_HEADROOM = 256  # file descriptors kept free below the limit (models, logs, the engine's files)
 DEFAULT_MAX_CONNECTIONS = 4096
+LINGER_S = 1.0  # after an answer that leaves a body unread: how long its rest is read and dropped
 
-_REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-            b"Connection: close\r\nContent-Length: 121\r\n\r\n"
-            b'{"error":{"message":"too many open connections: try again shortly","type":"server_error",'
-            b'"code":"too_many_connections"}}')
-_TIMEOUT = (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            b"Content-Length: 118\r\n\r\n"
-            b'{"error":{"message":"the request headers did not arrive in time","type":"invalid_request_error",'
-            b'"code":"request_timeout"}}')
+# a header field's name (RFC 9110's token)
+_FIELD_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _response(status: str, code: str, type_: str, message: str, extra: str = "") -> bytes:
+    """A whole response, in the OpenAI error shape, that closes the connection."""
+    body = json.dumps({"error": {"message": message, "type": type_, "code": code}}).encode("ascii")
+    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{extra}Connection: close\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode("ascii") + body
+
+
+_REFUSED = _response("503 Service Unavailable", "too_many_connections", "server_error",
+                     "too many open connections: try again shortly", "Retry-After: 1\r\n")
+_TIMEOUT = _response("408 Request Timeout", "request_timeout", "invalid_request_error",
+                     "the request headers did not arrive in time")
 
 
 def _bad_request(why: str) -> bytes:
-    body = ('{"error":{"message":"' + why.replace('"', "'") +
-            '","type":"invalid_request_error","code":"bad_request"}}').encode("ascii", "replace")
-    return (b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return _response("400 Bad Request", "bad_request", "invalid_request_error", why)
 
 
 @dataclasses.dataclass
@@ -77,13 +84,22 @@ def connection_cap(requested: int | None, fd_limit: int) -> int:
     return max(1, min(cap, fd_limit - FD_HEADROOM))
 
 
+IDLE, RECEIVING, WORKING = "idle", "receiving", "working"
+
+
 class _Conn:
-    __slots__ = ("handler", "waiting", "since")
+    __slots__ = ("handler", "phase", "since")
 
     def __init__(self, handler: Handler):
         self.handler = handler
-        self.waiting = True  # idle, or reading a request's headers or body: may be closed for a newcomer
+        # idle (between requests) or receiving (a request's headers or body): it waits for its
+        # client and may be closed for a newcomer; working: the app has the request
+        self.phase = IDLE
         self.since = time.monotonic()
+
+    @property
+    def waiting(self) -> bool:
+        return self.phase != WORKING
 
 
 class Server(pywsgi.WSGIServer):  # type: ignore[misc]  # gevent has no type information
@@ -118,7 +134,7 @@ class _Input(pywsgi.Input):  # type: ignore[misc]
     its deadline (a slow client's body fails; a large one sent steadily does not); not read to its
     end once the response closes the connection."""
 
-    __slots__ = ("abandoned", "deadline", "gap_s")
+    __slots__ = ("abandoned", "deadline", "gap_s", "complete")
 
     PIECE = 64 * 1024
 
@@ -144,18 +160,23 @@ class _Input(pywsgi.Input):  # type: ignore[misc]
         return self._timed(super().readline, size)
 
     def _timed(self, read: Any, size: int | None) -> bytes:
+        if getattr(self, "complete", False) or (
+                not self.chunked_input and self.position >= (self.content_length or 0)):
+            return b""  # the whole body is in: no deadline applies to reading its end again
         gap = getattr(self, "gap_s", 0.0)
         if not gap:
             data: bytes = read(size)
-            return data
-        left = getattr(self, "deadline", 0.0) - time.monotonic()
-        if left <= 0:
-            raise pywsgi._InvalidClientInput("the request body did not arrive in time")
-        try:
-            with gevent.Timeout(min(left, gap)):
-                data = read(size)
-        except gevent.Timeout:
-            raise pywsgi._InvalidClientInput("the request body did not arrive in time") from None
+        else:
+            left = getattr(self, "deadline", 0.0) - time.monotonic()
+            if left <= 0:
+                raise pywsgi._InvalidClientInput("the request body did not arrive in time")
+            try:
+                with gevent.Timeout(min(left, gap)):
+                    data = read(size)
+            except gevent.Timeout:
+                raise pywsgi._InvalidClientInput("the request body did not arrive in time") from None
+        if not data and size != 0:
+            self.complete = True
         return data
 
 
@@ -166,6 +187,7 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
 
     _raw_headers: list[tuple[str, str]] = []
     _header_timer: gevent.Timeout | None = None
+    _dropped = False
     wsgi_input: Any = None
 
     # --- the connection ----------------------------------------------------------------
@@ -183,8 +205,12 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
             if not server.make_room(self):
                 server.n_refused += 1
                 self._send_raw(_REFUSED)
+                self._linger()
                 return
             super().handle()
+            body = self.__dict__.get("wsgi_input")
+            if isinstance(body, _Input) and getattr(body, "abandoned", False):
+                self._linger()  # the unread body: drained a moment so the client reads the answer
         except OSError:
             pass  # the client went away (or the connection was closed for a newcomer)
         finally:
@@ -194,7 +220,8 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
             server.conns.pop(self, None)
 
     def drop(self) -> None:
-        """Close this connection from another greenlet (it is waiting for a request)."""
+        """Close this connection from another greenlet (it is waiting for its client)."""
+        self._dropped = True
         sock = getattr(self, "socket", None)
         if sock is not None:
             try:
@@ -202,30 +229,47 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
             except OSError:
                 pass
 
+    def _linger(self) -> None:
+        """Close gently: stop writing, read and drop what the client still sends for a moment,
+        so that its read of our response is not cut by a reset."""
+        sock = getattr(self, "socket", None)
+        if sock is None:
+            return
+        try:
+            sock.shutdown(socket.SHUT_WR)
+            with gevent.Timeout(LINGER_S):
+                while sock.recv(65536):
+                    pass
+        except (OSError, gevent.Timeout):
+            pass
+
     def _send_raw(self, data: bytes) -> None:
         try:
             self.socket.sendall(data)
         except OSError:
             pass
 
-    def _waiting(self, waiting: bool) -> None:
+    def _phase(self, phase: str) -> None:
         conn = self.server.conns.get(self)
         if conn is not None:
-            conn.waiting = waiting
+            conn.phase = phase
             conn.since = time.monotonic()
 
     # --- a request -----------------------------------------------------------------------
 
     def read_requestline(self) -> str:
         limits: Limits = self.server.limits
-        self._waiting(True)
+        self._phase(IDLE)
         try:
             with gevent.Timeout(limits.keepalive_s):
                 if not self.rfile.peek(1):
                     return ""  # the client closed the connection
         except (gevent.Timeout, OSError, ValueError):
             return ""  # idle too long, or closed for a newcomer: close
+        if self._dropped:
+            return ""
         # a request has begun: its line and headers must come within header_s
+        self._phase(RECEIVING)
         self._header_timer = gevent.Timeout(limits.header_s, _HeaderTimeout)
         self._header_timer.start()
         try:
@@ -233,8 +277,9 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
         except _HeaderTimeout:
             self._timed_out()
             return ""
-        if not line:
+        if not line or self._dropped:
             self._header_timer.cancel()
+            return ""
         return line
 
     def read_request(self, raw_requestline: str) -> bool:
@@ -246,9 +291,13 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
+        if self._dropped:
+            raise _Framing("the connection was closed")  # its headers may be cut: run nothing
         self._check_framing()
         if not (self.content_length or self.headers.get("transfer-encoding")):
-            self._waiting(False)  # no body to wait for: the request is at work from here
+            self._phase(WORKING)  # no body to wait for: the request is at work from here
+        else:
+            self._phase(RECEIVING)  # its body's wait starts now (an idle wait before does not count)
         return ok
 
     def MessageClass(self, *args: Any) -> Any:  # noqa: N802 - pywsgi's name
@@ -257,6 +306,16 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
         return msg
 
     def _check_framing(self) -> None:
+        msg = self.headers
+        if getattr(msg, "defects", None) or (hasattr(msg, "get_payload") and msg.get_payload()):
+            # a line that is no header field ends Python's header parser early: what follows it
+            # would be read as the body, or as the next request
+            raise _Framing("a header line is malformed")
+        for k, v in self._raw_headers:
+            if not _FIELD_NAME.fullmatch(k):
+                raise _Framing(f"a header name is malformed: {k[:40]!r}")
+            if "\n" in v or "\r" in v:
+                raise _Framing("folded header lines are not accepted")
         names = [k.lower() for k, _ in self._raw_headers]
         n_cl, n_te = names.count("content-length"), names.count("transfer-encoding")
         if n_cl > 1:
@@ -285,7 +344,7 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
     def get_environ(self) -> dict[str, Any]:
         env: dict[str, Any] = super().get_environ()
         env["bubo.socket"] = self.socket
-        env["bubo.body_read"] = lambda: self._waiting(False)  # the app has the whole body: at work
+        env["bubo.body_read"] = lambda: self._phase(WORKING)  # the app has the whole body: at work
         old: Any = self.wsgi_input
         limits: Limits = self.server.limits
         body = _Input(old.rfile, old.content_length, socket=old.socket, chunked_input=old.chunked_input)

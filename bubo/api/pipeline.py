@@ -19,7 +19,7 @@ from typing import Any
 from bubo._grammar import Grammar
 from bubo.api import errors
 from bubo.api.fields import constraint_error, invalid
-from bubo.chat.constrain import ConstraintError, OutputSpec, constrain, in_think_after
+from bubo.chat.constrain import ConstraintError, OutputSpec, check_first_tokens, constrain, in_think_after
 from bubo.chat.parsers import OutputParser, Part, ToolCall
 from bubo.engine.protocol import ServingEngine, Stream
 from bubo.engine.types import EngineRefusal, Event, FinishEvent, GenerationRequest, Reason, TokenEvent
@@ -98,17 +98,22 @@ def prepare(runtime: Runtime, conv: Conversation, specials_in_content: bool = Fa
     try:
         c = constrain(runtime.chat_template_source, spec=conv.output, tools=conv.tools, choice=conv.tool_choice,
                       parallel=conv.parallel_tool_calls, thinking=conv.thinking, in_think=prompt.in_think)
+        if c.grammar is not None:
+            check_first_tokens(c.grammar, runtime.grammar_vocab(), conv.output if conv.tool_choice is None else None)
     except ConstraintError as e:
         raise constraint_error(e) from None
     return Prepared(prompt, c.grammar, c.parser)
 
 
-def completion_grammar(spec: OutputSpec | None) -> Grammar | None:
+def completion_grammar(spec: OutputSpec | None, runtime: Runtime | None = None) -> Grammar | None:
     """A raw completion's grammar (compiled once), or None."""
     if spec is None:
         return None
     try:
-        return constrain(None, spec=spec, chat=False).grammar
+        grammar = constrain(None, spec=spec, chat=False).grammar
+        if grammar is not None and runtime is not None:
+            check_first_tokens(grammar, runtime.grammar_vocab(), spec)
+        return grammar
     except ConstraintError as e:
         raise constraint_error(e) from None
 

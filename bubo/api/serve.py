@@ -163,11 +163,12 @@ class Drain:
             print("bubo serve: second signal: ending the requests in flight now", flush=True)
 
     def _busy(self) -> int:
-        return sum(1 for c in self.server.conns.values() if not c.waiting)
+        # a request still arriving counts: it gets its answer (503 shutting_down) when it is in
+        return sum(1 for c in self.server.conns.values() if c.phase != http.IDLE)
 
     def _drop_idle(self) -> None:
         for h, c in list(self.server.conns.items()):
-            if c.waiting:
+            if c.phase == http.IDLE:
                 h.drop()
 
     def _drain(self) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bubo._grammar import Grammar, Matcher
+from bubo._grammar import Grammar, Matcher, Vocab
 from bubo.chat.parsers import OutputParser, template_opens_think, tool_format_of
 from bubo.chat.schema import JSON_OBJECT_GBNF, SchemaError, schema_to_gbnf
 from bubo.chat.thinking import answer_grammar, template_thinks
@@ -131,6 +131,20 @@ def constrain(template_source: str | None, *, spec: OutputSpec | None = None,
     parser = OutputParser(reasoning=thinking or in_think or thinks, tool_format=tool_format, in_think=in_think,
                           max_calls=None if parallel else 1)
     return Constrained(grammar, parser)
+
+
+def check_first_tokens(grammar: Grammar, vocab: Vocab, spec: OutputSpec | None) -> None:
+    """The mask of the answer's first token, computed once: a grammar whose first steps already
+    need more alive parses than the matcher follows (an anyOf of thousands of branches opens
+    up after its first byte) is refused before the request runs, not in its stream. spec: where
+    the grammar came from (None: a forced call's), which decides the error's code."""
+    try:
+        Matcher(grammar, vocab).mask()
+    except (ValueError, UnsupportedError) as e:
+        if spec is None or spec.schema:
+            where = spec.where if spec is not None else "tools: a parameters schema"
+            raise ConstraintError(UNSUPPORTED, f"{where}: the grammar engine refuses it: {e}") from None
+        raise ConstraintError(INVALID_GRAMMAR, f"{spec.where}: {e}") from None
 
 
 def _compile(text: str, spec: OutputSpec | None, wrapped: bool = False) -> Grammar:

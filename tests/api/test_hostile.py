@@ -184,6 +184,29 @@ def test_a_large_body_sent_steadily_is_read(hostile):
         assert status_of(data) == 200 and b'"tokens"' in data, data[:300]
 
 
+def test_the_canned_answers_are_well_formed():
+    """The answers the HTTP layer writes itself (a refusal past the cap, a header timeout, a
+    framing error): status line, headers, a body of the length they say, in the error shape."""
+    import http.client
+    import io
+
+    from bubo.api.http import _REFUSED, _TIMEOUT, _bad_request
+
+    class Sock:
+        def __init__(self, data: bytes):
+            self.data = data
+
+        def makefile(self, *a, **k):
+            return io.BytesIO(self.data)
+
+    for raw, status, code in ((_REFUSED, 503, "too_many_connections"), (_TIMEOUT, 408, "request_timeout"),
+                              (_bad_request('a "quoted" why'), 400, "bad_request")):
+        r = http.client.HTTPResponse(Sock(raw))
+        r.begin()
+        body = json.loads(r.read())
+        assert r.status == status and body["error"]["code"] == code and r.getheader("Connection") == "close"
+
+
 # --- framing -------------------------------------------------------------------------------
 
 SMUGGLED = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -202,8 +225,13 @@ BODY = b'{"content":"hi"}'
     (b"Content-Length: 1e3\r\n", BODY, b""),
     (b"Content-Length: -16\r\n", BODY, b""),
     (b"Transfer-Encoding: chunked\r\n", b"zz\r\n" + BODY + b"\r\n0\r\n\r\n" + SMUGGLED, b"could not be read"),
+    # a line that is no header field would end the parser early, hiding the second length
+    (b"Content-Length: 16\r\nX-Pad : 1\r\nContent-Length: %d\r\n" % (16 + len(SMUGGLED)), BODY + SMUGGLED,
+     b"malformed"),
+    (b"Content-Length : 16\r\n", BODY + SMUGGLED, b"malformed"),
+    (b"Content-Length: 16\r\nX-Folded: a\r\n b\r\n", BODY, b""),
 ], ids=["two lengths", "a repeated length", "length and chunked", "gzip", "chunked twice", "not a number",
-        "negative", "bad chunk size"])
+        "negative", "bad chunk size", "a line hiding a length", "a space before the colon", "a folded line"])
 def test_bad_framing_is_400_and_closes_the_connection(hostile, head, body, why):
     s = connect(hostile)
     s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + RAW_AUTH + head + b"\r\n" + body)
@@ -283,10 +311,14 @@ def test_known_500s_are_answered(hostile):
     assert status == 200, r
     assert json.loads(r["choices"][0]["message"]["content"])["v"] in set(values)
     # an anyOf of 5,000 branches, a GBNF of 100,000 alternatives: 400, saying why
-    anyof = {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"]}
-                       for i in range(5000)]}
-    status, r = chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": anyof}})
-    assert status == 400 and r["error"]["code"] == "unsupported_schema" and "ambiguous" in r["error"]["message"]
+    for n in (5000, 2000):  # ambiguous from the first byte; from the second (after "{")
+        anyof = {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"]}
+                           for i in range(n)]}
+        status, r = chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": anyof}})
+        assert status == 400 and r["error"]["code"] == "unsupported_schema", r
+        assert "ambiguous" in r["error"]["message"]
+    status, r = chat(chat_template_kwargs={"messages": []})
+    assert status == 400 and "chat_template_kwargs.messages is set by the server" in r["error"]["message"]
     grammar = "root ::= " + " | ".join(f'"alt{i}"' for i in range(100_000))
     status, r = call_json(hostile.url + "/completion", "POST", {"prompt": "x", "n_predict": 2, "grammar": grammar},
                           headers=AUTH)
@@ -434,6 +466,28 @@ def test_a_second_signal_ends_them_at_once(catalog_model):
         assert _ended_in_band(name, stream, status, text), (name, stream, status, text[-300:])
 
 
+def test_a_request_longer_than_the_body_timeout_keeps_its_connection():
+    """-to bounds how long a body takes to arrive, not how long its answer takes: a chunked
+    request whose answer outlasts -to is answered, and the connection serves the next one."""
+    with Server("-to", "1", "-np", "1", ctx=1024) as s:
+        s.wait_ready()
+        u = urllib.parse.urlsplit(s.url)
+        c = socket.create_connection((u.hostname, u.port), timeout=60)
+        body = json.dumps({"prompt": "Count: 1, 2, 3,", "n_predict": 300, "ignore_eos": True}).encode()
+        c.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        t0 = time.monotonic()
+        got = b""
+        while b'"tokens_predicted":300' not in got or not got.rstrip().endswith(b"}"):
+            chunk = c.recv(65536)
+            assert chunk, got[-300:]
+            got += chunk
+        assert time.monotonic() - t0 > 1 and got.startswith(b"HTTP/1.1 200")
+        c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        more = c.recv(65536)
+        assert more.startswith(b"HTTP/1.1 200"), more
+
+
 def test_a_draining_server_refuses_new_requests():
     with Server("--drain-timeout", "30", "-np", "2", ctx=1024) as s:
         s.wait_ready()
@@ -449,8 +503,17 @@ def test_a_draining_server_refuses_new_requests():
         held.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
                      + body.encode())
         assert held.recv(4096)  # streaming
+        # a request still sending its body when the signal comes is in flight: it is answered
+        late = socket.create_connection((u.hostname, u.port), timeout=30)
+        late_body = json.dumps({"content": "hello"}).encode()
+        late.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(late_body)
+                     + late_body[:5])
+        time.sleep(0.2)
         s.proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
+        late.sendall(late_body[5:])
+        answer = read_until_closed(late)[0]
+        assert status_of(answer) == 200 and b'"tokens"' in answer, answer[:300]
         # the idle kept-alive connection is closed, and nothing new is accepted
         assert read_until_closed(keep)[0] == b""
         with pytest.raises(ConnectionRefusedError):

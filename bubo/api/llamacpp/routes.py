@@ -47,7 +47,7 @@ def completion() -> Any:
     rt = runtime_of(engine)
     tokens = _tokens(rt, req.prompt)
     gen = GenerationRequest(tokens, req.params, req.n_predict, req.stop, req.n_probs, req.cache_prompt,
-                            req.ignore_eos, pipeline.completion_grammar(req.output))
+                            req.ignore_eos, pipeline.completion_grammar(req.output, rt))
     stream = pipeline.submit(engine, gen, debug_mem_available())
     n_ctx = engine.n_ctx or 0
 

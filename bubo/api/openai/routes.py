@@ -71,7 +71,7 @@ def completions() -> Any:
     rt = runtime_of(engine)
     tokens = pipeline.prompt_tokens(rt, req.prompt)
     gen = GenerationRequest(tokens, req.params, req.max_tokens, req.stop, req.params.n_probs, req.cache_prompt,
-                            grammar=pipeline.completion_grammar(req.output))
+                            grammar=pipeline.completion_grammar(req.output, rt))
     stream = pipeline.submit(engine, gen, debug_mem_available())
     id, created = f.new_id("cmpl-"), f.now()
     echo = (req.prompt if isinstance(req.prompt, str) else rt.tokenizer.decode(tokens)) if req.echo else ""
