@@ -30,6 +30,7 @@ from bubo.gguf import GGUFFile
 if TYPE_CHECKING:
     from bubo._grammar import Vocab
     from bubo._model import Model as NativeModel
+    from bubo.engine.fit import PieceIndex
 
 
 @dataclass
@@ -90,6 +91,8 @@ class Runtime:
         self._template: ChatTemplate | None = None
         self._pieces: list[bytes] | None = None
         self._vocab: Vocab | None = None
+        self._grammar_pieces: list[bytes] | None = None
+        self._piece_index: PieceIndex | None = None
         self._eog: list[int] | None = None
         self._controls: re.Pattern[str] | bool | None = None
 
@@ -215,13 +218,28 @@ class Runtime:
             self._pieces = vocab_pieces(self.tokenizer)
         return self._pieces
 
+    def grammar_pieces(self) -> list[bytes]:
+        """Every token's bytes as grammars see them (no bytes for control and unused tokens)."""
+        if self._grammar_pieces is None:
+            tok = self.tokenizer
+            self._grammar_pieces = [tok.token_to_piece(i, False) for i in range(self.n_vocab)]
+        return self._grammar_pieces
+
     def grammar_vocab(self) -> Vocab:
         """The vocabulary's byte trie for grammar masks, built at the first grammar request."""
         if self._vocab is None:
             from bubo._grammar import Vocab
 
-            self._vocab = Vocab.from_tokenizer(self.tokenizer)
+            self._vocab = Vocab(self.grammar_pieces())
         return self._vocab
+
+    def piece_index(self) -> PieceIndex:
+        """Which byte strings are one token: for steering an answer to fit its budget."""
+        if self._piece_index is None:
+            from bubo.engine.fit import PieceIndex
+
+            self._piece_index = PieceIndex(self.grammar_pieces())
+        return self._piece_index
 
     def eog_ids(self) -> list[int]:
         """The end-of-generation token ids."""

@@ -159,6 +159,25 @@ cdef class Matcher:
         """The text so far is a complete sentence of the grammar."""
         return bool(bubo_grammar_matcher_accepting(self.m))
 
+    def shortest(self):
+        """The bytes of one shortest text that finishes the text so far as a sentence of the
+        grammar (b"" when it is one already), or None when nothing can finish it."""
+        cdef size_t n = bubo_grammar_matcher_shortest_len(self.m)
+        if n == <size_t>-1:
+            return None
+        cdef bytearray buf = bytearray(n + 1)
+        cdef uint8_t *p = buf
+        cdef size_t got = 0
+        cdef bubo_err err
+        check_status(bubo_grammar_matcher_shortest(self.m, p, n + 1, &got, &err), &err, None)
+        return bytes(buf[:got])
+
+    @property
+    def shortest_len(self):
+        """len(shortest()) without writing it; None when nothing can finish the text."""
+        cdef size_t n = bubo_grammar_matcher_shortest_len(self.m)
+        return None if n == <size_t>-1 else n
+
     @property
     def n_stacks(self):
         """Alive parse stacks (diagnostics)."""

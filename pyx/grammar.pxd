@@ -41,3 +41,6 @@ cdef extern from "bubo/grammar.h" nogil:
     bubo_status bubo_grammar_matcher_mask(bubo_grammar_matcher *m, uint8_t *mask, bubo_err *err)
     cbool bubo_grammar_matcher_accepting(const bubo_grammar_matcher *m)
     size_t bubo_grammar_matcher_n_stacks(const bubo_grammar_matcher *m)
+    size_t bubo_grammar_matcher_shortest_len(const bubo_grammar_matcher *m)
+    bubo_status bubo_grammar_matcher_shortest(const bubo_grammar_matcher *m, uint8_t *out, size_t cap, size_t *n,
+                                              bubo_err *err)

@@ -19,8 +19,10 @@ from bubo.engine.types import EngineRefusal, GenerationRequest, Reason, TokenEve
 
 if TYPE_CHECKING:
     from bubo._grammar import Matcher
+    from bubo.engine.fit import Fit
     from bubo.runtime import Runtime
 
+RESAMPLES_BEFORE_PLAN = 3  # sampled tokens refused (they leave no room to finish) before steering
 STOP = "stop"  # an end-of-generation token or a stop string
 LENGTH = "length"  # max_tokens, a full context, or memory that is short
 
@@ -152,12 +154,31 @@ class Generation:
             except (ValueError, UnsupportedError) as e:
                 raise GrammarRefused(f"the grammar cannot be followed: {e}") from None
             self._mask = np.zeros(runtime.n_vocab, dtype=np.uint8)
+        # a grammar-constrained answer is steered to end within its budget (bubo.engine.fit)
+        self.fit: Fit | None = None
+        if self.grammar is not None and not req.ignore_eos:
+            from bubo.engine.fit import Fit
+
+            self.fit = Fit(runtime.piece_index(), runtime.eog_ids())
         self.text = TextOut(runtime.tokenizer.detokenizer(), StopMatcher(req.stop))
         self.n_gen = 0
 
     @property
     def stop_string(self) -> str | None:
         return self.text.stopped
+
+    @property
+    def steered(self) -> bool:
+        """The grammar steered the answer to a short ending, to fit its budget."""
+        return self.fit is not None and self.fit.steered
+
+    def _left(self, n_seq: int) -> int:
+        """The tokens this answer may still have, this one included: max_tokens' and the
+        context's bound, whichever is nearer."""
+        left = self.n_ctx - n_seq + 2
+        if self.req.max_tokens is not None:
+            left = min(left, self.req.max_tokens - self.n_gen)
+        return left
 
     def step(self, logits: npt.NDArray[np.float32], n_seq: int,
              room: Callable[[int], bool] | None = None) -> tuple[TokenEvent, str | None]:
@@ -166,7 +187,10 @@ class Generation:
         cache hold n tokens (asked only while nothing else ends the answer). GrammarStuck when
         the grammar cannot go on."""
         mask = self._grammar_mask() if self.grammar is not None else None
-        token, logprob, top = self.sampler.sample(logits, mask=mask)
+        if self.fit is not None and mask is not None:
+            token, logprob, top = self._sample_fitting(logits, mask, max(self._left(n_seq), 1))
+        else:
+            token, logprob, top = self.sampler.sample(logits, mask=mask)
         self.sampler.accept(token)
         tok = self.runtime.tokenizer
         eog = tok.is_eog(token)
@@ -189,6 +213,34 @@ class Generation:
             if out.stopped is not None:
                 reason = STOP
         return TokenEvent(int(token), text, float(logprob), [(int(i), float(p)) for i, p in top]), reason
+
+    def _sample_fitting(self, logits: npt.NDArray[np.float32], mask: npt.NDArray[np.uint8],
+                        left: int) -> tuple[int, float, list[tuple[int, float]]]:
+        """Sample a token after which the answer can still end within `left` tokens (this one
+        included), steering to the grammar's shortest completion when the model's choices
+        cannot (bubo.engine.fit)."""
+        fit, g, tok = self.fit, self.grammar, self.runtime.tokenizer
+        assert fit is not None and g is not None
+        if fit.plan is None:
+            for _ in range(RESAMPLES_BEFORE_PLAN):
+                token, logprob, top = self.sampler.sample(logits, mask=mask)
+                if tok.is_eog(token):
+                    return token, logprob, top
+                after = g.clone()
+                if after.accept_token(int(token)) and fit.fits(after, left - 1):
+                    return token, logprob, top
+                fit.steered = True
+                mask[token] = 0
+                if not mask.any():
+                    break
+            fit.steered = True
+        cands = fit.candidates(g, left)
+        if not cands:  # nothing finishes the text: the grammar's own mask, as without a budget
+            return self.sampler.sample(logits, mask=self._grammar_mask())
+        token, logprob, top = self.sampler.sample(logits, mask=cands)
+        if not tok.is_eog(token):
+            fit.took(self.runtime.grammar_pieces()[token])
+        return token, logprob, top
 
     def _grammar_mask(self) -> npt.NDArray[np.uint8]:
         """The tokens that keep the text in the grammar's language; end-of-generation tokens only

@@ -423,7 +423,8 @@ class Scheduler:
         c = self.counters
         c["tokens_predicted_total"] += t.n_gen
         c["tokens_predicted_seconds_total"] += timings.predicted_s
-        t.sink.push(FinishEvent(reason, t.gen.stop_string, t.n_prompt, t.n_cached or 0, t.n_gen, timings))
+        t.sink.push(FinishEvent(reason, t.gen.stop_string, t.n_prompt, t.n_cached or 0, t.n_gen, timings,
+                                 steered=t.gen.steered))
         self._release(s)
 
     def _finish_full(self, s: Slot) -> None:

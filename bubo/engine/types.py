@@ -103,7 +103,8 @@ class FinishEvent:
     """The last event of a successful generation.
 
     reason: "stop" (an end-of-generation token or a stop string) or "length" (max_tokens, or
-    the context is full, or the memory for more is short)."""
+    the context is full, or the memory for more is short). steered: the grammar steered the
+    answer to a short ending so that it ends within max_tokens (bubo.engine.fit)."""
 
     reason: str
     stop_string: str | None
@@ -111,6 +112,7 @@ class FinishEvent:
     cached_tokens: int
     completion_tokens: int
     timings: Timings = field(default_factory=Timings)
+    steered: bool = False
 
 
 @dataclass

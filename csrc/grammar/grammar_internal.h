@@ -39,7 +39,20 @@ struct bubo_grammar {
      * after its class and which ASCII code points it accepts: the hot test of the mask walk. */
     uint32_t *term_next;   /* (n_elems) */
     uint64_t (*term_ascii)[2]; /* (n_elems) bit c of the 128: accepts code point c */
+    /* The shortest completions (matcher.c, grammar_build_shortest): for every element position,
+     * the fewest bytes that finish its alternative from there (GRAMMAR_NO_END: none); for every
+     * rule, the fewest bytes of a sentence of it and the alternative that gives them. The chosen
+     * alternatives never recurse (the tie is broken by derivation height), so following them
+     * writes a finite text. */
+    uint32_t *tail_min;    /* (n_elems) */
+    uint32_t *rule_min;    /* (n_rules) */
+    uint32_t *rule_alt;    /* (n_rules) position of the chosen alternative's first element */
 };
+
+#define GRAMMAR_NO_END UINT32_MAX
+
+/* Fill tail_min, rule_min and rule_alt (called once the grammar is parsed). */
+bubo_status grammar_build_shortest(bubo_grammar *g, bubo_err *err);
 
 static inline int ge_is_end_of_alt(uint32_t type) { return type == GE_END || type == GE_ALT; }
 static inline int ge_is_terminal(uint32_t type) {

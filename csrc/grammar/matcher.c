@@ -805,3 +805,307 @@ bubo_status bubo_grammar_matcher_mask(bubo_grammar_matcher *m, uint8_t *mask, bu
     }
     return BUBO_OK;
 }
+
+// ---------------------------------------------------------------------------------------------
+// shortest completions
+//
+// The fewest bytes that finish a rule are a fixpoint over the rules (a sentence of a rule is as
+// short as its shortest alternative, an alternative the sum of its elements), computed once per
+// grammar by a worklist: a rule is re-evaluated when a rule it references gets shorter. Ties
+// are broken by derivation height, so the alternative chosen for a rule only references rules
+// of smaller height: following the choices from any position writes a finite text. A stack's
+// fewest bytes are then the sum of its frames' tails; the matcher's, the least over its stacks.
+
+static inline int in_surrogates(uint32_t cp) { return cp >= 0xD800 && cp <= 0xDFFF; }
+
+/* The smallest character in [lo, hi] the class at pos accepts, or GRAMMAR_NO_END. */
+static uint32_t class_smallest(const bubo_grammar *g, uint32_t pos, uint32_t lo, uint32_t hi) {
+    const gelem *e = g->elems;
+    if (hi > 0x10FFFF) hi = 0x10FFFF;
+    uint32_t best = GRAMMAR_NO_END;
+    if (e[pos].type == GE_CHAR_ANY) {
+        best = in_surrogates(lo) ? 0xE000 : lo;
+    } else if (e[pos].type == GE_CHAR_NOT) {
+        uint32_t cur = lo; /* climb past every listed range (and the surrogates) that holds cur */
+        for (int moved = 1; moved && cur <= hi;) {
+            moved = 0;
+            uint32_t q = pos;
+            do {
+                uint32_t a, b;
+                q = next_range(e, q, &a, &b);
+                if (a <= cur && cur <= b) {
+                    cur = b + 1;
+                    moved = 1;
+                }
+            } while (e[q].type == GE_CHAR_ALT);
+            if (!moved && in_surrogates(cur)) {
+                cur = 0xE000;
+                moved = 1;
+            }
+        }
+        best = cur;
+    } else {
+        uint32_t q = pos;
+        do {
+            uint32_t a, b;
+            q = next_range(e, q, &a, &b);
+            if (a < lo) a = lo;
+            if (b > hi) b = hi;
+            if (in_surrogates(a)) a = 0xE000;
+            if (a <= b && a < best) best = a;
+        } while (e[q].type == GE_CHAR_ALT);
+    }
+    return best <= hi ? best : GRAMMAR_NO_END;
+}
+
+/* The character a shortest completion writes for the class at pos: a readable one where the
+ * class allows it (a letter, a digit, printable ASCII), else the smallest. */
+static uint32_t term_pick(const bubo_grammar *g, uint32_t pos) {
+    static const uint8_t pref[][2] = {{'a', 'z'}, {'A', 'Z'}, {'0', '9'}, {0x20, 0x7E}, {0x00, 0x7F}};
+    const uint64_t *bits = g->term_ascii[pos];
+    for (size_t k = 0; k < sizeof pref / sizeof *pref; k++)
+        for (uint32_t c = pref[k][0]; c <= pref[k][1]; c++)
+            if ((bits[c >> 6] >> (c & 63)) & 1) return c;
+    return class_smallest(g, pos, 0x80, 0x10FFFF);
+}
+
+static uint32_t utf8_len(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
+
+static uint32_t utf8_put(uint32_t cp, uint8_t *b) {
+    if (cp < 0x80) {
+        b[0] = (uint8_t)cp;
+        return 1;
+    }
+    uint32_t n = utf8_len(cp);
+    static const uint8_t lead[5] = {0, 0, 0xC0, 0xE0, 0xF0};
+    for (uint32_t i = n - 1; i > 0; i--, cp >>= 6) b[i] = (uint8_t)(0x80 | (cp & 0x3F));
+    b[0] = (uint8_t)(lead[n] | cp);
+    return n;
+}
+
+static uint32_t add_len(uint64_t a, uint64_t b) {
+    uint64_t s = a + b;
+    return (a == GRAMMAR_NO_END || b == GRAMMAR_NO_END || s >= GRAMMAR_NO_END) ? GRAMMAR_NO_END : (uint32_t)s;
+}
+
+/* The fewest bytes of the element at pos (a terminal or a rule reference), given rule_min. */
+static uint32_t elem_min(const bubo_grammar *g, const uint32_t *term_min, uint32_t pos) {
+    return g->elems[pos].type == GE_RULE_REF ? g->rule_min[g->elems[pos].value] : term_min[pos];
+}
+
+static uint32_t elem_next(const bubo_grammar *g, uint32_t pos) {
+    return g->elems[pos].type == GE_RULE_REF ? pos + 1 : g->term_next[pos];
+}
+
+bubo_status grammar_build_shortest(bubo_grammar *g, bubo_err *err) {
+    uint32_t nr = g->n_rules, ne = g->n_elems;
+    bubo_status st = BUBO_OK;
+    g->tail_min = malloc((size_t)(ne + 1) * sizeof *g->tail_min);
+    g->rule_min = malloc((size_t)nr * sizeof *g->rule_min);
+    g->rule_alt = malloc((size_t)nr * sizeof *g->rule_alt);
+    uint32_t *height = malloc((size_t)nr * sizeof *height);
+    uint32_t *term_min = malloc((size_t)(ne + 1) * sizeof *term_min);
+    uint32_t *owner = malloc((size_t)(ne + 1) * sizeof *owner);
+    uint32_t *n_refs = calloc((size_t)nr + 1, sizeof *n_refs); /* CSR of the rules referencing each rule */
+    uint32_t *refs = NULL, *queue = malloc((size_t)nr * sizeof *queue);
+    uint8_t *queued = malloc(nr ? nr : 1);
+    if (!g->tail_min || !g->rule_min || !g->rule_alt || !height || !term_min || !owner || !n_refs || !queue || !queued)
+        goto oom;
+    for (uint32_t r = 0; r < nr; r++) {
+        uint32_t end = r + 1 < nr ? g->rule_start[r + 1] : ne;
+        for (uint32_t p = g->rule_start[r]; p < end; p++) owner[p] = r;
+        g->rule_min[r] = GRAMMAR_NO_END;
+        height[r] = GRAMMAR_NO_END;
+        g->rule_alt[r] = g->rule_start[r];
+    }
+    for (uint32_t p = 0; p < ne; p++) {
+        uint32_t t = g->elems[p].type;
+        if (ge_is_terminal(t)) {
+            uint32_t cp = term_pick(g, p);
+            term_min[p] = cp == GRAMMAR_NO_END ? GRAMMAR_NO_END : utf8_len(cp);
+        } else if (t == GE_RULE_REF) {
+            n_refs[g->elems[p].value + 1]++;
+        }
+    }
+    for (uint32_t r = 0; r < nr; r++) n_refs[r + 1] += n_refs[r];
+    refs = malloc((size_t)(n_refs[nr] ? n_refs[nr] : 1) * sizeof *refs);
+    if (!refs) goto oom;
+    {
+        uint32_t *fill = calloc((size_t)nr + 1, sizeof *fill);
+        if (!fill) goto oom;
+        for (uint32_t p = 0; p < ne; p++)
+            if (g->elems[p].type == GE_RULE_REF) {
+                uint32_t to = g->elems[p].value;
+                refs[n_refs[to] + fill[to]++] = owner[p];
+            }
+        free(fill);
+    }
+    /* the worklist, a ring of rule ids; generated rules come late and are referenced by earlier
+     * ones, so start from the end */
+    uint32_t head = 0, count = nr;
+    for (uint32_t r = 0; r < nr; r++) {
+        queue[r] = nr - 1 - r;
+        queued[r] = 1;
+    }
+    while (count) {
+        uint32_t r = queue[head];
+        head = (head + 1) % nr;
+        count--;
+        queued[r] = 0;
+        uint32_t best = g->rule_min[r], best_h = height[r], best_alt = g->rule_alt[r];
+        for (uint32_t p = g->rule_start[r];;) {
+            uint32_t alt = p, len = 0, h = 0;
+            for (; !ge_is_end_of_alt(g->elems[p].type); p = elem_next(g, p)) {
+                len = add_len(len, elem_min(g, term_min, p));
+                if (g->elems[p].type == GE_RULE_REF && height[g->elems[p].value] > h) h = height[g->elems[p].value];
+            }
+            if (len != GRAMMAR_NO_END && h != GRAMMAR_NO_END && (len < best || (len == best && h + 1 < best_h))) {
+                best = len;
+                best_h = h + 1;
+                best_alt = alt;
+            }
+            if (g->elems[p].type == GE_END) break;
+            p++;
+        }
+        if (best == g->rule_min[r] && best_h == height[r]) continue;
+        g->rule_min[r] = best;
+        height[r] = best_h;
+        g->rule_alt[r] = best_alt;
+        for (uint32_t k = n_refs[r]; k < n_refs[r + 1]; k++) {
+            uint32_t q = refs[k];
+            if (!queued[q]) {
+                queued[q] = 1;
+                queue[(head + count) % nr] = q;
+                count++;
+            }
+        }
+    }
+    /* every alternative's tails, from its end backwards (an end-of-alt position's tail is 0) */
+    for (uint32_t p = 0; p < ne; p++)
+        if (ge_is_end_of_alt(g->elems[p].type)) g->tail_min[p] = 0;
+    for (uint32_t p = ne; p-- > 0;) {
+        uint32_t t = g->elems[p].type;
+        if (ge_is_terminal(t) || t == GE_RULE_REF) g->tail_min[p] = add_len(elem_min(g, term_min, p), g->tail_min[elem_next(g, p)]);
+    }
+    goto done;
+oom:
+    st = bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
+done:
+    free(height);
+    free(term_min);
+    free(owner);
+    free(n_refs);
+    free(refs);
+    free(queue);
+    free(queued);
+    return st;
+}
+
+/* The character that completes the unfinished one of s on the class at top (its smallest), or
+ * GRAMMAR_NO_END. */
+static uint32_t partial_pick(const bubo_grammar *g, const stackset *s, uint32_t top) {
+    uint32_t left = s->utf8_left;
+    uint32_t lo = s->utf8_value << (6 * left), hi = lo | ((1u << (6 * left)) - 1);
+    if (lo < s->utf8_min) lo = s->utf8_min;
+    return lo <= hi ? class_smallest(g, top, lo, hi) : GRAMMAR_NO_END;
+}
+
+/* The fewest bytes that finish stack i of s. */
+static uint32_t stack_min(const bubo_grammar *g, const stackset *s, size_t i) {
+    uint32_t n = s->len[i];
+    const uint32_t *f = s->frames + s->off[i];
+    if (n == 0) return s->utf8_left ? GRAMMAR_NO_END : 0;
+    uint32_t top = f[n - 1], sum;
+    if (s->utf8_left) {
+        if (!s->utf8_any && partial_pick(g, s, top) == GRAMMAR_NO_END) return GRAMMAR_NO_END;
+        sum = add_len(s->utf8_left, g->tail_min[g->term_next[top]]);
+    } else {
+        sum = g->tail_min[top];
+    }
+    for (uint32_t k = 0; k + 1 < n; k++) sum = add_len(sum, g->tail_min[f[k]]);
+    return sum;
+}
+
+static size_t best_stack(const bubo_grammar *g, const stackset *s, uint32_t *len) {
+    size_t best = SIZE_MAX;
+    *len = GRAMMAR_NO_END;
+    for (size_t i = 0; i < s->n; i++) {
+        uint32_t m = stack_min(g, s, i);
+        if (m < *len) {
+            *len = m;
+            best = i;
+        }
+    }
+    return best;
+}
+
+size_t bubo_grammar_matcher_shortest_len(const bubo_grammar_matcher *m) {
+    uint32_t len;
+    best_stack(m->g, &m->state, &len);
+    return len == GRAMMAR_NO_END ? SIZE_MAX : len;
+}
+
+bubo_status bubo_grammar_matcher_shortest(const bubo_grammar_matcher *m, uint8_t *out, size_t cap, size_t *n,
+                                          bubo_err *err) {
+    const bubo_grammar *g = m->g;
+    const stackset *s = &m->state;
+    uint32_t len;
+    size_t i = best_stack(g, s, &len);
+    *n = SIZE_MAX;
+    if (len == GRAMMAR_NO_END) return BUBO_OK;
+    if (cap < len) return bubo_set_err(err, BUBO_ERR_INVALID, "grammar: %zu bytes given for a completion of %u", cap, len);
+    *n = len;
+    uint32_t depth = s->len[i];
+    if (depth == 0) return BUBO_OK;
+    const uint32_t *f = s->frames + s->off[i];
+    size_t cap_todo = depth + 64, n_todo = 0, w = 0;
+    uint32_t *todo = malloc(cap_todo * sizeof *todo);
+    if (!todo) return bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
+    for (uint32_t k = 0; k + 1 < depth; k++) todo[n_todo++] = f[k];
+    uint32_t top = f[depth - 1], pos = top;
+    uint8_t b[4];
+    if (s->utf8_left) { /* finish the unfinished character first */
+        if (s->utf8_any) {
+            memset(b, 0x80, sizeof b); /* every continuation is accepted */
+        } else {
+            uint32_t k = utf8_put(partial_pick(g, s, top), b);
+            memmove(b, b + k - s->utf8_left, s->utf8_left);
+        }
+        memcpy(out, b, s->utf8_left);
+        w = s->utf8_left;
+        pos = g->term_next[top];
+    }
+    bubo_status st = BUBO_OK;
+    for (;;) {
+        while (!ge_is_end_of_alt(g->elems[pos].type)) {
+            if (g->elems[pos].type == GE_RULE_REF) {
+                if (n_todo == cap_todo) {
+                    uint32_t *t = realloc(todo, 2 * cap_todo * sizeof *t);
+                    if (!t) {
+                        st = bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
+                        goto done;
+                    }
+                    todo = t;
+                    cap_todo *= 2;
+                }
+                todo[n_todo++] = pos + 1;
+                pos = g->rule_alt[g->elems[pos].value];
+            } else {
+                uint32_t k = utf8_put(term_pick(g, pos), b);
+                if (w + k > len) {
+                    st = bubo_set_err(err, BUBO_ERR_INVALID, "grammar: the shortest completion outgrew its length");
+                    goto done;
+                }
+                memcpy(out + w, b, k);
+                w += k;
+                pos = g->term_next[pos];
+            }
+        }
+        if (n_todo == 0) break;
+        pos = todo[--n_todo];
+    }
+    if (w != len) st = bubo_set_err(err, BUBO_ERR_INVALID, "grammar: the shortest completion has %zu bytes, not %u", w, len);
+done:
+    free(todo);
+    return st;
+}

@@ -565,6 +565,9 @@ void bubo_grammar_free(bubo_grammar *g) {
     free(g->rule_start);
     free(g->term_next);
     free(g->term_ascii);
+    free(g->tail_min);
+    free(g->rule_min);
+    free(g->rule_alt);
     free(g);
 }
 
@@ -616,7 +619,8 @@ bubo_status bubo_grammar_parse(const char *text, size_t len, const char *root, b
         at += P.rules[i].body.n;
     }
     build_terminal_tables(g);
-    if ((P.status = check_left_recursion(&P, g, nullable)) == BUBO_OK) {
+    if ((P.status = check_left_recursion(&P, g, nullable)) == BUBO_OK &&
+        (P.status = grammar_build_shortest(g, err)) == BUBO_OK) {
         *out = g;
         g = NULL;
     }

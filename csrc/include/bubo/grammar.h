@@ -70,6 +70,14 @@ bubo_status bubo_grammar_matcher_accept_token(bubo_grammar_matcher *m, int32_t t
 bubo_status bubo_grammar_matcher_mask(bubo_grammar_matcher *m, uint8_t *mask, bubo_err *err);
 /* The text so far is a complete sentence of the grammar (no unfinished UTF-8 character). */
 bool bubo_grammar_matcher_accepting(const bubo_grammar_matcher *m);
+/* The fewest bytes that finish the text so far as a sentence of the grammar (0 when it is one
+ * already; SIZE_MAX when nothing can finish it). */
+size_t bubo_grammar_matcher_shortest_len(const bubo_grammar_matcher *m);
+/* Write one such shortest completion (cap bytes at least shortest_len) and its length to *n
+ * (SIZE_MAX when there is none). Where a class leaves a choice, a letter, then a digit, then
+ * printable ASCII, then the smallest character is written. */
+bubo_status bubo_grammar_matcher_shortest(const bubo_grammar_matcher *m, uint8_t *out, size_t cap, size_t *n,
+                                          bubo_err *err);
 /* Alive stacks in the current state (diagnostics and tests). */
 size_t bubo_grammar_matcher_n_stacks(const bubo_grammar_matcher *m);
 

@@ -1,0 +1,113 @@
+"""Answers that end within their budget: a grammar-constrained generation steered to a short
+ending when the tokens left get close to what its grammar needs to finish.
+
+The grammar matcher knows, for its state, the fewest bytes that finish the text and one such
+completion (Matcher.shortest). Before a sampled token is taken, Fit checks that the text after it
+can still be finished within the tokens left, one of them kept for the end-of-generation token;
+a token that cannot is set aside and the sampler asked again. When it keeps choosing such
+tokens the answer follows a shortest completion to its end: the model chooses among the tokens
+that spell the completion's next bytes (those after which the rest still fits), so the answer
+ends, parses and is still the model's where it had a choice. The check runs at every step, so
+a token that opens something long (a key whose value must be long) is refused while there is
+still room to refuse it.
+
+No peer does this; a request that ran out of tokens inside its JSON gets text that does not
+parse. FinishEvent.steered tells the routes, which say so in their responses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bubo._grammar import Matcher
+
+
+
+
+class PieceIndex:
+    """The vocabulary as text pieces: which byte strings are one token, for counting the fewest
+    tokens that spell a text. pieces[i]: token i's bytes as the grammar sees them (b"" for
+    control tokens, which no grammar allows)."""
+
+    def __init__(self, pieces: Sequence[bytes]):
+        ids: dict[bytes, int] = {}
+        for i, p in enumerate(pieces):
+            if p and p not in ids:
+                ids[p] = i
+        self.ids = ids
+        self.lengths = sorted({len(p) for p in ids})
+        # every byte is a token: a text of n bytes takes at most n tokens
+        self.every_byte = all(bytes([b]) in ids for b in range(256))
+
+    def costs(self, text: bytes) -> list[int | None]:
+        """costs[i]: the fewest tokens that spell text[i:] (None: no tokens do)."""
+        n = len(text)
+        cost: list[int | None] = [None] * (n + 1)
+        cost[n] = 0
+        ids = self.ids
+        for i in range(n - 1, -1, -1):
+            best: int | None = None
+            for k in self.lengths:
+                if i + k > n:
+                    break
+                rest = cost[i + k]
+                if rest is not None and (best is None or rest + 1 < best) and text[i:i + k] in ids:
+                    best = rest + 1
+            cost[i] = best
+        return cost
+
+
+class Fit:
+    """One generation's steering state. eog: the end-of-generation token ids."""
+
+    def __init__(self, index: PieceIndex, eog: Sequence[int]):
+        self.index = index
+        self.eog = list(eog)
+        self.plan: bytes | None = None  # the completion followed once steering began
+        self.steered = False  # a sampled token was refused, or the plan followed
+
+    def fits(self, after: Matcher, left: int) -> bool:
+        """Can the text in state `after` be finished, with its end-of-generation token, in
+        `left` tokens?"""
+        n = after.shortest_len
+        if n is None:
+            return False
+        if n + 1 <= left and self.index.every_byte:
+            return True
+        text = after.shortest()
+        cost = self.index.costs(text)[0] if text is not None else None
+        return cost is not None and cost + 1 <= left
+
+    def candidates(self, grammar: Matcher, left: int) -> list[int]:
+        """The tokens that follow the plan (started here from the grammar's shortest completion)
+        and leave its rest room in left - 1 tokens: its end-of-generation tokens once it is
+        spelled out. When none leaves room (the budget was already short), the longest token
+        that follows it, so the answer gets as near its end as it can."""
+        if self.plan is None:
+            self.plan = grammar.shortest()
+            if self.plan is None:
+                return []
+        plan = self.plan
+        if not plan:
+            return self.eog
+        cost = self.index.costs(plan)
+        ids = self.index.ids
+        out, longest = [], None
+        for k in self.index.lengths:
+            if k > len(plan):
+                break
+            t = ids.get(plan[:k])
+            if t is None:
+                continue
+            longest = t
+            c = cost[k]
+            if c is not None and c + 1 <= left - 1:
+                out.append(t)
+        return out or ([longest] if longest is not None else [])
+
+    def took(self, piece: bytes) -> None:
+        """A token of the plan was taken: the plan goes on after it."""
+        assert self.plan is not None and self.plan.startswith(piece)
+        self.plan = self.plan[len(piece):]
