@@ -13,6 +13,7 @@ scratch buffers are its own.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
     from bubo._grammar import Vocab
     from bubo._model import Model as NativeModel
     from bubo.engine.fit import PieceIndex
+
+
+log = logging.getLogger("bubo.runtime")
 
 
 @dataclass
@@ -93,6 +97,7 @@ class Runtime:
         self._vocab: Vocab | None = None
         self._grammar_pieces: list[bytes] | None = None
         self._piece_index: PieceIndex | None = None
+        self._shows_tools: bool | None = None
         self._eog: list[int] | None = None
         self._controls: re.Pattern[str] | bool | None = None
 
@@ -161,6 +166,10 @@ class Runtime:
         with parse_special=True and text_spans=spans: the template's own markup becomes control
         tokens, text from the request does not. specials_in_content: the request's text may
         hold control tokens (no spans: llama-server's behaviour, an opt-in)."""
+        if tools and not self.template_shows_tools():
+            from bubo.chat.tools import generic_tool_messages
+
+            messages, tools = generic_tool_messages(messages, tools), None
         pattern = None if specials_in_content else self._control_pattern()
         if pattern is None or not _holds(pattern, messages, tools, template_kwargs):
             return ChatText(self.chat_prompt(messages, tools=tools, add_generation_prompt=add_generation_prompt,
@@ -190,6 +199,25 @@ class Runtime:
             at = m.end()
         out.append(text[at:])
         return ChatText("".join(out), spans)
+
+    def template_shows_tools(self) -> bool:
+        """Does the chat template render the tools it is given? (Templates of models not trained
+        on tool use drop them silently.) Found once, by rendering a probe tool; when it does not,
+        chat_text describes the tools itself (bubo.chat.tools.generic_tool_messages), and says
+        so in the log once."""
+        if self._shows_tools is None:
+            probe = "bubo_probe_" + "".join(secrets.choice("abcdef") for _ in range(8))
+            tools = [{"type": "function", "function": {"name": probe, "description": "",
+                                                       "parameters": {"type": "object", "properties": {}}}}]
+            try:
+                text = self.chat_prompt([{"role": "user", "content": "hi"}], tools=tools)
+            except Exception:  # noqa: BLE001 - a template that fails on tools shows none
+                text = ""
+            self._shows_tools = probe in text
+            if not self._shows_tools:
+                log.info("the chat template of %s does not show tools: a request's tools are described in a "
+                         "system message of bubo's (the generic tool prompt)", self.name)
+        return self._shows_tools
 
     def control_spans(self, text: str) -> list[tuple[int, int]]:
         """The (start, end) characters of text that spell a control token."""

@@ -375,10 +375,34 @@ def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
         raise invalid("tools must be an array of {\"type\": \"function\", \"function\": {...}}")
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        if not isinstance(fn, dict):
             raise invalid(f'tools[{i}] must be {{"type": "function", "function": '
                           '{"name": ..., "parameters": ...}}')
+    check_tools(tools)
     return tools or None
+
+
+def check_tools(tools: list[dict[str, Any]], field: str = "parameters") -> None:
+    """Tools (OpenAI function tools, as every dialect's tools become) that a call can name:
+    each has a name, no two the same, and parameters that are the schema of an object (a
+    call's arguments are one). field: the dialect's name for the schema, for the message."""
+    seen: dict[str, int] = {}
+    for i, t in enumerate(tools):
+        fn = t["function"]
+        name = fn.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise invalid(f"tools[{i}] has no name: every tool needs one (a non-empty string)")
+        if name in seen:
+            raise invalid(f"tools[{i}] is named {name!r}, as tools[{seen[name]}] is: tool names must be unique")
+        seen[name] = i
+        schema = fn.get("parameters")
+        if schema is None:
+            continue
+        kind = schema.get("type", "object") if isinstance(schema, dict) else None
+        if not isinstance(schema, dict) or not (kind == "object" or (isinstance(kind, list) and "object" in kind)):
+            got = f"type {kind!r}" if isinstance(schema, dict) else type(schema).__name__
+            raise invalid(f"tools[{i}] ({name!r}): {field} must be the JSON Schema of an object (a call's "
+                          f"arguments are a JSON object), not {got}")
 
 
 # --- tool choice --------------------------------------------------------------------------

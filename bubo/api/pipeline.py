@@ -12,7 +12,7 @@ their prompt with prompt_tokens() and take their grammar from constrain(..., cha
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ from bubo.api import errors
 from bubo.api.fields import constraint_error, invalid
 from bubo.chat.constrain import ConstraintError, OutputSpec, check_first_tokens, constrain, in_think_after
 from bubo.chat.parsers import OutputParser, Part, ToolCall
+from bubo.engine.generation import LENGTH
 from bubo.engine.protocol import ServingEngine, Stream
 from bubo.engine.types import EngineRefusal, Event, FinishEvent, GenerationRequest, Reason, TokenEvent
 from bubo.runtime import Runtime
@@ -42,7 +43,7 @@ class Conversation:
     stream: bool
     _: KW_ONLY
     tool_choice: str | None = None  # REQUIRED or a function name: the answer must be a call
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool = False  # one call at most: the answer ends after it
     output: OutputSpec | None = None  # the answer's own constraint (grammar, response_format, text.format)
 
 
@@ -184,16 +185,21 @@ class Output:
         return self.finish
 
 
-def run_events(events: Iterable[Event], parser: OutputParser | None) -> Iterator[tuple[list[Part], Event]]:
+def run_events(events: Iterable[Event], parser: OutputParser | None,
+               end: Callable[[], None] | None = None) -> Iterator[tuple[list[Part], Event]]:
     """(parts, event) per event: the parsed parts its text released (the FinishEvent carries the
-    parser's rest). An ErrorEvent raises its ApiError; a stream that ends without a final event
-    (cancelled) raises too."""
+    parser's rest; a cut answer's unfinished call is dropped). An ErrorEvent raises its ApiError;
+    a stream that ends without a final event (cancelled) raises too. end: the stream's end(),
+    called once the parser has every call the answer may make (parallel_tool_calls false)."""
     for ev in events:
         if isinstance(ev, TokenEvent):
             parts = parser.feed(ev.text) if parser else ([Part("content", ev.text)] if ev.text else [])
+            if end is not None and parser is not None and parser.done:
+                end()
+                end = None
             yield parts, ev
         elif isinstance(ev, FinishEvent):
-            yield (parser.finish() if parser else []), ev
+            yield (parser.finish(cut=ev.reason == LENGTH) if parser else []), ev
             return
         else:
             raise errors.from_event(ev)
@@ -209,10 +215,17 @@ def collect(stream: Stream, parser: OutputParser | None) -> Output:
     out = Output()
     try:
         with cancel_on_disconnect(stream) as events:
-            gather(out, run_events(events, parser))
+            gather(out, run_events(events, parser, stream.end))
     finally:
         stream.cancel()  # nothing once the stream ended; else (an error here) its slot is freed
     return out
+
+
+def steered(fin: FinishEvent) -> dict[str, bool]:
+    """bubo's own response field, present when the grammar steered a constrained answer to a
+    short ending so that it ends within max_tokens (bubo.engine.fit): the answer is complete
+    and parses, and is shorter than the model would have made it."""
+    return {"steered_to_fit": True} if fin.steered else {}
 
 
 def gather(out: Output, items: Iterable[tuple[list[Part], Event]]) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bubo._grammar import Grammar, Matcher, Vocab
-from bubo.chat.parsers import OutputParser, template_opens_think, tool_format_of
+from bubo.chat.parsers import OutputParser, ToolBook, template_opens_think, tool_format_of
 from bubo.chat.schema import JSON_OBJECT_GBNF, SchemaError, schema_to_gbnf
 from bubo.chat.thinking import answer_grammar, template_thinks
 from bubo.chat.tools import ToolSchemaError, call_grammar
@@ -97,10 +97,10 @@ def constrain(template_source: str | None, *, spec: OutputSpec | None = None,
     """The grammar and parser of an answer.
 
     spec: the request's own constraint; tools and choice (None: the model decides, REQUIRED: a
-    call to any of tools, a name: a call to that function) with parallel (False: exactly one
-    call); thinking: reasoning is on; in_think: the prompt ends inside <think>; chat False: a raw
-    completion (the grammar as given, no parser). A forced call and a spec together cannot both
-    hold: the caller refuses that before."""
+    call to any of tools, a name: a call to that function) with parallel (False: one call at
+    most, the answer ends after it); thinking: reasoning is on; in_think: the prompt ends inside
+    <think>; chat False: a raw completion (the grammar as given, no parser). A forced call and
+    a spec together cannot both hold: the caller refuses that before."""
     if not chat:
         return Constrained(_compile(spec.gbnf, spec) if spec is not None else None, None)
     thinks = template_thinks(template_source)
@@ -128,8 +128,12 @@ def constrain(template_source: str | None, *, spec: OutputSpec | None = None,
         tool_format = template_format or "hermes"  # the most common format, when the template shows none
     else:
         tool_format = None
+    # the model chooses: a bare JSON answer that is a valid call to one of the tools is a call
+    # too (small models drop the template's markers); a template whose whole answer is the call
+    # (llama3) reads its own format
+    book = ToolBook(tools) if tools and not forced and tool_format != "llama3" else None
     parser = OutputParser(reasoning=thinking or in_think or thinks, tool_format=tool_format, in_think=in_think,
-                          max_calls=None if parallel else 1)
+                          max_calls=None if parallel else 1, tools=book)
     return Constrained(grammar, parser)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bubo.chat.parsers import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG
@@ -76,7 +77,7 @@ def text_without(stop: str, rule: str) -> list[str]:
 
 
 def call_grammar(tool_format: str, tools: list[dict[str, Any]], name: str | None = None,
-                 parallel: bool = True) -> str:
+                 parallel: bool = False) -> str:
     """GBNF for an answer that is one call (parallel False) or one or more calls (True) to the
     function `name`, or to any of tools when name is None. tools are OpenAI function tools.
     A <think> block before the calls is bubo.chat.thinking's (answer_grammar)."""
@@ -108,11 +109,47 @@ def call_grammar(tool_format: str, tools: list[dict[str, Any]], name: str | None
         rules.append("call ::= call-json")
         more = '", " call'
         top = f"{literal(MISTRAL_TAG + '[')} calls \"]\""
-    else:  # llama3, json: bare objects, several one a line (parsers.parse_llama3_calls)
+    else:  # llama3, json: a bare object; several are a JSON array, whose "]" is a natural end
         rules.append("call ::= call-json")
-        more = '"\\n" call'
-        top = "calls"
+        more = '", " call'
+        top = 'call | "[" calls "]"' if parallel else "calls"
     rules.append(f"calls ::= call ({more})*" if parallel else "calls ::= call")
     if tool_format == "hermes":
         top = "calls"
     return f"root ::= {top}\n" + "\n".join(rules) + "\n"
+
+
+# --- the generic tool prompt -----------------------------------------------------------------
+
+GENERIC_TOOL_PROMPT = """You can call these functions:
+{tools}
+
+To call a function, answer with only a JSON object and nothing else: {{"name": <the function's \
+name>, "arguments": <its arguments, a JSON object that follows its parameters schema>}}. To call \
+several, answer with a JSON array of such objects. If no function helps, answer normally."""
+
+
+def generic_tool_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]
+                          ) -> list[dict[str, Any]]:
+    """The conversation for a chat template that does not show tools (it renders the same text
+    with or without them): the tools described in a system message, in the call format bubo
+    reads back without markers (a bare JSON object, bubo.chat.parsers.ToolBook), and earlier
+    calls written as the model would have written them."""
+    listed = "\n".join(json.dumps({"name": t["function"]["name"],
+                                   "description": t["function"].get("description") or "",
+                                   "parameters": t["function"].get("parameters") or {"type": "object"}},
+                                  ensure_ascii=False) for t in tools)
+    prompt = GENERIC_TOOL_PROMPT.format(tools=listed)
+    out = [dict(m) for m in messages]
+    for m in out:
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and calls:
+            written = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls]
+            text = json.dumps(written[0] if len(written) == 1 else written, ensure_ascii=False)
+            m["content"] = (m["content"] + "\n" if isinstance(m.get("content"), str) and m["content"] else "") + text
+            del m["tool_calls"]
+    if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str):
+        out[0]["content"] = out[0]["content"] + "\n\n" + prompt
+    else:
+        out.insert(0, {"role": "system", "content": prompt})
+    return out

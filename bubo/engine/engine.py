@@ -101,6 +101,7 @@ class EventStream:
         self._lock = _allocate_lock()
         self._events: collections.deque[Event] = collections.deque()
         self._cancelled = False
+        self._ending = False
         self._done = False  # a final event was taken by the reader
         self._closed = False  # the watcher is gone: the engine must not send any more
         self._on_close: Callable[[], None] | None = None
@@ -130,6 +131,10 @@ class EventStream:
     def cancelled(self) -> bool:
         return self._cancelled
 
+    @property
+    def ending(self) -> bool:
+        return self._ending
+
     # --- the reader's side -------------------------------------------------------------
 
     def __iter__(self) -> EventStream:
@@ -155,6 +160,12 @@ class EventStream:
             # the reader was killed (GreenletExit: its client went away) or interrupted
             self.cancel()
             raise
+
+    def end(self) -> None:
+        """End the answer here: the engine finishes it at its next step (reason "stop", as an
+        end-of-generation token would) and sends its final event. Tokens sampled meanwhile
+        still come; the reader that asked for the end ignores them."""
+        self._ending = True
 
     def cancel(self) -> None:
         """Stop the request: the engine frees the slot at its next step. Idempotent."""

@@ -22,6 +22,10 @@ class Stream(Protocol):
 
     def cancel(self) -> None: ...
 
+    def end(self) -> None:
+        """End the answer at the engine's next step, with its final event (a "stop")."""
+        ...
+
     @property
     def cancelled(self) -> bool: ...
 

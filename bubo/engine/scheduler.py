@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from bubo.engine.generation import Generation, GrammarStuck
+from bubo.engine.generation import STOP, Generation, GrammarStuck
 from bubo.engine.metrics import Histogram
 from bubo.engine.types import ErrorEvent, Event, FinishEvent, GenerationRequest, Reason, SlotPhase, SlotState, Timings
 
@@ -65,6 +65,12 @@ class Sink(Protocol):
 
     @property
     def cancelled(self) -> bool: ...
+
+    @property
+    def ending(self) -> bool:
+        """The reader has what it needs (a tool call when one was asked for): the answer ends
+        at the next step, as an end-of-generation token would end it."""
+        ...
 
     def push(self, event: Event) -> None: ...
 
@@ -178,6 +184,8 @@ class Scheduler:
         for s in self.slots:
             if s.task is not None and s.task.cancelled:
                 self._release(s)
+            elif s.task is not None and s.task.n_gen and s.task.sink.ending:
+                self._finish(s, STOP)
         with lock:
             self._admit()
         active = sorted((s for s in self.slots if s.task is not None), key=lambda s: s.admitted)

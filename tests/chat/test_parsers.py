@@ -34,7 +34,7 @@ CASES = [
      {"tool_format": "hermes"}, "", "", [("get_weather", {"city": "Paris"})]),
     ('I will check.<tool_call>{"name": "a", "arguments": {}}</tool_call>\n'
      '<tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>',
-     {"tool_format": "hermes"}, "", "I will check.\n", [("a", {}), ("b", {"x": 1})]),
+     {"tool_format": "hermes"}, "", "I will check.", [("a", {}), ("b", {"x": 1})]),
     ('<tool_call>{"name": "f", "arguments": {"q": "é"}}', {"tool_format": "hermes"}, "", "", [("f", {"q": "é"})]),
     ("<tool_call>not json</tool_call>", {"tool_format": "hermes"}, "", "<tool_call>not json</tool_call>", []),
     ('<think>need weather</think><tool_call>{"name": "w", "arguments": {"c": "X"}}</tool_call>',

@@ -25,8 +25,8 @@ def accepts(gbnf: str, text: str) -> bool:
     ("hermes", f"<tool_call>\n{W}\n</tool_call>", f"<tool_call>\n{W}\n</tool_call><tool_call>\n{P}\n</tool_call>"),
     ("mistral", f"[TOOL_CALLS][{W}]", f"[TOOL_CALLS][{W}, {P}]"),
     ("llama3", W.replace('"arguments"', '"parameters"'),
-     W.replace('"arguments"', '"parameters"') + "\n" + P.replace('"arguments"', '"parameters"')),
-    ("json", W, f"{W}\n{P}"),
+     "[" + W.replace('"arguments"', '"parameters"') + ", " + P.replace('"arguments"', '"parameters"') + "]"),
+    ("json", W, f"[{W}, {P}]"),
 ])
 def test_each_format_one_call_or_several(fmt, one, two):
     assert accepts(call_grammar(fmt, TOOLS, parallel=False), one)

@@ -14,7 +14,7 @@ from bubo.api import fields as f
 from bubo.api import jsonin
 from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
-from bubo.api.pipeline import Conversation, Output
+from bubo.api.pipeline import Conversation, Output, steered
 from bubo.chat.constrain import REQUIRED
 from bubo.chat.parsers import Part, ToolCall
 from bubo.engine.types import FinishEvent
@@ -115,11 +115,13 @@ def anthropic_tools(tools: Any, tool_choice: Any) -> list[dict[str, Any]] | None
         raise invalid("tools must be an array of {name, description, input_schema}")
     out = []
     for i, t in enumerate(tools):
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
-            raise invalid(f"tools[{i}] must have a name")
-        fn = {"name": t["name"], "description": t.get("description") or "",
-              "parameters": t.get("input_schema") or {"type": "object", "properties": {}}}
+        if not isinstance(t, dict):
+            raise invalid(f"tools[{i}] must be an object {{name, description, input_schema}}")
+        schema = t.get("input_schema")
+        fn = {"name": t.get("name"), "description": t.get("description") or "",
+              "parameters": {"type": "object", "properties": {}} if schema is None else schema}
         out.append({"type": "function", "function": fn})
+    f.check_tools(out, "input_schema")
     return out or None
 
 
@@ -152,8 +154,10 @@ def parse_messages_request(body: Any, count_only: bool = False) -> MessagesReque
         messages=messages, prefill=prefill, tools=tools, tool_choice=forced,
         thinking=thinking, template_kwargs=kwargs, params=f.sampling_params(body), max_tokens=max_tokens,
         stop=stop, stream=f.bool_field(body, "stream", False),
-        parallel_tool_calls=not (isinstance(body.get("tool_choice"), dict)
-                                 and body["tool_choice"].get("disable_parallel_tool_use") is True),
+        # one call unless the request asks for several (disable_parallel_tool_use: false), as
+        # llama-server reads a Messages request
+        parallel_tool_calls=(isinstance(body.get("tool_choice"), dict)
+                             and body["tool_choice"].get("disable_parallel_tool_use") is False),
     )
 
 
@@ -161,11 +165,13 @@ def parse_messages_request(body: Any, count_only: bool = False) -> MessagesReque
 
 
 def stop_reason(fin: FinishEvent, n_calls: int) -> str:
+    """"tool_use" when the answer made calls, but "max_tokens" when max_tokens cut it (its
+    complete calls are kept, the cut one dropped)."""
+    if fin.reason == "length":
+        return "max_tokens"
     if n_calls:
         return "tool_use"
-    if fin.stop_string is not None:
-        return "stop_sequence"
-    return "max_tokens" if fin.reason == "length" else "end_turn"
+    return "stop_sequence" if fin.stop_string is not None else "end_turn"
 
 
 def usage(fin: FinishEvent) -> dict[str, Any]:
@@ -198,7 +204,7 @@ def message_response(*, id: str, model: str, out: Output) -> dict[str, Any]:
     return {
         "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
         "stop_reason": stop_reason(fin, len(out.tool_calls)), "stop_sequence": fin.stop_string,
-        "usage": usage(fin),
+        "usage": usage(fin), **steered(fin),
     }
 
 
@@ -259,7 +265,7 @@ class MessageEvents:
             evs += self._begin({"type": "text", "text": ""}) + self._close()
         evs.append(("message_delta", {"type": "message_delta",
                                       "delta": {"stop_reason": stop_reason(fin, self.n_calls),
-                                                "stop_sequence": fin.stop_string},
+                                                "stop_sequence": fin.stop_string, **steered(fin)},
                                       "usage": {"output_tokens": fin.completion_tokens}}))
         evs.append(("message_stop", {"type": "message_stop"}))
         return evs

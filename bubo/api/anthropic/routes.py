@@ -35,7 +35,7 @@ def messages() -> Any:
         m = am.MessageEvents(id, model)
         yield from m.start(len(prep.prompt.tokens))
         try:
-            for parts, ev in pipeline.run_events(stream, prep.parser):
+            for parts, ev in pipeline.run_events(stream, prep.parser, stream.end):
                 yield from m.parts(parts)
                 if isinstance(ev, FinishEvent):
                     yield from m.end(ev)

@@ -12,6 +12,7 @@ from typing import Any
 from bubo.api import fields as f
 from bubo.api.fields import invalid
 from bubo.api.llamacpp.shapes import timings_json
+from bubo.api.pipeline import steered
 from bubo.chat.constrain import OutputSpec
 from bubo.engine.types import FinishEvent
 from bubo.sampling import SamplingParams
@@ -89,6 +90,7 @@ def native_response(*, model: str, content: str, fin: FinishEvent, tokens: list[
         "has_new_line": "\n" in content,
         "truncated": False,
         "stop_type": stop_type(fin),
+        **steered(fin),
         "stopping_word": fin.stop_string or "",
         "tokens_cached": fin.prompt_tokens + fin.completion_tokens,
         "timings": timings_json(fin.timings),

@@ -8,7 +8,7 @@ from typing import Any
 from bubo.api import fields as f
 from bubo.api.fields import invalid
 from bubo.api.llamacpp.shapes import timings_json
-from bubo.api.pipeline import Conversation, Output, Prompt, render_chat
+from bubo.api.pipeline import Conversation, Output, Prompt, render_chat, steered
 from bubo.chat.parsers import Part, ToolCall
 from bubo.engine.types import FinishEvent, TokenEvent
 from bubo.runtime import Runtime
@@ -53,7 +53,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stop=f.stop_list(body.get("stop")), stream=f.bool_field(body, "stream", False),
         include_usage=bool((opts or {}).get("include_usage")), logprobs=logprobs, top_logprobs=top_logprobs,
         cache_prompt=f.bool_field(body, "cache_prompt", True),
-        parallel_tool_calls=f.bool_field(body, "parallel_tool_calls", True), tool_choice=forced, output=output,
+        parallel_tool_calls=f.bool_field(body, "parallel_tool_calls", False), tool_choice=forced, output=output,
     )
 
 
@@ -82,7 +82,9 @@ def cache_details(fin: FinishEvent, key: str) -> dict[str, Any]:
 
 
 def finish_reason(fin: FinishEvent, n_calls: int) -> str:
-    return "tool_calls" if n_calls else fin.reason
+    """"tool_calls" when the answer made calls, but "length" when max_tokens cut it (its
+    complete calls are kept, the cut one dropped)."""
+    return "tool_calls" if n_calls and fin.reason != "length" else fin.reason
 
 
 def tool_call_json(call: ToolCall) -> dict[str, Any]:
@@ -117,6 +119,7 @@ def chat_response(*, id: str, created: int, model: str, out: Output,
             "message": message,
             "logprobs": {"content": logprobs} if logprobs is not None else None,
             "finish_reason": finish_reason(fin, len(out.tool_calls)),
+            **steered(fin),
         }],
         "usage": usage(fin),
         "timings": timings_json(fin.timings),
@@ -167,6 +170,7 @@ class ChatChunks:
 
     def last(self, fin: FinishEvent) -> dict[str, Any]:
         c = self._chunk({}, finish_reason(fin, self.n_calls))
+        c["choices"][0].update(steered(fin))
         c["timings"] = timings_json(fin.timings)
         return c
 

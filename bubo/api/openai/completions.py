@@ -9,6 +9,7 @@ from bubo.api import fields as f
 from bubo.api.fields import invalid
 from bubo.api.llamacpp.shapes import timings_json
 from bubo.api.openai.chat import usage
+from bubo.api.pipeline import steered
 from bubo.chat.constrain import OutputSpec
 from bubo.engine.types import FinishEvent
 from bubo.sampling import SamplingParams
@@ -84,7 +85,7 @@ def completion_response(*, id: str, created: int, model: str, text: str, fin: Fi
                         logprobs: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "id": id, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": fin.reason}],
+        "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": fin.reason, **steered(fin)}],
         "usage": usage(fin),
         "timings": timings_json(fin.timings),
     }
@@ -101,6 +102,7 @@ def completion_chunk(*, id: str, created: int, model: str, text: str, finish: st
 def last_chunk(*, id: str, created: int, model: str, fin: FinishEvent) -> dict[str, Any]:
     """The stream's last chunk: no text, the finish_reason and the timings."""
     c = completion_chunk(id=id, created=created, model=model, text="", finish=fin.reason)
+    c["choices"][0].update(steered(fin))
     c["timings"] = timings_json(fin.timings)
     return c
 

@@ -11,7 +11,7 @@ from bubo.api import fields as f
 from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
 from bubo.api.openai.chat import cache_details
-from bubo.api.pipeline import Conversation, Output
+from bubo.api.pipeline import Conversation, Output, steered
 from bubo.chat.parsers import Part, ToolCall
 from bubo.engine.types import FinishEvent
 
@@ -70,12 +70,14 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
         raise invalid("tools must be an array")
     out = []
     for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str):
+        if not isinstance(t, dict) or t.get("type") != "function":
             kind = t.get("type") if isinstance(t, dict) else None
-            raise invalid(f"tools[{i}]: only function tools with a name are supported (got type {kind!r})")
-        fn = {"name": t["name"], "description": t.get("description") or "",
-              "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
+            raise invalid(f"tools[{i}]: only function tools are supported (got type {kind!r})")
+        schema = t.get("parameters")
+        fn = {"name": t.get("name"), "description": t.get("description") or "",
+              "parameters": {"type": "object", "properties": {}} if schema is None else schema}
         out.append({"type": "function", "function": fn})
+    f.check_tools(out)
     return out or None
 
 
@@ -106,7 +108,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     return ResponsesRequest(
         messages=messages, prefill=prefill, tools=tools, thinking=thinking, template_kwargs=kwargs,
         params=f.sampling_params(body), max_tokens=max_tokens, stream=f.bool_field(body, "stream", False),
-        tool_choice=forced, parallel_tool_calls=f.bool_field(body, "parallel_tool_calls", True), output=output,
+        tool_choice=forced, parallel_tool_calls=f.bool_field(body, "parallel_tool_calls", False), output=output,
         echo={"instructions": body.get("instructions"), "max_output_tokens": max_tokens,
               "tools": body.get("tools") or [], "temperature": body.get("temperature"),
               "top_p": body.get("top_p"), "metadata": body.get("metadata") or {}},
@@ -149,10 +151,11 @@ def response_object(*, id: str, created: int, model: str, req: ResponsesRequest,
         "id": id, "object": "response", "created_at": created, "status": status,
         "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "model": model, "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
+        "model": model, "output": output, "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": "auto",
         "text": {"format": {"type": "text"}},
         **req.echo,
         "usage": usage(fin, reasoning_tokens) if fin is not None else None,
+        **(steered(fin) if fin is not None else {}),
     }
 
 

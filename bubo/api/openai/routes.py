@@ -45,7 +45,7 @@ def chat_completions() -> Any:
         c = ch.ChatChunks(id, created, model)
         yield c.role()
         try:
-            for parts, ev in pipeline.run_events(stream, prep.parser):
+            for parts, ev in pipeline.run_events(stream, prep.parser, stream.end):
                 lps = [ch.token_logprobs(rt, ev, n_top)] if req.logprobs and isinstance(ev, TokenEvent) else None
                 yield from c.parts(parts, lps)
                 if isinstance(ev, FinishEvent):
@@ -138,7 +138,7 @@ def responses() -> Any:
         yield from r.start()
         reasoning = ""
         try:
-            for parts, ev in pipeline.run_events(stream, prep.parser):
+            for parts, ev in pipeline.run_events(stream, prep.parser, stream.end):
                 reasoning += "".join(p.text for p in parts if p.kind == "reasoning")
                 yield from r.parts(parts)
                 if isinstance(ev, FinishEvent):
