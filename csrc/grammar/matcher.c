@@ -811,9 +811,9 @@ bubo_status bubo_grammar_matcher_mask(bubo_grammar_matcher *m, uint8_t *mask, bu
 //
 // The fewest bytes that finish a rule are a fixpoint over the rules (a sentence of a rule is as
 // short as its shortest alternative, an alternative the sum of its elements), computed once per
-// grammar by a worklist: a rule is re-evaluated when a rule it references gets shorter. Ties
-// are broken by derivation height, so the alternative chosen for a rule only references rules
-// of smaller height: following the choices from any position writes a finite text. A stack's
+// grammar by a Dijkstra-like search over the alternatives (grammar_build_shortest). Ties are
+// broken by derivation height, so the alternative chosen for a rule only references rules of
+// smaller height: following the choices from any position writes a finite text. A stack's
 // fewest bytes are then the sum of its frames' tails; the matcher's, the least over its stacks.
 
 static inline int in_surrogates(uint32_t cp) { return cp >= 0xD800 && cp <= 0xDFFF; }
@@ -897,87 +897,118 @@ static uint32_t elem_next(const bubo_grammar *g, uint32_t pos) {
     return g->elems[pos].type == GE_RULE_REF ? pos + 1 : g->term_next[pos];
 }
 
+/* The search below takes alternatives in the order of (fewest bytes, derivation height,
+ * position): a binary heap of alternative ids over these keys. */
+typedef struct {
+    const uint32_t *len, *h, *pos; /* (n_alts) each */
+} alt_keys;
+
+static int alt_before(const alt_keys *k, uint32_t a, uint32_t b) {
+    if (k->len[a] != k->len[b]) return k->len[a] < k->len[b];
+    if (k->h[a] != k->h[b]) return k->h[a] < k->h[b];
+    return k->pos[a] < k->pos[b];
+}
+
+static void heap_push(uint32_t *heap, uint32_t *n, const alt_keys *k, uint32_t a) {
+    uint32_t i = (*n)++;
+    for (; i > 0 && alt_before(k, a, heap[(i - 1) / 2]); i = (i - 1) / 2) heap[i] = heap[(i - 1) / 2];
+    heap[i] = a;
+}
+
+static uint32_t heap_pop(uint32_t *heap, uint32_t *n, const alt_keys *k) {
+    uint32_t top = heap[0], last = heap[--*n], i = 0;
+    for (uint32_t c; (c = 2 * i + 1) < *n; i = c) {
+        if (c + 1 < *n && alt_before(k, heap[c + 1], heap[c])) c++;
+        if (!alt_before(k, heap[c], last)) break;
+        heap[i] = heap[c];
+    }
+    heap[i] = last;
+    return top;
+}
+
+/* Knuth's generalization of Dijkstra's algorithm to grammars: an alternative becomes a
+ * candidate once every rule it references is settled (its length is then the sum of its
+ * elements'), and the candidate with the least (length, height) settles its rule. A sum is never
+ * less than its parts and the height of an alternative is one more than its references', so a
+ * rule settles after every rule its chosen alternative references: the choices never recurse,
+ * and the lengths are the least fixpoint. Each alternative enters the heap at most once:
+ * O((alternatives + references) log alternatives), whatever the order of the rules (a worklist
+ * that re-evaluated a rule whenever a reference got shorter took quadratic time on chains whose
+ * lengths improve one step at a time). */
 bubo_status grammar_build_shortest(bubo_grammar *g, bubo_err *err) {
-    uint32_t nr = g->n_rules, ne = g->n_elems;
+    uint32_t nr = g->n_rules, ne = g->n_elems, na = 0;
+    for (uint32_t p = 0; p < ne; p++) na += ge_is_end_of_alt(g->elems[p].type); /* one per alternative */
     bubo_status st = BUBO_OK;
     g->tail_min = malloc((size_t)(ne + 1) * sizeof *g->tail_min);
     g->rule_min = malloc((size_t)nr * sizeof *g->rule_min);
     g->rule_alt = malloc((size_t)nr * sizeof *g->rule_alt);
-    uint32_t *height = malloc((size_t)nr * sizeof *height);
+    uint32_t *height = malloc((size_t)nr * sizeof *height); /* GRAMMAR_NO_END: not settled */
     uint32_t *term_min = malloc((size_t)(ne + 1) * sizeof *term_min);
-    uint32_t *owner = malloc((size_t)(ne + 1) * sizeof *owner);
-    uint32_t *n_refs = calloc((size_t)nr + 1, sizeof *n_refs); /* CSR of the rules referencing each rule */
-    uint32_t *refs = NULL, *queue = malloc((size_t)nr * sizeof *queue);
-    uint8_t *queued = malloc(nr ? nr : 1);
-    if (!g->tail_min || !g->rule_min || !g->rule_alt || !height || !term_min || !owner || !n_refs || !queue || !queued)
+    uint32_t *occ_start = calloc((size_t)nr + 2, sizeof *occ_start); /* CSR: the alternatives referencing each rule */
+    uint32_t *occ = NULL;
+    size_t alt_bytes = (size_t)(na ? na : 1) * sizeof(uint32_t);
+    uint32_t *alt_rule = malloc(alt_bytes), *alt_pos = malloc(alt_bytes), *alt_len = malloc(alt_bytes);
+    uint32_t *alt_h = malloc(alt_bytes), *alt_need = malloc(alt_bytes), *heap = malloc(alt_bytes);
+    if (!g->tail_min || !g->rule_min || !g->rule_alt || !height || !term_min || !occ_start || !alt_rule ||
+        !alt_pos || !alt_len || !alt_h || !alt_need || !heap)
         goto oom;
-    for (uint32_t r = 0; r < nr; r++) {
-        uint32_t end = r + 1 < nr ? g->rule_start[r + 1] : ne;
-        for (uint32_t p = g->rule_start[r]; p < end; p++) owner[p] = r;
-        g->rule_min[r] = GRAMMAR_NO_END;
-        height[r] = GRAMMAR_NO_END;
-        g->rule_alt[r] = g->rule_start[r];
-    }
     for (uint32_t p = 0; p < ne; p++) {
         uint32_t t = g->elems[p].type;
         if (ge_is_terminal(t)) {
             uint32_t cp = term_pick(g, p);
             term_min[p] = cp == GRAMMAR_NO_END ? GRAMMAR_NO_END : utf8_len(cp);
         } else if (t == GE_RULE_REF) {
-            n_refs[g->elems[p].value + 1]++;
+            occ_start[g->elems[p].value + 2]++; /* shifted by one more: the fill below advances [q + 1] */
         }
     }
-    for (uint32_t r = 0; r < nr; r++) n_refs[r + 1] += n_refs[r];
-    refs = malloc((size_t)(n_refs[nr] ? n_refs[nr] : 1) * sizeof *refs);
-    if (!refs) goto oom;
-    {
-        uint32_t *fill = calloc((size_t)nr + 1, sizeof *fill);
-        if (!fill) goto oom;
-        for (uint32_t p = 0; p < ne; p++)
-            if (g->elems[p].type == GE_RULE_REF) {
-                uint32_t to = g->elems[p].value;
-                refs[n_refs[to] + fill[to]++] = owner[p];
-            }
-        free(fill);
-    }
-    /* the worklist, a ring of rule ids; generated rules come late and are referenced by earlier
-     * ones, so start from the end */
-    uint32_t head = 0, count = nr;
+    for (uint32_t r = 0; r < nr; r++) occ_start[r + 2] += occ_start[r + 1];
+    occ = malloc((size_t)(occ_start[nr + 1] ? occ_start[nr + 1] : 1) * sizeof *occ);
+    if (!occ) goto oom;
+    /* every alternative: its terminals' bytes now, its references still to settle */
+    uint32_t a = 0;
     for (uint32_t r = 0; r < nr; r++) {
-        queue[r] = nr - 1 - r;
-        queued[r] = 1;
-    }
-    while (count) {
-        uint32_t r = queue[head];
-        head = (head + 1) % nr;
-        count--;
-        queued[r] = 0;
-        uint32_t best = g->rule_min[r], best_h = height[r], best_alt = g->rule_alt[r];
-        for (uint32_t p = g->rule_start[r];;) {
-            uint32_t alt = p, len = 0, h = 0;
-            for (; !ge_is_end_of_alt(g->elems[p].type); p = elem_next(g, p)) {
-                len = add_len(len, elem_min(g, term_min, p));
-                if (g->elems[p].type == GE_RULE_REF && height[g->elems[p].value] > h) h = height[g->elems[p].value];
+        g->rule_min[r] = GRAMMAR_NO_END;
+        g->rule_alt[r] = g->rule_start[r];
+        height[r] = GRAMMAR_NO_END;
+        for (uint32_t p = g->rule_start[r];; p++) {
+            if (a == na) goto bad_layout;
+            alt_rule[a] = r;
+            alt_pos[a] = p;
+            alt_len[a] = 0;
+            alt_h[a] = 1;
+            alt_need[a] = 0;
+            for (; p < ne && !ge_is_end_of_alt(g->elems[p].type); p = elem_next(g, p)) {
+                if (g->elems[p].type == GE_RULE_REF) {
+                    occ[occ_start[g->elems[p].value + 1]++] = a;
+                    alt_need[a]++;
+                } else {
+                    alt_len[a] = add_len(alt_len[a], term_min[p]);
+                }
             }
-            if (len != GRAMMAR_NO_END && h != GRAMMAR_NO_END && (len < best || (len == best && h + 1 < best_h))) {
-                best = len;
-                best_h = h + 1;
-                best_alt = alt;
-            }
+            if (p >= ne) goto bad_layout;
+            a++;
             if (g->elems[p].type == GE_END) break;
-            p++;
         }
-        if (best == g->rule_min[r] && best_h == height[r]) continue;
-        g->rule_min[r] = best;
-        height[r] = best_h;
-        g->rule_alt[r] = best_alt;
-        for (uint32_t k = n_refs[r]; k < n_refs[r + 1]; k++) {
-            uint32_t q = refs[k];
-            if (!queued[q]) {
-                queued[q] = 1;
-                queue[(head + count) % nr] = q;
-                count++;
-            }
+    }
+    if (a != na) goto bad_layout;
+    /* occ_start[q + 1] advanced to the end of q's references, which is where q + 1's start */
+    alt_keys keys = {alt_len, alt_h, alt_pos};
+    uint32_t n_heap = 0;
+    for (a = 0; a < na; a++)
+        if (alt_need[a] == 0 && alt_len[a] != GRAMMAR_NO_END) heap_push(heap, &n_heap, &keys, a);
+    while (n_heap) {
+        a = heap_pop(heap, &n_heap, &keys);
+        uint32_t r = alt_rule[a];
+        if (height[r] != GRAMMAR_NO_END) continue; /* settled by an earlier candidate */
+        g->rule_min[r] = alt_len[a];
+        g->rule_alt[r] = alt_pos[a];
+        height[r] = alt_h[a];
+        for (uint32_t k = occ_start[r]; k < occ_start[r + 1]; k++) {
+            uint32_t b = occ[k];
+            if (height[alt_rule[b]] != GRAMMAR_NO_END) continue; /* its rule is settled already */
+            alt_len[b] = add_len(alt_len[b], alt_len[a]);
+            if (alt_h[b] < height[r] + 1) alt_h[b] = height[r] + 1;
+            if (--alt_need[b] == 0 && alt_len[b] != GRAMMAR_NO_END) heap_push(heap, &n_heap, &keys, b);
         }
     }
     /* every alternative's tails, from its end backwards (an end-of-alt position's tail is 0) */
@@ -988,16 +1019,22 @@ bubo_status grammar_build_shortest(bubo_grammar *g, bubo_err *err) {
         if (ge_is_terminal(t) || t == GE_RULE_REF) g->tail_min[p] = add_len(elem_min(g, term_min, p), g->tail_min[elem_next(g, p)]);
     }
     goto done;
+bad_layout:
+    st = bubo_set_err(err, BUBO_ERR_INVALID, "grammar: a rule does not end where the next starts");
+    goto done;
 oom:
     st = bubo_set_err(err, BUBO_ERR_NOMEM, "grammar: out of memory");
 done:
     free(height);
     free(term_min);
-    free(owner);
-    free(n_refs);
-    free(refs);
-    free(queue);
-    free(queued);
+    free(occ_start);
+    free(occ);
+    free(alt_rule);
+    free(alt_pos);
+    free(alt_len);
+    free(alt_h);
+    free(alt_need);
+    free(heap);
     return st;
 }
 
