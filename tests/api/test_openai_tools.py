@@ -66,7 +66,10 @@ def test_tool_round_trip(client):
     assert '<tool_response>\n{"temperature_c": 18, "sky": "sunny"}\n</tool_response>' in prompt
     answer = client.chat.completions.create(model="bubo", messages=history, tools=TOOLS, temperature=0,
                                             max_tokens=48)
-    assert answer.choices[0].finish_reason in ("stop", "length") and answer.choices[0].message.content
+    # this 0.5B model answers a tool's result by calling again: text, or a call to the tool
+    c = answer.choices[0]
+    assert (c.finish_reason in ("stop", "length") and c.message.content) or \
+        (c.finish_reason == "tool_calls" and c.message.tool_calls[0].function.name == "get_weather")
     assert answer.usage.prompt_tokens == len(model.tokenize(prompt, parse_special=True))
 
 
