@@ -4,7 +4,10 @@ The promise is one-sided and strict: every text the grammar accepts parses as JS
 against the schema. The grammar may generate fewer instances than the schema allows (listed
 properties only, integers without fractions, bounded digit counts, ASCII for \\w), never more. A
 keyword whose constraint cannot be enforced raises SchemaError naming its JSON pointer; it is
-never dropped silently. Annotations (title, description, default, examples...) are ignored.
+never dropped silently. Annotations (title, description, default, examples...) are ignored, and
+so is a keyword whose value constrains nothing: one that, dropped, lets no invalid instance
+through (uniqueItems false, minItems 0, not false, an anyOf with a true branch, a keyword of
+another type than the schema's, ...; see _Converter.noop).
 
 Decisions:
 - additionalProperties absent or true: only the listed properties are generated (each output is
@@ -13,12 +16,21 @@ Decisions:
   values of that schema) when no properties are listed.
 - Nullable types are type arrays (["string", "null"]); OpenAPI's `nullable` is not JSON Schema
   (validators ignore it), so it is treated as an annotation and null is not generated for it.
-- Optional properties keep declaration order, each may be absent.
+- Optional properties keep declaration order, each may be absent; one whose schema is false is
+  never generated.
 - Whitespace between tokens is bounded (" " or a newline and up to 20 spaces/tabs) so a model
   cannot loop on it; leading whitespace before the value is not allowed.
 - oneOf is enforced only when its branches provably cannot both match (disjoint types or a
   required discriminator property with disjoint const/enum values); otherwise it is refused:
   anyOf would let an instance match two branches.
+- format is an assertion for the formats JSON Schema defines (a validator that checks formats
+  checks them): each is enforced by a grammar of its syntax or of a plain subset of it (FORMATS:
+  hostnames of letter-led labels, IPv6 literals in URIs in full form, ...), except regex and
+  draft 3's color, style, phone and utc-millisec, which are refused. Any other value (OpenAPI's
+  password, binary, int32...) is no format JSON Schema defines: no JSON Schema validator can
+  check it, so it constrains nothing and is an annotation, as `nullable` is.
+- multipleOf a divisor of 1 (1, 0.5, 0.25...) is enforced by generating integers only (each is a
+  multiple); other values are refused.
 """
 
 from __future__ import annotations
@@ -27,7 +39,9 @@ import json
 import math
 import os
 import re
-from typing import Any, cast
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
 
 __all__ = ["SchemaError", "schema_to_gbnf", "JSON_OBJECT_GBNF", "MAX_DIGITS"]
 
@@ -58,10 +72,24 @@ PRIMITIVE_DEPS = {
     "value": ["object", "array", "string", "number", "boolean", "null"],
 }
 
+
+def _ipv6() -> str:
+    """RFC 3986's IPv6address: six groups and ls32, or at most seven groups around one "::"."""
+    h, ls32 = "format-h16", "format-ls32"
+    alts = [f'({h} ":"){{6}} {ls32}']
+    tails = [f'({h} ":"){{{n}}} {ls32}' for n in (5, 4, 3, 2)] + [f'{h} ":" {ls32}', ls32, h, ""]
+    for before, tail in enumerate(tails):  # at most `before` groups ahead of "::"
+        head = "" if before == 0 else f"{h}?" if before == 1 else f'(({h} ":"){{0,{before - 1}}} {h})?'
+        alts.append(f'{head} "::" {tail}'.strip())
+    return " | ".join(f"({a})" for a in alts)
+
+
 # 2 digits 00-99 of a year divisible by 4, for 29 February
-_LEAP = ('[0-9] [0-9] ("0" [48] | [2468] [048] | [13579] [26]) | ([02468] [048] | [13579] [26]) "00"')
+_LEAP = ('[0-9] [0-9] ("0" [48] | [2468] [048] | [13579] [26]) | ("0" [48] | [2468] [048] | [13579] [26]) "00"')
+# years 0001-9999: RFC 3339 allows 0000, but validators (Python's date among them) do not
+_YEAR = '([1-9] [0-9]{3} | "0" [1-9] [0-9]{2} | "00" [1-9] [0-9] | "000" [1-9])'
 FORMATS = {
-    "date": ('[0-9]{4} "-" (("0" [13578] | "1" [02]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]) '
+    "date": (_YEAR + ' "-" (("0" [13578] | "1" [02]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]) '
              '| ("0" [469] | "11") "-" ("0" [1-9] | [12] [0-9] | "30") '
              '| "02-" ("0" [1-9] | "1" [0-9] | "2" [0-8])) | (' + _LEAP + ') "-02-29"'),
     "time": ('([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,6})? '
@@ -70,21 +98,78 @@ FORMATS = {
     "uuid": '[0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12}',
     "email": ('[a-zA-Z0-9_%+-]{1,32} ("." [a-zA-Z0-9_%+-]{1,32}){0,3} "@" '
               '[a-zA-Z0-9] [a-zA-Z0-9-]{0,30} ("." [a-zA-Z0-9] [a-zA-Z0-9-]{0,30}){0,3} "." [a-zA-Z]{2,10}'),
+    "idn-email": "format-email",  # ASCII addresses are internationalized ones too
+    # RFC 1123 names of 1-4 labels (at most 243 characters), each led by a letter (a top-level
+    # label is never all digits) with single hyphens inside (IDNA refuses "--" at 3-4)
+    "hostname": 'format-label ("." format-label){0,3}',
+    "idn-hostname": "format-hostname",
+    "ipv4": 'format-octet ("." format-octet){3}',
+    "ipv6": _ipv6(),
+    # RFC 3339 appendix A (ISO 8601 durations)
+    "duration": '"P" (format-dur-date | format-dur-time | format-dur-n "W")',
+    # RFC 3986 (an IP literal host in full form only); ASCII URIs are IRIs too
+    "uri": '[a-zA-Z] [a-zA-Z0-9+.-]* ":" format-uri-hier? format-uri-tail',
+    "uri-reference": 'format-uri | (format-uri-rooted | (format-uri-char | "@")+ format-uri-path)? format-uri-tail',
+    "iri": "format-uri",
+    "iri-reference": "format-uri-reference",
+    # RFC 6570 with variable names of name characters only and prefixes below 1000 (validators
+    # refuse dotted or %-escaped names and longer prefixes)
+    "uri-template": '(format-ut-literal | "{" [+#./;?&]? format-ut-var ("," format-ut-var)* "}")*',
+    # RFC 6901; relative: draft-bhutton-relative-json-pointer without index manipulation, and no
+    # digit after a 0 (jsonschema's check refuses 100)
+    "json-pointer": '("/" (format-jp-char | "~" [01])*)*',
+    "relative-json-pointer": '("0" | [1-9]{1,9} "0"?) ("#" | format-json-pointer)',
+    "ip-address": "format-ipv4",  # draft 3's names
+    "host-name": "format-hostname",
+}
+# formats JSON Schema defines (up to 2020-12, draft 3's included) that no grammar here enforces:
+# refused; any other format that FORMATS lacks is no JSON Schema format, an annotation
+REFUSED_FORMATS = {"regex", "color", "style", "phone", "utc-millisec"}
+# rules the formats refer to (rule format-NAME)
+FORMAT_PARTS = {
+    "label": '[a-zA-Z] [a-zA-Z0-9]{0,19} ("-" [a-zA-Z0-9]{1,19}){0,2}',
+    "octet": '"25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9]',
+    "h16": "[0-9a-fA-F]{1,4}",
+    "ls32": 'format-h16 ":" format-h16 | format-ipv4',
+    "dur-n": "[0-9]{1,9}",
+    "dur-date": '(format-dur-n "D" | format-dur-month | format-dur-n "Y" format-dur-month?) format-dur-time?',
+    "dur-month": 'format-dur-n "M" (format-dur-n "D")?',
+    "dur-time": ('"T" (format-dur-n "H" (format-dur-n "M" (format-dur-n "S")?)? | format-dur-n "M" (format-dur-n "S")? '
+                 '| format-dur-n "S")'),
+    "uri-char": "[a-zA-Z0-9._~!$&'()*+,;=-] | \"%\" [0-9a-fA-F]{2}",  # unreserved, sub-delims, %-escapes
+    "uri-pchar": "format-uri-char | [:@]",
+    "uri-hier": "format-uri-rooted | format-uri-pchar+ format-uri-path",
+    "uri-rooted": '"//" format-uri-authority format-uri-path | "/" (format-uri-pchar+ format-uri-path)?',
+    "uri-authority": ('((format-uri-char | ":")* "@")? (format-uri-char* | "[" format-h16 (":" format-h16){7} "]") '
+                      '(":" [0-9]{0,5})?'),
+    "uri-path": '("/" format-uri-pchar*)*',
+    "uri-tail": '("?" format-uri-query)? ("#" format-uri-query)?',
+    "uri-query": "(format-uri-pchar | [/?])*",
+    "ut-literal": '[!#$&()*+,./0-9:;=?@A-Z\\x5B\\x5D_a-z~-] | "%" [0-9a-fA-F]{2}',
+    "ut-var": '[a-zA-Z0-9_]+ (":" [1-9] [0-9]{0,2} | "*")?',
+    "jp-char": "",  # set below: any JSON-string unit but "/" and "~" (charset_gbnf)
 }
 
+
 ANNOTATIONS = {"title", "description", "examples", "default", "$schema", "$id", "$comment", "deprecated",
-               "readOnly", "writeOnly", "contentEncoding", "contentMediaType", "discriminator", "$anchor",
-               "strict", "name",
+               "readOnly", "writeOnly", "contentEncoding", "contentMediaType", "contentSchema", "discriminator",
+               "$anchor", "$dynamicAnchor", "$recursiveAnchor", "$vocabulary", "strict", "name",
                "nullable"}  # OpenAPI's; JSON Schema validators ignore it, so null is not generated
 DEFS = {"$defs", "definitions"}
 TYPE_KEYWORDS = {
     "object": {"properties", "required", "additionalProperties"},
     "array": {"items", "prefixItems", "minItems", "maxItems", "additionalItems"},
     "string": {"minLength", "maxLength", "format", "pattern"},
-    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
 }
 SUPPORTED = set().union(*TYPE_KEYWORDS.values()) | {"type", "enum", "const", "anyOf", "oneOf", "allOf",
                                                     "$ref"} | DEFS
+# the type whose instances a keyword constrains ("number": integers too): beside a type that
+# excludes it, the keyword constrains nothing
+KEYWORD_TYPE = {k: t for t, kws in TYPE_KEYWORDS.items() for k in kws} | dict.fromkeys(
+    ("uniqueItems", "contains", "minContains", "maxContains", "unevaluatedItems"), "array") | dict.fromkeys(
+    ("minProperties", "maxProperties", "patternProperties", "propertyNames", "dependentRequired",
+     "dependentSchemas", "dependencies", "unevaluatedProperties"), "object")
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 
 
@@ -281,6 +366,9 @@ def charset_gbnf(ranges: Ranges) -> str:
     return alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
 
 
+FORMAT_PARTS["jp-char"] = charset_gbnf(_complement([(0x2F, 0x2F), (0x7E, 0x7E)]))
+
+
 class _Regex:
     """A recursive-descent parser of the pattern subset, straight to GBNF over JSON-string units."""
 
@@ -460,6 +548,7 @@ class _Converter:
         self.root = root_schema
         self.rules: dict[str, str] = {}
         self.refs: dict[str, str] = {}  # "$ref" -> rule name
+        self.trivial_memo: dict[int, tuple[Any, bool]] = {}  # id -> (the schema, so the id stays its own; trivial?)
 
     # rules
 
@@ -471,10 +560,10 @@ class _Converter:
             for dep in PRIMITIVE_DEPS.get(name, []):
                 self.use(dep)
         elif name.startswith("format-"):
-            self.rules[name] = FORMATS[name[len("format-"):]]
-            if name == "format-date-time":
-                self.use("format-date")
-                self.use("format-time")
+            key = name[len("format-"):]
+            body = self.rules[name] = FORMATS[key] if key in FORMATS else FORMAT_PARTS[key]
+            for dep in re.findall(r"format-[a-z0-9-]+", body):
+                self.use(dep)
         return name
 
     def add(self, name: str, body: str) -> str:
@@ -486,6 +575,41 @@ class _Converter:
         self.rules[name] = body
         return name
 
+    # keywords that constrain nothing
+
+    def strip(self, schema: dict[str, Any]) -> dict[str, Any]:
+        """schema without its keywords whose values constrain nothing (noop)."""
+        drop = [k for k in schema if self.noop(k, schema)]
+        return {k: v for k, v in schema.items() if k not in drop} if drop else schema
+
+    def noop(self, key: str, schema: dict[str, Any]) -> bool:
+        """Whether schema[key] constrains nothing: without it, the schema admits no instance that it
+        refuses with it. Each value is judged against the schema as written (before any drop)."""
+        applies_to, types = KEYWORD_TYPE.get(key), _declared(schema)
+        if applies_to is not None and types is not None and not _widen({applies_to}) & _widen(types):
+            return True  # no instance of the schema's types is one this keyword looks at
+        rule = NOOPS.get(key)
+        return rule is not None and rule(self, schema[key], schema)
+
+    def trivial(self, schema: Any) -> bool:
+        """Whether schema admits every instance: true, or annotations and no-ops only."""
+        if not isinstance(schema, dict):
+            return schema is True
+        if id(schema) not in self.trivial_memo:
+            verdict = all(_is_annotation(k) or self.noop(k, schema) for k in schema)
+            self.trivial_memo[id(schema)] = (schema, verdict)
+        return self.trivial_memo[id(schema)][1]
+
+    def all_strings(self, schema: Any) -> bool:
+        """Whether schema admits every string (propertyNames that constrain nothing)."""
+        if not isinstance(schema, dict):
+            return schema is True
+        types = _declared(schema)
+        if "type" in schema and (types is None or "string" not in types):
+            return False
+        as_string = {**schema, "type": "string"}  # the other types' keywords constrain no string
+        return all(k == "type" or _is_annotation(k) or self.noop(k, as_string) for k in as_string)
+
     # schemas
 
     def visit(self, schema: Any, ptr: str, name: str) -> str:
@@ -496,8 +620,11 @@ class _Converter:
             raise SchemaError(ptr, "false admits no instance")
         if not isinstance(schema, dict):
             raise SchemaError(ptr, f"a schema must be an object or a boolean, not {type(schema).__name__}")
+        schema = self.strip(schema)
         for key in schema:
-            if key not in SUPPORTED and key not in ANNOTATIONS and not key.startswith("x-"):
+            if key == "not" and self.trivial(schema[key]):
+                raise SchemaError(_ptr(ptr, key), "not of a schema that admits everything admits no instance")
+            if key not in SUPPORTED and not _is_annotation(key):
                 raise SchemaError(_ptr(ptr, key), f"keyword {key!r} cannot be enforced by a grammar")
         keys = {k for k in schema if k in SUPPORTED and k not in DEFS}
 
@@ -506,7 +633,7 @@ class _Converter:
                 raise SchemaError(_ptr(ptr, sorted(keys - {"$ref"})[0]), "keywords beside $ref are not supported")
             return self.ref(schema["$ref"], _ptr(ptr, "$ref"))
         if "allOf" in keys:
-            return self.visit(self.merge_all_of(schema, ptr), ptr, name)
+            return self.visit(*self.merge_all_of(schema, ptr), name)
         for key in ("anyOf", "oneOf"):
             if key in keys:
                 return self.union(schema, key, ptr, name)
@@ -538,7 +665,7 @@ class _Converter:
         return self.use(t)
 
     def ref(self, ref: Any, ptr: str) -> str:
-        if not isinstance(ref, str) or not ref.startswith("#"):
+        if not _local(ref):
             raise SchemaError(ptr, f"only local references (#/...) are supported, not {ref!r}")
         if ref in self.refs:
             return self.refs[ref]
@@ -565,31 +692,35 @@ class _Converter:
         seen = set()
         while isinstance(schema, dict) and set(schema) - ANNOTATIONS == {"$ref"}:
             ref = schema["$ref"]
-            if not isinstance(ref, str) or not ref.startswith("#") or ref in seen:
+            if not _local(ref) or ref in seen:
                 raise SchemaError(_ptr(ptr, "$ref"), f"cannot resolve {ref!r}")
             seen.add(ref)
             schema, ptr = self.resolve(ref, _ptr(ptr, "$ref")), ref[1:]
         return schema, ptr
 
-    def merge_all_of(self, schema: dict[str, Any], ptr: str) -> dict[str, Any]:
-        """allOf of object schemas as one object schema (siblings are one more branch)."""
+    def merge_all_of(self, schema: dict[str, Any], ptr: str) -> tuple[Any, str]:
+        """allOf of object schemas as one object schema (siblings are one more branch), and where
+        it is (a single branch that constrains: that branch)."""
         branches = schema["allOf"]
         if not isinstance(branches, list) or not branches:
             raise SchemaError(_ptr(ptr, "allOf"), "must be a non-empty array")
-        parts = [({k: v for k, v in schema.items() if k != "allOf"}, ptr)]
-        parts += [self.deref(b, _ptr(ptr, "allOf", i)) for i, b in enumerate(branches)]
-        if len(branches) == 1 and not (set(parts[0][0]) - ANNOTATIONS - DEFS):
+        siblings = {k: v for k, v in schema.items() if k != "allOf"}
+        # a branch that admits everything constrains nothing
+        live = [(i, b) for i, b in enumerate(branches) if not self.trivial(self.deref(b, _ptr(ptr, "allOf", i))[0])]
+        if all(_is_annotation(k) for k in siblings) and len(live) <= 1:
             # allOf: [one] is that one (a $ref stays one: recursion goes by rules)
-            return cast("dict[str, Any]", branches[0])
+            return (live[0][1], _ptr(ptr, "allOf", live[0][0])) if live else (siblings, ptr)
+        parts = [(siblings, ptr)] + [self.deref(b, _ptr(ptr, "allOf", i)) for i, b in live]
         merged: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
         closed = None
         for part, p in parts:
             if not isinstance(part, dict):
                 raise SchemaError(p, "allOf branches must be object schemas")
+            part = self.strip(part)
             if "allOf" in part:
-                part = self.merge_all_of(part, p)
+                part, p = self.merge_all_of(part, p)
             for k, v in part.items():
-                if k in ANNOTATIONS or k in DEFS:
+                if _is_annotation(k):
                     continue
                 if k == "type":
                     if v != "object":
@@ -613,51 +744,38 @@ class _Converter:
             if extra:
                 raise SchemaError(closed[1], f"forbids properties that other allOf branches add: {sorted(extra)}")
             merged["additionalProperties"] = False
-        return merged
+        return merged, ptr
 
     def union(self, schema: dict[str, Any], key: str, ptr: str, name: str) -> str:
         branches = schema[key]
         if not isinstance(branches, list) or not branches:
             raise SchemaError(_ptr(ptr, key), "must be a non-empty array")
-        rest = {k for k in schema if k != key and k not in ANNOTATIONS and k not in DEFS}
+        rest = {k for k in schema if k != key and not _is_annotation(k)}
         if rest:
             raise SchemaError(_ptr(ptr, sorted(rest)[0]), f"keywords beside {key} are not supported")
-        if key == "oneOf" and len(branches) > 1:
-            self.check_disjoint(branches, _ptr(ptr, key))
-        alts = []
-        for i, b in enumerate(branches):
-            alts.append(self.visit(b, _ptr(ptr, key, i), f"{name}-{i}"))
+        live = [(i, b) for i, b in enumerate(branches) if b is not False]  # false matches nothing
+        if not live:
+            raise SchemaError(_ptr(ptr, key), "every branch is false: admits no instance")
+        if key == "oneOf" and len(live) > 1:
+            self.check_disjoint(live, _ptr(ptr, key))
+        alts = [self.visit(b, _ptr(ptr, key, i), f"{name}-{i}") for i, b in live]
         return alts[0] if len(alts) == 1 else self.add(name, " | ".join(alts))
 
-    def check_disjoint(self, branches: list[Any], ptr: str) -> None:
-        resolved = [self.deref(b, _ptr(ptr, i))[0] for i, b in enumerate(branches)]
-
-        def kinds(s: Any) -> set[str] | None:
-            if not isinstance(s, dict):
-                return None
-            if "const" in s:
-                return {_json_type(s["const"])}
-            if "enum" in s and isinstance(s["enum"], list):
-                return {_json_type(v) for v in s["enum"]}
-            t = s.get("type")
-            if t is None:
-                t = [k for k, kws in TYPE_KEYWORDS.items() if kws & set(s)]
-                if not t or {"anyOf", "oneOf", "allOf", "$ref"} & set(s):
-                    return None
-            t = {t} if isinstance(t, str) else set(t)
-            if "number" in t:
-                t.add("integer")
-            return t
-
-        ks = [kinds(s) for s in resolved]
-        if _disjoint(ks):
+    def check_disjoint(self, branches: list[tuple[int, Any]], ptr: str) -> None:
+        """branches: (index, schema), none false."""
+        resolved = [self.deref(b, _ptr(ptr, i))[0] for i, b in branches]
+        resolved = [self.strip(s) if isinstance(s, dict) else s for s in resolved]
+        # a branch's grammar generates only the types it names or implies ({"minLength": 1}:
+        # strings), but it admits every type it does not exclude ({"minLength": 1} admits 5)
+        generated, admitted = [_generated(s) for s in resolved], [_admitted(s) for s in resolved]
+        if _apart(generated, admitted):
             return
         # same-typed values told apart by const/enum
         values = [_values(s) for s in resolved]
         if _disjoint(values):
             return
         # objects told apart by a required discriminator property
-        if all(isinstance(s, dict) and kinds(s) == {"object"} for s in resolved):
+        if all(isinstance(s, dict) and _generated(s) == {"object"} for s in resolved):
             common = set.intersection(*[set(s.get("required", [])) for s in resolved])
             for prop in sorted(common):
                 vals = [_values(self.deref((s.get("properties") or {}).get(prop, {}), ptr)[0]) for s in resolved]
@@ -676,7 +794,7 @@ class _Converter:
             values, where = schema["enum"], _ptr(ptr, "enum")
             if not isinstance(values, list) or not values:
                 raise SchemaError(where, "enum must be a non-empty array")
-        others = set(schema) - ANNOTATIONS - DEFS - {"const", "enum", "type"}
+        others = {k for k in schema if not _is_annotation(k)} - {"const", "enum", "type"}
         if others:
             raise SchemaError(_ptr(ptr, sorted(others)[0]), "keywords beside enum/const are not supported")
         if "type" in schema:
@@ -707,7 +825,8 @@ class _Converter:
             value = self.visit(extra, _ptr(ptr, "additionalProperties"), f"{name}-value")
             kv = self.add(f"{name}-kv", f'{self.use("string")} ":" {ws} {value}')
             return self.add(name, f'"{{" {ws} ({kv} ("," {ws} {kv})*)? "}}" {ws}')
-        items = list(props.items())
+        # a property whose schema is false must be absent: it is not generated (required: refused)
+        items = [(k, v) for k, v in props.items() if v is not False or k in required]
         for r in required:
             if r not in props:
                 if extra is False:
@@ -780,9 +899,11 @@ class _Converter:
             raise SchemaError(_ptr(ptr, "pattern"), "pattern beside format is not supported")
         ws = self.use("ws")
         if fmt is not None:
-            if fmt not in FORMATS:
-                raise SchemaError(_ptr(ptr, "format"), f"format {fmt!r} is not supported "
-                                                       f"(supported: {', '.join(FORMATS)})")
+            if not isinstance(fmt, str):
+                raise SchemaError(_ptr(ptr, "format"), "must be a string")
+            if fmt not in FORMATS:  # one JSON Schema defines (the others constrain nothing: dropped)
+                raise SchemaError(_ptr(ptr, "format"), f"format {fmt!r} cannot be enforced by a grammar "
+                                                       f"(enforced: {', '.join(FORMATS)})")
             if "minLength" in schema or "maxLength" in schema:
                 raise SchemaError(_ptr(ptr, "minLength" if "minLength" in schema else "maxLength"),
                                   "lengths beside format are not supported")
@@ -805,6 +926,9 @@ class _Converter:
         return self.add(name, f'"\\"" {self.use("char")}{_rep(lo, hi)} "\\"" {ws}')
 
     def number(self, t: str, schema: dict[str, Any], ptr: str, name: str) -> str:
+        if "multipleOf" in schema:
+            _check_divides_one(schema["multipleOf"], _ptr(ptr, "multipleOf"))
+            t = "integer"  # each integer is a multiple of a divisor of 1
         lo, lo_x, hi, hi_x = _bounds(schema, ptr)
         if lo is None and hi is None:
             return self.use(t)
@@ -922,6 +1046,224 @@ def _values(s: Any) -> set[str] | None:
     if isinstance(s.get("enum"), list):
         return {json.dumps(v, sort_keys=True) for v in s["enum"]}
     return None
+
+
+def _check_divides_one(v: Any, ptr: str) -> None:
+    """multipleOf v is enforced when every integer is a multiple: v = 1/n (n a power of two, as
+    binary floating point divides exactly; 0.1 is no such number)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise SchemaError(ptr, "must be a positive number")
+    f = Fraction(v)
+    if f.numerator != 1 or f.denominator > 2 ** 64:
+        raise SchemaError(ptr, f"multipleOf {v} cannot be enforced by a grammar (a divisor of 1 can: 1, 0.5, 0.25...)")
+
+
+def _local(ref: Any) -> bool:
+    """A reference to a JSON pointer in this document ("#foo", an anchor, is not followed)."""
+    return isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))
+
+
+def _is_annotation(key: str) -> bool:
+    return key in ANNOTATIONS or key in DEFS or key.startswith("x-")
+
+
+def _declared(s: dict[str, Any]) -> set[str] | None:
+    """The types s names in `type` (None: none, or not valid)."""
+    t = s.get("type")
+    ts = [t] if isinstance(t, str) else t
+    if isinstance(ts, list) and ts and all(isinstance(x, str) and x in TYPES for x in ts):
+        return set(ts)
+    return None
+
+
+def _widen(types: set[str]) -> set[str]:
+    """An integer is a number: the types whose instances types admits."""
+    return types | {"integer"} if "number" in types else types
+
+
+def _admitted(s: Any) -> set[str] | None:
+    """The types of the instances s may admit (None: any)."""
+    if s is False:
+        return set()
+    if not isinstance(s, dict):
+        return None
+    if "type" in s:
+        return _declared(s)
+    if "const" in s:
+        return {_json_type(s["const"])}
+    if isinstance(s.get("enum"), list):
+        return {_json_type(v) for v in s["enum"]}
+    return None
+
+
+def _generated(s: Any) -> set[str] | None:
+    """The types of the instances s's grammar generates (None: not known): those it admits, or
+    those its keywords imply."""
+    known = _admitted(s)
+    if known is not None or not isinstance(s, dict) or {"anyOf", "oneOf", "allOf", "$ref"} & set(s):
+        return known
+    return {t for t, kws in TYPE_KEYWORDS.items() if kws & set(s)} or None
+
+
+def _apart(generated: list[set[str] | None], admitted: list[set[str] | None]) -> bool:
+    """No branch generates an instance of a type that another branch admits."""
+    gen, adm = [g for g in generated if g is not None], [a for a in admitted if a is not None]
+    if len(gen) < len(generated) or len(adm) < len(admitted):
+        return False
+    return all(not (_widen(gen[i]) & _widen(adm[j])) for i in range(len(gen)) for j in range(len(adm)) if i != j)
+
+
+# --- keyword values that constrain nothing (_Converter.noop) ----------------------------------
+
+Noop = Callable[[_Converter, Any, dict[str, Any]], bool]
+
+
+def _nat(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _required(s: dict[str, Any]) -> set[str]:
+    r = s.get("required")
+    return {x for x in r if isinstance(x, str)} if isinstance(r, list) else set()
+
+
+def _may_have(s: dict[str, Any], key: str) -> bool:
+    """Whether an instance of s may have property key."""
+    props = s.get("properties")
+    props = props if isinstance(props, dict) else {}
+    if props.get(key) is False:
+        return False
+    return key in props or s.get("additionalProperties") is not False or bool(s.get("patternProperties"))
+
+
+def _compiles(pattern: Any) -> bool:
+    try:
+        re.compile(pattern)
+    except (re.error, TypeError):
+        return False
+    return True
+
+
+def _noop_min_properties(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    return _nat(v) and v <= len(_required(s))  # the required properties are that many
+
+
+def _noop_max_properties(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    # additionalProperties false: no instance has more properties than are listed
+    props = s.get("properties", {})
+    closed = s.get("additionalProperties") is False and not s.get("patternProperties")
+    return _nat(v) and closed and isinstance(props, dict) and len(props) <= v
+
+
+def _noop_unique_items(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    # an array of at most one item has no two equal items
+    return v is False or v is True and _nat(s.get("maxItems")) and s["maxItems"] <= 1
+
+
+def _noop_contains(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    # minContains 0: every array holds, unless maxContains bounds the matches
+    return _nat(s.get("minContains")) and s["minContains"] == 0 and "maxContains" not in s
+
+
+def _noop_min_contains(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    return "contains" not in s or _noop_contains(c, s["contains"], s)  # without contains, ignored
+
+
+def _noop_additional_items(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    # ignored unless items is an array (draft 2019-09 and before; 2020-12 has no such keyword)
+    return c.trivial(v) or not isinstance(s.get("items"), list)
+
+
+def _noop_unevaluated_items(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    # items (a schema) or additionalItems beside array items evaluate every item
+    items = s.get("items")
+    return c.trivial(v) or "items" in s and (not isinstance(items, list) or "additionalItems" in s)
+
+
+def _noop_unevaluated_properties(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    return c.trivial(v) or "additionalProperties" in s  # it evaluates every property
+
+
+def _noop_pattern_properties(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    # schemas that admit everything only take names away from additionalProperties
+    return isinstance(v, dict) and all(_compiles(k) and c.trivial(x) for k, x in v.items())
+
+
+def _noop_dependent_required(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    # each name required anyway, or the property that would require them never there
+    req = _required(s)
+    return isinstance(v, dict) and all(
+        isinstance(names, list) and all(isinstance(n, str) for n in names)
+        and (set(names) <= req | {key} or not _may_have(s, key)) for key, names in v.items())
+
+
+def _noop_dependent_schemas(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    return isinstance(v, dict) and all(c.trivial(x) or not _may_have(s, key) for key, x in v.items())
+
+
+def _noop_dependencies(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    # draft 4-7: an array as dependentRequired, a schema as dependentSchemas
+    return isinstance(v, dict) and all(
+        (_noop_dependent_required if isinstance(x, list) else _noop_dependent_schemas)(c, {key: x}, s)
+        for key, x in v.items())
+
+
+def _noop_not(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    # not false; or not a schema of other types than this one's (not {} admits nothing: refused)
+    types, other = _declared(s), _admitted(v)
+    return v is False or types is not None and other is not None and not _widen(types) & _widen(other)
+
+
+def _noop_conditional(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    # if, then and else together: then unless if is false, else unless if is true, admit everything
+    if "if" not in s:
+        return True  # then and else alone are ignored
+    cond = s["if"]
+    then_ok = "then" not in s or cond is False or c.trivial(s["then"])
+    else_ok = "else" not in s or c.trivial(cond) or c.trivial(s["else"])
+    return then_ok and else_ok
+
+
+def _noop_one_of(c: _Converter, v: Any, s: dict[str, Any]) -> bool:
+    live = [b for b in v if b is not False] if isinstance(v, list) else []  # false matches nothing
+    return len(live) == 1 and c.trivial(live[0])
+
+
+NOOPS: dict[str, Noop] = {
+    "minItems": lambda c, v, s: _nat(v) and v == 0,
+    "minLength": lambda c, v, s: _nat(v) and v == 0,
+    "minProperties": _noop_min_properties,
+    "maxProperties": _noop_max_properties,
+    "uniqueItems": _noop_unique_items,
+    "contains": _noop_contains,
+    "minContains": _noop_min_contains,
+    "maxContains": lambda c, v, s: "contains" not in s,
+    "items": lambda c, v, s: c.trivial(v),
+    "prefixItems": lambda c, v, s: v == [],
+    "additionalItems": _noop_additional_items,
+    "unevaluatedItems": _noop_unevaluated_items,
+    "properties": lambda c, v, s: v == {},
+    "required": lambda c, v, s: v == [],
+    "additionalProperties": lambda c, v, s: c.trivial(v),  # absent is true
+    "unevaluatedProperties": _noop_unevaluated_properties,
+    "patternProperties": _noop_pattern_properties,
+    "propertyNames": lambda c, v, s: c.all_strings(v),  # property names are strings
+    "dependentRequired": _noop_dependent_required,
+    "dependentSchemas": _noop_dependent_schemas,
+    "dependencies": _noop_dependencies,
+    "not": _noop_not,
+    "if": _noop_conditional,
+    "then": _noop_conditional,
+    "else": _noop_conditional,
+    "anyOf": lambda c, v, s: isinstance(v, list) and any(c.trivial(b) for b in v),
+    "oneOf": _noop_one_of,
+    "allOf": lambda c, v, s: isinstance(v, list) and bool(v) and all(c.trivial(b) for b in v),
+    "exclusiveMinimum": lambda c, v, s: v is False,  # draft 4's boolean form
+    "exclusiveMaximum": lambda c, v, s: v is False,
+    "pattern": lambda c, v, s: v == "",
+    # a format JSON Schema does not define: no validator checks it (module docstring)
+    "format": lambda c, v, s: isinstance(v, str) and v not in FORMATS and v not in REFUSED_FORMATS,
+}
 
 
 def schema_to_gbnf(schema: Any) -> str:

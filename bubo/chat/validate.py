@@ -6,9 +6,10 @@ A model that drops its template's call markers and answers with a bare
 named tool's schema (bubo.chat.parsers recovers such calls); this is that check. It covers the
 validation keywords of JSON Schema 2020-12 (and draft-04..07 spellings: `definitions`,
 boolean exclusiveMinimum, array-form `items`) with local `$ref`s; annotations and keywords it
-does not know are ignored, as a validator ignores unknown keywords. `format` is checked for the
-formats bubo.chat.schema enforces (date, time, date-time, email, uuid) and ignored otherwise
-(an annotation, as the specification's default is). `pattern` uses Python's re, which agrees
+does not know are ignored, as a validator ignores unknown keywords. `format` is checked for
+date, time, date-time, email and uuid and ignored otherwise (an annotation, as the
+specification's default is): a call is recovered a little more readily than a grammar would
+write it, never refused for a format this check does not know. `pattern` uses Python's re, which agrees
 with ECMA 262 on the patterns schemas use.
 """
 
