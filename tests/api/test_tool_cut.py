@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from engines import start_engine
 
 from bubo.api import ServerConfig, create_app
 from bubo.engine.types import FinishEvent, TokenEvent
+
+from engines import start_engine
 
 pytestmark = pytest.mark.models
 
