@@ -28,21 +28,24 @@ def _use_installed_build() -> None:
 _use_installed_build()
 
 from bubo._tokenizer import Detokenizer, Tokenizer
-from bubo.errors import BuboError, GGUFError, UnsupportedError
+from bubo.errors import BuboError, GGUFError, RequestError, UnsupportedError
 from bubo.gguf import GGUFFile, TensorInfo
-from bubo.llm import Completion, Model
+from bubo.llm import ChatCompletion, Completion, Model, ToolCall
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BuboError",
+    "ChatCompletion",
     "Completion",
     "Detokenizer",
     "GGUFError",
     "GGUFFile",
     "Model",
+    "RequestError",
     "TensorInfo",
     "Tokenizer",
+    "ToolCall",
     "UnsupportedError",
     "__version__",
 ]

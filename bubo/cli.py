@@ -1,4 +1,4 @@
-"""Command line: python -m bubo serve | run | pull | list | bench.
+"""Command line: python -m bubo serve | run | pull | list | show | rm | ps | bench.
 
 Flags follow llama.cpp's names (-m/--model, -p/--prompt, -n/--n-predict, -c/--ctx-size,
 -t/--threads, ...). Every flag can also come from an environment variable BUBO_ARG_<LONG NAME>
@@ -14,7 +14,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -27,6 +27,22 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 
 class _ArgParser(argparse.ArgumentParser):
+    intermixed = False  # positionals may come between flags (bubo run MODEL -n 8 PROMPT)
+    _mixing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[Any, list[str]]:
+        if not self.intermixed or self._mixing:
+            return super().parse_known_args(args, namespace)
+        self._mixing = True  # parse_known_intermixed_args calls this again for each of its passes
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._mixing = False
+
+    def error(self, message: str) -> NoReturn:
+        """One line naming the flag as typed, and where the help is (argparse prints the usage too)."""
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
     def add_flag(self, *flags: str, **kw: Any) -> argparse.Action:
         """add_argument whose default comes from BUBO_ARG_<LONG NAME> when that is set."""
         long = next(f for f in flags if f.startswith("--"))
@@ -58,8 +74,30 @@ class _ModelsAction(argparse.Action):
         namespace.model = models[0]
 
 
+class _TypedStore(argparse._StoreAction):
+    """argparse's store, also noting the flag as typed (-c or --ctx-size) for error messages."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        if option_string is not None:
+            namespace.typed_flags = {**(getattr(namespace, "typed_flags", None) or {}), self.dest: option_string}
+
+
+def _given_as(args: argparse.Namespace, dest: str, long: str, value: Any) -> str:
+    """How the user gave a flag's value: `-c -5` as typed, or `BUBO_ARG_CTX_SIZE=-5`."""
+    typed = (getattr(args, "typed_flags", None) or {}).get(dest)
+    if typed is not None:
+        return f"{typed} {value}"
+    env = "BUBO_ARG_" + long[2:].upper().replace("-", "_")
+    if env in os.environ:
+        return f"{env}={os.environ[env]}"
+    return f"{long} {value}"
+
+
 def _parser() -> _ArgParser:
     parser = _ArgParser(prog="bubo", description="bubo: a local LLM inference server for GGUF models")
+    parser.add_argument("--version", action="version", version=f"bubo {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgParser)
 
     p = sub.add_parser("serve", help="start the HTTP server (OpenAI, Anthropic and llama-server APIs)")
@@ -115,6 +153,14 @@ def _parser() -> _ArgParser:
     p.add_flag("--chat-template-file", default=None, help="a Jinja chat template to use instead of the model's own")
     p.add_flag("--debug-hooks", action="store_true", help="serve /debug/* (only on a loopback address)")
     p.add_flag("--cors-origins", default=None, help="origins allowed by CORS, comma-separated (* for any)")
+    add_sampling_flags(p, server=True)
+    p.add_flag("-v", "--verbose", action="store_true",
+               help="log more: every request, polled routes (/health, /metrics, ...) included, and debug lines")
+    p.add_flag("--log-disable", action="store_true",
+               help="print nothing but a fatal error (no start-up lines, no request log)")
+    p.add_flag("--log-format", choices=("text", "json"), default="text",
+               help="the log's lines as text or as JSON objects, one per line (default text)")
+    add_habit_flags(p)
 
     p = sub.add_parser("pull", help="download a catalog model into the store")
     p.add_argument("name", help="catalog name, e.g. smollm2:135m")
@@ -122,20 +168,44 @@ def _parser() -> _ArgParser:
 
     sub.add_parser("list", help="list the stored models")
 
-    p = sub.add_parser("run", help="generate text from a prompt, streamed to stdout")
-    p.add_flag("-m", "--model", required=True, help="catalog name or GGUF path")
-    p.add_flag("-p", "--prompt", required=True)
-    p.add_flag("-n", "--n-predict", type=int, default=256,
-               help="tokens to generate (-1: until the model stops or the context is full)")
-    p.add_flag("--temp", type=float, default=None, help="temperature; <= 0 is greedy (default 0.8)")
-    p.add_flag("--top-k", type=int, default=None)
-    p.add_flag("--top-p", type=float, default=None)
-    p.add_flag("--min-p", type=float, default=None)
-    p.add_flag("-s", "--seed", type=int, default=None)
-    p.add_flag("--chat", action="store_true",
-               help="apply the model's chat template to the prompt (as one user message)")
+    p = sub.add_parser(
+        "run", help="chat with a model, or answer one prompt (as `ollama run`)",
+        description="Chat with a model: with PROMPT (or -p, or text piped to stdin) answer it and exit; "
+                    "with none and a terminal, an interactive chat (/? for its commands). The model's chat "
+                    "template renders the conversation unless --raw, or the model has none.")
+    for key in (None, "store"):  # argparse's default action, and by name: errors name each flag as typed
+        p.register("action", key, _TypedStore)
+    p.intermixed = True
+    p.add_argument("model_arg", nargs="?", metavar="MODEL", help="catalog name (smollm2, smollm2:135m) or GGUF path")
+    p.add_argument("prompt_args", nargs="*", metavar="PROMPT",
+                   help="answer this and exit (several words are joined; piped stdin comes first)")
+    p.add_flag("-m", "--model", default=None, help="the model, as a flag (then every positional word is the prompt)")
+    p.add_flag("-p", "--prompt", default=None, help="the prompt, as a flag (-: read it from stdin)")
+    p.add_flag("--system", default=None, help="the system message")
+    p.add_flag("--raw", action="store_true", help="complete the prompt as plain text, without the chat template")
+    p.add_argument("--chat", action="store_true", help=argparse.SUPPRESS)  # the old default-off flag: a no-op
+    p.add_flag("--verbose", action="store_true", help="print timings after each answer (as ollama run --verbose)")
+    p.add_flag("-n", "--n-predict", type=int, default=-1,
+               help="most tokens an answer generates (-1, the default: until the model stops or the context is full)")
+    p.add_flag("-c", "--ctx-size", type=int, default=4096,
+               help="context size in tokens (0: the model's trained context; default 4096)")
     p.add_flag("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
-    p.add_flag("-c", "--ctx-size", type=int, default=4096)
+    add_sampling_flags(p, server=False)
+
+    p = sub.add_parser("rm", help="delete a stored model")
+    p.add_argument("names", nargs="+", metavar="NAME", help="catalog name (smollm2, smollm2:135m) or stored file name")
+
+    p = sub.add_parser("show", help="show a model's information (architecture, parameters, template, license)")
+    p.add_argument("name", metavar="NAME", help="catalog name, stored file name or GGUF path")
+    part = p.add_mutually_exclusive_group()
+    part.add_argument("--template", action="store_true", help="print only the chat template")
+    part.add_argument("--license", action="store_true", help="print only the license")
+    part.add_argument("--parameters", action="store_true", help="print only the sampling defaults")
+
+    p = sub.add_parser("ps", help="list the models a running server has (loaded or not)")
+    p.add_flag("--host", default="127.0.0.1", help="the server's address")
+    p.add_flag("--port", type=int, default=8080, help="the server's port")
+    p.add_flag("--api-key", default=None, help="the key the server requires (the first, if several are given)")
 
     p = sub.add_parser("bench", help="measure prompt processing and generation speed (llama-bench's table)")
     p.add_flag("-m", "--model", required=True, help="catalog name or GGUF path")
@@ -147,8 +217,98 @@ def _parser() -> _ArgParser:
     return parser
 
 
+def add_sampling_flags(p: _ArgParser, *, server: bool) -> None:
+    """llama.cpp's sampling flags. On `serve` they are the defaults of requests that do not set
+    the field (as llama-server's are); on `run`, the answer's settings."""
+    who = "default for requests that do not set it" if server else "default: llama.cpp's"
+    p.add_flag("--temp", type=float, default=None, help=f"temperature; <= 0 is greedy ({who}: 0.8)")
+    p.add_flag("--top-k", type=int, default=None, help=f"top-k, 0: off ({who}: 40)")
+    p.add_flag("--top-p", type=float, default=None, help=f"top-p, 1: off ({who}: 0.95)")
+    p.add_flag("--min-p", type=float, default=None, help=f"min-p, 0: off ({who}: 0.05)")
+    p.add_flag("--repeat-penalty", type=float, default=None, help=f"repetition penalty, 1: off ({who}: 1)")
+    p.add_flag("--repeat-last-n", type=int, default=None, help=f"tokens the penalties look back on ({who}: 64)")
+    p.add_flag("--presence-penalty", type=float, default=None, help=f"presence penalty ({who}: 0)")
+    p.add_flag("--frequency-penalty", type=float, default=None, help=f"frequency penalty ({who}: 0)")
+    p.add_flag("-s", "--seed", type=int, default=None, help="random seed (-1: a random one)")
+    if server:
+        p.add_flag("-n", "--n-predict", type=int, default=None,
+                   help="most tokens an answer generates when the request does not say (-1 or unset: until the "
+                        "model stops or the context is full)")
+
+
+# llama-server flags people bring by habit: (flags, takes a value, what bubo does with them)
+HABIT_NOTES: list[tuple[tuple[str, ...], bool, str]] = [
+    (("-ngl", "--n-gpu-layers", "--gpu-layers"), True,
+     "this build runs on the CPU: every layer stays there"),
+    (("-fa", "--flash-attn"), False, "bubo has one attention path: the flag changes nothing"),
+    (("--jinja",), False, "chat templates are always Jinja templates here"),
+    (("-cb", "--cont-batching"), False, "requests are always batched continuously"),
+    (("--metrics",), False, "/metrics is always served"),
+    (("--slots",), False, "/slots is served unless --no-slots"),
+    (("--mlock", "--no-mmap", "--mmap", "--no-warmup"), False, "bubo manages the weights' memory itself"),
+]
+# ... and those it refuses: a flag that would change the answer or the memory, not honoured here
+HABIT_REFUSED: list[tuple[tuple[str, ...], bool, str]] = [
+    (("-md", "--model-draft", "--draft-max", "--draft-min", "--spec-draft-n-max"), True,
+     "speculative decoding is not built yet"),
+    (("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"), True, "the KV cache is f16 only for now"),
+    (("--embedding", "--embeddings"), False, "embeddings are not served yet"),
+    (("--lora", "--lora-scaled", "--control-vector"), True, "adapters are not supported"),
+    (("--mmproj", "--mmproj-url"), True, "images are not supported: the catalog models read text"),
+    (("--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx"), True,
+     "RoPE scaling is taken from the model file only"),
+    (("-dev", "--device", "-sm", "--split-mode", "-ts", "--tensor-split", "-mg", "--main-gpu"), True,
+     "this build has no GPU backend"),
+    (("--numa",), True, "NUMA placement is not supported"),
+    (("-hf", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url"), True,
+     "bubo does not download from model hubs: give a catalog name (bubo pull) or a GGUF path"),
+]
+
+
+class _HabitAction(argparse.Action):
+    """A llama-server flag: noted and ignored (HABIT_NOTES), or refused (HABIT_REFUSED), in one
+    line naming the flag as typed."""
+
+    def __init__(self, *args: Any, note: str, refused: bool, **kw: Any):
+        super().__init__(*args, **kw)
+        self.note = note
+        self.refused = refused
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if self.refused:
+            parser.error(f"{option_string}: not supported: {self.note}")
+        notes: list[str] = getattr(namespace, "habit_notes", None) or []
+        notes.append(f"{option_string}: accepted, {self.note}")
+        namespace.habit_notes = notes
+
+
+def add_habit_flags(p: _ArgParser) -> None:
+    p.set_defaults(habit_notes=[])
+    for table, refused in ((HABIT_NOTES, False), (HABIT_REFUSED, True)):
+        for flags, takes_value, note in table:
+            # -fa takes an optional on/off/auto (llama-server's newer form) or nothing
+            nargs = 1 if takes_value else "?"
+            p.add_argument(*flags, action=_HabitAction, note=note, refused=refused, nargs=nargs,
+                           dest="habit_" + flags[-1].lstrip("-").replace("-", "_"), help=argparse.SUPPRESS)
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("bubo")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        parser.print_help()
+        return 0
+    args = parser.parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
     except KeyboardInterrupt:
@@ -221,23 +381,212 @@ def _describe(path: Any) -> tuple[str, str, str]:
     return arch, quant, str(ctx) if ctx is not None else "?"
 
 
+# llama.cpp's flags on `run` -> the session's options (bubo.cli_chat.OPTIONS: Ollama's names)
+_RUN_OPTIONS = (("temp", "--temp", "temperature"), ("top_k", "--top-k", "top_k"), ("top_p", "--top-p", "top_p"),
+                ("min_p", "--min-p", "min_p"), ("repeat_penalty", "--repeat-penalty", "repeat_penalty"),
+                ("repeat_last_n", "--repeat-last-n", "repeat_last_n"),
+                ("presence_penalty", "--presence-penalty", "presence_penalty"),
+                ("frequency_penalty", "--frequency-penalty", "frequency_penalty"),
+                ("seed", "--seed", "seed"), ("n_predict", "--n-predict", "num_predict"))
+
+
 def _run(args: argparse.Namespace) -> int:
+    """One answer (a prompt given, or piped to stdin), or an interactive chat (bubo/cli_chat.py)."""
+    from bubo import store
+    from bubo.cli_chat import Session, check_option
     from bubo.llm import Model
 
-    if args.n_predict == 0 or args.n_predict < -1:
-        raise ValueError(f"-n {args.n_predict}: give a positive number of tokens, or -1 for no limit")
-    model = Model(args.model, n_ctx=args.ctx_size, n_threads=args.threads)
-    kwargs = dict(max_tokens=None if args.n_predict < 0 else args.n_predict, seed=args.seed,
-                  temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
-    if args.chat:
-        stream = model.chat_stream([{"role": "user", "content": args.prompt}], **kwargs)
+    typed = getattr(args, "typed_flags", None) or {}
+    words = list(args.prompt_args)
+    if "model" in typed:  # -m: every positional word is the prompt
+        model_name = args.model
+        words = [args.model_arg, *words] if args.model_arg is not None else words
     else:
-        stream = model.generate(args.prompt, **kwargs)
-    out = sys.stdout
-    for piece in stream:
-        out.write(piece)
-        out.flush()
-    out.write("\n")
+        model_name = args.model_arg if args.model_arg is not None else args.model
+    if not model_name:
+        print("bubo run: error: no model: give one, as in `bubo run smollm2 [PROMPT]` (or -m MODEL)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    options: dict[str, Any] = {}
+    for dest, long, name in _RUN_OPTIONS:
+        value = getattr(args, dest)
+        if value is None or (dest == "n_predict" and value == -1):
+            continue
+        try:
+            check_option(name, value)
+        except ValueError as e:
+            raise ValueError(f"{_given_as(args, dest, long, value)}: {e}") from None
+        options[name] = value
+    if args.ctx_size < 0:
+        raise ValueError(f"{_given_as(args, 'ctx_size', '--ctx-size', args.ctx_size)}: give 0 (the trained "
+                         "context) or a positive number of tokens")
+    if args.threads is not None and args.threads <= 0:
+        raise ValueError(f"{_given_as(args, 'threads', '--threads', args.threads)}: give a positive number of "
+                         "threads (leave the flag out for every CPU)")
+    if args.raw and args.chat:
+        raise ValueError("--raw and --chat: give one (chat is the default when the model has a chat template)")
+    if words and "prompt" in typed:
+        raise ValueError(f"{typed['prompt']}: give the prompt once, as PROMPT or with {typed['prompt']}")
+
+    path = store.resolve(model_name)  # a catalog model not stored yet is pulled here
+    name = (None if os.path.isfile(model_name) else store.catalog_name(model_name)) or model_name
+    n_ctx = args.ctx_size or _trained_context(path, _given_as(args, "ctx_size", "--ctx-size", 0))
+    prompt = _run_prompt(args, words)
+    t0 = time.perf_counter()
+    model = Model(name, n_ctx=n_ctx, n_threads=args.threads)
+    load_s = time.perf_counter() - t0
+    has_template = model.runtime.chat_template_source is not None
+    chat = has_template and not args.raw
+    if args.system and not chat:
+        why = ("--raw leaves the chat template out" if has_template
+               else f"{name} has no chat template (a base model)")
+        raise ValueError(f"--system: a system message needs the chat template, and {why}; put the text in the "
+                         "prompt")
+    session = Session(model, name, chat=chat, system=args.system or None, options=options, verbose=args.verbose,
+                      load_s=load_s)
+    if prompt is None:
+        return session.repl()
+    return 0 if session.answer(prompt) else EXIT_INTERRUPTED
+
+
+def _trained_context(path: Any, given: str) -> int:
+    from bubo import GGUFFile
+
+    with GGUFFile(path) as f:
+        md = f.metadata
+    n = md.get(f"{md.get('general.architecture')}.context_length")
+    if not isinstance(n, int) or n <= 0:
+        raise ValueError(f"{given}: {path} does not record the context it was trained with: give a size (-c 4096)")
+    return n
+
+
+def _run_prompt(args: argparse.Namespace, words: list[str]) -> str | None:
+    """The prompt to answer, or None for an interactive chat. Text piped to stdin is read as the
+    prompt; with a PROMPT too, the stdin text comes first, then a blank line, then PROMPT (Ollama
+    puts stdin first as well). `-p -` reads the prompt from stdin, a terminal's too."""
+    prompt: str | None = " ".join(words) if words else args.prompt
+    if prompt == "-" and not words:
+        text = sys.stdin.read()
+        if not text.strip():
+            raise ValueError(f"{_given_as(args, 'prompt', '--prompt', '-')}: stdin gave no text")
+        return text.rstrip("\n")
+    if not sys.stdin.isatty():
+        text = sys.stdin.read().rstrip("\n")
+        if text:
+            prompt = text if prompt is None else f"{text}\n\n{prompt}"
+        elif prompt is None:
+            raise ValueError("no prompt: stdin is not a terminal and gave no text; give PROMPT (or -p)")
+    if prompt is not None and not prompt.strip():
+        raise ValueError("the prompt is empty")
+    return prompt
+
+
+def _rm(args: argparse.Namespace) -> int:
+    from bubo import store
+
+    status = 0
+    for name in args.names:
+        try:
+            removed = store.remove(name)
+        except store.UnknownModelError as e:
+            print(f"bubo rm: error: {e}", file=sys.stderr)
+            status = EXIT_ERROR
+            continue
+        print(f"deleted '{removed.name}'")
+    return status
+
+
+def _show(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from bubo import store
+    from bubo.cli_chat import ModelCard, parameters_text
+
+    given = args.name
+    store.stored_models()  # adopts models stored at the legacy location
+    if Path(given).is_file():
+        path, name = Path(given), given
+    elif (canonical := store.catalog_name(given)) is not None:
+        if not store.is_stored(canonical):
+            raise FileNotFoundError(f"{canonical} is not stored; get it with `bubo pull {canonical}`")
+        path, name = store.model_path(canonical), canonical
+    elif given.endswith(".gguf") and os.sep not in given and (store.models_dir() / given).is_file():
+        path, name = store.models_dir() / given, given
+    else:
+        path, name = store.resolve(given), given  # raises: no such file, or not a catalog name
+    card = ModelCard.read(path, name)
+    if args.template:
+        if card.template is None:
+            raise ValueError(f"{name} has no chat template (a base model)")
+        print(card.template)
+    elif args.license:
+        if card.license is None:
+            raise ValueError(f"{name}'s file names no license")
+        print(card.license)
+    elif args.parameters:
+        print(parameters_text({}, header=False))
+    else:
+        print(card.full())
+    return 0
+
+
+def _ps(args: argparse.Namespace) -> int:
+    """What a running server serves: GET /v1/models (each model's status and context), and
+    GET /slots for a loaded model's busy slots."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(args.host, args.host)
+    base = f"http://[{host}]:{args.port}" if ":" in host else f"http://{host}:{args.port}"
+    keys = _csv(args.api_key)
+    headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+
+    def get(path: str) -> Any:
+        req = urllib.request.Request(base + path, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code == 401:
+                raise RuntimeError(f"the server at {base} refused "
+                                   f"{'the API key given' if keys else 'to answer without an API key'}: give its "
+                                   "key with --api-key or BUBO_ARG_API_KEY") from None
+            raise RuntimeError(f"the server at {base} answered GET {path} with HTTP {e.code}") from None
+        except (urllib.error.URLError, OSError) as e:
+            why = getattr(e, "reason", None) or e
+            raise RuntimeError(f"no server answers at {base} ({why}); start one with `bubo serve`") from None
+        except ValueError:
+            raise RuntimeError(f"the server at {base} answered GET {path} with something that is not JSON") from None
+
+    listing = get("/v1/models")
+    data = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(data, list):
+        raise RuntimeError(f"the server at {base} answered GET /v1/models without a \"data\" list")
+    aliases_of: dict[str, list[str]] = {}
+    for m in data:
+        if isinstance(m, dict) and isinstance(m.get("alias_of"), str):
+            aliases_of.setdefault(m["alias_of"], []).append(str(m.get("id")))
+    rows = [("NAME", "STATUS", "CONTEXT", "SLOTS", "ALIASES")]
+    for m in data:
+        if not isinstance(m, dict) or "alias_of" in m:
+            continue
+        status = m.get("status")
+        state = str(status.get("value", "?")) if isinstance(status, dict) else "loaded"
+        slots = "-"
+        if state in ("loaded", "sleeping"):
+            try:
+                got = get(f"/slots?model={urllib.parse.quote(str(m.get('id', '')))}")
+                if isinstance(got, list) and got:
+                    slots = f"{sum(1 for s in got if s.get('is_processing'))}/{len(got)} busy"
+            except RuntimeError:
+                pass  # --no-slots, or a server without /slots
+        given = [a for a in m.get("aliases") or [] if isinstance(a, str)]
+        aliases = ", ".join(dict.fromkeys([*given, *aliases_of.get(str(m.get("id")), [])])) or "-"
+        rows.append((str(m.get("id", "?")), state, str(m.get("context_length", "?")), slots, aliases))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
     return 0
 
 
@@ -341,4 +690,5 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"serve": _serve, "pull": _pull, "list": _list, "run": _run, "bench": _bench}
+_COMMANDS = {"serve": _serve, "pull": _pull, "list": _list, "run": _run, "rm": _rm, "show": _show, "ps": _ps,
+             "bench": _bench}

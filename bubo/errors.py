@@ -15,3 +15,15 @@ class GGUFError(BuboError, ValueError):
 class UnsupportedError(GGUFError):
     """A well-formed file asks for something bubo does not run: a GGUF version, a tensor block
     type (IQ*, TQ*, MXFP4, ...) or a model architecture. The message names it."""
+
+
+class RequestError(BuboError, ValueError):
+    """A request's field is malformed or asks for what cannot be done: a bad tools list, two
+    output constraints, a schema whose keyword no grammar enforces. code is the server's error
+    code for it ("invalid_value", "unsupported_schema", ...); the message names the field. The
+    library raises it as it is; the server answers it as a 400 with that code."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message

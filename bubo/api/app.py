@@ -32,7 +32,7 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_la
 def create_app(models: Engine | Registry, config: ServerConfig | None = None) -> Flask:
     """The app serving one engine (its names: config's served_model_name, aliases and "bubo"), or
     every model of a registry (router mode)."""
-    from bubo.api import core
+    from bubo.api import core, openapi
 
     if isinstance(models, Registry):
         registry = models
@@ -40,7 +40,7 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
     else:
         config = config or ServerConfig(served_model_name=models.model_name)
         registry = Registry.single(models, config.served_model_name, config.model_names[1:])
-    app = Flask("bubo")
+    app = Flask("bubo", static_folder=None)  # no static files: no /static route
     app.config["BUBO_MODELS"] = registry
     app.config["BUBO_CONFIG"] = config
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
@@ -48,6 +48,7 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
     app.json.sort_keys = False  # type: ignore[attr-defined]
 
     app.register_blueprint(core.blueprint)
+    app.register_blueprint(openapi.blueprint)  # GET / and GET /openapi.json
     if config.debug_routes_enabled:
         app.register_blueprint(core.debug_blueprint)
     for name in DIALECTS:
@@ -65,7 +66,8 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
             raise ApiError(503, "shutting_down", "the server is shutting down: send the request to another one, or "
                                                  "again once it is back", headers={"Connection": "close",
                                                                                    "Retry-After": "5"})
-        check_api_key(config.api_keys)
+        if request.path not in openapi.PUBLIC_PATHS:
+            check_api_key(config.api_keys)
 
     @app.teardown_request
     def _release(_: BaseException | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -27,6 +28,10 @@ class ServerConfig:
     slots_enabled: bool = True  # --no-slots turns /slots off
     draining: bool = False  # shutting down: new requests get 503 shutting_down
     allow_special_in_content: bool = False  # control-token text in messages becomes control tokens
+    # the command line's sampling flags (--temp, --top-k, ...): defaults of requests that do not
+    # set the field; SamplingParams field names
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    n_predict: int | None = None  # -n: most tokens an answer generates when the request does not say
 
     @property
     def model_names(self) -> list[str]:

@@ -62,11 +62,13 @@ def _info(entry: ModelEntry) -> ModelInfo | None:
 
 def _not_ready(entry: ModelEntry) -> ApiError:
     status = entry.status
-    if status is ModelStatus.FAILED:
+    if status is ModelStatus.FAILED:  # trying again does not help: no Retry-After
         return ApiError(503, "not_ready", f"the model {entry.name} failed to load: {entry.failure}")
+    retry = {"Retry-After": str(errors.LOADING_RETRY_AFTER_SECONDS)}
     if status is ModelStatus.LOADING:
-        return ApiError(503, "not_ready", f"the model {entry.name} is loading; try again when /ready says ready")
-    return ApiError(503, "not_ready", f"the model {entry.name} is {status.value}")
+        return ApiError(503, "not_ready", f"the model {entry.name} is loading; try again when /ready says ready",
+                        headers=retry)
+    return ApiError(503, "not_ready", f"the model {entry.name} is {status.value}", headers=retry)
 
 
 # --- health and readiness ----------------------------------------------------------------
@@ -180,8 +182,10 @@ def props() -> Any:
     eng = entry.engine
     n_batch, n_ubatch, queue_size = ((eng.n_batch, eng.n_ubatch, eng.queue_size) if eng is not None
                                      else (s.n_batch, s.n_ubatch, s.queue_size))
-    defaults = {k: (list(v) if isinstance(v, tuple) else v)
-                for k, v in dataclasses.asdict(SamplingParams()).items()}
+    given, n_predict = f.server_defaults()
+    defaults: dict[str, Any] = {k: (list(v) if isinstance(v, tuple) else v)
+                                for k, v in dataclasses.asdict(SamplingParams(**given)).items()}
+    defaults["n_predict"] = n_predict if n_predict is not None else -1
     return jsonify({
         "model": name,
         "model_alias": name,

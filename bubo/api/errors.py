@@ -50,6 +50,8 @@ ANTHROPIC_PATHS = ("/v1/messages",)  # and everything under it (count_tokens)
 RETRY_AFTER_SECONDS = 5
 # a full queue drains at the speed of generation: seconds, not the memory guard's minutes
 QUEUE_RETRY_AFTER_SECONDS = 1
+# a model loading: the catalog's load in about a second (a larger one, or a pull, takes longer)
+LOADING_RETRY_AFTER_SECONDS = 2
 
 # each engine reason: (status, code, Retry-After seconds or None)
 _REASONS: dict[Reason, tuple[int, str, int | None]] = {
@@ -57,7 +59,7 @@ _REASONS: dict[Reason, tuple[int, str, int | None]] = {
     Reason.MEMORY_SHORT: (503, "insufficient_memory", RETRY_AFTER_SECONDS),
     Reason.MEMORY_NEVER: (507, "insufficient_memory_permanent", None),
     Reason.QUEUE_FULL: (503, "queue_full", QUEUE_RETRY_AFTER_SECONDS),
-    Reason.NOT_READY: (503, "not_ready", None),
+    Reason.NOT_READY: (503, "not_ready", LOADING_RETRY_AFTER_SECONDS),
     Reason.CANCELLED: (503, "cancelled", None),
     Reason.SHUTTING_DOWN: (503, "shutting_down", None),
     Reason.INVALID_REQUEST: (400, "invalid_value", None),  # a field out of range (token ids, logit_bias)

@@ -3,7 +3,11 @@
 Pure functions on JSON bodies (dicts) that raise ApiError with the reference's code; each
 dialect's parse_* function (openai/, anthropic/, llamacpp/) calls them in its own order. What a
 field becomes is a typed value: SamplingParams, an OutputSpec (bubo.chat.constrain), the
-template's messages, ..."""
+template's messages, ...
+
+The rules the library's bubo.Model shares (output constraints, messages, tools, tool_choice,
+thinking) live in bubo/chat/request.py, raising RequestError; their wrappers here make those
+400s with the same code and message."""
 
 from __future__ import annotations
 
@@ -15,20 +19,14 @@ from typing import Any
 
 from bubo.api import jsonin
 from bubo.api.errors import ApiError
-from bubo.chat.constrain import REQUIRED, ConstraintError, OutputSpec, gbnf_spec, json_object_spec, schema_spec
+from bubo.chat import request as rq
+from bubo.chat.constrain import OutputSpec, schema_spec
+from bubo.chat.request import INVALID
+from bubo.errors import RequestError
 from bubo.sampling import SamplingParams
-
-# the code of a 400 for a field of the wrong type or out of range (the reference's table has
-# no name for it; OpenAI's own API says "invalid_value")
-INVALID = "invalid_value"
 
 FLT_MAX = 3.4028234663852886e38
 INT32_MAX = 2**31 - 1
-
-REASONING_EFFORTS = ("off", "none", "minimal", "low", "medium", "high", "xhigh", "max")
-# template variables the server sets itself
-RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
-                            "specials_in_content"}
 
 # every SamplingParams field is read from the request under its own name (llama-server's names)
 _SAMPLING_FIELDS = [f for f in SamplingParams.__dataclass_fields__ if f not in ("n_probs",)]
@@ -81,9 +79,23 @@ def _logit_bias(value: Any) -> dict[int, float]:
     return out
 
 
+def server_defaults() -> tuple[dict[str, Any], int | None]:
+    """The server's defaults for requests that leave a field out: its sampling flags (--temp,
+    --top-k, ...) and -n; none outside a request (a test building requests by hand)."""
+    from flask import current_app, has_app_context
+
+    from bubo.api.config import ServerConfig
+
+    cfg = current_app.config.get("BUBO_CONFIG") if has_app_context() else None
+    if isinstance(cfg, ServerConfig):
+        return cfg.sampling_defaults, cfg.n_predict
+    return {}, None
+
+
 def sampling_params(body: Mapping[str, Any], n_probs: int = 0) -> SamplingParams:
-    """The sampling fields of a request (null or absent: llama-server's default)."""
-    given: dict[str, Any] = {}
+    """The sampling fields of a request (null or absent: the server's --temp, --top-k, ... if
+    given, else llama-server's defaults)."""
+    given: dict[str, Any] = dict(server_defaults()[0])
     for name in _SAMPLING_FIELDS:
         v = body.get(name)
         if v is None:
@@ -123,7 +135,7 @@ def max_tokens_of(body: Mapping[str, Any], *names: str) -> int | None:
             raise invalid(f"{name} must be a positive integer (at most {INT32_MAX}), or -1 or null for the default; "
                           f"got {body[name]!r}")
         return v
-    return None
+    return server_defaults()[1]  # the server's -n, if given
 
 
 def stop_list(value: Any, name: str = "stop") -> list[str]:
@@ -164,67 +176,38 @@ def output_spec(body: Mapping[str, Any]) -> OutputSpec | None:
     """The one output constraint of a request, validated and converted (not compiled): llama-server's
     `grammar` (GBNF), its `json_schema` (a schema), or `response_format` (json_object or
     json_schema, see response_format_spec). Two of them together is a 400: which one wins would be
-    a guess."""
-    text = body.get("grammar")
-    fields = (("grammar", text not in (None, "")),
-              ("json_schema", body.get("json_schema") is not None),
-              ("response_format", body.get("response_format") not in (None, {"type": "text"})))
-    given = [name for name, present in fields if present]
-    if len(given) > 1:
-        raise invalid(f"give {given[0]} or {given[1]}, not both")
-    if body.get("json_schema") is not None:
-        return schema(body["json_schema"], "json_schema")
-    if body.get("response_format") is not None:
-        return response_format_spec(body["response_format"])
-    if text is None or text == "":
-        return None
-    if not isinstance(text, str):
-        raise invalid(f"grammar must be a string of GBNF rules, not {type(text).__name__}")
-    return gbnf_spec(text)
+    a guess. (bubo.chat.request.output_spec, the library's too.)"""
+    with RequestErrors():
+        return rq.output_spec(body.get("grammar"), body.get("json_schema"), body.get("response_format"))
 
 
-def constraint_error(e: ConstraintError) -> ApiError:
+def constraint_error(e: RequestError) -> ApiError:
     return ApiError(400, e.code, e.message)
+
+
+class RequestErrors:
+    """`with RequestErrors():` turns the RequestErrors of bubo.chat.request's validators (shared
+    with the library) into the API's 400s with their codes."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, e: BaseException | None, tb: object) -> None:
+        if isinstance(e, RequestError):
+            raise constraint_error(e) from None
 
 
 def schema(value: Any, where: str) -> OutputSpec:
     """A JSON Schema field: the grammar of its instances; a keyword that cannot be enforced is a
     400 unsupported_schema whose message names its JSON pointer."""
-    try:
+    with RequestErrors():
         return schema_spec(value, where)
-    except ConstraintError as e:
-        raise constraint_error(e) from None
 
 
 def response_format_spec(value: Any, name: str = "response_format", flat: bool = False) -> OutputSpec | None:
-    """None for plain text; json_object: any JSON object (or, as llama-server allows, the
-    instances of its `schema`); json_schema: the instances of the schema, from
-    {"json_schema": {"name", "schema", "strict"}} (chat) or {"name", "schema", "strict"} (Responses'
-    text.format, flat) or, as llama-server also takes, {"schema"} beside the type. The schema is
-    enforced whatever `strict` says."""
-    kinds = '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", ...}'
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise invalid(f"{name} must be {kinds}")
-    kind = value.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        if value.get("schema") is not None:
-            return schema(value["schema"], f"{name}.schema")
-        return json_object_spec(name)
-    if kind == "json_schema":
-        spec: Any = value
-        where = name
-        if not flat and ("json_schema" in value or "schema" not in value):
-            spec, where = value.get("json_schema"), f"{name}.json_schema"
-            if not isinstance(spec, dict):
-                raise invalid(f'{where} must be an object like {{"name": ..., "schema": {{...}}}}')
-        if spec.get("schema") is None:
-            raise invalid(f"{where}.schema is required")
-        return schema(spec["schema"], f"{where}.schema")
-    raise invalid(f"{name} must be {kinds}")
+    """bubo.chat.request.response_format_spec, its errors as 400s."""
+    with RequestErrors():
+        return rq.response_format_spec(value, name, flat)
 
 
 # --- thinking ------------------------------------------------------------------------------
@@ -232,215 +215,57 @@ def response_format_spec(value: Any, name: str = "response_format", flat: bool =
 
 def thinking_of(body: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
     """(thinking on?, the chat template's extra variables) from reasoning_effort, thinking and
-    chat_template_kwargs, which must agree. Thinking is on unless a field turns it off."""
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is None:
-        kwargs = {}
-    if not isinstance(kwargs, dict):
-        raise invalid("chat_template_kwargs must be an object")
-    reserved = sorted(set(kwargs) & RESERVED_TEMPLATE_KWARGS)
-    if reserved:
-        raise invalid(f"chat_template_kwargs.{reserved[0]} is set by the server (from the request's own fields); "
-                      "leave it out")
-    said: dict[str, bool] = {}  # field -> thinking on?
-    effort = body.get("reasoning_effort")
-    if effort is not None:
-        if effort not in REASONING_EFFORTS:
-            raise invalid(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}; got {effort!r}")
-        said["reasoning_effort"] = effort not in ("off", "none")
-    thinking = body.get("thinking")
-    if thinking is not None:
-        kind = thinking.get("type") if isinstance(thinking, dict) else None
-        if kind not in ("enabled", "disabled", "adaptive"):
-            raise invalid('thinking must be {"type": "enabled"} or {"type": "disabled"}')
-        said["thinking"] = kind != "disabled"
-    if "enable_thinking" in kwargs:
-        if not isinstance(kwargs["enable_thinking"], bool):
-            raise invalid("chat_template_kwargs.enable_thinking must be true or false")
-        said["chat_template_kwargs.enable_thinking"] = kwargs["enable_thinking"]
-    kw_effort = kwargs.get("reasoning_effort")
-    if kw_effort is not None:
-        if kw_effort not in REASONING_EFFORTS:
-            raise invalid(f"chat_template_kwargs.reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}")
-        said["chat_template_kwargs.reasoning_effort"] = kw_effort not in ("off", "none")
-        if effort is not None and kw_effort != effort:
-            raise ApiError(400, INVALID, f"reasoning_effort ({effort!r}) and chat_template_kwargs.reasoning_effort "
-                                         f"({kw_effort!r}) disagree: send one, or the same value in both")
-    if len(set(said.values())) > 1:
-        on = [k for k, v in said.items() if v]
-        off = [k for k, v in said.items() if not v]
-        raise ApiError(400, INVALID, f"{' and '.join(on)} turn thinking on but {' and '.join(off)} turn it off: "
-                                     "these fields must agree")
-    enabled = next(iter(said.values()), True)
-    extra = dict(kwargs)
-    extra["enable_thinking"] = enabled
-    if effort is not None and "reasoning_effort" not in extra:
-        extra["reasoning_effort"] = effort
-    return enabled, extra
+    chat_template_kwargs, which must agree (bubo.chat.request.thinking_of)."""
+    with RequestErrors():
+        return rq.thinking_of(body)
 
 
 # --- messages ------------------------------------------------------------------------------
 
 
 def content_text(content: Any, where: str) -> str:
-    """A message's content as the text the template sees: a string, an array of text parts
-    (joined), or null (empty)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for i, part in enumerate(content):
-            if isinstance(part, str):
-                texts.append(part)
-                continue
-            if not isinstance(part, dict):
-                raise invalid(f"{where}.content[{i}] must be an object with a type")
-            kind = part.get("type")
-            if kind in ("text", "input_text", "output_text"):
-                if not isinstance(part.get("text"), str):
-                    raise invalid(f"{where}.content[{i}].text must be a string")
-                texts.append(part["text"])
-            elif kind in ("image_url", "input_image", "image", "input_audio", "file", "input_file", "document"):
-                raise invalid(f"{where}.content[{i}] is of type {kind!r}, but this model takes text only")
-            else:
-                raise invalid(f"{where}.content[{i}] has an unknown type {kind!r}")
-        return "\n".join(texts) if len(texts) > 1 and all(texts) else "".join(texts)
-    raise invalid(f"{where}.content must be a string, an array of parts or null")
-
-
-ROLES = ("system", "developer", "user", "assistant", "tool")
+    """A message's content as the text the template sees (bubo.chat.request.content_text)."""
+    with RequestErrors():
+        return rq.content_text(content, where)
 
 
 def chat_messages(messages: Any) -> tuple[list[dict[str, Any]], str | None]:
-    """OpenAI messages -> (the template's messages, the prefill). A final assistant message is a
-    prefill: it is not rendered as a finished turn; the answer continues its text."""
-    if messages is None:
-        raise ApiError(400, "missing_messages", "messages is required: a non-empty array of messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "missing_messages", "messages must be a non-empty array of messages")
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise invalid(f"{where} must be an object with role and content")
-        role = m.get("role")
-        if role not in ROLES:
-            raise invalid(f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}")
-        msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                               "content": content_text(m.get("content"), where)}
-        if role == "assistant" and m.get("tool_calls"):
-            msg["tool_calls"] = _template_tool_calls(m["tool_calls"], where)
-        if role == "assistant" and isinstance(m.get("reasoning_content"), str):
-            msg["reasoning_content"] = m["reasoning_content"]
-        if role == "tool":
-            if m.get("tool_call_id") is not None:
-                msg["tool_call_id"] = str(m["tool_call_id"])
-            if isinstance(m.get("name"), str):
-                msg["name"] = m["name"]
-        out.append(msg)
-    prefill = None
-    if out[-1]["role"] == "assistant" and not out[-1].get("tool_calls"):
-        prefill = out.pop()["content"]
-        if not out:
-            raise ApiError(400, "missing_messages", "messages holds only an assistant prefill: add a user message")
-    return out, prefill
-
-
-def _template_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
-    """tool_calls as templates expect them: arguments as an object (OpenAI sends JSON text)."""
-    if not isinstance(calls, list):
-        raise invalid(f"{where}.tool_calls must be an array")
-    out = []
-    for j, c in enumerate(calls):
-        fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise invalid(f'{where}.tool_calls[{j}] must be {{"type": "function", "function": '
-                          '{"name": ..., "arguments": ...}}')
-        args = fn.get("arguments")
-        if isinstance(args, str):
-            try:
-                args = jsonin.parse(args) if args.strip() else {}
-            except jsonin.JSONInputError as e:
-                raise invalid(f"{where}.tool_calls[{j}].function.arguments is not valid JSON: {e.message}") from None
-        out.append({"id": c.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}})
-    return out
+    """OpenAI messages -> (the template's messages, the prefill) (bubo.chat.request.chat_messages),
+    call arguments sent as JSON text read within the server's limits (bubo.api.jsonin)."""
+    with RequestErrors():
+        return rq.chat_messages(messages, jsonin.parse)
 
 
 def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise invalid("tools must be an array of {\"type\": \"function\", \"function\": {...}}")
-    for i, t in enumerate(tools):
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(fn, dict):
-            raise invalid(f'tools[{i}] must be {{"type": "function", "function": '
-                          '{"name": ..., "parameters": ...}}')
-    check_tools(tools)
-    return tools or None
+    with RequestErrors():
+        return rq.chat_tools(tools)
 
 
 def check_tools(tools: list[dict[str, Any]], field: str = "parameters") -> None:
-    """Tools (OpenAI function tools, as every dialect's tools become) that a call can name:
-    each has a name, no two the same, and parameters that are the schema of an object (a
-    call's arguments are one). field: the dialect's name for the schema, for the message."""
-    seen: dict[str, int] = {}
-    for i, t in enumerate(tools):
-        fn = t["function"]
-        name = fn.get("name")
-        if not isinstance(name, str) or not name.strip():
-            raise invalid(f"tools[{i}] has no name: every tool needs one (a non-empty string)")
-        if name in seen:
-            raise invalid(f"tools[{i}] is named {name!r}, as tools[{seen[name]}] is: tool names must be unique")
-        seen[name] = i
-        schema = fn.get("parameters")
-        if schema is None:
-            continue
-        kind = schema.get("type", "object") if isinstance(schema, dict) else None
-        if not isinstance(schema, dict) or not (kind == "object" or (isinstance(kind, list) and "object" in kind)):
-            got = f"type {kind!r}" if isinstance(schema, dict) else type(schema).__name__
-            raise invalid(f"tools[{i}] ({name!r}): {field} must be the JSON Schema of an object (a call's "
-                          f"arguments are a JSON object), not {got}")
+    """Each tool has a name, no two the same, parameters that are the schema of an object
+    (bubo.chat.request.check_tools)."""
+    with RequestErrors():
+        rq.check_tools(tools, field)
 
 
 # --- tool choice --------------------------------------------------------------------------
 
 
 def check_forced_call_alone(forced: str | None, grammar: OutputSpec | None) -> None:
-    """A forced call (tool_choice required or named) is a grammar of the template's call format; a
-    grammar or response_format constrains the same tokens to something else, so the two together
-    cannot both hold: a 400 rather than a broken call."""
-    if forced is not None and grammar is not None:
-        raise invalid("tool_choice forces a tool call, which grammar/response_format would constrain to something "
-                      "else: send one of them")
+    """A forced call beside an output constraint: a 400 rather than a broken call."""
+    with RequestErrors():
+        rq.check_forced_call_alone(forced, grammar)
 
 
 def check_tool_choice(choice: str | None, tools: list[dict[str, Any]] | None) -> str | None:
     """None (the model decides), REQUIRED, or the name of the function to call (one of tools)."""
-    if choice is None:
-        return None
-    if not tools:
-        raise invalid("tool_choice asks for a tool call, but the request has no tools")
-    if choice != REQUIRED:
-        names = [t["function"]["name"] for t in tools]
-        if choice not in names:
-            raise invalid(f"tool_choice names the function {choice!r}, which is not in tools ({', '.join(names)})")
-    return choice
+    with RequestErrors():
+        return rq.check_tool_choice(choice, tools)
 
 
 def openai_tool_choice(choice: Any, tools: list[dict[str, Any]] | None, named: str | None,
                        shape: str) -> tuple[list[dict[str, Any]] | None, str | None]:
-    """OpenAI's tool_choice ("none", "auto", "required" or a named function; named: the name the
-    dialect's object form gave, or None): (the tools to render, None / REQUIRED / the name). "none"
-    hides the tools. shape: the dialect's object form, for the error."""
-    if choice == "none":
-        return None, None
-    if choice is None or choice == "auto":
-        return tools, None
-    if choice == "required":
-        return tools, check_tool_choice(REQUIRED, tools)
-    if isinstance(named, str):
-        return tools, check_tool_choice(named, tools)
-    raise invalid(f'tool_choice must be "none", "auto", "required" or {shape}')
+    """OpenAI's tool_choice: (the tools to render, None / REQUIRED / the name); "none" hides the
+    tools (bubo.chat.request.openai_tool_choice)."""
+    with RequestErrors():
+        return rq.openai_tool_choice(choice, tools, named, shape)

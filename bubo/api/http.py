@@ -29,6 +29,8 @@ from typing import Any
 import gevent
 from gevent import pywsgi
 
+from bubo.api import logs
+
 log = logging.getLogger("bubo.http")
 
 MIN_BODY_RATE = 64 * 1024  # bytes per second a body must at least arrive at, after header_s
@@ -367,6 +369,18 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
             if isinstance(body, _Input):
                 body.abandoned = True
         return super().start_response(status, headers, exc_info)
+
+    def log_request(self) -> None:
+        """One line per answered request (bubo.api.logs), once its response is written: the
+        model and token counts the app put in the environ (environ["bubo.log"])."""
+        env = getattr(self, "environ", None) or {}
+        raw = self.status or b"-"
+        status = (raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)).split(" ", 1)[0]
+        fields: dict[str, Any] = dict(env.get("bubo.log") or {})
+        fields.update(method=self.command or "-", path=env.get("PATH_INFO") or self.path or "-", status=status,
+                      ms=round(((self.time_finish or time.time()) - self.time_start) * 1000, 1),
+                      client=self.client_address[0] if isinstance(self.client_address, tuple) else "-")
+        logs.request_line(fields)
 
 
 class _HeaderTimeout(BaseException):

@@ -16,11 +16,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
+from flask import has_request_context, request
+
 from bubo._grammar import Grammar
 from bubo.api import errors
-from bubo.api.fields import constraint_error, invalid
-from bubo.chat.constrain import ConstraintError, OutputSpec, check_first_tokens, constrain, in_think_after
+from bubo.api.fields import RequestErrors, invalid
+from bubo.chat import prepare as prep
+from bubo.chat.constrain import OutputSpec
 from bubo.chat.parsers import OutputParser, Part, ToolCall
+from bubo.chat.prepare import Prepared as Prepared
+from bubo.chat.prepare import Prompt as Prompt
 from bubo.engine.generation import LENGTH
 from bubo.engine.protocol import ServingEngine, Stream
 from bubo.engine.types import EngineRefusal, Event, FinishEvent, GenerationRequest, Reason, TokenEvent
@@ -47,89 +52,51 @@ class Conversation:
     output: OutputSpec | None = None  # the answer's own constraint (grammar, response_format, text.format)
 
 
-@dataclass
-class Prompt:
-    text: str
-    tokens: list[int]
-    in_think: bool  # the prompt ends inside <think>
-    spans: list[tuple[int, int]] = field(default_factory=list)  # control-token text from the request: plain
-
-
-@dataclass
-class Prepared:
-    """A chat request ready to submit: its prompt, the grammar of its answer and the parser
-    that reads the answer back into reasoning, content and tool calls."""
-
-    prompt: Prompt
-    grammar: Grammar | None
-    parser: OutputParser | None
-
-
-# --- prepare -----------------------------------------------------------------------------
+# --- prepare (bubo.chat.prepare, shared with the library; its errors become 400s here) -------
 
 
 def render_chat(runtime: Runtime, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                 template_kwargs: Mapping[str, Any], prefill: str | None, specials_in_content: bool = False) -> Prompt:
-    """The prompt: the template's rendering, then the prefill. Control-token text that came
-    from the request (messages, tools, the prefill) is tokenized as text (Runtime.chat_text),
-    unless specials_in_content (the server's --allow-special-in-content)."""
-    from bubo.chat import ChatTemplateError
-
-    try:
-        rendered = runtime.chat_text(messages, tools=tools, specials_in_content=specials_in_content,
-                                     **template_kwargs)
-    except ChatTemplateError as e:
-        raise invalid(str(e)) from None
-    text, spans = rendered.text, list(rendered.spans)
-    in_think = in_think_after(text)
-    if prefill:
-        if not specials_in_content:
-            spans += [(len(text) + a, len(text) + b) for a, b in runtime.control_spans(prefill)]
-        text += prefill
-        # the prefill may open (or close) the reasoning itself
-        seg = ("<think>" if in_think else "") + prefill
-        in_think = seg.rfind("<think>") > seg.rfind("</think>")
-    return Prompt(text, encode(runtime, text, spans=spans), in_think, spans)
+    """The prompt: the template's rendering, then the prefill (bubo.chat.prepare.render_chat).
+    Control-token text that came from the request is tokenized as text, unless
+    specials_in_content (the server's --allow-special-in-content)."""
+    with _PrepareErrors():
+        return prep.render_chat(runtime, messages, tools, template_kwargs, prefill, specials_in_content)
 
 
 def prepare(runtime: Runtime, conv: Conversation, specials_in_content: bool = False) -> Prepared:
     """Render, constrain, tokenize: a Conversation made ready to submit."""
-    prompt = render_chat(runtime, conv.messages, conv.tools, conv.template_kwargs, conv.prefill,
-                         specials_in_content)
-    try:
-        c = constrain(runtime.chat_template_source, spec=conv.output, tools=conv.tools, choice=conv.tool_choice,
-                      parallel=conv.parallel_tool_calls, thinking=conv.thinking, in_think=prompt.in_think)
-        if c.grammar is not None:
-            check_first_tokens(c.grammar, runtime.grammar_vocab(), conv.output if conv.tool_choice is None else None)
-    except ConstraintError as e:
-        raise constraint_error(e) from None
-    return Prepared(prompt, c.grammar, c.parser)
+    with _PrepareErrors():
+        return prep.prepare_chat(runtime, conv.messages, prefill=conv.prefill, tools=conv.tools,
+                                 template_kwargs=conv.template_kwargs, output=conv.output,
+                                 tool_choice=conv.tool_choice, parallel_tool_calls=conv.parallel_tool_calls,
+                                 thinking=conv.thinking, specials_in_content=specials_in_content)
 
 
 def completion_grammar(spec: OutputSpec | None, runtime: Runtime | None = None) -> Grammar | None:
     """A raw completion's grammar (compiled once), or None."""
-    if spec is None:
-        return None
-    try:
-        grammar = constrain(None, spec=spec, chat=False).grammar
-        if grammar is not None and runtime is not None:
-            check_first_tokens(grammar, runtime.grammar_vocab(), spec)
-        return grammar
-    except ConstraintError as e:
-        raise constraint_error(e) from None
+    with _PrepareErrors():
+        return prep.completion_grammar(spec, runtime)
 
 
 def encode(runtime: Runtime, text: str, add_special: bool = True,
            spans: list[tuple[int, int]] | None = None) -> list[int]:
     """Tokenize request text (special-token text parsed, as llama-server does, but for the
-    spans, which stay plain text). JSON can carry a lone UTF-16 surrogate ("\\ud800") that no
-    UTF-8 text holds: a 400, not a crash."""
-    try:
-        return runtime.tokenizer.encode(text, add_special=add_special, parse_special=True,
-                                        text_spans=spans or None)
-    except UnicodeEncodeError as e:
-        raise invalid(f"the request's text holds {e.object[e.start:e.end]!r} at character {e.start} of the "
-                      f"prompt, a lone UTF-16 surrogate that is not valid Unicode text") from None
+    spans, which stay plain text); a lone UTF-16 surrogate is a 400, not a crash."""
+    with _PrepareErrors():
+        return prep.encode(runtime, text, add_special, spans)
+
+
+class _PrepareErrors(RequestErrors):
+    """`with _PrepareErrors():` RequestErrors as 400s with their codes (bubo.api.fields), and a
+    template that fails (or a model without one) as 400 invalid_value."""
+
+    def __exit__(self, kind: object, e: BaseException | None, tb: object) -> None:
+        from bubo.chat import ChatTemplateError
+
+        if isinstance(e, ChatTemplateError):
+            raise invalid(str(e)) from None
+        super().__exit__(kind, e, tb)
 
 
 def prompt_tokens(runtime: Runtime, prompt: str | list[int], name: str = "prompt") -> list[int]:
@@ -146,11 +113,45 @@ def prompt_tokens(runtime: Runtime, prompt: str | list[int], name: str = "prompt
 
 
 def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | None = None) -> Stream:
-    """engine.submit, its refusals as the API's errors (bubo.api.errors.from_reason)."""
+    """engine.submit, its refusals as the API's errors (bubo.api.errors.from_reason); the stream
+    counts its tokens into the request's log line (bubo.api.logs)."""
     try:
-        return engine.submit(req, mem_available=mem_available)
+        stream = engine.submit(req, mem_available=mem_available)
     except EngineRefusal as e:
         raise errors.from_refusal(e) from None
+    if not has_request_context():
+        return stream
+    record = request.environ.setdefault("bubo.log", {})
+    record["prompt_tokens"] = record.get("prompt_tokens", 0) + len(req.prompt)
+    record.setdefault("generated_tokens", 0)
+    return _Counted(stream, record)
+
+
+class _Counted:
+    """A stream that counts the tokens it yields into its request's log record."""
+
+    def __init__(self, stream: Stream, record: dict[str, Any]):
+        self._stream = stream
+        self._record = record
+
+    def __iter__(self) -> Iterator[Event]:
+        return self
+
+    def __next__(self) -> Event:
+        ev = next(self._stream)
+        if isinstance(ev, TokenEvent):
+            self._record["generated_tokens"] += 1
+        return ev
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+
+    def end(self) -> None:
+        self._stream.end()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._stream.cancelled
 
 
 def start_chat(engine: ServingEngine, conv: Conversation, *, stop: list[str] | None = None, n_probs: int = 0,

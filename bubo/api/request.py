@@ -137,7 +137,9 @@ def use_model(name: str) -> ServingEngine:
     except EngineRefusal as e:
         raise errors.from_refusal(e) from None
     held: list[ModelEntry] = g.setdefault("bubo_held", [])
-    held.append(reg.lookup(name))
+    entry = reg.lookup(name)
+    held.append(entry)
+    request.environ.setdefault("bubo.log", {})["model"] = entry.name  # the request's log line
     return engine
 
 

@@ -11,13 +11,17 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import pathlib
 import signal
 import sys
+from typing import Any
 
-from bubo.api import http
+from bubo.api import http, logs
 from bubo.api.config import ServerConfig, is_loopback
 from bubo.api.models_config import model_specs, served_name
 from bubo.engine.registry import ModelEntry, ModelStatus, Registry
+
+say = logs.say
 
 log = logging.getLogger("bubo.serve")
 
@@ -45,7 +49,32 @@ def config_from_args(args: argparse.Namespace, default_name: str | None = None) 
         port=args.port,
         slots_enabled=not args.no_slots,
         allow_special_in_content=args.allow_special_in_content,
+        sampling_defaults=sampling_defaults(args),
+        n_predict=args.n_predict if args.n_predict is not None and args.n_predict > 0 else None,
     )
+
+
+# the sampling flags and the SamplingParams fields they set
+SAMPLING_FLAGS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                  "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
+                  "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed"}
+
+
+def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags given (--temp, --top-k, ...) as SamplingParams fields, checked: a bad
+    value names its flag."""
+    from bubo.sampling import SamplingParams
+
+    given = {field: getattr(args, dest) for dest, field in SAMPLING_FLAGS.items()
+             if getattr(args, dest, None) is not None}
+    for dest, field in SAMPLING_FLAGS.items():
+        if field in given:
+            try:
+                SamplingParams(**{field: given[field]})
+            except (ValueError, TypeError) as e:
+                flag = "--" + dest.replace("_", "-")
+                raise ValueError(f"{flag} {given[field]}: {e}") from None
+    return given
 
 
 def requested_models(args: argparse.Namespace) -> list[str]:
@@ -60,7 +89,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from bubo.api.app import create_app
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    logs.setup(verbose=args.verbose, disabled=args.log_disable, fmt=args.log_format)
     if args.port < 0 or args.port > 65535:
         raise ValueError(f"--port {args.port}: give 0..65535")
     for flag, value, least in (("--parallel", args.parallel, 1), ("--batch-size", args.batch_size, 1),
@@ -68,6 +97,14 @@ def serve(args: argparse.Namespace) -> int:
                                ("--models-max", args.models_max, 0), ("--max-connections", args.max_connections, 1)):
         if value is not None and value < least:
             raise ValueError(f"{flag} {value}: give at least {least}")
+    if args.ctx_size is not None and args.ctx_size < 0:
+        raise ValueError(f"-c {args.ctx_size}: give 0 (the trained context) or a positive number of tokens")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"-t {args.threads}: give a positive number of threads")
+    if args.n_predict is not None and (args.n_predict == 0 or args.n_predict < -1):
+        raise ValueError(f"-n {args.n_predict}: give a positive number of tokens, or -1 for no limit")
+    for note in args.habit_notes:
+        log.info("%s", note)
     for flag, seconds in (("--timeout", args.timeout), ("--header-timeout", args.header_timeout),
                           ("--keepalive-timeout", args.keepalive_timeout)):
         if not seconds > 0:
@@ -83,6 +120,8 @@ def serve(args: argparse.Namespace) -> int:
     delay = float(os.environ.get("BUBO_DEBUG_LOAD_DELAY_S", "0") or 0) if debug else 0.0
     args.models = requested_models(args)
     specs = model_specs(args, delay)
+    if len(specs) == 1:
+        check_model(specs[0].source)  # one model that cannot load: say why and exit 1, before listening
     registry = Registry(specs, models_max=args.models_max, autoload=not args.no_models_autoload,
                         sleep_idle_s=args.sleep_idle_seconds)
     router = registry.is_router
@@ -103,25 +142,26 @@ def serve(args: argparse.Namespace) -> int:
     config.port = port
     registry.start()
     url = f"http://{host if ':' not in host else '[' + host + ']'}:{port}"
-    print(f"bubo serve: listening on {url}", flush=True)
+    say(f"listening on {url}", url=url)
     threads = specs[0].settings.n_threads or os.cpu_count() or 1
     if router:
-        print(f"bubo serve: {len(specs)} models (router mode; at most {args.models_max or 'any number of'} loaded "
-              f"at once{', loaded on request' if not args.no_models_autoload else ''}): "
-              + ", ".join(f"{s.name} ({s.source})" for s in specs), flush=True)
+        say(f"{len(specs)} models (router mode; at most {args.models_max or 'any number of'} loaded "
+            f"at once{', loaded on request' if not args.no_models_autoload else ''}): "
+            + ", ".join(f"{s.name} ({s.source})" for s in specs))
     else:
-        print(f"bubo serve: model {specs[0].source} as '{config.served_model_name}' (also: "
-              f"{', '.join(config.model_names[1:])}), loading", flush=True)
-    print(f"bubo serve: threads {threads}; context "
-          f"{args.ctx_size if args.ctx_size else 'the trained context, capped by memory'}"
-          f"{'; API key required' if config.api_keys else ''}; at most {limits.max_connections} connections",
-          flush=True)
+        say(f"model {specs[0].source} as '{config.served_model_name}' (also: "
+            f"{', '.join(config.model_names[1:])}), loading", model=config.served_model_name)
+    ctx = {None: "the trained context, capped by memory", 0: "the trained context"}.get(args.ctx_size, args.ctx_size)
+    say(f"threads {threads}; context {ctx}"
+        f"{'; API key required' if config.api_keys else ''}; at most {limits.max_connections} connections")
     routes = sorted({r.rule for r in app.url_map.iter_rules() if r.endpoint != "static"})
-    print("bubo serve: routes " + " ".join(routes), flush=True)
+    log.debug("routes %s", " ".join(routes))
+    say(f"the routes: {url}/openapi.json", docs=f"{url}/openapi.json")
     for entry in registry.entries:
         if entry.status is ModelStatus.FAILED:
-            print(f"bubo serve: model {entry.name} cannot be served: {entry.failure}", flush=True)
-    watcher = gevent.spawn(_report_loads, registry)
+            say(f"model {entry.name} cannot be served: {entry.failure}")
+    failed: list[str] = []
+    watcher = gevent.spawn(_report_loads, registry, None if router else (server, failed))
 
     drain = Drain(server, registry, config, args.drain_timeout)
     # the handlers must stay referenced: a collected watcher no longer fires
@@ -133,8 +173,34 @@ def serve(args: argparse.Namespace) -> int:
         registry.stop()
         for h in handlers:
             h.cancel()
-    print("bubo serve: stopped", flush=True)
+    if failed:
+        # one model and it cannot be served: the process must not look healthy (systemd, docker)
+        print(f"bubo serve: error: {failed[0]}", file=sys.stderr, flush=True)
+        return 1
+    say("stopped")
     return 0
+
+
+def check_model(source: str) -> None:
+    """Raise, naming the problem, when `source` (a path or a catalog name) cannot be served: a
+    missing file, a file that is not GGUF or holds an architecture or block type bubo does not
+    run, an unknown catalog name. A catalog model not stored yet passes (its load pulls it)."""
+    from bubo import store
+    from bubo.gguf import GGUFFile, check_model_file
+
+    path = pathlib.Path(source)
+    if path.is_dir():
+        raise ValueError(f"-m {source}: a folder, not a model file (serve every model in it with --models-dir)")
+    if not path.is_file():
+        if path.suffix == ".gguf" or os.sep in source:
+            raise FileNotFoundError(f"-m {source}: no such file")
+        store.catalog_entry(source)  # an unknown name raises, listing the catalog's
+        return
+    try:
+        with GGUFFile(path) as f:
+            check_model_file(f)
+    except OSError as e:
+        raise ValueError(f"-m {source}: cannot read it: {e.strerror or e}") from None
 
 
 class Drain:
@@ -160,7 +226,7 @@ class Drain:
             gevent.spawn(self._drain)
         elif self.phase == "draining":
             self.phase = "ending"
-            print("bubo serve: second signal: ending the requests in flight now", flush=True)
+            say("second signal: ending the requests in flight now")
 
     def _busy(self) -> int:
         # a request still arriving counts: it gets its answer (503 shutting_down) when it is in
@@ -179,24 +245,26 @@ class Drain:
         self.config.draining = True
         self.server.stop_accepting()  # no new connections (serve_forever goes on until stop) ...
         self.server.socket.close()  # ... and none waiting in the backlog: a new client is refused at once
-        print(f"bubo serve: draining: {self._busy()} requests in flight, up to {self.timeout_s:g} s", flush=True)
+        say(f"draining: {self._busy()} requests in flight, up to {self.timeout_s:g} s")
         deadline = time.monotonic() + self.timeout_s
         while self._busy() and self.phase == "draining" and time.monotonic() < deadline:
             self._drop_idle()
             gevent.sleep(0.05)
         left = self._busy()
         if left:
-            print(f"bubo serve: ending {left} requests in flight", flush=True)
+            say(f"ending {left} requests in flight")
         self.registry.stop()  # the engines end what is left: an error event in every stream
         deadline = time.monotonic() + self.FLUSH_S
         while self._busy() and time.monotonic() < deadline:
             gevent.sleep(0.05)
-        print("bubo serve: stopping", flush=True)
+        say("stopping")
         self.server.stop(timeout=1)
 
 
-def _report_loads(registry: Registry) -> None:
-    """Print each load's outcome (the first one as `ready:`, as with one model)."""
+def _report_loads(registry: Registry, single: tuple[http.Server, list[str]] | None) -> None:
+    """Say each load's outcome (the first one as `ready:`, as with one model). One model
+    (`single`: the server and a list for the failure) that fails to load stops the server: the
+    failure is put in the list and serve() exits 1."""
     import gevent
 
     seen: dict[str, tuple[ModelStatus, int]] = {}
@@ -205,17 +273,29 @@ def _report_loads(registry: Registry) -> None:
             now = (e.status, e.n_loads)
             if seen.get(e.name) != now:
                 seen[e.name] = now
+                if single is not None and e.status is ModelStatus.FAILED:
+                    server, failed = single
+                    failed.append(f"the model {e.name} cannot be served: {e.failure}")
+                    server.stop(timeout=1)
+                    return
                 _report(e, registry.is_router)
         gevent.sleep(0.1)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
 
 
 def _report(e: ModelEntry, router: bool) -> None:
     eng = e.engine
     who = f" {e.name}" if router else ""
     if e.status is ModelStatus.LOADED and eng is not None:
-        print(f"bubo serve: ready{who}: {eng.model_path}, context {eng.n_ctx} tokens "
-              f"(trained {eng.n_ctx_train}) shared by {eng.n_parallel} slots", flush=True)
+        took = f" in {eng.load_s:.1f} s" if eng.load_s is not None else ""
+        say(f"ready{who}: {eng.model_path}{took}; weights {_mib(eng.weights_bytes)}, KV cache {_mib(eng.kv_bytes)}; "
+            f"context {eng.n_ctx} tokens (trained {eng.n_ctx_train}) shared by {eng.n_parallel} slots; "
+            f"{eng.n_threads} threads", model=e.name, load_s=eng.load_s, weights_bytes=eng.weights_bytes,
+            kv_bytes=eng.kv_bytes, n_ctx=eng.n_ctx, n_parallel=eng.n_parallel, n_threads=eng.n_threads)
     elif e.status is ModelStatus.FAILED and eng is not None:
-        print(f"bubo serve: the model{who} failed to load: {e.failure}", flush=True)
+        say(f"the model{who} failed to load: {e.failure}")
     elif router and e.status in (ModelStatus.SLEEPING, ModelStatus.UNLOADED) and e.n_loads:
-        print(f"bubo serve: model {e.name} {e.status.value}", flush=True)
+        say(f"model {e.name} {e.status.value}")

@@ -25,7 +25,7 @@ from bubo.chat.parsers import OutputParser, ToolBook, template_opens_think, tool
 from bubo.chat.schema import JSON_OBJECT_GBNF, SchemaError, schema_to_gbnf
 from bubo.chat.thinking import answer_grammar, template_thinks
 from bubo.chat.tools import ToolSchemaError, call_grammar
-from bubo.errors import UnsupportedError
+from bubo.errors import RequestError, UnsupportedError
 
 __all__ = ["Constrained", "ConstraintError", "OutputSpec", "REQUIRED", "constrain", "gbnf_spec", "in_think_after",
            "json_object_spec", "schema_spec"]
@@ -36,13 +36,8 @@ UNSUPPORTED = "unsupported_schema"
 INVALID_GRAMMAR = "invalid_grammar"
 
 
-class ConstraintError(ValueError):
+class ConstraintError(RequestError):
     """A request's output constraint cannot be built; code is the API's error code."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ _FENCE_HEAD = re.compile(r"```(?:([A-Za-z]+)\s+|\s+|(?=[^A-Za-z\s]))(\S)")
 
 @dataclass
 class ToolCall:
+    """One call of a function tool: its name, its arguments as JSON text (as OpenAI sends them)
+    and its id (a fresh "call_..." unless the model wrote one)."""
+
     name: str
     arguments: str  # a JSON text, as OpenAI sends it
     id: str = ""
@@ -48,6 +51,23 @@ class ToolCall:
     def __post_init__(self) -> None:
         if not self.id:
             self.id = new_call_id()
+
+    @property
+    def parsed_arguments(self) -> dict[str, Any]:
+        """The arguments as a dict (ValueError if the model wrote arguments that are no JSON
+        object: only a call in the template's own markup is taken without checking them)."""
+        try:
+            value = json.loads(self.arguments) if self.arguments.strip() else {}
+        except ValueError as e:
+            raise ValueError(f"the arguments of the call to {self.name!r} are not valid JSON ({e}): "
+                             f"{self.arguments!r}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"the arguments of the call to {self.name!r} are not a JSON object: {self.arguments!r}")
+        return value
+
+    def to_dict(self) -> dict[str, Any]:
+        """OpenAI's shape: {"id", "type": "function", "function": {"name", "arguments"}}."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
 @dataclass

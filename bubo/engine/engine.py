@@ -227,8 +227,8 @@ class Engine:
                  chat_template: str | None = None, load_delay_s: float = 0.0,
                  n_parallel: int | None = None, n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
                  queue_size: int | None = None):
-        if n_ctx is not None and n_ctx <= 0:
-            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+        if n_ctx is not None and n_ctx < 0:
+            raise ValueError(f"n_ctx must be 0 (the trained context) or positive, got {n_ctx}")
         if n_threads is not None and n_threads <= 0:
             raise ValueError(f"n_threads must be positive, got {n_threads}")
         if n_parallel is not None and not 1 <= n_parallel <= MAX_PARALLEL:
@@ -253,6 +253,8 @@ class Engine:
         self.runtime: Runtime | None = None  # once loaded; None again once stopped
         self.kv: KVCache | None = None  # the slots' shared KV cache
         self.weights_bytes = 0  # the model file's size, once loaded
+        self.kv_bytes = 0  # the KV cache's K and V storage at full capacity, once loaded
+        self.load_s: float | None = None  # how long the last load took
         self.info: ModelInfo | None = None  # once loaded; kept once stopped
         self.ready = False
         self.load_error: str | None = None
@@ -330,7 +332,7 @@ class Engine:
             self._release()
             return
         self.ready = True
-        log.info("model ready: %s (context %d tokens shared by %d slots, %d threads)", self.model_name,
+        log.debug("model ready: %s (context %d tokens shared by %d slots, %d threads)", self.model_name,
                  self.n_ctx, self.n_parallel, self.n_threads)
         sched = self._sched
         assert sched is not None
@@ -365,6 +367,7 @@ class Engine:
 
         if self._load_delay_s > 0:
             time.sleep(self._load_delay_s)
+        t0 = time.monotonic()
         path = store.resolve(self.model_name)
         runtime = Runtime(path, n_threads=self.n_threads, chat_template=self._chat_template_override,
                           name=self.model_name)
@@ -385,8 +388,10 @@ class Engine:
         self._sched = Scheduler(runtime, self.kv, self.n_parallel, n_step, self.n_ctx, self._memory_short)
         self.model_path = str(path)
         self.weights_bytes = os.path.getsize(path)
+        self.kv_bytes = self.kv.nbytes
         self.info = _model_info(runtime, self.n_ctx, self.n_ctx_train, self.n_parallel)
         runtime.control_spans("")  # the control tokens' texts, found once here rather than in a request
+        self.load_s = time.monotonic() - t0
         self.runtime = runtime
 
     # --- requests ----------------------------------------------------------------------
@@ -574,6 +579,9 @@ def _spare_seq(sched: Scheduler) -> int:
     return 0
 
 
+DEFAULT_N_CTX = 4096  # a model that does not say its trained context
+
+
 def _context_size(md: dict[str, Any], requested: int | None) -> tuple[int | None, int]:
     """(trained context, context to use): the request if given (even past the trained one, as
     llama-server allows; memory is checked per request), else the trained context capped so the
@@ -581,9 +589,11 @@ def _context_size(md: dict[str, Any], requested: int | None) -> tuple[int | None
     arch = md.get("general.architecture", "")
     train = md.get(f"{arch}.context_length")
     train = int(train) if isinstance(train, int) and train > 0 else None
+    if requested == 0:  # llama-server's -c 0: the trained context, whatever the memory
+        return train, train or DEFAULT_N_CTX
     if requested is not None:
         return train, requested
-    n_ctx = train or 4096
+    n_ctx = train or DEFAULT_N_CTX
     n_layer = int(md.get(f"{arch}.block_count") or 0)
     n_head = int(md.get(f"{arch}.attention.head_count") or 0)
     n_head_kv = md.get(f"{arch}.attention.head_count_kv") or n_head

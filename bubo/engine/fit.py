@@ -2,14 +2,14 @@
 ending when the tokens left get close to what its grammar needs to finish.
 
 The grammar matcher knows, for its state, the fewest bytes that finish the text and one such
-completion (Matcher.shortest). Before a sampled token is taken, Fit checks that the text after it
-can still be finished within the tokens left, one of them kept for the end-of-generation token;
-a token that cannot is set aside and the sampler asked again. When it keeps choosing such
-tokens the answer follows a shortest completion to its end: the model chooses among the tokens
-that spell the completion's next bytes (those after which the rest still fits), so the answer
-ends, parses and is still the model's where it had a choice. The check runs at every step, so
-a token that opens something long (a key whose value must be long) is refused while there is
-still room to refuse it.
+completion (Matcher.shortest). Before a sampled token is taken, Fit checks that the text after
+it is complete (while nothing was steered), or can still be finished within the tokens left,
+one of them kept for the end-of-generation token; a token that cannot is set aside and the
+sampler asked again. When it keeps choosing such tokens the answer follows a shortest
+completion to its end: the model chooses among the tokens that spell the completion's next
+bytes (those after which the rest still fits), so the answer ends, parses and is still the
+model's where it had a choice. The check runs at every step, so a token that opens something
+long (a key whose value must be long) is refused while there is still room to refuse it.
 
 No peer does this; a request that ran out of tokens inside its JSON gets text that does not
 parse. FinishEvent.steered tells the routes, which say so in their responses.
@@ -69,11 +69,17 @@ class Fit:
         self.steered = False  # a sampled token was refused, or the plan followed
 
     def fits(self, after: Matcher, left: int) -> bool:
-        """Can the text in state `after` be finished, with its end-of-generation token, in
-        `left` tokens?"""
+        """Can the text in state `after` be finished in `left` tokens? A complete text fits as
+        it is while nothing was steered (the budget may end it there, as it would end an
+        answer without a grammar: free text after a closed think block, say); an unfinished one,
+        or any text once the answer was steered, needs its shortest completion and the
+        end-of-generation token after it, so that a steered answer ends as the model's own
+        answers do (not with whitespace up to the limit)."""
         n = after.shortest_len
         if n is None:
             return False
+        if n == 0 and not self.steered:
+            return True
         if n + 1 <= left and self.index.every_byte:
             return True
         text = after.shortest()

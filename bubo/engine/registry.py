@@ -462,11 +462,18 @@ def _weights_bytes(source: str) -> int | None:
         pass
     from bubo import store
 
-    entry = store.CATALOG.get(source)
-    return entry.size if entry is not None else None
+    try:
+        name = store.catalog_name(source)
+    except store.UnknownModelError:
+        return None
+    return store.CATALOG[name].size if name is not None else None
 
 
 def _is_path(source: str) -> bool:
+    """A file's path rather than a catalog name (smollm2:135m, or smollm2 for its default tag)."""
     from bubo import store
 
-    return source not in store.CATALOG
+    try:
+        return store.catalog_name(source) is None
+    except store.UnknownModelError:
+        return False  # a catalog family with an unknown tag: resolving it at load names the tags

@@ -25,7 +25,7 @@ from bubo import store
 
 MODEL = "smollm2:135m"
 START_TIMEOUT_S = 120.0  # a cold start may rebuild the editable install first
-_URL = re.compile(r"listening on (http://\S+)")
+_URL = re.compile(r"listening on (http://[^\s\"]+)")
 
 
 class Server:

@@ -77,7 +77,7 @@ def test_debug_hooks_need_a_loopback_host():
         assert any("--debug-hooks ignored" in line for line in s.log)
 
 
-def test_startup_log_says_address_model_context_threads_routes(keyed):
+def test_startup_log_says_address_model_context_threads_docs(keyed):
     deadline = time.monotonic() + 10
     while not any("ready:" in line for line in keyed.log) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -86,7 +86,7 @@ def test_startup_log_says_address_model_context_threads_routes(keyed):
     assert "as 'smollm2:135m' (also: bubo)" in log
     assert "threads 2" in log and "context 2048 tokens (trained 8192)" in log
     assert "API key required" in log
-    assert "routes /apply-template" in log and "/v1/models" in log
+    assert f"the routes: {keyed.url}/openapi.json" in log
 
 
 def test_sigterm_stops_the_server_cleanly():

@@ -197,3 +197,25 @@ def test_the_validator_agrees_with_jsonschema(instance, schema, ok):
     v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
     assert v.is_valid(instance) == ok
     assert (first_error(instance, schema) is None) == ok
+
+
+@pytest.mark.models
+def test_a_template_that_shows_no_tools_gets_the_generic_prompt_and_says_so_once(catalog_model, caplog):
+    import logging
+
+    from bubo.runtime import Runtime
+
+    smol = Runtime(catalog_model("smollm2:135m"), n_threads=1)
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    with caplog.at_level(logging.INFO, logger="bubo.runtime"):
+        with_tools = smol.chat_text(ask, tools=[WEATHER]).text
+        again = smol.chat_text(ask, tools=[WEATHER, ADD]).text
+    assert sum("generic tool prompt" in r.getMessage() for r in caplog.records) == 1
+    assert not smol.template_shows_tools()
+    # smollm2's own template renders the same text with or without tools; bubo's section lists them
+    assert smol.chat_prompt(ask, tools=[WEATHER]) == smol.chat_prompt(ask)
+    assert '"name": "get_weather"' in with_tools and "To call a function, answer with only a JSON object" in with_tools
+    assert '"name": "add"' in again and with_tools != smol.chat_text(ask).text
+    qwen = Runtime(catalog_model("qwen2.5-coder:0.5b"), n_threads=1)
+    assert qwen.template_shows_tools()
+    assert "To call a function, answer with only" not in qwen.chat_text(ask, tools=[WEATHER]).text

@@ -8,8 +8,10 @@ from typing import Any
 from bubo.api import fields as f
 from bubo.api.fields import invalid
 from bubo.api.llamacpp.shapes import timings_json
-from bubo.api.pipeline import Conversation, Output, Prompt, render_chat, steered
+from bubo.api.pipeline import Conversation, Output, render_chat, steered
 from bubo.chat.parsers import Part, ToolCall
+from bubo.chat.prepare import Prompt
+from bubo.chat.request import assistant_message, chat_finish_reason
 from bubo.engine.types import FinishEvent, TokenEvent
 from bubo.runtime import Runtime
 
@@ -83,12 +85,12 @@ def cache_details(fin: FinishEvent, key: str) -> dict[str, Any]:
 
 def finish_reason(fin: FinishEvent, n_calls: int) -> str:
     """"tool_calls" when the answer made calls, but "length" when max_tokens cut it (its
-    complete calls are kept, the cut one dropped)."""
-    return "tool_calls" if n_calls and fin.reason != "length" else fin.reason
+    complete calls are kept, the cut one dropped): bubo.chat.request.chat_finish_reason."""
+    return chat_finish_reason(fin.reason, n_calls)
 
 
 def tool_call_json(call: ToolCall) -> dict[str, Any]:
-    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    return call.to_dict()
 
 
 def logprob_entry(piece: bytes, logprob: float, top: list[tuple[bytes, float]]) -> dict[str, Any]:
@@ -103,12 +105,7 @@ def chat_response(*, id: str, created: int, model: str, out: Output,
                   logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
     fin = out.finish
     assert fin is not None
-    message: dict[str, Any] = {"role": "assistant"}
-    if out.reasoning:
-        message["reasoning_content"] = out.reasoning
-    message["content"] = out.content if (out.content or not out.tool_calls) else None
-    if out.tool_calls:
-        message["tool_calls"] = [tool_call_json(c) for c in out.tool_calls]
+    message = assistant_message(out.reasoning, out.content, out.tool_calls)
     return {
         "id": id,
         "object": "chat.completion",

@@ -53,7 +53,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     if "max_tokens" in body:
         max_tokens = f.max_tokens_of(body, "max_tokens")
     else:
-        max_tokens = DEFAULT_MAX_TOKENS
+        max_tokens = f.server_defaults()[1] or DEFAULT_MAX_TOKENS
     lp = body.get("logprobs")
     if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 5):
         raise invalid(f"logprobs must be an integer from 0 to 5, got {lp!r}")

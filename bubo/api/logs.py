@@ -1,0 +1,94 @@
+"""The server's output: the start-up lines on stdout, the log (one line per request, warnings,
+errors) on stderr, as text or as JSON lines (`--log-format json`), more with `-v`, none with
+`--log-disable` (a fatal error still says why on stderr: that is the exit's reason, not a log).
+
+    bubo serve: listening on http://127.0.0.1:8080              (stdout, `say`)
+    2026-12-01 21:40:27 INFO bubo.request: POST /v1/chat/completions 200 model=smollm2:135m
+        prompt=25 generated=12 431 ms                          (stderr, one line per request)
+
+Routes that are polled (/health, /ready, /metrics, /slots, /props, /v1/models) log at DEBUG:
+shown with -v, so that a health check every second does not fill the log."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+log = logging.getLogger("bubo.request")
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+POLLED = frozenset({"/health", "/ready", "/metrics", "/slots", "/props", "/v1/models", "/models", "/"})
+# the fields of a request's line, in order (JSON: keys of their own)
+REQUEST_FIELDS = ("method", "path", "status", "model", "prompt_tokens", "generated_tokens", "ms", "client")
+
+
+class _State:
+    fmt = "text"
+    disabled = False
+
+
+def setup(*, verbose: bool = False, disabled: bool = False, fmt: str = "text") -> None:
+    """Configure the process's logging (once, at start)."""
+    if fmt not in ("text", "json"):
+        raise ValueError(f"--log-format {fmt}: give text or json")
+    _State.fmt = fmt
+    _State.disabled = disabled
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT, "%Y-%m-%d %H:%M:%S"))
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for noisy in ("werkzeug", "geventwebsocket"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.disable(logging.CRITICAL if disabled else logging.NOTSET)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts (ISO 8601, UTC), level, logger, msg, and a request line's
+    fields (method, path, status, model, prompt_tokens, generated_tokens, ms, client)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage(),
+        }
+        for key in REQUEST_FIELDS:
+            if key in record.__dict__:
+                out[key] = record.__dict__[key]
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def say(msg: str, **fields: Any) -> None:
+    """A start-up or life-cycle line on stdout ("bubo serve: ..."; JSON with --log-format json)."""
+    if _State.disabled:
+        return
+    if _State.fmt == "json":
+        line = json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "level": "info",
+                           "logger": "bubo.serve", "msg": msg, **fields}, ensure_ascii=False)
+    else:
+        line = f"bubo serve: {msg}"
+    print(line, flush=True)
+
+
+def request_line(fields: dict[str, Any]) -> None:
+    """Log one finished request: `fields` has REQUEST_FIELDS (model and token counts when the
+    request generated)."""
+    level = logging.DEBUG if fields.get("path") in POLLED else logging.INFO
+    if not log.isEnabledFor(level):
+        return
+    parts = [str(fields.get("method", "-")), str(fields.get("path", "-")), str(fields.get("status", "-"))]
+    if fields.get("model"):
+        parts.append(f"model={fields['model']}")
+    if fields.get("prompt_tokens") is not None:
+        parts.append(f"prompt={fields['prompt_tokens']} generated={fields.get('generated_tokens', 0)}")
+    parts.append(f"{fields.get('ms', 0):.0f} ms")
+    if fields.get("client"):
+        parts.append(f"client={fields['client']}")
+    log.log(level, " ".join(parts), extra={k: fields[k] for k in REQUEST_FIELDS if k in fields})

@@ -1,0 +1,1164 @@
+"""The server's own description: `GET /openapi.json` (OpenAPI 3.1) and `GET /` (what is running).
+
+The document is built here, in Python, from the same names and limits the validators use
+(bubo/api/fields.py, bubo.sampling.SamplingParams, bubo/api/errors.py), for one server: the
+routes it has (the /debug/* routes only with --debug-hooks on a loopback address), the model
+names its requests may use, and the 401 answers and security schemes only when it has API keys.
+tests/api/test_openapi.py checks it against the app's routes, validates it, and runs
+schemathesis against a real server with it.
+
+Request bodies describe what the routes accept (a field the server ignores is allowed too: an
+unknown field is not an error); responses describe the shapes the routes return, exactly
+(`additionalProperties: false`), with every error status and the shape of each dialect's errors.
+A streamed answer (`"stream": true`) is `text/event-stream`: its `schema` describes one event
+(`event`, `data`), the data's JSON in `contentSchema`, as OpenAPI 3.2's `itemSchema` does.
+
+`GET /` needs no API key (as llama-server's and Ollama's `/`): a browser must be able to open it
+before it has a key. Without a valid key on a server that has keys, it says only that bubo is
+running, that a key is needed and where the description is; the model names are for clients
+with the key, as on every other route."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from flask import Blueprint, Response, current_app, jsonify, request
+
+import bubo
+from bubo.api import errors
+from bubo.api import fields as f
+from bubo.api.auth import check_api_key
+from bubo.api.config import ServerConfig
+from bubo.api.openai.completions import DEFAULT_MAX_TOKENS
+from bubo.chat import request as rq
+from bubo.engine.registry import DEFAULT_NAME, Registry
+
+blueprint = Blueprint("openapi", __name__)
+
+# routes that answer without an API key (the app's auth hook skips them)
+PUBLIC_PATHS = frozenset({"/"})
+
+INT32_MAX = f.INT32_MAX
+FLT_MAX = f.FLT_MAX
+UINT64_MAX = 2**64 - 1
+MAX_TOP_LOGPROBS = 20  # bubo/api/openai/chat.py
+MAX_COMPLETION_LOGPROBS = 5  # bubo/api/openai/completions.py
+
+JSON = "application/json"
+SSE = "text/event-stream"
+METRICS_TYPE = "text/plain; version=0.0.4"
+
+Schema = dict[str, Any]
+
+
+# --- schema helpers --------------------------------------------------------------------------
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def obj(props: dict[str, Schema], required: tuple[str, ...] | list[str] = (), *, closed: bool = True,
+        **extra: Any) -> Schema:
+    """An object schema; closed: no other properties (every response shape), open: other fields
+    are ignored (every request body)."""
+    out: Schema = {"type": "object", "properties": props}
+    if required:
+        out["required"] = list(required)
+    if closed:
+        out["additionalProperties"] = False
+    out.update(extra)
+    return out
+
+
+def arr(items: Schema, **extra: Any) -> Schema:
+    return {"type": "array", "items": items, **extra}
+
+
+def nullable(s: Schema) -> Schema:
+    return {"anyOf": [s, {"type": "null"}]}
+
+
+def const(v: Any) -> Schema:
+    return {"const": v}
+
+
+def enum(*values: Any) -> Schema:
+    return {"enum": list(values)}
+
+
+def desc(s: Schema, text: str) -> Schema:
+    return {**s, "description": text}
+
+
+STR: Schema = {"type": "string"}
+INT: Schema = {"type": "integer"}
+NUM: Schema = {"type": "number"}
+BOOL: Schema = {"type": "boolean"}
+NAT: Schema = {"type": "integer", "minimum": 0}
+OPT_BOOL: Schema = {"type": ["boolean", "null"]}
+ANY_OBJECT: Schema = {"type": "object"}
+
+
+def number(lo: float = -FLT_MAX, hi: float = FLT_MAX, *, exclusive_lo: bool = False) -> Schema:
+    """A sampling number: a finite double that fits the native sampler's C float."""
+    out: Schema = {"type": ["number", "null"], "maximum": hi}
+    out["exclusiveMinimum" if exclusive_lo else "minimum"] = lo
+    return out
+
+
+def integer(lo: int, hi: int) -> Schema:
+    return {"type": ["integer", "null"], "minimum": lo, "maximum": hi}
+
+
+# --- request fields (bubo/api/fields.py, bubo.sampling.SamplingParams) -----------------------
+
+# every SamplingParams field a request may set, under llama-server's names, with the bounds
+# SamplingParams._validate (and fields.sampling_params: |x| <= FLT_MAX) enforces; null: the default
+SAMPLING: dict[str, Schema] = {
+    "temperature": desc(number(), "<= 0 is greedy (default 0.8)"),
+    "dynatemp_range": number(0.0),
+    "dynatemp_exponent": number(0.0),
+    "top_k": desc(integer(-INT32_MAX, INT32_MAX), "<= 0 keeps every token (default 40)"),
+    "top_p": desc(number(0.0, 1.0), "1 is off (default 0.95)"),
+    "min_p": desc(number(0.0, 1.0), "0 is off (default 0.05)"),
+    "typical_p": number(0.0, 1.0),
+    "top_n_sigma": desc(number(), "<= 0 is off"),
+    "min_keep": integer(0, INT32_MAX),
+    "xtc_probability": number(0.0, 1.0),
+    "xtc_threshold": number(0.0, 1.0),
+    "repeat_penalty": desc(number(0.0, exclusive_lo=True), "1 is off"),
+    "repeat_last_n": desc(integer(-1, INT32_MAX), "-1: the context size, 0: off"),
+    "presence_penalty": number(),
+    "frequency_penalty": number(),
+    "dry_multiplier": number(0.0),
+    "dry_base": number(1.0),
+    "dry_allowed_length": integer(0, INT32_MAX),
+    "dry_penalty_last_n": desc(integer(-1, INT32_MAX), "-1: the context size, 0: off"),
+    "dry_sequence_breakers": {"type": ["array", "null"], "items": {"type": "string", "minLength": 1}},
+    "mirostat": desc(integer(0, 2), "0 off, 1 Mirostat, 2 Mirostat 2.0"),
+    "mirostat_tau": number(0.0),
+    "mirostat_eta": number(0.0),
+    "seed": desc(integer(-1, UINT64_MAX), "-1: a random seed"),
+    "logit_bias": desc(
+        {"anyOf": [
+            {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+             "additionalProperties": {"anyOf": [{"type": "number", "minimum": -FLT_MAX, "maximum": FLT_MAX},
+                                                const(False)]}},
+            arr({"type": "array", "prefixItems": [NAT, {"anyOf": [NUM, const(False)]}], "minItems": 2,
+                 "maxItems": 2}),
+            {"type": "null"},
+        ]},
+        "{token id: bias} (OpenAI) or [[token id, bias], ...] (llama-server); a bias of false bans the token. "
+        "A token id outside the vocabulary is a 400."),
+}
+
+MAX_TOKENS: Schema = desc(
+    {"anyOf": [{"type": "integer", "minimum": 1, "maximum": INT32_MAX}, const(-1), {"type": "null"}]},
+    "the most tokens to generate; -1 or null: until the model stops or the context is full; absent: the "
+    "server's -n if it has one, else the same")
+STOP: Schema = {"anyOf": [STR, arr(STR), {"type": "null"}]}
+REASONING_EFFORT: Schema = {"enum": [*rq.REASONING_EFFORTS, None]}
+THINKING: Schema = desc(
+    {"anyOf": [obj({"type": enum("enabled", "disabled", "adaptive"), "budget_tokens": {}}, ["type"], closed=False),
+               {"type": "null"}]},
+    "thinking is on unless a field turns it off")
+TEMPLATE_KWARGS: Schema = desc(
+    {"type": ["object", "null"],
+     "properties": {"enable_thinking": BOOL, "reasoning_effort": REASONING_EFFORT},
+     "propertyNames": {"not": {"enum": sorted(rq.RESERVED_TEMPLATE_KWARGS)}}},
+    "extra variables of the chat template; reasoning_effort, thinking and these must agree on whether the "
+    "model thinks (else a 400 naming them)")
+
+TEXT_PART: Schema = obj({"type": enum("text", "input_text", "output_text"), "text": STR}, ["type", "text"],
+                        closed=False)
+CONTENT: Schema = desc({"anyOf": [STR, arr({"anyOf": [STR, TEXT_PART]}), {"type": "null"}]},
+                       "text, or text parts (joined); image, audio and file parts are a 400 on a text model")
+
+JSON_SCHEMA_FIELD: Schema = desc(
+    {"type": "object"},
+    "a JSON Schema; the answer is constrained to its instances. A keyword that cannot be enforced is a 400 "
+    "unsupported_schema naming its JSON pointer")
+RESPONSE_FORMAT: Schema = desc(
+    {"anyOf": [
+        obj({"type": const("text")}, ["type"], closed=False),
+        obj({"type": const("json_object"), "schema": nullable(JSON_SCHEMA_FIELD)}, ["type"], closed=False),
+        obj({"type": const("json_schema"),
+             "json_schema": obj({"name": STR, "schema": JSON_SCHEMA_FIELD, "strict": OPT_BOOL, "description": STR},
+                                ["schema"], closed=False)},
+            ["type", "json_schema"], closed=False),
+        obj({"type": const("json_schema"), "schema": JSON_SCHEMA_FIELD}, ["type", "schema"], closed=False),
+        {"type": "null"},
+    ]},
+    "json_object: any JSON object (or the instances of its schema); json_schema: the instances of "
+    "json_schema.schema (enforced whatever strict says). One of grammar, json_schema, response_format")
+OUTPUT_FIELDS: dict[str, Schema] = {
+    "grammar": desc({"type": ["string", "null"]}, "GBNF rules (llama.cpp's); a syntax error is a 400 invalid_grammar"),
+    "json_schema": desc(nullable(JSON_SCHEMA_FIELD), "llama-server's: the answer is an instance of this schema"),
+}
+
+FUNCTION_TOOL: Schema = obj({
+    "type": const("function"),
+    "function": obj({"name": {"type": "string", "minLength": 1}, "description": STR,
+                     "parameters": desc({"type": "object"}, "the JSON Schema of the arguments, an object"),
+                     "strict": OPT_BOOL}, ["name"], closed=False),
+}, ["function"], closed=False)
+TOOLS_NOTE = "tool names must be unique"
+
+
+def sampling_props() -> dict[str, Schema]:
+    return dict(SAMPLING)
+
+
+def chat_message() -> Schema:
+    call = obj({"id": {"type": ["string", "null"]}, "type": const("function"),
+                "function": obj({"name": STR, "arguments": {"anyOf": [STR, ANY_OBJECT]}}, ["name"], closed=False)},
+               ["function"], closed=False)
+    return obj({
+        "role": enum(*rq.ROLES),
+        "content": CONTENT,
+        "name": STR,
+        "tool_calls": desc({"anyOf": [arr(call), {"type": "null"}]}, "assistant messages: the calls it made"),
+        "reasoning_content": desc(STR, "assistant messages: the reasoning shown to the template"),
+        "tool_call_id": desc({"type": ["string", "integer", "null"]}, "tool messages: the call answered"),
+    }, ["role"], closed=False)
+
+
+def chat_request(model: Schema, model_required: bool = True) -> Schema:
+    tool_choice: Schema = {"anyOf": [
+        enum("none", "auto", "required"),
+        obj({"type": const("function"), "function": obj({"name": STR}, ["name"], closed=False)}, ["function"],
+            closed=False),
+        {"type": "null"}]}
+    props: dict[str, Schema] = {
+        "model": model,
+        "messages": desc(arr(chat_message(), minItems=1),
+                         "a final assistant message is a prefill: the answer continues it"),
+        "max_tokens": MAX_TOKENS,
+        "max_completion_tokens": desc(MAX_TOKENS, "wins over max_tokens when both are given"),
+        "stream": OPT_BOOL,
+        "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {}}},
+        "stop": STOP,
+        "n": desc({"enum": [1, None]}, "only 1 (else 400 unsupported_n)"),
+        "logprobs": OPT_BOOL,
+        "top_logprobs": integer(0, MAX_TOP_LOGPROBS),
+        "n_probs": integer(0, INT32_MAX),
+        "tools": desc({"anyOf": [arr(FUNCTION_TOOL), {"type": "null"}]}, TOOLS_NOTE),
+        "tool_choice": desc(tool_choice, "required or a named function force a call (not beside an output "
+                                         "constraint); none hides the tools"),
+        "parallel_tool_calls": desc(OPT_BOOL, "default false: the answer ends after its first call"),
+        "response_format": RESPONSE_FORMAT,
+        **OUTPUT_FIELDS,
+        "reasoning_effort": REASONING_EFFORT,
+        "thinking": THINKING,
+        "chat_template_kwargs": TEMPLATE_KWARGS,
+        "cache_prompt": desc(OPT_BOOL, "default true: reuse the cached prefix"),
+        **sampling_props(),
+    }
+    return obj(props, ["model", "messages"] if model_required else ["messages"], closed=False)
+
+
+def completions_request(model: Schema) -> Schema:
+    return obj({
+        "model": model,
+        "prompt": desc({"anyOf": [STR, arr(NAT, minItems=1),
+                                  arr({"anyOf": [STR, arr(NAT, minItems=1)]}, minItems=1, maxItems=1)]},
+                       "text or token ids (a one-element array of either: one prompt per request)"),
+        "max_tokens": desc(MAX_TOKENS, f"default {DEFAULT_MAX_TOKENS}"),
+        "stream": OPT_BOOL,
+        "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {}}},
+        "stop": STOP,
+        "n": desc({"enum": [1, None]}, "only 1"),
+        "logprobs": desc(integer(0, MAX_COMPLETION_LOGPROBS), "alternatives per token"),
+        "n_probs": integer(0, INT32_MAX),
+        "echo": OPT_BOOL,
+        "cache_prompt": OPT_BOOL,
+        "response_format": RESPONSE_FORMAT,
+        **OUTPUT_FIELDS,
+        **sampling_props(),
+    }, ["model", "prompt"], closed=False)
+
+
+def responses_request(model: Schema) -> Schema:
+    item = {"anyOf": [
+        obj({"type": const("message"), "role": enum(*rq.ROLES), "content": CONTENT}, ["role"], closed=False),
+        obj({"type": const("function_call"), "call_id": STR, "name": STR, "arguments": STR},
+            ["type", "name"], closed=False),
+        obj({"type": const("function_call_output"), "call_id": STR, "output": {}}, ["type"], closed=False),
+        obj({"type": const("reasoning")}, ["type"], closed=False),
+    ]}
+    tool = obj({"type": const("function"), "name": {"type": "string", "minLength": 1}, "description": STR,
+                "parameters": {"type": ["object", "null"]}, "strict": OPT_BOOL}, ["type", "name"], closed=False)
+    fmt = {"anyOf": [
+        obj({"type": const("text")}, ["type"], closed=False),
+        obj({"type": const("json_object"), "schema": nullable(JSON_SCHEMA_FIELD)}, ["type"], closed=False),
+        obj({"type": const("json_schema"), "name": STR, "schema": JSON_SCHEMA_FIELD, "strict": OPT_BOOL},
+            ["type", "schema"], closed=False),
+        {"type": "null"}]}
+    return obj({
+        "model": model,
+        "input": desc({"anyOf": [{"type": "string", "minLength": 1}, arr(item, minItems=1)]},
+                      "a user message, or items: messages, function calls and their outputs"),
+        "instructions": {"type": ["string", "null"]},
+        "max_output_tokens": MAX_TOKENS,
+        "stream": OPT_BOOL,
+        "text": {"type": ["object", "null"], "properties": {"format": fmt}},
+        "reasoning": {"type": ["object", "null"], "properties": {"effort": REASONING_EFFORT}},
+        "reasoning_effort": REASONING_EFFORT,
+        "thinking": THINKING,
+        "chat_template_kwargs": TEMPLATE_KWARGS,
+        "tools": desc({"anyOf": [arr(tool), {"type": "null"}]}, TOOLS_NOTE),
+        "tool_choice": {"anyOf": [enum("none", "auto", "required"),
+                                  obj({"type": const("function"), "name": STR}, ["type", "name"], closed=False),
+                                  {"type": "null"}]},
+        "parallel_tool_calls": OPT_BOOL,
+        "previous_response_id": desc({"type": "null"}, "not supported: this server stores no responses (400)"),
+        "metadata": desc({"type": ["object", "null"]}, "echoed in the response"),
+        **sampling_props(),
+    }, ["model", "input"], closed=False)
+
+
+def messages_request(model: Schema, count_only: bool = False) -> Schema:
+    text_block = obj({"type": const("text"), "text": STR}, ["type", "text"], closed=False)
+    blocks_text = {"anyOf": [STR, arr(text_block), {"type": "null"}]}
+    block = {"anyOf": [
+        text_block,
+        obj({"type": const("thinking"), "thinking": {"type": ["string", "null"]}, "signature": STR},
+            ["type"], closed=False),
+        obj({"type": const("redacted_thinking")}, ["type"], closed=False),
+        obj({"type": const("tool_use"), "id": STR, "name": STR, "input": ANY_OBJECT}, ["type", "name"], closed=False),
+        obj({"type": const("tool_result"), "tool_use_id": STR, "content": blocks_text}, ["type"], closed=False),
+    ]}
+    message = obj({"role": enum("user", "assistant"), "content": {"anyOf": [STR, arr(block)]}},
+                  ["role", "content"], closed=False)
+    tool = obj({"name": {"type": "string", "minLength": 1}, "description": STR,
+                "input_schema": desc({"type": ["object", "null"]}, "the JSON Schema of the input, an object")},
+               ["name"], closed=False)
+    choice = {"anyOf": [obj({"type": enum("auto", "any", "none"), "disable_parallel_tool_use": OPT_BOOL}, ["type"],
+                            closed=False),
+                        obj({"type": const("tool"), "name": STR, "disable_parallel_tool_use": OPT_BOOL},
+                            ["type", "name"], closed=False),
+                        {"type": "null"}]}
+    props: dict[str, Schema] = {
+        "model": model,
+        "messages": desc(arr(message, minItems=1), "user and assistant turns; tool_use blocks in assistant turns, "
+                                                   "tool_result blocks in user turns; a final assistant turn is a "
+                                                   "prefill"),
+        "system": blocks_text,
+        "tools": desc({"anyOf": [arr(tool), {"type": "null"}]}, TOOLS_NOTE),
+        "tool_choice": choice,
+        "thinking": THINKING,
+        "reasoning_effort": REASONING_EFFORT,
+        "chat_template_kwargs": TEMPLATE_KWARGS,
+    }
+    if count_only:
+        props["stream"] = desc({"enum": [False, None]}, "count_tokens does not stream (400)")
+        return obj(props, ["model", "messages"], closed=False)
+    props.update({
+        "max_tokens": desc({"anyOf": [{"type": "integer", "minimum": 1, "maximum": INT32_MAX}, const(-1)]},
+                           "required; -1: until the model stops or the context is full"),
+        "stream": OPT_BOOL,
+        "stop_sequences": STOP,
+        **sampling_props(),
+    })
+    return obj(props, ["model", "messages", "max_tokens"], closed=False)
+
+
+def native_completion_request() -> Schema:
+    return obj({
+        "model": desc(STR, "with several models, picks one (404 if not served); else ignored"),
+        "prompt": desc({"anyOf": [STR, arr({"anyOf": [STR, NAT]}, minItems=1),
+                                  arr({"anyOf": [STR, arr({"anyOf": [STR, NAT]}, minItems=1)]}, minItems=1,
+                                      maxItems=1)]},
+                       "text, token ids, or both mixed in one array"),
+        "n_predict": desc(MAX_TOKENS, "wins over max_tokens"),
+        "max_tokens": MAX_TOKENS,
+        "stream": OPT_BOOL,
+        "stop": STOP,
+        "n_probs": integer(0, INT32_MAX),
+        "return_tokens": OPT_BOOL,
+        "cache_prompt": OPT_BOOL,
+        "ignore_eos": OPT_BOOL,
+        "response_format": RESPONSE_FORMAT,
+        **OUTPUT_FIELDS,
+        **sampling_props(),
+    }, ["prompt"], closed=False)
+
+
+# --- response shapes ---------------------------------------------------------------------------
+
+
+def _timings() -> Schema:
+    return obj({
+        "cache_n": NAT, "prompt_n": NAT, "prompt_ms": NUM, "prompt_per_token_ms": NUM, "prompt_per_second": NUM,
+        "predicted_n": NAT, "predicted_ms": NUM, "predicted_per_token_ms": NUM, "predicted_per_second": NUM,
+        "queue_ms": NUM, "cache_miss": desc({"type": ["string", "null"]}, "why reusable prompt tokens were not reused"),
+    }, ["cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
+        "predicted_ms", "predicted_per_token_ms", "predicted_per_second", "queue_ms", "cache_miss"])
+
+
+def _cache_details() -> Schema:
+    return obj({"cached_tokens": NAT, "cache_miss_reason": STR}, ["cached_tokens"])
+
+
+def _usage() -> Schema:
+    return obj({"prompt_tokens": NAT, "completion_tokens": NAT, "total_tokens": NAT,
+                "prompt_tokens_details": ref("CacheDetails"), "prompt_tokens_per_second": NUM,
+                "completion_tokens_per_second": NUM},
+               ["prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details",
+                "prompt_tokens_per_second", "completion_tokens_per_second"])
+
+
+STEERED: Schema = desc(const(True), "present when the grammar steered the answer to a short ending so that it ends "
+                                    "within its token budget")
+BYTES: Schema = arr({"type": "integer", "minimum": 0, "maximum": 255})
+
+
+def _token_logprob() -> Schema:
+    one = {"token": STR, "logprob": NUM, "bytes": BYTES}
+    return obj({**one, "top_logprobs": arr(obj(one, list(one)))}, [*one, "top_logprobs"])
+
+
+def _tool_call() -> Schema:
+    return obj({"id": STR, "type": const("function"),
+                "function": obj({"name": STR, "arguments": desc(STR, "JSON text")}, ["name", "arguments"])},
+               ["id", "type", "function"])
+
+
+def _chat_completion() -> Schema:
+    message = obj({"role": const("assistant"), "reasoning_content": STR, "content": {"type": ["string", "null"]},
+                   "tool_calls": arr(ref("ToolCall"), minItems=1)}, ["role", "content"])
+    choice = obj({"index": const(0), "message": message,
+                  "logprobs": nullable(obj({"content": arr(ref("TokenLogprob"))}, ["content"])),
+                  "finish_reason": enum("stop", "length", "tool_calls"), "steered_to_fit": STEERED},
+                 ["index", "message", "logprobs", "finish_reason"])
+    return obj({"id": {"type": "string", "pattern": "^chatcmpl-"}, "object": const("chat.completion"),
+                "created": INT, "model": STR, "choices": arr(choice, minItems=1, maxItems=1),
+                "usage": ref("ChatUsage"), "timings": ref("Timings")},
+               ["id", "object", "created", "model", "choices", "usage", "timings"])
+
+
+def _chat_chunk() -> Schema:
+    call_delta = obj({"index": NAT, "id": STR, "type": const("function"),
+                      "function": obj({"name": STR, "arguments": STR}, ["arguments"])}, ["index", "function"])
+    delta = obj({"role": const("assistant"), "content": {"type": ["string", "null"]}, "reasoning_content": STR,
+                 "tool_calls": arr(call_delta, minItems=1, maxItems=1)})
+    choice = obj({"index": const(0), "delta": delta,
+                  "logprobs": nullable(obj({"content": arr(ref("TokenLogprob"))}, ["content"])),
+                  "finish_reason": {"enum": ["stop", "length", "tool_calls", None]}, "steered_to_fit": STEERED},
+                 ["index", "delta", "logprobs", "finish_reason"])
+    return obj({"id": {"type": "string", "pattern": "^chatcmpl-"}, "object": const("chat.completion.chunk"),
+                "created": INT, "model": STR,
+                "choices": desc(arr(choice, maxItems=1), "empty in the usage chunk (stream_options.include_usage)"),
+                "timings": desc(ref("Timings"), "in the chunk with the finish_reason"),
+                "usage": desc(ref("ChatUsage"), "in the usage chunk")},
+               ["id", "object", "created", "model", "choices"])
+
+
+def _completion_logprobs() -> Schema:
+    return obj({"tokens": arr(STR), "token_logprobs": arr(NUM),
+                "top_logprobs": arr({"type": "object", "additionalProperties": NUM}), "text_offset": arr(NAT)},
+               ["tokens", "token_logprobs", "top_logprobs", "text_offset"])
+
+
+def _text_completion(chunk: bool) -> Schema:
+    finish: Schema = {"enum": ["stop", "length", None]} if chunk else enum("stop", "length")
+    choice = obj({"text": STR, "index": const(0), "logprobs": nullable(ref("CompletionLogprobs")),
+                  "finish_reason": finish, "steered_to_fit": STEERED},
+                 ["text", "index", "logprobs", "finish_reason"])
+    props: dict[str, Schema] = {"id": {"type": "string", "pattern": "^cmpl-"}, "object": const("text_completion"),
+                                "created": INT, "model": STR, "choices": arr(choice, maxItems=1),
+                                "usage": ref("ChatUsage"), "timings": ref("Timings")}
+    if chunk:
+        props["choices"] = desc(arr(choice, maxItems=1), "empty in the usage chunk")
+        return obj(props, ["id", "object", "created", "model", "choices"])
+    props["choices"] = arr(choice, minItems=1, maxItems=1)
+    return obj(props, list(props))
+
+
+def _response_items() -> dict[str, Schema]:
+    status = enum("completed", "in_progress")
+    reasoning = obj({"type": const("reasoning"), "id": {"type": "string", "pattern": "^rs_"}, "summary": arr({}),
+                     "content": arr(obj({"type": const("reasoning_text"), "text": STR}, ["type", "text"])),
+                     "status": status}, ["type", "id", "summary", "content", "status"])
+    text_part = obj({"type": const("output_text"), "text": STR, "annotations": arr({}), "logprobs": arr({})},
+                    ["type", "text", "annotations", "logprobs"])
+    message = obj({"type": const("message"), "id": {"type": "string", "pattern": "^msg_"}, "status": status,
+                   "role": const("assistant"), "content": arr(text_part)},
+                  ["type", "id", "status", "role", "content"])
+    call = obj({"type": const("function_call"), "id": {"type": "string", "pattern": "^fc_"}, "call_id": STR,
+                "name": STR, "arguments": STR, "status": status},
+               ["type", "id", "call_id", "name", "arguments", "status"])
+    return {"ReasoningItem": reasoning, "OutputTextPart": text_part, "MessageItem": message, "FunctionCallItem": call}
+
+
+def _response() -> Schema:
+    usage = obj({"input_tokens": NAT, "input_tokens_details": ref("CacheDetails"), "output_tokens": NAT,
+                 "output_tokens_details": obj({"reasoning_tokens": NAT}, ["reasoning_tokens"]), "total_tokens": NAT},
+                ["input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details", "total_tokens"])
+    props: dict[str, Schema] = {
+        "id": {"type": "string", "pattern": "^resp_"}, "object": const("response"), "created_at": INT,
+        "status": enum("completed", "incomplete", "in_progress"), "error": {"type": "null"},
+        "incomplete_details": nullable(obj({"reason": const("max_output_tokens")}, ["reason"])),
+        "model": STR,
+        "output": arr({"anyOf": [ref("ReasoningItem"), ref("MessageItem"), ref("FunctionCallItem")]}),
+        "parallel_tool_calls": BOOL, "tool_choice": const("auto"),
+        "text": obj({"format": obj({"type": const("text")}, ["type"])}, ["format"]),
+        "instructions": {"type": ["string", "null"]}, "max_output_tokens": {"type": ["integer", "null"]},
+        "tools": desc({"type": "array"}, "the request's tools, as sent"),
+        "temperature": {"type": ["number", "null"]}, "top_p": {"type": ["number", "null"]},
+        "metadata": desc({"type": "object"}, "the request's metadata, as sent"),
+        "usage": desc(nullable(usage), "null while in progress"), "steered_to_fit": STEERED,
+    }
+    return obj(props, [k for k in props if k != "steered_to_fit"])
+
+
+def _response_event() -> Schema:
+    """One event of a streamed response (each with its sequence_number)."""
+    base = {"type": STR, "sequence_number": NAT}
+    where = {"item_id": STR, "output_index": NAT}
+    item = {"anyOf": [ref("ReasoningItem"), ref("MessageItem"), ref("FunctionCallItem")]}
+    kinds: list[Schema] = [
+        obj({**base, "type": enum("response.created", "response.in_progress", "response.completed",
+                                  "response.incomplete"), "response": ref("Response")},
+            ["type", "sequence_number", "response"]),
+        obj({**base, "type": enum("response.output_item.added", "response.output_item.done"),
+             "output_index": NAT, "item": item}, ["type", "sequence_number", "output_index", "item"]),
+        obj({**base, **where, "type": enum("response.content_part.added", "response.content_part.done"),
+             "content_index": NAT, "part": ref("OutputTextPart")},
+            ["type", "sequence_number", "item_id", "output_index", "content_index", "part"]),
+        obj({**base, **where, "type": const("response.output_text.delta"), "content_index": NAT, "delta": STR,
+             "logprobs": arr({})}, ["type", "sequence_number", "item_id", "output_index", "content_index", "delta"]),
+        obj({**base, **where, "type": const("response.output_text.done"), "content_index": NAT, "text": STR,
+             "logprobs": arr({})}, ["type", "sequence_number", "item_id", "output_index", "content_index", "text"]),
+        obj({**base, **where, "type": const("response.reasoning_text.delta"), "content_index": NAT, "delta": STR},
+            ["type", "sequence_number", "item_id", "output_index", "content_index", "delta"]),
+        obj({**base, **where, "type": const("response.reasoning_text.done"), "content_index": NAT, "text": STR},
+            ["type", "sequence_number", "item_id", "output_index", "content_index", "text"]),
+        obj({**base, **where, "type": const("response.function_call_arguments.delta"), "delta": STR},
+            ["type", "sequence_number", "item_id", "output_index", "delta"]),
+        obj({**base, **where, "type": const("response.function_call_arguments.done"), "name": STR,
+             "arguments": STR}, ["type", "sequence_number", "item_id", "output_index", "name", "arguments"]),
+        obj({**base, "type": const("error"), "code": STR, "message": STR, "param": {"type": "null"}},
+            ["type", "sequence_number", "code", "message", "param"]),
+    ]
+    return {"oneOf": kinds}
+
+
+def _anthropic_shapes() -> dict[str, Schema]:
+    usage = obj({"input_tokens": NAT, "output_tokens": NAT, "cache_read_input_tokens": NAT,
+                 "cache_creation_input_tokens": NAT},
+                ["input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"])
+    thinking = obj({"type": const("thinking"), "thinking": STR, "signature": STR}, ["type", "thinking", "signature"])
+    text = obj({"type": const("text"), "text": STR}, ["type", "text"])
+    tool_use = obj({"type": const("tool_use"), "id": STR, "name": STR, "input": ANY_OBJECT},
+                   ["type", "id", "name", "input"])
+    block = {"anyOf": [thinking, text, tool_use]}
+    stop_reason = enum("end_turn", "max_tokens", "stop_sequence", "tool_use")
+    message = obj({"id": {"type": "string", "pattern": "^msg_"}, "type": const("message"), "role": const("assistant"),
+                   "model": STR, "content": arr(block, minItems=1), "stop_reason": stop_reason,
+                   "stop_sequence": {"type": ["string", "null"]}, "usage": usage, "steered_to_fit": STEERED},
+                  ["id", "type", "role", "model", "content", "stop_reason", "stop_sequence", "usage"])
+    start_msg = obj({"id": {"type": "string", "pattern": "^msg_"}, "type": const("message"),
+                     "role": const("assistant"), "model": STR, "content": arr({}, maxItems=0),
+                     "stop_reason": {"type": "null"}, "stop_sequence": {"type": "null"},
+                     "usage": obj({"input_tokens": NAT, "output_tokens": NAT}, ["input_tokens", "output_tokens"])},
+                    ["id", "type", "role", "model", "content", "stop_reason", "stop_sequence", "usage"])
+    delta = {"anyOf": [obj({"type": const("thinking_delta"), "thinking": STR}, ["type", "thinking"]),
+                       obj({"type": const("text_delta"), "text": STR}, ["type", "text"]),
+                       obj({"type": const("input_json_delta"), "partial_json": STR}, ["type", "partial_json"])]}
+    event = {"oneOf": [
+        obj({"type": const("message_start"), "message": start_msg}, ["type", "message"]),
+        obj({"type": const("ping")}, ["type"]),
+        obj({"type": const("content_block_start"), "index": NAT,
+             "content_block": {"anyOf": [obj({"type": const("thinking"), "thinking": const(""),
+                                              "signature": const("")}, ["type", "thinking", "signature"]),
+                                         obj({"type": const("text"), "text": const("")}, ["type", "text"]),
+                                         obj({"type": const("tool_use"), "id": STR, "name": STR,
+                                              "input": obj({}, [])}, ["type", "id", "name", "input"])]}},
+            ["type", "index", "content_block"]),
+        obj({"type": const("content_block_delta"), "index": NAT, "delta": delta}, ["type", "index", "delta"]),
+        obj({"type": const("content_block_stop"), "index": NAT}, ["type", "index"]),
+        obj({"type": const("message_delta"),
+             "delta": obj({"stop_reason": stop_reason, "stop_sequence": {"type": ["string", "null"]},
+                           "steered_to_fit": STEERED}, ["stop_reason", "stop_sequence"]),
+             "usage": obj({"output_tokens": NAT}, ["output_tokens"])}, ["type", "delta", "usage"]),
+        obj({"type": const("message_stop")}, ["type"]),
+        obj({"type": const("error"), "error": ref("AnthropicErrorObject")}, ["type", "error"]),
+    ]}
+    return {"Message": message, "MessageStreamEvent": event, "AnthropicUsage": usage}
+
+
+def _native_shapes() -> dict[str, Schema]:
+    prob_one = {"id": NAT, "token": STR, "bytes": BYTES, "logprob": NUM}
+    prob = obj({**prob_one, "top_logprobs": arr(obj(prob_one, list(prob_one)))}, [*prob_one, "top_logprobs"])
+    settings_props: dict[str, Schema] = {
+        "n_ctx": NAT, "n_predict": INT, "temperature": NUM, "top_k": INT, "top_p": NUM, "min_p": NUM,
+        "typical_p": NUM, "top_n_sigma": NUM, "xtc_probability": NUM, "xtc_threshold": NUM, "repeat_penalty": NUM,
+        "repeat_last_n": INT, "presence_penalty": NUM, "frequency_penalty": NUM, "dry_multiplier": NUM,
+        "dry_base": NUM, "dry_allowed_length": INT, "dry_penalty_last_n": INT, "mirostat": INT,
+        "mirostat_tau": NUM, "mirostat_eta": NUM, "seed": INT, "n_probs": NAT, "stop": arr(STR), "stream": BOOL,
+        "cache_prompt": BOOL}
+    final_props: dict[str, Schema] = {
+        "index": const(0), "content": STR, "tokens": arr(NAT), "id_slot": const(0), "stop": const(True),
+        "model": STR, "tokens_predicted": NAT, "tokens_evaluated": NAT,
+        "generation_settings": obj(settings_props, list(settings_props)),
+        "prompt": STR, "has_new_line": BOOL, "truncated": const(False), "stop_type": enum("eos", "limit", "word"),
+        "steered_to_fit": STEERED, "stopping_word": STR, "tokens_cached": NAT, "timings": ref("Timings"),
+        "usage": obj({"prompt_tokens": NAT, "completion_tokens": NAT, "total_tokens": NAT},
+                     ["prompt_tokens", "completion_tokens", "total_tokens"]),
+        "completion_probabilities": desc(arr(ref("TokenProbability")), "with n_probs > 0"),
+    }
+    final = obj(final_props, [k for k in final_props if k not in ("steered_to_fit", "completion_probabilities")])
+    chunk_props: dict[str, Schema] = {
+        "index": const(0), "content": STR, "tokens": arr(NAT), "stop": const(False), "id_slot": const(0),
+        "tokens_predicted": NAT, "tokens_evaluated": NAT, "completion_probabilities": arr(ref("TokenProbability"))}
+    chunk = obj(chunk_props, [k for k in chunk_props if k != "completion_probabilities"])
+    return {"TokenProbability": prob, "Completion": final, "CompletionChunk": chunk}
+
+
+def _core_shapes() -> dict[str, Schema]:
+    status = obj({"value": enum("unloaded", "loading", "loaded", "unloading", "sleeping", "failed"),
+                  "failed": const(True), "error": STR}, ["value"])
+    model = obj({
+        "id": STR, "object": const("model"), "created": INT, "owned_by": const("bubo"),
+        "context_length": {"type": ["integer", "null"]}, "max_model_len": {"type": ["integer", "null"]},
+        "meta": obj({"n_ctx": {"type": ["integer", "null"]}, "n_ctx_train": {"type": ["integer", "null"]}},
+                    ["n_ctx", "n_ctx_train"]),
+        "architecture": obj({"input_modalities": arr(const("text"))}, ["input_modalities"]),
+        "status": status,
+        "alias_of": desc(STR, "an alias: the model id it names"),
+        "aliases": desc(arr(STR), "a model id: its aliases"),
+        "path": desc(STR, "a model id: its file or catalog name"),
+    }, ["id", "object", "created", "owned_by", "context_length", "max_model_len", "meta", "architecture", "status"])
+    sampling_out: dict[str, Schema] = {}
+    for name, s in SAMPLING.items():
+        t = s.get("type")
+        if name == "dry_sequence_breakers":
+            sampling_out[name] = arr(STR)
+        elif name == "logit_bias":
+            sampling_out[name] = {"type": "object", "additionalProperties": NUM}
+        else:
+            sampling_out[name] = INT if isinstance(t, list) and "integer" in t else NUM
+    sampling_out["n_probs"] = NAT
+    params = obj(sampling_out, list(sampling_out))
+    slot_params = obj({**sampling_out, "n_predict": INT, "stop": arr(STR), "cache_prompt": BOOL},
+                      [*sampling_out, "n_predict", "stop", "cache_prompt"])
+    slot = obj({
+        "id": NAT, "n_ctx": NAT, "is_processing": BOOL,
+        "state": desc(enum(0, 2, 4), "0 idle, 2 reading its prompt, 4 generating"),
+        "id_task": INT, "n_prompt_tokens": NAT, "n_prompt_tokens_processed": NAT, "n_prompt_tokens_cache": NAT,
+        "cache_n": NAT, "params": desc({"anyOf": [slot_params, obj({}, [])]}, "{} for a slot never used"),
+        "next_token": obj({"has_next_token": BOOL, "n_decoded": NAT, "n_remain": INT},
+                          ["has_next_token", "n_decoded", "n_remain"]),
+    }, ["id", "n_ctx", "is_processing", "state", "id_task", "n_prompt_tokens", "n_prompt_tokens_processed",
+        "n_prompt_tokens_cache", "cache_n", "params", "next_token"])
+    props_props: dict[str, Schema] = {
+        "model": STR, "model_alias": STR, "model_path": STR,
+        "template": {"type": ["string", "null"]}, "chat_template": {"type": ["string", "null"]},
+        "bos_token": STR, "eos_token": STR,
+        "model_info": obj({"architecture": STR, "name": {"type": ["string", "null"]},
+                           "n_ctx_train": {"type": ["integer", "null"]}, "n_vocab": NAT,
+                           "n_embd": {"type": ["integer", "null"]}, "n_layer": {"type": ["integer", "null"]}},
+                          ["architecture", "name", "n_ctx_train", "n_vocab", "n_embd", "n_layer"]),
+        "default_generation_settings": obj({"id": const(0), "n_ctx": NAT, "params": ref("SamplingSettings")},
+                                           ["id", "n_ctx", "params"]),
+        "total_slots": NAT, "n_ctx": NAT, "n_batch": NAT, "n_ubatch": NAT,
+        "queue_size": {"type": ["integer", "null"]},
+        "modalities": obj({"vision": const(False), "audio": const(False)}, ["vision", "audio"]),
+        "build_info": STR, "is_sleeping": BOOL,
+    }
+    return {
+        "ModelStatus": status, "Model": model,
+        "ModelList": obj({"object": const("list"), "data": arr(ref("Model"))}, ["object", "data"]),
+        "SamplingSettings": params, "Slot": slot, "Props": obj(props_props, list(props_props)),
+    }
+
+
+def _error_shapes() -> dict[str, Schema]:
+    openai_types = sorted(set(errors._OPENAI_TYPE.values()) | {"server_error"})
+    anthropic_types = sorted(set(errors._ANTHROPIC_TYPE.values()) | {"api_error"})
+    code = desc(STR, "the stable error code (see each response)")
+    err = obj({"message": STR, "type": enum(*openai_types), "code": code}, ["message", "type", "code"])
+    a_err = obj({"type": enum(*anthropic_types), "message": STR, "code": code}, ["type", "message", "code"])
+    return {
+        "Error": obj({"error": err}, ["error"]),
+        "AnthropicErrorObject": a_err,
+        "AnthropicError": obj({"type": const("error"), "error": ref("AnthropicErrorObject"),
+                               "request_id": {"type": "string", "pattern": "^req_"}}, ["type", "error", "request_id"]),
+    }
+
+
+def schemas() -> dict[str, Schema]:
+    out: dict[str, Schema] = {
+        **_error_shapes(),
+        "Timings": _timings(), "CacheDetails": _cache_details(), "ChatUsage": _usage(),
+        "TokenLogprob": _token_logprob(), "ToolCall": _tool_call(),
+        "ChatCompletion": _chat_completion(), "ChatCompletionChunk": _chat_chunk(),
+        "CompletionLogprobs": _completion_logprobs(),
+        "TextCompletion": _text_completion(chunk=False), "TextCompletionChunk": _text_completion(chunk=True),
+        **_response_items(), "Response": _response(), "ResponseStreamEvent": _response_event(),
+        **_anthropic_shapes(), **_native_shapes(), **_core_shapes(),
+    }
+    return out
+
+
+# --- responses ----------------------------------------------------------------------------------
+
+# what each status means, and its codes (bubo/api/errors.py, the routes)
+_STATUS_TEXT = {
+    400: "The request is not valid. Codes: parse_error (the body is not a JSON object), invalid_value (a field of "
+         "the wrong type or out of range), missing_model, missing_messages, unsupported_n, invalid_grammar, "
+         "unsupported_schema, context_length_exceeded, model_not_loaded (--no-models-autoload), invalid_request, "
+         "invalid_type, bad_request (the body could not be read).",
+    401: "No valid API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`. Code invalid_api_key; "
+         "header WWW-Authenticate: Bearer.",
+    404: "Code model_not_found: the model is not served here (the message names the served ones).",
+    413: "Code request_too_large: the body is larger than the server's limit; the connection closes.",
+    500: "Code internal_error: a bug (the message says which exception).",
+    501: "Code not_implemented.",
+    503: "Codes: not_ready (the model is loading, or failed to load), insufficient_memory (Retry-After: 5), "
+         "queue_full (Retry-After: 1), shutting_down (Retry-After: 5, Connection: close), no_slot_available, "
+         "cancelled.",
+    507: "Code insufficient_memory_permanent: the request needs more memory than this machine has.",
+}
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying again (memory, queue, shutdown)",
+                                "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
+
+
+def _error(status: int, anthropic: bool = False, text: str | None = None) -> Schema:
+    out: Schema = {"description": text or _STATUS_TEXT[status],
+                   "content": {JSON: {"schema": ref("AnthropicError" if anthropic else "Error")}}}
+    if status == 503:
+        out["headers"] = _RETRY_AFTER
+    if status == 401:
+        out["headers"] = {"WWW-Authenticate": {"schema": const("Bearer")}}
+    return out
+
+
+def _ok(schema: Schema, text: str, stream: Schema | None = None, stream_text: str = "") -> Schema:
+    content: Schema = {JSON: {"schema": schema}}
+    if stream is not None:
+        content[SSE] = {"schema": stream}
+    return {"description": text + (f" With \"stream\": true, {stream_text}" if stream is not None else ""),
+            "content": content}
+
+
+def _sse_data(json_schema: Schema, done: bool = False, named: bool = False) -> Schema:
+    """One server-sent event whose data is JSON (or `[DONE]`, with done); named: each event has
+    an `event:` line naming its type."""
+    data = {"type": "string", "contentMediaType": JSON, "contentSchema": json_schema}
+    event: Schema = {"type": "object", "required": ["data"], "properties": {"data": data}}
+    if named:
+        event["required"] = ["event", "data"]
+        event["properties"]["event"] = STR
+    else:
+        event["not"] = {"required": ["event"]}
+    if done:
+        event = {"type": "object", "required": ["data"],
+                 "if": {"properties": {"data": const("[DONE]")}},
+                 "then": {"not": {"required": ["event"]}},
+                 "else": event}
+    return event
+
+
+def _text_ok(text: str, media: str, example: str | None = None) -> Schema:
+    m: Schema = {"schema": STR}
+    if example is not None:
+        m["example"] = example
+    return {"description": text, "content": {media: m}}
+
+
+# --- the document ---------------------------------------------------------------------------------
+
+
+class _Doc:
+    def __init__(self, config: ServerConfig, names: list[str], router: bool, debug: bool):
+        self.config, self.names, self.router, self.debug = config, names, router, debug
+        self.keys = bool(config.api_keys)
+        self.paths: dict[str, dict[str, Schema]] = {}
+
+    def add(self, paths: tuple[str, ...], method: str, op: Schema, statuses: tuple[int, ...] = (),
+            anthropic: bool = False, public: bool = False) -> None:
+        for i, path in enumerate(paths):
+            o = dict(op)
+            o["operationId"] = op["operationId"] + ("" if i == 0 else "_" + _slug(path))
+            if i:
+                o["summary"] = f"{op['summary']} (alias of {paths[0]})"
+            responses = dict(o["responses"])
+            wanted = set(statuses) | {503}  # every route: 503 shutting_down while the server drains
+            if self.keys and not public:
+                wanted.add(401)
+            for status in sorted(wanted):
+                responses.setdefault(str(status), _error(status, anthropic))
+            o["responses"] = responses
+            if public and self.keys:
+                o["security"] = []
+            self.paths.setdefault(path, {})[method] = o
+
+    def model_field(self) -> Schema:
+        return {"type": "string", "enum": list(self.names),
+                "description": f"one of the served names ('{DEFAULT_NAME}' names the default model); any other "
+                               "is a 404 model_not_found, none a 400 missing_model"}
+
+    def optional_model_field(self) -> Schema:
+        if self.router:
+            return desc({"type": "string", "enum": list(self.names)},
+                        "the model to use (default: the first one); another name is a 404")
+        return desc(STR, "ignored: this server serves one model")
+
+    def model_query(self, checked: bool = False) -> Schema:
+        if self.router:
+            text = "the model (default: the first one); a name not served is a 404 model_not_found"
+        elif checked:
+            text = "checked: a name not served is a 404 model_not_found"
+        else:
+            text = "ignored: this server serves one model"
+        return {"name": "model", "in": "query", "required": False, "schema": STR, "description": text}
+
+
+def _slug(path: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in path).strip("_")
+
+
+def _body(schema: Schema, example: Schema | None = None) -> Schema:
+    media: Schema = {"schema": schema}
+    if example is not None:
+        media["example"] = example
+    return {"required": True, "content": {JSON: media}}
+
+
+GEN_ERRORS = (400, 404, 413, 500, 503, 507)
+
+
+def document(config: ServerConfig, registry: Registry | None = None, debug: bool | None = None) -> Schema:
+    """The OpenAPI 3.1 document of a server with this config (and these models)."""
+    names = registry.names() if registry is not None else config.model_names
+    router = registry.is_router if registry is not None else False
+    d = _Doc(config, names, router, config.debug_routes_enabled if debug is None else debug)
+    model = d.model_field()
+    example_model = DEFAULT_NAME if DEFAULT_NAME in names else names[0]
+
+    # --- about ---
+    d.add(("/",), "get", {
+        "operationId": "about", "summary": "What is running", "tags": ["bubo"],
+        "description": "Plain text for a client that does not ask for HTML, a small HTML page for a browser "
+                       "(Accept: text/html): bubo is running, the models it serves and where this description "
+                       "is. Needs no API key; without a valid key on a server that has keys, it names no model.",
+        "responses": {"200": {"description": "bubo is running",
+                              "content": {"text/plain": {"schema": STR}, "text/html": {"schema": STR}}}},
+    }, public=True)
+    d.add(("/openapi.json",), "get", {
+        "operationId": "openapi", "summary": "This description (OpenAPI 3.1)", "tags": ["bubo"],
+        "responses": {"200": {"description": "The OpenAPI document of this server",
+                              "content": {JSON: {"schema": ANY_OBJECT}}}},
+    })
+
+    # --- health, readiness, models ---
+    d.add(("/health", "/v1/health", "/healthz"), "get", {
+        "operationId": "health", "summary": "Liveness", "tags": ["bubo"],
+        "responses": {"200": {"description": "The server is up",
+                              "content": {JSON: {"schema": obj({"status": const("ok")}, ["status"])}}}},
+    })
+    ready_ok = obj({"status": const("ready"), "model": STR, "sleeping": const(True)}, ["status", "model"])
+    d.add(("/ready", "/v1/ready", "/readyz"), "get", {
+        "operationId": "ready", "summary": "Readiness: the model can answer now", "tags": ["bubo"],
+        "parameters": [d.model_query()],
+        "responses": {"200": {"description": "Loaded, or sleeping (it reloads on its next request)",
+                              "content": {JSON: {"schema": ready_ok}}},
+                      "503": _error(503, text="Code not_ready: loading, unloaded, or its load failed "
+                                              "(or shutting_down)")},
+    }, (404,) if router else ())
+    d.add(("/v1/models", "/models"), "get", {
+        "operationId": "list_models", "summary": "The served model names (ids, then aliases)",
+        "tags": ["OpenAI", "llama-server"],
+        "responses": {"200": {"description": "Every name a request may use",
+                              "content": {JSON: {"schema": ref("ModelList")}}}},
+    })
+    manage = obj({"model": desc({"type": "string", "minLength": 1}, "one of the names GET /models lists")},
+                 ["model"], closed=False)
+    manage_ok = obj({"success": const(True), "model": STR,
+                     "status": enum("unloaded", "loading", "loaded", "unloading", "sleeping", "failed")},
+                    ["success", "model", "status"])
+    d.add(("/models/load",), "post", {
+        "operationId": "load_model", "summary": "Start loading a model (answers at once)", "tags": ["llama-server"],
+        "requestBody": _body(manage, {"model": example_model}),
+        "responses": {"200": {"description": "Loading (or loaded): GET /models shows when it is loaded",
+                              "content": {JSON: {"schema": manage_ok}}}},
+    }, (400, 404, 413, 507))
+    d.add(("/models/unload",), "post", {
+        "operationId": "unload_model", "summary": "Unload a model once its requests in flight end",
+        "tags": ["llama-server"], "requestBody": _body(manage, {"model": example_model}),
+        "responses": {"200": {"description": "Unloaded: its memory is released (it loads again on its next "
+                                             "request unless --no-models-autoload)",
+                              "content": {JSON: {"schema": manage_ok}}}},
+    }, (400, 404, 413))
+
+    # --- llama-server's properties, slots, metrics ---
+    d.add(("/props",), "get", {
+        "operationId": "props", "summary": "Model name, template and default settings", "tags": ["llama-server"],
+        "parameters": [d.model_query(checked=True)],
+        "responses": {"200": {"description": "The model's properties",
+                              "content": {JSON: {"schema": ref("Props")}}},
+                      "503": _error(503, text="Code not_ready: the model is not loaded (or shutting_down)")},
+    }, (404,))
+    slot_params = [d.model_query(),
+                   {"name": "fail_on_no_slot", "in": "query", "required": False, "schema": STR,
+                    "description": "1 or true: a 503 no_slot_available when every slot is busy"}]
+    slot_responses: Schema = {"200": {"description": "Every slot (none while the model is not loaded)",
+                                      "content": {JSON: {"schema": arr(ref("Slot"))}}}}
+    if not config.slots_enabled:
+        slot_responses = {"501": _error(501, text="Code not_implemented: /slots is turned off (--no-slots)")}
+    d.add(("/slots", "/v1/slots"), "get", {
+        "operationId": "slots", "summary": "The slots' state", "tags": ["llama-server"],
+        "parameters": slot_params, "responses": slot_responses,
+    }, (404,) if router else ())
+    d.add(("/metrics", "/v1/metrics"), "get", {
+        "operationId": "metrics", "summary": "Prometheus metrics (llamacpp: names)", "tags": ["llama-server"],
+        "parameters": [d.model_query()],
+        "responses": {"200": _text_ok("The Prometheus text exposition; with several models and no ?model=, every "
+                                      "model's series with a model label", METRICS_TYPE)},
+    }, (404,) if router else ())
+
+    # --- tokens and templates ---
+    tok_req = obj({"content": STR, "add_special": OPT_BOOL, "parse_special": OPT_BOOL, "with_pieces": OPT_BOOL,
+                   "model": d.optional_model_field()}, ["content"], closed=False)
+    piece = obj({"id": NAT, "piece": desc({"anyOf": [STR, BYTES]}, "the text, or the bytes of a partial UTF-8 "
+                                                                    "character")}, ["id", "piece"])
+    d.add(("/tokenize",), "post", {
+        "operationId": "tokenize", "summary": "Text to token ids", "tags": ["llama-server"],
+        "requestBody": _body(tok_req, {"content": "Hello world"}),
+        "responses": {"200": {"description": "The token ids (with with_pieces, each with its text)",
+                              "content": {JSON: {"schema": obj({"tokens": {"anyOf": [arr(NAT), arr(piece)]}},
+                                                               ["tokens"])}}}},
+    }, (400, 404, 413, 507) if router else (400, 413))
+    d.add(("/detokenize",), "post", {
+        "operationId": "detokenize", "summary": "Token ids to text", "tags": ["llama-server"],
+        "requestBody": _body(obj({"tokens": arr(NAT), "model": d.optional_model_field()}, ["tokens"], closed=False),
+                             {"tokens": [1, 2, 3]}),
+        "responses": {"200": {"description": "The text",
+                              "content": {JSON: {"schema": obj({"content": STR}, ["content"])}}}},
+    }, (400, 404, 413, 507) if router else (400, 413))
+    chat_example = {"model": example_model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
+    d.add(("/apply-template",), "post", {
+        "operationId": "apply_template", "summary": "A chat request rendered into its prompt text",
+        "tags": ["llama-server"],
+        "requestBody": _body(chat_request(d.optional_model_field(), model_required=False),
+                             {"messages": [{"role": "user", "content": "Say hi."}]}),
+        "responses": {"200": {"description": "The prompt exactly as /v1/chat/completions renders it (stream is "
+                                             "ignored)",
+                              "content": {JSON: {"schema": obj({
+                                  "prompt": STR,
+                                  "text_spans": desc(arr(arr(NAT, minItems=2, maxItems=2)),
+                                                     "[start, end) characters of control-token text from the "
+                                                     "request, tokenized as plain text")}, ["prompt"])}}}},
+    }, (400, 404, 413, 507) if router else (400, 413))
+
+    # --- OpenAI ---
+    chat_stream = _sse_data({"anyOf": [ref("ChatCompletionChunk"), ref("Error")]}, done=True)
+    d.add(("/v1/chat/completions", "/chat/completions"), "post", {
+        "operationId": "chat_completions", "summary": "Chat (OpenAI)", "tags": ["OpenAI"],
+        "requestBody": _body(chat_request(model), chat_example),
+        "responses": {"200": _ok(ref("ChatCompletion"), "The answer.", chat_stream,
+                                 "chat.completion.chunk events, then `data: [DONE]`; an error after the 200 is an "
+                                 "event with the error object, then [DONE].")},
+    }, GEN_ERRORS)
+    d.add(("/v1/completions",), "post", {
+        "operationId": "completions", "summary": "Text completion (OpenAI)", "tags": ["OpenAI"],
+        "requestBody": _body(completions_request(model),
+                             {"model": example_model, "prompt": "The capital of France is", "max_tokens": 8}),
+        "responses": {"200": _ok(ref("TextCompletion"), "The completion.",
+                                 _sse_data({"anyOf": [ref("TextCompletionChunk"), ref("Error")]}, done=True),
+                                 "text_completion chunks, then `data: [DONE]`.")},
+    }, GEN_ERRORS)
+    d.add(("/v1/responses", "/responses"), "post", {
+        "operationId": "responses", "summary": "Responses (OpenAI), stateless", "tags": ["OpenAI"],
+        "requestBody": _body(responses_request(model),
+                             {"model": example_model, "input": "Say hi.", "max_output_tokens": 8}),
+        "responses": {"200": _ok(ref("Response"), "The response.",
+                                 _sse_data(ref("ResponseStreamEvent"), named=True),
+                                 "named events (response.created ... response.completed or response.incomplete); "
+                                 "an error after the 200 is an `error` event.")},
+    }, GEN_ERRORS)
+
+    # --- Anthropic ---
+    d.add(("/v1/messages",), "post", {
+        "operationId": "messages", "summary": "Messages (Anthropic)", "tags": ["Anthropic"],
+        "requestBody": _body(messages_request(model), {"model": example_model, "max_tokens": 8,
+                                                       "messages": [{"role": "user", "content": "Say hi."}]}),
+        "responses": {"200": _ok(ref("Message"), "The message.", _sse_data(ref("MessageStreamEvent"), named=True),
+                                 "named events: message_start, ping, content_block_start/delta/stop, "
+                                 "message_delta, message_stop; an error after the 200 is an `error` event.")},
+    }, GEN_ERRORS, anthropic=True)
+    d.add(("/v1/messages/count_tokens",), "post", {
+        "operationId": "count_tokens", "summary": "The prompt's tokens for a Messages request (Anthropic)",
+        "tags": ["Anthropic"],
+        "requestBody": _body(messages_request(model, count_only=True),
+                             {"model": example_model, "messages": [{"role": "user", "content": "Say hi."}]}),
+        "responses": {"200": {"description": "The token count of the rendered prompt (it may exceed the context)",
+                              "content": {JSON: {"schema": obj({"input_tokens": NAT}, ["input_tokens"])}}}},
+    }, (400, 404, 413, 507), anthropic=True)
+
+    # --- llama-server's completion ---
+    d.add(("/completion", "/completions"), "post", {
+        "operationId": "completion", "summary": "Text completion (llama-server)", "tags": ["llama-server"],
+        "requestBody": _body(native_completion_request(), {"prompt": "The capital of France is", "n_predict": 8}),
+        "responses": {"200": _ok(ref("Completion"), "The completion.",
+                                 _sse_data({"anyOf": [ref("CompletionChunk"), ref("Completion"), ref("Error")]}),
+                                 "a chunk per token, then the final object with \"stop\": true (no [DONE]).")},
+    }, GEN_ERRORS)
+
+    # --- paths that exist but answer 501 on a text model ---
+    for path in ("/v1/embeddings", "/v1/rerank", "/v1/reranking", "/rerank", "/infill", "/sdapi/v1/{rest}"):
+        for method in ("get", "post"):
+            op: Schema = {"operationId": "not_implemented", "summary": "Not implemented for a text model",
+                          "tags": ["bubo"],
+                          "responses": {"501": _error(501, text="Code not_implemented: not for a text model")}}
+            if "{rest}" in path:
+                op["parameters"] = [{"name": "rest", "in": "path", "required": True, "schema": STR}]
+            op["operationId"] = f"not_implemented_{method}_{_slug(path)}"
+            d.add((path,), method, op)
+
+    if d.debug:
+        _debug_paths(d)
+
+    doc: Schema = {
+        "openapi": "3.1.0",
+        "info": {"title": "bubo", "version": bubo.__version__, "description": _DESCRIPTION,
+                 "license": {"name": "MIT", "identifier": "MIT"}},
+        "tags": [{"name": "OpenAI"}, {"name": "Anthropic"}, {"name": "llama-server"}, {"name": "bubo"}],
+        "paths": d.paths,
+        "components": {"schemas": schemas()},
+    }
+    if d.keys:
+        doc["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+        }
+        doc["security"] = [{"bearer": []}, {"apiKey": []}]
+    return doc
+
+
+def _debug_paths(d: _Doc) -> None:
+    event = {"type": "object", "required": ["event"], "properties": {"event": enum("token", "finish", "error")}}
+    prompt_req = obj({"prompt": {"anyOf": [STR, arr(NAT)]}, "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+                      "temperature": NUM, "seed": INT, "stop": {"anyOf": [arr(STR), {"type": "null"}]},
+                      "n_probs": NAT, "cache_prompt": OPT_BOOL, "stream": OPT_BOOL,
+                      "model": d.optional_model_field()}, ["prompt"], closed=False)
+    d.add(("/debug/prompt",), "post", {
+        "operationId": "debug_prompt", "summary": "Generate from a raw prompt (--debug-hooks; not an API)",
+        "tags": ["debug"], "requestBody": _body(prompt_req, {"prompt": "Hello", "max_tokens": 4}),
+        "responses": {"200": _ok(obj({"content": STR, "events": arr(event)}, ["content", "events"]),
+                                 "Every event of the generation.", _sse_data(event, done=True),
+                                 "each event, then [DONE].")},
+    }, (400, 404, 413, 500, 507) if d.router else (400, 413, 500, 507))
+    cache = obj({"n_ctx": NAT, "block_size": NAT, "used_blocks": NAT, "cached_blocks": NAT,
+                 "slots": arr(obj({"id": NAT, "n_tokens": NAT, "tokens": arr(NAT)}, ["id", "n_tokens", "tokens"]))},
+                ["n_ctx", "block_size", "used_blocks", "cached_blocks", "slots"])
+    d.add(("/debug/cache",), "get", {
+        "operationId": "debug_cache", "summary": "The KV cache's blocks and slots (--debug-hooks)", "tags": ["debug"],
+        "parameters": [d.model_query()],
+        "responses": {"200": {"description": "What the cache holds", "content": {JSON: {"schema": cache}}}},
+    }, (404, 507) if d.router else ())
+    settings = obj({"config": ANY_OBJECT, "model": STR, "model_path": {"type": ["string", "null"]},
+                    "n_ctx": {"type": ["integer", "null"]}, "n_threads": {"type": ["integer", "null"]}},
+                   ["config", "model", "model_path", "n_ctx", "n_threads"])
+    d.add(("/debug/settings",), "get", {
+        "operationId": "debug_settings", "summary": "The server's settings (--debug-hooks)", "tags": ["debug"],
+        "parameters": [d.model_query()],
+        "responses": {"200": {"description": "The settings", "content": {JSON: {"schema": settings}}}},
+    }, (404,) if d.router else ())
+
+
+_DESCRIPTION = """\
+bubo, a local LLM inference server: OpenAI (chat completions, completions, Responses), Anthropic
+(Messages) and llama-server routes over the same engine.
+
+This document describes this server as it runs: its routes, the model names its requests may
+use, and, when it has API keys, the 401 answers. Every operation also answers HEAD (for GET) and
+OPTIONS (CORS preflight, without a key). An unknown path is a 404 not_found, a method a path does
+not take a 405 method_not_allowed with an Allow header, both in the OpenAI error shape.
+
+Errors: the OpenAI shape `{"error": {"message", "type", "code"}}` on every route but
+/v1/messages and /v1/messages/count_tokens, which answer Anthropic's `{"type": "error",
+"error": {"type", "message", "code"}, "request_id"}`; `code` is the stable code. A stream that
+already answered 200 reports an error in-band, in its dialect's shape. Refusals made before a
+request reaches a route (malformed framing: 400 bad_request; headers too slow: 408
+request_timeout; too many connections: 503 too_many_connections) use the OpenAI shape on every
+path and close the connection.
+
+Request bodies are JSON objects (the Content-Type is not checked); unknown fields are ignored.
+Limits beyond types: depth 128, numbers of at most 100 characters, no lone surrogates (400).
+"""
+
+
+# --- the routes -----------------------------------------------------------------------------------
+
+
+def _registry() -> Registry:
+    reg: Registry = current_app.config["BUBO_MODELS"]
+    return reg
+
+
+def _config() -> ServerConfig:
+    cfg: ServerConfig = current_app.config["BUBO_CONFIG"]
+    return cfg
+
+
+@blueprint.get("/openapi.json")
+def openapi_json() -> Any:
+    return jsonify(document(_config(), _registry()))
+
+
+def _has_key(cfg: ServerConfig) -> bool:
+    try:
+        check_api_key(cfg.api_keys)
+    except errors.ApiError:
+        return False
+    return True
+
+
+def about_lines(cfg: ServerConfig, reg: Registry, show_models: bool) -> tuple[list[str], list[tuple[str, str]]]:
+    """(the lines that say what runs, the routes as (method path, summary))."""
+    lines = [f"bubo {bubo.__version__} is running."]
+    if not show_models:
+        lines.append("An API key is required: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY').")
+    elif reg.is_router:
+        lines.append("Models: " + ", ".join(f"{e.name} ({e.status.value})" for e in reg.entries)
+                     + f"; '{DEFAULT_NAME}' names {reg.default.name}.")
+    else:
+        e = reg.default
+        others = [n for n in reg.names() if n != e.name]
+        lines.append(f"Model: {e.name} ({e.status.value})" + (f", also named {', '.join(others)}." if others else "."))
+    lines.append("API description (OpenAPI 3.1): GET /openapi.json"
+                 + (" (with the key)." if cfg.api_keys else "."))
+    routes: list[tuple[str, str]] = []
+    for path, ops in document(cfg, reg)["paths"].items():
+        for method, op in ops.items():
+            if "alias of" in op.get("summary", "") or op["operationId"].startswith("not_implemented"):
+                continue
+            routes.append((f"{method.upper()} {path}", op["summary"]))
+    return lines, routes
+
+
+@blueprint.get("/")
+def about() -> Any:
+    """What is running, for a person: plain text, or a small page for a browser. No key needed."""
+    cfg, reg = _config(), _registry()
+    show = _has_key(cfg)
+    lines, routes = about_lines(cfg, reg, show)
+    browser = any(m == "text/html" and q > 0 for m, q in request.accept_mimetypes)
+    if browser:
+        items = "".join(f"<li><code>{html.escape(r)}</code> {html.escape(s)}</li>" for r, s in routes)
+        body = ("<!doctype html><html><head><meta charset=\"utf-8\"><title>bubo</title></head><body>"
+                + "".join(f"<p>{html.escape(line)}</p>" for line in lines)
+                + f"<p><a href=\"/openapi.json\">/openapi.json</a></p><h2>Routes</h2><ul>{items}</ul>"
+                + "</body></html>")
+        resp = Response(body, mimetype="text/html")
+    else:
+        width = max(len(r) for r, _ in routes)
+        text = "\n".join(lines) + "\n\nRoutes:\n" + "".join(f"  {r.ljust(width)}  {s}\n" for r, s in routes)
+        resp = Response(text, mimetype="text/plain")
+    resp.headers["Vary"] = "Accept"
+    return resp

@@ -1,0 +1,263 @@
+"""`bubo serve` as a user meets it: a model that cannot be served stops the process with one line
+on stderr and exit status 1; llama-server's flags people type by habit are accepted with a note
+or refused in one line naming the flag; -c 0 is the trained context; --temp/--top-k/.../-n are
+the defaults of requests that leave them out; one log line per request (text or JSON), polled
+routes only with -v, nothing with --log-disable; 503 while loading carries Retry-After;
+--version; `bubo` alone prints its help."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from bubo import store
+from bubo.cli import HABIT_NOTES, HABIT_REFUSED
+
+from .conftest import start_server
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def bubo(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bubo", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO)
+
+
+def post(url: str, body: dict) -> tuple[int, dict, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, dict(r.headers), json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.loads(e.read())
+
+
+def get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+# --- models that cannot be served --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bad_models(tmp_path_factory) -> dict[str, tuple[str, str]]:
+    d = tmp_path_factory.mktemp("bad")
+    (d / "text.gguf").write_text("hello, not a model\n")
+    (d / "empty.gguf").write_bytes(b"")
+    (d / "folder").mkdir()
+    return {  # -m value: (what stderr must name, why)
+        "missing": (str(d / "missing.gguf"), "no such file"),
+        "not gguf": (str(d / "text.gguf"), "not a GGUF file"),
+        "empty": (str(d / "empty.gguf"), "GGUF"),
+        "unknown name": ("nosuchmodel:7b", "unknown model 'nosuchmodel:7b'"),
+        "folder": (str(d / "folder"), "a folder, not a model file"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "not gguf", "empty", "unknown name", "folder"])
+def test_a_model_that_cannot_be_served_exits_1_with_one_line(bad_models, case):
+    model, why = bad_models[case]
+    r = bubo("serve", "-m", model, "--port", "0")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("bubo serve: error: ") and why in lines[0], lines[0]
+    assert "listening" not in r.stdout  # it never looked healthy
+
+
+def test_unsupported_model_file_exits_1(tmp_path):
+    """A GGUF file of an architecture bubo does not run: named at start, exit 1."""
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "other.gguf"
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = bubo("serve", "-m", str(path), "--port", "0")
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "mamba" in r.stderr
+
+
+# --- flags -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags,names", [
+    (["-c", "-3"], "-c -3: give 0 (the trained context)"),
+    (["-t", "0"], "-t 0: give a positive number of threads"),
+    (["-n", "0"], "-n 0: give a positive number of tokens"),
+    (["--temp", "nan"], "--temp nan"),
+    (["--top-p", "7"], "--top-p 7"),
+    (["-np", "0"], "--parallel 0"),
+    (["--log-format", "xml"], "--log-format"),
+])
+def test_bad_values_name_the_flag_typed(flags, names):
+    r = bubo("serve", "-m", "smollm2:135m", "--port", "0", *flags)
+    assert r.returncode in (1, 2) and len(r.stderr.splitlines()) == 1, r.stderr
+    assert names in r.stderr, r.stderr
+    assert "n_ctx" not in r.stderr and "n_threads" not in r.stderr
+
+
+@pytest.mark.parametrize("flags,value", [(f, v) for fl, v, _ in HABIT_REFUSED for f in fl[:1]])
+def test_llama_server_flags_without_a_meaning_here_are_refused_in_one_line(flags, value):
+    r = bubo("serve", flags, *(["x"] if value else []))
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"bubo serve: error: {flags}: not supported: "), r.stderr
+
+
+def test_unknown_flags_are_one_line():
+    r = bubo("serve", "--no-such-flag")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--no-such-flag" in r.stderr
+
+
+def test_version_and_help():
+    r = bubo("--version")
+    assert r.returncode == 0 and r.stdout.startswith("bubo ") and r.stdout.split()[1][0].isdigit()
+    r = bubo()
+    assert r.returncode == 0 and "usage: bubo" in r.stdout and "serve" in r.stdout and not r.stderr
+
+
+@pytest.fixture(scope="module")
+def habits():
+    """A server started with every accepted habit flag, -c 0 and sampling defaults."""
+    accepted = []
+    for flags, value, _ in HABIT_NOTES:
+        accepted += [flags[0], "99"] if value else [flags[0]]
+    accepted += ["-fa", "on"]  # llama-server's newer form takes a value
+    with start_server(*accepted, "--temp", "0", "--top-k", "1", "-n", "7", "-np", "1", ctx=0) as s:
+        yield s.wait_ready()
+
+
+@pytest.mark.models
+def test_habit_flags_are_accepted_with_a_note_each(habits):
+    log = "".join(habits.log)
+    for flags, _, note in HABIT_NOTES:
+        assert f"{flags[0]}: accepted, {note}" in log
+    assert habits.alive()
+
+
+@pytest.mark.models
+def test_c_0_is_the_trained_context(habits):
+    props = get(habits.url + "/props")
+    trained = store.pull("smollm2:135m")
+    assert props["default_generation_settings"]["n_ctx"] == 8192, trained  # smollm2's trained context
+
+
+@pytest.mark.models
+def test_sampling_flags_are_the_defaults_of_requests_that_leave_them_out(habits):
+    params = get(habits.url + "/props")["default_generation_settings"]["params"]
+    assert params["temperature"] == 0 and params["top_k"] == 1 and params["n_predict"] == 7
+    msgs = [{"role": "user", "content": "Tell me a story about a fox."}]
+    _, _, plain = post(habits.url + "/v1/chat/completions", {"model": "bubo", "messages": msgs})
+    _, _, greedy = post(habits.url + "/v1/chat/completions",
+                        {"model": "bubo", "messages": msgs, "temperature": 0, "max_tokens": 7})
+    assert plain["usage"]["completion_tokens"] == 7 and plain["choices"][0]["finish_reason"] == "length"
+    assert plain["choices"][0]["message"] == greedy["choices"][0]["message"]
+    # a request's own value wins over the server's
+    _, _, longer = post(habits.url + "/v1/chat/completions", {"model": "bubo", "messages": msgs, "max_tokens": 12})
+    assert longer["usage"]["completion_tokens"] == 12
+    _, _, raw = post(habits.url + "/completion", {"prompt": "Once upon a time"})
+    assert raw["tokens_predicted"] == 7
+
+
+# --- the log -------------------------------------------------------------------------------
+
+
+def wait_for(server, text: str, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = "".join(server.log)
+        if text in log:
+            return log
+        time.sleep(0.05)
+    raise AssertionError(f"{text!r} not in the log:\n" + "".join(server.log))
+
+
+@pytest.mark.models
+def test_start_up_lines_and_one_line_per_request(habits):
+    log = "".join(habits.log)
+    ready = next(line for line in habits.log if line.startswith("bubo serve: ready:"))
+    for part in ("weights ", " MiB", "KV cache ", "context 8192 tokens", "1 slots", "2 threads", " s;"):
+        assert part in ready, ready
+    post(habits.url + "/v1/chat/completions", {"model": "bubo", "messages": [{"role": "user", "content": "hi"}]})
+    log = wait_for(habits, "POST /v1/chat/completions 200")
+    line = next(x for x in log.splitlines() if "POST /v1/chat/completions 200" in x)
+    assert "model=smollm2:135m" in line and "generated=7" in line and " ms" in line
+    prompt = int(line.split("prompt=")[1].split()[0])
+    assert prompt > 5
+    urllib.request.urlopen(habits.url + "/health").read()
+    post(habits.url + "/v1/chat/completions", {"model": "nope", "messages": []})
+    log = wait_for(habits, "POST /v1/chat/completions 404")
+    assert "GET /health" not in log  # polled routes only with -v
+
+
+@pytest.mark.models
+def test_json_log_format_verbose_and_log_disable():
+    with start_server("--log-format", "json", "-v", "-np", "1") as s:
+        s.wait_ready()
+        post(s.url + "/v1/chat/completions", {"model": "bubo", "max_tokens": 3,
+                                              "messages": [{"role": "user", "content": "hi"}]})
+        wait_for(s, '"path": "/v1/chat/completions"')
+        wait_for(s, '"path": "/ready"')  # -v: polled routes too
+        records = [json.loads(line) for line in s.log if line.strip()]
+    req = next(r for r in records if r.get("path") == "/v1/chat/completions")
+    assert req["method"] == "POST" and req["status"] == "200" and req["model"] == "smollm2:135m"
+    assert req["generated_tokens"] == 3 and req["prompt_tokens"] > 0 and req["ms"] > 0 and req["level"] == "info"
+    assert any(r["msg"].startswith("listening on http://") and r.get("url") for r in records)
+    assert any(r.get("weights_bytes", 0) > 0 and r.get("kv_bytes", 0) > 0 for r in records)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.models
+def test_log_disable_prints_nothing():
+    """--log-disable: no start-up lines and no request log (a fatal error still says why)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "bubo", "serve", "-m", str(store.pull("smollm2:135m")),
+                             "--port", str(port), "--log-disable", "-c", "512", "-t", "2", "-ngl", "9"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(url + "/ready", timeout=5).read()
+                break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        status, _, _ = post(url + "/v1/chat/completions", {"model": "bubo", "max_tokens": 2,
+                                                           "messages": [{"role": "user", "content": "hi"}]})
+        assert status == 200
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=40)
+    assert proc.returncode == 0 and out == "" and err == "", (out, err)
+
+
+@pytest.mark.models
+def test_503_while_loading_carries_retry_after():
+    with start_server("--debug-hooks", "-np", "1", env={"BUBO_DEBUG_LOAD_DELAY_S": "3"}) as s:
+        status, headers, body = post(s.url + "/v1/chat/completions",
+                                     {"model": "bubo", "messages": [{"role": "user", "content": "hi"}]})
+        assert status == 503 and body["error"]["code"] == "not_ready", body
+        assert headers.get("Retry-After") == "2"
+        try:
+            urllib.request.urlopen(s.url + "/ready", timeout=10)
+            raise AssertionError("/ready answered 200 while loading")
+        except urllib.error.HTTPError as e:
+            assert e.code == 503 and e.headers.get("Retry-After") == "2"
+        s.wait_ready()
