@@ -40,6 +40,7 @@ from bubo._tokenizer import Tokenizer
 from bubo.chat import ChatTemplate
 from bubo.chat.parsers import Part, ToolCall
 from bubo.chat.request import assistant_message, chat_finish_reason
+from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig
 from bubo.engine.generation import LENGTH, StopMatcher, text_pieces
 from bubo.engine.types import (
     ErrorEvent,
@@ -274,7 +275,10 @@ class Model:
 
     A catalog name that is not stored yet is pulled first. n_ctx is the KV cache size in tokens
     (capped at the model's training context); n_threads defaults to every CPU; chat_template:
-    Jinja source that replaces the file's own.
+    Jinja source that replaces the file's own. draft: speculative decoding with prompt-lookup
+    drafts (True: bubo.engine.draft.DEFAULT_DRAFT; False: off; or a DraftConfig); it never
+    changes an answer (greedy or seeded: the same tokens and log-probabilities), only how many
+    forward passes it takes.
 
     A Model is a context manager: `with bubo.Model(...) as m:` closes it at the end of the
     block (close(): the native model and its KV cache are let go; later calls raise).
@@ -288,7 +292,8 @@ class Model:
     temperature <= 0 is greedy; seed None or -1 draws a random seed."""
 
     def __init__(self, name_or_path: str | os.PathLike[str], *, n_ctx: int = 4096,
-                 n_threads: int | None = None, chat_template: str | None = None):
+                 n_threads: int | None = None, chat_template: str | None = None,
+                 draft: bool | DraftConfig = True):
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx <= 0:
             raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
@@ -307,7 +312,10 @@ class Model:
         self.n_ctx = min(n_ctx, n_ctx_train) if n_ctx_train else n_ctx
         # swa_full=False: sliding-window layers (gemma3) keep only their window's blocks
         kv = KVCache(runtime.native, self.n_ctx, swa_full=False)
-        sched = Scheduler(runtime, kv, 1, PREFILL_CHUNK, self.n_ctx, Engine._memory_short, retain=True)
+        if not isinstance(draft, (bool, DraftConfig)):
+            raise TypeError(f"draft must be True, False or a bubo.engine.draft.DraftConfig, not {type(draft).__name__}")
+        config = DEFAULT_DRAFT if draft is True else (draft or None)
+        sched = Scheduler(runtime, kv, 1, PREFILL_CHUNK, self.n_ctx, Engine._memory_short, retain=True, draft=config)
         self._loaded: _Loaded | None = _Loaded(runtime, kv, sched)
         self._current: _Run | None = None
         self._runs: weakref.WeakSet[_Run] = weakref.WeakSet()  # every run not yet collected: close() ends them

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig
 from bubo.engine.registry import DEFAULT_NAME, EngineSettings, ModelSpec
 
 GLOBAL_SECTION = "*"
@@ -189,7 +190,26 @@ def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0) -> dict[st
             raise ModelsConfigError(f"--chat-template-file {args.chat_template_file}: {e}") from None
     if load_delay_s:
         given["load_delay_s"] = load_delay_s
+    draft = draft_config(args)
+    if draft is not DEFAULT_DRAFT:
+        given["draft"] = draft
     return given
+
+
+def draft_config(args: argparse.Namespace) -> DraftConfig | None:
+    """Speculative decoding as --draft-max, --draft-min and --no-draft say (None: off)."""
+    if getattr(args, "no_draft", False):
+        return None
+    n_max, n_min = getattr(args, "draft_max", None), getattr(args, "draft_min", None)
+    if n_max is None and n_min is None:
+        return DEFAULT_DRAFT
+    if n_max is not None and n_max < 1:
+        raise ModelsConfigError(f"--draft-max {n_max}: give at least 1 (--no-draft turns drafting off)")
+    n_max = DEFAULT_DRAFT.n_max if n_max is None else n_max
+    n_min = DEFAULT_DRAFT.n_min if n_min is None else n_min
+    if not 0 <= n_min <= n_max:
+        raise ModelsConfigError(f"--draft-min {n_min}: give 0..{n_max} (--draft-max)")
+    return DraftConfig(n_max=n_max, n_min=n_min)
 
 
 def model_specs(args: argparse.Namespace, load_delay_s: float = 0.0) -> list[ModelSpec]:

@@ -47,6 +47,7 @@ import gevent
 import gevent.event
 from gevent.monkey import get_original
 
+from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig
 from bubo.engine.types import (
     ContextLengthError,
     EngineMetrics,
@@ -226,7 +227,7 @@ class Engine:
     def __init__(self, model: str, *, n_ctx: int | None = None, n_threads: int | None = None,
                  chat_template: str | None = None, load_delay_s: float = 0.0,
                  n_parallel: int | None = None, n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
-                 queue_size: int | None = None):
+                 queue_size: int | None = None, draft: DraftConfig | None = DEFAULT_DRAFT):
         if n_ctx is not None and n_ctx < 0:
             raise ValueError(f"n_ctx must be 0 (the trained context) or positive, got {n_ctx}")
         if n_threads is not None and n_threads <= 0:
@@ -239,7 +240,8 @@ class Engine:
             raise ValueError(f"queue_size must be >= 0 (or None: unbounded), got {queue_size}")
         self._settings: dict[str, Any] = dict(
             n_ctx=n_ctx, n_threads=n_threads, chat_template=chat_template, load_delay_s=load_delay_s,
-            n_parallel=n_parallel, n_batch=n_batch, n_ubatch=n_ubatch, queue_size=queue_size)
+            n_parallel=n_parallel, n_batch=n_batch, n_ubatch=n_ubatch, queue_size=queue_size, draft=draft)
+        self.draft = draft  # speculative decoding: prompt-lookup drafts (bubo.engine.draft); None: off
         self.model_name = str(model)
         self._chat_template_override = chat_template  # replaces the GGUF's tokenizer.chat_template
         self.model_path: str | None = None
@@ -385,7 +387,8 @@ class Engine:
         # sliding-window layers too (their window pool would have released the blocks a later
         # request needs); it costs gemma3 the window layers' share of the context's memory
         self.kv = KVCache(runtime.native, self.n_ctx, n_seq_max=self.n_parallel, swa_full=True)
-        self._sched = Scheduler(runtime, self.kv, self.n_parallel, n_step, self.n_ctx, self._memory_short)
+        self._sched = Scheduler(runtime, self.kv, self.n_parallel, n_step, self.n_ctx, self._memory_short,
+                                draft=self.draft)
         self.model_path = str(path)
         self.weights_bytes = os.path.getsize(path)
         self.kv_bytes = self.kv.nbytes
@@ -518,6 +521,8 @@ class Engine:
             n_decode_total=int(c["n_decode_total"]),
             n_tokens_max=int(c["n_tokens_max"]),
             n_preemptions_total=int(c["n_preemptions_total"]),
+            n_drafted_total=int(c["n_drafted_total"]),
+            n_drafted_accepted_total=int(c["n_drafted_accepted_total"]),
             requests_processing=processing,
             requests_deferred=deferred,
             kv_cache_tokens=sum(kv.seq_len(s.id) for s in sched.slots),

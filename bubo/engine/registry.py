@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 import gevent
 import gevent.lock
 
+from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig
 from bubo.engine.engine import Engine, ModelInfo, memory_budget
 from bubo.engine.types import EngineRefusal, InsufficientMemoryError, NotReadyError, Reason
 
@@ -66,6 +67,7 @@ class EngineSettings:
     queue_size: int | None = None
     chat_template: str | None = None
     load_delay_s: float = 0.0
+    draft: DraftConfig | None = DEFAULT_DRAFT  # speculative decoding (None: off)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +149,7 @@ def _never_loaded(spec: ModelSpec) -> Engine:
     s = spec.settings
     return Engine(spec.source, n_ctx=s.n_ctx, n_threads=s.n_threads, chat_template=s.chat_template,
                   load_delay_s=s.load_delay_s, n_parallel=s.n_parallel, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
-                  queue_size=s.queue_size)
+                  queue_size=s.queue_size, draft=s.draft)
 
 
 class Registry:

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from bubo.engine.draft import DraftConfig, NgramDrafter
 from bubo.engine.generation import STOP, Generation, GrammarStuck
 from bubo.engine.metrics import Histogram
 from bubo.engine.types import ErrorEvent, Event, FinishEvent, GenerationRequest, Reason, SlotPhase, SlotState, Timings
@@ -78,12 +79,17 @@ class Sink(Protocol):
 class Task:
     """One request in flight (queued, in a slot, or preempted and queued again)."""
 
-    def __init__(self, sink: Sink, runtime: Runtime, n_ctx: int, task_id: int):
+    def __init__(self, sink: Sink, runtime: Runtime, n_ctx: int, task_id: int, draft: DraftConfig | None = None):
         req = sink.request
         self.sink = sink
         self.req = req
         self.id = task_id
         self.gen = Generation(runtime, req, n_ctx)
+        if req.draft_max is not None and draft is not None:
+            draft = dataclasses.replace(draft, n_max=req.draft_max, n_min=min(draft.n_min, req.draft_max)) \
+                if req.draft_max > 0 else None
+        self.drafter = NgramDrafter(draft) if draft is not None and draft.ngram else None
+        self.draft: list[int] = []  # drafted tokens after the pending one, in this step's plan
         self.tokens: list[int] = list(req.prompt)
         self.n_prompt = len(req.prompt)
         self.n_past = 0
@@ -139,8 +145,12 @@ class Scheduler:
     next request to continue (the library's one slot)."""
 
     def __init__(self, runtime: Runtime, kv: KVCache, n_slots: int, n_step: int, n_ctx: int,
-                 memory_short: Callable[[int], bool] | None = None, retain: bool = False):
+                 memory_short: Callable[[int], bool] | None = None, retain: bool = False,
+                 draft: DraftConfig | None = None):
         self.runtime = runtime
+        # drafting rolls the cache back past a refused draft: a sliding-window pool that has
+        # already dropped the positions the rollback returns to cannot (swa_full=False)
+        self.draft = draft if kv.sliding_window == 0 or kv.swa_full else None
         self.native = runtime.native
         self.kv = kv
         self.n_ctx = n_ctx
@@ -157,6 +167,7 @@ class Scheduler:
             tokens_predicted_total=0, tokens_predicted_seconds_total=0.0, n_decode_total=0,
             n_tokens_max=0, n_busy_slots_total=0, n_preemptions_total=0,
             prefix_cache_lookup_tokens_total=0, prefix_cache_hit_tokens_total=0,
+            n_drafted_total=0, n_drafted_accepted_total=0,
         )
         self.ttft = Histogram()
         self.queue_wait = Histogram()
@@ -166,7 +177,7 @@ class Scheduler:
     def new_task(self, sink: Sink) -> Task:
         """The request's Task (its sampler and grammar state built here, outside the queue's lock)."""
         self.n_task += 1
-        return Task(sink, self.runtime, self.n_ctx, self.n_task)
+        return Task(sink, self.runtime, self.n_ctx, self.n_task, self.draft)
 
     def n_waiting(self) -> int:
         return sum(1 for t in self.queue if not t.cancelled)
@@ -300,9 +311,11 @@ class Scheduler:
             budget = self.n_step
             plan: list[tuple[Slot, int]] = []
             for s in active:
-                if self._task(s).n_pending == 1:
-                    plan.append((s, 1))
-                    budget -= 1
+                t = self._task(s)
+                if t.n_pending == 1:
+                    t.draft = self._propose(t, budget - 1)
+                    plan.append((s, 1 + len(t.draft)))
+                    budget -= 1 + len(t.draft)
             for s in active:
                 n = self._task(s).n_pending
                 if n > 1 and budget > 0:
@@ -325,6 +338,16 @@ class Scheduler:
         for s, _ in short:
             self._finish_no_memory(s)
         return [(s, n) for s, n in plan if s.task is not None]
+
+    def _propose(self, t: Task, budget: int) -> list[int]:
+        """t's draft for this step: within the step's budget, the answer's max_tokens and the
+        context (the pending token and the draft must fit, and one more token after them)."""
+        if t.drafter is None or budget <= 0:
+            return []
+        limit = min(budget, self.n_ctx - len(t.tokens) - 1)
+        if t.req.max_tokens is not None:
+            limit = min(limit, t.req.max_tokens - t.n_gen - 1)
+        return t.drafter.propose(t.tokens, limit) if limit > 0 else []
 
     @staticmethod
     def _task(s: Slot) -> Task:
@@ -355,12 +378,17 @@ class Scheduler:
         sampled: list[Slot] = []
         for s, n in plan:
             t = self._task(s)
-            toks[i:i + n] = t.tokens[t.n_past:t.n_past + n]
+            if t.draft:  # the pending token and its draft: every row's logits are checked
+                toks[i:i + n] = [t.tokens[t.n_past], *t.draft]
+                want[i:i + n] = True
+                sampled.append(s)
+            else:
+                toks[i:i + n] = t.tokens[t.n_past:t.n_past + n]
+                if t.n_past + n == len(t.tokens):
+                    want[i + n - 1] = True
+                    sampled.append(s)
             pos[i:i + n] = np.arange(t.n_past, t.n_past + n, dtype=np.int32)
             seq[i:i + n] = s.id
-            if t.n_past + n == len(t.tokens):
-                want[i + n - 1] = True
-                sampled.append(s)
             i += n
         try:
             logits = self.native.decode(self.kv, toks, pos, seq, want)
@@ -380,16 +408,53 @@ class Scheduler:
         now = time.perf_counter()
         for s, n in plan:
             t = self._task(s)
-            t.n_past += n
+            t.n_past += 1 if t.draft else n  # a draft's rows count once they are checked
             if t.n_past <= t.n_prompt:
                 c["prompt_tokens_total"] += n
-            n_full = t.n_past // self.block_size
-            if n_full > t.n_registered:
-                self.kv.prefix_register(s.id, t.tokens[: n_full * self.block_size])
-                t.n_registered = n_full
+            self._register(s, t)
         c["n_tokens_max"] = max(c["n_tokens_max"], max(self._task(s).n_past for s, _ in plan))
-        for row, s in enumerate(sampled):
-            self._sample(s, logits[row], now)
+        row = 0
+        for s in sampled:
+            t = self._task(s)
+            if t.draft:
+                n = 1 + len(t.draft)
+                self._verify(s, t, logits[row:row + n], now)
+                row += n
+            else:
+                self._sample(s, logits[row], now)
+                row += 1
+
+    def _register(self, s: Slot, t: Task) -> None:
+        """Hand s's full blocks of checked tokens to the prefix cache."""
+        n_full = t.n_past // self.block_size
+        if n_full > t.n_registered:
+            self.kv.prefix_register(s.id, t.tokens[: n_full * self.block_size])
+            t.n_registered = n_full
+
+    def _verify(self, s: Slot, t: Task, rows: npt.NDArray[np.float32], now: float) -> None:
+        """Sample t's rows in order, exactly as plain decoding would (the same sampler chain,
+        grammar and random draws: one per token the answer keeps), keeping each drafted token
+        while it equals the token sampled before it; the cache forgets the rest."""
+        draft, t.draft = t.draft, []
+        accepted = 0
+        for i in range(len(draft) + 1):
+            self._sample(s, rows[i], now)
+            if s.task is not t:  # it ended (or failed) at this token
+                break
+            if i == len(draft) or t.tokens[-1] != draft[i]:
+                break
+            accepted += 1
+            t.n_past += 1  # the drafted token is in the cache and is now the answer's
+        c = self.counters
+        c["n_drafted_total"] += len(draft)
+        c["n_drafted_accepted_total"] += accepted
+        if t.drafter is not None:
+            t.drafter.taken(len(draft), accepted)
+        if s.task is t:
+            self.kv.truncate(s.id, t.n_past)
+            self._register(s, t)
+        elif s.held:  # the library's slot keeps what its sequence holds: only checked tokens
+            self.kv.truncate(s.id, len(s.held))
 
     def _sample(self, s: Slot, logits: npt.NDArray[np.float32], now: float) -> None:
         t = self._task(s)
@@ -423,6 +488,8 @@ class Scheduler:
             predicted_s=max(end - (t.t_prompt_done or end), 0.0),
             queue_s=max(t.t_admit - t.t_submit, 0.0),
             cache_miss=t.cache_miss,
+            draft_n=t.drafter.n_drafted if t.drafter is not None else 0,
+            draft_n_accepted=t.drafter.n_accepted if t.drafter is not None else 0,
         )
 
     def _finish(self, s: Slot, reason: str) -> None:
@@ -483,6 +550,7 @@ class Scheduler:
         self._clear(s)
         t.n_past = 0
         t.n_registered = 0
+        t.draft = []
         s.task = None
         self.queue.appendleft(t)
 

@@ -54,6 +54,7 @@ class GenerationRequest:
     cache_prompt: bool = True
     ignore_eos: bool = False  # end-of-generation tokens get a -inf bias (llama-server's ignore_eos)
     grammar: Grammar | None = None  # every token keeps the text in this grammar's language
+    draft_max: int | None = None  # most drafted tokens per pass (0: no drafting; None: the engine's)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class Timings:
     predicted_s: float = 0.0
     queue_s: float = 0.0
     cache_miss: str | None = None
+    draft_n: int = 0  # drafted tokens checked (speculative decoding)
+    draft_n_accepted: int = 0  # ... of which the answer kept
 
     @property
     def prompt_per_second(self) -> float:

@@ -176,8 +176,11 @@ def stop_reason(fin: FinishEvent, n_calls: int) -> str:
 
 def usage(fin: FinishEvent) -> dict[str, Any]:
     # input_tokens counts the whole prompt (as count_tokens and message_start do), the cached part included
-    return {"input_tokens": fin.prompt_tokens, "output_tokens": fin.completion_tokens,
-            "cache_read_input_tokens": fin.cached_tokens, "cache_creation_input_tokens": 0}
+    out: dict[str, Any] = {"input_tokens": fin.prompt_tokens, "output_tokens": fin.completion_tokens,
+                           "cache_read_input_tokens": fin.cached_tokens, "cache_creation_input_tokens": 0}
+    if fin.timings.draft_n:  # speculative decoding (bubo's own keys)
+        out.update(draft_tokens=fin.timings.draft_n, draft_tokens_accepted=fin.timings.draft_n_accepted)
+    return out
 
 
 def tool_input(call: ToolCall) -> Any:

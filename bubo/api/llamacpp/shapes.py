@@ -28,6 +28,8 @@ def timings_json(t: Timings) -> dict[str, Any]:
         "predicted_per_second": t.predicted_per_second,
         "queue_ms": t.queue_s * 1e3,
         "cache_miss": t.cache_miss,
+        # speculative decoding, as llama-server reports it
+        **({"draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted} if t.draft_n else {}),
     }
 
 

@@ -70,7 +70,18 @@ def usage(fin: FinishEvent) -> dict[str, Any]:
         "prompt_tokens_details": cache_details(fin, "cached_tokens"),
         "prompt_tokens_per_second": fin.timings.prompt_per_second,
         "completion_tokens_per_second": fin.timings.predicted_per_second,
+        **draft_details(fin),
     }
+
+
+def draft_details(fin: FinishEvent) -> dict[str, Any]:
+    """Speculative decoding's drafted tokens in OpenAI's words for predicted tokens: those the
+    answer kept and those it refused (absent when nothing was drafted)."""
+    t = fin.timings
+    if not t.draft_n:
+        return {}
+    return {"completion_tokens_details": {"accepted_prediction_tokens": t.draft_n_accepted,
+                                          "rejected_prediction_tokens": t.draft_n - t.draft_n_accepted}}
 
 
 def cache_details(fin: FinishEvent, key: str) -> dict[str, Any]:

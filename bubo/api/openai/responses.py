@@ -10,7 +10,7 @@ from typing import Any
 from bubo.api import fields as f
 from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
-from bubo.api.openai.chat import cache_details
+from bubo.api.openai.chat import cache_details, draft_details
 from bubo.api.pipeline import Conversation, Output, steered
 from bubo.chat.parsers import Part, ToolCall
 from bubo.engine.types import FinishEvent
@@ -123,7 +123,8 @@ def usage(fin: FinishEvent, reasoning_tokens: int) -> dict[str, Any]:
         "input_tokens": fin.prompt_tokens,
         "input_tokens_details": cache_details(fin, "cached_tokens"),
         "output_tokens": fin.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens,
+                                  **draft_details(fin).get("completion_tokens_details", {})},
         "total_tokens": fin.prompt_tokens + fin.completion_tokens,
     }
 

@@ -1,0 +1,196 @@
+"""Speculative decoding with prompt-lookup drafts (bubo.engine.draft) never changes an answer:
+greedy answers are the plain greedy tokens, seeded ones the same tokens and log-probabilities,
+with and without a JSON Schema grammar, on the three catalog models; drafting on in some slots
+and off in others keeps every answer as it is alone (batch invariance); a request cancelled
+while drafts are checked frees its slot and blocks; the counters say how many drafted tokens
+were checked and kept."""
+
+from __future__ import annotations
+
+import gevent
+import pytest
+
+import bubo
+from bubo.chat.schema import schema_to_gbnf
+from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
+from bubo.engine.draft import DraftConfig, NgramDrafter
+from bubo.sampling import SamplingParams
+
+from engines import start_engine
+
+GREEDY = SamplingParams(temperature=0)
+SEEDED = SamplingParams(temperature=0.8, top_p=0.9, repeat_penalty=1.1, presence_penalty=0.2, seed=4242)
+
+POEM = """The owl sat still upon the bough,
+and watched the river run below;
+the moon was bright, the night was cold,
+the wind was soft, the hour was old."""
+CODE = """def mean(values):
+    total = 0
+    for v in values:
+        total += v
+    return total / len(values)
+"""
+PROMPTS = [  # answers that repeat their prompt (drafts pay) and ones that do not
+    "Copy this poem exactly, then write one more line:\n\n" + POEM,
+    "Rewrite this function with the variable `total` renamed to `acc`:\n\n" + CODE,
+    "Repeat the list, adding a fourth item: apples, pears, plums.",
+    "Why is the sky blue?",
+    "Write a haiku about owls.",
+]
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "lines"],
+          "properties": {"name": {"type": "string"}, "lines": {"type": "array", "items": {"type": "string"}}}}
+
+
+# --- the drafter alone -----------------------------------------------------------------------
+
+
+def test_ngram_drafter_proposes_what_followed_the_tail_before():
+    d = NgramDrafter(DraftConfig(n_max=8))
+    toks = [5, 6, 7, 8, 9, 1, 2, 5, 6, 7]
+    assert d.propose(toks, 8) == [8, 9, 1, 2][: d.k]  # the tail 5 6 7 was followed by 8 9 1 2 ...
+    assert d.propose([1, 2, 3, 4], 8) == []  # no earlier occurrence
+    assert d.propose(toks, 1) == [8]  # the limit holds
+
+
+def test_ngram_drafter_adapts_and_pauses_after_misses():
+    d = NgramDrafter(DraftConfig(n_max=16))
+    k0 = d.k
+    d.taken(k0, k0)
+    assert d.k == min(2 * k0, 16)
+    toks = [1, 2, 3, 4, 1, 2]
+    for _ in range(3):
+        d.taken(2, 0)
+    assert d.propose(toks, 8) == []  # paused
+    d2 = NgramDrafter(DraftConfig(n_max=4, n_min=4))
+    assert d2.propose([1, 2, 9, 1, 2], 8) == []  # fewer than n_min found
+
+
+def test_draft_config_bounds():
+    with pytest.raises(ValueError, match="draft max"):
+        DraftConfig(n_max=0)
+    with pytest.raises(ValueError, match="draft min"):
+        DraftConfig(n_max=4, n_min=5)
+
+
+# --- the library: the same answers, drafted or not -------------------------------------------
+
+
+def answers(model, params, grammar=None, max_tokens=96):
+    out = []
+    for p in PROMPTS:
+        c = model.chat([{"role": "user", "content": p}], max_tokens=max_tokens, grammar=grammar,
+                       **{k: v for k, v in vars(params).items() if k in ("temperature", "top_p", "repeat_penalty",
+                                                                         "presence_penalty", "seed")})
+        out.append((c.tokens, c.logprobs, c.timings))
+    return out
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("name", ["smollm2:135m", "qwen2.5-coder:0.5b"])
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_drafting_never_changes_an_answer(catalog_model, name, params):
+    plain = bubo.Model(catalog_model(name), n_ctx=2048, n_threads=2, draft=False)
+    drafted = bubo.Model(catalog_model(name), n_ctx=2048, n_threads=2, draft=DraftConfig(n_max=8))
+    a, b = answers(plain, params), answers(drafted, params)
+    for (ta, la, tma), (tb, lb, tmb) in zip(a, b):
+        assert tb == ta
+        assert lb == la  # the log-probabilities too, bit for bit
+        assert tma.draft_n == 0
+    assert sum(t.draft_n_accepted for _, _, t in b) > 20  # drafts were checked and kept: the test can fail
+    if params is GREEDY:
+        g = schema_to_gbnf(PERSON)
+        a, b = answers(plain, params, grammar=g, max_tokens=64), answers(drafted, params, grammar=g, max_tokens=64)
+        assert [x[:2] for x in a] == [x[:2] for x in b]
+        assert sum(t.draft_n for _, _, t in b) > 0
+
+
+@pytest.mark.models
+def test_gemma3_a_sliding_window_model_drafts_in_the_server_and_not_in_the_library(catalog_model):
+    """The library's gemma3 cache keeps only the window's blocks, which a rollback could need:
+    it does not draft there; the server's (swa_full) does, with the same tokens."""
+    path = catalog_model("gemma3:270m")
+    m = bubo.Model(path, n_ctx=1024, n_threads=2)
+    prompt = "Copy: " + POEM + "\n\nCopy: " + POEM.split("\n")[0]
+    c = m.complete(prompt, max_tokens=48, temperature=0)
+    assert c.timings.draft_n == 0
+    e = start_engine(path, n_ctx=1024, n_parallel=1)
+    try:
+        events = list(e.submit(GenerationRequest(m.tokenize(prompt), GREEDY, 48)))
+    finally:
+        e.stop()
+    fin = events[-1]
+    assert isinstance(fin, FinishEvent) and fin.timings.draft_n_accepted > 0
+    assert [ev.token for ev in events[:-1]] == c.tokens
+
+
+# --- the engine: slots drafting and not, cancellation, counters ------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine(catalog_model):
+    e = start_engine(catalog_model("smollm2:135m"), n_ctx=4096, n_parallel=4, draft=DraftConfig(n_max=8))
+    yield e
+    e.stop()
+
+
+def prompt_ids(engine, text):
+    return engine.tokenizer.encode(engine.runtime.chat_prompt([{"role": "user", "content": text}]),
+                                   add_special=True, parse_special=True)
+
+
+def collect(stream):
+    events = list(stream)
+    assert isinstance(events[-1], FinishEvent), events[-1:]
+    return [e.token for e in events[:-1]], [e.logprob for e in events[:-1]], events[-1]
+
+
+@pytest.mark.models
+def test_drafting_on_in_some_slots_and_off_in_others_keeps_every_answer(engine):
+    alone = {}
+    for i, text in enumerate(PROMPTS[:4]):
+        req = GenerationRequest(prompt_ids(engine, text), SEEDED if i % 2 else GREEDY, 80, draft_max=0)
+        alone[i] = collect(engine.submit(req))[:2]
+    reqs = [GenerationRequest(prompt_ids(engine, t), SEEDED if i % 2 else GREEDY, 80, draft_max=0 if i < 2 else None)
+            for i, t in enumerate(PROMPTS[:4])]
+    streams = [engine.submit(r) for r in reqs]
+    jobs = [gevent.spawn(collect, s) for s in streams]
+    gevent.joinall(jobs, raise_error=True, timeout=300)
+    for i, j in enumerate(jobs):
+        toks, lps, fin = j.value
+        assert (toks, lps) == alone[i], i
+        if i < 2:
+            assert fin.timings.draft_n == 0, i  # drafting off for this request
+    assert jobs[2].value[2].timings.draft_n_accepted > 0  # the copying prompt drafted beside them
+
+
+@pytest.mark.models
+def test_cancelling_while_drafts_are_checked_frees_everything(engine):
+    before = engine.metrics().n_drafted_total
+    stream = engine.submit(GenerationRequest(prompt_ids(engine, PROMPTS[0]), GREEDY, 400))
+    n = 0
+    for ev in stream:
+        if isinstance(ev, TokenEvent):
+            n += 1
+            if n == 40:
+                stream.cancel()
+                break
+    with gevent.Timeout(30):
+        while engine.busy:
+            gevent.sleep(0.01)
+    assert engine.metrics().n_drafted_total > before  # it was drafting when cancelled
+    assert engine.kv.blocks_in_use() == 0
+    assert all(engine.kv.seq_len(s) == 0 for s in range(4))
+
+
+@pytest.mark.models
+def test_counters_and_timings_report_drafts(engine):
+    m0 = engine.metrics()
+    toks, _, fin = collect(engine.submit(GenerationRequest(prompt_ids(engine, PROMPTS[1]), GREEDY, 80)))
+    t = fin.timings
+    assert 0 < t.draft_n_accepted <= t.draft_n
+    m1 = engine.metrics()
+    assert m1.n_drafted_total - m0.n_drafted_total == t.draft_n
+    assert m1.n_drafted_accepted_total - m0.n_drafted_accepted_total == t.draft_n_accepted
+    # fewer forward passes than tokens: the point of it
+    assert m1.n_decode_total - m0.n_decode_total < len(toks)
