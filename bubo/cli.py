@@ -159,6 +159,9 @@ def _parser() -> _ArgParser:
                     "from the sequence's own prompt and answer (prompt lookup) and never change an answer")
     p.add_flag("--draft-min", type=int, default=None, help="fewer drafted tokens than this are not checked (default 0)")
     p.add_flag("--no-draft", action="store_true", help="no speculative decoding")
+    p.add_flag("--spec-type", default=None,
+               help="llama-server's speculative decoding types, comma-separated: ngram-simple (or any ngram-*) is "
+                    "bubo's prompt lookup, none turns it off; draft-* types need a draft model (not built yet)")
     p.add_flag("-v", "--verbose", action="store_true",
                help="log more: every request, polled routes (/health, /metrics, ...) included, and debug lines")
     p.add_flag("--log-disable", action="store_true",

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SamplingParams", "vocab_pieces"]
 
+# the smallest positive C float (the native sampler's floats): a smaller positive double is 0 there
+FLT_TRUE_MIN = 1.401298464324817e-45
 # llama.cpp truncates longer breakers to this many bytes
 DRY_MAX_BREAKER_LEN = 40
 
@@ -115,8 +117,9 @@ class SamplingParams:
         number("xtc_probability", 0.0, 1.0, why="the chance that XTC acts at a step")
         number("xtc_threshold", 0.0, 1.0, why="a probability; above 0.5 XTC is off")
         number("repeat_penalty", 0.0, why="the logit of a repeated token is divided (or multiplied) by it; 1 is off")
-        if self.repeat_penalty == 0.0:
-            raise ValueError("repeat_penalty must be > 0: a logit is divided by it (1 is off)")
+        if self.repeat_penalty < FLT_TRUE_MIN:  # smaller is 0 as the native sampler's C float
+            raise ValueError(f"repeat_penalty must be > 0 (at least {FLT_TRUE_MIN:.4g}, the smallest C float): "
+                             "a logit is divided by it (1 is off)")
         integer("repeat_last_n", -1, i32, why="-1 is the context size, 0 is off")
         number("presence_penalty")
         number("frequency_penalty")

@@ -107,7 +107,7 @@ def sampling_params(body: Mapping[str, Any], n_probs: int = 0) -> SamplingParams
         given[name] = v
     for name, v in given.items():
         # the native sampler holds these as C floats: a larger double would become inf there
-        if isinstance(v, float) and math.isfinite(v) and abs(v) > FLT_MAX:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) > FLT_MAX:
             raise invalid(f"{name} = {v!r} is out of range (at most {FLT_MAX:.3g} in magnitude)")
     # integers sent as floats (1.0) are accepted where an integer is meant
     for name in ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n", "mirostat", "min_keep", "seed"):
@@ -118,6 +118,29 @@ def sampling_params(body: Mapping[str, Any], n_probs: int = 0) -> SamplingParams
         return SamplingParams(n_probs=n_probs, **given)
     except (ValueError, TypeError) as e:
         raise invalid(str(e)) from None
+
+
+MAX_DRAFT_PER_REQUEST = 64  # speculative.n_max a request may ask for
+
+
+def draft_max_of(body: Mapping[str, Any]) -> int | None:
+    """llama-server's per-request speculative decoding field: `speculative.n_max` (most drafted
+    tokens checked per forward pass; 0 turns drafting off for this request; absent: the
+    server's). `speculative.n_min` and `speculative.p_min` are checked and otherwise belong to a
+    draft model, which bubo does not have yet."""
+    n_max = body.get("speculative.n_max")
+    if n_max is not None and (isinstance(n_max, bool) or not isinstance(n_max, int)
+                              or not 0 <= n_max <= MAX_DRAFT_PER_REQUEST):
+        raise invalid(f"speculative.n_max must be an integer from 0 (no drafting) to {MAX_DRAFT_PER_REQUEST}, "
+                      f"got {n_max!r}")
+    n_min = body.get("speculative.n_min")
+    if n_min is not None and (isinstance(n_min, bool) or not isinstance(n_min, int)
+                              or not 0 <= n_min <= (n_max if n_max is not None else MAX_DRAFT_PER_REQUEST)):
+        raise invalid(f"speculative.n_min must be an integer from 0 to speculative.n_max, got {n_min!r}")
+    p_min = body.get("speculative.p_min")
+    if p_min is not None and (isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0 <= p_min <= 1):
+        raise invalid(f"speculative.p_min must be a number from 0 to 1, got {p_min!r}")
+    return n_max if isinstance(n_max, int) else None
 
 
 def max_tokens_of(body: Mapping[str, Any], *names: str) -> int | None:

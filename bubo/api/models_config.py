@@ -200,6 +200,15 @@ def draft_config(args: argparse.Namespace) -> DraftConfig | None:
     """Speculative decoding as --draft-max, --draft-min and --no-draft say (None: off)."""
     if getattr(args, "no_draft", False):
         return None
+    spec = getattr(args, "spec_type", None)
+    if spec is not None:
+        types = [s.strip() for s in spec.split(",") if s.strip()]
+        other = [s for s in types if s != "none" and not s.startswith("ngram")]
+        if other:
+            raise ModelsConfigError(f"--spec-type {other[0]}: not supported: bubo drafts by prompt lookup (ngram-*); "
+                                    "a draft model is not built yet")
+        if types == ["none"] or not types:
+            return None
     n_max, n_min = getattr(args, "draft_max", None), getattr(args, "draft_min", None)
     if n_max is None and n_min is None:
         return DEFAULT_DRAFT

@@ -33,6 +33,7 @@ from bubo.api.config import ServerConfig
 from bubo.api.openai.completions import DEFAULT_MAX_TOKENS
 from bubo.chat import request as rq
 from bubo.engine.registry import DEFAULT_NAME, Registry
+from bubo.sampling import FLT_TRUE_MIN
 
 blueprint = Blueprint("openapi", __name__)
 
@@ -101,11 +102,9 @@ OPT_BOOL: Schema = {"type": ["boolean", "null"]}
 ANY_OBJECT: Schema = {"type": "object"}
 
 
-def number(lo: float = -FLT_MAX, hi: float = FLT_MAX, *, exclusive_lo: bool = False) -> Schema:
+def number(lo: float = -FLT_MAX, hi: float = FLT_MAX) -> Schema:
     """A sampling number: a finite double that fits the native sampler's C float."""
-    out: Schema = {"type": ["number", "null"], "maximum": hi}
-    out["exclusiveMinimum" if exclusive_lo else "minimum"] = lo
-    return out
+    return {"type": ["number", "null"], "minimum": lo, "maximum": hi}
 
 
 def integer(lo: int, hi: int) -> Schema:
@@ -128,7 +127,7 @@ SAMPLING: dict[str, Schema] = {
     "min_keep": integer(0, INT32_MAX),
     "xtc_probability": number(0.0, 1.0),
     "xtc_threshold": number(0.0, 1.0),
-    "repeat_penalty": desc(number(0.0, exclusive_lo=True), "1 is off"),
+    "repeat_penalty": desc(number(FLT_TRUE_MIN), "> 0 (at least the smallest C float); 1 is off"),
     "repeat_last_n": desc(integer(-1, INT32_MAX), "-1: the context size, 0: off"),
     "presence_penalty": number(),
     "frequency_penalty": number(),
@@ -394,6 +393,8 @@ def _timings() -> Schema:
         "cache_n": NAT, "prompt_n": NAT, "prompt_ms": NUM, "prompt_per_token_ms": NUM, "prompt_per_second": NUM,
         "predicted_n": NAT, "predicted_ms": NUM, "predicted_per_token_ms": NUM, "predicted_per_second": NUM,
         "queue_ms": NUM, "cache_miss": desc({"type": ["string", "null"]}, "why reusable prompt tokens were not reused"),
+        "draft_n": desc(NAT, "speculative decoding: tokens drafted (present when some were)"),
+        "draft_n_accepted": desc(NAT, "speculative decoding: drafted tokens the answer kept"),
     }, ["cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
         "predicted_ms", "predicted_per_token_ms", "predicted_per_second", "queue_ms", "cache_miss"])
 
@@ -402,10 +403,18 @@ def _cache_details() -> Schema:
     return obj({"cached_tokens": NAT, "cache_miss_reason": STR}, ["cached_tokens"])
 
 
+DRAFT_DETAILS: dict[str, Schema] = {
+    "accepted_prediction_tokens": desc(NAT, "speculative decoding: drafted tokens the answer kept"),
+    "rejected_prediction_tokens": desc(NAT, "speculative decoding: drafted tokens it refused"),
+}
+
+
 def _usage() -> Schema:
     return obj({"prompt_tokens": NAT, "completion_tokens": NAT, "total_tokens": NAT,
                 "prompt_tokens_details": ref("CacheDetails"), "prompt_tokens_per_second": NUM,
-                "completion_tokens_per_second": NUM},
+                "completion_tokens_per_second": NUM,
+                "completion_tokens_details": desc(obj(DRAFT_DETAILS, list(DRAFT_DETAILS)),
+                                                  "present when tokens were drafted (speculative decoding)")},
                ["prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details",
                 "prompt_tokens_per_second", "completion_tokens_per_second"])
 
@@ -495,7 +504,8 @@ def _response_items() -> dict[str, Schema]:
 
 def _response() -> Schema:
     usage = obj({"input_tokens": NAT, "input_tokens_details": ref("CacheDetails"), "output_tokens": NAT,
-                 "output_tokens_details": obj({"reasoning_tokens": NAT}, ["reasoning_tokens"]), "total_tokens": NAT},
+                 "output_tokens_details": obj({"reasoning_tokens": NAT, **DRAFT_DETAILS}, ["reasoning_tokens"]),
+                 "total_tokens": NAT},
                 ["input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details", "total_tokens"])
     props: dict[str, Schema] = {
         "id": {"type": "string", "pattern": "^resp_"}, "object": const("response"), "created_at": INT,
@@ -548,7 +558,10 @@ def _response_event() -> Schema:
 
 def _anthropic_shapes() -> dict[str, Schema]:
     usage = obj({"input_tokens": NAT, "output_tokens": NAT, "cache_read_input_tokens": NAT,
-                 "cache_creation_input_tokens": NAT},
+                 "cache_creation_input_tokens": NAT,
+                 "draft_tokens": desc(NAT, "speculative decoding: tokens drafted (bubo's own; present when some "
+                                           "were)"),
+                 "draft_tokens_accepted": desc(NAT, "speculative decoding: drafted tokens the answer kept")},
                 ["input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"])
     thinking = obj({"type": const("thinking"), "thinking": STR, "signature": STR}, ["type", "thinking", "signature"])
     text = obj({"type": const("text"), "text": STR}, ["type", "text"])
@@ -638,11 +651,13 @@ def _core_shapes() -> dict[str, Schema]:
         if name == "dry_sequence_breakers":
             sampling_out[name] = arr(STR)
         elif name == "logit_bias":
-            sampling_out[name] = {"type": "object", "additionalProperties": NUM}
+            sampling_out[name] = desc({"type": "object", "additionalProperties": {"anyOf": [NUM, const(False)]}},
+                                      "{token id: bias}; false: the token is banned")
         else:
             sampling_out[name] = INT if isinstance(t, list) and "integer" in t else NUM
     sampling_out["n_probs"] = NAT
-    params = obj(sampling_out, list(sampling_out))
+    defaults = {**sampling_out, "n_predict": desc(INT, "the server's -n; -1: none")}
+    params = obj(defaults, list(defaults))
     slot_params = obj({**sampling_out, "n_predict": INT, "stop": arr(STR), "cache_prompt": BOOL},
                       [*sampling_out, "n_predict", "stop", "cache_prompt"])
     slot = obj({
@@ -718,7 +733,8 @@ _STATUS_TEXT = {
     413: "Code request_too_large: the body is larger than the server's limit; the connection closes.",
     500: "Code internal_error: a bug (the message says which exception).",
     501: "Code not_implemented.",
-    503: "Codes: not_ready (the model is loading, or failed to load), insufficient_memory (Retry-After: 5), "
+    503: "Codes: not_ready (the model is loading: Retry-After: 2; or its load failed), insufficient_memory "
+         "(Retry-After: 5), "
          "queue_full (Retry-After: 1), shutting_down (Retry-After: 5, Connection: close), no_slot_available, "
          "cancelled.",
     507: "Code insufficient_memory_permanent: the request needs more memory than this machine has.",
@@ -753,12 +769,12 @@ def _sse_data(json_schema: Schema, done: bool = False, named: bool = False) -> S
     if named:
         event["required"] = ["event", "data"]
         event["properties"]["event"] = STR
-    else:
-        event["not"] = {"required": ["event"]}
+    else:  # no event: line, so the event's type is "message" (the SSE default)
+        event["properties"]["event"] = const("message")
     if done:
         event = {"type": "object", "required": ["data"],
                  "if": {"properties": {"data": const("[DONE]")}},
-                 "then": {"not": {"required": ["event"]}},
+                 "then": {"properties": {"event": const("message")}},
                  "else": event}
     return event
 

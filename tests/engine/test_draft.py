@@ -93,7 +93,7 @@ def test_drafting_never_changes_an_answer(catalog_model, name, params):
     plain = bubo.Model(catalog_model(name), n_ctx=2048, n_threads=2, draft=False)
     drafted = bubo.Model(catalog_model(name), n_ctx=2048, n_threads=2, draft=DraftConfig(n_max=8))
     a, b = answers(plain, params), answers(drafted, params)
-    for (ta, la, tma), (tb, lb, tmb) in zip(a, b):
+    for (ta, la, tma), (tb, lb, _) in zip(a, b):
         assert tb == ta
         assert lb == la  # the log-probabilities too, bit for bit
         assert tma.draft_n == 0

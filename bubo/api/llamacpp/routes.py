@@ -8,6 +8,7 @@ from typing import Any
 
 from flask import Blueprint, jsonify
 
+from bubo.api import fields as f
 from bubo.api import pipeline
 from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.fields import invalid
@@ -42,12 +43,14 @@ def _tokens(rt: Runtime, prompt: str | list[Any]) -> list[int]:
 def completion() -> Any:
     body = json_body()
     req = nc.parse_native_request(body)
+    draft_max = f.draft_max_of(body)
     model = optional_model(body)
     engine = use_model(model)
     rt = runtime_of(engine)
     tokens = _tokens(rt, req.prompt)
     gen = GenerationRequest(tokens, req.params, req.n_predict, req.stop, req.n_probs, req.cache_prompt,
-                            req.ignore_eos, pipeline.completion_grammar(req.output, rt))
+                            req.ignore_eos, pipeline.completion_grammar(req.output, rt),
+                            draft_max=draft_max)
     stream = pipeline.submit(engine, gen, debug_mem_available())
     n_ctx = engine.n_ctx or 0
 

@@ -40,6 +40,8 @@ def slot_params(s: SlotState) -> dict[str, Any]:
     params = dataclasses.asdict(s.params)
     params.update(n_predict=s.max_tokens if s.max_tokens is not None else -1, stop=list(s.stop),
                   cache_prompt=s.cache_prompt)
+    # a banned token's -inf bias has no JSON number: it shows as false, as a request bans it
+    params["logit_bias"] = {str(t): (b if math.isfinite(b) else False) for t, b in s.params.logit_bias.items()}
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in params.items()}
 
 

@@ -38,7 +38,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
     thinking, kwargs = f.thinking_of(body)
     tools = f.chat_tools(body.get("tools"))
     choice = body.get("tool_choice")
-    named = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    named = fn.get("name") if isinstance(fn, dict) else None
     tools, forced = f.openai_tool_choice(choice, tools, named, '{"type": "function", "function": {"name": ...}}')
     logprobs = f.bool_field(body, "logprobs", False)
     top_logprobs = f.n_probs_of(body, "top_logprobs")

@@ -105,6 +105,9 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     named = choice.get("name") if isinstance(choice, dict) and choice.get("type") == "function" else None
     tools, forced = f.openai_tool_choice(choice, tools, named, '{"type": "function", "name": ...}')
     f.check_forced_call_alone(forced, output)
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise invalid("metadata must be an object (the response repeats it)")
     return ResponsesRequest(
         messages=messages, prefill=prefill, tools=tools, thinking=thinking, template_kwargs=kwargs,
         params=f.sampling_params(body), max_tokens=max_tokens, stream=f.bool_field(body, "stream", False),

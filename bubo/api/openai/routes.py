@@ -30,7 +30,9 @@ def chat_completions() -> Any:
     body = json_body()
     model = resolve_model(body)
     req = ch.parse_chat_request(body)
+    draft_max = f.draft_max_of(body)
     rt, prep, stream = pipeline.start_chat(use_model(model), req, stop=req.stop, n_probs=req.params.n_probs,
+                                           draft_max=draft_max,
                                            cache_prompt=req.cache_prompt, mem_available=debug_mem_available(),
                                            specials_in_content=config().allow_special_in_content)
     id, created = f.new_id("chatcmpl-"), f.now()
@@ -67,11 +69,12 @@ def completions() -> Any:
     body = json_body()
     model = resolve_model(body)
     req = cm.parse_completion_request(body)
+    draft_max = f.draft_max_of(body)
     engine = use_model(model)
     rt = runtime_of(engine)
     tokens = pipeline.prompt_tokens(rt, req.prompt)
     gen = GenerationRequest(tokens, req.params, req.max_tokens, req.stop, req.params.n_probs, req.cache_prompt,
-                            grammar=pipeline.completion_grammar(req.output, rt))
+                            grammar=pipeline.completion_grammar(req.output, rt), draft_max=draft_max)
     stream = pipeline.submit(engine, gen, debug_mem_available())
     id, created = f.new_id("cmpl-"), f.now()
     echo = (req.prompt if isinstance(req.prompt, str) else rt.tokenizer.decode(tokens)) if req.echo else ""

@@ -1,0 +1,165 @@
+"""Speculative decoding with prompt-lookup drafts, bubo beside llama-server, in one run.
+
+Each server is started twice on the same GGUF (-np 1, -t 2): without drafting and with it (bubo:
+its default, prompt-lookup drafts; llama-server: `--spec-type ngram-simple`, its prompt-lookup
+mode), and asked the same greedy chat requests (/v1/chat/completions, temperature 0):
+
+  edit  answers that repeat much of their prompt (rename a variable in a function, correct the
+        spelling of a paragraph, turn a list into a table): where drafts pay;
+  free  answers that do not (a story, an explanation): where drafting must cost next to nothing.
+
+For each task and server: generated tokens per second without and with drafting (the server's
+own `timings.predicted_per_second`, summed tokens over summed time), the ratio, the drafted
+tokens the answers kept (acceptance), and whether the drafted answer is the plain one token for
+token (it must be). The peer is the llama-server bench_serve.py builds (/tmp/llama-build).
+
+    python benchmarks/bench_spec.py [--model qwen2.5-coder:0.5b] [--max-tokens 256] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_serve import DEFAULT_LLAMA_SERVER, HOST, Server, free_port  # noqa: E402
+
+CODE = '''def summarize(records):
+    total = 0
+    count = 0
+    largest = None
+    for record in records:
+        value = record["value"]
+        total += value
+        count += 1
+        if largest is None or value > largest:
+            largest = value
+    average = total / count if count else 0.0
+    return {"total": total, "count": count, "average": average, "largest": largest}
+'''
+PARAGRAPH = ("The harbour town was quite in the mornings. Fishermen prepaired there nets before dawn, and "
+             "the baker opend his shop at six. Visitors often remarked that the lighthouse, wich stood on "
+             "the northern hill, was the most beautifull building in the region. In the evenings the "
+             "market square filled with musicians, and the smell of fresh bread drifted accross the streets.")
+ITEMS = ("apples: 3 kg, 4.50 EUR; pears: 2 kg, 3.80 EUR; plums: 1 kg, 2.90 EUR; cherries: 500 g, 5.20 EUR; "
+         "grapes: 1.5 kg, 4.10 EUR; lemons: 6 pieces, 2.40 EUR")
+TASKS = {
+    "edit": [
+        "Rename the variable `value` to `amount` everywhere in this function. Answer with the whole "
+        "function only.\n\n```python\n" + CODE + "```",
+        "Correct the spelling mistakes in this paragraph and answer with the corrected paragraph only:\n\n"
+        + PARAGRAPH,
+        "Turn this list into a Markdown table with columns fruit, quantity and price:\n\n" + ITEMS,
+    ],
+    "free": [
+        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        "Explain how a hash table works, with an example.",
+        "Describe a walk through a busy market on a summer morning.",
+    ],
+}
+
+
+def post(port: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    import http.client
+
+    conn = http.client.HTTPConnection(HOST, port, timeout=900)
+    try:
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        data = json.loads(r.read())
+        if r.status != 200:
+            raise RuntimeError(f"{path}: {r.status} {data}")
+        return data  # type: ignore[no-any-return]
+    finally:
+        conn.close()
+
+
+def command(who: str, drafted: bool, args: argparse.Namespace, model: Path, port: int) -> list[str]:
+    common = ["-m", str(model), "--host", HOST, "--port", str(port), "-c", "4096", "-t", str(args.threads),
+              "-np", "1"]
+    if who == "bubo":
+        return [sys.executable, "-m", "bubo", "serve", *common] + ([] if drafted else ["--no-draft"])
+    return [args.llama_server, *common] + (["--spec-type", "ngram-simple"] if drafted else [])
+
+
+def run(who: str, drafted: bool, args: argparse.Namespace, model: Path) -> dict[str, list[dict[str, Any]]]:
+    port = free_port()
+    out: dict[str, list[dict[str, Any]]] = {}
+    with Server(who, command(who, drafted, args, model, port), port):
+        post(port, "/v1/chat/completions", {"model": "bubo", "max_tokens": 8, "temperature": 0,
+                                            "messages": [{"role": "user", "content": "Hello"}]})  # warm-up
+        for task, prompts in TASKS.items():
+            rows = []
+            for _ in range(args.rounds):
+                for p in prompts:
+                    r = post(port, "/v1/chat/completions",
+                             {"model": "bubo", "max_tokens": args.max_tokens, "temperature": 0, "cache_prompt": False,
+                              "messages": [{"role": "user", "content": p}]})
+                    t = r.get("timings", {})
+                    rows.append({"text": r["choices"][0]["message"]["content"], "n": t.get("predicted_n", 0),
+                                 "ms": t.get("predicted_ms", 0.0), "draft_n": t.get("draft_n", 0),
+                                 "draft_n_accepted": t.get("draft_n_accepted", 0)})
+            out[task] = rows
+    return out
+
+
+def summary(rows: list[dict[str, Any]]) -> tuple[float, int, int]:
+    n = sum(r["n"] for r in rows)
+    ms = sum(r["ms"] for r in rows)
+    return (n / ms * 1e3 if ms else 0.0), sum(r["draft_n"] for r in rows), sum(r["draft_n_accepted"] for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder:0.5b")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--llama-server", default=DEFAULT_LLAMA_SERVER)
+    args = ap.parse_args(argv)
+    from bubo import store
+
+    model = store.resolve(args.model)
+    servers = ["bubo"] + (["llama"] if os.path.exists(args.llama_server) else [])
+    if "llama" not in servers:
+        print(f"bench_spec: no llama-server at {args.llama_server}: bubo only", file=sys.stderr)
+    results = {(who, d): run(who, d, args, model) for who in servers for d in (False, True)}
+    print(f"model {args.model}, -t {args.threads}, greedy, max_tokens {args.max_tokens}, CPU: {_cpu()}\n")
+    print("| task | server | plain tok/s | drafted tok/s | drafted / plain | drafted tokens kept | same answer |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
+    for task in TASKS:
+        for who in servers:
+            plain, _, _ = summary(results[(who, False)][task])
+            fast, dn, da = summary(results[(who, True)][task])
+            same = all(a["text"] == b["text"] for a, b in zip(results[(who, False)][task], results[(who, True)][task]))
+            name = "bubo" if who == "bubo" else "llama-server (ngram-simple)"
+            kept = f"{da}/{dn} ({da / dn:.0%})" if dn else "0/0"
+            print(f"| {task} | {name} | {plain:.1f} | {fast:.1f} | {fast / plain:.2f}x | {kept} | {same} |")
+    if "llama" in servers:
+        print("\n| task | bubo drafted / llama-server drafted | bubo plain / llama-server plain |")
+        print("| --- | ---: | ---: |")
+        for task in TASKS:
+            b0, b1 = summary(results[("bubo", False)][task])[0], summary(results[("bubo", True)][task])[0]
+            l0, l1 = summary(results[("llama", False)][task])[0], summary(results[("llama", True)][task])[0]
+            print(f"| {task} | {b1 / l1:.2f}x | {b0 / l0:.2f}x |")
+    return 0
+
+
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

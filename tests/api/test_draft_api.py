@@ -1,0 +1,91 @@
+"""Speculative decoding as the API shows it: drafted and kept tokens in llama-server's timings,
+OpenAI's usage (completion_tokens_details: accepted/rejected prediction tokens), Anthropic's
+usage and /metrics; `speculative.n_max` per request (0: off; out of range: 400); the flags
+(--no-draft, --draft-max, --spec-type) and their bad values."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from .conftest import start_server
+
+pytestmark = pytest.mark.models
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+POEM = ("The owl sat still upon the bough, and watched the river run below; the moon was bright, the night "
+        "was cold, the wind was soft, the hour was old.")
+COPY = [{"role": "user", "content": "Copy this text exactly, twice:\n\n" + POEM}]
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_usage_timings_and_metrics_report_drafts(base_url):
+    status, r = post(base_url + "/v1/chat/completions", {"model": "bubo", "messages": COPY, "max_tokens": 96,
+                                                         "temperature": 0})
+    assert status == 200
+    t = r["timings"]
+    assert 0 < t["draft_n_accepted"] <= t["draft_n"]
+    details = r["usage"]["completion_tokens_details"]
+    assert details == {"accepted_prediction_tokens": t["draft_n_accepted"],
+                       "rejected_prediction_tokens": t["draft_n"] - t["draft_n_accepted"]}
+    status, plain = post(base_url + "/v1/chat/completions", {"model": "bubo", "messages": COPY, "max_tokens": 96,
+                                                             "temperature": 0, "speculative.n_max": 0})
+    assert status == 200 and plain["choices"][0]["message"] == r["choices"][0]["message"]
+    assert "draft_n" not in plain["timings"] and "completion_tokens_details" not in plain["usage"]
+    status, m = post(base_url + "/v1/messages", {"model": "bubo", "messages": COPY, "max_tokens": 96,
+                                                 "temperature": 0})
+    assert status == 200 and 0 < m["usage"]["draft_tokens_accepted"] <= m["usage"]["draft_tokens"]
+    status, c = post(base_url + "/completion", {"prompt": POEM + "\n" + POEM[:40], "n_predict": 48,
+                                                "temperature": 0})
+    assert status == 200 and c["timings"]["draft_n_accepted"] > 0
+    with urllib.request.urlopen(base_url + "/metrics", timeout=30) as resp:
+        metrics = resp.read().decode()
+    drafted = next(float(line.split()[-1]) for line in metrics.splitlines()
+                   if line.startswith("llamacpp:n_drafted_total"))
+    kept = next(float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith("llamacpp:n_drafted_accepted_total"))
+    assert drafted >= t["draft_n"] and 0 < kept <= drafted
+
+
+@pytest.mark.parametrize("field,value", [("speculative.n_max", -1), ("speculative.n_max", 65),
+                                         ("speculative.n_max", "8"), ("speculative.n_min", -2),
+                                         ("speculative.p_min", 1.5)])
+def test_draft_fields_out_of_range_are_400(base_url, field, value):
+    for path, body in (("/v1/chat/completions", {"model": "bubo", "messages": COPY}),
+                       ("/completion", {"prompt": "hi"}), ("/v1/completions", {"model": "bubo", "prompt": "hi"})):
+        status, r = post(base_url + path, {**body, "max_tokens": 2, field: value})
+        assert status == 400, (path, r)
+        assert field in json.dumps(r)
+
+
+def test_no_draft_server_drafts_nothing():
+    with start_server("--no-draft", "-np", "1") as s:
+        s.wait_ready()
+        _, r = post(s.url + "/v1/chat/completions", {"model": "bubo", "messages": COPY, "max_tokens": 48,
+                                                     "temperature": 0})
+    assert "draft_n" not in r["timings"]
+
+
+@pytest.mark.parametrize("flags,why", [(["--draft-max", "0"], "--draft-max 0: give at least 1"),
+                                       (["--draft-min", "20"], "--draft-min 20: give 0..16"),
+                                       (["--spec-type", "draft-simple"], "--spec-type draft-simple: not supported"),
+                                       (["-md", "x.gguf"], "-md: not supported: a draft model is not built yet")])
+def test_bad_draft_flags_are_one_line_at_start(flags, why):
+    r = subprocess.run([sys.executable, "-m", "bubo", "serve", "-m", "smollm2:135m", "--port", "0", *flags],
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode in (1, 2) and len(r.stderr.splitlines()) == 1, r.stderr
+    assert why in r.stderr
