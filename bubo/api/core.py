@@ -331,7 +331,11 @@ def debug_prompt() -> Any:
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
             raise ValueError(f"max_tokens must be a positive integer or null, got {max_tokens!r}")
         stop = list(body.get("stop") or [])
+        if not all(isinstance(s, str) for s in stop):
+            raise ValueError(f"stop must be a list of strings, got {body.get('stop')!r}")
         n_probs = int(body.get("n_probs", 0))
+        if n_probs < 0:
+            raise ValueError(f"n_probs must be >= 0, got {n_probs}")
     except (ValueError, TypeError) as e:
         raise ApiError(400, "invalid_request", str(e)) from None
     req = GenerationRequest(ids, params, max_tokens, stop, n_probs, body.get("cache_prompt") is not False)

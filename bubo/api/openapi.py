@@ -21,6 +21,7 @@ with the key, as on every other route."""
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request
@@ -114,14 +115,16 @@ def integer(lo: int, hi: int) -> Schema:
 # --- request fields (bubo/api/fields.py, bubo.sampling.SamplingParams) -----------------------
 
 # every SamplingParams field a request may set, under llama-server's names, with the bounds
-# SamplingParams._validate (and fields.sampling_params: |x| <= FLT_MAX) enforces; null: the default
+# SamplingParams._validate (and fields.sampling_params: |x| <= FLT_MAX) enforces; absent or null:
+# the server's default (its --temp, --top-k, ... flags, else llama-server's; GET /props lists them)
+BIAS: Schema = {"anyOf": [{"type": "number", "minimum": -FLT_MAX, "maximum": FLT_MAX}, const(False)]}
 SAMPLING: dict[str, Schema] = {
-    "temperature": desc(number(), "<= 0 is greedy (default 0.8)"),
+    "temperature": desc(number(), "<= 0 is greedy"),
     "dynatemp_range": number(0.0),
     "dynatemp_exponent": number(0.0),
-    "top_k": desc(integer(-INT32_MAX, INT32_MAX), "<= 0 keeps every token (default 40)"),
-    "top_p": desc(number(0.0, 1.0), "1 is off (default 0.95)"),
-    "min_p": desc(number(0.0, 1.0), "0 is off (default 0.05)"),
+    "top_k": desc(integer(-INT32_MAX, INT32_MAX), "<= 0 keeps every token"),
+    "top_p": desc(number(0.0, 1.0), "1 is off"),
+    "min_p": desc(number(0.0, 1.0), "0 is off"),
     "typical_p": number(0.0, 1.0),
     "top_n_sigma": desc(number(), "<= 0 is off"),
     "min_keep": integer(0, INT32_MAX),
@@ -143,9 +146,8 @@ SAMPLING: dict[str, Schema] = {
     "logit_bias": desc(
         {"anyOf": [
             {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
-             "additionalProperties": {"anyOf": [{"type": "number", "minimum": -FLT_MAX, "maximum": FLT_MAX},
-                                                const(False)]}},
-            arr({"type": "array", "prefixItems": [NAT, {"anyOf": [NUM, const(False)]}], "minItems": 2,
+             "additionalProperties": BIAS},
+            arr({"type": "array", "prefixItems": [NAT, BIAS], "minItems": 2,
                  "maxItems": 2}),
             {"type": "null"},
         ]},
@@ -197,6 +199,14 @@ OUTPUT_FIELDS: dict[str, Schema] = {
     "json_schema": desc(nullable(JSON_SCHEMA_FIELD), "llama-server's: the answer is an instance of this schema"),
 }
 
+# llama-server's per-request speculative decoding fields (fields.draft_max_of), dotted names
+SPECULATIVE: dict[str, Schema] = {
+    "speculative.n_max": desc(integer(0, f.MAX_DRAFT_PER_REQUEST),
+                              "most drafted tokens checked per step; 0: no drafting for this request"),
+    "speculative.n_min": desc(integer(0, f.MAX_DRAFT_PER_REQUEST), "at most speculative.n_max (checked only)"),
+    "speculative.p_min": desc({"type": ["number", "null"], "minimum": 0, "maximum": 1}, "checked only"),
+}
+
 FUNCTION_TOOL: Schema = obj({
     "type": const("function"),
     "function": obj({"name": {"type": "string", "minLength": 1}, "description": STR,
@@ -224,7 +234,7 @@ def chat_message() -> Schema:
     }, ["role"], closed=False)
 
 
-def chat_request(model: Schema, model_required: bool = True) -> Schema:
+def chat_request(model: Schema, model_required: bool = True, speculative: bool = True) -> Schema:
     tool_choice: Schema = {"anyOf": [
         enum("none", "auto", "required"),
         obj({"type": const("function"), "function": obj({"name": STR}, ["name"], closed=False)}, ["function"],
@@ -254,6 +264,7 @@ def chat_request(model: Schema, model_required: bool = True) -> Schema:
         "chat_template_kwargs": TEMPLATE_KWARGS,
         "cache_prompt": desc(OPT_BOOL, "default true: reuse the cached prefix"),
         **sampling_props(),
+        **(SPECULATIVE if speculative else {}),
     }
     return obj(props, ["model", "messages"] if model_required else ["messages"], closed=False)
 
@@ -264,7 +275,7 @@ def completions_request(model: Schema) -> Schema:
         "prompt": desc({"anyOf": [STR, arr(NAT, minItems=1),
                                   arr({"anyOf": [STR, arr(NAT, minItems=1)]}, minItems=1, maxItems=1)]},
                        "text or token ids (a one-element array of either: one prompt per request)"),
-        "max_tokens": desc(MAX_TOKENS, f"default {DEFAULT_MAX_TOKENS}"),
+        "max_tokens": desc(MAX_TOKENS, f"absent: the server's -n, else {DEFAULT_MAX_TOKENS}"),
         "stream": OPT_BOOL,
         "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {}}},
         "stop": STOP,
@@ -276,6 +287,7 @@ def completions_request(model: Schema) -> Schema:
         "response_format": RESPONSE_FORMAT,
         **OUTPUT_FIELDS,
         **sampling_props(),
+        **SPECULATIVE,
     }, ["model", "prompt"], closed=False)
 
 
@@ -351,6 +363,7 @@ def messages_request(model: Schema, count_only: bool = False) -> Schema:
         "reasoning_effort": REASONING_EFFORT,
         "chat_template_kwargs": TEMPLATE_KWARGS,
     }
+    props.update({"stop_sequences": STOP, **sampling_props()})  # validated by count_tokens too
     if count_only:
         props["stream"] = desc({"enum": [False, None]}, "count_tokens does not stream (400)")
         return obj(props, ["model", "messages"], closed=False)
@@ -358,8 +371,6 @@ def messages_request(model: Schema, count_only: bool = False) -> Schema:
         "max_tokens": desc({"anyOf": [{"type": "integer", "minimum": 1, "maximum": INT32_MAX}, const(-1)]},
                            "required; -1: until the model stops or the context is full"),
         "stream": OPT_BOOL,
-        "stop_sequences": STOP,
-        **sampling_props(),
     })
     return obj(props, ["model", "messages", "max_tokens"], closed=False)
 
@@ -382,6 +393,7 @@ def native_completion_request() -> Schema:
         "response_format": RESPONSE_FORMAT,
         **OUTPUT_FIELDS,
         **sampling_props(),
+        **SPECULATIVE,
     }, ["prompt"], closed=False)
 
 
@@ -960,7 +972,7 @@ def document(config: ServerConfig, registry: Registry | None = None, debug: bool
     d.add(("/apply-template",), "post", {
         "operationId": "apply_template", "summary": "A chat request rendered into its prompt text",
         "tags": ["llama-server"],
-        "requestBody": _body(chat_request(d.optional_model_field(), model_required=False),
+        "requestBody": _body(chat_request(d.optional_model_field(), model_required=False, speculative=False),
                              {"messages": [{"role": "user", "content": "Say hi."}]}),
         "responses": {"200": {"description": "The prompt exactly as /v1/chat/completions renders it (stream is "
                                              "ignored)",
@@ -1135,8 +1147,10 @@ def _has_key(cfg: ServerConfig) -> bool:
     return True
 
 
-def about_lines(cfg: ServerConfig, reg: Registry, show_models: bool) -> tuple[list[str], list[tuple[str, str]]]:
-    """(the lines that say what runs, the routes as (method path, summary))."""
+def about_lines(cfg: ServerConfig, reg: Registry,
+                show_models: bool) -> tuple[list[str], list[tuple[str, str]], str]:
+    """(the lines that say what runs, the routes as (method path, summary), the paths that answer
+    501)."""
     lines = [f"bubo {bubo.__version__} is running."]
     if not show_models:
         lines.append("An API key is required: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY').")
@@ -1149,13 +1163,23 @@ def about_lines(cfg: ServerConfig, reg: Registry, show_models: bool) -> tuple[li
         lines.append(f"Model: {e.name} ({e.status.value})" + (f", also named {', '.join(others)}." if others else "."))
     lines.append("API description (OpenAPI 3.1): GET /openapi.json"
                  + (" (with the key)." if cfg.api_keys else "."))
-    routes: list[tuple[str, str]] = []
+    routes: dict[str, str] = {}  # "METHOD /path" -> summary
+    aliases: dict[str, list[str]] = {}
+    unimplemented: list[str] = []
     for path, ops in document(cfg, reg)["paths"].items():
         for method, op in ops.items():
-            if "alias of" in op.get("summary", "") or op["operationId"].startswith("not_implemented"):
+            summary: str = op["summary"]
+            if op["operationId"].startswith("not_implemented"):
+                if path not in unimplemented:
+                    unimplemented.append(path)
                 continue
-            routes.append((f"{method.upper()} {path}", op["summary"]))
-    return lines, routes
+            alias = re.search(r" \(alias of (\S+)\)$", summary)
+            if alias:
+                aliases.setdefault(f"{method.upper()} {alias.group(1)}", []).append(path)
+            else:
+                routes[f"{method.upper()} {path}"] = summary
+    out = [(r, s + (f" (also {', '.join(aliases[r])})" if r in aliases else "")) for r, s in routes.items()]
+    return lines, out, "Not implemented for a text model (501): " + ", ".join(unimplemented)
 
 
 @blueprint.get("/")
@@ -1163,18 +1187,19 @@ def about() -> Any:
     """What is running, for a person: plain text, or a small page for a browser. No key needed."""
     cfg, reg = _config(), _registry()
     show = _has_key(cfg)
-    lines, routes = about_lines(cfg, reg, show)
+    lines, routes, unimplemented = about_lines(cfg, reg, show)
     browser = any(m == "text/html" and q > 0 for m, q in request.accept_mimetypes)
     if browser:
         items = "".join(f"<li><code>{html.escape(r)}</code> {html.escape(s)}</li>" for r, s in routes)
         body = ("<!doctype html><html><head><meta charset=\"utf-8\"><title>bubo</title></head><body>"
                 + "".join(f"<p>{html.escape(line)}</p>" for line in lines)
                 + f"<p><a href=\"/openapi.json\">/openapi.json</a></p><h2>Routes</h2><ul>{items}</ul>"
-                + "</body></html>")
+                + f"<p>{html.escape(unimplemented)}</p></body></html>")
         resp = Response(body, mimetype="text/html")
     else:
         width = max(len(r) for r, _ in routes)
-        text = "\n".join(lines) + "\n\nRoutes:\n" + "".join(f"  {r.ljust(width)}  {s}\n" for r, s in routes)
+        text = ("\n".join(lines) + "\n\nRoutes:\n" + "".join(f"  {r.ljust(width)}  {s}\n" for r, s in routes)
+                + "\n" + unimplemented + "\n")
         resp = Response(text, mimetype="text/plain")
     resp.headers["Vary"] = "Accept"
     return resp
