@@ -11,7 +11,11 @@ mode), and asked the same greedy chat requests (/v1/chat/completions, temperatur
 For each task and server: generated tokens per second without and with drafting (the server's
 own `timings.predicted_per_second`, summed tokens over summed time), the ratio, the drafted
 tokens the answers kept (acceptance), and whether the drafted answer is the plain one token for
-token (it must be). The peer is the llama-server bench_serve.py builds (/tmp/llama-build).
+token (it must be). The peer is the llama-server bench_serve.py builds (/tmp/llama-build); on a
+machine whose CPU lists AMX but whose kernel does not grant it, GGML_NATIVE=ON builds a
+llama-server that dies of SIGILL: configure with -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON
+-DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON
+-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON instead and pass --llama-server.
 
     python benchmarks/bench_spec.py [--model qwen2.5-coder:0.5b] [--max-tokens 256] [--rounds 1]
 """

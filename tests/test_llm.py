@@ -141,6 +141,8 @@ class FakeKV:
     """One sequence of tokens, no prefix cache (what the scheduler asks of a cache)."""
 
     block_size = 32
+    sliding_window = 0  # no sliding-window layers: a rollback (speculative decoding) always works
+    swa_full = True
 
     def __init__(self, model, n_ctx, n_seq_max=1, block_size=32, type="f16", n_batch=512, swa_full=True):
         self.n_ctx = n_ctx

@@ -306,14 +306,16 @@ class Scheduler:
 
     def _plan(self, active: list[Slot]) -> list[tuple[Slot, int]]:
         """(slot, tokens to run) for this step: generating slots first, then prompt chunks, oldest
-        first, within the step budget and the KV cache's room (preempting the newest if short)."""
+        first, within the step budget and the KV cache's room (preempting the newest if short).
+        Drafts are extras: they go first when the cache or the memory is short, never a request."""
+        drafting = True
         while True:
             budget = self.n_step
             plan: list[tuple[Slot, int]] = []
             for s in active:
                 t = self._task(s)
                 if t.n_pending == 1:
-                    t.draft = self._propose(t, budget - 1)
+                    t.draft = self._propose(t, budget - 1) if drafting else []
                     plan.append((s, 1 + len(t.draft)))
                     budget -= 1 + len(t.draft)
             for s in active:
@@ -327,6 +329,9 @@ class Scheduler:
                 break
             if self._drop_held():
                 continue
+            if drafting and any(self._task(s).draft for s, _ in plan):
+                drafting = False
+                continue
             victim = active[-1]
             if len(active) == 1:
                 # alone and still short: the cache cannot hold this sequence
@@ -334,6 +339,11 @@ class Scheduler:
                 return []
             self._preempt(victim)
             active = active[:-1]
+        for i, (s, n) in enumerate(plan):
+            t = self._task(s)
+            if t.draft and self._memory_short_for(s, n):
+                t.draft = []  # the draft would take memory the machine is short of: no draft
+                plan[i] = (s, 1)
         short = [(s, n) for s, n in plan if self._memory_short_for(s, n)]
         for s, _ in short:
             self._finish_no_memory(s)
