@@ -124,12 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--llama-server", default=DEFAULT_LLAMA_SERVER)
+    ap.add_argument("--llama-server", default=DEFAULT_LLAMA_SERVER, help="its path, or none: bubo alone")
     args = ap.parse_args(argv)
     from bubo import store
 
     model = store.resolve(args.model)
-    servers = ["bubo"] + (["llama"] if os.path.exists(args.llama_server) else [])
+    servers = ["bubo"] + (["llama"] if args.llama_server != "none" and os.path.exists(args.llama_server) else [])
     if "llama" not in servers:
         print(f"bench_spec: no llama-server at {args.llama_server}: bubo only", file=sys.stderr)
     results = {(who, d): run(who, d, args, model) for who in servers for d in (False, True)}
