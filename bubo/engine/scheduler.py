@@ -308,14 +308,20 @@ class Scheduler:
         """(slot, tokens to run) for this step: generating slots first, then prompt chunks, oldest
         first, within the step budget and the KV cache's room (preempting the newest if short).
         Drafts are extras: they go first when the cache or the memory is short, never a request."""
-        drafting = True
+        # each draft is proposed once per step (a drafter keeps state); a plan made again with
+        # fewer slots leaves every draft within the budget it was proposed in
+        budget = self.n_step
+        for s in active:
+            t = self._task(s)
+            if t.n_pending == 1:
+                t.draft = self._propose(t, budget - 1)
+                budget -= 1 + len(t.draft)
         while True:
             budget = self.n_step
             plan: list[tuple[Slot, int]] = []
             for s in active:
                 t = self._task(s)
                 if t.n_pending == 1:
-                    t.draft = self._propose(t, budget - 1) if drafting else []
                     plan.append((s, 1 + len(t.draft)))
                     budget -= 1 + len(t.draft)
             for s in active:
@@ -329,8 +335,9 @@ class Scheduler:
                 break
             if self._drop_held():
                 continue
-            if drafting and any(self._task(s).draft for s, _ in plan):
-                drafting = False
+            if any(self._task(s).draft for s, _ in plan):
+                for s, _ in plan:
+                    self._task(s).draft = []
                 continue
             victim = active[-1]
             if len(active) == 1:

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from .conftest import start_server
+from .conftest import post_json, start_server
 
 pytestmark = pytest.mark.models
 
@@ -25,12 +25,8 @@ COPY = [{"role": "user", "content": "Copy this text exactly, twice:\n\n" + POEM}
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    status, _, answer = post_json(url, body)
+    return status, answer
 
 
 def test_usage_timings_and_metrics_report_drafts(base_url):

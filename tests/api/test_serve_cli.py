@@ -21,6 +21,7 @@ import pytest
 from bubo import store
 from bubo.cli import HABIT_NOTES, HABIT_REFUSED
 
+from .conftest import post_json as post
 from .conftest import start_server
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -29,15 +30,6 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 def bubo(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "bubo", *args], capture_output=True, text=True, timeout=timeout,
                           cwd=REPO)
-
-
-def post(url: str, body: dict) -> tuple[int, dict, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, dict(r.headers), json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), json.loads(e.read())
 
 
 def get(url: str) -> dict:
