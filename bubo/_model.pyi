@@ -15,6 +15,13 @@ class Model:
     def __init__(self, path: str | bytes, n_threads: int = 0) -> None: ...
     @property
     def n_vocab(self) -> int: ...
+    @property
+    def out_vocab(self) -> int:
+        """Logits come for tokens 0 .. out_vocab - 1 (n_vocab unless set lower)."""
+    @out_vocab.setter
+    def out_vocab(self, n: int) -> None:
+        """Logits for the first n tokens only (rounded up to a multiple of 16; 0 or >= n_vocab:
+        every token): a draft model's output product then reads only their rows."""
     def decode(
         self,
         kv: KVCache,
@@ -23,7 +30,7 @@ class Model:
         seq_ids: npt.ArrayLike,
         logits_rows: npt.ArrayLike,
     ) -> npt.NDArray[np.float32]:
-        """Run a batch; returns float32 [n_out, n_vocab] for the rows where logits_rows is true.
+        """Run a batch; returns float32 [n_out, out_vocab] for the rows where logits_rows is true.
 
         Each sequence's tokens must continue it (first at pos == kv.seq_len(seq)). ValueError for
         a token id out of range, a position gap, a full context; the cache is then unchanged."""

@@ -154,14 +154,20 @@ def _parser() -> _ArgParser:
     p.add_flag("--debug-hooks", action="store_true", help="serve /debug/* (only on a loopback address)")
     p.add_flag("--cors-origins", default=None, help="origins allowed by CORS, comma-separated (* for any)")
     add_sampling_flags(p, server=True)
+    p.add_flag("-md", "--model-draft", default=None,
+               help="speculative decoding with a draft model (a catalog name or a GGUF path) that shares the model's "
+                    "vocabulary and is smaller, e.g. qwen2.5-coder:0.5b for qwen2.5-coder:1.5b; without it, drafts "
+                    "come from the sequence's own prompt and answer (prompt lookup). Drafts never change an answer")
     p.add_flag("--draft-max", type=int, default=None,
-               help="speculative decoding: most drafted tokens checked per forward pass (default 16); drafts come "
-                    "from the sequence's own prompt and answer (prompt lookup) and never change an answer")
+               help="speculative decoding: most drafted tokens checked per forward pass (default 16; bubo picks "
+                    "each draft's length within it by what drafts have been kept and what a pass costs)")
     p.add_flag("--draft-min", type=int, default=None, help="fewer drafted tokens than this are not checked (default 0)")
+    p.add_flag("--draft-p-min", type=float, default=None,
+               help="the draft model stops drafting where its top token's probability is under this (default 0.75)")
     p.add_flag("--no-draft", action="store_true", help="no speculative decoding")
     p.add_flag("--spec-type", default=None,
                help="llama-server's speculative decoding types, comma-separated: ngram-simple (or any ngram-*) is "
-                    "bubo's prompt lookup, none turns it off; draft-* types need a draft model (not built yet)")
+                    "bubo's prompt lookup, draft (or draft-*) the draft model of --model-draft, none turns it off")
     p.add_flag("-v", "--verbose", action="store_true",
                help="log more: every request, polled routes (/health, /metrics, ...) included, and debug lines")
     p.add_flag("--log-disable", action="store_true",
@@ -257,8 +263,8 @@ HABIT_NOTES: list[tuple[tuple[str, ...], bool, str]] = [
 ]
 # ... and those it refuses: a flag that would change the answer or the memory, not honoured here
 HABIT_REFUSED: list[tuple[tuple[str, ...], bool, str]] = [
-    (("-md", "--model-draft", "--draft-p-min", "-devd", "--device-draft", "-ngld", "--gpu-layers-draft"), True,
-     "a draft model is not built yet (prompt-lookup drafting is on by default: --draft-max, --no-draft)"),
+    (("-devd", "--device-draft", "-ngld", "--gpu-layers-draft"), True,
+     "this build has no GPU backend: the draft model runs on the CPU"),
     (("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"), True, "the KV cache is f16 only for now"),
     (("--embedding", "--embeddings"), False, "embeddings are not served yet"),
     (("--lora", "--lora-scaled", "--control-vector"), True, "adapters are not supported"),

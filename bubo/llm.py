@@ -40,7 +40,7 @@ from bubo._tokenizer import Tokenizer
 from bubo.chat import ChatTemplate
 from bubo.chat.parsers import Part, ToolCall
 from bubo.chat.request import assistant_message, chat_finish_reason
-from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig
+from bubo.engine.draft import DEFAULT_DRAFT, MAX_DRAFT_PER_REQUEST, DraftConfig, DraftModel
 from bubo.engine.generation import LENGTH, StopMatcher, text_pieces
 from bubo.engine.types import (
     ErrorEvent,
@@ -275,10 +275,12 @@ class Model:
 
     A catalog name that is not stored yet is pulled first. n_ctx is the KV cache size in tokens
     (capped at the model's training context); n_threads defaults to every CPU; chat_template:
-    Jinja source that replaces the file's own. draft: speculative decoding with prompt-lookup
-    drafts (True: bubo.engine.draft.DEFAULT_DRAFT; False: off; or a DraftConfig); it never
-    changes an answer (greedy or seeded: the same tokens and log-probabilities), only how many
-    forward passes it takes.
+    Jinja source that replaces the file's own. draft: speculative decoding (True: prompt-lookup
+    drafts, bubo.engine.draft.DEFAULT_DRAFT; False: off; a draft model's catalog name or path,
+    which must share this model's vocabulary and be smaller, e.g. "qwen2.5-coder:0.5b" for
+    "qwen2.5-coder:1.5b"; or a DraftConfig); it never changes an answer (greedy or seeded: the
+    same tokens and log-probabilities), only how many forward passes it takes. The generation
+    calls' draft_max keyword sets it per call (0: no drafting for that call).
 
     A Model is a context manager: `with bubo.Model(...) as m:` closes it at the end of the
     block (close(): the native model and its KV cache are let go; later calls raise).
@@ -293,7 +295,7 @@ class Model:
 
     def __init__(self, name_or_path: str | os.PathLike[str], *, n_ctx: int = 4096,
                  n_threads: int | None = None, chat_template: str | None = None,
-                 draft: bool | DraftConfig = True):
+                 draft: bool | str | os.PathLike[str] | DraftConfig = True):
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx <= 0:
             raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
@@ -312,10 +314,17 @@ class Model:
         self.n_ctx = min(n_ctx, n_ctx_train) if n_ctx_train else n_ctx
         # swa_full=False: sliding-window layers (gemma3) keep only their window's blocks
         kv = KVCache(runtime.native, self.n_ctx, swa_full=False)
+        if isinstance(draft, (str, os.PathLike)):
+            draft = DraftConfig(model=str(draft))
         if not isinstance(draft, (bool, DraftConfig)):
-            raise TypeError(f"draft must be True, False or a bubo.engine.draft.DraftConfig, not {type(draft).__name__}")
+            raise TypeError("draft must be True, False, a draft model's name or path, or a "
+                            f"bubo.engine.draft.DraftConfig, not {type(draft).__name__}")
         config = DEFAULT_DRAFT if draft is True else (draft or None)
-        sched = Scheduler(runtime, kv, 1, PREFILL_CHUNK, self.n_ctx, Engine._memory_short, retain=True, draft=config)
+        draft_model = None
+        if config is not None and config.model is not None and (kv.sliding_window == 0 or kv.swa_full):
+            draft_model = DraftModel.load(config, runtime, self.n_ctx, 1, PREFILL_CHUNK, n_threads)
+        sched = Scheduler(runtime, kv, 1, PREFILL_CHUNK, self.n_ctx, Engine._memory_short, retain=True, draft=config,
+                          draft_model=draft_model)
         self._loaded: _Loaded | None = _Loaded(runtime, kv, sched)
         self._current: _Run | None = None
         self._runs: weakref.WeakSet[_Run] = weakref.WeakSet()  # every run not yet collected: close() ends them
@@ -411,7 +420,7 @@ class Model:
                  dry_penalty_last_n: int | None = None, dry_sequence_breakers: Sequence[str] | None = None,
                  mirostat: int | None = None, mirostat_tau: float | None = None, mirostat_eta: float | None = None,
                  seed: int | None = None, n_probs: int | None = None,
-                 logit_bias: Mapping[int, float] | None = None) -> TextStream:
+                 logit_bias: Mapping[int, float] | None = None, draft_max: int | None = None) -> TextStream:
         """Stream the continuation of `prompt` (text, or token ids used as they are) as text
         pieces. Stops at an end-of-generation token, at a stop string (which is not yielded,
         nor anything after it) or after max_tokens (None: until the context is full).
@@ -429,7 +438,8 @@ class Model:
         params = _sampling_params(locals())
         grammar = self._raw_grammar(grammar, json_schema, response_format)
         ids = self._prompt_ids(prompt, add_special, parse_special)
-        return TextStream(self, self._start(self._request(ids, params, max_tokens, stop, n_probs, grammar, ignore_eos)))
+        return TextStream(self, self._start(self._request(ids, params, max_tokens, stop, n_probs, grammar, ignore_eos,
+                                                                 draft_max)))
 
     def complete(self, prompt: str | Sequence[int], *, max_tokens: int | None = 256,
                  stop: str | Iterable[str] = (), grammar: str | Grammar | None = None,
@@ -446,13 +456,13 @@ class Model:
                  dry_penalty_last_n: int | None = None, dry_sequence_breakers: Sequence[str] | None = None,
                  mirostat: int | None = None, mirostat_tau: float | None = None, mirostat_eta: float | None = None,
                  seed: int | None = None, n_probs: int | None = None,
-                 logit_bias: Mapping[int, float] | None = None) -> Completion:
+                 logit_bias: Mapping[int, float] | None = None, draft_max: int | None = None) -> Completion:
         """generate(), collected: the text with why it ended (a Completion). The same keywords."""
         params = _sampling_params(locals())
         grammar = self._raw_grammar(grammar, json_schema, response_format)
         ids = self._prompt_ids(prompt, add_special, parse_special)
         stream = TextStream(self, self._start(self._request(ids, params, max_tokens, stop, n_probs, grammar,
-                                                             ignore_eos)))
+                                                             ignore_eos, draft_max)))
         for _ in stream:
             pass
         return stream.completion()
@@ -474,7 +484,7 @@ class Model:
              dry_penalty_last_n: int | None = None, dry_sequence_breakers: Sequence[str] | None = None,
              mirostat: int | None = None, mirostat_tau: float | None = None, mirostat_eta: float | None = None,
              seed: int | None = None, n_probs: int | None = None,
-             logit_bias: Mapping[int, float] | None = None) -> ChatCompletion:
+             logit_bias: Mapping[int, float] | None = None, draft_max: int | None = None) -> ChatCompletion:
         """Answer `messages` with the model's chat template, as POST /v1/chat/completions does.
 
         messages: OpenAI's ([{"role": "user", "content": "..."}, ...]; roles system, developer,
@@ -501,7 +511,7 @@ class Model:
                             parallel_tool_calls=parallel_tool_calls, thinking=thinking,
                             chat_template_kwargs=chat_template_kwargs, max_tokens=max_tokens, stop=stop,
                             grammar=grammar, json_schema=json_schema, response_format=response_format,
-                            n_probs=n_probs)
+                            n_probs=n_probs, draft_max=draft_max)
         for _ in stream.parts():
             pass
         return stream.completion()
@@ -523,7 +533,7 @@ class Model:
                     dry_penalty_last_n: int | None = None, dry_sequence_breakers: Sequence[str] | None = None,
                     mirostat: int | None = None, mirostat_tau: float | None = None,
                     mirostat_eta: float | None = None, seed: int | None = None, n_probs: int | None = None,
-                    logit_bias: Mapping[int, float] | None = None) -> ChatStream:
+                    logit_bias: Mapping[int, float] | None = None, draft_max: int | None = None) -> ChatStream:
         """chat(), streamed: a ChatStream, whose iteration yields the answer's content as text
         pieces (no reasoning, no tool-call markup; text that could still become a call is held
         back until it is decided, as the server's stream holds it). stream.parts() yields the
@@ -535,7 +545,7 @@ class Model:
                           parallel_tool_calls=parallel_tool_calls, thinking=thinking,
                           chat_template_kwargs=chat_template_kwargs, max_tokens=max_tokens, stop=stop,
                           grammar=grammar, json_schema=json_schema, response_format=response_format,
-                          n_probs=n_probs)
+                          n_probs=n_probs, draft_max=draft_max)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], *,
                     tools: Sequence[Mapping[str, Any]] | None = None, add_generation_prompt: bool = True,
@@ -572,10 +582,15 @@ class Model:
         return [int(t) for t in ids]
 
     def _request(self, ids: list[int], params: SamplingParams, max_tokens: int | None, stop: str | Iterable[str],
-                 n_probs: int | None, grammar: Grammar | None, ignore_eos: bool = False) -> GenerationRequest:
+                 n_probs: int | None, grammar: Grammar | None, ignore_eos: bool = False,
+                 draft_max: int | None = None) -> GenerationRequest:
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
                                        or max_tokens <= 0):
             raise ValueError(f"max_tokens must be a positive integer (or None for no limit), got {max_tokens!r}")
+        if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int)
+                                      or not 0 <= draft_max <= MAX_DRAFT_PER_REQUEST):
+            raise ValueError(f"draft_max must be an integer from 0 (no drafting) to {MAX_DRAFT_PER_REQUEST} "
+                             f"(or None: the Model's), got {draft_max!r}")
         if not ids:
             raise InvalidRequestError("the prompt is empty: give some text or token ids")
         if len(ids) >= self.n_ctx:
@@ -585,13 +600,13 @@ class Model:
                 f"larger n_ctx (this model was trained with {self.hparams.get('n_ctx_train')})"
             )
         return GenerationRequest(ids, params, max_tokens, _stop_list(stop), n_probs or 0, ignore_eos=ignore_eos,
-                                 grammar=grammar)
+                                 grammar=grammar, draft_max=draft_max)
 
     def _chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams, *,
               tools: Sequence[dict[str, Any]] | None, tool_choice: Any, parallel_tool_calls: bool,
               thinking: bool | None, chat_template_kwargs: Mapping[str, Any] | None, max_tokens: int | None,
               stop: str | Iterable[str], grammar: str | None, json_schema: Any, response_format: Any,
-              n_probs: int | None) -> ChatStream:
+              n_probs: int | None, draft_max: int | None = None) -> ChatStream:
         """The server's chat request, read by its rules (bubo.chat.request) in its order and
         prepared by its code (bubo.chat.prepare)."""
         from bubo.chat.prepare import prepare_chat
@@ -628,7 +643,7 @@ class Model:
                             output=spec, tool_choice=forced, parallel_tool_calls=parallel_tool_calls,
                             thinking=thinks)
         assert prep.parser is not None  # a chat answer always has one
-        req = self._request(prep.prompt.tokens, params, max_tokens, stop, n_probs, prep.grammar)
+        req = self._request(prep.prompt.tokens, params, max_tokens, stop, n_probs, prep.grammar, draft_max=draft_max)
         return ChatStream(self, self._start(req), prep.parser)
 
     # --- the one slot ----------------------------------------------------------------------

@@ -81,9 +81,21 @@ cdef class Model:
     def __repr__(self):
         return f"Model({self.path!r}, arch={self.hparams['arch']!r}, n_layer={self.hparams['n_layer']})"
 
+    @property
+    def out_vocab(self):
+        """Logits come for tokens 0 .. out_vocab - 1 (n_vocab unless set lower)."""
+        return bubo_model_out_vocab(self.m)
+
+    @out_vocab.setter
+    def out_vocab(self, n):
+        """Logits for the first n tokens only (rounded up to a multiple of 16; 0 or >= n_vocab:
+        every token): a draft model's output product then reads only their rows."""
+        cdef bubo_err err
+        check_status(bubo_model_set_out_vocab(self.m, int(n), &err), &err, None)
+
     def decode(self, KVCache kv not None, tokens, pos, seq_ids, logits_rows):
         """Run a batch: tokens, pos, seq_ids (int32, one entry per row) and logits_rows (bool: which
-        rows get logits). Returns float32 [n_out, n_vocab], the wanted rows in batch order."""
+        rows get logits). Returns float32 [n_out, out_vocab], the wanted rows in batch order."""
         if kv.model is not self:
             raise ValueError("this KV cache belongs to another model")
         cdef int32_t[::1] tok = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
@@ -98,8 +110,7 @@ cdef class Model:
         if n > 0x7fffffff:
             raise ValueError("batch too large")
         cdef Py_ssize_t n_out = int(want_arr.sum())
-        cdef const bubo_hparams *hp = bubo_model_hparams(self.m)
-        out = np.empty((n_out, hp.n_vocab), dtype=np.float32)
+        out = np.empty((n_out, bubo_model_out_vocab(self.m)), dtype=np.float32)
         if n == 0:
             return out
         cdef float[:, ::1] o = out

@@ -22,6 +22,7 @@ from bubo.api.errors import ApiError
 from bubo.chat import request as rq
 from bubo.chat.constrain import OutputSpec, schema_spec
 from bubo.chat.request import INVALID
+from bubo.engine.draft import MAX_DRAFT_PER_REQUEST
 from bubo.errors import RequestError
 from bubo.sampling import SamplingParams
 
@@ -120,14 +121,13 @@ def sampling_params(body: Mapping[str, Any], n_probs: int = 0) -> SamplingParams
         raise invalid(str(e)) from None
 
 
-MAX_DRAFT_PER_REQUEST = 64  # speculative.n_max a request may ask for
 
 
 def draft_max_of(body: Mapping[str, Any]) -> int | None:
     """llama-server's per-request speculative decoding field: `speculative.n_max` (most drafted
     tokens checked per forward pass; 0 turns drafting off for this request; absent: the
-    server's). `speculative.n_min` and `speculative.p_min` are checked and otherwise belong to a
-    draft model, which bubo does not have yet."""
+    server's). `speculative.n_min` and `speculative.p_min` are checked only: the server's
+    --draft-min and --draft-p-min apply to every request."""
     n_max = body.get("speculative.n_max")
     if n_max is not None and (isinstance(n_max, bool) or not isinstance(n_max, int)
                               or not 0 <= n_max <= MAX_DRAFT_PER_REQUEST):

@@ -197,20 +197,29 @@ def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0) -> dict[st
 
 
 def draft_config(args: argparse.Namespace) -> DraftConfig | None:
-    """Speculative decoding as --draft-max, --draft-min and --no-draft say (None: off)."""
+    """Speculative decoding as --model-draft, --draft-max, --draft-min, --draft-p-min, --spec-type
+    and --no-draft say (None: off)."""
+    model = getattr(args, "model_draft", None)
     if getattr(args, "no_draft", False):
+        if model is not None:
+            raise ModelsConfigError("--no-draft and --model-draft: give one")
         return None
     spec = getattr(args, "spec_type", None)
     if spec is not None:
         types = [s.strip() for s in spec.split(",") if s.strip()]
-        other = [s for s in types if s != "none" and not s.startswith("ngram")]
+        other = [s for s in types if s != "none" and not s.startswith(("ngram", "draft"))]
         if other:
-            raise ModelsConfigError(f"--spec-type {other[0]}: not supported: bubo drafts by prompt lookup (ngram-*); "
-                                    "a draft model is not built yet")
+            raise ModelsConfigError(f"--spec-type {other[0]}: not supported: bubo drafts by prompt lookup (ngram-*) or "
+                                    "with a draft model (draft, with --model-draft)")
         if types == ["none"] or not types:
+            if model is not None:
+                raise ModelsConfigError("--spec-type none and --model-draft: give one")
             return None
-    n_max, n_min = getattr(args, "draft_max", None), getattr(args, "draft_min", None)
-    if n_max is None and n_min is None:
+        if any(s.startswith("draft") for s in types) and model is None:
+            raise ModelsConfigError(f"--spec-type {spec}: a draft type needs a draft model (--model-draft)")
+    n_max, n_min, p_min = (getattr(args, "draft_max", None), getattr(args, "draft_min", None),
+                           getattr(args, "draft_p_min", None))
+    if n_max is None and n_min is None and p_min is None and model is None:
         return DEFAULT_DRAFT
     if n_max is not None and n_max < 1:
         raise ModelsConfigError(f"--draft-max {n_max}: give at least 1 (--no-draft turns drafting off)")
@@ -218,7 +227,18 @@ def draft_config(args: argparse.Namespace) -> DraftConfig | None:
     n_min = DEFAULT_DRAFT.n_min if n_min is None else n_min
     if not 0 <= n_min <= n_max:
         raise ModelsConfigError(f"--draft-min {n_min}: give 0..{n_max} (--draft-max)")
-    return DraftConfig(n_max=n_max, n_min=n_min)
+    if p_min is not None and not 0.0 <= p_min <= 1.0:
+        raise ModelsConfigError(f"--draft-p-min {p_min}: give 0..1")
+    if model is not None:
+        from bubo.api.serve import check_model
+
+        try:
+            check_model(model, "--model-draft")
+        except (OSError, ValueError, LookupError) as e:
+            msg = str(e) if str(e).startswith("--model-draft") else f"--model-draft {model}: {e}"
+            raise ModelsConfigError(msg) from None
+    return DraftConfig(n_max=n_max, n_min=n_min, model=model,
+                       p_min=DEFAULT_DRAFT.p_min if p_min is None else p_min)
 
 
 def model_specs(args: argparse.Namespace, load_delay_s: float = 0.0) -> list[ModelSpec]:

@@ -33,6 +33,7 @@ from bubo.api.auth import check_api_key
 from bubo.api.config import ServerConfig
 from bubo.api.openai.completions import DEFAULT_MAX_TOKENS
 from bubo.chat import request as rq
+from bubo.engine.draft import MAX_DRAFT_PER_REQUEST
 from bubo.engine.registry import DEFAULT_NAME, Registry
 from bubo.sampling import FLT_TRUE_MIN
 
@@ -201,9 +202,9 @@ OUTPUT_FIELDS: dict[str, Schema] = {
 
 # llama-server's per-request speculative decoding fields (fields.draft_max_of), dotted names
 SPECULATIVE: dict[str, Schema] = {
-    "speculative.n_max": desc(integer(0, f.MAX_DRAFT_PER_REQUEST),
+    "speculative.n_max": desc(integer(0, MAX_DRAFT_PER_REQUEST),
                               "most drafted tokens checked per step; 0: no drafting for this request"),
-    "speculative.n_min": desc(integer(0, f.MAX_DRAFT_PER_REQUEST), "at most speculative.n_max (checked only)"),
+    "speculative.n_min": desc(integer(0, MAX_DRAFT_PER_REQUEST), "at most speculative.n_max (checked only)"),
     "speculative.p_min": desc({"type": ["number", "null"], "minimum": 0, "maximum": 1}, "checked only"),
 }
 

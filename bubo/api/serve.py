@@ -181,7 +181,7 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_model(source: str) -> None:
+def check_model(source: str, flag: str = "-m") -> None:
     """Raise, naming the problem, when `source` (a path or a catalog name) cannot be served: a
     missing file, a file that is not GGUF or holds an architecture or block type bubo does not
     run, an unknown catalog name. A catalog model not stored yet passes (its load pulls it)."""
@@ -190,17 +190,17 @@ def check_model(source: str) -> None:
 
     path = pathlib.Path(source)
     if path.is_dir():
-        raise ValueError(f"-m {source}: a folder, not a model file (serve every model in it with --models-dir)")
+        raise ValueError(f"{flag} {source}: a folder, not a model file (serve every model in it with --models-dir)")
     if not path.is_file():
         if path.suffix == ".gguf" or os.sep in source:
-            raise FileNotFoundError(f"-m {source}: no such file")
+            raise FileNotFoundError(f"{flag} {source}: no such file")
         store.catalog_entry(source)  # an unknown name raises, listing the catalog's
         return
     try:
         with GGUFFile(path) as f:
             check_model_file(f)
     except OSError as e:
-        raise ValueError(f"-m {source}: cannot read it: {e.strerror or e}") from None
+        raise ValueError(f"{flag} {source}: cannot read it: {e.strerror or e}") from None
 
 
 class Drain:
@@ -291,7 +291,11 @@ def _report(e: ModelEntry, router: bool) -> None:
     who = f" {e.name}" if router else ""
     if e.status is ModelStatus.LOADED and eng is not None:
         took = f" in {eng.load_s:.1f} s" if eng.load_s is not None else ""
-        say(f"ready{who}: {eng.model_path}{took}; weights {_mib(eng.weights_bytes)}, KV cache {_mib(eng.kv_bytes)}; "
+        d = eng.draft
+        drafts = (f"; drafts by {d.model} ({_mib(eng.draft_weights_bytes)})" if d is not None and d.model is not None
+                  else "; drafts by prompt lookup" if d is not None else "")
+        say(f"ready{who}: {eng.model_path}{took}; weights {_mib(eng.weights_bytes)}, "
+            f"KV cache {_mib(eng.kv_bytes)}{drafts}; "
             f"context {eng.n_ctx} tokens (trained {eng.n_ctx_train}) shared by {eng.n_parallel} slots; "
             f"{eng.n_threads} threads", model=e.name, load_s=eng.load_s, weights_bytes=eng.weights_bytes,
             kv_bytes=eng.kv_bytes, n_ctx=eng.n_ctx, n_parallel=eng.n_parallel, n_threads=eng.n_threads)

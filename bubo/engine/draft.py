@@ -9,53 +9,198 @@ its own earlier tokens (prompt and answer), and what followed them there is the 
 where an answer repeats its prompt (an edit of a text, code that quotes its input, a summary
 that copies phrases) and costs nothing else: a sequence without a match drafts nothing.
 
-Each sequence keeps its own draft length: it doubles after a draft taken whole, halves after one
-refused from its first token, and after several refusals in a row the sequence stops drafting
-for a while (longer each time), so that a sequence where drafts do not pay runs as plain
-decoding does."""
+DraftModel drafts with a second, smaller model that shares the target's vocabulary (qwen2.5-coder
+0.5b for its 1.5b): it keeps one KV sequence per slot that follows the target's (the prompt
+chunks as the target reads them, then each checked token), and drafts greedily, a token per
+forward pass of the small model for every drafting slot at once, until its top token's
+probability falls under p_min (llama-server's --draft-p-min) or the draft is long enough. Its
+cache keeps what it drafted: the tokens the target kept need no second pass, the rest are
+forgotten at the next draft.
+
+How long a draft is, is weighed every step (choose_lengths): each sequence's record says how
+likely its next drafted token is kept (Pacing.alpha), and Costs says what a forward pass of n
+rows costs on this machine (learned from the passes run: on a CPU a pass of 4 rows may cost
+little more than one and a pass of 5 much more, as the kernels' tiles go) and what a pass of the
+draft model costs. The lengths chosen are those that give the most tokens per second expected;
+none when drafting does not beat the plain step, so that a sequence whose drafts do not pay
+runs as plain decoding does (and tries again later, as its record fades)."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from bubo._model import KVCache
+    from bubo.runtime import Runtime
+
+log = logging.getLogger("bubo.engine")
 
 NGRAM_SIZES = (4, 3, 2)  # the lengths of the tail looked up, longest first
-PAUSE_AFTER_MISSES = 3  # refused drafts in a row before a sequence pauses drafting
-PAUSE_MAX_STEPS = 64
+PRIOR_WEIGHT = 2.0  # how many drafts the prior (the scheduler's record) is worth to a sequence
+DRAFT_OUT_VOCAB = 16384  # a draft model guesses among the first tokens of its vocabulary only
+DECAY = 0.7  # how much of a sequence's record each draft keeps
+RECORD_DECAY = 0.95  # ... and the scheduler's record over every sequence
+IDLE_DECAY = 0.9  # ... and each step without one (the record fades: drafting is tried again)
+COST_EMA = 0.25  # the weight of a new measurement of a pass's seconds
+EXPLORE_SLOPE = 0.1  # a row count not run yet: each row past the largest run costs this much of one
+MIN_GAIN = 1.03  # drafting must beat the plain step by this factor (the estimates are noisy)
+MAX_DRAFT_PER_REQUEST = 64  # the most drafted tokens a request may ask for (speculative.n_max, draft_max)
+P_MIN = 0.75  # a draft model stops drafting where its top token is less likely than this (llama-server's)
 
 
 @dataclasses.dataclass(frozen=True)
 class DraftConfig:
     """How sequences draft. n_max: most drafted tokens per pass (llama-server's --draft-max);
     n_min: fewer found than this and nothing is drafted (--draft-min); ngram: prompt-lookup
-    drafting on."""
+    drafting on; model: a draft model (a catalog name or a GGUF path; --model-draft) that drafts
+    instead of prompt lookup; p_min: the draft model's least top-token probability to go on
+    drafting (--draft-p-min)."""
 
     n_max: int = 16
     n_min: int = 0
     ngram: bool = True
+    model: str | None = None
+    p_min: float = P_MIN
 
     def __post_init__(self) -> None:
         if self.n_max < 1:
             raise ValueError(f"draft max must be at least 1, got {self.n_max}")
         if not 0 <= self.n_min <= self.n_max:
             raise ValueError(f"draft min must be 0..draft max ({self.n_max}), got {self.n_min}")
+        if not 0.0 <= self.p_min <= 1.0:
+            raise ValueError(f"draft p-min must be 0..1, got {self.p_min}")
 
 
 DEFAULT_DRAFT = DraftConfig()  # what the server and the library draft with unless told
 
 
-class NgramDrafter:
+class Pacing:
+    """One sequence's record of how its drafts fared: alpha(prior), the estimated chance that its
+    next drafted token is kept (decayed counts of tokens kept and of drafts cut short by a
+    refusal, on top of a prior worth PRIOR_WEIGHT drafts: the scheduler's record over every
+    sequence so far, so that a new sequence starts where its drafter usually is; the counts
+    fade, so that a sequence that stopped drafting tries again later), and its counts for the
+    usage figures."""
+
+    def __init__(self, config: DraftConfig):
+        self.config = config
+        self._kept = 0.0
+        self._refused = 0.0
+        self.n_drafted = 0
+        self.n_accepted = 0
+
+    def alpha(self, prior: float = 0.5) -> float:
+        return (self._kept + PRIOR_WEIGHT * prior) / (self._kept + self._refused + PRIOR_WEIGHT)
+
+    def idle(self) -> None:
+        """A step without a draft: the record fades a little towards the prior."""
+        self._kept *= IDLE_DECAY
+        self._refused *= IDLE_DECAY
+
+    def taken(self, n_drafted: int, n_accepted: int) -> None:
+        """How the last draft fared (n_drafted 0: the drafter was asked and had nothing)."""
+        self.n_drafted += n_drafted
+        self.n_accepted += n_accepted
+        self._kept = self._kept * DECAY + n_accepted
+        self._refused = self._refused * DECAY + (n_accepted < n_drafted or n_drafted == 0)
+
+
+class Costs:
+    """What a forward pass costs, learned from the passes run: seconds for a pass of n rows of the
+    target (by n) and for one pass of the draft model. A row count not run yet is estimated
+    between its neighbours, or past the largest one run at a tenth of a one-row pass per row:
+    optimistic, so that a longer draft is tried once and then known."""
+
+    def __init__(self) -> None:
+        self._t: dict[int, float] = {}
+        self.draft_s: float | None = None
+        self._kept = 0.0  # every sequence's drafts: tokens kept and drafts refused (decayed)
+        self._refused = 0.0
+
+    @property
+    def alpha(self) -> float:
+        """The chance a drafted token is kept, over every sequence's recent drafts (0.5 before any)."""
+        return (self._kept + 1.0) / (self._kept + self._refused + 2.0)
+
+    def idle(self) -> None:
+        """A step where some sequence did not draft: the record fades towards even, as a
+        sequence's does (else a record gone low would keep every sequence from drafting)."""
+        self._kept *= IDLE_DECAY
+        self._refused *= IDLE_DECAY
+
+    def record(self, n_drafted: int, n_accepted: int) -> None:
+        self._kept = self._kept * RECORD_DECAY + n_accepted
+        self._refused = self._refused * RECORD_DECAY + (n_accepted < n_drafted or n_drafted == 0)
+
+    @staticmethod
+    def _ema(old: float | None, new: float) -> float:
+        return new if old is None else old + COST_EMA * (new - old)
+
+    def observe(self, n_rows: int, seconds: float) -> None:
+        self._t[n_rows] = self._ema(self._t.get(n_rows), seconds)
+
+    def observe_draft(self, seconds: float) -> None:
+        self.draft_s = self._ema(self.draft_s, seconds)
+
+    def target(self, n: int) -> float | None:
+        t = self._t
+        if n in t:
+            return t[n]
+        if not t:
+            return None
+        below = [k for k in t if k < n]
+        above = [k for k in t if k > n]
+        if below and above:
+            lo, hi = max(below), min(above)
+            return t[lo] + (t[hi] - t[lo]) * (n - lo) / (hi - lo)
+        if below:
+            lo = max(below)
+            return t[lo] + (n - lo) * EXPLORE_SLOPE * t[min(t)]
+        return t[min(above)]
+
+
+def choose_lengths(alphas: list[float], caps: list[int], step_s: Callable[[int], float], draft_s: float) -> list[int]:
+    """How many tokens each generating sequence drafts this step: the lengths that maximise the
+    tokens the step is expected to give per second. alphas: each sequence's chance that a
+    drafted token is kept (a draft of k is expected to give 1 + a + ... + a^k tokens); caps: the
+    most each may draft; step_s(m): seconds for the step with m drafted rows more than it has
+    without drafts; draft_s: seconds per pass of a draft model (0: drafts cost nothing, prompt
+    lookup), which drafts as many passes as the longest draft. Rows go one at a time to the
+    sequence whose next drafted token is likeliest kept; every total is weighed (a pass's cost
+    rises in steps with the kernels' tiles, so the best total may lie past a worse one). All
+    zeros unless drafting beats the plain step by MIN_GAIN."""
+    n = len(alphas)
+    k = [0] * n
+    expected = float(n)
+    plain = expected / step_s(0)
+    best, best_k = plain * MIN_GAIN, list(k)
+    k_max = 0
+    for m in range(1, sum(caps) + 1):
+        j = max((i for i in range(n) if k[i] < caps[i]), key=lambda i: alphas[i] ** (k[i] + 1))
+        k[j] += 1
+        expected += alphas[j] ** k[j]
+        k_max = max(k_max, k[j])
+        rate = expected / (step_s(m) + draft_s * k_max)
+        if rate > best:
+            best, best_k = rate, list(k)
+    return best_k
+
+
+class NgramDrafter(Pacing):
     """Prompt-lookup drafts for one sequence (see the module docstring). The index maps each
     n-gram of the sequence to where it last ended, updated as tokens are appended."""
 
     def __init__(self, config: DraftConfig):
-        self.config = config
-        self.k = min(4, config.n_max)  # the draft length now (adapts)
+        super().__init__(config)
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # tokens[:_indexed] are indexed (each n-gram ending before it)
-        self._misses = 0
-        self._pause = 0  # passes left without drafting
-        self.n_drafted = 0
-        self.n_accepted = 0
 
     def _update(self, tokens: list[int]) -> None:
         # index n-grams that end at positions < len(tokens) - 1: the sequence's tail itself must
@@ -68,11 +213,9 @@ class NgramDrafter:
         self._indexed = max(self._indexed, end)
 
     def propose(self, tokens: list[int], limit: int) -> list[int]:
-        """The draft to check after tokens (at most `limit` tokens; [] for none)."""
-        if self._pause > 0:
-            self._pause -= 1
-            return []
-        k = min(self.k, limit)
+        """What followed the tail of tokens where it last occurred before (at most `limit`
+        tokens; [] for no match): the longest draft on offer, which the scheduler cuts."""
+        k = limit
         if k < max(1, self.config.n_min):
             return []
         self._update(tokens)
@@ -86,20 +229,203 @@ class NgramDrafter:
                     return draft
         return []
 
-    def taken(self, n_drafted: int, n_accepted: int) -> None:
-        """How the last draft fared: adapt the draft length and pause after repeated misses."""
-        if n_drafted == 0:
-            return
-        self.n_drafted += n_drafted
-        self.n_accepted += n_accepted
-        if n_accepted == n_drafted:
-            self.k = min(self.k * 2, self.config.n_max)
-            self._misses = 0
-        elif n_accepted == 0:
-            self.k = max(self.k // 2, 1)
-            self._misses += 1
-            if self._misses >= PAUSE_AFTER_MISSES:
-                self._pause = min(2 ** (self._misses - PAUSE_AFTER_MISSES + 2), PAUSE_MAX_STEPS)
+
+# --- a draft model ------------------------------------------------------------------------------
+
+
+class DraftModelError(ValueError):
+    """A draft model that cannot draft for this target (named with the difference)."""
+
+
+def check_vocabulary(target: Runtime, draft: Runtime) -> None:
+    """DraftModelError unless draft's token ids mean what target's do (same tokenizer model and
+    pre-tokenizer, the same token texts at every id, the same BOS and EOS)."""
+    where = f"the draft model {draft.name} and the target {target.name}"
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
+                "tokenizer.ggml.eos_token_id"):
+        a, b = target.metadata.get(key), draft.metadata.get(key)
+        if a != b:
+            raise DraftModelError(f"{where} differ in {key}: {b!r} against {a!r}; a draft model must share the "
+                                  "target's vocabulary")
+    ta, tb = target.metadata.get("tokenizer.ggml.tokens") or [], draft.metadata.get("tokenizer.ggml.tokens") or []
+    if ta != tb:
+        n = min(len(ta), len(tb))
+        i = next((i for i in range(n) if ta[i] != tb[i]), n)
+        what = (f"token {i} is {tb[i]!r} against {ta[i]!r}" if i < n else
+                f"the draft's vocabulary has {len(tb)} tokens against {len(ta)}")
+        raise DraftModelError(f"{where} have different vocabularies: {what}; a draft model must share the "
+                              "target's vocabulary")
+
+
+class DraftModel:
+    """A draft model and its KV cache: one sequence per slot of the scheduler it drafts for (see
+    the module docstring). Only the scheduler's thread calls it. A failure here (the cache
+    full, memory refused) costs the drafts of that step, never an answer."""
+
+    def __init__(self, runtime: Runtime, kv: KVCache, n_step: int, n_vocab: int, p_min: float = P_MIN):
+        self.runtime = runtime
+        self.kv = kv
+        self.n_step = n_step
+        # the guesses come from the vocabulary's first DRAFT_OUT_VOCAB tokens: a BPE vocabulary
+        # is in merge order, the common pieces first, and the output product is a large share of
+        # a small model's weights (a third of qwen2.5-coder 0.5b's); a rarer token is not drafted
+        runtime.native.out_vocab = min(n_vocab, runtime.n_vocab, DRAFT_OUT_VOCAB)
+        self.n_vocab = runtime.native.out_vocab
+        self.p_min = p_min
+        self.held: dict[int, list[int]] = {}  # per sequence: the tokens its cache holds
+        self.valid: dict[int, int] = {}  # per sequence: how many of held are known to be the task's
+        self.registered: dict[int, int] = {}  # per sequence: tokens handed to the prefix cache
+        self.n_decode = 0
+        self.costs = Costs()  # what its passes cost (draft_s), for choose_lengths
+
+    @classmethod
+    def load(cls, config: DraftConfig, target: Runtime, n_ctx: int, n_seq: int, n_step: int,
+             n_threads: int | None = None) -> DraftModel:
+        """Load config.model for target. FileNotFoundError or UnknownModelError for a model that is
+        not there, DraftModelError for one larger than the target or with another vocabulary."""
+        from bubo import store
+        from bubo._model import KVCache
+        from bubo.runtime import Runtime
+
+        assert config.model is not None
+        path = store.resolve(config.model)
+        size, target_size = os.path.getsize(path), os.path.getsize(target.path)
+        if size > target_size:
+            raise DraftModelError(
+                f"the draft model {config.model} ({size / 2**20:.0f} MiB) is larger than the target {target.name} "
+                f"({target_size / 2**20:.0f} MiB): a draft model must be smaller than the model it drafts for")
+        runtime = Runtime(path, n_threads=n_threads, name=config.model)
+        check_vocabulary(target, runtime)
+        kv = KVCache(runtime.native, n_ctx, n_seq_max=n_seq, swa_full=True)
+        return cls(runtime, kv, n_step, target.n_vocab, config.p_min)
+
+    @property
+    def weights_bytes(self) -> int:
+        return os.path.getsize(self.runtime.path)
+
+    # --- sequences ----------------------------------------------------------------------------
+
+    def start(self, seq: int, tokens: list[int]) -> None:
+        """A new task in seq: what the sequence holds is compared with tokens once; an empty one
+        first takes the cached blocks that begin tokens."""
+        if not self.held.get(seq):
+            self.kv.free(seq)
+            n = self.kv.prefix_attach(seq, np.asarray(tokens[:-1], dtype=np.int32)) if len(tokens) > 1 else 0
+            self.held[seq] = list(tokens[:n])
+            self.valid[seq] = self.registered[seq] = n
         else:
-            self.k = max(min(n_accepted + 1, self.config.n_max), 1)
-            self._misses = 0
+            self.valid[seq] = 0
+
+    def forget(self, seq: int) -> None:
+        """Empty seq (its task left, or was preempted)."""
+        self.kv.free(seq)
+        self.held[seq] = []
+        self.valid[seq] = 0
+        self.registered[seq] = 0
+
+    def _sync(self, seq: int, tokens: list[int], upto: int) -> list[int]:
+        """Roll seq back to where it agrees with tokens[:upto] (keeping at most upto - 1 of them
+        when a row's logits are wanted: the caller decodes the rest); the tokens to decode."""
+        held = self.held.setdefault(seq, [])
+        n = min(self.valid.get(seq, 0), upto, len(held))
+        while n < len(held) and n < upto and held[n] == tokens[n]:
+            n += 1
+        if n < len(held):
+            self.kv.truncate(seq, n)
+            del held[n:]
+        self.valid[seq] = n
+        self.registered[seq] = min(self.registered.get(seq, 0), n)
+        return tokens[n:upto]
+
+    def _decode(self, work: list[tuple[int, list[int], bool]]) -> dict[int, np.ndarray]:
+        """Decode each (seq, tokens, want the last row's logits) in chunks of at most n_step rows;
+        the wanted rows by sequence. Appends to held and registers full blocks."""
+        toks: list[int] = []
+        pos: list[int] = []
+        seqs: list[int] = []
+        want: list[bool] = []
+        for seq, rows, w in work:
+            start = len(self.held[seq])
+            toks += rows
+            pos += range(start, start + len(rows))
+            seqs += [seq] * len(rows)
+            want += [False] * (len(rows) - 1) + [w]
+            self.held[seq] += rows
+        out: dict[int, np.ndarray] = {}
+        for a in range(0, len(toks), self.n_step):
+            b = min(a + self.n_step, len(toks))
+            logits = self.runtime.native.decode(self.kv, np.asarray(toks[a:b], dtype=np.int32),
+                                                np.asarray(pos[a:b], dtype=np.int32),
+                                                np.asarray(seqs[a:b], dtype=np.int32), np.asarray(want[a:b]))
+            self.n_decode += 1
+            r = 0
+            for i in range(a, b):
+                if want[i]:
+                    out[seqs[i]] = logits[r]
+                    r += 1
+        return out
+
+    def _failed(self, seqs: list[int], e: Exception) -> None:
+        log.warning("the draft model could not run (%s: %s): no drafts this step", type(e).__name__, e)
+        for seq in seqs:
+            self.forget(seq)
+
+    def follow(self, jobs: list[tuple[int, list[int], int]]) -> None:
+        """Each (seq, tokens, upto): seq comes to hold tokens[:upto] (the prompt the target has
+        read so far), no logits wanted."""
+        work = [(seq, rows, False) for seq, tokens, upto in jobs if (rows := self._sync(seq, tokens, upto))]
+        try:
+            self._decode(work)
+        except (MemoryError, ValueError) as e:
+            self._failed([seq for seq, _, _ in work], e)
+            return
+        for seq, _, _ in jobs:
+            self.valid[seq] = len(self.held[seq])
+            self._register(seq)
+
+    def _register(self, seq: int) -> None:
+        """Index seq's full blocks of checked tokens for later prompts (as the target's are)."""
+        n = self.valid[seq] // self.kv.block_size * self.kv.block_size
+        if n > self.registered.get(seq, 0):
+            self.kv.prefix_register(seq, np.asarray(self.held[seq][:n], dtype=np.int32))
+            self.registered[seq] = n
+
+    def _pick(self, row: np.ndarray) -> tuple[int, float]:
+        """The draft's greedy token and its probability."""
+        row = row[:self.n_vocab]
+        tok = int(np.argmax(row))
+        p = 1.0 / float(np.exp(row - row[tok]).sum())
+        return tok, p
+
+    def propose(self, jobs: list[tuple[int, list[int], int]]) -> dict[int, list[int]]:
+        """Each (seq, tokens, k): up to k tokens drafted after tokens, greedily, a forward pass of
+        the draft model per token for every sequence at once, each draft ending early where the
+        top token's probability is under p_min. Returns the drafts by sequence."""
+        drafts: dict[int, list[int]] = {seq: [] for seq, _, _ in jobs}
+        if not jobs:
+            return drafts
+        limit = {seq: k for seq, _, k in jobs}
+        try:
+            # the catch-up: every checked token the draft's sequence lacks (at least the last one)
+            work = [(seq, self._sync(seq, tokens, len(tokens) - 1) + tokens[-1:], True) for seq, tokens, _ in jobs]
+            rows = self._decode(work)
+            for seq, tokens, _ in jobs:
+                self.valid[seq] = len(tokens)
+                self._register(seq)
+            while rows:
+                t0 = time.perf_counter()
+                nxt: list[tuple[int, list[int], bool]] = []
+                for seq, row in rows.items():
+                    tok, p = self._pick(row)
+                    if p < self.p_min:
+                        continue
+                    drafts[seq].append(tok)
+                    if len(drafts[seq]) < limit[seq]:
+                        nxt.append((seq, [tok], True))
+                rows = self._decode(nxt) if nxt else {}
+                if nxt:
+                    self.costs.observe_draft(time.perf_counter() - t0)
+        except (MemoryError, ValueError) as e:
+            self._failed(list(drafts), e)
+            return {seq: [] for seq in drafts}
+        return drafts

@@ -47,7 +47,7 @@ import gevent
 import gevent.event
 from gevent.monkey import get_original
 
-from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig
+from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig, DraftModel
 from bubo.engine.types import (
     ContextLengthError,
     EngineMetrics,
@@ -241,7 +241,7 @@ class Engine:
         self._settings: dict[str, Any] = dict(
             n_ctx=n_ctx, n_threads=n_threads, chat_template=chat_template, load_delay_s=load_delay_s,
             n_parallel=n_parallel, n_batch=n_batch, n_ubatch=n_ubatch, queue_size=queue_size, draft=draft)
-        self.draft = draft  # speculative decoding: prompt-lookup drafts (bubo.engine.draft); None: off
+        self.draft = draft  # speculative decoding (bubo.engine.draft): prompt lookup or a draft model; None: off
         self.model_name = str(model)
         self._chat_template_override = chat_template  # replaces the GGUF's tokenizer.chat_template
         self.model_path: str | None = None
@@ -255,6 +255,7 @@ class Engine:
         self.runtime: Runtime | None = None  # once loaded; None again once stopped
         self.kv: KVCache | None = None  # the slots' shared KV cache
         self.weights_bytes = 0  # the model file's size, once loaded
+        self.draft_weights_bytes = 0  # the draft model file's size, once loaded (0: none)
         self.kv_bytes = 0  # the KV cache's K and V storage at full capacity, once loaded
         self.load_s: float | None = None  # how long the last load took
         self.info: ModelInfo | None = None  # once loaded; kept once stopped
@@ -387,8 +388,12 @@ class Engine:
         # sliding-window layers too (their window pool would have released the blocks a later
         # request needs); it costs gemma3 the window layers' share of the context's memory
         self.kv = KVCache(runtime.native, self.n_ctx, n_seq_max=self.n_parallel, swa_full=True)
+        draft_model = None
+        if self.draft is not None and self.draft.model is not None:
+            draft_model = DraftModel.load(self.draft, runtime, self.n_ctx, self.n_parallel, n_step, self.n_threads)
+            self.draft_weights_bytes = draft_model.weights_bytes
         self._sched = Scheduler(runtime, self.kv, self.n_parallel, n_step, self.n_ctx, self._memory_short,
-                                draft=self.draft)
+                                draft=self.draft, draft_model=draft_model)
         self.model_path = str(path)
         self.weights_bytes = os.path.getsize(path)
         self.kv_bytes = self.kv.nbytes

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from bubo.engine.draft import DraftConfig, NgramDrafter
+from bubo.engine.draft import Costs, DraftConfig, DraftModel, NgramDrafter, Pacing, choose_lengths
 from bubo.engine.generation import STOP, Generation, GrammarStuck
 from bubo.engine.metrics import Histogram
 from bubo.engine.types import ErrorEvent, Event, FinishEvent, GenerationRequest, Reason, SlotPhase, SlotState, Timings
@@ -79,7 +79,8 @@ class Sink(Protocol):
 class Task:
     """One request in flight (queued, in a slot, or preempted and queued again)."""
 
-    def __init__(self, sink: Sink, runtime: Runtime, n_ctx: int, task_id: int, draft: DraftConfig | None = None):
+    def __init__(self, sink: Sink, runtime: Runtime, n_ctx: int, task_id: int, draft: DraftConfig | None = None,
+                 model_drafts: bool = False):
         req = sink.request
         self.sink = sink
         self.req = req
@@ -88,7 +89,11 @@ class Task:
         if req.draft_max is not None and draft is not None:
             draft = dataclasses.replace(draft, n_max=req.draft_max, n_min=min(draft.n_min, req.draft_max)) \
                 if req.draft_max > 0 else None
-        self.drafter = NgramDrafter(draft) if draft is not None and draft.ngram else None
+        self.drafter: Pacing | None = None  # the sequence's drafting pace (and prompt lookup's index)
+        if draft is not None and model_drafts:
+            self.drafter = Pacing(draft)
+        elif draft is not None and draft.ngram:
+            self.drafter = NgramDrafter(draft)
         self.draft: list[int] = []  # drafted tokens after the pending one, in this step's plan
         self.tokens: list[int] = list(req.prompt)
         self.n_prompt = len(req.prompt)
@@ -142,15 +147,18 @@ class Scheduler:
 
     memory_short(bytes): whether committing that much more KV memory would overrun what the
     machine has free now (None: never asked). retain: an idle slot keeps its sequence for the
-    next request to continue (the library's one slot)."""
+    next request to continue (the library's one slot). draft: how sequences draft (None: they
+    do not); draft_model: the draft model that drafts for them (draft.model loaded), its
+    sequences following the slots'."""
 
     def __init__(self, runtime: Runtime, kv: KVCache, n_slots: int, n_step: int, n_ctx: int,
                  memory_short: Callable[[int], bool] | None = None, retain: bool = False,
-                 draft: DraftConfig | None = None):
+                 draft: DraftConfig | None = None, draft_model: DraftModel | None = None):
         self.runtime = runtime
         # drafting rolls the cache back past a refused draft: a sliding-window pool that has
         # already dropped the positions the rollback returns to cannot (swa_full=False)
         self.draft = draft if kv.sliding_window == 0 or kv.swa_full else None
+        self.draft_model = draft_model if self.draft is not None else None
         self.native = runtime.native
         self.kv = kv
         self.n_ctx = n_ctx
@@ -171,13 +179,14 @@ class Scheduler:
         )
         self.ttft = Histogram()
         self.queue_wait = Histogram()
+        self.costs = Costs()  # what a forward pass of n rows costs, for the draft lengths
 
     # --- the queue (submit runs on other threads; the engine holds the lock around these) ----
 
     def new_task(self, sink: Sink) -> Task:
         """The request's Task (its sampler and grammar state built here, outside the queue's lock)."""
         self.n_task += 1
-        return Task(sink, self.runtime, self.n_ctx, self.n_task, self.draft)
+        return Task(sink, self.runtime, self.n_ctx, self.n_task, self.draft, self.draft_model is not None)
 
     def n_waiting(self) -> int:
         return sum(1 for t in self.queue if not t.cancelled)
@@ -231,6 +240,8 @@ class Scheduler:
             self._n_admitted += 1
             slot.admitted = self._n_admitted
             slot.task = task
+            if self.draft_model is not None and task.drafter is not None:
+                self.draft_model.start(slot.id, task.tokens)
             now = time.perf_counter()
             if task.n_cached is None:  # first admission (a preempted task keeps its figures)
                 task.t_admit = now
@@ -281,6 +292,8 @@ class Scheduler:
         """Empty slot's sequence: its indexed blocks stay in the prefix cache."""
         self.kv.free(slot.id)
         slot.held = []
+        if self.draft_model is not None:
+            self.draft_model.forget(slot.id)
 
     def _drop_held(self, keep: Slot | None = None) -> bool:
         """Give back every idle slot's held sequence (oldest first) but keep's. True if any was."""
@@ -310,12 +323,7 @@ class Scheduler:
         Drafts are extras: they go first when the cache or the memory is short, never a request."""
         # each draft is proposed once per step (a drafter keeps state); a plan made again with
         # fewer slots leaves every draft within the budget it was proposed in
-        budget = self.n_step
-        for s in active:
-            t = self._task(s)
-            if t.n_pending == 1:
-                t.draft = self._propose(t, budget - 1)
-                budget -= 1 + len(t.draft)
+        self._draft_step(active)
         while True:
             budget = self.n_step
             plan: list[tuple[Slot, int]] = []
@@ -356,15 +364,71 @@ class Scheduler:
             self._finish_no_memory(s)
         return [(s, n) for s, n in plan if s.task is not None]
 
-    def _propose(self, t: Task, budget: int) -> list[int]:
-        """t's draft for this step: within the step's budget, the answer's max_tokens and the
-        context (the pending token and the draft must fit, and one more token after them)."""
-        if t.drafter is None or budget <= 0:
-            return []
-        limit = min(budget, self.n_ctx - len(t.tokens) - 1)
-        if t.req.max_tokens is not None:
-            limit = min(limit, t.req.max_tokens - t.n_gen - 1)
-        return t.drafter.propose(t.tokens, limit) if limit > 0 else []
+    def _draft_step(self, active: list[Slot]) -> None:
+        """Each generating task's draft for this step (t.draft): prompt lookup's, or the draft
+        model's, as long as choose_lengths finds it pays, within the step's budget, the answer's
+        max_tokens and the context (the pending token and the draft must fit, and one more token
+        after them)."""
+        gen = [self._task(s) for s in active if self._task(s).n_pending == 1]
+        for t in gen:
+            t.draft = []
+        drafting = [t for t in gen if t.drafter is not None]
+        if not drafting:
+            return
+        base = len(gen) + min(sum(self._task(s).n_pending for s in active if self._task(s).n_pending > 1),
+                              max(self.n_step - len(gen), 0))
+        budget = self.n_step - base
+        offers: list[list[int]] = []  # prompt lookup's longest drafts on offer
+        caps: list[int] = []
+        for t in drafting:
+            assert t.drafter is not None
+            limit = min(budget, self.n_ctx - len(t.tokens) - 1, t.drafter.config.n_max)
+            if t.req.max_tokens is not None:
+                limit = min(limit, t.req.max_tokens - t.n_gen - 1)
+            limit = max(limit, 0)
+            if isinstance(t.drafter, NgramDrafter):
+                offer = t.drafter.propose(t.tokens, limit) if limit > 0 else []
+                offers.append(offer)
+                caps.append(len(offer))
+            else:
+                offers.append([])
+                caps.append(limit)
+        one = self.costs.target(base)
+        if one is None:  # nothing measured yet: the plain step first
+            return
+        draft_s = 0.0
+        if self.draft_model is not None:
+            draft_s = self.draft_model.costs.draft_s if self.draft_model.costs.draft_s is not None else one / 4
+        step_s = self.costs.target
+        prior = self.costs.alpha
+        ks = choose_lengths([t.drafter.alpha(prior) for t in drafting if t.drafter is not None], caps,
+                            lambda m: step_s(base + m) or one, draft_s)
+        jobs: list[tuple[int, list[int], int]] = []  # the draft model's: (sequence, tokens, most to draft)
+        if any(k == 0 for k in ks):
+            self.costs.idle()
+        for t, k, offer in zip(drafting, ks, offers):
+            assert t.drafter is not None
+            if k < max(1, t.drafter.config.n_min):
+                t.drafter.idle()
+            elif isinstance(t.drafter, NgramDrafter):
+                t.draft = offer[:k]
+            else:
+                jobs.append((self._slot_of(t), t.tokens, k))
+        if jobs:
+            assert self.draft_model is not None
+            drafts = self.draft_model.propose(jobs)
+            for t in drafting:
+                assert t.drafter is not None
+                if (seq := self._slot_of(t)) not in drafts:
+                    continue
+                if len(drafts[seq]) >= max(1, t.drafter.config.n_min):
+                    t.draft = drafts[seq]
+                else:  # asked and had nothing worth checking: a refusal, as far as pacing goes
+                    t.drafter.taken(0, 0)
+                    self.costs.record(0, 0)
+
+    def _slot_of(self, t: Task) -> int:
+        return next(s.id for s in self.slots if s.task is t)
 
     @staticmethod
     def _task(s: Slot) -> Task:
@@ -408,7 +472,10 @@ class Scheduler:
             seq[i:i + n] = s.id
             i += n
         try:
+            t0 = time.perf_counter()
             logits = self.native.decode(self.kv, toks, pos, seq, want)
+            if want.all():  # rows that all give logits, as a drafting step's do (prompt chunks' cost less)
+                self.costs.observe(n_rows, time.perf_counter() - t0)
         except MemoryError as e:
             log.warning("the KV cache could not grow: %s", e)
             for s, _ in plan:
@@ -430,6 +497,9 @@ class Scheduler:
                 c["prompt_tokens_total"] += n
             self._register(s, t)
         c["n_tokens_max"] = max(c["n_tokens_max"], max(self._task(s).n_past for s, _ in plan))
+        if self.draft_model is not None:  # the draft model's sequences read the prompts too
+            self.draft_model.follow([(s.id, t.tokens, t.n_past) for s, _ in plan
+                                     if (t := self._task(s)).drafter is not None and t.n_gen == 0])
         row = 0
         for s in sampled:
             t = self._task(s)
@@ -467,6 +537,7 @@ class Scheduler:
         c["n_drafted_accepted_total"] += accepted
         if t.drafter is not None:
             t.drafter.taken(len(draft), accepted)
+            self.costs.record(len(draft), accepted)
         if s.task is t:
             self.kv.truncate(s.id, t.n_past)
             self._register(s, t)

@@ -272,10 +272,12 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
     step_ctx out = *c;
     out.n = c->n_out;
     run_tokens(&out, step_output_norm);
-    if ((st = matmul(m, &m->w.output, s->xb, c->n_out, logits, err))) return st;
+    bubo_mat output = m->w.output; /* its first rows only, with an output vocabulary set */
+    output.rows = bubo_model_out_vocab(m);
+    if ((st = matmul(m, &output, s->xb, c->n_out, logits, err))) return st;
     if (hp->final_logit_softcap > 0.0f) {
         const float cap = hp->final_logit_softcap;
-        for (size_t i = 0; i < (size_t)c->n_out * hp->n_vocab; i++) logits[i] = cap * tanhf(logits[i] / cap);
+        for (size_t i = 0; i < (size_t)c->n_out * output.rows; i++) logits[i] = cap * tanhf(logits[i] / cap);
     }
     return BUBO_OK;
 }
@@ -329,7 +331,7 @@ bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, cons
         };
         /* after check_batch nothing can fail but a kernel refusing a shape load already checked */
         if ((st = bubo_kv_append_batch(kv, n, seq_ids + start, pos + start, err)) ||
-            (st = forward_chunk(&c, logits + logits_done * hp->n_vocab, err)))
+            (st = forward_chunk(&c, logits + logits_done * bubo_model_out_vocab(m), err)))
             return st;
         logits_done += n_out;
     }

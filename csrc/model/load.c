@@ -432,6 +432,15 @@ void bubo_model_free(bubo_model *m) {
 }
 
 const bubo_hparams *bubo_model_hparams(const bubo_model *m) { return &m->hp; }
+int32_t bubo_model_out_vocab(const bubo_model *m) { return m->n_out_vocab > 0 ? m->n_out_vocab : m->hp.n_vocab; }
+
+bubo_status bubo_model_set_out_vocab(bubo_model *m, int32_t n_out_vocab, bubo_err *err) {
+    if (n_out_vocab < 0) return bubo_set_err(err, BUBO_ERR_INVALID, "n_out_vocab must be >= 0, not %d", (int)n_out_vocab);
+    /* whole groups of 16 rows: a prepacked matrix's first rows are then a prefix of its data */
+    int32_t n = (n_out_vocab + 15) / 16 * 16;
+    m->n_out_vocab = n == 0 || n >= m->hp.n_vocab ? 0 : n;
+    return BUBO_OK;
+}
 int bubo_model_n_threads(const bubo_model *m) { return bubo_pool_n_threads(m->pool); }
 
 void bubo_model_kv_params(const bubo_model *m, bubo_kv_params *p) {

@@ -79,6 +79,7 @@ struct bubo_model {
     bubo_run_state s;
     bubo_pool *pool;
     const bubo_ops *ops;
+    int32_t n_out_vocab; /* logits for tokens [0, n_out_vocab) (bubo_model_set_out_vocab) */
 };
 
 #endif

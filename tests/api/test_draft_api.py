@@ -1,7 +1,8 @@
 """Speculative decoding as the API shows it: drafted and kept tokens in llama-server's timings,
 OpenAI's usage (completion_tokens_details: accepted/rejected prediction tokens), Anthropic's
 usage and /metrics; `speculative.n_max` per request (0: off; out of range: 400); the flags
-(--no-draft, --draft-max, --spec-type) and their bad values."""
+(--no-draft, --draft-max, --spec-type, --model-draft, --draft-p-min) and their bad values; a
+draft model the server cannot use stops it at start with one line naming why."""
 
 from __future__ import annotations
 
@@ -78,10 +79,41 @@ def test_no_draft_server_drafts_nothing():
 
 @pytest.mark.parametrize("flags,why", [(["--draft-max", "0"], "--draft-max 0: give at least 1"),
                                        (["--draft-min", "20"], "--draft-min 20: give 0..16"),
-                                       (["--spec-type", "draft-simple"], "--spec-type draft-simple: not supported"),
-                                       (["-md", "x.gguf"], "-md: not supported: a draft model is not built yet")])
+                                       (["--spec-type", "eagle"], "--spec-type eagle: not supported"),
+                                       (["--spec-type", "draft-simple"], "a draft type needs a draft model"),
+                                       (["-md", "x.gguf"], "--model-draft x.gguf: no such file"),
+                                       (["-md", "nosuch:7b"], "--model-draft nosuch:7b: unknown model"),
+                                       (["-md", "smollm2:135m", "--draft-p-min", "1.5"],
+                                        "--draft-p-min 1.5: give 0..1"),
+                                       (["-md", "smollm2:135m", "--no-draft"], "--no-draft and --model-draft"),
+                                       (["-devd", "cuda0"], "-devd: not supported")])
 def test_bad_draft_flags_are_one_line_at_start(flags, why):
     r = subprocess.run([sys.executable, "-m", "bubo", "serve", "-m", "smollm2:135m", "--port", "0", *flags],
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode in (1, 2) and len(r.stderr.splitlines()) == 1, r.stderr
     assert why in r.stderr
+
+
+@pytest.mark.parametrize("draft,why", [("smollm2:135m", "differ in tokenizer.ggml.pre: 'smollm' against 'qwen2'"),
+                                       ("qwen2.5-coder:1.5b", "is larger than the target")])
+def test_a_draft_model_that_cannot_draft_stops_the_server_at_start(catalog_model, draft, why):
+    catalog_model(draft)
+    r = subprocess.run([sys.executable, "-m", "bubo", "serve", "-m", "qwen2.5-coder:0.5b", "--port", "0", "-md", draft],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 1, r.stderr
+    last = r.stderr.splitlines()[-1]
+    assert last.startswith("bubo serve: error: the model qwen2.5-coder:0.5b cannot be served: DraftModelError") and \
+        why in last, r.stderr
+
+
+def test_a_server_with_a_draft_model_reports_its_drafts(catalog_model):
+    catalog_model("qwen2.5-coder:0.5b")
+    ask = {"prompt": "def is_prime(n: int) -> bool:\n", "n_predict": 64, "temperature": 0}
+    with start_server("-md", "qwen2.5-coder:0.5b", "-np", "2", model="qwen2.5-coder:1.5b") as s:
+        s.wait_ready()
+        _, r = post(s.url + "/completion", ask)
+        _, off = post(s.url + "/completion", {**ask, "speculative.n_max": 0})
+    assert any("drafts by qwen2.5-coder:0.5b" in line for line in s.log), s.log
+    assert r["content"] == off["content"]
+    assert 0 < r["timings"]["draft_n_accepted"] <= r["timings"]["draft_n"]
+    assert "draft_n" not in off["timings"]

@@ -13,7 +13,7 @@ import pytest
 import bubo
 from bubo.chat.schema import schema_to_gbnf
 from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
-from bubo.engine.draft import DraftConfig, NgramDrafter
+from bubo.engine.draft import Costs, DraftConfig, NgramDrafter, Pacing, choose_lengths
 from bubo.sampling import SamplingParams
 
 from engines import start_engine
@@ -48,22 +48,65 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
 def test_ngram_drafter_proposes_what_followed_the_tail_before():
     d = NgramDrafter(DraftConfig(n_max=8))
     toks = [5, 6, 7, 8, 9, 1, 2, 5, 6, 7]
-    assert d.propose(toks, 8) == [8, 9, 1, 2][: d.k]  # the tail 5 6 7 was followed by 8 9 1 2 ...
+    assert d.propose(toks, 8) == [8, 9, 1, 2, 5, 6, 7]  # the tail 5 6 7 was followed by 8 9 1 2 ...
     assert d.propose([1, 2, 3, 4], 8) == []  # no earlier occurrence
     assert d.propose(toks, 1) == [8]  # the limit holds
-
-
-def test_ngram_drafter_adapts_and_pauses_after_misses():
-    d = NgramDrafter(DraftConfig(n_max=16))
-    k0 = d.k
-    d.taken(k0, k0)
-    assert d.k == min(2 * k0, 16)
-    toks = [1, 2, 3, 4, 1, 2]
-    for _ in range(3):
-        d.taken(2, 0)
-    assert d.propose(toks, 8) == []  # paused
     d2 = NgramDrafter(DraftConfig(n_max=4, n_min=4))
     assert d2.propose([1, 2, 9, 1, 2], 8) == []  # fewer than n_min found
+
+
+def test_pacing_learns_how_likely_a_drafted_token_is_kept_and_forgets_slowly():
+    p = Pacing(DraftConfig())
+    assert p.alpha(0.5) == 0.5 and p.alpha(0.9) == pytest.approx(0.9)  # the prior alone
+    for _ in range(10):
+        p.taken(4, 4)
+    high = p.alpha(0.5)
+    assert high > 0.9
+    for _ in range(8):
+        p.taken(4, 0)
+    low = p.alpha(0.5)
+    assert low < 0.4  # the recent drafts weigh most
+    for _ in range(30):
+        p.idle()
+    assert low < p.alpha(0.5) < 0.5 + 1e-9  # back towards the prior: drafting is tried again
+    assert (p.n_drafted, p.n_accepted) == (72, 40)
+    p.taken(0, 0)  # asked and nothing drafted: a refusal, no count
+    assert (p.n_drafted, p.n_accepted) == (72, 40)
+
+
+def tile_cost(m):
+    """A CPU's pass: 4 rows cost little more than 1, 5 to 8 a second tile (as measured on AVX-512)."""
+    return 1.0 + 0.1 * min(m, 3) + (0.8 + 0.1 * (m - 4) if m >= 4 else 0.0)
+
+
+def test_choose_lengths_weighs_the_tokens_expected_against_what_the_pass_costs():
+    # free drafts (prompt lookup) that are always right: as long as allowed
+    assert choose_lengths([0.99], [16], tile_cost, 0.0) == [16]
+    # likely kept, but a fifth row costs a whole tile: three drafted tokens (four rows)
+    assert choose_lengths([0.8], [16], tile_cost, 0.0) == [3]
+    # a draft model whose pass costs 0.4 of the target's: fewer, or none when unlikely kept
+    assert choose_lengths([0.8], [16], tile_cost, 0.4) == [2]
+    assert choose_lengths([0.2], [16], tile_cost, 0.4) == [0]
+    assert choose_lengths([0.99], [2], tile_cost, 0.0) == [2]  # the cap holds
+    # several sequences share the step's rows: the likelier drafts get them
+    ks = choose_lengths([0.9, 0.3], [16, 16], lambda m: 1.0 + 0.05 * m, 0.0)
+    assert ks[0] > ks[1]
+    assert choose_lengths([0.9, 0.9], [0, 0], tile_cost, 0.0) == [0, 0]
+
+
+def test_costs_estimate_row_counts_not_run_yet():
+    c = Costs()
+    assert c.target(1) is None
+    c.observe(1, 0.050)
+    c.observe(4, 0.070)
+    assert c.target(1) == 0.050 and c.target(4) == 0.070
+    assert c.target(2) == pytest.approx(0.050 + 0.020 / 3)  # between two measured
+    assert c.target(6) == pytest.approx(0.070 + 2 * 0.1 * 0.050)  # past the largest: optimistic
+    c.observe(4, 0.090)
+    assert 0.070 < c.target(4) < 0.090  # measurements are averaged
+    assert c.alpha == 0.5
+    c.record(4, 4)
+    assert c.alpha > 0.5
 
 
 def test_draft_config_bounds():

@@ -61,13 +61,22 @@ void bubo_model_free(bubo_model *m);
 const bubo_hparams *bubo_model_hparams(const bubo_model *m);
 int bubo_model_n_threads(const bubo_model *m);
 
+/* Logits for the first n_out_vocab tokens only (0: every token): the output product reads only
+ * their rows of the output matrix, and decode writes [n_out][n_out_vocab]. For a draft model,
+ * whose guesses need not cover the rare tokens at the end of a BPE vocabulary: the output matrix
+ * is a large share of a small model's weights. n_out_vocab is rounded up to a multiple of 16
+ * (capped at n_vocab); BUBO_ERR_INVALID for a negative one. */
+bubo_status bubo_model_set_out_vocab(bubo_model *m, int32_t n_out_vocab, bubo_err *err);
+int32_t bubo_model_out_vocab(const bubo_model *m);
+
 /* The cache shape this model needs (layers, row widths, head dims); the caller sets n_ctx,
  * n_seq_max, block_size and type. */
 void bubo_model_kv_params(const bubo_model *m, bubo_kv_params *p);
 
 /* Run n_tokens tokens through the model and the cache.
  *   tokens, pos, seq_ids [n_tokens]; want_logits [n_tokens] nonzero where a row's logits are
- *   wanted; logits [n_out][n_vocab] for the n_out wanted rows in batch order.
+ *   wanted; logits [n_out][n_vocab] for the n_out wanted rows in batch order (n_vocab: the
+ *   model's, or what bubo_model_set_out_vocab set).
  * A sequence's tokens must continue it: its first token in the batch at pos == its length in the
  * cache, each next one at pos + 1. Everything is checked before anything runs: a bad token id,
  * sequence id or position, or a full context is BUBO_ERR_INVALID and leaves the cache as it was.

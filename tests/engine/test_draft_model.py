@@ -1,0 +1,168 @@
+"""Speculative decoding with a draft model (bubo.engine.draft.DraftModel) never changes an answer:
+qwen2.5-coder:1.5b drafted by qwen2.5-coder:0.5b gives the plain greedy tokens, with and without
+a JSON Schema grammar, and a seeded request the same tokens and log-probabilities; in the engine,
+drafting on in some slots and off in others keeps every answer as it is alone, a request
+cancelled while its drafts are checked frees its slot in both caches; a draft model with another
+vocabulary, a larger one and a missing file are refused when the model is made.
+
+Every draft here is drawn at its cap (at most 4 tokens): these tests are about the checking, not
+the pacing (bubo.engine.draft.choose_lengths, tested in test_draft.py, which weighs what passes
+cost on the machine at hand: it would draft less, and differently from run to run). The engine
+tests draft with smollm2:135m for itself (which the pacing would rightly never do: its passes
+cost what the target's do)."""
+
+from __future__ import annotations
+
+import types
+
+import gevent
+import pytest
+
+import bubo
+from bubo.chat.schema import schema_to_gbnf
+from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
+from bubo.engine import scheduler as scheduler_module
+from bubo.engine.draft import DraftConfig, DraftModelError, check_vocabulary
+
+from .test_draft import GREEDY, PERSON, PROMPTS, SEEDED, answers, collect, prompt_ids
+from engines import start_engine
+
+TARGET, DRAFT = "qwen2.5-coder:1.5b", "qwen2.5-coder:0.5b"
+
+
+# --- refused at start ------------------------------------------------------------------------
+
+
+def fake_runtime(name, tokens, pre="qwen2"):
+    return types.SimpleNamespace(name=name, metadata={"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
+                                                      "tokenizer.ggml.tokens": tokens})
+
+
+def test_the_vocabulary_check_names_the_first_difference():
+    a = fake_runtime("target", ["a", "b", "c", "d"])
+    check_vocabulary(a, fake_runtime("same", ["a", "b", "c", "d"]))
+    with pytest.raises(DraftModelError, match="token 2 is 'x' against 'c'"):
+        check_vocabulary(a, fake_runtime("draft", ["a", "b", "x", "d"]))
+    with pytest.raises(DraftModelError, match="has 3 tokens against 4"):
+        check_vocabulary(a, fake_runtime("draft", ["a", "b", "c"]))
+    with pytest.raises(DraftModelError, match="tokenizer.ggml.pre: 'llama-bpe' against 'qwen2'"):
+        check_vocabulary(a, fake_runtime("draft", ["a", "b", "c", "d"], pre="llama-bpe"))
+
+
+@pytest.mark.models
+def test_a_draft_model_that_cannot_draft_is_refused(catalog_model, tmp_path):
+    target = catalog_model(DRAFT)
+    with pytest.raises(DraftModelError, match="differ in tokenizer.ggml.pre"):
+        bubo.Model(target, n_ctx=256, draft=catalog_model("smollm2:135m"))
+    with pytest.raises(DraftModelError, match="is larger than the target"):
+        bubo.Model(target, n_ctx=256, draft=TARGET)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        bubo.Model(target, n_ctx=256, draft=str(tmp_path / "missing.gguf"))
+    with pytest.raises(ValueError, match="draft p-min"):
+        DraftConfig(model=DRAFT, p_min=1.5)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def drafts_at_their_cap():
+    mp = pytest.MonkeyPatch()
+    mp.setattr(scheduler_module, "choose_lengths", lambda alphas, caps, step_s, draft_s: [min(c, 4) for c in caps])
+    yield
+    mp.undo()
+
+
+# --- the real pair: the same answers ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair(catalog_model):
+    target, draft = catalog_model(TARGET), catalog_model(DRAFT)
+    plain = bubo.Model(target, n_ctx=2048, n_threads=2, draft=False)
+    drafted = bubo.Model(target, n_ctx=2048, n_threads=2, draft=draft)
+    yield plain, drafted
+    plain.close()
+    drafted.close()
+
+
+@pytest.mark.models
+def test_greedy_answers_drafted_by_a_draft_model_are_the_plain_ones(pair):
+    plain, drafted = pair
+    a, b = answers(plain, GREEDY, max_tokens=40), answers(drafted, GREEDY, max_tokens=40)
+    assert [x[:2] for x in b] == [x[:2] for x in a]
+    assert sum(t.draft_n_accepted for _, _, t in b) > 20  # drafts were checked and kept
+    assert sum(t.draft_n - t.draft_n_accepted for _, _, t in b) > 0  # ... and some refused
+    g = schema_to_gbnf(PERSON)
+    a, b = (answers(m, GREEDY, grammar=g, max_tokens=32) for m in (plain, drafted))
+    assert [x[:2] for x in b] == [x[:2] for x in a]
+    assert sum(t.draft_n for _, _, t in b) > 0
+
+
+@pytest.mark.models
+def test_seeded_answers_drafted_by_a_draft_model_keep_tokens_and_logprobs(pair):
+    plain, drafted = pair
+    a, b = answers(plain, SEEDED, max_tokens=40), answers(drafted, SEEDED, max_tokens=40)
+    for (ta, la, _), (tb, lb, _) in zip(a, b):
+        assert tb == ta
+        assert lb == la  # bit for bit
+    assert sum(t.draft_n_accepted for _, _, t in b) > 0
+    assert sum(t.draft_n - t.draft_n_accepted for _, _, t in b) > 0  # sampled answers refuse some greedy drafts
+
+
+@pytest.mark.models
+def test_per_call_draft_max(pair):
+    _, drafted = pair
+    c = drafted.complete("def add(a, b):\n", max_tokens=24, temperature=0, draft_max=0)
+    assert c.timings.draft_n == 0
+    with pytest.raises(ValueError, match="draft_max must be an integer from 0"):
+        drafted.complete("x", max_tokens=2, draft_max=65)
+
+
+# --- the engine: slots drafting and not, cancellation ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine(catalog_model):
+    path = str(catalog_model("smollm2:135m"))
+    e = start_engine(path, n_ctx=4096, n_parallel=4, draft=DraftConfig(n_max=8, model=path, p_min=0.0))
+    yield e
+    e.stop()
+
+
+@pytest.mark.models
+def test_draft_model_on_in_some_slots_and_off_in_others_keeps_every_answer(engine):
+    alone = {}
+    for i, text in enumerate(PROMPTS[:4]):
+        req = GenerationRequest(prompt_ids(engine, text), SEEDED if i % 2 else GREEDY, 64, draft_max=0)
+        alone[i] = collect(engine.submit(req))[:2]
+    reqs = [GenerationRequest(prompt_ids(engine, t), SEEDED if i % 2 else GREEDY, 64, draft_max=0 if i < 2 else None)
+            for i, t in enumerate(PROMPTS[:4])]
+    jobs = [gevent.spawn(collect, engine.submit(r)) for r in reqs]
+    gevent.joinall(jobs, raise_error=True, timeout=300)
+    for i, j in enumerate(jobs):
+        toks, lps, fin = j.value
+        assert (toks, lps) == alone[i], i
+        assert (fin.timings.draft_n == 0) == (i < 2), i
+    greedy = jobs[2].value[2].timings  # a model drafting for itself, greedily: drafts kept
+    assert greedy.draft_n_accepted > 0
+    seeded = jobs[3].value[2].timings  # a seeded answer refuses some of the greedy drafts
+    assert seeded.draft_n_accepted < seeded.draft_n
+
+
+@pytest.mark.models
+def test_cancelling_while_a_draft_model_drafts_frees_both_caches(engine):
+    draft_kv = engine._sched.draft_model.kv
+    stream = engine.submit(GenerationRequest(prompt_ids(engine, PROMPTS[3]), SEEDED, 400))
+    n = 0
+    for ev in stream:
+        if isinstance(ev, TokenEvent):
+            n += 1
+            if n == 30:
+                stream.cancel()
+                break
+    with gevent.Timeout(30):
+        while engine.busy:
+            gevent.sleep(0.01)
+    assert engine.kv.blocks_in_use() == 0 and draft_kv.blocks_in_use() == 0
+    assert all(engine.kv.seq_len(s) == 0 and draft_kv.seq_len(s) == 0 for s in range(4))
+    # and the next request runs as it would have
+    toks, _, fin = collect(engine.submit(GenerationRequest(prompt_ids(engine, PROMPTS[4]), GREEDY, 32)))
+    assert isinstance(fin, FinishEvent) and fin.timings.draft_n > 0 and toks
