@@ -93,3 +93,25 @@ def test_sliding_window_matters(tmp_path):
     _, b = _run(wide)
     np.testing.assert_allclose(a[:8], b[:8], rtol=0, atol=1e-4 * float(a.max() - a.min()))
     assert np.abs(a[9:] - b[9:]).max(1).min() > 1e-3
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])  # gemma3: the logit softcap on the kept columns
+@pytest.mark.parametrize("variant", ["F32", "mixed", "kquant"])
+def test_an_output_vocabulary_gives_the_first_columns_bit_for_bit(tmp_path, arch, variant):
+    """Model.out_vocab (a draft model's trimmed output product) computes only the first rows of
+    the output matrix, prepacked or not: the same bits as the full product's first columns."""
+    kw = {"F32": dict(types="F32"), "mixed": {}, "kquant": dict(KQUANT_DIMS, types=KQUANT_TYPES)}[variant]
+    path = write_tiny_model(tmp_path / f"{arch}-{variant}.gguf", arch, **kw)
+    tokens, full = _run(path)
+    model = Model(path, n_threads=2)
+    n_vocab = model.n_vocab
+    for asked, got in ((1, 16), (17, 32), (n_vocab - 1, n_vocab), (0, n_vocab)):
+        model.out_vocab = asked
+        assert model.out_vocab == min(got, n_vocab)
+        kv = KVCache(model, n_ctx=len(tokens), type="f32")
+        n = len(tokens)
+        part = model.decode(kv, tokens, np.arange(n), np.zeros(n), np.ones(n, bool))
+        assert part.shape == (n, model.out_vocab)
+        assert np.array_equal(part, full[:, :model.out_vocab])
+    with pytest.raises(Exception, match="n_out_vocab must be >= 0"):
+        model.out_vocab = -1
