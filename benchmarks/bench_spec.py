@@ -1,12 +1,17 @@
-"""Speculative decoding with prompt-lookup drafts, bubo beside llama-server, in one run.
+"""Speculative decoding, bubo beside llama-server, in one run.
 
-Each server is started twice on the same GGUF (-np 1, -t 2): without drafting and with it (bubo:
-its default, prompt-lookup drafts; llama-server: `--spec-type ngram-simple`, its prompt-lookup
-mode), and asked the same greedy chat requests (/v1/chat/completions, temperature 0):
+Each server is started twice on the same GGUF (-np 1, -t 2): without drafting and with it, and
+asked the same greedy chat requests (/v1/chat/completions, temperature 0). Drafts come from
+prompt lookup (bubo: its default; llama-server: `--spec-type ngram-simple`, its prompt-lookup
+mode) or, with --draft-model, from a draft model (both: `-md`; llama-server also
+`--spec-type draft-simple`, which this build needs, its other draft settings at their defaults:
+--spec-draft-n-max 3, --draft-p-min 0):
 
   edit  answers that repeat much of their prompt (rename a variable in a function, correct the
-        spelling of a paragraph, turn a list into a table): where drafts pay;
-  free  answers that do not (a story, an explanation): where drafting must cost next to nothing.
+        spelling of a paragraph, turn a list into a table): where prompt lookup pays;
+  code  code written from a description (a draft model's task: nothing to copy);
+  free  answers that do not repeat their prompt (a story, an explanation): where prompt lookup
+        must cost next to nothing.
 
 For each task and server: generated tokens per second without and with drafting (the server's
 own `timings.predicted_per_second`, summed tokens over summed time), the ratio, the drafted
@@ -18,6 +23,7 @@ llama-server that dies of SIGILL: configure with -DGGML_NATIVE=OFF -DGGML_AVX2=O
 -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON instead and pass --llama-server.
 
     python benchmarks/bench_spec.py [--model qwen2.5-coder:0.5b] [--max-tokens 256] [--rounds 1]
+    python benchmarks/bench_spec.py --model qwen2.5-coder:1.5b --draft-model qwen2.5-coder:0.5b
 """
 
 from __future__ import annotations
@@ -60,6 +66,13 @@ TASKS = {
         + PARAGRAPH,
         "Turn this list into a Markdown table with columns fruit, quantity and price:\n\n" + ITEMS,
     ],
+    "code": [
+        "Write a Python function that parses a CSV file into a list of dictionaries, with type hints and a "
+        "docstring.",
+        "Write a JavaScript function that debounces another function, with a short usage example.",
+        "Write a C function that reverses a singly linked list in place, with the struct definition.",
+        "Write a Python class for a least-recently-used cache with get and put methods.",
+    ],
     "free": [
         "Write a short story about a lighthouse keeper who finds a message in a bottle.",
         "Explain how a hash table works, with an example.",
@@ -86,9 +99,11 @@ def post(port: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
 def command(who: str, drafted: bool, args: argparse.Namespace, model: Path, port: int) -> list[str]:
     common = ["-m", str(model), "--host", HOST, "--port", str(port), "-c", "4096", "-t", str(args.threads),
               "-np", "1"]
+    draft = ["-md", str(args.draft_path)] if args.draft_path else []
     if who == "bubo":
-        return [sys.executable, "-m", "bubo", "serve", *common] + ([] if drafted else ["--no-draft"])
-    return [args.llama_server, *common] + (["--spec-type", "ngram-simple"] if drafted else [])
+        return [sys.executable, "-m", "bubo", "serve", *common] + (draft if drafted else ["--no-draft"])
+    peer = [*draft, "--spec-type", "draft-simple"] if draft else ["--spec-type", "ngram-simple"]
+    return [args.llama_server, *common] + (peer if drafted else [])
 
 
 def run(who: str, drafted: bool, args: argparse.Namespace, model: Path) -> dict[str, list[dict[str, Any]]]:
@@ -97,7 +112,8 @@ def run(who: str, drafted: bool, args: argparse.Namespace, model: Path) -> dict[
     with Server(who, command(who, drafted, args, model, port), port):
         post(port, "/v1/chat/completions", {"model": "bubo", "max_tokens": 8, "temperature": 0,
                                             "messages": [{"role": "user", "content": "Hello"}]})  # warm-up
-        for task, prompts in TASKS.items():
+        for task in args.tasks:
+            prompts = TASKS[task]
             rows = []
             for _ in range(args.rounds):
                 for p in prompts:
@@ -125,29 +141,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--llama-server", default=DEFAULT_LLAMA_SERVER, help="its path, or none: bubo alone")
+    ap.add_argument("--draft-model", default=None, help="draft with this model (a catalog name or a GGUF path)")
+    ap.add_argument("--tasks", default=None, help="comma-separated (default: edit,free; code,free with a draft model)")
     args = ap.parse_args(argv)
     from bubo import store
 
     model = store.resolve(args.model)
+    args.draft_path = store.resolve(args.draft_model) if args.draft_model else None
+    args.tasks = (args.tasks.split(",") if args.tasks else ["code", "free"] if args.draft_model else ["edit", "free"])
     servers = ["bubo"] + (["llama"] if args.llama_server != "none" and os.path.exists(args.llama_server) else [])
     if "llama" not in servers:
         print(f"bench_spec: no llama-server at {args.llama_server}: bubo only", file=sys.stderr)
     results = {(who, d): run(who, d, args, model) for who in servers for d in (False, True)}
-    print(f"model {args.model}, -t {args.threads}, greedy, max_tokens {args.max_tokens}, CPU: {_cpu()}\n")
+    drafts = f"drafted by {args.draft_model}" if args.draft_model else "prompt-lookup drafts"
+    print(f"model {args.model}, {drafts}, -t {args.threads}, greedy, max_tokens {args.max_tokens}, CPU: {_cpu()}\n")
     print("| task | server | plain tok/s | drafted tok/s | drafted / plain | drafted tokens kept | same answer |")
     print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
-    for task in TASKS:
+    for task in args.tasks:
         for who in servers:
             plain, _, _ = summary(results[(who, False)][task])
             fast, dn, da = summary(results[(who, True)][task])
             same = all(a["text"] == b["text"] for a, b in zip(results[(who, False)][task], results[(who, True)][task]))
-            name = "bubo" if who == "bubo" else "llama-server (ngram-simple)"
+            peer = "llama-server (-md)" if args.draft_model else "llama-server (ngram-simple)"
+            name = "bubo" if who == "bubo" else peer
             kept = f"{da}/{dn} ({da / dn:.0%})" if dn else "0/0"
             print(f"| {task} | {name} | {plain:.1f} | {fast:.1f} | {fast / plain:.2f}x | {kept} | {same} |")
     if "llama" in servers:
         print("\n| task | bubo drafted / llama-server drafted | bubo plain / llama-server plain |")
         print("| --- | ---: | ---: |")
-        for task in TASKS:
+        for task in args.tasks:
             b0, b1 = summary(results[("bubo", False)][task])[0], summary(results[("bubo", True)][task])[0]
             l0, l1 = summary(results[("llama", False)][task])[0], summary(results[("llama", True)][task])[0]
             print(f"| {task} | {b1 / l1:.2f}x | {b0 / l0:.2f}x |")

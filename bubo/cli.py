@@ -163,7 +163,8 @@ def _parser() -> _ArgParser:
                     "each draft's length within it by what drafts have been kept and what a pass costs)")
     p.add_flag("--draft-min", type=int, default=None, help="fewer drafted tokens than this are not checked (default 0)")
     p.add_flag("--draft-p-min", type=float, default=None,
-               help="the draft model stops drafting where its top token's probability is under this (default 0.75)")
+               help="the draft model stops drafting where its top token's probability is under this (default 0: "
+                    "each draft's length is chosen by what drafts have been kept and what a pass costs)")
     p.add_flag("--no-draft", action="store_true", help="no speculative decoding")
     p.add_flag("--spec-type", default=None,
                help="llama-server's speculative decoding types, comma-separated: ngram-simple (or any ngram-*) is "
@@ -228,6 +229,13 @@ def _parser() -> _ArgParser:
     p.add_flag("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
     p.add_flag("-r", "--repetitions", type=int, default=5)
     p.add_flag("-o", "--output", choices=("md", "json"), default="md")
+    p.add_flag("--draft", default=None, metavar="ngram|MODEL",
+               help="instead: generation with speculative decoding against without it, on text prompts (greedy "
+                    "chat answers of -n tokens): prompt-lookup drafts (ngram) or a draft model (a catalog name or "
+                    "a GGUF path)")
+    p.add_flag("--prompt", action="append", default=None,
+               help="with --draft: a user message to answer (repeatable; default: an editing task for ngram, "
+                    "code writing for a draft model)")
     return parser
 
 
@@ -671,6 +679,65 @@ def bench(path: Any, n_prompt: int, n_gen: int, n_threads: int | None, reps: int
     return results
 
 
+BENCH_EDIT = ("Rename the variable `total` to `acc` everywhere in this function and answer with the whole function "
+              "only.\n\n```python\ndef mean_and_spread(values):\n    total = 0\n    for v in values:\n"
+              "        total += v\n    mean = total / len(values)\n    total = 0\n    for v in values:\n"
+              "        total += (v - mean) ** 2\n    return mean, (total / len(values)) ** 0.5\n```")
+BENCH_CODE = ("Write a Python function that parses a CSV file into a list of dictionaries, with type hints and a "
+              "docstring.")
+
+
+def bench_draft(path: Any, draft: str, n_gen: int, n_threads: int | None, reps: int,
+                prompts: list[str] | None = None) -> list[dict[str, Any]]:
+    """Generation with speculative decoding against without it: greedy chat answers of at most
+    n_gen tokens to each prompt, by two bubo.Model instances of the same model (one drafting:
+    prompt lookup for draft "ngram", else the draft model `draft`), alternated `reps` times after
+    a warm-up. Tokens per second are the answers' own (Timings.predicted_*), summed."""
+    from bubo import store
+    from bubo.engine.draft import DraftConfig
+    from bubo.llm import Model
+
+    if n_gen <= 0 or reps <= 0:
+        raise ValueError("give -n and -r as positive counts")
+    path = store.resolve(path)
+    config = DraftConfig() if draft == "ngram" else DraftConfig(model=draft)
+    prompts = prompts or [BENCH_EDIT if draft == "ngram" else BENCH_CODE]
+    with Model(path, n_ctx=4096, n_threads=n_threads, draft=False) as plain, \
+            Model(path, n_ctx=4096, n_threads=n_threads, draft=config) as drafted:
+        sums = {"plain": [0, 0.0], "drafted": [0, 0.0]}
+        n_drafted = n_kept = 0
+        same = True
+        for rep in range(reps + 1):
+            for p in prompts:
+                msgs = [{"role": "user", "content": p}]
+                a = plain.chat(msgs, max_tokens=n_gen, temperature=0)
+                b = drafted.chat(msgs, max_tokens=n_gen, temperature=0)
+                if rep == 0:
+                    continue  # the warm-up: page the weights in, learn what a pass costs
+                same = same and a.tokens == b.tokens
+                for key, c in (("plain", a), ("drafted", b)):
+                    sums[key][0] += c.timings.predicted_n
+                    sums[key][1] += c.timings.predicted_s
+                n_drafted += b.timings.draft_n
+                n_kept += b.timings.draft_n_accepted
+    plain_ts, drafted_ts = (sums[k][0] / sums[k][1] if sums[k][1] else 0.0 for k in ("plain", "drafted"))
+    return [{"model": str(path.name), "draft": draft, "n_threads": n_threads or os.cpu_count() or 1,
+             "test": f"tg{n_gen} x{len(prompts)}", "plain_ts": plain_ts, "drafted_ts": drafted_ts,
+             "speedup": drafted_ts / plain_ts if plain_ts else 0.0, "draft_n": n_drafted,
+             "draft_n_accepted": n_kept, "same_answers": same}]
+
+
+def draft_table(results: list[dict[str, Any]]) -> str:
+    lines = ["| model | draft | threads | test | plain t/s | drafted t/s | drafted / plain | drafted tokens kept "
+             "| same answers |", "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in results:
+        n, k = r["draft_n"], r["draft_n_accepted"]
+        kept = f"{k}/{n} ({k / n:.0%})" if n else "0/0"
+        lines.append(f"| {r['model']} | {r['draft']} | {r['n_threads']} | {r['test']} | {r['plain_ts']:.2f} | "
+                     f"{r['drafted_ts']:.2f} | {r['speedup']:.2f}x | {kept} | {r['same_answers']} |")
+    return "\n".join(lines)
+
+
 def markdown_table(results: list[dict[str, Any]]) -> str:
     """llama-bench's markdown table."""
     head = ("model", "size", "params", "backend", "threads", "test", "t/s")
@@ -696,6 +763,10 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.draft is not None:
+        results = bench_draft(args.model, args.draft, args.n_gen, args.threads, args.repetitions, args.prompt)
+        print(json.dumps(results, indent=2) if args.output == "json" else draft_table(results))
+        return 0
     results = bench(args.model, args.n_prompt, args.n_gen, args.threads, args.repetitions)
     if args.output == "json":
         print(json.dumps(results, indent=2))

@@ -50,9 +50,11 @@ RECORD_DECAY = 0.95  # ... and the scheduler's record over every sequence
 IDLE_DECAY = 0.9  # ... and each step without one (the record fades: drafting is tried again)
 COST_EMA = 0.25  # the weight of a new measurement of a pass's seconds
 EXPLORE_SLOPE = 0.1  # a row count not run yet: each row past the largest run costs this much of one
+PROBE_EVERY = 32  # a sequence that has not drafted for this many steps drafts PROBE_LENGTH tokens anyway
+PROBE_LENGTH = 2  # (what a pass costs and what drafts are kept is only learned by drafting)
 MIN_GAIN = 1.03  # drafting must beat the plain step by this factor (the estimates are noisy)
 MAX_DRAFT_PER_REQUEST = 64  # the most drafted tokens a request may ask for (speculative.n_max, draft_max)
-P_MIN = 0.75  # a draft model stops drafting where its top token is less likely than this (llama-server's)
+P_MIN = 0.0  # a draft model stops where its top token is less likely than this (0: never, as llama-server)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +95,7 @@ class Pacing:
         self.config = config
         self._kept = 0.0
         self._refused = 0.0
+        self.since = 0  # steps since its last draft (a long run of them: drafting is tried anyway)
         self.n_drafted = 0
         self.n_accepted = 0
 
@@ -103,9 +106,11 @@ class Pacing:
         """A step without a draft: the record fades a little towards the prior."""
         self._kept *= IDLE_DECAY
         self._refused *= IDLE_DECAY
+        self.since += 1
 
     def taken(self, n_drafted: int, n_accepted: int) -> None:
         """How the last draft fared (n_drafted 0: the drafter was asked and had nothing)."""
+        self.since = 0
         self.n_drafted += n_drafted
         self.n_accepted += n_accepted
         self._kept = self._kept * DECAY + n_accepted
@@ -115,8 +120,9 @@ class Pacing:
 class Costs:
     """What a forward pass costs, learned from the passes run: seconds for a pass of n rows of the
     target (by n) and for one pass of the draft model. A row count not run yet is estimated
-    between its neighbours, or past the largest one run at a tenth of a one-row pass per row:
-    optimistic, so that a longer draft is tried once and then known."""
+    optimistically (a tenth of a one-row pass per row past the nearest count run below it, or
+    between its neighbours if that is less), so that a draft of that length is tried once and
+    then known."""
 
     def __init__(self) -> None:
         self._t: dict[int, float] = {}
@@ -157,13 +163,14 @@ class Costs:
             return None
         below = [k for k in t if k < n]
         above = [k for k in t if k > n]
-        if below and above:
-            lo, hi = max(below), min(above)
-            return t[lo] + (t[hi] - t[lo]) * (n - lo) / (hi - lo)
-        if below:
-            lo = max(below)
-            return t[lo] + (n - lo) * EXPLORE_SLOPE * t[min(t)]
-        return t[min(above)]
+        if not below:
+            return t[min(above)]
+        lo = max(below)
+        guess = t[lo] + (n - lo) * EXPLORE_SLOPE * t[min(t)]  # optimistic: a count not run is tried once
+        if above:
+            hi = min(above)
+            guess = min(guess, t[lo] + (t[hi] - t[lo]) * (n - lo) / (hi - lo))
+        return guess
 
 
 def choose_lengths(alphas: list[float], caps: list[int], step_s: Callable[[int], float], draft_s: float) -> list[int]:

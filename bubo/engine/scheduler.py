@@ -46,7 +46,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from bubo.engine.draft import Costs, DraftConfig, DraftModel, NgramDrafter, Pacing, choose_lengths
+from bubo.engine.draft import (
+    PROBE_EVERY,
+    PROBE_LENGTH,
+    Costs,
+    DraftConfig,
+    DraftModel,
+    NgramDrafter,
+    Pacing,
+    choose_lengths,
+)
 from bubo.engine.generation import STOP, Generation, GrammarStuck
 from bubo.engine.metrics import Histogram
 from bubo.engine.types import ErrorEvent, Event, FinishEvent, GenerationRequest, Reason, SlotPhase, SlotState, Timings
@@ -406,8 +415,10 @@ class Scheduler:
         jobs: list[tuple[int, list[int], int]] = []  # the draft model's: (sequence, tokens, most to draft)
         if any(k == 0 for k in ks):
             self.costs.idle()
-        for t, k, offer in zip(drafting, ks, offers):
+        for t, k, offer, cap in zip(drafting, ks, offers, caps):
             assert t.drafter is not None
+            if k == 0 and t.drafter.since >= PROBE_EVERY:
+                k = min(cap, PROBE_LENGTH)  # a probe: the estimates that said no may be stale
             if k < max(1, t.drafter.config.n_min):
                 t.drafter.idle()
             elif isinstance(t.drafter, NgramDrafter):
