@@ -404,14 +404,22 @@ class DraftModel:
         p = 1.0 / float(np.exp(row - row[tok]).sum())
         return tok, p
 
-    def propose(self, jobs: list[tuple[int, list[int], int]]) -> dict[int, list[int]]:
+    def propose(self, jobs: list[tuple[int, list[int], int]],
+                step_s: Callable[[int], float] | None = None) -> dict[int, list[int]]:
         """Each (seq, tokens, k): up to k tokens drafted after tokens, greedily, a forward pass of
-        the draft model per token for every sequence at once, each draft ending early where the
-        top token's probability is under p_min. Returns the drafts by sequence."""
+        the draft model per token for every sequence at once. A draft ends early where its top
+        token's probability is under p_min, and with step_s (seconds for the target's step with m
+        drafted rows more), where going on cannot pay: the chance that the target keeps the
+        first j drafted tokens is taken as the product of their probabilities, and the draft is
+        cut to the length that gives the most tokens per second expected. Returns the drafts by
+        sequence."""
         drafts: dict[int, list[int]] = {seq: [] for seq, _, _ in jobs}
         if not jobs:
             return drafts
         limit = {seq: k for seq, _, k in jobs}
+        chance = {seq: 1.0 for seq in drafts}  # that the target keeps the whole draft so far
+        gain = {seq: [1.0] for seq in drafts}  # tokens expected from the draft cut at j, by j
+        pass_s = self.costs.draft_s or 0.0
         try:
             # the catch-up: every checked token the draft's sequence lacks (at least the last one)
             work = [(seq, self._sync(seq, tokens, len(tokens) - 1) + tokens[-1:], True) for seq, tokens, _ in jobs]
@@ -427,7 +435,10 @@ class DraftModel:
                     if p < self.p_min:
                         continue
                     drafts[seq].append(tok)
-                    if len(drafts[seq]) < limit[seq]:
+                    chance[seq] *= p
+                    gain[seq].append(gain[seq][-1] + chance[seq])
+                    j = len(drafts[seq])
+                    if j < limit[seq] and (step_s is None or self._worth_more(gain[seq], step_s, pass_s)):
                         nxt.append((seq, [tok], True))
                 rows = self._decode(nxt) if nxt else {}
                 if nxt:
@@ -435,4 +446,19 @@ class DraftModel:
         except (MemoryError, ValueError) as e:
             self._failed(list(drafts), e)
             return {seq: [] for seq in drafts}
+        if step_s is not None:
+            for seq, d in drafts.items():  # the passes are spent: cut where the check pays best
+                n = len(d)
+                best = max(range(n + 1), key=lambda j: gain[seq][j] / (step_s(j) + n * pass_s))
+                del d[best:]
         return drafts
+
+    @staticmethod
+    def _worth_more(gain: list[float], step_s: Callable[[int], float], pass_s: float) -> bool:
+        """Whether one more drafted token could raise the tokens per second expected of a draft
+        with these gains (gain[j]: tokens expected from the draft cut at j), even if the target
+        were sure to keep it."""
+        j = len(gain) - 1
+        best = max(gain[i] / (step_s(i) + j * pass_s) for i in range(j + 1))
+        more = (gain[j] + (gain[j] - gain[j - 1])) / (step_s(j + 1) + (j + 1) * pass_s)
+        return more > best

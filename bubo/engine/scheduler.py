@@ -427,7 +427,7 @@ class Scheduler:
                 jobs.append((self._slot_of(t), t.tokens, k))
         if jobs:
             assert self.draft_model is not None
-            drafts = self.draft_model.propose(jobs)
+            drafts = self.draft_model.propose(jobs, lambda m: step_s(base + m) or one)
             for t in drafting:
                 assert t.drafter is not None
                 if (seq := self._slot_of(t)) not in drafts:

@@ -13,6 +13,7 @@ import pytest
 import bubo
 from bubo.chat.schema import schema_to_gbnf
 from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
+from bubo.engine import scheduler as scheduler_module
 from bubo.engine.draft import Costs, DraftConfig, NgramDrafter, Pacing, choose_lengths
 from bubo.sampling import SamplingParams
 
@@ -121,6 +122,17 @@ def test_draft_config_bounds():
 
 
 # --- the library: the same answers, drafted or not -------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def drafts_at_their_cap():
+    """Every draft at its cap (at most 4 tokens): the tests with models are about the checking,
+    not the pacing (choose_lengths weighs what passes cost on the machine at hand: it would draft
+    less, and differently from run to run, than a test can count on)."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(scheduler_module, "choose_lengths", lambda alphas, caps, step_s, draft_s: [min(c, 4) for c in caps])
+    yield
+    mp.undo()
 
 
 def answers(model, params, grammar=None, max_tokens=96):

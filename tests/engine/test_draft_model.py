@@ -21,10 +21,9 @@ import pytest
 import bubo
 from bubo.chat.schema import schema_to_gbnf
 from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
-from bubo.engine import scheduler as scheduler_module
 from bubo.engine.draft import DraftConfig, DraftModelError, check_vocabulary
 
-from .test_draft import GREEDY, PERSON, PROMPTS, SEEDED, answers, collect, prompt_ids
+from .test_draft import GREEDY, PERSON, PROMPTS, SEEDED, answers, collect, drafts_at_their_cap, prompt_ids  # noqa: F401
 from engines import start_engine
 
 TARGET, DRAFT = "qwen2.5-coder:1.5b", "qwen2.5-coder:0.5b"
@@ -60,14 +59,6 @@ def test_a_draft_model_that_cannot_draft_is_refused(catalog_model, tmp_path):
         bubo.Model(target, n_ctx=256, draft=str(tmp_path / "missing.gguf"))
     with pytest.raises(ValueError, match="draft p-min"):
         DraftConfig(model=DRAFT, p_min=1.5)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def drafts_at_their_cap():
-    mp = pytest.MonkeyPatch()
-    mp.setattr(scheduler_module, "choose_lengths", lambda alphas, caps, step_s, draft_s: [min(c, 4) for c in caps])
-    yield
-    mp.undo()
 
 
 # --- the real pair: the same answers ---------------------------------------------------------
