@@ -173,6 +173,21 @@ def main(argv: list[str] | None = None) -> int:
             b0, b1 = summary(results[("bubo", False)][task])[0], summary(results[("bubo", True)][task])[0]
             l0, l1 = summary(results[("llama", False)][task])[0], summary(results[("llama", True)][task])[0]
             print(f"| {task} | {b1 / l1:.2f}x | {b0 / l0:.2f}x |")
+    print("\nEach prompt:\n")
+    print("| task | prompt | server | plain tok/s | drafted tok/s | drafted / plain | drafted tokens kept |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for task in args.tasks:
+        prompts = TASKS[task]
+        for i, p in enumerate(prompts):
+            for who in servers:
+                pick = [r for j, r in enumerate(results[(who, False)][task]) if j % len(prompts) == i]
+                plain = summary(pick)[0]
+                pick = [r for j, r in enumerate(results[(who, True)][task]) if j % len(prompts) == i]
+                fast, dn, da = summary(pick)
+                kept = f"{da}/{dn} ({da / dn:.0%})" if dn else "0/0"
+                words = " ".join(p.split()[:5]) + " ..."
+                name = "bubo" if who == "bubo" else "llama-server"
+                print(f"| {task} | {words} | {name} | {plain:.1f} | {fast:.1f} | {fast / plain:.2f}x | {kept} |")
     return 0
 
 

@@ -208,6 +208,25 @@ class NgramDrafter(Pacing):
         super().__init__(config)
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # tokens[:_indexed] are indexed (each n-gram ending before it)
+        # a record per match length: a draft found by a 4-gram is kept far more often than one
+        # found by a 2-gram, and its length is chosen by its own record
+        self._by_n = {n: Pacing(config) for n in NGRAM_SIZES}
+        self.matched = 0  # the match length of the last draft offered (0: none)
+
+    def alpha(self, prior: float = 0.5) -> float:
+        rec = self._by_n.get(self.matched)
+        return rec.alpha(prior) if rec is not None else super().alpha(prior)
+
+    def idle(self) -> None:
+        super().idle()
+        for rec in self._by_n.values():
+            rec.idle()
+
+    def taken(self, n_drafted: int, n_accepted: int) -> None:
+        super().taken(n_drafted, n_accepted)
+        rec = self._by_n.get(self.matched)
+        if rec is not None:
+            rec.taken(n_drafted, n_accepted)
 
     def _update(self, tokens: list[int]) -> None:
         # index n-grams that end at positions < len(tokens) - 1: the sequence's tail itself must
@@ -223,6 +242,7 @@ class NgramDrafter(Pacing):
         """What followed the tail of tokens where it last occurred before (at most `limit`
         tokens; [] for no match): the longest draft on offer, which the scheduler cuts."""
         k = limit
+        self.matched = 0
         if k < max(1, self.config.n_min):
             return []
         self._update(tokens)
@@ -233,6 +253,7 @@ class NgramDrafter(Pacing):
             if at is not None:
                 draft = tokens[at:at + k]
                 if len(draft) >= max(1, self.config.n_min):
+                    self.matched = n
                     return draft
         return []
 
