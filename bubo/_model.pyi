@@ -15,6 +15,10 @@ class Model:
     def __init__(self, path: str | bytes, n_threads: int = 0) -> None: ...
     @property
     def n_vocab(self) -> int: ...
+    def share_pool(self, other: Model) -> None:
+        """Run on other's thread pool from now on (this model's own is let go): for a draft model
+        and its target, which never decode at the same time. Both must have the same thread
+        count (ValueError otherwise); other is kept alive as long as this model."""
     @property
     def out_vocab(self) -> int:
         """Logits come for tokens 0 .. out_vocab - 1 (n_vocab unless set lower)."""

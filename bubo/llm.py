@@ -322,7 +322,7 @@ class Model:
         config = DEFAULT_DRAFT if draft is True else (draft or None)
         draft_model = None
         if config is not None and config.model is not None and (kv.sliding_window == 0 or kv.swa_full):
-            draft_model = DraftModel.load(config, runtime, self.n_ctx, 1, PREFILL_CHUNK, n_threads)
+            draft_model = DraftModel.load(config, runtime, self.n_ctx, 1, PREFILL_CHUNK)
         sched = Scheduler(runtime, kv, 1, PREFILL_CHUNK, self.n_ctx, Engine._memory_short, retain=True, draft=config,
                           draft_model=draft_model)
         self._loaded: _Loaded | None = _Loaded(runtime, kv, sched)

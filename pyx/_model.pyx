@@ -31,6 +31,7 @@ cdef class Model:
     cdef bubo_model *m
     cdef readonly str path
     cdef readonly dict hparams
+    cdef object _pool_owner  # the model whose thread pool this one runs on (share_pool)
 
     def __cinit__(self, path, int n_threads=0):
         self.path = os.fsdecode(os.fspath(path))
@@ -80,6 +81,14 @@ cdef class Model:
 
     def __repr__(self):
         return f"Model({self.path!r}, arch={self.hparams['arch']!r}, n_layer={self.hparams['n_layer']})"
+
+    def share_pool(self, Model other not None):
+        """Run on other's thread pool from now on (this model's own is let go): for a draft model
+        and its target, which never decode at the same time. Both must have the same thread
+        count (ValueError otherwise); other is kept alive as long as this model."""
+        cdef bubo_err err
+        check_status(bubo_model_share_pool(self.m, other.m, &err), &err, None)
+        self._pool_owner = other
 
     @property
     def out_vocab(self):

@@ -51,6 +51,7 @@ cdef extern from "bubo/model.h" nogil:
     void bubo_model_kv_params(const bubo_model *m, bubo_kv_params *p)
     bubo_status bubo_model_set_out_vocab(bubo_model *m, int32_t n_out_vocab, bubo_err *err)
     int32_t bubo_model_out_vocab(const bubo_model *m)
+    bubo_status bubo_model_share_pool(bubo_model *m, bubo_model *other, bubo_err *err)
     bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, const int32_t *tokens,
                                   const int32_t *pos, const int32_t *seq_ids, const uint8_t *want_logits,
                                   float *logits, bubo_err *err)

@@ -27,9 +27,11 @@ runs as plain decoding does (and tries again later, as its record fades)."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -43,12 +45,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("bubo.engine")
 
 NGRAM_SIZES = (4, 3, 2)  # the lengths of the tail looked up, longest first
+MODEL_PRIOR = 0.7  # a draft model sharing the vocabulary is expected to agree on most tokens at first
 PRIOR_WEIGHT = 2.0  # how many drafts the prior (the scheduler's record) is worth to a sequence
 DRAFT_OUT_VOCAB = 16384  # a draft model guesses among the first tokens of its vocabulary only
 DECAY = 0.7  # how much of a sequence's record each draft keeps
 RECORD_DECAY = 0.95  # ... and the scheduler's record over every sequence
 IDLE_DECAY = 0.9  # ... and each step without one (the record fades: drafting is tried again)
-COST_EMA = 0.25  # the weight of a new measurement of a pass's seconds
+COST_WINDOW = 9  # a pass's cost: the median of its last runs
+COST_SURE = 3  # runs before a cost is taken as known
 EXPLORE_SLOPE = 0.1  # a row count not run yet: each row past the largest run costs this much of one
 PROBE_EVERY = 32  # a sequence that has not drafted for this many steps drafts PROBE_LENGTH tokens anyway
 PROBE_LENGTH = 2  # (what a pass costs and what drafts are kept is only learned by drafting)
@@ -121,19 +125,26 @@ class Costs:
     """What a forward pass costs, learned from the passes run: seconds for a pass of n rows of the
     target (by n) and for one pass of the draft model. A row count not run yet is estimated
     optimistically (a tenth of a one-row pass per row past the nearest count run below it, or
-    between its neighbours if that is less), so that a draft of that length is tried once and
-    then known."""
+    between its neighbours if that is less), so that a draft of that length is tried and then
+    known; a count is known once it has run COST_SURE times (until then the optimistic guess
+    wins where it is less: one slow pass on a shared machine must not rule a length out). Each
+    figure is the median of the last COST_WINDOW passes. prior: the chance a drafted token is
+    kept before any draft was checked."""
 
-    def __init__(self) -> None:
+    def __init__(self, prior: float = 0.5) -> None:
+        self._runs: dict[int, collections.deque[float]] = {}
         self._t: dict[int, float] = {}
+        self._draft_runs: collections.deque[float] = collections.deque(maxlen=COST_WINDOW)
         self.draft_s: float | None = None
+        self._prior = prior
         self._kept = 0.0  # every sequence's drafts: tokens kept and drafts refused (decayed)
         self._refused = 0.0
 
     @property
     def alpha(self) -> float:
-        """The chance a drafted token is kept, over every sequence's recent drafts (0.5 before any)."""
-        return (self._kept + 1.0) / (self._kept + self._refused + 2.0)
+        """The chance a drafted token is kept, over every sequence's recent drafts (the prior,
+        worth two drafts, before any)."""
+        return (self._kept + 2.0 * self._prior) / (self._kept + self._refused + 2.0)
 
     def idle(self) -> None:
         """A step where some sequence did not draft: the record fades towards even, as a
@@ -145,22 +156,28 @@ class Costs:
         self._kept = self._kept * RECORD_DECAY + n_accepted
         self._refused = self._refused * RECORD_DECAY + (n_accepted < n_drafted or n_drafted == 0)
 
-    @staticmethod
-    def _ema(old: float | None, new: float) -> float:
-        return new if old is None else old + COST_EMA * (new - old)
-
     def observe(self, n_rows: int, seconds: float) -> None:
-        self._t[n_rows] = self._ema(self._t.get(n_rows), seconds)
+        runs = self._runs.setdefault(n_rows, collections.deque(maxlen=COST_WINDOW))
+        runs.append(seconds)
+        self._t[n_rows] = statistics.median(runs)
 
     def observe_draft(self, seconds: float) -> None:
-        self.draft_s = self._ema(self.draft_s, seconds)
+        self._draft_runs.append(seconds)
+        self.draft_s = statistics.median(self._draft_runs)
 
     def target(self, n: int) -> float | None:
         t = self._t
-        if n in t:
-            return t[n]
         if not t:
             return None
+        if n in t and len(self._runs[n]) >= COST_SURE:
+            return t[n]
+        guess = self._guess(n)
+        return min(t[n], guess) if n in t else guess
+
+    def _guess(self, n: int) -> float:
+        t = {k: v for k, v in self._t.items() if k != n}
+        if not t:
+            return self._t[n]
         below = [k for k in t if k < n]
         above = [k for k in t if k > n]
         if not below:
@@ -307,10 +324,10 @@ class DraftModel:
         self.costs = Costs()  # what its passes cost (draft_s), for choose_lengths
 
     @classmethod
-    def load(cls, config: DraftConfig, target: Runtime, n_ctx: int, n_seq: int, n_step: int,
-             n_threads: int | None = None) -> DraftModel:
-        """Load config.model for target. FileNotFoundError or UnknownModelError for a model that is
-        not there, DraftModelError for one larger than the target or with another vocabulary."""
+    def load(cls, config: DraftConfig, target: Runtime, n_ctx: int, n_seq: int, n_step: int) -> DraftModel:
+        """Load config.model for target (on the target's threads). FileNotFoundError or
+        UnknownModelError for a model that is not there, DraftModelError for one larger than the
+        target or with another vocabulary."""
         from bubo import store
         from bubo._model import KVCache
         from bubo.runtime import Runtime
@@ -322,8 +339,9 @@ class DraftModel:
             raise DraftModelError(
                 f"the draft model {config.model} ({size / 2**20:.0f} MiB) is larger than the target {target.name} "
                 f"({target_size / 2**20:.0f} MiB): a draft model must be smaller than the model it drafts for")
-        runtime = Runtime(path, n_threads=n_threads, name=config.model)
+        runtime = Runtime(path, n_threads=int(target.hparams["n_threads"]), name=config.model)
         check_vocabulary(target, runtime)
+        runtime.native.share_pool(target.native)  # one set of workers, warm for both models
         kv = KVCache(runtime.native, n_ctx, n_seq_max=n_seq, swa_full=True)
         return cls(runtime, kv, n_step, target.n_vocab, config.p_min)
 
@@ -470,8 +488,8 @@ class DraftModel:
         if step_s is not None:
             for seq, d in drafts.items():  # the passes are spent: cut where the check pays best
                 n = len(d)
-                best = max(range(n + 1), key=lambda j: gain[seq][j] / (step_s(j) + n * pass_s))
-                del d[best:]
+                best = max(range(1, n + 1), key=lambda j: gain[seq][j] / (step_s(j) + n * pass_s), default=0)
+                del d[best:]  # (one token at least: its pass is paid, and its check says how drafts fare)
         return drafts
 
     @staticmethod

@@ -390,7 +390,7 @@ class Engine:
         self.kv = KVCache(runtime.native, self.n_ctx, n_seq_max=self.n_parallel, swa_full=True)
         draft_model = None
         if self.draft is not None and self.draft.model is not None:
-            draft_model = DraftModel.load(self.draft, runtime, self.n_ctx, self.n_parallel, n_step, self.n_threads)
+            draft_model = DraftModel.load(self.draft, runtime, self.n_ctx, self.n_parallel, n_step)
             self.draft_weights_bytes = draft_model.weights_bytes
         self._sched = Scheduler(runtime, self.kv, self.n_parallel, n_step, self.n_ctx, self._memory_short,
                                 draft=self.draft, draft_model=draft_model)

@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bubo.engine.draft import (
+    MODEL_PRIOR,
     PROBE_EVERY,
     PROBE_LENGTH,
     Costs,
@@ -188,7 +189,8 @@ class Scheduler:
         )
         self.ttft = Histogram()
         self.queue_wait = Histogram()
-        self.costs = Costs()  # what a forward pass of n rows costs, for the draft lengths
+        # what a forward pass of n rows costs and how drafts fare, for the draft lengths
+        self.costs = Costs(MODEL_PRIOR if self.draft_model is not None else 0.5)
 
     # --- the queue (submit runs on other threads; the engine holds the lock around these) ----
 

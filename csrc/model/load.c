@@ -400,6 +400,7 @@ bubo_status bubo_model_load(const char *path, int n_threads, bubo_model **out, b
     if (!st) st = load_hparams(&L, &m->hp);
     if (!st) st = bind_weights(&L, m);
     if (!st) st = bubo_pool_create(n_threads, &m->pool, err);
+    if (!st) m->owns_pool = 1;
     if (!st) st = prepack_weights(m, err);
     if (!st) st = alloc_state(m, err);
     if (st) {
@@ -413,7 +414,7 @@ bubo_status bubo_model_load(const char *path, int n_threads, bubo_model **out, b
 
 void bubo_model_free(bubo_model *m) {
     if (!m) return;
-    bubo_pool_free(m->pool);
+    if (m->owns_pool) bubo_pool_free(m->pool);
     free_prepacked(m);
     for (int il = 0; il < BUBO_MAX_LAYERS; il++) {
         bubo_layer_weights *l = &m->w.layers[il];
@@ -433,6 +434,17 @@ void bubo_model_free(bubo_model *m) {
 
 const bubo_hparams *bubo_model_hparams(const bubo_model *m) { return &m->hp; }
 int32_t bubo_model_out_vocab(const bubo_model *m) { return m->n_out_vocab > 0 ? m->n_out_vocab : m->hp.n_vocab; }
+
+bubo_status bubo_model_share_pool(bubo_model *m, bubo_model *other, bubo_err *err) {
+    if (m == other || m->pool == other->pool) return BUBO_OK;
+    if (bubo_pool_n_threads(m->pool) != bubo_pool_n_threads(other->pool))
+        return bubo_set_err(err, BUBO_ERR_INVALID, "share_pool: %d threads against %d", bubo_pool_n_threads(m->pool),
+                            bubo_pool_n_threads(other->pool));
+    if (m->owns_pool) bubo_pool_free(m->pool);
+    m->pool = other->pool;
+    m->owns_pool = 0;
+    return BUBO_OK;
+}
 
 bubo_status bubo_model_set_out_vocab(bubo_model *m, int32_t n_out_vocab, bubo_err *err) {
     if (n_out_vocab < 0) return bubo_set_err(err, BUBO_ERR_INVALID, "n_out_vocab must be >= 0, not %d", (int)n_out_vocab);

@@ -80,6 +80,7 @@ struct bubo_model {
     bubo_pool *pool;
     const bubo_ops *ops;
     int32_t n_out_vocab; /* logits for tokens [0, n_out_vocab) (bubo_model_set_out_vocab) */
+    int owns_pool;       /* 0 once it runs on another model's pool (bubo_model_share_pool) */
 };
 
 #endif

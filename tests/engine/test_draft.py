@@ -98,18 +98,22 @@ def test_choose_lengths_weighs_the_tokens_expected_against_what_the_pass_costs()
 def test_costs_estimate_row_counts_not_run_yet():
     c = Costs()
     assert c.target(1) is None
-    c.observe(1, 0.050)
-    c.observe(4, 0.070)
-    assert c.target(1) == 0.050 and c.target(4) == 0.070
-    # not measured: optimistic, a tenth of a one-row pass per row past the count below, or the line
+    for _ in range(3):
+        c.observe(1, 0.050)
+        c.observe(4, 0.070)
+    assert c.target(1) == 0.050 and c.target(4) == 0.070  # known: run three times
+    # not run: optimistic, a tenth of a one-row pass per row past the count below, or the line
     # between its neighbours where that is less
     assert c.target(2) == pytest.approx(0.055)
-    c.observe(3, 0.053)
-    assert c.target(3) == 0.053 and c.target(2) == pytest.approx(0.0515)
-    assert c.target(6) == pytest.approx(0.070 + 2 * 0.1 * 0.050)  # past the largest: optimistic
-    c.observe(4, 0.090)
-    assert 0.070 < c.target(4) < 0.090  # measurements are averaged
-    assert c.alpha == 0.5
+    assert c.target(8) == pytest.approx(0.070 + 4 * 0.005)
+    c.observe(3, 0.090)  # one slow pass does not rule three rows out ...
+    assert c.target(3) == pytest.approx(0.060)
+    c.observe(3, 0.080)
+    c.observe(3, 0.085)
+    assert c.target(3) == 0.085  # ... three do (the median of the recent runs)
+    c.observe(4, 0.500)  # and one outlier among known runs moves nothing
+    assert c.target(4) == 0.070
+    assert c.alpha == 0.5 and Costs(0.7).alpha == pytest.approx(0.7)
     c.record(4, 4)
     assert c.alpha > 0.5
 
@@ -119,6 +123,8 @@ def test_draft_config_bounds():
         DraftConfig(n_max=0)
     with pytest.raises(ValueError, match="draft min"):
         DraftConfig(n_max=4, n_min=5)
+    with pytest.raises(ValueError, match="draft p-min"):
+        DraftConfig(p_min=-0.1)
 
 
 # --- the library: the same answers, drafted or not -------------------------------------------

@@ -67,6 +67,12 @@ int bubo_model_n_threads(const bubo_model *m);
  * is a large share of a small model's weights. n_out_vocab is rounded up to a multiple of 16
  * (capped at n_vocab); BUBO_ERR_INVALID for a negative one. */
 bubo_status bubo_model_set_out_vocab(bubo_model *m, int32_t n_out_vocab, bubo_err *err);
+
+/* m runs its work on other's thread pool from now on (its own is freed): two models that never
+ * decode at the same time, a draft model and its target, then share one set of workers, kept warm
+ * between them, instead of two pools whose idle workers contend for the same cores. other must
+ * outlive m. BUBO_ERR_INVALID unless both have the same thread count. */
+bubo_status bubo_model_share_pool(bubo_model *m, bubo_model *other, bubo_err *err);
 int32_t bubo_model_out_vocab(const bubo_model *m);
 
 /* The cache shape this model needs (layers, row widths, head dims); the caller sets n_ctx,
