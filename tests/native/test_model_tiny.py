@@ -115,3 +115,29 @@ def test_an_output_vocabulary_gives_the_first_columns_bit_for_bit(tmp_path, arch
         assert np.array_equal(part, full[:, :model.out_vocab])
     with pytest.raises(Exception, match="n_out_vocab must be >= 0"):
         model.out_vocab = -1
+
+
+def test_two_models_on_one_thread_pool_give_their_own_logits(tmp_path):
+    """Model.share_pool (a draft model on its target's workers): each model's logits stay its own,
+    bit for bit, whichever decodes in between; a pool of another size is refused."""
+    a_path = write_tiny_model(tmp_path / "a.gguf", "qwen2")
+    b_path = write_tiny_model(tmp_path / "b.gguf", "llama")
+    tokens, a_alone = _run(a_path)
+    b_tokens, b_alone = _run(b_path)
+    assert list(b_tokens) == list(tokens)  # the tiny models share a vocabulary
+    a, b = Model(a_path, n_threads=2), Model(b_path, n_threads=2)
+    b.share_pool(a)
+    n = len(tokens)
+    kv_a, kv_b = KVCache(a, n_ctx=n, type="f32"), KVCache(b, n_ctx=n, type="f32")
+    out_a, out_b = [], []
+    for i in range(n):  # interleaved, a row at a time, as drafting and checking alternate
+        one = (tokens[i:i + 1], [i], [0], [True])
+        out_a.append(a.decode(kv_a, *one))
+        out_b.append(b.decode(kv_b, *one))
+    assert np.array_equal(np.concatenate(out_a), a_alone)
+    assert np.array_equal(np.concatenate(out_b), b_alone)
+    with pytest.raises(Exception, match="share_pool: 1 threads against 2"):
+        Model(b_path, n_threads=1).share_pool(a)
+    del a  # b keeps its pool's owner alive
+    kv_b2 = KVCache(b, n_ctx=n, type="f32")
+    assert np.array_equal(b.decode(kv_b2, tokens, np.arange(n), np.zeros(n), np.ones(n, bool)), b_alone)
