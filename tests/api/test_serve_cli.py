@@ -201,6 +201,7 @@ def test_json_log_format_verbose_and_log_disable():
                                               "messages": [{"role": "user", "content": "hi"}]})
         wait_for(s, '"path": "/v1/chat/completions"')
         wait_for(s, '"path": "/ready"')  # -v: polled routes too
+        wait_for(s, '"weights_bytes"')  # the ready line: said by a watcher that polls, maybe after /ready
         records = [json.loads(line) for line in s.log if line.strip()]
     req = next(r for r in records if r.get("path") == "/v1/chat/completions")
     assert req["method"] == "POST" and req["status"] == "200" and req["model"] == "smollm2:135m"
