@@ -320,7 +320,6 @@ class DraftModel:
         self.held: dict[int, list[int]] = {}  # per sequence: the tokens its cache holds
         self.valid: dict[int, int] = {}  # per sequence: how many of held are known to be the task's
         self.registered: dict[int, int] = {}  # per sequence: tokens handed to the prefix cache
-        self.n_decode = 0
         self.costs = Costs()  # what its passes cost (draft_s), for choose_lengths
 
     @classmethod
@@ -403,7 +402,6 @@ class DraftModel:
             logits = self.runtime.native.decode(self.kv, np.asarray(toks[a:b], dtype=np.int32),
                                                 np.asarray(pos[a:b], dtype=np.int32),
                                                 np.asarray(seqs[a:b], dtype=np.int32), np.asarray(want[a:b]))
-            self.n_decode += 1
             r = 0
             for i in range(a, b):
                 if want[i]:

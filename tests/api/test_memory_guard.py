@@ -11,6 +11,7 @@ import pytest
 
 from bubo.engine.engine import MEM_SAFETY_MARGIN, memory_budget
 
+from .conftest import post_json as post
 from .conftest import start_server
 
 pytestmark = pytest.mark.models
@@ -22,14 +23,6 @@ HUGE_MAX_TOKENS = 3_000_000
 SMOLLM2_TOKEN_BYTES = 30 * 2 * 3 * 64 * 2
 MSGS = [{"role": "user", "content": "Say hi."}]
 
-
-def post(url, body):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, dict(r.headers), json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), json.loads(e.read())
 
 
 @pytest.fixture(scope="module")

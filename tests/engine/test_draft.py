@@ -229,20 +229,25 @@ def test_drafting_on_in_some_slots_and_off_in_others_keeps_every_answer(engine):
     assert jobs[2].value[2].timings.draft_n_accepted > 0  # the copying prompt drafted beside them
 
 
-@pytest.mark.models
-def test_cancelling_while_drafts_are_checked_frees_everything(engine):
-    before = engine.metrics().n_drafted_total
-    stream = engine.submit(GenerationRequest(prompt_ids(engine, PROMPTS[0]), GREEDY, 400))
+def cancel_after(engine, req, n_tokens):
+    """Submit req, cancel it after n_tokens tokens (while it drafts) and wait for the engine to idle."""
+    stream = engine.submit(req)
     n = 0
     for ev in stream:
         if isinstance(ev, TokenEvent):
             n += 1
-            if n == 40:
+            if n == n_tokens:
                 stream.cancel()
                 break
     with gevent.Timeout(30):
         while engine.busy:
             gevent.sleep(0.01)
+
+
+@pytest.mark.models
+def test_cancelling_while_drafts_are_checked_frees_everything(engine):
+    before = engine.metrics().n_drafted_total
+    cancel_after(engine, GenerationRequest(prompt_ids(engine, PROMPTS[0]), GREEDY, 400), 40)
     assert engine.metrics().n_drafted_total > before  # it was drafting when cancelled
     assert engine.kv.blocks_in_use() == 0
     assert all(engine.kv.seq_len(s) == 0 for s in range(4))

@@ -20,10 +20,20 @@ import pytest
 
 import bubo
 from bubo.chat.schema import schema_to_gbnf
-from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
+from bubo.engine import FinishEvent, GenerationRequest
 from bubo.engine.draft import DraftConfig, DraftModelError, check_vocabulary
 
-from .test_draft import GREEDY, PERSON, PROMPTS, SEEDED, answers, collect, drafts_at_their_cap, prompt_ids  # noqa: F401
+from .test_draft import (  # noqa: F401 (drafts_at_their_cap: the module's autouse fixture)
+    GREEDY,
+    PERSON,
+    PROMPTS,
+    SEEDED,
+    answers,
+    cancel_after,
+    collect,
+    drafts_at_their_cap,
+    prompt_ids,
+)
 from engines import start_engine
 
 TARGET, DRAFT = "qwen2.5-coder:1.5b", "qwen2.5-coder:0.5b"
@@ -141,17 +151,7 @@ def test_draft_model_on_in_some_slots_and_off_in_others_keeps_every_answer(engin
 @pytest.mark.models
 def test_cancelling_while_a_draft_model_drafts_frees_both_caches(engine):
     draft_kv = engine._sched.draft_model.kv
-    stream = engine.submit(GenerationRequest(prompt_ids(engine, PROMPTS[3]), SEEDED, 400))
-    n = 0
-    for ev in stream:
-        if isinstance(ev, TokenEvent):
-            n += 1
-            if n == 30:
-                stream.cancel()
-                break
-    with gevent.Timeout(30):
-        while engine.busy:
-            gevent.sleep(0.01)
+    cancel_after(engine, GenerationRequest(prompt_ids(engine, PROMPTS[3]), SEEDED, 400), 30)
     assert engine.kv.blocks_in_use() == 0 and draft_kv.blocks_in_use() == 0
     assert all(engine.kv.seq_len(s) == 0 and draft_kv.seq_len(s) == 0 for s in range(4))
     # and the next request runs as it would have
