@@ -43,7 +43,7 @@ from bubo import _ops  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402  (its server process and /completion client)
 
-TYPES = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q4_K]
+TYPES = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q4_K, GT.Q6_K]
 MODELS = ["smollm2:135m", "gemma3:270m", "qwen2.5-coder:0.5b"]
 
 
@@ -56,7 +56,7 @@ def matmuls(rows: int, cols_wanted: int, mib: int, rounds: int) -> None:
     print("| type | cols | tokens | in place us | prepacked us | in place / prepacked |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for t in TYPES:
-        blck = 256 if t == GT.Q4_K else 32
+        blck = 256 if t in (GT.Q4_K, GT.Q6_K) else 32
         cols = -(-cols_wanted // blck) * blck
         base = np.ascontiguousarray(realistic_rows(t, rows, cols, 1)).view(np.uint8).reshape(-1)
         if _ops.prepack(int(t), base, rows, cols) is None:
@@ -65,7 +65,7 @@ def matmuls(rows: int, cols_wanted: int, mib: int, rounds: int) -> None:
         copies = max(1, mib * (1 << 20) // base.nbytes)
         inplace = [base.copy() for _ in range(copies)]
         packed = [_ops.prepack(int(t), w, rows, cols) for w in inplace]
-        for n in (1, 4):
+        for n in (1, 2, 4, 5, 8):
             x = rng.standard_normal((n, cols)).astype(np.float32)
             best = {False: float("inf"), True: float("inf")}
             for _ in range(rounds):

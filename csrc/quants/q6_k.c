@@ -284,6 +284,67 @@ BUBO_TARGET_AVX512 static void tile_q6_K_q8_K_avx512(int n, int n_rows, int n_to
     tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K), kq_unpack_q6_K_avx512,
                        kq_rows_q6_K_q8_K_avx512, Q6_K_PACK_MIN_TOKENS);
 }
+
+/* Prepacked (kquant_tile.h), per group and super-block, 3360 bytes = 16 x 210: the low 4 bits of
+ * the values two a byte (2048), their high 2 bits four a byte (1024: byte k of lane r in the store
+ * of group g, half h holds dword 4h + i's byte k at bits 2i), the 16 signed scales as planes of the
+ * 16 rows (256), d as f16 (32). */
+#define Q6_K_PP_HIGH 2048
+#define Q6_K_PP_SCALES (Q6_K_PP_HIGH + 1024)
+#define Q6_K_PP_D (Q6_K_PP_SCALES + 256)
+_Static_assert(Q6_K_PP_D + 32 == 16 * sizeof(block_q6_K), "prepacked q6_K size");
+
+BUBO_TARGET_AVX512 static void kq_compress_q6_K(const packed_kq_avx512 *p, const uint8_t *x, size_t x_stride, int n_rows,
+                                                size_t off, uint8_t *b) {
+    kq_store_nibbles(p, b);
+    const __m512i m3 = _mm512_set1_epi8(0x03);
+    for (int g = 0; g < 8; g++)
+        for (int h = 0; h < 2; h++) {
+            __m512i z = _mm512_setzero_si512();
+            for (int i = 0; i < 4; i++) /* epi16 shifts: the masked bits stay inside their byte */
+                z = _mm512_or_si512(z, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(p->q[g][4 * h + i], 4), m3), 2 * i));
+            _mm512_storeu_si512(b + Q6_K_PP_HIGH + 64 * (2 * g + h), z);
+        }
+    memset(b + Q6_K_PP_SCALES, 0, 16 * sizeof(block_q6_K) - Q6_K_PP_SCALES);
+    for (int r = 0; r < TILE_ROWS && r < n_rows; r++) {
+        const block_q6_K *blk = (const block_q6_K *)(x + (size_t)r * x_stride + off);
+        for (int j = 0; j < 16; j++) b[Q6_K_PP_SCALES + 16 * j + r] = (uint8_t)blk->scales[j];
+        memcpy(b + Q6_K_PP_D + 2 * r, &blk->d, 2);
+    }
+}
+
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_unpack_prepacked_q6_K(packed_kq_avx512 *p,
+                                                                                              const uint8_t *b) {
+    kq_load_nibbles(p, b);
+    const __m512i m_hi = _mm512_set1_epi8(0x30);
+    for (int g = 0; g < 8; g++)
+        for (int h = 0; h < 2; h++) {
+            const __m512i z = _mm512_loadu_si512(b + Q6_K_PP_HIGH + 64 * (2 * g + h));
+            /* bits 2i..2i+1 of each byte to bits 4-5 (epi16 shifts: the mask drops what crosses a byte) */
+            const __m512i hi[4] = {_mm512_slli_epi16(z, 4), _mm512_slli_epi16(z, 2), z, _mm512_srli_epi16(z, 2)};
+            for (int i = 0; i < 4; i++)
+                p->q[g][4 * h + i] = _mm512_ternarylogic_epi32(p->q[g][4 * h + i], hi[i], m_hi, 0xF8); /* a | (b & c) */
+        }
+    const __m512i low16 = _mm512_set1_epi32(0xFFFF);
+    for (int j = 0; j < 16; j++)
+        p->sc[j] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + Q6_K_PP_SCALES + 16 * j)));
+    for (int i = 0; i < 8; i++) /* m = 32 * scale, two int16 a lane */
+        p->m_pair[i] = _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi32(p->sc[2 * i], 5), low16),
+                                       _mm512_slli_epi32(p->sc[2 * i + 1], 21));
+    p->dx = p->dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + Q6_K_PP_D)));
+}
+
+BUBO_TARGET_AVX512 static void q6_K_prepack_avx512(const void *restrict x, size_t x_stride, int64_t rows, int n,
+                                                   void *restrict dst) {
+    kq_prepack_avx512(x, x_stride, rows, n / QK_K, dst, sizeof(block_q6_K), kq_unpack_q6_K_avx512, kq_compress_q6_K);
+}
+
+BUBO_TARGET_AVX512 static void q6_K_tile_prepacked_avx512(int n, int n_rows, int n_tokens, float *restrict s,
+                                                          size_t s_stride, const void *restrict x, size_t x_stride,
+                                                          const void *restrict y, size_t y_stride) {
+    tile_kquant_prepacked_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K),
+                                 kq_unpack_prepacked_q6_K);
+}
 #endif /* BUBO_X86 */
 
 /* vec_dot looped over a tile, where no SIMD tile exists */
@@ -309,6 +370,8 @@ void bubo_register_q6_k(bubo_type_traits *table) {
     t->to_float[BUBO_ISA_AVX512] = dequantize_row_q6_K_avx512;
     t->vec_dot[BUBO_ISA_AVX512] = vec_dot_q6_K_q8_K_avx512;
     t->vec_dot_tile[BUBO_ISA_AVX512] = tile_q6_K_q8_K_avx512;
+    t->prepack[BUBO_ISA_AVX512] = q6_K_prepack_avx512;
+    t->vec_dot_tile_prepacked[BUBO_ISA_AVX512] = q6_K_tile_prepacked_avx512;
 #endif
 #if defined(BUBO_ARM64)
     t->to_float[BUBO_ISA_NEON] = dequantize_row_q6_K_neon;

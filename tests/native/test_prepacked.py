@@ -1,5 +1,5 @@
 """Prepacked weights (bubo_matmul_prepack / bubo_matmul_prepacked, quants/legacy_tile.h and
-kquant_tile.h): a model's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q4_K matrices are packed once at load
+kquant_tile.h): a model's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K matrices are packed once at load
 where this CPU's best level has the kernels (AVX-512), and every product over them must be the
 same bits as over the rows in place: for every token count (the packed tile serves one token
 too), ragged row groups, short and long rows, and through whole models (BUBO_NO_PREPACK=1 keeps
@@ -17,7 +17,7 @@ from blocks import realistic_rows
 from reference.tiny import KQUANT_DIMS, write_tiny_model
 
 LEGACY = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0]  # their rows can be rebuilt (a tied token_embd)
-PREPACKED = LEGACY + [GT.Q4_K]
+PREPACKED = LEGACY + [GT.Q4_K, GT.Q6_K]
 HAS_KERNELS = K.best_isa() == "avx512"  # the level whose tiles the packed layout belongs to
 
 
@@ -41,7 +41,7 @@ def test_prepacked_matmul_is_the_same_bits(type_id):
     assert HAS_KERNELS == (_ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), blck), np.uint8), 1, blck)
                            is not None)
     if not HAS_KERNELS:
-        return  # nothing is packed on this CPU: the model multiplies its rows in place
+        pytest.skip("no prepacked kernels on this CPU (AVX-512): the model multiplies its rows in place")
     rng = np.random.default_rng(int(type_id))
     pool = _ops.ThreadPool(2)
     # one block, an odd count, a legacy decode step's column chunk (512 blocks) and past it
@@ -93,7 +93,7 @@ def test_packed_weights_keep_their_level(tmp_path, monkeypatch):
     """A model packed for AVX-512 keeps those kernels when BUBO_FORCE_ISA lowers the level later
     (the packed layout is that level's): it goes on decoding, every packed matmul as before."""
     if not HAS_KERNELS:
-        return  # nothing was packed
+        pytest.skip("no prepacked kernels on this CPU (AVX-512): nothing was packed")
     path = write_tiny_model(tmp_path / "q8_0.gguf", "llama", types="Q8_0")
     tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:8])
     model = Model(path, n_threads=2)
@@ -111,7 +111,7 @@ PROMPT = ("The owl turned its head and watched the river, where small fish rose 
 @pytest.mark.parametrize("types", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "kquant"])
 def test_tiny_model_logits_prepacked_or_not(tmp_path, monkeypatch, arch, types):
     """A 40-token prompt in one batch and then token by token: the same logits, bit for bit, with
-    the weights prepacked at load and in place ("kquant": Q4_K beside Q6_K, which stays in place)."""
+    the weights prepacked at load and in place ("kquant": Q4_K beside Q6_K)."""
     kw = dict(KQUANT_DIMS, types={m: ("Q6_K" if m in ("attn_v", "output") else "Q4_K")
                                   for m in ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
                                             "ffn_up", "ffn_down", "output")}) if types == "kquant" else dict(
