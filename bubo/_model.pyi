@@ -41,7 +41,8 @@ class Model:
 
 class KVCache:
     """Paged KV cache of one model: at most n_ctx tokens per sequence, blocks of block_size
-    tokens shared by n_seq_max sequences, stored as "f16", "f32" or "q8_0". Memory is taken as
+    tokens shared by n_seq_max sequences, K rows stored as type and V rows as type_v (the same
+    when None): "f16", "f32", "q8_0" or "q4_0". Memory is taken as
     blocks are first needed (n_ctx may exceed memory); Model.decode raises MemoryError, the
     cache unchanged, when the OS refuses more. Full blocks can be shared across requests through
     the prefix cache (prefix_register, prefix_attach), except with swa_full=False."""
@@ -56,6 +57,7 @@ class KVCache:
         type: str = "f16",
         n_batch: int = 512,
         swa_full: bool = True,
+        type_v: str | None = None,
     ) -> None:
         """swa_full=False: sliding-window layers keep only their window (plus n_batch tokens) per
         sequence, and truncate refuses (ValueError) to go below a position they released.
@@ -68,7 +70,11 @@ class KVCache:
     @property
     def block_size(self) -> int: ...
     @property
-    def type(self) -> str: ...
+    def type(self) -> str:
+        """K rows' storage type."""
+    @property
+    def type_v(self) -> str:
+        """V rows' storage type."""
     @property
     def n_free_tokens(self) -> int: ...
     @property

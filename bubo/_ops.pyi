@@ -47,6 +47,7 @@ def prepack(type_id: int, w: _ArrayLike | bytes, rows: int, cols: int) -> npt.ND
 def prepacked_row(type_id: int, packed: _ArrayLike | bytes, rows: int, cols: int, r: int) -> npt.NDArray[np.uint8]: ...
 
 ATTEND_GROUP: int
+ATTEND_CHUNK: int
 def attend_paged(
     type_id: int,
     k: npt.NDArray[np.uint8],
@@ -60,4 +61,5 @@ def attend_paged(
     q: npt.NDArray[np.uint8],
     kq_scale: float,
     isa: _Isa = None,
+    type_v: int | None = None,
 ) -> _F32: ...

@@ -131,6 +131,7 @@ def _parser() -> _ArgParser:
                                                                     "512, the default)")
     p.add_flag("--queue-size", type=int, default=None,
                help="requests that may wait for a slot; past it, 503 with Retry-After (default: unbounded)")
+    add_cache_type_flags(p)
     p.add_flag("--no-slots", action="store_true", help="turn the /slots endpoint off")
     p.add_flag("--allow-special-in-content", action="store_true",
                help="let control-token text in chat messages and tools (\"<|im_start|>\") become control tokens, "
@@ -205,6 +206,7 @@ def _parser() -> _ArgParser:
     p.add_flag("-c", "--ctx-size", type=int, default=4096,
                help="context size in tokens (0: the model's trained context; default 4096)")
     p.add_flag("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
+    add_cache_type_flags(p)
     add_sampling_flags(p, server=False)
 
     p = sub.add_parser("rm", help="delete a stored model")
@@ -226,7 +228,10 @@ def _parser() -> _ArgParser:
     p.add_flag("-m", "--model", required=True, help="catalog name or GGUF path")
     p.add_flag("-p", "--n-prompt", type=int, default=512, help="prompt tokens (0: skip the prompt test)")
     p.add_flag("-n", "--n-gen", type=int, default=128, help="generated tokens (0: skip the generation test)")
+    p.add_flag("-d", "--n-depth", type=int, default=0,
+               help="tokens already in the cache before each test (llama-bench's depth: \"tg128 @ d4096\")")
     p.add_flag("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
+    add_cache_type_flags(p)
     p.add_flag("-r", "--repetitions", type=int, default=5)
     p.add_flag("-o", "--output", choices=("md", "json"), default="md")
     p.add_flag("--draft", default=None, metavar="ngram|MODEL",
@@ -237,6 +242,26 @@ def _parser() -> _ArgParser:
                help="with --draft: a user message to answer (repeatable; default: an editing task for ngram, "
                     "code writing for a draft model)")
     return parser
+
+
+def add_cache_type_flags(p: _ArgParser) -> None:
+    from bubo.engine.engine import KV_TYPES
+
+    choices = ", ".join(KV_TYPES)
+    p.add_flag("-ctk", "--cache-type-k", default=None, metavar="TYPE",
+               help=f"the KV cache's K rows stored as {choices} (default f16; q8_0 takes about half the memory)")
+    p.add_flag("-ctv", "--cache-type-v", default=None, metavar="TYPE", help=f"the V rows, likewise ({choices})")
+
+
+def check_cache_flags(args: argparse.Namespace) -> None:
+    """ValueError naming -ctk/-ctv as given for a type the KV cache does not store."""
+    from bubo.engine.engine import KV_TYPES
+
+    for dest, long in (("cache_type_k", "--cache-type-k"), ("cache_type_v", "--cache-type-v")):
+        value = getattr(args, dest, None)
+        if value is not None and value not in KV_TYPES:
+            raise ValueError(f"{_given_as(args, dest, long, value)}: not a KV cache type here; give one of "
+                             f"{', '.join(KV_TYPES)}")
 
 
 def add_sampling_flags(p: _ArgParser, *, server: bool) -> None:
@@ -273,7 +298,6 @@ HABIT_NOTES: list[tuple[tuple[str, ...], bool, str]] = [
 HABIT_REFUSED: list[tuple[tuple[str, ...], bool, str]] = [
     (("-devd", "--device-draft", "-ngld", "--gpu-layers-draft"), True,
      "this build has no GPU backend: the draft model runs on the CPU"),
-    (("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"), True, "the KV cache is f16 only for now"),
     (("--embedding", "--embeddings"), False, "embeddings are not served yet"),
     (("--lora", "--lora-scaled", "--control-vector"), True, "adapters are not supported"),
     (("--mmproj", "--mmproj-url"), True, "images are not supported: the catalog models read text"),
@@ -445,6 +469,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads <= 0:
         raise ValueError(f"{_given_as(args, 'threads', '--threads', args.threads)}: give a positive number of "
                          "threads (leave the flag out for every CPU)")
+    check_cache_flags(args)
     if args.raw and args.chat:
         raise ValueError("--raw and --chat: give one (chat is the default when the model has a chat template)")
     if words and "prompt" in typed:
@@ -455,7 +480,8 @@ def _run(args: argparse.Namespace) -> int:
     n_ctx = args.ctx_size or _trained_context(path, _given_as(args, "ctx_size", "--ctx-size", 0))
     prompt = _run_prompt(args, words)
     t0 = time.perf_counter()
-    model = Model(name, n_ctx=n_ctx, n_threads=args.threads)
+    model = Model(name, n_ctx=n_ctx, n_threads=args.threads, cache_type_k=args.cache_type_k or "f16",
+                  cache_type_v=args.cache_type_v or "f16")
     load_s = time.perf_counter() - t0
     has_template = model.runtime.chat_template_source is not None
     chat = has_template and not args.raw
@@ -615,10 +641,13 @@ def _ps(args: argparse.Namespace) -> int:
 # --- bench ---------------------------------------------------------------------------------
 
 
-def bench(path: Any, n_prompt: int, n_gen: int, n_threads: int | None, reps: int) -> list[dict[str, Any]]:
-    """llama-bench's two tests on the native model: `pp` decodes n_prompt tokens as one batch
-    into an empty cache, `tg` decodes n_gen tokens one at a time; each after a warm-up run,
-    `reps` times. Random tokens, as llama-bench uses: speed does not depend on the text."""
+def bench(path: Any, n_prompt: int, n_gen: int, n_threads: int | None, reps: int,
+          n_depth: int = 0, type_k: str = "f16", type_v: str = "f16") -> list[dict[str, Any]]:
+    """llama-bench's two tests on the native model: `pp` decodes n_prompt tokens as one batch,
+    `tg` decodes n_gen tokens one at a time, each after n_depth tokens already in the cache
+    (decoded once, untimed; 0: an empty cache), in a KV cache of type_k and type_v; each after a
+    warm-up run, `reps` times. Random tokens, as llama-bench uses: speed does not depend on the
+    text."""
     import numpy as np
 
     from bubo import GGUFFile, store
@@ -627,6 +656,8 @@ def bench(path: Any, n_prompt: int, n_gen: int, n_threads: int | None, reps: int
         raise ValueError("give -p and/or -n as positive token counts")
     if reps <= 0:
         raise ValueError("-r must be at least 1")
+    if n_depth < 0:
+        raise ValueError(f"-d {n_depth}: the depth is a token count, 0 or more")
     path = store.resolve(path)
     from bubo._model import KVCache
     from bubo._model import Model as NativeModel
@@ -635,29 +666,40 @@ def bench(path: Any, n_prompt: int, n_gen: int, n_threads: int | None, reps: int
         md = f.metadata
         size = sum(t.nbytes for t in f.tensors)
         params = sum(int(np.prod(t.shape)) for t in f.tensors)
+    n_ctx = n_depth + max(n_prompt, n_gen, 1) + 1
+    n_ctx_train = md.get(f"{md.get('general.architecture')}.context_length")
+    if n_depth and isinstance(n_ctx_train, int) and n_ctx > n_ctx_train:
+        raise ValueError(f"-d {n_depth}: the depth and the test ({n_ctx} tokens) pass the model's context "
+                         f"({n_ctx_train})")
     model = NativeModel(str(path), n_threads or 0)
     threads = n_threads or os.cpu_count() or 1
-    kv = KVCache(model, max(n_prompt, n_gen, 1) + 1)
+    kv = KVCache(model, n_ctx, type=type_k, type_v=type_v)
     rng = np.random.default_rng(0)
     n_vocab = model.n_vocab
+    depth = rng.integers(0, n_vocab, n_depth, dtype=np.int32)
+    for a in range(0, n_depth, 512):  # the depth, once: each test truncates back to it
+        b = min(a + 512, n_depth)
+        model.decode(kv, depth[a:b], np.arange(a, b, dtype=np.int32), np.zeros(b - a, dtype=np.int32),
+                     np.zeros(b - a, dtype=bool))
 
     def run_pp() -> float:
-        kv.truncate(0, 0)
+        kv.truncate(0, n_depth)
         toks = rng.integers(0, n_vocab, n_prompt, dtype=np.int32)
         rows = np.zeros(n_prompt, dtype=bool)
         rows[-1] = True
         t0 = time.perf_counter()
-        model.decode(kv, toks, np.arange(n_prompt, dtype=np.int32), np.zeros(n_prompt, dtype=np.int32), rows)
+        model.decode(kv, toks, np.arange(n_depth, n_depth + n_prompt, dtype=np.int32),
+                     np.zeros(n_prompt, dtype=np.int32), rows)
         return time.perf_counter() - t0
 
     def run_tg() -> float:
-        kv.truncate(0, 0)
+        kv.truncate(0, n_depth)
         toks = rng.integers(0, n_vocab, n_gen, dtype=np.int32)
         one_row = np.ones(1, dtype=bool)
         seq = np.zeros(1, dtype=np.int32)
         t0 = time.perf_counter()
         for i in range(n_gen):
-            model.decode(kv, toks[i : i + 1], np.array([i], dtype=np.int32), seq, one_row)
+            model.decode(kv, toks[i : i + 1], np.array([n_depth + i], dtype=np.int32), seq, one_row)
         return time.perf_counter() - t0
 
     arch = str(md.get("general.architecture", "?"))
@@ -672,8 +714,10 @@ def bench(path: Any, n_prompt: int, n_gen: int, n_threads: int | None, reps: int
         speeds = [n / fn() for _ in range(reps)]
         results.append({
             "model": desc, "model_size": size, "model_n_params": params, "backend": "CPU",
-            "n_threads": threads, "test": f"{test}{n}", "n_prompt": n if test == "pp" else 0,
-            "n_gen": n if test == "tg" else 0, "avg_ts": statistics.mean(speeds),
+            "n_threads": threads, "test": f"{test}{n}" + (f" @ d{n_depth}" if n_depth else ""),
+            "n_prompt": n if test == "pp" else 0, "n_gen": n if test == "tg" else 0, "n_depth": n_depth,
+            "type_k": type_k, "type_v": type_v,
+            "avg_ts": statistics.mean(speeds),
             "stddev_ts": statistics.stdev(speeds) if len(speeds) > 1 else 0.0, "samples_ts": speeds,
         })
     return results
@@ -739,17 +783,20 @@ def draft_table(results: list[dict[str, Any]]) -> str:
 
 
 def markdown_table(results: list[dict[str, Any]]) -> str:
-    """llama-bench's markdown table."""
-    head = ("model", "size", "params", "backend", "threads", "test", "t/s")
-    right = (False, True, True, False, True, True, True)
+    """llama-bench's markdown table (with its type_k and type_v columns where a cache is not f16)."""
+    types = any(r.get("type_k", "f16") != "f16" or r.get("type_v", "f16") != "f16" for r in results)
+    head: tuple[str, ...] = ("model", "size", "params", "backend", "threads") + (
+        ("type_k", "type_v") if types else ()) + ("test", "t/s")
+    right: tuple[bool, ...] = (False, True, True, False, True) + ((False, False) if types else ()) + (True, True)
     rows = []
     for r in results:
         p = r["model_n_params"]
         rows.append((
             r["model"], f"{r['model_size'] / 1024**2:.2f} MiB",
             f"{p / 1e9:.2f} B" if p >= 1e9 else f"{p / 1e6:.2f} M",
-            r["backend"], str(r["n_threads"]), r["test"],
-            f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
+            r["backend"], str(r["n_threads"]),
+        ) + ((r.get("type_k", "f16"), r.get("type_v", "f16")) if types else ()) + (
+            r["test"], f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
         ))
     widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(head)]
     widths[0] = max(widths[0], 30)
@@ -767,7 +814,9 @@ def _bench(args: argparse.Namespace) -> int:
         results = bench_draft(args.model, args.draft, args.n_gen, args.threads, args.repetitions, args.prompt)
         print(json.dumps(results, indent=2) if args.output == "json" else draft_table(results))
         return 0
-    results = bench(args.model, args.n_prompt, args.n_gen, args.threads, args.repetitions)
+    check_cache_flags(args)
+    results = bench(args.model, args.n_prompt, args.n_gen, args.threads, args.repetitions, args.n_depth,
+                    args.cache_type_k or "f16", args.cache_type_v or "f16")
     if args.output == "json":
         print(json.dumps(results, indent=2))
     else:

@@ -280,7 +280,9 @@ class Model:
     which must share this model's vocabulary and be smaller, e.g. "qwen2.5-coder:0.5b" for
     "qwen2.5-coder:1.5b"; or a DraftConfig); it never changes an answer (greedy or seeded: the
     same tokens and log-probabilities), only how many forward passes it takes. The generation
-    calls' draft_max keyword sets it per call (0: no drafting for that call).
+    calls' draft_max keyword sets it per call (0: no drafting for that call). cache_type_k and
+    cache_type_v: how the KV cache stores K and V rows ("f16", "f32", "q8_0" or "q4_0"; q8_0
+    takes about half of f16's memory, for logits a little off f16's).
 
     A Model is a context manager: `with bubo.Model(...) as m:` closes it at the end of the
     block (close(): the native model and its KV cache are let go; later calls raise).
@@ -295,7 +297,12 @@ class Model:
 
     def __init__(self, name_or_path: str | os.PathLike[str], *, n_ctx: int = 4096,
                  n_threads: int | None = None, chat_template: str | None = None,
-                 draft: bool | str | os.PathLike[str] | DraftConfig = True):
+                 draft: bool | str | os.PathLike[str] | DraftConfig = True, cache_type_k: str = "f16",
+                 cache_type_v: str = "f16"):
+        from bubo.engine.engine import check_cache_type
+
+        check_cache_type(cache_type_k, "cache_type_k")
+        check_cache_type(cache_type_v, "cache_type_v")
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx <= 0:
             raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
@@ -313,7 +320,7 @@ class Model:
         n_ctx_train = runtime.n_ctx_train
         self.n_ctx = min(n_ctx, n_ctx_train) if n_ctx_train else n_ctx
         # swa_full=False: sliding-window layers (gemma3) keep only their window's blocks
-        kv = KVCache(runtime.native, self.n_ctx, swa_full=False)
+        kv = KVCache(runtime.native, self.n_ctx, swa_full=False, type=cache_type_k, type_v=cache_type_v)
         if isinstance(draft, (str, os.PathLike)):
             draft = DraftConfig(model=str(draft))
         if not isinstance(draft, (bool, DraftConfig)):

@@ -23,7 +23,7 @@ cdef int _type_id(str name) except -1:
         t = bubo_type_get_traits(i)
         if t != NULL and t.name.decode() == name:
             return i
-    raise ValueError(f"unknown KV cache type {name!r} (use 'f16', 'f32' or 'q8_0')")
+    raise ValueError(f"unknown KV cache type {name!r} (use 'f16', 'f32', 'q8_0' or 'q4_0')")
 
 
 cdef class Model:
@@ -150,7 +150,7 @@ cdef class KVCache:
     cdef readonly Model model
 
     def __cinit__(self, Model model not None, int n_ctx, int n_seq_max=1, int block_size=32, str type="f16",
-                  int n_batch=BUBO_MODEL_MAX_BATCH, bint swa_full=True):
+                  int n_batch=BUBO_MODEL_MAX_BATCH, bint swa_full=True, type_v=None):
         if n_batch < 1 or n_batch > BUBO_MODEL_MAX_BATCH:
             raise ValueError(f"n_batch must be 1..{BUBO_MODEL_MAX_BATCH}, not {n_batch}")
         cdef bubo_kv_params p
@@ -161,6 +161,7 @@ cdef class KVCache:
         p.n_seq_max = n_seq_max
         p.block_size = block_size
         p.type = <bubo_type>_type_id(type)
+        p.type_v = <bubo_type>_type_id(type if type_v is None else type_v)
         cdef bubo_err err
         cdef bubo_status st
         with nogil:
@@ -186,6 +187,10 @@ cdef class KVCache:
     @property
     def type(self):
         return bubo_type_get_traits(bubo_kv_get_params(self.kv).type).name.decode()
+
+    @property
+    def type_v(self):
+        return bubo_type_get_traits(bubo_kv_get_params(self.kv).type_v).name.decode()
 
     @property
     def n_free_tokens(self):

@@ -15,7 +15,7 @@ from threadpool cimport (bubo_pool, bubo_pool_create, bubo_pool_free, bubo_pool_
 from ops cimport (bubo_ops, bubo_ops_for_isa, bubo_ops_best, bubo_rope_params, BUBO_ROPE_NORMAL,
                   BUBO_ROPE_NEOX, bubo_matmul_scratch_size, bubo_matmul, bubo_matmul_prepack, bubo_matmul_prepacked,
                   bubo_prepacked_row,
-                  BUBO_ATTEND_GROUP, bubo_attend_scratch_floats, bubo_attend_paged_isa)
+                  BUBO_ATTEND_GROUP, BUBO_ATTEND_CHUNK, bubo_attend_scratch_floats, bubo_attend_paged_isa)
 from kv cimport bubo_kv_view
 
 include "status.pxi"
@@ -355,22 +355,26 @@ def prepacked_row(int type_id, const uint8_t[::1] packed, int64_t rows, int64_t 
 # ---- attention over a paged KV cache ---------------------------------------------------------
 
 ATTEND_GROUP = BUBO_ATTEND_GROUP
-_TYPE_Q8_0 = 8  # ggml's id (bubo/quants.h), which quants.pxd does not name
+ATTEND_CHUNK = BUBO_ATTEND_CHUNK
+_TYPE_Q8_0 = 8  # ggml's ids (bubo/quants.h), which quants.pxd does not name
+_TYPE_Q4_0 = 2
+_KV_TYPES = (BUBO_TYPE_F32, BUBO_TYPE_F16, _TYPE_Q8_0, _TYPE_Q4_0)
 
 
 def attend_paged(int type_id, const uint8_t[:, :, :, ::1] k, const uint8_t[:, :, :, ::1] v, table,
                  int kv_head, int head_dim_k, int head_dim_v, kv_begin, kv_end, const uint8_t[:, :, ::1] q,
-                 float kq_scale, isa=None):
+                 float kq_scale, isa=None, type_v=None):
     """out [n_tok, n_q, head_dim_v]: the attention of token t's n_q queries q[t] (rows in type_id's
     vec_dot_type) over positions kv_begin[t] .. kv_end[t]-1 of the sequence whose block table is
     `table`, in the pools k [n_blocks, block_size, n_head_kv, head bytes] and v (the layout of one
-    layer of bubo_kv)."""
+    layer of bubo_kv); V rows of type type_v (None: type_id)."""
     cdef bubo_isa level = bubo_cpu_best_isa() if isa is None else _isa_from_name(isa)
     if not bubo_cpu_supports(level):
         raise ValueError(f"isa {isa!r} is not available on this CPU")
     cdef const bubo_type_traits *t = bubo_type_get_traits(type_id)
-    if t == NULL or type_id not in (BUBO_TYPE_F32, BUBO_TYPE_F16, _TYPE_Q8_0):
-        raise ValueError(f"type id {type_id} is not a KV cache type")
+    cdef int tv_id = type_id if type_v is None else type_v
+    if t == NULL or type_id not in _KV_TYPES or tv_id not in _KV_TYPES:
+        raise ValueError(f"type ids {type_id}, {tv_id} are not KV cache types")
     cdef const int32_t[::1] tv = np.ascontiguousarray(table, dtype=np.int32)
     cdef const int32_t[::1] bv = np.ascontiguousarray(kv_begin, dtype=np.int32).reshape(-1)
     cdef const int32_t[::1] ev = np.ascontiguousarray(kv_end, dtype=np.int32).reshape(-1)
@@ -378,7 +382,7 @@ def attend_paged(int type_id, const uint8_t[:, :, :, ::1] k, const uint8_t[:, :,
     cdef Py_ssize_t i, j
     if (v.shape[0] != k.shape[0] or v.shape[1] != block_size or v.shape[2] != n_head_kv
             or <size_t>k.shape[3] != bubo_row_size(<bubo_type>type_id, head_dim_k)
-            or <size_t>v.shape[3] != bubo_row_size(<bubo_type>type_id, head_dim_v)):
+            or <size_t>v.shape[3] != bubo_row_size(<bubo_type>tv_id, head_dim_v)):
         raise ValueError("k and v must be [n_blocks, block_size, n_head_kv, one head's row bytes]")
     if not (0 <= kv_head < n_head_kv) or n_tok < 1 or n_q < 1 or bv.shape[0] != n_tok or ev.shape[0] != n_tok:
         raise ValueError("bad head, query count or ranges")
@@ -390,6 +394,7 @@ def attend_paged(int type_id, const uint8_t[:, :, :, ::1] k, const uint8_t[:, :,
                 raise ValueError(f"table[{i}] = {tv[i]} is not a block")
     cdef bubo_kv_view view
     view.type = <bubo_type>type_id
+    view.type_v = <bubo_type>tv_id
     view.block_size = block_size
     view.k = &k[0, 0, 0, 0]
     view.v = &v[0, 0, 0, 0]

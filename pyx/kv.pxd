@@ -21,6 +21,7 @@ cdef extern from "bubo/kv.h" nogil:
         int n_seq_max
         int block_size
         bubo_type type
+        bubo_type type_v
         int32_t swa_window
         int32_t n_batch
         int swa_full
@@ -28,6 +29,7 @@ cdef extern from "bubo/kv.h" nogil:
 
     ctypedef struct bubo_kv_view:
         bubo_type type
+        bubo_type type_v
         int block_size
         const uint8_t *k
         const uint8_t *v

@@ -50,6 +50,7 @@ cdef extern from "bubo/ops.h" nogil:
                                    int64_t r, void *dst, bubo_err *err)
 
     int BUBO_ATTEND_GROUP
+    int BUBO_ATTEND_CHUNK
     size_t bubo_attend_scratch_floats(int n_tok, int n_q, int head_dim_k, int head_dim_v)
     void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v,
                                int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q,

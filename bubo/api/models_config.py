@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig
+from bubo.engine.engine import KV_TYPES, check_cache_type
 from bubo.engine.registry import DEFAULT_NAME, EngineSettings, ModelSpec
 
 GLOBAL_SECTION = "*"
@@ -65,6 +66,12 @@ def _bool(v: str) -> bool:
     raise ValueError("expected true or false")
 
 
+def _cache_type(v: str) -> str:
+    if v.strip() not in KV_TYPES:
+        raise ValueError(f"expected one of {', '.join(KV_TYPES)}")
+    return v.strip()
+
+
 def _template(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
@@ -82,6 +89,8 @@ _SETTING_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "ub": ("n_ubatch", _int(1)), "ubatch-size": ("n_ubatch", _int(1)),
     "queue-size": ("queue_size", _int(0)),
     "chat-template-file": ("chat_template", _template),
+    "ctk": ("cache_type_k", _cache_type), "cache-type-k": ("cache_type_k", _cache_type),
+    "ctv": ("cache_type_v", _cache_type), "cache-type-v": ("cache_type_v", _cache_type),
 }
 _SPEC_KEYS = {"m": "model", "model": "model", "a": "alias", "alias": "alias", "load-on-startup": "load-on-startup"}
 KNOWN_KEYS = sorted(set(_SETTING_KEYS) | set(_SPEC_KEYS))
@@ -183,6 +192,12 @@ def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0) -> dict[st
                          ("queue_size", args.queue_size)):
         if value is not None:
             given[field] = value
+    for field, flag in (("cache_type_k", "--cache-type-k"), ("cache_type_v", "--cache-type-v")):
+        if (value := getattr(args, field, None)) is not None:
+            try:
+                given[field] = check_cache_type(value, flag)
+            except ValueError as e:
+                raise ModelsConfigError(str(e)) from None
     if args.chat_template_file:
         try:
             given["chat_template"] = _template(args.chat_template_file)

@@ -76,7 +76,15 @@ _start_new_thread, _allocate_lock, _get_ident = get_original(
 
 # the KV cache may take at most this share of the memory available at start when -c is not given
 KV_MEMORY_SHARE = 0.5
-KV_BYTES_PER_VALUE = 2  # the cache is f16
+# the KV cache's storage types (-ctk/--cache-type-k, -ctv/--cache-type-v) and bytes per value
+KV_TYPES: dict[str, float] = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+
+
+def check_cache_type(name: str, flag: str) -> str:
+    """name if it is a KV cache type bubo stores, else ValueError naming flag and the choices."""
+    if name not in KV_TYPES:
+        raise ValueError(f"{flag} {name}: not a KV cache type here; give one of {', '.join(KV_TYPES)}")
+    return name
 # slots: -np's default is as many as the context gives MIN_TOKENS_PER_SLOT each, at most
 # DEFAULT_MAX_PARALLEL on the CPU; a step (one forward pass) takes at most MAX_STEP_TOKENS
 DEFAULT_MAX_PARALLEL = 4
@@ -227,7 +235,8 @@ class Engine:
     def __init__(self, model: str, *, n_ctx: int | None = None, n_threads: int | None = None,
                  chat_template: str | None = None, load_delay_s: float = 0.0,
                  n_parallel: int | None = None, n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
-                 queue_size: int | None = None, draft: DraftConfig | None = DEFAULT_DRAFT):
+                 queue_size: int | None = None, draft: DraftConfig | None = DEFAULT_DRAFT,
+                 cache_type_k: str = "f16", cache_type_v: str = "f16"):
         if n_ctx is not None and n_ctx < 0:
             raise ValueError(f"n_ctx must be 0 (the trained context) or positive, got {n_ctx}")
         if n_threads is not None and n_threads <= 0:
@@ -238,9 +247,12 @@ class Engine:
             raise ValueError(f"batch sizes must be positive, got n_batch={n_batch} n_ubatch={n_ubatch}")
         if queue_size is not None and queue_size < 0:
             raise ValueError(f"queue_size must be >= 0 (or None: unbounded), got {queue_size}")
+        self.cache_type_k = check_cache_type(cache_type_k, "cache_type_k")
+        self.cache_type_v = check_cache_type(cache_type_v, "cache_type_v")
         self._settings: dict[str, Any] = dict(
             n_ctx=n_ctx, n_threads=n_threads, chat_template=chat_template, load_delay_s=load_delay_s,
-            n_parallel=n_parallel, n_batch=n_batch, n_ubatch=n_ubatch, queue_size=queue_size, draft=draft)
+            n_parallel=n_parallel, n_batch=n_batch, n_ubatch=n_ubatch, queue_size=queue_size, draft=draft,
+            cache_type_k=cache_type_k, cache_type_v=cache_type_v)
         self.draft = draft  # speculative decoding (bubo.engine.draft): prompt lookup or a draft model; None: off
         self.model_name = str(model)
         self._chat_template_override = chat_template  # replaces the GGUF's tokenizer.chat_template
@@ -376,7 +388,8 @@ class Engine:
                           name=self.model_name)
         # the context is sized from the memory free after the load: prepacked weights are the
         # process's own memory, not page cache the kernel could give to the KV cache
-        self.n_ctx_train, self.n_ctx = _context_size(runtime.metadata, self._n_ctx_requested)
+        self.n_ctx_train, self.n_ctx = _context_size(runtime.metadata, self._n_ctx_requested,
+                                                     (KV_TYPES[self.cache_type_k] + KV_TYPES[self.cache_type_v]) / 2)
         if self.n_ctx > (self.n_ctx_train or self.n_ctx):
             # a server honours -c past the trained context, as llama-server does (quality past
             # the trained length is the user's call)
@@ -387,7 +400,8 @@ class Engine:
         # swa_full: every layer keeps every block, so that a cached prefix is whole for the
         # sliding-window layers too (their window pool would have released the blocks a later
         # request needs); it costs gemma3 the window layers' share of the context's memory
-        self.kv = KVCache(runtime.native, self.n_ctx, n_seq_max=self.n_parallel, swa_full=True)
+        self.kv = KVCache(runtime.native, self.n_ctx, n_seq_max=self.n_parallel, swa_full=True,
+                          type=self.cache_type_k, type_v=self.cache_type_v)
         draft_model = None
         if self.draft is not None and self.draft.model is not None:
             draft_model = DraftModel.load(self.draft, runtime, self.n_ctx, self.n_parallel, n_step)
@@ -592,10 +606,12 @@ def _spare_seq(sched: Scheduler) -> int:
 DEFAULT_N_CTX = 4096  # a model that does not say its trained context
 
 
-def _context_size(md: dict[str, Any], requested: int | None) -> tuple[int | None, int]:
+def _context_size(md: dict[str, Any], requested: int | None,
+                  bytes_per_value: float = KV_TYPES["f16"]) -> tuple[int | None, int]:
     """(trained context, context to use): the request if given (even past the trained one, as
     llama-server allows; memory is checked per request), else the trained context capped so the
-    f16 KV cache takes at most KV_MEMORY_SHARE of the memory available now."""
+    KV cache (bytes_per_value, K and V on average) takes at most KV_MEMORY_SHARE of the memory
+    available now."""
     arch = md.get("general.architecture", "")
     train = md.get(f"{arch}.context_length")
     train = int(train) if isinstance(train, int) and train > 0 else None
@@ -610,7 +626,7 @@ def _context_size(md: dict[str, Any], requested: int | None) -> tuple[int | None
     n_head_kv = int(n_head_kv if isinstance(n_head_kv, int) else max(n_head_kv))
     head_dim = md.get(f"{arch}.attention.key_length") or (
         int(md.get(f"{arch}.embedding_length") or 0) // n_head if n_head else 0)
-    per_token = 2 * n_layer * n_head_kv * int(head_dim) * KV_BYTES_PER_VALUE
+    per_token = int(2 * n_layer * n_head_kv * int(head_dim) * bytes_per_value)
     avail = _available_memory()
     if per_token > 0 and avail:
         fit = int(avail * KV_MEMORY_SHARE) // per_token

@@ -344,9 +344,14 @@ static int pool_alloc(bubo_kv *kv, kv_pool *pl, int32_t n_blocks) {
 
 bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err) {
     *out = NULL;
-    const bubo_type_traits *tr = bubo_type_get_traits(p->type);
-    if (p->type != BUBO_TYPE_F16 && p->type != BUBO_TYPE_F32 && p->type != BUBO_TYPE_Q8_0)
-        return bubo_set_err(err, BUBO_ERR_INVALID, "KV cache type must be f16, f32 or q8_0, not %s", tr ? tr->name : "?");
+    const bubo_type_traits *tr = bubo_type_get_traits(p->type), *tr_v = bubo_type_get_traits(p->type_v);
+    for (int i = 0; i < 2; i++) {
+        const bubo_type t = i ? p->type_v : p->type;
+        const bubo_type_traits *ti = i ? tr_v : tr;
+        if (t != BUBO_TYPE_F16 && t != BUBO_TYPE_F32 && t != BUBO_TYPE_Q8_0 && t != BUBO_TYPE_Q4_0)
+            return bubo_set_err(err, BUBO_ERR_INVALID, "KV cache %s type must be f16, f32, q8_0 or q4_0, not %s",
+                                i ? "V" : "K", ti ? ti->name : "?");
+    }
     if (p->n_layer < 1 || p->n_layer > BUBO_KV_MAX_LAYERS || p->n_seq_max < 1 || p->n_ctx < 1 || p->head_dim_k < 1 ||
         p->head_dim_v < 1 || p->n_embd_k % p->head_dim_k || p->n_embd_v % p->head_dim_v)
         return bubo_set_err(err, BUBO_ERR_INVALID, "KV cache: bad shape (n_layer %d, n_ctx %d, n_seq_max %d)",
@@ -354,9 +359,12 @@ bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err
     if (p->block_size < 1 || p->block_size > BUBO_KV_MAX_BLOCK_SIZE)
         return bubo_set_err(err, BUBO_ERR_INVALID, "KV cache: block_size must be 1..%d, not %d", BUBO_KV_MAX_BLOCK_SIZE,
                             p->block_size);
-    if (p->head_dim_k % tr->blck_size || p->head_dim_v % tr->blck_size)
-        return bubo_set_err(err, BUBO_ERR_INVALID, "KV cache type %s needs head dims that are multiples of %lld (K %lld, V %lld)",
-                            tr->name, (long long)tr->blck_size, (long long)p->head_dim_k, (long long)p->head_dim_v);
+    if (p->head_dim_k % tr->blck_size)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "KV cache K type %s needs a K head dim that is a multiple of %lld, not %lld",
+                            tr->name, (long long)tr->blck_size, (long long)p->head_dim_k);
+    if (p->head_dim_v % tr_v->blck_size)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "KV cache V type %s needs a V head dim that is a multiple of %lld, not %lld",
+                            tr_v->name, (long long)tr_v->blck_size, (long long)p->head_dim_v);
     int n_swa = 0;
     for (int il = 0; il < p->n_layer; il++) n_swa += p->is_swa[il] && !p->swa_full;
     if (p->swa_window < 0 || (n_swa > 0 && (p->swa_window < 1 || p->n_batch < 1)))
@@ -368,7 +376,7 @@ bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err
     kv->p = *p;
     kv->max_seq_blocks = blocks_for(kv, p->n_ctx);
     kv->row_bytes_k = bubo_row_size(p->type, p->n_embd_k);
-    kv->row_bytes_v = bubo_row_size(p->type, p->n_embd_v);
+    kv->row_bytes_v = bubo_row_size(p->type_v, p->n_embd_v);
     kv->block_bytes_k = kv->row_bytes_k * p->block_size;
     kv->block_bytes_v = kv->row_bytes_v * p->block_size;
     for (int il = 0; il < p->n_layer; il++) {
@@ -635,6 +643,7 @@ uint8_t *bubo_kv_v_row(bubo_kv *kv, int il, int seq, int32_t pos) { return row(k
 void bubo_kv_get_view(const bubo_kv *kv, int il, int seq, bubo_kv_view *view) {
     const kv_pool *pl = &kv->pools[kv->pool_of[il]];
     view->type = kv->p.type;
+    view->type_v = kv->p.type_v;
     view->block_size = kv->p.block_size;
     view->k = pl->k + (size_t)kv->index_in[il] * pl->n_blocks * kv->block_bytes_k;
     view->v = pl->v + (size_t)kv->index_in[il] * pl->n_blocks * kv->block_bytes_v;
@@ -643,7 +652,7 @@ void bubo_kv_get_view(const bubo_kv *kv, int il, int seq, bubo_kv_view *view) {
     view->row_bytes_k = kv->row_bytes_k;
     view->row_bytes_v = kv->row_bytes_v;
     view->head_bytes_k = bubo_row_size(kv->p.type, kv->p.head_dim_k);
-    view->head_bytes_v = bubo_row_size(kv->p.type, kv->p.head_dim_v);
+    view->head_bytes_v = bubo_row_size(kv->p.type_v, kv->p.head_dim_v);
     view->table = table_of(kv, pl, seq);
 }
 

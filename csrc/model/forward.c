@@ -17,6 +17,7 @@
  * writes, residual adds) runs as one pool run split by token; attention as one run split by
  * (token, head). One token (decode) runs those small steps on the calling thread. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model_internal.h"
@@ -113,10 +114,9 @@ static void step_qkv(const void *vc, int32_t t) {
     m->ops->rope(q, 1, hp->n_head, hp->head_dim_k, &c->pos[t], &rope);
     m->ops->rope(k, 1, hp->n_head_kv, hp->head_dim_k, &c->pos[t], &rope);
 
-    const bubo_type kv_type = bubo_kv_get_params(c->kv)->type;
-    const bubo_from_float_fn store = bubo_get_from_float(kv_type);
-    store(k, bubo_kv_k_row(c->kv, c->il, c->seq_ids[t], c->pos[t]), nk);
-    store(v, bubo_kv_v_row(c->kv, c->il, c->seq_ids[t], c->pos[t]), nv);
+    const bubo_kv_params *kp = bubo_kv_get_params(c->kv);
+    bubo_get_from_float(kp->type)(k, bubo_kv_k_row(c->kv, c->il, c->seq_ids[t], c->pos[t]), nk);
+    bubo_get_from_float(kp->type_v)(v, bubo_kv_v_row(c->kv, c->il, c->seq_ids[t], c->pos[t]), nv);
 }
 
 /* x += [post_attn_norm](xb2); xb = rmsnorm(x, ffn_norm) */
@@ -182,6 +182,39 @@ static int attention_slices(const step_ctx *c, int nth) {
     return slices;
 }
 
+/* Token t's range of positions in layer c->il: [*begin, *end) (causal, cut by a sliding window). */
+static void token_range(const step_ctx *c, int32_t t, int32_t *begin, int32_t *end) {
+    const bubo_hparams *hp = &c->m->hp;
+    const int window = hp->is_swa[c->il] ? hp->sliding_window : 0;
+    *end = c->pos[t] + 1;
+    *begin = window > 0 && *end > window ? *end - window : 0;
+}
+
+/* Tokens t0 .. t1 - 1's query heads h0 .. h1 - 1 into q_att ([token][head] rows of q_att_stride
+ * bytes) as the cache's dot product takes them; an f16 cache also rounds the query to f16, as
+ * llama.cpp's f16 K x f32 Q product does. q_tmp: head_dim_k floats. */
+static void prepare_queries(const step_ctx *c, int32_t t0, int32_t t1, int h0, int h1, uint8_t *q_att, float *q_tmp) {
+    const bubo_model *m = c->m;
+    const bubo_hparams *hp = &m->hp;
+    const bubo_type kv_type = bubo_kv_get_params(c->kv)->type; /* K's: the queries meet K rows */
+    const bubo_from_float_fn to_q8 = bubo_type_get_traits(kv_type)->vec_dot_type == BUBO_TYPE_Q8_0
+                                         ? bubo_get_from_float(BUBO_TYPE_Q8_0) : NULL;
+    for (int32_t t = t0; t < t1; t++)
+        for (int h = h0; h < h1; h++) {
+            const float *q = m->s.q + ((size_t)t * hp->n_head + h) * hp->head_dim_k;
+            uint8_t *qa = q_att + ((size_t)(t - t0) * (h1 - h0) + (h - h0)) * m->s.q_att_stride;
+            float *q_f32 = (float *)qa;
+            if (to_q8) {
+                for (int j = 0; j < hp->head_dim_k; j++) q_tmp[j] = q[j] * hp->q_scale;
+                to_q8(q_tmp, qa, hp->head_dim_k);
+            } else if (kv_type == BUBO_TYPE_F16) {
+                for (int j = 0; j < hp->head_dim_k; j++) q_f32[j] = bubo_f16_to_f32(bubo_f32_to_f16(q[j] * hp->q_scale));
+            } else {
+                for (int j = 0; j < hp->head_dim_k; j++) q_f32[j] = q[j] * hp->q_scale;
+            }
+        }
+}
+
 static void attention_share(void *vctx, int ith, int nth) {
     const step_ctx *c = vctx;
     const bubo_model *m = c->m;
@@ -190,12 +223,8 @@ static void attention_share(void *vctx, int ith, int nth) {
     const int slices = attention_slices(c, bubo_pool_n_threads(m->pool));
     const int tile_tokens = attention_tile(c);
     const int64_t n_items = attention_tiles(c) * hp->n_head_kv * slices;
-    const bubo_type kv_type = bubo_kv_get_params(c->kv)->type;
-    const int window = hp->is_swa[c->il] ? hp->sliding_window : 0;
     uint8_t *q_att = m->s.q_att + (size_t)ith * ATTN_TILE_TOKENS * group * m->s.q_att_stride; /* [tile][group] */
     float *scratch = m->s.v_tmp + (size_t)ith * bubo_attend_scratch_floats(ATTN_TILE_TOKENS, group, hp->head_dim_k, hp->head_dim_v);
-    float *q_tmp = scratch; /* free until attend */
-    const bubo_from_float_fn to_q8 = kv_type == BUBO_TYPE_Q8_0 ? bubo_get_from_float(BUBO_TYPE_Q8_0) : NULL;
     int32_t begin[ATTN_TILE_TOKENS], end[ATTN_TILE_TOKENS];
 
     /* items are dealt round-robin: a causal prompt's later tiles cost more than its first ones */
@@ -207,25 +236,8 @@ static void attention_share(void *vctx, int ith, int nth) {
         const int32_t t_end = (tile + 1) * tile_tokens < c->n ? (tile + 1) * tile_tokens : c->n;
         for (int32_t t0 = tile * tile_tokens, t1; t0 < t_end; t0 = t1) {
             for (t1 = t0 + 1; t1 < t_end && c->seq_ids[t1] == c->seq_ids[t0];) t1++; /* a run of one sequence */
-            for (int32_t t = t0; t < t1; t++) {
-                end[t - t0] = c->pos[t] + 1;
-                begin[t - t0] = window > 0 && end[t - t0] > window ? end[t - t0] - window : 0;
-                for (int h = h0; h < h1; h++) {
-                    const float *q = m->s.q + ((size_t)t * hp->n_head + h) * hp->head_dim_k;
-                    uint8_t *qa = q_att + ((size_t)(t - t0) * n_q + (h - h0)) * m->s.q_att_stride;
-                    float *q_f32 = (float *)qa;
-                    /* the query as the cache's dot product takes it; an f16 cache also rounds the
-                     * query to f16, as llama.cpp's f16 K x f32 Q product does */
-                    if (to_q8) {
-                        for (int j = 0; j < hp->head_dim_k; j++) q_tmp[j] = q[j] * hp->q_scale;
-                        to_q8(q_tmp, qa, hp->head_dim_k);
-                    } else if (kv_type == BUBO_TYPE_F16) {
-                        for (int j = 0; j < hp->head_dim_k; j++) q_f32[j] = bubo_f16_to_f32(bubo_f32_to_f16(q[j] * hp->q_scale));
-                    } else {
-                        for (int j = 0; j < hp->head_dim_k; j++) q_f32[j] = q[j] * hp->q_scale;
-                    }
-                }
-            }
+            for (int32_t t = t0; t < t1; t++) token_range(c, t, &begin[t - t0], &end[t - t0]);
+            prepare_queries(c, t0, t1, h0, h1, q_att, scratch /* free until attend */);
             bubo_kv_view view;
             bubo_kv_get_view(c->kv, c->il, c->seq_ids[t0], &view);
             bubo_attend_paged(&view, kv_head, hp->head_dim_k, hp->head_dim_v, t1 - t0, begin, end, n_q, q_att,
@@ -233,6 +245,81 @@ static void attention_share(void *vctx, int ith, int nth) {
                               m->s.att + ((size_t)t0 * hp->n_head + h0) * hp->head_dim_v,
                               (size_t)hp->n_head * hp->head_dim_v, scratch);
         }
+    }
+}
+
+/* ---- attention at depth: one token's positions split over the threads ------------------------- */
+
+/* A decode step (one token per item) whose tokens reach past one chunk of positions
+ * (BUBO_ATTEND_CHUNK) splits each token's positions: every (token, KV head, chunk) computes its
+ * chunk's partial into s.att_part, and after a barrier every (token, KV head) merges its partials
+ * in position order. bubo_attend_paged runs the same chunks and the same merge in one call, so a
+ * token's result has the same bits either way: alone, batched, in a prompt, split or not. */
+
+/* The most chunks any token of the step spans in layer c->il (0: no split). */
+static int32_t attention_chunks(const step_ctx *c, int nth) {
+    if (nth < 2 || attention_tile(c) != 1) return 0;
+    int32_t most = 0;
+    for (int32_t t = 0; t < c->n; t++) {
+        int32_t b, e;
+        token_range(c, t, &b, &e);
+        const int32_t n = (e - 1) / BUBO_ATTEND_CHUNK - b / BUBO_ATTEND_CHUNK + 1;
+        if (n > most) most = n;
+    }
+    return most > 1 ? most : 0;
+}
+
+static size_t att_part_floats(const bubo_hparams *hp, int32_t n, int32_t n_chunks) {
+    return (size_t)n * hp->n_head * (size_t)n_chunks * ((size_t)hp->head_dim_v + 2);
+}
+
+typedef struct {
+    const step_ctx *c;
+    int32_t n_chunks;
+} split_ctx;
+
+static void attention_split_share(void *vctx, int ith, int nth) {
+    const split_ctx *sc = vctx;
+    const step_ctx *c = sc->c;
+    const bubo_model *m = c->m;
+    const bubo_hparams *hp = &m->hp;
+    const int group = hp->n_head / hp->n_head_kv, hdv = hp->head_dim_v;
+    const size_t part = (size_t)group * ((size_t)hdv + 2); /* one partial: out [group][hdv], m, l */
+    uint8_t *q_att = m->s.q_att + (size_t)ith * ATTN_TILE_TOKENS * group * m->s.q_att_stride;
+    float *scratch = m->s.v_tmp + (size_t)ith * bubo_attend_scratch_floats(ATTN_TILE_TOKENS, group, hp->head_dim_k, hdv);
+    const int64_t n_items = (int64_t)c->n * hp->n_head_kv * sc->n_chunks;
+    for (int64_t item = ith; item < n_items; item += nth) {
+        const int32_t t = (int32_t)(item / ((int64_t)hp->n_head_kv * sc->n_chunks));
+        const int kv_head = (int)(item / sc->n_chunks % hp->n_head_kv);
+        const int32_t ci = (int32_t)(item % sc->n_chunks);
+        float *out = m->s.att_part + (size_t)item * part, *pm = out + (size_t)group * hdv, *pl = pm + group;
+        int32_t b, e;
+        token_range(c, t, &b, &e);
+        const int32_t chunk = b / BUBO_ATTEND_CHUNK + ci;
+        if (chunk > (e - 1) / BUBO_ATTEND_CHUNK) {
+            for (int h = 0; h < group; h++) pm[h] = -INFINITY; /* past the token's positions */
+            continue;
+        }
+        prepare_queries(c, t, t + 1, kv_head * group, (kv_head + 1) * group, q_att, scratch);
+        bubo_kv_view view;
+        bubo_kv_get_view(c->kv, c->il, c->seq_ids[t], &view);
+        bubo_attend_partial(&view, kv_head, hp->head_dim_k, hdv, 1, &b, &e, chunk, group, q_att, m->s.q_att_stride,
+                            hp->kq_scale, pm, pl, out, 0, scratch);
+    }
+    bubo_pool_barrier(m->pool);
+    const int64_t n_merges = (int64_t)c->n * hp->n_head_kv;
+    for (int64_t item = ith; item < n_merges; item += nth) {
+        const int32_t t = (int32_t)(item / hp->n_head_kv);
+        const int kv_head = (int)(item % hp->n_head_kv);
+        float *out = m->s.att + ((size_t)t * hp->n_head + (size_t)kv_head * group) * hdv;
+        float *ml = scratch; /* the running max and sum of the group's heads */
+        for (int h = 0; h < group; h++) ml[h] = -INFINITY, ml[group + h] = 0.0f;
+        for (int32_t ci = 0; ci < sc->n_chunks; ci++) {
+            const float *po = m->s.att_part + (size_t)(item * sc->n_chunks + ci) * part;
+            const float *pm = po + (size_t)group * hdv;
+            bubo_attend_merge(1, group, hdv, ml, ml + group, out, 0, pm, pm + group, po, 0);
+        }
+        bubo_attend_normalize(1, group, hdv, ml + group, out, 0);
     }
 }
 
@@ -254,8 +341,18 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
             (st = matmul(m, &l->wv, s->xb, n, s->v, err)))
             return st;
         run_tokens(c, step_qkv);
-        if (attention_tiles(c) * hp->n_head_kv * attention_slices(c, bubo_pool_n_threads(m->pool)) == 1 ||
-            bubo_pool_n_threads(m->pool) == 1)
+        const int nth = bubo_pool_n_threads(m->pool);
+        split_ctx split = {c, attention_chunks(c, nth)};
+        if (split.n_chunks && att_part_floats(hp, n, split.n_chunks) > s->att_part_floats) {
+            const size_t want = att_part_floats(hp, n, split.n_chunks);
+            float *grown = realloc(s->att_part, want * sizeof(float));
+            if (!grown) return bubo_set_err(err, BUBO_ERR_NOMEM, "out of memory for attention at depth");
+            s->att_part = grown;
+            s->att_part_floats = want;
+        }
+        if (split.n_chunks)
+            bubo_pool_run(m->pool, attention_split_share, &split);
+        else if (attention_tiles(c) * hp->n_head_kv * attention_slices(c, nth) == 1 || nth == 1)
             attention_share(c, 0, 1);
         else
             bubo_pool_run(m->pool, attention_share, c);

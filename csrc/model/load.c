@@ -425,7 +425,7 @@ void bubo_model_free(bubo_model *m) {
     free(m->w.rope_freqs);
     bubo_run_state *s = &m->s;
     void *bufs[] = {s->x, s->xb, s->xb2, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->mm_scratch, s->q_att, s->v_tmp,
-                    s->embd_rows};
+                    s->embd_rows, s->att_part};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     bubo_gguf_close(m->gguf);
     free(m->path);
@@ -465,7 +465,7 @@ void bubo_model_kv_params(const bubo_model *m, bubo_kv_params *p) {
     p->n_ctx = m->hp.n_ctx_train;
     p->n_seq_max = 1;
     p->block_size = 32;
-    p->type = BUBO_TYPE_F16;
+    p->type = p->type_v = BUBO_TYPE_F16;
     /* decode appends at most one chunk per sequence at a time */
     p->n_batch = BUBO_MODEL_MAX_BATCH;
     if (m->hp.sliding_window > 0)

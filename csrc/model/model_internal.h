@@ -69,6 +69,8 @@ typedef struct {
     size_t q_att_stride;
     float *v_tmp;         /* (n_threads, bubo_attend_scratch_floats(ATTN_TILE_TOKENS, group, head_dim_k, head_dim_v)) attention scratch */
     uint8_t *embd_rows;   /* (B, token_embd row bytes) rows rebuilt from a prepacked token_embd, or NULL */
+    float *att_part;      /* (tokens, n_head, chunks, head_dim_v + 2) attention partials of a decode step at depth, grown as needed */
+    size_t att_part_floats;
 } bubo_run_state;
 
 struct bubo_model {

@@ -15,9 +15,17 @@
  * matters more than it seems: these quantized models amplify a last-bit difference in layer 0
  * into logit changes of ~1 (measured on smollm2:135m) through the int8 activation blocks.
  *
+ * Chunks. The positions are also cut into chunks of BUBO_ATTEND_CHUNK, aligned the same way: each
+ * chunk's softmax runs from a fresh state (its own max, sum and weighted V sum: a "partial"), and
+ * a token's partials are merged in ascending chunk order (bubo_attend_merge), then normalized. A
+ * decode step at depth computes the chunks of one token on different threads and merges them
+ * after (model/forward.c); a prompt runs them one after the other here: the same operations in the
+ * same order, so the same bits. Within one chunk (contexts up to 1024) nothing is merged.
+ *
  * K rows: an f16 or f32 row is widened once and dotted with every query by the level's scores
- * kernel (one order of summation for all levels); a q8_0 row goes through the kernel table's
- * q8_0 x q8_0 vec_dot. V rows are widened once per group by the storage type's to_float.
+ * kernel (one order of summation for all levels); a q8_0 or q4_0 row goes through the kernel
+ * table's vec_dot against q8_0 queries. V rows (their own storage type, view->type_v) are widened
+ * once per group by that type's to_float.
  * The group step (exp, max, sum, rescale, the weighted sum of V) has a scalar, AVX2, AVX-512 and
  * NEON variant; all sum the 16 lanes in the same tree order (i + 8, then + 4, + 2, + 1) and
  * accumulate V and merge the sums with fused multiply-adds (written out: gnu11 lets the compiler
@@ -305,14 +313,15 @@ static attend_level level_for_isa(bubo_isa isa) {
 }
 
 /* f16 and f32 K rows are widened once per position and dotted by the level's scores kernel with
- * every query; q8_0 rows (and head sizes off the 16 lanes) go through the storage type's vec_dot.
+ * every query; q8_0 and q4_0 rows (and head sizes off the 16 lanes) go through the storage type's vec_dot.
  * The choice depends on the cache type and head size only, never on the batch. */
 static int widen_k(const bubo_kv_view *view, int head_dim_k) {
     return (view->type == BUBO_TYPE_F16 || view->type == BUBO_TYPE_F32) && head_dim_k % G == 0;
 }
 
 size_t bubo_attend_scratch_floats(int n_tok, int n_q, int head_dim_k, int head_dim_v) {
-    return (size_t)G * head_dim_v + (size_t)n_tok * n_q * (G + 2) + G + head_dim_k;
+    const size_t n_rows = (size_t)n_tok * n_q;
+    return (size_t)G * head_dim_v + n_rows * (G + 2) + G + head_dim_k + n_rows * ((size_t)head_dim_v + 2);
 }
 
 /* Token t's lanes of the group at g0: [*lo, *hi), empty when *lo >= *hi. */
@@ -321,25 +330,28 @@ static inline void token_lanes(int32_t g0, int32_t begin, int32_t end, int *lo, 
     *hi = end < g0 + G ? (end > g0 ? end - g0 : 0) : G;
 }
 
-void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v,
-                           int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q,
-                           size_t q_stride, float kq_scale, float *out, size_t out_tok_stride, float *scratch) {
+/* The partial of every token over positions [from, to) (cut to its own range), from a fresh state:
+ * m, l [n_rows] and out unnormalized; a token with no position there keeps m = -inf, l = 0, out 0.
+ * scratch: the first part of bubo_attend_scratch_floats (all but the chunk partial's rows). */
+static void attend_range(const attend_level *level, const bubo_kv_view *view, int kv_head, int head_dim_k,
+                         int head_dim_v, int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int32_t from,
+                         int32_t to, int n_q, const void *q, size_t q_stride, float kq_scale, float *m, float *l,
+                         float *out, size_t out_tok_stride, float *scratch) {
     const bubo_vec_dot_fn vec_dot = bubo_get_vec_dot(view->type);
-    const bubo_to_float_fn to_float = bubo_get_to_float(view->type);
-    const attend_level level = level_for_isa(isa);
+    const bubo_to_float_fn to_float_k = bubo_get_to_float(view->type), to_float = bubo_get_to_float(view->type_v);
     const int widen = widen_k(view, head_dim_k);
     const int bs = view->block_size;
     const int n_rows = n_tok * n_q; /* row t * n_q + h: token t, head h */
 
-    float *vrows = scratch;                               /* [G][head_dim_v] the group's V rows, widened */
-    float *scores = vrows + (size_t)G * head_dim_v;       /* [n_rows][G] */
-    float *m = scores + (size_t)n_rows * G, *l = m + n_rows; /* [n_rows] running max and sum */
-    float *p = l + n_rows;                                /* [G] */
-    float *k_f32 = p + G;                                 /* [head_dim_k] one K row, widened */
-    int32_t first = kv_begin[0], last = kv_end[0];
+    float *vrows = scratch;                         /* [G][head_dim_v] the group's V rows, widened */
+    float *scores = vrows + (size_t)G * head_dim_v; /* [n_rows][G] */
+    float *p = scores + (size_t)n_rows * G + 2 * (size_t)n_rows; /* [G] (after the m, l the layout keeps) */
+    float *k_f32 = p + G;                           /* [head_dim_k] one K row, widened */
+    int32_t first = to, last = from;
     for (int t = 0; t < n_tok; t++) {
-        if (kv_begin[t] < first) first = kv_begin[t];
-        if (kv_end[t] > last) last = kv_end[t];
+        const int32_t b = kv_begin[t] > from ? kv_begin[t] : from, e = kv_end[t] < to ? kv_end[t] : to;
+        if (b < e && b < first) first = b;
+        if (b < e && e > last) last = e;
         for (int h = 0; h < n_q; h++) {
             m[t * n_q + h] = -INFINITY;
             l[t * n_q + h] = 0.0f;
@@ -352,7 +364,7 @@ void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, 
         int glo = G, ghi = 0; /* the lanes some token attends to */
         for (int t = 0; t < n_tok; t++) {
             int lo, hi;
-            token_lanes(g0, kv_begin[t], kv_end[t], &lo, &hi);
+            token_lanes(g0, kv_begin[t] > from ? kv_begin[t] : from, kv_end[t] < to ? kv_end[t] : to, &lo, &hi);
             if (lo < hi && lo < glo) glo = lo;
             if (lo < hi && hi > ghi) ghi = hi;
         }
@@ -361,45 +373,122 @@ void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, 
             const size_t block = (size_t)view->table[pos / bs], slot = (size_t)(pos % bs);
             const uint8_t *k = view->k + block * view->block_bytes_k + slot * view->row_bytes_k + (size_t)kv_head * view->head_bytes_k;
             const uint8_t *v = view->v + block * view->block_bytes_v + slot * view->row_bytes_v + (size_t)kv_head * view->head_bytes_v;
-            if (widen) to_float(k, k_f32, head_dim_k);
+            if (widen) to_float_k(k, k_f32, head_dim_k);
             for (int t = 0; t < n_tok; t++) {
                 if (pos < kv_begin[t] || pos >= kv_end[t]) continue;
                 const uint8_t *qt = (const uint8_t *)q + (size_t)t * n_q * q_stride;
                 if (widen) {
-                    level.scores(head_dim_k, k_f32, (const float *)qt, q_stride / sizeof(float), n_q, kq_scale,
-                                 scores + (size_t)t * n_q * G + i, G);
+                    level->scores(head_dim_k, k_f32, (const float *)qt, q_stride / sizeof(float), n_q, kq_scale,
+                                  scores + (size_t)t * n_q * G + i, G);
                     continue;
                 }
                 for (int h = 0; h < n_q; h++) {
-                    float s;
-                    vec_dot(head_dim_k, &s, k, qt + (size_t)h * q_stride);
-                    scores[(size_t)(t * n_q + h) * G + i] = s * kq_scale;
+                    float sc;
+                    vec_dot(head_dim_k, &sc, k, qt + (size_t)h * q_stride);
+                    scores[(size_t)(t * n_q + h) * G + i] = sc * kq_scale;
                 }
             }
             to_float(v, vrows + (size_t)i * head_dim_v, head_dim_v);
         }
         for (int t = 0; t < n_tok; t++) {
-            token_lanes(g0, kv_begin[t], kv_end[t], &g.lo, &g.hi);
+            token_lanes(g0, kv_begin[t] > from ? kv_begin[t] : from, kv_end[t] < to ? kv_end[t] : to, &g.lo, &g.hi);
             if (g.lo >= g.hi) continue;
             g.scores = scores + (size_t)t * n_q * G;
             g.m = m + t * n_q;
             g.l = l + t * n_q;
             g.out = out + (size_t)t * out_tok_stride;
-            level.group(&g);
+            level->group(&g);
         }
     }
-    for (int r = 0; r < n_rows; r++) {
+}
+
+void bubo_attend_merge(int n_tok, int n_q, int head_dim_v, float *m, float *l, float *out, size_t out_tok_stride,
+                       const float *pm, const float *pl, const float *pout, size_t pout_tok_stride) {
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < n_q; h++) {
+            const int r = t * n_q + h;
+            if (pm[r] == -INFINITY) continue; /* no position of this token in the partial */
+            float *o = out + (size_t)t * out_tok_stride + (size_t)h * head_dim_v;
+            const float *po = pout + (size_t)t * pout_tok_stride + (size_t)h * head_dim_v;
+            if (m[r] == -INFINITY) { /* the first partial: taken as it is */
+                m[r] = pm[r];
+                l[r] = pl[r];
+                for (int j = 0; j < head_dim_v; j++) o[j] = po[j];
+                continue;
+            }
+            const float m_new = fmaxf(m[r], pm[r]);
+            const float a = m[r] < m_new ? vm_exp_lanewise(m[r] - m_new) : 1.0f;
+            const float b = pm[r] < m_new ? vm_exp_lanewise(pm[r] - m_new) : 1.0f;
+            m[r] = m_new;
+            l[r] = fmaf(l[r], a, pl[r] * b);
+            for (int j = 0; j < head_dim_v; j++) o[j] = fmaf(o[j], a, po[j] * b);
+        }
+}
+
+void bubo_attend_normalize(int n_tok, int n_q, int head_dim_v, const float *l, float *out, size_t out_tok_stride) {
+    for (int r = 0; r < n_tok * n_q; r++) {
         const float inv_l = 1.0f / l[r];
         float *o = out + (size_t)(r / n_q) * out_tok_stride + (size_t)(r % n_q) * head_dim_v;
         for (int j = 0; j < head_dim_v; j++) o[j] *= inv_l;
     }
 }
 
+void bubo_attend_partial_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v,
+                             int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int32_t chunk, int n_q,
+                             const void *q, size_t q_stride, float kq_scale, float *m, float *l, float *out,
+                             size_t out_tok_stride, float *scratch) {
+    const attend_level level = level_for_isa(isa);
+    attend_range(&level, view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, chunk * BUBO_ATTEND_CHUNK,
+                 (chunk + 1) * BUBO_ATTEND_CHUNK, n_q, q, q_stride, kq_scale, m, l, out, out_tok_stride, scratch);
+}
+
+void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v,
+                           int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q,
+                           size_t q_stride, float kq_scale, float *out, size_t out_tok_stride, float *scratch) {
+    const attend_level level = level_for_isa(isa);
+    const int n_rows = n_tok * n_q;
+    float *m = scratch + (size_t)G * head_dim_v + (size_t)n_rows * G, *l = m + n_rows; /* the running max and sum */
+    float *part = scratch + bubo_attend_scratch_floats(n_tok, n_q, head_dim_k, head_dim_v) -
+                  (size_t)n_rows * ((size_t)head_dim_v + 2); /* one chunk's partial: out [n_rows][hdv], m, l */
+    float *pm = part + (size_t)n_rows * head_dim_v, *pl = pm + n_rows;
+    int32_t first = kv_begin[0], last = kv_end[0];
+    for (int t = 1; t < n_tok; t++) {
+        if (kv_begin[t] < first) first = kv_begin[t];
+        if (kv_end[t] > last) last = kv_end[t];
+    }
+    const int32_t c0 = first / BUBO_ATTEND_CHUNK, c1 = (last - 1) / BUBO_ATTEND_CHUNK;
+    if (c0 == c1) { /* one chunk: its partial is the result, before normalizing */
+        attend_range(&level, view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, c0 * BUBO_ATTEND_CHUNK,
+                     (c0 + 1) * BUBO_ATTEND_CHUNK, n_q, q, q_stride, kq_scale, m, l, out, out_tok_stride, scratch);
+    } else {
+        for (int r = 0; r < n_rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
+        for (int32_t c = c0; c <= c1; c++) {
+            attend_range(&level, view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, c * BUBO_ATTEND_CHUNK,
+                         (c + 1) * BUBO_ATTEND_CHUNK, n_q, q, q_stride, kq_scale, pm, pl, part,
+                         (size_t)n_q * head_dim_v, scratch);
+            bubo_attend_merge(n_tok, n_q, head_dim_v, m, l, out, out_tok_stride, pm, pl, part, (size_t)n_q * head_dim_v);
+        }
+    }
+    bubo_attend_normalize(n_tok, n_q, head_dim_v, l, out, out_tok_stride);
+}
+
+static bubo_isa attend_best(void) {
+    static bubo_isa best = BUBO_ISA_COUNT; /* a benign race: every thread stores the same value */
+    if (best == BUBO_ISA_COUNT) best = bubo_cpu_best_isa();
+    return best;
+}
+
 void bubo_attend_paged(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int n_tok,
                        const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q, size_t q_stride,
                        float kq_scale, float *out, size_t out_tok_stride, float *scratch) {
-    static bubo_isa best = BUBO_ISA_COUNT; /* a benign race: every thread stores the same value */
-    if (best == BUBO_ISA_COUNT) best = bubo_cpu_best_isa();
-    bubo_attend_paged_isa(best, view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, n_q, q, q_stride,
-                          kq_scale, out, out_tok_stride, scratch);
+    bubo_attend_paged_isa(attend_best(), view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, n_q, q,
+                          q_stride, kq_scale, out, out_tok_stride, scratch);
+}
+
+void bubo_attend_partial(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int n_tok,
+                         const int32_t *kv_begin, const int32_t *kv_end, int32_t chunk, int n_q, const void *q,
+                         size_t q_stride, float kq_scale, float *m, float *l, float *out, size_t out_tok_stride,
+                         float *scratch) {
+    bubo_attend_partial_isa(attend_best(), view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, chunk, n_q,
+                            q, q_stride, kq_scale, m, l, out, out_tok_stride, scratch);
 }

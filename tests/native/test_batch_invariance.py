@@ -144,3 +144,45 @@ def test_smollm2_logits_do_not_depend_on_chunking():
     whole = run([100])
     assert np.array_equal(bits(run([1] * 100)), bits(whole))
     assert np.array_equal(bits(run([37, 37, 26])), bits(whole))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_attention_split_over_threads_is_the_same_bits(tmp_path, arch):
+    """Past one chunk of positions (BUBO_ATTEND_CHUNK), a decode step splits each token's
+    positions over the threads and merges the chunks' partials in position order; a prompt runs
+    the same chunks in one call. A 2,600-token sequence (3 chunks; gemma3's local layers have a
+    window of 8, which crosses chunk ends too): its last 40 tokens' logits from the whole prompt in
+    one batch, decoded one at a time on 2 threads (split), on 1 thread (not split), and two at a
+    time beside another sequence at another depth, are the same bits."""
+    chunk = _ops.ATTEND_CHUNK
+    n, tail = 2600, 40
+    assert n - tail > 2 * chunk
+    # F32 weights: no int8 activation blocks that could hide a last-bit difference of the attention
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, n_ctx=4096, types="F32")
+    two, one = Model(path, n_threads=2), Model(path, n_threads=1)
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, two.n_vocab, n).astype(np.int32)
+    other = rng.integers(0, two.n_vocab, n).astype(np.int32)
+
+    whole = two.decode(KVCache(two, n_ctx=n), tokens, np.arange(n), np.zeros(n), np.ones(n, bool))[-tail:]
+
+    def one_by_one(model):
+        kv = KVCache(model, n_ctx=n)
+        model.decode(kv, tokens[:n - tail], np.arange(n - tail), np.zeros(n - tail), np.zeros(n - tail, bool))
+        return np.concatenate([model.decode(kv, tokens[i:i + 1], np.array([i]), np.zeros(1), np.ones(1, bool))
+                               for i in range(n - tail, n)])
+
+    assert np.array_equal(bits(one_by_one(two)), bits(whole))
+    assert np.array_equal(bits(one_by_one(one)), bits(whole))
+    # two sequences per step: this one and another 1,500 positions behind it
+    kv = KVCache(two, n_ctx=2 * n, n_seq_max=2)  # (the blocks of both sequences)
+    two.decode(kv, tokens[:n - tail], np.arange(n - tail), np.zeros(n - tail), np.zeros(n - tail, bool))
+    lag = 1500
+    two.decode(kv, other[:n - tail - lag], np.arange(n - tail - lag), np.ones(n - tail - lag),
+               np.zeros(n - tail - lag, bool))
+    rows = [two.decode(kv, np.array([tokens[i], other[i - lag]]), np.array([i, i - lag]), np.array([0, 1]),
+                       np.ones(2, bool)) for i in range(n - tail, n)]
+    assert np.array_equal(bits(np.stack([r[0] for r in rows])), bits(whole))
+    alone = two.decode(KVCache(two, n_ctx=n), other[:n - lag], np.arange(n - lag), np.zeros(n - lag),
+                       np.ones(n - lag, bool))[-tail:]
+    assert np.array_equal(bits(np.stack([r[1] for r in rows])), bits(alone))

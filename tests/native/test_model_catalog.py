@@ -247,8 +247,12 @@ def test_bad_arguments(smollm):
         smollm.decode(kv, [1], [0], [3], [True])
     with pytest.raises(ValueError, match="truncate"):
         kv.truncate(0, 5)
-    with pytest.raises(ValueError, match="KV cache type"):
-        KVCache(smollm, n_ctx=16, type="q4_0")
+    with pytest.raises(ValueError, match="KV cache K type must be f16, f32, q8_0 or q4_0, not q4_1"):
+        KVCache(smollm, n_ctx=16, type="q4_1")
+    with pytest.raises(ValueError, match="KV cache V type must be f16, f32, q8_0 or q4_0, not q5_0"):
+        KVCache(smollm, n_ctx=16, type_v="q5_0")
+    with pytest.raises(ValueError, match="unknown KV cache type 'q9'"):
+        KVCache(smollm, n_ctx=16, type="q9")
     with pytest.raises(ValueError, match="block_size"):
         KVCache(smollm, n_ctx=16, block_size=0)
     other = Model(smollm.path, n_threads=1)

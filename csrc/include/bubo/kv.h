@@ -70,12 +70,13 @@ typedef struct {
     int n_layer;
     int64_t n_embd_k;   /* K row: n_head_kv * head_dim_k elements per token and layer */
     int64_t n_embd_v;   /* V row: n_head_kv * head_dim_v */
-    int64_t head_dim_k; /* a multiple of the storage type's block (32 for Q8_0) */
+    int64_t head_dim_k; /* a multiple of the storage type's block (32 for Q8_0 and Q4_0) */
     int64_t head_dim_v;
     int32_t n_ctx;      /* most tokens one sequence may hold; the pool has ceil(n_ctx / block_size) blocks */
     int n_seq_max;      /* sequence ids 0 .. n_seq_max-1 */
     int block_size;     /* tokens per block, 1 .. BUBO_KV_MAX_BLOCK_SIZE */
-    bubo_type type;     /* F16 (default), F32 or Q8_0 */
+    bubo_type type;     /* K rows: F16 (default), F32, Q8_0 or Q4_0 */
+    bubo_type type_v;   /* V rows: the same choices */
     int32_t swa_window; /* tokens a sliding-window layer sees (0: no such layers) */
     int32_t n_batch;    /* most tokens one append may add to one sequence when swa_window > 0 */
     int swa_full;       /* keep every block of the sliding-window layers too, in the global pool */
@@ -137,7 +138,8 @@ uint8_t *bubo_kv_v_row(bubo_kv *kv, int il, int seq, int32_t pos);
  * K row at k + table[i / block_size] * block_bytes_k + (i % block_size) * row_bytes_k. For a
  * sliding-window layer only the entries from the window's start on are valid. */
 typedef struct {
-    bubo_type type;
+    bubo_type type;   /* K rows */
+    bubo_type type_v; /* V rows */
     int block_size;
     const uint8_t *k, *v;           /* the layer's block pools */
     size_t block_bytes_k, block_bytes_v;

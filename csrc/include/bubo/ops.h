@@ -120,6 +120,10 @@ bubo_status bubo_prepacked_row(bubo_isa isa, bubo_type type, const void *packed,
 
 /* Positions are taken in groups of this many, aligned to absolute positions (see attention.c). */
 #define BUBO_ATTEND_GROUP 16
+/* and in chunks of this many, aligned the same way: each chunk's softmax is computed on its own
+ * and the chunks' partials merged in position order, so that a sequence's positions can be split
+ * over threads with the same result as in one run (see attention.c). */
+#define BUBO_ATTEND_CHUNK 1024
 
 /* For n_tok tokens of one sequence and, for each, n_q query heads h sharing KV head kv_head (GQA):
  *   out[t][h][0 .. head_dim_v) = softmax_i(kq_scale * dot(q[t][h], K_i)) . V_i
@@ -142,6 +146,24 @@ void bubo_attend_paged(const bubo_kv_view *view, int kv_head, int head_dim_k, in
 void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v,
                            int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q,
                            size_t q_stride, float kq_scale, float *out, size_t out_tok_stride, float *scratch);
+
+/* The same result in pieces, for splitting a sequence's positions over threads: the partial of
+ * chunk `chunk` (positions chunk * BUBO_ATTEND_CHUNK .. + BUBO_ATTEND_CHUNK - 1, cut to each
+ * token's range), unnormalized: m, l [n_tok * n_q] (row t * n_q + h) its running max and sum,
+ * out its weighted sum of V (-inf, 0 and zeros for a token with no position there). Merged into
+ * (m, l, out) (initially m = -inf) in ascending chunk order by bubo_attend_merge, then normalized
+ * by bubo_attend_normalize, these give bubo_attend_paged's bits exactly. */
+void bubo_attend_partial_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v,
+                             int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int32_t chunk, int n_q,
+                             const void *q, size_t q_stride, float kq_scale, float *m, float *l, float *out,
+                             size_t out_tok_stride, float *scratch);
+void bubo_attend_partial(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int n_tok,
+                         const int32_t *kv_begin, const int32_t *kv_end, int32_t chunk, int n_q, const void *q,
+                         size_t q_stride, float kq_scale, float *m, float *l, float *out, size_t out_tok_stride,
+                         float *scratch);
+void bubo_attend_merge(int n_tok, int n_q, int head_dim_v, float *m, float *l, float *out, size_t out_tok_stride,
+                       const float *pm, const float *pl, const float *pout, size_t pout_tok_stride);
+void bubo_attend_normalize(int n_tok, int n_q, int head_dim_v, const float *l, float *out, size_t out_tok_stride);
 
 #ifdef __cplusplus
 }
