@@ -245,23 +245,26 @@ def _parser() -> _ArgParser:
 
 
 def add_cache_type_flags(p: _ArgParser) -> None:
-    from bubo.engine.engine import KV_TYPES
+    from bubo.engine.engine import KV_TYPES, KV_TYPES_K
 
-    choices = ", ".join(KV_TYPES)
     p.add_flag("-ctk", "--cache-type-k", default=None, metavar="TYPE",
-               help=f"the KV cache's K rows stored as {choices} (default f16; q8_0 takes about half the memory)")
-    p.add_flag("-ctv", "--cache-type-v", default=None, metavar="TYPE", help=f"the V rows, likewise ({choices})")
+               help=f"the KV cache's K rows stored as {', '.join(KV_TYPES_K)} (default f16; q8_0 takes about half "
+                    "the memory)")
+    p.add_flag("-ctv", "--cache-type-v", default=None, metavar="TYPE",
+               help=f"the V rows, likewise: {', '.join(KV_TYPES)}")
 
 
 def check_cache_flags(args: argparse.Namespace) -> None:
     """ValueError naming -ctk/-ctv as given for a type the KV cache does not store."""
-    from bubo.engine.engine import KV_TYPES
+    from bubo.engine.engine import check_cache_type
 
     for dest, long in (("cache_type_k", "--cache-type-k"), ("cache_type_v", "--cache-type-v")):
         value = getattr(args, dest, None)
-        if value is not None and value not in KV_TYPES:
-            raise ValueError(f"{_given_as(args, dest, long, value)}: not a KV cache type here; give one of "
-                             f"{', '.join(KV_TYPES)}")
+        if value is not None:
+            try:
+                check_cache_type(value, "", k=dest == "cache_type_k")
+            except ValueError as e:
+                raise ValueError(f"{_given_as(args, dest, long, value)}:{str(e).split(':', 1)[1]}") from None
 
 
 def add_sampling_flags(p: _ArgParser, *, server: bool) -> None:

@@ -281,8 +281,8 @@ class Model:
     "qwen2.5-coder:1.5b"; or a DraftConfig); it never changes an answer (greedy or seeded: the
     same tokens and log-probabilities), only how many forward passes it takes. The generation
     calls' draft_max keyword sets it per call (0: no drafting for that call). cache_type_k and
-    cache_type_v: how the KV cache stores K and V rows ("f16", "f32", "q8_0" or "q4_0"; q8_0
-    takes about half of f16's memory, for logits a little off f16's).
+    cache_type_v: how the KV cache stores K and V rows ("f16", "f32" or "q8_0", and "q4_0" for V;
+    q8_0 takes about half of f16's memory, for logits a little off f16's).
 
     A Model is a context manager: `with bubo.Model(...) as m:` closes it at the end of the
     block (close(): the native model and its KV cache are let go; later calls raise).
@@ -301,8 +301,8 @@ class Model:
                  cache_type_v: str = "f16"):
         from bubo.engine.engine import check_cache_type
 
-        check_cache_type(cache_type_k, "cache_type_k")
-        check_cache_type(cache_type_v, "cache_type_v")
+        check_cache_type(cache_type_k, "cache_type_k", k=True)
+        check_cache_type(cache_type_v, "cache_type_v", k=False)
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx <= 0:
             raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)

@@ -113,6 +113,30 @@ def test_bench_bad_repetitions(tmp_path):
     assert "-r must be at least 1" in line
 
 
+@pytest.mark.parametrize("args,why", [
+    (("-d", "-1"), "-d -1: the depth is a token count, 0 or more"),
+    (("-d", "9000", "-n", "8"), "-d 9000: the depth and the test (9513 tokens) pass the model's context (8192)"),
+    (("-ctk", "q4_0"), "--cache-type-k q4_0: K rows lose too much as q4_0"),
+    (("-ctv", "q5_1"), "--cache-type-v q5_1: not a KV cache type here; give one of f16, f32, q8_0, q4_0"),
+])
+def test_bench_bad_depth_and_cache_types(catalog_model, args, why):
+    catalog_model("smollm2:135m")
+    line = one_error_line(bubo("bench", "-m", "smollm2:135m", *args), "bench")
+    assert why in line, line
+
+
+@pytest.mark.parametrize("command", [("serve", "--port", "0"), ("run", "hi")])
+@pytest.mark.parametrize("flag,value,why", [
+    ("-ctk", "q4_0", "q4_0: K rows lose too much as q4_0"),
+    ("--cache-type-v", "bf16", "bf16: not a KV cache type here"),
+])
+def test_serve_and_run_refuse_cache_types_in_one_line(catalog_model, command, flag, value, why):
+    catalog_model("smollm2:135m")
+    line = one_error_line(bubo(command[0], "-m", "smollm2:135m", *command[1:], flag, value), command[0])
+    named = (flag, "--cache-type-" + flag[-1]) if flag.startswith("-ct") else (flag,)
+    assert why in line and any(f"{f} {why}" in line for f in named), line
+
+
 def test_markdown_table_has_llama_bench_shape():
     rows = [{"model": "llama 135M Q4_1", "model_size": 88_200_000, "model_n_params": 134_515_008,
              "backend": "CPU", "n_threads": 2, "test": "pp512", "avg_ts": 317.123, "stddev_ts": 2.5},

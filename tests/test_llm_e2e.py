@@ -50,6 +50,23 @@ def test_greedy_generate_matches_llamacpp(smollm2, case):
     assert "".join(smollm2.generate(case["prompt"], max_tokens=len(case["ids"]), temperature=0)) == c.text
 
 
+def test_quantized_cache_types_in_the_library(catalog_model):
+    """cache_type_k / cache_type_v: a q8_0 cache (K and V) and a q4_0 V cache generate, their
+    first greedy tokens those of the f16 cache here; q4_0 K rows and unknown types are refused."""
+    import bubo
+
+    prompt = CASES[0]["prompt"]
+    want = bubo.Model("smollm2:135m", n_ctx=256, n_threads=2).complete(prompt, max_tokens=8, temperature=0).tokens
+    for k, v in (("q8_0", "q8_0"), ("f16", "q4_0")):
+        with bubo.Model("smollm2:135m", n_ctx=256, n_threads=2, cache_type_k=k, cache_type_v=v) as m:
+            got = m.complete(prompt, max_tokens=8, temperature=0).tokens
+        assert got[:4] == want[:4], (k, v, got, want)
+    with pytest.raises(ValueError, match="cache_type_k q4_0: K rows lose too much"):
+        bubo.Model("smollm2:135m", cache_type_k="q4_0")
+    with pytest.raises(ValueError, match="cache_type_v q5_0: not a KV cache type here"):
+        bubo.Model("smollm2:135m", cache_type_v="q5_0")
+
+
 def test_stop_string_on_real_output(smollm2):
     prompt = CASES[0]["prompt"]
     full = smollm2.complete(prompt, max_tokens=32, temperature=0)
@@ -103,6 +120,19 @@ def test_cli_run_streams_what_the_api_generates(smollm2):
     p = _cli("run", "-m", "smollm2:135m", "-p", prompt, "--raw", "-n", "8", "--temp", "0", "-t", "2", "-c", "128")
     assert p.returncode == 0, p.stderr
     assert p.stdout == smollm2.complete(prompt, max_tokens=8, temperature=0).text + "\n"
+
+
+def test_cli_bench_at_depth_with_a_q8_0_cache(catalog_model):
+    p = _cli("bench", "-m", "smollm2:135m", "-p", "8", "-n", "4", "-d", "40", "-ctk", "q8_0", "-ctv", "q8_0", "-t", "2",
+             "-r", "1", "-o", "json")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert [r["test"] for r in rows] == ["pp8 @ d40", "tg4 @ d40"]
+    assert all(r["n_depth"] == 40 and r["type_k"] == r["type_v"] == "q8_0" and r["avg_ts"] > 0 for r in rows)
+    table = _cli("bench", "-m", "smollm2:135m", "-p", "0", "-n", "2", "-d", "8", "-ctv", "q4_0", "-r", "1")
+    assert table.returncode == 0, table.stderr
+    head, _, row = table.stdout.splitlines()[:3]
+    assert "| type_k | type_v |" in head and "| f16 | q4_0 |" in " ".join(row.split()) and "tg2 @ d8" in row
 
 
 def test_cli_bench_json(catalog_model):

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig
-from bubo.engine.engine import KV_TYPES, check_cache_type
+from bubo.engine.engine import check_cache_type
 from bubo.engine.registry import DEFAULT_NAME, EngineSettings, ModelSpec
 
 GLOBAL_SECTION = "*"
@@ -66,10 +66,12 @@ def _bool(v: str) -> bool:
     raise ValueError("expected true or false")
 
 
-def _cache_type(v: str) -> str:
-    if v.strip() not in KV_TYPES:
-        raise ValueError(f"expected one of {', '.join(KV_TYPES)}")
-    return v.strip()
+def _cache_type_k(v: str) -> str:
+    return check_cache_type(v.strip(), "K", k=True)
+
+
+def _cache_type_v(v: str) -> str:
+    return check_cache_type(v.strip(), "V", k=False)
 
 
 def _template(path: str) -> str:
@@ -89,8 +91,8 @@ _SETTING_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "ub": ("n_ubatch", _int(1)), "ubatch-size": ("n_ubatch", _int(1)),
     "queue-size": ("queue_size", _int(0)),
     "chat-template-file": ("chat_template", _template),
-    "ctk": ("cache_type_k", _cache_type), "cache-type-k": ("cache_type_k", _cache_type),
-    "ctv": ("cache_type_v", _cache_type), "cache-type-v": ("cache_type_v", _cache_type),
+    "ctk": ("cache_type_k", _cache_type_k), "cache-type-k": ("cache_type_k", _cache_type_k),
+    "ctv": ("cache_type_v", _cache_type_v), "cache-type-v": ("cache_type_v", _cache_type_v),
 }
 _SPEC_KEYS = {"m": "model", "model": "model", "a": "alias", "alias": "alias", "load-on-startup": "load-on-startup"}
 KNOWN_KEYS = sorted(set(_SETTING_KEYS) | set(_SPEC_KEYS))
@@ -195,7 +197,7 @@ def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0) -> dict[st
     for field, flag in (("cache_type_k", "--cache-type-k"), ("cache_type_v", "--cache-type-v")):
         if (value := getattr(args, field, None)) is not None:
             try:
-                given[field] = check_cache_type(value, flag)
+                given[field] = check_cache_type(value, flag, k=field == "cache_type_k")
             except ValueError as e:
                 raise ModelsConfigError(str(e)) from None
     if args.chat_template_file:

@@ -286,6 +286,12 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
+def _cache_types(eng: Any) -> str:
+    """" (K q8_0, V q4_0)" for a cache that is not f16 throughout."""
+    k, v = getattr(eng, "cache_type_k", "f16"), getattr(eng, "cache_type_v", "f16")
+    return "" if k == v == "f16" else f" (K {k}, V {v})"
+
+
 def _report(e: ModelEntry, router: bool) -> None:
     eng = e.engine
     who = f" {e.name}" if router else ""
@@ -295,7 +301,7 @@ def _report(e: ModelEntry, router: bool) -> None:
         drafts = (f"; drafts by {d.model} ({_mib(eng.draft_weights_bytes)})" if d is not None and d.model is not None
                   else "; drafts by prompt lookup" if d is not None else "")
         say(f"ready{who}: {eng.model_path}{took}; weights {_mib(eng.weights_bytes)}, "
-            f"KV cache {_mib(eng.kv_bytes)}{drafts}; "
+            f"KV cache {_mib(eng.kv_bytes)}{_cache_types(eng)}{drafts}; "
             f"context {eng.n_ctx} tokens (trained {eng.n_ctx_train}) shared by {eng.n_parallel} slots; "
             f"{eng.n_threads} threads", model=e.name, load_s=eng.load_s, weights_bytes=eng.weights_bytes,
             kv_bytes=eng.kv_bytes, n_ctx=eng.n_ctx, n_parallel=eng.n_parallel, n_threads=eng.n_threads)
