@@ -144,7 +144,8 @@ class FakeKV:
     sliding_window = 0  # no sliding-window layers: a rollback (speculative decoding) always works
     swa_full = True
 
-    def __init__(self, model, n_ctx, n_seq_max=1, block_size=32, type="f16", n_batch=512, swa_full=True):
+    def __init__(self, model, n_ctx, n_seq_max=1, block_size=32, type="f16", n_batch=512, swa_full=True,
+                 type_v=None):
         self.n_ctx = n_ctx
         self.tokens = []
 

@@ -19,6 +19,7 @@ from typing import Any
 from bubo.api import http, logs
 from bubo.api.config import ServerConfig, is_loopback
 from bubo.api.models_config import model_specs, served_name
+from bubo.engine.engine import Engine
 from bubo.engine.registry import ModelEntry, ModelStatus, Registry
 
 say = logs.say
@@ -286,9 +287,9 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
-def _cache_types(eng: Any) -> str:
+def _cache_types(eng: Engine) -> str:
     """" (K q8_0, V q4_0)" for a cache that is not f16 throughout."""
-    k, v = getattr(eng, "cache_type_k", "f16"), getattr(eng, "cache_type_v", "f16")
+    k, v = eng.cache_type_k, eng.cache_type_v
     return "" if k == v == "f16" else f" (K {k}, V {v})"
 
 

@@ -4,6 +4,8 @@ one-line errors are in tests/test_cli.py)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from .conftest import post_json, start_server
@@ -19,6 +21,9 @@ def test_a_server_with_a_quantized_cache_answers():
         with start_server(*flags, "-c", "512", "-np", "1") as s:
             s.wait_ready()
             status, _, r = post_json(s.url + "/completion", ASK)
+            deadline = time.monotonic() + 30  # the ready line comes from a watcher that polls
+            while not any("ready:" in line for line in s.log) and time.monotonic() < deadline:
+                time.sleep(0.05)
         assert status == 200 and r["content"], r
         answers.append(r)
         if flags:

@@ -210,7 +210,7 @@ def test_default_context_is_the_trained_one_capped_by_memory(monkeypatch):
 
     md = {"general.architecture": "llama", "llama.context_length": 8192, "llama.block_count": 30,
           "llama.attention.head_count": 9, "llama.attention.head_count_kv": 3, "llama.embedding_length": 576}
-    per_token = 2 * 30 * 3 * 64 * eng_mod.KV_BYTES_PER_VALUE  # K and V, f16
+    per_token = 2 * 30 * 3 * 64 * int(eng_mod.KV_TYPES["f16"])  # K and V, f16
     monkeypatch.setattr(eng_mod, "_available_memory", lambda: 1 << 40)
     assert eng_mod._context_size(md, None) == (8192, 8192)
     assert eng_mod._context_size(md, 1000) == (8192, 1000)
@@ -219,6 +219,8 @@ def test_default_context_is_the_trained_one_capped_by_memory(monkeypatch):
     # room for 3000 tokens in half the memory: rounded down to a multiple of 256
     monkeypatch.setattr(eng_mod, "_available_memory", lambda: int(3000 * per_token / eng_mod.KV_MEMORY_SHARE))
     assert eng_mod._context_size(md, None) == (8192, 2816)
+    # a q8_0 cache (K and V) takes 34/32 bytes a value: 5647 tokens fit
+    assert eng_mod._context_size(md, None, eng_mod.KV_TYPES["q8_0"]) == (8192, 5632)
 
 
 def test_cancel_from_another_greenlet_wakes_the_reader(engine):
