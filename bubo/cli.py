@@ -261,10 +261,7 @@ def check_cache_flags(args: argparse.Namespace) -> None:
     for dest, long in (("cache_type_k", "--cache-type-k"), ("cache_type_v", "--cache-type-v")):
         value = getattr(args, dest, None)
         if value is not None:
-            try:
-                check_cache_type(value, "", k=dest == "cache_type_k")
-            except ValueError as e:
-                raise ValueError(f"{_given_as(args, dest, long, value)}:{str(e).split(':', 1)[1]}") from None
+            check_cache_type(value, long, k=dest == "cache_type_k", given=_given_as(args, dest, long, value))
 
 
 def add_sampling_flags(p: _ArgParser, *, server: bool) -> None:

@@ -84,13 +84,15 @@ KV_TYPES: dict[str, float] = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32, "q4_0": 1
 KV_TYPES_K = ("f16", "f32", "q8_0")
 
 
-def check_cache_type(name: str, flag: str, k: bool) -> str:
-    """name if the KV cache stores K (k) or V rows as it, else ValueError naming flag and the choices."""
+def check_cache_type(name: str, flag: str, k: bool, given: str | None = None) -> str:
+    """name if the KV cache stores K (k) or V rows as it, else ValueError naming flag and the
+    choices (given: how the value was given, to say instead of "flag name")."""
+    given = given or f"{flag} {name}"
     if k and name == "q4_0":
-        raise ValueError(f"{flag} q4_0: K rows lose too much as q4_0 (the answers change: a mean KL-divergence "
+        raise ValueError(f"{given}: K rows lose too much as q4_0 (the answers change: a mean KL-divergence "
                          "of 0.2-1.9 against f16 on the catalog models); give f16, f32 or q8_0 (q4_0 is for V rows)")
     if name not in (KV_TYPES_K if k else KV_TYPES):
-        raise ValueError(f"{flag} {name}: not a KV cache type here; give one of "
+        raise ValueError(f"{given}: not a KV cache type here; give one of "
                          f"{', '.join(KV_TYPES_K if k else KV_TYPES)}")
     return name
 # slots: -np's default is as many as the context gives MIN_TOKENS_PER_SLOT each, at most

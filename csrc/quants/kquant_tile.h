@@ -286,6 +286,23 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
     kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, NULL, unpack);
 }
 
+/* A k-quant's prepack and its tile over prepacked groups, NAME_prepack_avx512 and
+ * NAME_tile_prepacked_avx512, from its kq_unpack_NAME_avx512 (a kq_unpack_fn), kq_compress_NAME
+ * (a kq_compress_fn) and kq_unpack_prepacked_NAME (a kq_unpack_prepacked_fn). */
+#define BUBO_PREPACKED_KQUANT(NAME, BLOCK)                                                                             \
+    BUBO_TARGET_AVX512 static void NAME##_prepack_avx512(const void *restrict x, size_t x_stride, int64_t rows, int n, \
+                                                         void *restrict dst) {                                        \
+        kq_prepack_avx512(x, x_stride, rows, n / QK_K, dst, sizeof(BLOCK), kq_unpack_##NAME##_avx512,                 \
+                          kq_compress_##NAME);                                                                        \
+    }                                                                                                                 \
+    BUBO_TARGET_AVX512 static void NAME##_tile_prepacked_avx512(int n, int n_rows, int n_tokens, float *restrict s,   \
+                                                                size_t s_stride, const void *restrict x,              \
+                                                                size_t x_stride, const void *restrict y,              \
+                                                                size_t y_stride) {                                    \
+        tile_kquant_prepacked_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(BLOCK),       \
+                                     kq_unpack_prepacked_##NAME);                                                     \
+    }
+
 /* One super-block's step of the chain kq_micro_avx512 runs in each lane, for the AVX-512 vec_dots:
  * isum is the total of 16 int32 lanes, msum of 8. Given the same exact integer sums, a vec_dot
  * gives each output the bits the tile gives it. */

@@ -334,17 +334,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_unpack_p
     p->dx = p->dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + Q6_K_PP_D)));
 }
 
-BUBO_TARGET_AVX512 static void q6_K_prepack_avx512(const void *restrict x, size_t x_stride, int64_t rows, int n,
-                                                   void *restrict dst) {
-    kq_prepack_avx512(x, x_stride, rows, n / QK_K, dst, sizeof(block_q6_K), kq_unpack_q6_K_avx512, kq_compress_q6_K);
-}
-
-BUBO_TARGET_AVX512 static void q6_K_tile_prepacked_avx512(int n, int n_rows, int n_tokens, float *restrict s,
-                                                          size_t s_stride, const void *restrict x, size_t x_stride,
-                                                          const void *restrict y, size_t y_stride) {
-    tile_kquant_prepacked_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K),
-                                 kq_unpack_prepacked_q6_K);
-}
+BUBO_PREPACKED_KQUANT(q6_K, block_q6_K)
 #endif /* BUBO_X86 */
 
 /* vec_dot looped over a tile, where no SIMD tile exists */
