@@ -22,10 +22,20 @@
  * after (model/forward.c); a prompt runs them one after the other here: the same operations in the
  * same order, so the same bits. Within one chunk (contexts up to 1024) nothing is merged.
  *
- * K rows: an f16 or f32 row is widened once and dotted with every query by the level's scores
- * kernel (one order of summation for all levels); a q8_0 or q4_0 row goes through the kernel
- * table's vec_dot against q8_0 queries. V rows (their own storage type, view->type_v) are widened
- * once per group by that type's to_float.
+ * Scores. A group's K rows are prepared once for every token and head that meets them (an f16 or
+ * f32 row widened; a q8_0 row's quants copied and its block scales spread over its 4-byte words),
+ * and the level's scores kernel gives each query head the group's 16 scores at once: per position
+ * a 16-lane vector of partial sums, then the 16 vectors reduced together, position p's lanes into
+ * lane p (a transpose as it adds: no horizontal sum per score). The lanes and the order of the
+ * adds are those of one scalar formula per position, so every level gives the same bits:
+ *   widened rows: lane l sums the products of elements l, l + 16, l + 32, l + 48 of each 64 as the
+ *   kernel table's AVX-512 f16 x f32 vec_dot (and ggml's) does, then the lanes in sum16_tree's order;
+ *   q8_0 rows against q8_0 queries: lane l of 64-element chunk c is word w = 16c + l, its integer
+ *   sum of 4 products exact, times (K scale x query scale) of its block, the chunks added with fused
+ *   multiply-adds; then the lanes in the same tree order.
+ * A q4_0 K row (or a head size the kernels do not take) goes through the kernel table's vec_dot,
+ * one score at a time. V rows (their own storage type, view->type_v) are widened once per group by
+ * that type's to_float.
  * The group step (exp, max, sum, rescale, the weighted sum of V) has a scalar, AVX2, AVX-512 and
  * NEON variant; all sum the 16 lanes in the same tree order (i + 8, then + 4, + 2, + 1) and
  * accumulate V and merge the sums with fused multiply-adds (written out: gnu11 lets the compiler
@@ -47,6 +57,32 @@ typedef struct {
     size_t out_stride;
 } attend_group;
 
+/* A group's K rows, prepared once for all the tokens and heads that meet them (see attend_range):
+ * widened rows kf [G][hdk], or a q8_0 row's quants kq [G][hdk] and each 4-byte word's block
+ * scale kw [G][hdk / 4]. Lanes past the group's positions hold rows of no meaning (finite) whose
+ * scores are never read. */
+typedef struct {
+    int hdk;
+    const float *kf;
+    const int8_t *kq;
+    const float *kw;
+} attend_keys;
+
+/* The 16 scores of a group for each of n_q query heads (rows q_stride bytes apart), times kq_scale:
+ * s [n_q][G]. */
+typedef void (*scores_fn)(const attend_keys *k, const uint8_t *q, size_t q_stride, int n_q, float kq_scale, float *s);
+
+/* A q8_0 query head's block scales, widened. */
+static inline float q8_scale(const uint8_t *q, int block) {
+    bubo_f16 d;
+    memcpy(&d, q + (size_t)block * sizeof(block_q8_0), sizeof d);
+    return bubo_f16_to_f32(d);
+}
+
+static inline const int8_t *q8_quants(const uint8_t *q, int block) {
+    return (const int8_t *)(q + (size_t)block * sizeof(block_q8_0) + sizeof(bubo_f16));
+}
+
 /* Running max of head h raised to m_new: the rescale factor of its old sum, or 1 for none.
  * A first group (m = -inf) has nothing to rescale. */
 static inline float group_rescale(const attend_group *g, int h, float m_new) {
@@ -64,15 +100,15 @@ static float sum16_tree(const float *p) {
     return (a[0] + a[2]) + (a[1] + a[3]);
 }
 
-/* Scores of a widened K row against n f32 queries (rows q_stride floats apart), for head_dim_k a
- * multiple of 16, summed as the kernel table's AVX-512 f16 x f32 vec_dot (and ggml's) sums:
+/* The score of one widened K row against n f32 queries (rows q_stride floats apart), for head_dim_k
+ * a multiple of 16, summed as the kernel table's AVX-512 f16 x f32 vec_dot (and ggml's) sums:
  * four accumulators of 16 lanes take the four 16-element chunks of each 64 elements, a chunk past
  * the last whole 64 goes to the first; then (acc0 + acc1) + (acc2 + acc3) lane by lane, and the
  * lanes in the tree order of sum16_tree. Every level keeps exactly these lanes and this order
  * with fused multiply-adds, so all give the same bits. (One long chain per lane moved gemma3's
  * greedy path off llama.cpp's in test_model_catalog: its scores are that sensitive.) */
-static void scores_scalar(int hdk, const float *k, const float *q, size_t q_stride, int n, float kq_scale,
-                          float *s, size_t s_stride) {
+static void score_row_scalar(int hdk, const float *k, const float *q, size_t q_stride, int n, float kq_scale,
+                             float *s, size_t s_stride) {
     for (int r = 0; r < n; r++) {
         const float *qr = q + (size_t)r * q_stride;
         float acc[4][G] = {{0}};
@@ -85,6 +121,37 @@ static void scores_scalar(int hdk, const float *k, const float *q, size_t q_stri
         float lanes[G];
         for (int l = 0; l < G; l++) lanes[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
         s[(size_t)r * s_stride] = sum16_tree(lanes) * kq_scale;
+    }
+}
+
+static void scores_scalar(const attend_keys *k, const uint8_t *q, size_t q_stride, int n_q, float kq_scale,
+                          float *s) {
+    for (int i = 0; i < G; i++)
+        score_row_scalar(k->hdk, k->kf + (size_t)i * k->hdk, (const float *)q, q_stride / sizeof(float), n_q, kq_scale,
+                         s + i, G);
+}
+
+/* q8_0 rows against q8_0 queries, head_dim_k a multiple of 64: the formula every level follows. */
+static void scores_q8_scalar(const attend_keys *k, const uint8_t *q, size_t q_stride, int n_q, float kq_scale,
+                             float *s) {
+    const int hdk = k->hdk, words = hdk / 4;
+    for (int h = 0; h < n_q; h++) {
+        const uint8_t *qh = q + (size_t)h * q_stride;
+        for (int i = 0; i < G; i++) {
+            const int8_t *kr = k->kq + (size_t)i * hdk;
+            const float *kw = k->kw + (size_t)i * words;
+            float lanes[G];
+            for (int c = 0; c < hdk / (4 * G); c++)
+                for (int l = 0; l < G; l++) {
+                    const int w = G * c + l, b = w / 8;
+                    const int8_t *qs = q8_quants(qh, b) + 4 * (w % 8);
+                    int32_t isum = 0;
+                    for (int j = 0; j < 4; j++) isum += (int32_t)qs[j] * kr[4 * w + j];
+                    const float sc = kw[w] * q8_scale(qh, b);
+                    lanes[l] = c == 0 ? (float)isum * sc : fmaf((float)isum, sc, lanes[l]);
+                }
+            s[(size_t)h * G + i] = sum16_tree(lanes) * kq_scale;
+        }
     }
 }
 
@@ -109,26 +176,82 @@ static void group_scalar(const attend_group *g) {
 /* ---- AVX2 ------------------------------------------------------------------------------------- */
 #if defined(BUBO_X86)
 
-BUBO_TARGET_AVX2 static void scores_avx2(int hdk, const float *k, const float *q, size_t q_stride, int n,
-                                          float kq_scale, float *s, size_t s_stride) {
-    for (int r = 0; r < n; r++) {
-        const float *qr = q + (size_t)r * q_stride;
-        __m256 acc[4][2]; /* [accumulator][lanes 0-7, 8-15] */
-        for (int u = 0; u < 4; u++) acc[u][0] = acc[u][1] = _mm256_setzero_ps();
-        int j0 = 0;
-        for (; j0 + 4 * G <= hdk; j0 += 4 * G)
-            for (int u = 0; u < 4; u++)
-                for (int h = 0; h < 2; h++) {
-                    const int j = j0 + G * u + 8 * h;
-                    acc[u][h] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + j), _mm256_loadu_ps(k + j), acc[u][h]);
-                }
-        for (; j0 < hdk; j0 += G)
-            for (int h = 0; h < 2; h++)
-                acc[0][h] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + j0 + 8 * h), _mm256_loadu_ps(k + j0 + 8 * h), acc[0][h]);
-        __m256 lanes[2];
-        for (int h = 0; h < 2; h++)
-            lanes[h] = _mm256_add_ps(_mm256_add_ps(acc[0][h], acc[1][h]), _mm256_add_ps(acc[2][h], acc[3][h]));
-        s[(size_t)r * s_stride] = vm_hsum_avx2(_mm256_add_ps(lanes[0], lanes[1])) * kq_scale;
+/* 16 positions' lane sums a[p] (lanes i + 8 already added: sum16_tree's first step) -> their
+ * scores, position p in lane p of out[p / 8], each summed as sum16_tree: (i, i + 4), then
+ * (0 + 2) + (1 + 3). The adds transpose the lanes as they go: 8 + 4 + 2 + 1 adds per 8 positions. */
+BUBO_TARGET_AVX2 static inline void reduce16_avx2(const __m256 *a, __m256 *out) {
+    for (int o = 0; o < 2; o++) {
+        const __m256 *x = a + 8 * o;
+        __m256 b[4], c[2];
+        for (int k = 0; k < 4; k++) /* 128-bit lane 0: position 2k's a[i] + a[i + 4], lane 1: 2k + 1's */
+            b[k] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * k], x[2 * k + 1], 0x20),
+                                 _mm256_permute2f128_ps(x[2 * k], x[2 * k + 1], 0x31));
+        for (int k = 0; k < 2; k++) /* per 128-bit lane: (b0 + b2, b1 + b3) of two positions */
+            c[k] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+        const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                       _mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+        out[o] = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)); /* r: 0 2 4 6 1 3 5 7 */
+    }
+}
+
+BUBO_TARGET_AVX2 static void scores_avx2(const attend_keys *k, const uint8_t *q, size_t q_stride, int n_q,
+                                          float kq_scale, float *s) {
+    const int hdk = k->hdk;
+    for (int h = 0; h < n_q; h++) {
+        const float *qr = (const float *)(q + (size_t)h * q_stride);
+        __m256 a[G];
+        for (int i = 0; i < G; i++) {
+            const float *kr = k->kf + (size_t)i * hdk;
+            __m256 acc[4][2]; /* [accumulator][lanes 0-7, 8-15] */
+            for (int u = 0; u < 4; u++) acc[u][0] = acc[u][1] = _mm256_setzero_ps();
+            int j0 = 0;
+            for (; j0 + 4 * G <= hdk; j0 += 4 * G)
+                for (int u = 0; u < 4; u++)
+                    for (int x = 0; x < 2; x++) {
+                        const int j = j0 + G * u + 8 * x;
+                        acc[u][x] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + j), _mm256_loadu_ps(kr + j), acc[u][x]);
+                    }
+            for (; j0 < hdk; j0 += G)
+                for (int x = 0; x < 2; x++)
+                    acc[0][x] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + j0 + 8 * x), _mm256_loadu_ps(kr + j0 + 8 * x), acc[0][x]);
+            __m256 lanes[2];
+            for (int x = 0; x < 2; x++)
+                lanes[x] = _mm256_add_ps(_mm256_add_ps(acc[0][x], acc[1][x]), _mm256_add_ps(acc[2][x], acc[3][x]));
+            a[i] = _mm256_add_ps(lanes[0], lanes[1]);
+        }
+        __m256 r[2];
+        reduce16_avx2(a, r);
+        for (int o = 0; o < 2; o++) _mm256_storeu_ps(s + (size_t)h * G + 8 * o, _mm256_mul_ps(r[o], _mm256_set1_ps(kq_scale)));
+    }
+}
+
+/* The q8_0 formula: a word's 4 products summed exactly by maddubs (|q| against k signed as q; both
+ * within +-127, so a pair stays inside int16) and madd. */
+BUBO_TARGET_AVX2 static void scores_q8_avx2(const attend_keys *k, const uint8_t *q, size_t q_stride, int n_q,
+                                             float kq_scale, float *s) {
+    const int hdk = k->hdk, words = hdk / 4;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < n_q; h++) {
+        const uint8_t *qh = q + (size_t)h * q_stride;
+        __m256 a[G];
+        for (int i = 0; i < G; i++) {
+            const int8_t *kr = k->kq + (size_t)i * hdk;
+            const float *kw = k->kw + (size_t)i * words;
+            __m256 lanes[2];
+            for (int b = 0; b < hdk / QK8_0; b++) { /* block b: lanes 0-7 (b even) or 8-15 of chunk b / 2 */
+                const __m256i qs = _mm256_loadu_si256((const __m256i *)q8_quants(qh, b));
+                const __m256i ks = _mm256_loadu_si256((const __m256i *)(kr + QK8_0 * b));
+                const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(qs), _mm256_sign_epi8(ks, qs)), ones);
+                const __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(kw + 8 * b), _mm256_set1_ps(q8_scale(qh, b)));
+                const __m256 f = _mm256_cvtepi32_ps(dot);
+                lanes[b % 2] = b < 2 ? _mm256_mul_ps(f, sc) : _mm256_fmadd_ps(f, sc, lanes[b % 2]);
+            }
+            a[i] = _mm256_add_ps(lanes[0], lanes[1]);
+        }
+        __m256 r[2];
+        reduce16_avx2(a, r);
+        for (int o = 0; o < 2; o++) _mm256_storeu_ps(s + (size_t)h * G + 8 * o, _mm256_mul_ps(r[o], _mm256_set1_ps(kq_scale)));
     }
 }
 
@@ -179,19 +302,69 @@ BUBO_TARGET_AVX2 static void group_avx2(const attend_group *g) {
 
 /* ---- AVX-512 ---------------------------------------------------------------------------------- */
 
-BUBO_TARGET_AVX512 static void scores_avx512(int hdk, const float *k, const float *q, size_t q_stride, int n,
-                                              float kq_scale, float *s, size_t s_stride) {
-    for (int r = 0; r < n; r++) {
-        const float *qr = q + (size_t)r * q_stride;
-        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-        int j0 = 0;
-        for (; j0 + 4 * G <= hdk; j0 += 4 * G)
-            for (int u = 0; u < 4; u++)
-                acc[u] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + j0 + G * u), _mm512_loadu_ps(k + j0 + G * u), acc[u]);
-        for (; j0 < hdk; j0 += G) acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + j0), _mm512_loadu_ps(k + j0), acc[0]);
-        const __m512 lanes = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-        s[(size_t)r * s_stride] =
-            vm_hsum_avx2(_mm256_add_ps(_mm512_castps512_ps256(lanes), _mm512_extractf32x8_ps(lanes, 1))) * kq_scale;
+/* 16 positions' 16-lane vectors v[p] -> their scores, position p in lane p, each summed in
+ * sum16_tree's order; the adds transpose the lanes as they go (8 + 4 + 2 + 1 adds in all). */
+BUBO_TARGET_AVX512 static inline __m512 reduce16_avx512(const __m512 *v) {
+    __m512 a[8], b[4], c[2];
+    for (int k = 0; k < 8; k++) /* lanes 0-7: position 2k's (i, i + 8) sums, 8-15: 2k + 1's */
+        a[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int k = 0; k < 4; k++) /* 128-bit lane j: position 4k + j's (i, i + 4) sums */
+        b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int k = 0; k < 2; k++) /* 128-bit lane j: (0 + 2, 1 + 3) of positions 8k + j, 8k + 4 + j */
+        c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1))); /* lane 4j + m: j + 4m */
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+BUBO_TARGET_AVX512 static void scores_avx512(const attend_keys *k, const uint8_t *q, size_t q_stride, int n_q,
+                                              float kq_scale, float *s) {
+    const int hdk = k->hdk;
+    for (int h = 0; h < n_q; h++) {
+        const float *qr = (const float *)(q + (size_t)h * q_stride);
+        __m512 v[G];
+        for (int i = 0; i < G; i++) {
+            const float *kr = k->kf + (size_t)i * hdk;
+            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            int j0 = 0;
+            for (; j0 + 4 * G <= hdk; j0 += 4 * G)
+                for (int u = 0; u < 4; u++)
+                    acc[u] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + j0 + G * u), _mm512_loadu_ps(kr + j0 + G * u), acc[u]);
+            for (; j0 < hdk; j0 += G) acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + j0), _mm512_loadu_ps(kr + j0), acc[0]);
+            v[i] = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        }
+        _mm512_storeu_ps(s + (size_t)h * G, _mm512_mul_ps(reduce16_avx512(v), _mm512_set1_ps(kq_scale)));
+    }
+}
+
+/* The q8_0 formula with VNNI: vpdpbusd takes K as unsigned (k ^ 0x80 = k + 128) against the
+ * query's signed quants, starting from -128 x (the sum of each query word), so each word's sum is
+ * the exact integer. */
+BUBO_TARGET_AVX512 static void scores_q8_avx512(const attend_keys *k, const uint8_t *q, size_t q_stride, int n_q,
+                                                 float kq_scale, float *s) {
+    const int hdk = k->hdk, words = hdk / 4, chunks = hdk / 64;
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    for (int h = 0; h < n_q; h++) {
+        const uint8_t *qh = q + (size_t)h * q_stride;
+        __m512 v[G];
+        for (int c = 0; c < chunks; c++) {
+            const __m512i qs = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)q8_quants(qh, 2 * c))),
+                _mm256_loadu_si256((const __m256i *)q8_quants(qh, 2 * c + 1)), 1);
+            const __m512i init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, qs));
+            const __m512 dq = _mm512_insertf32x8(_mm512_set1_ps(q8_scale(qh, 2 * c)),
+                                                 _mm256_set1_ps(q8_scale(qh, 2 * c + 1)), 1);
+            for (int i = 0; i < G; i++) {
+                const __m512i kx = _mm512_xor_si512(_mm512_loadu_si512(k->kq + (size_t)i * hdk + 64 * c), bias);
+                const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init, kx, qs));
+                const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(k->kw + (size_t)i * words + G * c), dq);
+                v[i] = c == 0 ? _mm512_mul_ps(f, sc) : _mm512_fmadd_ps(f, sc, v[i]);
+            }
+        }
+        _mm512_storeu_ps(s + (size_t)h * G, _mm512_mul_ps(reduce16_avx512(v), _mm512_set1_ps(kq_scale)));
     }
 }
 
@@ -231,8 +404,8 @@ BUBO_TARGET_AVX512 static void group_avx512(const attend_group *g) {
 /* ---- NEON ------------------------------------------------------------------------------------- */
 #if defined(BUBO_ARM64)
 
-static void scores_neon(int hdk, const float *k, const float *q, size_t q_stride, int n, float kq_scale, float *s,
-                        size_t s_stride) {
+static void score_row_neon(int hdk, const float *k, const float *q, size_t q_stride, int n, float kq_scale, float *s,
+                           size_t s_stride) {
     for (int r = 0; r < n; r++) {
         const float *qr = q + (size_t)r * q_stride;
         float32x4_t acc[4][4]; /* [accumulator][lanes 0-3 .. 12-15] */
@@ -253,6 +426,12 @@ static void scores_neon(int hdk, const float *k, const float *q, size_t q_stride
         const float32x2_t d = vadd_f32(vget_low_f32(h), vget_high_f32(h));
         s[(size_t)r * s_stride] = (vget_lane_f32(d, 0) + vget_lane_f32(d, 1)) * kq_scale;
     }
+}
+
+static void scores_neon(const attend_keys *k, const uint8_t *q, size_t q_stride, int n_q, float kq_scale, float *s) {
+    for (int i = 0; i < G; i++)
+        score_row_neon(k->hdk, k->kf + (size_t)i * k->hdk, (const float *)q, q_stride / sizeof(float), n_q, kq_scale,
+                       s + i, G);
 }
 
 static void group_neon(const attend_group *g) {
@@ -293,41 +472,57 @@ static void group_neon(const attend_group *g) {
 /* ---- the driver ------------------------------------------------------------------------------- */
 
 typedef void (*group_fn)(const attend_group *g);
-typedef void (*scores_fn)(int hdk, const float *k, const float *q, size_t q_stride, int n, float kq_scale, float *s,
-                          size_t s_stride);
 
 typedef struct {
     group_fn group;
-    scores_fn scores;
+    scores_fn scores, scores_q8;
 } attend_level;
 
 static attend_level level_for_isa(bubo_isa isa) {
 #if defined(BUBO_X86)
-    if (isa == BUBO_ISA_AVX512) return (attend_level){group_avx512, scores_avx512};
-    if (isa == BUBO_ISA_AVX2) return (attend_level){group_avx2, scores_avx2};
+    if (isa == BUBO_ISA_AVX512) return (attend_level){group_avx512, scores_avx512, scores_q8_avx512};
+    if (isa == BUBO_ISA_AVX2) return (attend_level){group_avx2, scores_avx2, scores_q8_avx2};
 #elif defined(BUBO_ARM64)
-    if (isa == BUBO_ISA_NEON) return (attend_level){group_neon, scores_neon};
+    if (isa == BUBO_ISA_NEON) return (attend_level){group_neon, scores_neon, scores_q8_scalar};
 #endif
     (void)isa;
-    return (attend_level){group_scalar, scores_scalar};
+    return (attend_level){group_scalar, scores_scalar, scores_q8_scalar};
 }
 
-/* f16 and f32 K rows are widened once per position and dotted by the level's scores kernel with
- * every query; q8_0 and q4_0 rows (and head sizes off the 16 lanes) go through the storage type's vec_dot.
- * The choice depends on the cache type and head size only, never on the batch. */
-static int widen_k(const bubo_kv_view *view, int head_dim_k) {
-    return (view->type == BUBO_TYPE_F16 || view->type == BUBO_TYPE_F32) && head_dim_k % G == 0;
+/* How a cache's K rows meet the queries: widened (f16, f32), as q8_0 words, or one vec_dot per
+ * score (q4_0, and head sizes the kernels do not take). The choice depends on the cache type and
+ * head size only, never on the batch. */
+typedef enum { KEYS_WIDEN, KEYS_Q8, KEYS_VEC_DOT } keys_mode;
+
+static keys_mode keys_for(const bubo_kv_view *view, int head_dim_k) {
+    if ((view->type == BUBO_TYPE_F16 || view->type == BUBO_TYPE_F32) && head_dim_k % G == 0) return KEYS_WIDEN;
+    if (view->type == BUBO_TYPE_Q8_0 && head_dim_k % (4 * G) == 0) return KEYS_Q8;
+    return KEYS_VEC_DOT;
 }
 
 size_t bubo_attend_scratch_floats(int n_tok, int n_q, int head_dim_k, int head_dim_v) {
     const size_t n_rows = (size_t)n_tok * n_q;
-    return (size_t)G * head_dim_v + n_rows * (G + 2) + G + head_dim_k + n_rows * ((size_t)head_dim_v + 2);
+    /* V rows, scores, m and l, p, the group's K rows (widened: G x hdk floats, the most), one partial */
+    return (size_t)G * head_dim_v + n_rows * (G + 2) + G + (size_t)G * head_dim_k + n_rows * ((size_t)head_dim_v + 2);
 }
 
 /* Token t's lanes of the group at g0: [*lo, *hi), empty when *lo >= *hi. */
 static inline void token_lanes(int32_t g0, int32_t begin, int32_t end, int *lo, int *hi) {
     *lo = begin > g0 ? (begin - g0 < G ? begin - g0 : G) : 0;
     *hi = end < g0 + G ? (end > g0 ? end - g0 : 0) : G;
+}
+
+/* Row i of the group's keys from a stored q8_0 row: its quants, and its block scales spread over
+ * its words. */
+static void keys_q8_row(const uint8_t *row, int head_dim_k, int8_t *kq, float *kw) {
+    const block_q8_0 *blocks = (const block_q8_0 *)row;
+    for (int b = 0; b < head_dim_k / QK8_0; b++) {
+        bubo_f16 d;
+        memcpy(&d, &blocks[b].d, sizeof d);
+        const float df = bubo_f16_to_f32(d);
+        memcpy(kq + QK8_0 * b, blocks[b].qs, QK8_0);
+        for (int w = 0; w < QK8_0 / 4; w++) kw[QK8_0 / 4 * b + w] = df;
+    }
 }
 
 /* The partial of every token over positions [from, to) (cut to its own range), from a fresh state:
@@ -339,14 +534,17 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
                          float *out, size_t out_tok_stride, float *scratch) {
     const bubo_vec_dot_fn vec_dot = bubo_get_vec_dot(view->type);
     const bubo_to_float_fn to_float_k = bubo_get_to_float(view->type), to_float = bubo_get_to_float(view->type_v);
-    const int widen = widen_k(view, head_dim_k);
+    const keys_mode mode = keys_for(view, head_dim_k);
     const int bs = view->block_size;
     const int n_rows = n_tok * n_q; /* row t * n_q + h: token t, head h */
 
     float *vrows = scratch;                         /* [G][head_dim_v] the group's V rows, widened */
     float *scores = vrows + (size_t)G * head_dim_v; /* [n_rows][G] */
     float *p = scores + (size_t)n_rows * G + 2 * (size_t)n_rows; /* [G] (after the m, l the layout keeps) */
-    float *k_f32 = p + G;                           /* [head_dim_k] one K row, widened */
+    float *kbuf = p + G;                            /* [G][head_dim_k] floats: the group's K rows */
+    attend_keys keys = {.hdk = head_dim_k, .kf = kbuf, .kq = (const int8_t *)kbuf,
+                        .kw = kbuf + (size_t)G * head_dim_k / 4};
+    const scores_fn scores_group = mode == KEYS_Q8 ? level->scores_q8 : level->scores;
     int32_t first = to, last = from;
     for (int t = 0; t < n_tok; t++) {
         const int32_t b = kv_begin[t] > from ? kv_begin[t] : from, e = kv_end[t] < to ? kv_end[t] : to;
@@ -358,6 +556,7 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
             for (int j = 0; j < head_dim_v; j++) out[(size_t)t * out_tok_stride + (size_t)h * head_dim_v + j] = 0.0f;
         }
     }
+    if (mode != KEYS_VEC_DOT) memset(kbuf, 0, (size_t)G * head_dim_k * sizeof(float)); /* lanes no position fills */
     attend_group g = {.n_q = n_q, .hdv = head_dim_v, .vrows = vrows, .p = p, .out_stride = head_dim_v};
 
     for (int32_t g0 = first - first % G; g0 < last; g0 += G) {
@@ -368,31 +567,38 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
             if (lo < hi && lo < glo) glo = lo;
             if (lo < hi && hi > ghi) ghi = hi;
         }
-        for (int i = glo; i < ghi; i++) {
-            const int32_t pos = g0 + i;
-            const size_t block = (size_t)view->table[pos / bs], slot = (size_t)(pos % bs);
+        size_t block = (size_t)view->table[(g0 + glo) / bs], slot = (size_t)((g0 + glo) % bs);
+        for (int i = glo; i < ghi; i++, slot++) {
+            if (slot == (size_t)bs) block = (size_t)view->table[(g0 + i) / bs], slot = 0;
             const uint8_t *k = view->k + block * view->block_bytes_k + slot * view->row_bytes_k + (size_t)kv_head * view->head_bytes_k;
             const uint8_t *v = view->v + block * view->block_bytes_v + slot * view->row_bytes_v + (size_t)kv_head * view->head_bytes_v;
-            if (widen) to_float_k(k, k_f32, head_dim_k);
+            to_float(v, vrows + (size_t)i * head_dim_v, head_dim_v);
+            if (mode == KEYS_WIDEN) {
+                to_float_k(k, kbuf + (size_t)i * head_dim_k, head_dim_k);
+                continue;
+            }
+            if (mode == KEYS_Q8) {
+                keys_q8_row(k, head_dim_k, (int8_t *)kbuf + (size_t)i * head_dim_k,
+                            kbuf + (size_t)G * head_dim_k / 4 + (size_t)i * head_dim_k / 4);
+                continue;
+            }
+            const int32_t pos = g0 + i;
             for (int t = 0; t < n_tok; t++) {
                 if (pos < kv_begin[t] || pos >= kv_end[t]) continue;
                 const uint8_t *qt = (const uint8_t *)q + (size_t)t * n_q * q_stride;
-                if (widen) {
-                    level->scores(head_dim_k, k_f32, (const float *)qt, q_stride / sizeof(float), n_q, kq_scale,
-                                  scores + (size_t)t * n_q * G + i, G);
-                    continue;
-                }
                 for (int h = 0; h < n_q; h++) {
                     float sc;
                     vec_dot(head_dim_k, &sc, k, qt + (size_t)h * q_stride);
                     scores[(size_t)(t * n_q + h) * G + i] = sc * kq_scale;
                 }
             }
-            to_float(v, vrows + (size_t)i * head_dim_v, head_dim_v);
         }
         for (int t = 0; t < n_tok; t++) {
             token_lanes(g0, kv_begin[t] > from ? kv_begin[t] : from, kv_end[t] < to ? kv_end[t] : to, &g.lo, &g.hi);
             if (g.lo >= g.hi) continue;
+            if (mode != KEYS_VEC_DOT)
+                scores_group(&keys, (const uint8_t *)q + (size_t)t * n_q * q_stride, q_stride, n_q, kq_scale,
+                             scores + (size_t)t * n_q * G);
             g.scores = scores + (size_t)t * n_q * G;
             g.m = m + t * n_q;
             g.l = l + t * n_q;
