@@ -20,7 +20,7 @@
  * a token's partials are merged in ascending chunk order (bubo_attend_merge), then normalized. A
  * decode step at depth computes the chunks of one token on different threads and merges them
  * after (model/forward.c); a prompt runs them one after the other here: the same operations in the
- * same order, so the same bits. Within one chunk (contexts up to 1024) nothing is merged.
+ * same order, so the same bits. Within one chunk (contexts up to BUBO_ATTEND_CHUNK) nothing is merged.
  *
  * Scores. A group's K rows are prepared once for every token and head that meets them (an f16 or
  * f32 row widened; a q8_0 row's quants copied and its block scales spread over its 4-byte words),

@@ -271,6 +271,10 @@ def test_explosive_grammar_is_refused_not_oom():
     with pytest.raises(UnsupportedError, match="ambiguous"):
         Matcher(Grammar('root ::= ("a"?){0,4096} "b"'))
     assert accepts('root ::= ("a"?){0,30} "b"', "a" * 30 + "b")
+    # nested nullable repetitions (found by test_grammar_shortest's random grammars): every way to
+    # match nothing is a parse to expand
+    with pytest.raises(UnsupportedError, match="ambiguous"):
+        Matcher(Grammar('root ::= (r1{0,2}){2,4}\nr1 ::= (""){0,2}\n'))
     # nesting grows one frame per "(": refused past MAX_DEPTH, not grown without end
     m = Matcher(Grammar('root ::= "(" root ")" | "x"'))
     with pytest.raises(UnsupportedError, match="deeper"):
