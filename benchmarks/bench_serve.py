@@ -21,6 +21,11 @@ is the median over the rounds.
    TTFT against the median of the others', and the cached prompt tokens each answer reports
    (usage.prompt_tokens_details.cached_tokens, else timings.cache_n).
 
+With --history-tokens N, every throughput request of one client count starts with the same
+history of about N tokens (notes, as in the prefix test; a new one for each client count and
+round, so no measurement finds it cached from another), then its client's own sentences: several
+users asking about one long document or chat at once. -c then defaults to enough per slot for it.
+
 Every prompt is made from a seed (round, client count, client), so both servers get the same
 prompts, and no request finds another's prompt in a cache unless the test means it to. Each
 server gets one short warm-up request after it is ready, so that paging in the weights is not
@@ -247,6 +252,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="tokens each throughput answer generates")
     ap.add_argument("--rounds", type=_positive_int, default=2, help="alternating rounds of both servers")
     ap.add_argument("--prefix-tokens", type=_positive_int, default=2000, help="the shared system prompt's length")
+    ap.add_argument("--history-tokens", type=int, default=0,
+                    help="a history of about this many tokens shared by each throughput round's clients (0: none)")
     ap.add_argument("--questions", type=int, default=len(QUESTIONS),
                     help=f"requests in the prefix test (2..{len(QUESTIONS)})")
     ap.add_argument("--prefix-max-tokens", type=_positive_int, default=8, help="max_tokens of each prefix-test answer")
@@ -255,8 +262,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if not 2 <= args.questions <= len(QUESTIONS):
         ap.error(f"--questions must be 2..{len(QUESTIONS)}, got {args.questions}")
+    if args.history_tokens < 0:
+        ap.error(f"--history-tokens must be 0 or more, got {args.history_tokens}")
+    need_history = args.history_tokens + 256 + args.n_predict  # the history, a client's sentences, the answer
     if args.ctx_size is None:
-        args.ctx_size = CTX_PER_SLOT * args.parallel
+        args.ctx_size = max(CTX_PER_SLOT, -(-need_history // 512) * 512) * args.parallel
+    if args.history_tokens and args.ctx_size // args.parallel < need_history:
+        ap.error(f"-c {args.ctx_size} leaves {args.ctx_size // args.parallel} tokens a slot; "
+                 f"--history-tokens {args.history_tokens} needs {need_history}")
     need = args.prefix_tokens + 64 + args.prefix_max_tokens  # a question and the chat template's tokens
     if args.ctx_size // args.parallel < need:
         ap.error(f"-c {args.ctx_size} leaves {args.ctx_size // args.parallel} tokens a slot; "
@@ -488,7 +501,7 @@ def concurrent_completions(port: int, prompts: Sequence[str], n_predict: int) ->
 
 
 def run_server(who: str, args: argparse.Namespace, model: Path, round_index: int, bubo_np: bool,
-               prefix: str) -> dict[str, Any]:
+               prefix: str, histories: dict[int, str]) -> dict[str, Any]:
     port = free_port()
     cmd = server_command(who, args, model, port, bubo_np)
     print(f"round {round_index + 1}/{args.rounds}: {LABEL[who]}: {' '.join(cmd)}", file=sys.stderr)
@@ -499,7 +512,7 @@ def run_server(who: str, args: argparse.Namespace, model: Path, round_index: int
         # the machine may be shared: the load beside each measurement says how much to trust it
         out: dict[str, Any] = {"throughput": {}, "prefix": None, "load_avg_1m": [os.getloadavg()[0]]}
         for n in args.clients:
-            prompts = [client_prompt(prompt_seed(round_index, n, i)) for i in range(n)]
+            prompts = [histories.get(n, "") + client_prompt(prompt_seed(round_index, n, i)) for i in range(n)]
             s = throughput_summary(concurrent_completions(port, prompts, args.n_predict), args.n_predict)
             print(f"  {n} clients: {s['tps']:.1f} tok/s, TTFT p50 {s['ttft_p50_ms']:.0f} ms"
                   + (f", {s['short']} answers stopped before {args.n_predict} tokens" if s["short"] else ""),
@@ -531,8 +544,9 @@ def markdown(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def report(args: argparse.Namespace, medians: dict[str, dict[str, Any]]) -> str:
     servers = args.servers
-    out = [f"### throughput: /completion, n_predict {args.n_predict}, -np {args.parallel}, -c {args.ctx_size}, "
-           f"-t {args.threads}, median of {args.rounds} round(s)\n"]
+    history = f", a shared ~{args.history_tokens}-token history" if args.history_tokens else ""
+    out = [f"### throughput: /completion{history}, n_predict {args.n_predict}, -np {args.parallel}, "
+           f"-c {args.ctx_size}, -t {args.threads}, median of {args.rounds} round(s)\n"]
     head = ["clients"]
     for who in servers:
         head += [f"{LABEL[who]} tok/s", "TTFT mean ms", "p50", "p90", "short", f"x {min(args.clients)}-client"]
@@ -589,8 +603,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds: dict[str, list[dict[str, Any]]] = {who: [] for who in args.servers}
     for i in range(args.rounds):
         prefix = system_prompt(args.prefix_tokens, seed=10_000 + i, count_tokens=count)
+        histories = {n: system_prompt(args.history_tokens, seed=prompt_seed(i, n, 999), count_tokens=count)
+                     for n in args.clients} if args.history_tokens else {}
         for who in round_order(i, args.servers):
-            rounds[who].append(run_server(who, args, model, i, bubo_np, prefix))
+            rounds[who].append(run_server(who, args, model, i, bubo_np, prefix, histories))
 
     medians = {who: {"throughput": {n: median_rounds([r["throughput"][n] for r in rs]) for n in args.clients},
                      "prefix": median_rounds([r["prefix"] for r in rs])}

@@ -5,7 +5,8 @@ caller's thread, with one slot). One step is one forward pass:
 
   1. requests whose client went away leave their slot (queued ones never start);
   2. waiting requests take free slots, first come first served; each new one starts from the
-     longest prefix of its prompt the cache can give (see "Prefix reuse" below);
+     longest prefix of its prompt the cache can give (see "Prefix reuse" below), and one whose
+     prompt starts with blocks another slot is still reading waits for them to be cached;
   3. the batch: one row per generating slot (its last sampled token), then prompt chunks of the
      slots still reading their prompt, oldest first, up to the step's token budget (-ub): a long
      prompt is read a chunk per step while the others keep generating;
@@ -229,11 +230,21 @@ class Scheduler:
         return True
 
     def _admit(self) -> None:
+        waiting: list[Task] = []  # tasks that wait for a running slot's prompt: back at the head after
+        try:
+            self._admit_some(waiting)
+        finally:
+            self.queue.extendleft(reversed(waiting))
+
+    def _admit_some(self, waiting: list[Task]) -> None:
         free = [s for s in self.slots if s.task is None]
         while free and self.queue:
             task = self.queue[0]
             if task.cancelled:
                 self.queue.popleft()
+                continue
+            if self._prefix_coming(task):
+                waiting.append(self.queue.popleft())
                 continue
             slot = self._pick(free, task)
             n_hit = self._reuse(slot, task)
@@ -264,6 +275,24 @@ class Scheduler:
                 c["prompt_tokens_cached_total"] += task.n_cached
                 c["prefix_cache_lookup_tokens_total"] += task.n_prompt
                 c["prefix_cache_hit_tokens_total"] += task.n_cached
+
+    def _prefix_coming(self, task: Task) -> bool:
+        """Whether a running slot is still reading a prompt that starts with full blocks of task's
+        prompt which the prefix cache does not hold yet. Then task waits (later tasks go past it)
+        and starts once those blocks are read and cached, instead of computing the same rows beside
+        them: clients that send one long history at once have it read once. Only slots still
+        reading their prompt are waited for, and each step reads more of it, so the wait ends."""
+        if not task.req.cache_prompt:
+            return False
+        last = len(task.tokens) - 1
+        for s in self.slots:
+            t = s.task
+            if t is None or t.n_past >= t.n_prompt or not t.req.cache_prompt:
+                continue
+            shared = common_prefix(t.tokens, task.tokens, min(last, t.n_prompt)) // self.block_size
+            if shared > t.n_registered:
+                return True
+        return False
 
     def _pick(self, free: list[Slot], task: Task) -> Slot:
         """The free slot whose held sequence agrees longest with the task's tokens (an empty one

@@ -44,12 +44,17 @@ def test_options(bs):
     assert str(a.json) == "out.json" and a.questions == 5
     assert bs.parse_args(["-c", "9000"]).ctx_size == 9000
     assert bs.parse_args(["--only", "llama"]).servers == ["llama"]
+    # a shared history: each slot's context grows to hold it, the client's sentences and the answer
+    h = bs.parse_args(["--history-tokens", "4000"])
+    assert h.history_tokens == 4000 and h.ctx_size == 4608 * 4
+    assert bs.parse_args([]).history_tokens == 0
 
 
 @pytest.mark.parametrize("argv", [
     ["--clients", "0"], ["--clients", "1,x"], ["--clients", ""], ["-np", "0"], ["-n", "-5"], ["--rounds", "0"],
     ["--only", "vllm"], ["--questions", "1"], ["--questions", "21"],
     ["-c", "4096", "-np", "4"],  # 1024 tokens a slot cannot hold the ~2000-token prefix test
+    ["--history-tokens", "-1"], ["--history-tokens", "8000", "-c", "16384"],  # 4096 a slot cannot hold it
 ])
 def test_bad_arguments_exit_with_usage(bs, argv, capsys):
     with pytest.raises(SystemExit) as e:

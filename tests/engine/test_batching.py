@@ -141,6 +141,28 @@ def test_a_shared_system_prompt_is_read_once_for_twenty_questions(engine):
     wait_idle(engine)
 
 
+def test_a_shared_history_sent_at_once_is_read_once(engine):
+    """Four requests that start with the same long history, sent together: one slot reads it,
+    the others wait for its blocks to be cached and read only their own question; the answers are
+    those each gets alone."""
+    wait_idle(engine)
+    system = " ".join(f"Entry {i}: the lamp in room {i} was lit at {i % 12 + 1} o'clock by keeper {i * 5 % 17}."
+                      for i in range(90))
+    prompts = [chat_ids(engine, q, system=system) for q in QUESTIONS[:4]]
+    shared = next(i for i, (a, b) in enumerate(zip(prompts[0], prompts[1])) if a != b)
+    bs = engine.kv.block_size
+    assert shared >= 1500, shared
+    results = together(engine, [GenerationRequest(p, GREEDY, max_tokens=6) for p in prompts])
+    fins = [fin for _, fin in results]
+    readers = [f for f in fins if f.cached_tokens < shared // bs * bs]
+    assert len(readers) == 1, [(f.prompt_tokens, f.cached_tokens) for f in fins]
+    assert sum(f.prompt_tokens - f.cached_tokens for f in fins) < shared + 4 * (len(prompts[0]) - shared + bs)
+    for p, (toks, _) in zip(prompts, results):
+        alone, _ = collect(engine.submit(GenerationRequest(p, GREEDY, max_tokens=6, cache_prompt=False)))
+        assert [t.token for t in toks] == [t.token for t in alone]
+    wait_idle(engine)
+
+
 def test_slots_give_back_every_block_and_the_prefix_cache_keeps_them(engine):
     wait_idle(engine)
     base = engine.metrics()

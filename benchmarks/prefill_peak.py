@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Prompt processing against the machine's int8 peak: how many of the multiply-adds the CPU's
+int8 dot-product units can do per second does a pp512 reach?
+
+    python benchmarks/prefill_peak.py -m smollm2:135m -t 2
+    python benchmarks/prefill_peak.py -m smollm2:135m --llama-bench /tmp/llama-build2/bin/llama-bench
+
+1. The peak. A small C loop, compiled here with the system's cc, runs 12 independent VNNI dot
+   products (vpdpbusd on 512-bit registers: 64 int8 multiply-adds each) per iteration on each of
+   -t threads for about a second; peak = multiply-adds / wall time, all threads together. (No
+   memory is touched: it is the arithmetic ceiling, not a figure any matrix product reaches.)
+   AVX-512 VNNI is required; elsewhere the script says so and stops.
+2. The work of a prompt token: the multiply-adds of every weight matrix of every layer (the
+   products a prompt's tokens go through; the output matrix is left out, since pp512 computes the
+   logits of the last token only, as llama-bench does), counted from the GGUF's tensor shapes.
+   Attention's own products (scores and the weighted V sum over the ~256 positions a pp512 token
+   sees on average) are f32 work and are printed beside it, not counted in the fraction.
+3. pp512 of `bubo bench` (and of llama-bench when --llama-bench names one), -r repetitions:
+   int8 multiply-adds per second = t/s x matrix multiply-adds per token; fraction = that / peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PEAK_C = r"""
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static long iters;
+static volatile int sink;
+
+__attribute__((target("avx512f,avx512vnni"))) static void *run(void *arg) {
+    __m512i acc[12];
+    const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-5);
+    for (int i = 0; i < 12; i++) acc[i] = _mm512_set1_epi32(i);
+    for (long n = 0; n < iters; n++)
+        for (int i = 0; i < 12; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+    int s = 0;
+    for (int i = 0; i < 12; i++) s += _mm512_reduce_add_epi32(acc[i]);
+    sink = s;
+    (void)arg;
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    const int n_threads = atoi(argv[1]);
+    iters = atol(argv[2]);
+    pthread_t th[256];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < n_threads; i++) pthread_create(&th[i], NULL, run, NULL);
+    for (int i = 0; i < n_threads; i++) pthread_join(th[i], NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    printf("%.6f\n", (double)n_threads * (double)iters * 12.0 * 64.0 / s);
+    return 0;
+}
+"""
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def has_vnni() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_vnni" in flags and " avx512f" in flags
+
+
+def vnni_peak(n_threads: int, repeats: int = 3) -> float:
+    """int8 multiply-adds per second of n_threads threads of vpdpbusd (the best of a few runs)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise SystemExit("prefill_peak: no C compiler (cc) to build the peak loop")
+    with tempfile.TemporaryDirectory() as d:
+        src, exe = Path(d) / "peak.c", Path(d) / "peak"
+        src.write_text(PEAK_C)
+        subprocess.run([cc, "-O2", "-pthread", str(src), "-o", str(exe)], check=True)
+        iters = 1_000_000
+        while True:  # about a second per run
+            rate = float(subprocess.run([str(exe), str(n_threads), str(iters)], capture_output=True, text=True,
+                                        check=True).stdout)
+            if n_threads * iters * 12 * 64 / rate > 0.5:
+                break
+            iters *= 4
+        return max(float(subprocess.run([str(exe), str(n_threads), str(iters)], capture_output=True, text=True,
+                                         check=True).stdout) for _ in range(repeats))
+
+
+def matrix_macs(model: Path) -> tuple[int, int, dict[str, int]]:
+    """(multiply-adds per token of the layers' weight matrices, of attention at pp512, metadata)."""
+    from bubo.gguf import GGUFFile
+
+    with GGUFFile(model) as f:
+        md = f.metadata
+        arch = str(md["general.architecture"])
+        macs = 0
+        for t in f.tensors:
+            if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2 and min(t.shape) > 1:
+                macs += t.shape[0] * t.shape[1]
+        n_layer = int(md[f"{arch}.block_count"])
+        n_head = int(md[f"{arch}.attention.head_count"])
+        n_embd = int(md[f"{arch}.embedding_length"])
+        hdk = int(md.get(f"{arch}.attention.key_length", n_embd // n_head))
+        hdv = int(md.get(f"{arch}.attention.value_length", hdk))
+    attn = n_layer * n_head * (hdk + hdv) * (512 + 1) // 2
+    return macs, attn, {"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd}
+
+
+def bubo_pp(model: Path, threads: int, reps: int) -> float:
+    out = subprocess.run([sys.executable, "-m", "bubo", "bench", "-m", str(model), "-p", "512", "-n", "0",
+                          "-t", str(threads), "-r", str(reps), "-o", "json"], capture_output=True, text=True,
+                         check=True, env=dict(os.environ, SKBUILD_EDITABLE_VERBOSE="0"))
+    return float(json.loads(out.stdout)[0]["avg_ts"])
+
+
+def llama_pp(exe: Path, model: Path, threads: int, reps: int) -> float:
+    out = subprocess.run([str(exe), "-m", str(model), "-p", "512", "-n", "0", "-t", str(threads), "-r", str(reps),
+                          "-o", "json"], capture_output=True, text=True, check=True)
+    return float(json.loads(out.stdout)[0]["avg_ts"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", default="smollm2:135m", help="catalog name or GGUF path")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("--llama-bench", type=Path, default=None, help="also measure this llama-bench")
+    args = ap.parse_args(argv)
+    if args.threads < 1 or args.repetitions < 1:
+        ap.error("-t and -r must be positive")
+    if not has_vnni():
+        print("prefill_peak: this CPU has no AVX-512 VNNI; the peak loop needs it", file=sys.stderr)
+        return 2
+    from bubo import store
+
+    model = store.resolve(args.model)
+    macs, attn, hp = matrix_macs(model)
+    peak = vnni_peak(args.threads)
+    rows = [("bubo", bubo_pp(model, args.threads, args.repetitions))]
+    if args.llama_bench:
+        rows.append(("llama.cpp", llama_pp(args.llama_bench, model, args.threads, args.repetitions)))
+    print(f"## pp512 against the int8 peak: {args.model} ({model.name}), {args.threads} threads, {cpu_name()}\n")
+    print(f"int8 peak (vpdpbusd, {args.threads} threads): {peak / 1e9:.1f} G multiply-adds/s")
+    print(f"weight matrices: {macs / 1e6:.1f} M multiply-adds per token ({hp['n_layer']} layers, "
+          f"n_embd {hp['n_embd']}); attention at pp512: {attn / 1e6:.1f} M (f32, not counted)\n")
+    print("| engine | pp512 t/s | int8 G multiply-adds/s | of the peak |")
+    print("| --- | ---: | ---: | ---: |")
+    for who, tps in rows:
+        print(f"| {who} | {tps:.1f} | {tps * macs / 1e9:.1f} | {100 * tps * macs / peak:.1f}% |")
+    if len(rows) == 2:
+        print(f"\nbubo / llama.cpp: {rows[0][1] / rows[1][1]:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
