@@ -40,15 +40,21 @@ PEAK_C = r"""
 static long iters;
 static volatile int sink;
 
+/* twelve accumulators named one by one, so that they stay in registers */
+#define DP(x) x = _mm512_dpbusd_epi32(x, a, b)
 __attribute__((target("avx512f,avx512vnni"))) static void *run(void *arg) {
-    __m512i acc[12];
     const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-5);
-    for (int i = 0; i < 12; i++) acc[i] = _mm512_set1_epi32(i);
-    for (long n = 0; n < iters; n++)
-        for (int i = 0; i < 12; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
-    int s = 0;
-    for (int i = 0; i < 12; i++) s += _mm512_reduce_add_epi32(acc[i]);
-    sink = s;
+    __m512i c0 = _mm512_set1_epi32(0), c1 = _mm512_set1_epi32(1), c2 = _mm512_set1_epi32(2),
+            c3 = _mm512_set1_epi32(3), c4 = _mm512_set1_epi32(4), c5 = _mm512_set1_epi32(5),
+            c6 = _mm512_set1_epi32(6), c7 = _mm512_set1_epi32(7), c8 = _mm512_set1_epi32(8),
+            c9 = _mm512_set1_epi32(9), c10 = _mm512_set1_epi32(10), c11 = _mm512_set1_epi32(11);
+    for (long n = 0; n < iters; n++) {
+        DP(c0); DP(c1); DP(c2); DP(c3); DP(c4); DP(c5); DP(c6); DP(c7); DP(c8); DP(c9); DP(c10); DP(c11);
+    }
+    __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
+                                 _mm512_add_epi32(_mm512_add_epi32(c4, c5), _mm512_add_epi32(c6, c7)));
+    s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(c8, c9), _mm512_add_epi32(c10, c11)));
+    sink = _mm512_reduce_add_epi32(s);
     (void)arg;
     return NULL;
 }

@@ -51,7 +51,8 @@
  * vrows [G][hdv] (the same lanes), m, l [n_q] running max and sum, out [n_q] rows of hdv at out_stride. */
 typedef struct {
     int n_q, hdv, lo, hi;
-    const float *scores, *vrows;
+    float *scores; /* the AVX-512 step overwrites each head's scores with its weights */
+    const float *vrows;
     float *m, *l, *p; /* p [G]: scratch for one head's weights */
     float *out;
     size_t out_stride;
@@ -323,6 +324,25 @@ BUBO_TARGET_AVX512 static inline __m512 reduce16_avx512(const __m512 *v) {
 BUBO_TARGET_AVX512 static void scores_avx512(const attend_keys *k, const uint8_t *q, size_t q_stride, int n_q,
                                               float kq_scale, float *s) {
     const int hdk = k->hdk;
+    if (hdk == 4 * G) { /* the common head size, unrolled: the query and the 16 sums stay in registers */
+        const __m512 zero = _mm512_setzero_ps();
+        for (int h = 0; h < n_q; h++) {
+            const float *qr = (const float *)(q + (size_t)h * q_stride);
+            const __m512 q0 = _mm512_loadu_ps(qr), q1 = _mm512_loadu_ps(qr + G), q2 = _mm512_loadu_ps(qr + 2 * G),
+                         q3 = _mm512_loadu_ps(qr + 3 * G);
+            __m512 v[G];
+#pragma GCC unroll 16
+            for (int i = 0; i < G; i++) {
+                const float *kr = k->kf + (size_t)i * hdk;
+                v[i] = _mm512_add_ps(_mm512_add_ps(_mm512_fmadd_ps(q0, _mm512_loadu_ps(kr), zero),
+                                                   _mm512_fmadd_ps(q1, _mm512_loadu_ps(kr + G), zero)),
+                                     _mm512_add_ps(_mm512_fmadd_ps(q2, _mm512_loadu_ps(kr + 2 * G), zero),
+                                                   _mm512_fmadd_ps(q3, _mm512_loadu_ps(kr + 3 * G), zero)));
+            }
+            _mm512_storeu_ps(s + (size_t)h * G, _mm512_mul_ps(reduce16_avx512(v), _mm512_set1_ps(kq_scale)));
+        }
+        return;
+    }
     for (int h = 0; h < n_q; h++) {
         const float *qr = (const float *)(q + (size_t)h * q_stride);
         __m512 v[G];
@@ -368,35 +388,59 @@ BUBO_TARGET_AVX512 static void scores_q8_avx512(const attend_keys *k, const uint
     }
 }
 
+/* The weighted V sums of heads h0 .. h0 + nb - 1 (weights w [n_q][G], rescale factors cv): each V
+ * chunk is loaded once for all of them; per element the same steps as one head alone (out x c,
+ * then one fused multiply-add per position in order). nb is a constant where it is inlined. */
+BUBO_TARGET_AVX512 __attribute__((always_inline)) static inline void vsum_avx512(const attend_group *g, const float *w,
+                                                                                  int h0, const int nb,
+                                                                                  const __m512 *cv) {
+    /* four independent accumulators (64 floats) per head per pass: one chain would wait on its latency */
+    for (int j0 = 0; j0 < g->hdv; j0 += 64) {
+        __mmask16 k[4];
+        __m512 acc[4][4];
+        for (int u = 0; u < 4; u++) {
+            const int left = g->hdv - j0 - 16 * u;
+            k[u] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1u) : 0;
+        }
+        for (int b = 0; b < nb; b++)
+            for (int u = 0; u < 4; u++)
+                acc[b][u] = _mm512_mul_ps(_mm512_maskz_loadu_ps(k[u], g->out + (size_t)(h0 + b) * g->out_stride + j0 + 16 * u), cv[b]);
+        for (int i = g->lo; i < g->hi; i++) {
+            const float *vr = g->vrows + (size_t)i * g->hdv + j0;
+            __m512 v[4];
+            for (int u = 0; u < 4; u++) v[u] = _mm512_maskz_loadu_ps(k[u], vr + 16 * u);
+            for (int b = 0; b < nb; b++) {
+                const __m512 pi = _mm512_set1_ps(w[(size_t)(h0 + b) * G + i]);
+                for (int u = 0; u < 4; u++) acc[b][u] = _mm512_fmadd_ps(pi, v[u], acc[b][u]);
+            }
+        }
+        for (int b = 0; b < nb; b++)
+            for (int u = 0; u < 4; u++)
+                _mm512_mask_storeu_ps(g->out + (size_t)(h0 + b) * g->out_stride + j0 + 16 * u, k[u], acc[b][u]);
+    }
+}
+
 BUBO_TARGET_AVX512 static void group_avx512(const attend_group *g) {
     const __mmask16 valid = (__mmask16)(((1u << g->hi) - 1u) & ~((1u << g->lo) - 1u));
-    for (int h = 0; h < g->n_q; h++) {
-        const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, g->scores + (size_t)h * G);
-        const float m_new = fmaxf(g->m[h], _mm512_reduce_max_ps(s)); /* max is exact in any order */
-        const __m512 p = _mm512_maskz_mov_ps(valid, vm_exp_avx512(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-        _mm512_storeu_ps(g->p, p);
-        const float c = group_rescale(g, h, m_new);
-        /* the tree order of sum16_tree: halves, then quarters, then pairs */
-        __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(p), _mm512_extractf32x8_ps(p, 1));
-        g->l[h] = fmaf(g->l[h], c, vm_hsum_avx2(s8));
-        float *out = g->out + (size_t)h * g->out_stride;
-        const __m512 cv = _mm512_set1_ps(c);
-        /* four independent accumulators (64 floats) per pass: one chain of FMAs would wait on its latency */
-        for (int j0 = 0; j0 < g->hdv; j0 += 64) {
-            __mmask16 k[4];
-            __m512 acc[4];
-            for (int u = 0; u < 4; u++) {
-                const int left = g->hdv - j0 - 16 * u;
-                k[u] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1u) : 0;
-                acc[u] = _mm512_mul_ps(_mm512_maskz_loadu_ps(k[u], out + j0 + 16 * u), cv);
-            }
-            for (int i = g->lo; i < g->hi; i++) {
-                const __m512 pi = _mm512_set1_ps(g->p[i]);
-                const float *vr = g->vrows + (size_t)i * g->hdv + j0;
-                for (int u = 0; u < 4; u++) acc[u] = _mm512_fmadd_ps(pi, _mm512_maskz_loadu_ps(k[u], vr + 16 * u), acc[u]);
-            }
-            for (int u = 0; u < 4; u++) _mm512_mask_storeu_ps(out + j0 + 16 * u, k[u], acc[u]);
+    float *w = g->scores; /* each head's weights replace its scores */
+    for (int h0 = 0; h0 < g->n_q; h0 += 3) { /* heads in threes: 12 accumulators and 4 V vectors in registers */
+        const int nb = g->n_q - h0 < 3 ? g->n_q - h0 : 3;
+        __m512 cv[3];
+        for (int b = 0; b < nb; b++) {
+            const int h = h0 + b;
+            const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, g->scores + (size_t)h * G);
+            const float m_new = fmaxf(g->m[h], _mm512_reduce_max_ps(s)); /* max is exact in any order */
+            const __m512 p = _mm512_maskz_mov_ps(valid, vm_exp_avx512(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+            _mm512_storeu_ps(w + (size_t)h * G, p);
+            const float c = group_rescale(g, h, m_new);
+            /* the tree order of sum16_tree: halves, then quarters, then pairs */
+            __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(p), _mm512_extractf32x8_ps(p, 1));
+            g->l[h] = fmaf(g->l[h], c, vm_hsum_avx2(s8));
+            cv[b] = _mm512_set1_ps(c);
         }
+        if (nb == 3) vsum_avx512(g, w, h0, 3, cv);
+        else if (nb == 2) vsum_avx512(g, w, h0, 2, cv);
+        else vsum_avx512(g, w, h0, 1, cv);
     }
 }
 #endif /* BUBO_X86 */
@@ -608,8 +652,10 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
     }
 }
 
-void bubo_attend_merge(int n_tok, int n_q, int head_dim_v, float *m, float *l, float *out, size_t out_tok_stride,
-                       const float *pm, const float *pl, const float *pout, size_t pout_tok_stride) {
+__attribute__((always_inline)) static inline void attend_merge(int n_tok, int n_q, int head_dim_v, float *m, float *l,
+                                                              float *out, size_t out_tok_stride, const float *pm,
+                                                              const float *pl, const float *pout,
+                                                              size_t pout_tok_stride) {
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < n_q; h++) {
             const int r = t * n_q + h;
@@ -629,6 +675,29 @@ void bubo_attend_merge(int n_tok, int n_q, int head_dim_v, float *m, float *l, f
             l[r] = fmaf(l[r], a, pl[r] * b);
             for (int j = 0; j < head_dim_v; j++) o[j] = fmaf(o[j], a, po[j] * b);
         }
+}
+
+static bubo_isa attend_best(void);
+
+#if defined(BUBO_X86)
+/* The same steps with the FMA unit doing fmaf (the same IEEE operation, libm's software fmaf
+ * otherwise: a call per element). */
+BUBO_TARGET_AVX2 static void attend_merge_fma(int n_tok, int n_q, int head_dim_v, float *m, float *l, float *out,
+                                              size_t out_tok_stride, const float *pm, const float *pl,
+                                              const float *pout, size_t pout_tok_stride) {
+    attend_merge(n_tok, n_q, head_dim_v, m, l, out, out_tok_stride, pm, pl, pout, pout_tok_stride);
+}
+#endif
+
+void bubo_attend_merge(int n_tok, int n_q, int head_dim_v, float *m, float *l, float *out, size_t out_tok_stride,
+                       const float *pm, const float *pl, const float *pout, size_t pout_tok_stride) {
+#if defined(BUBO_X86)
+    if (attend_best() != BUBO_ISA_SCALAR) {
+        attend_merge_fma(n_tok, n_q, head_dim_v, m, l, out, out_tok_stride, pm, pl, pout, pout_tok_stride);
+        return;
+    }
+#endif
+    attend_merge(n_tok, n_q, head_dim_v, m, l, out, out_tok_stride, pm, pl, pout, pout_tok_stride);
 }
 
 void bubo_attend_normalize(int n_tok, int n_q, int head_dim_v, const float *l, float *out, size_t out_tok_stride) {
