@@ -45,3 +45,4 @@ def test_neon_kernels_match_scalar(tmp_path, march):
     # every supported type was reached (a NEON-less type fails above by name)
     assert run.stdout.count("to_float+vec_dot neon") >= 13, run.stdout
     assert run.stdout.count("vec_dot_tile neon") >= 13, run.stdout
+    assert run.stdout.count("ok attention neon") == 2, run.stdout

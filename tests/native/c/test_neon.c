@@ -3,7 +3,9 @@
  * Built by tests/native/test_neon.py with aarch64-linux-gnu-gcc from the same csrc/ files as
  * the library, once for baseline armv8-a and once with +dotprod, and run under qemu-aarch64.
  * The NEON matrix-matrix tiles (vec_dot_tile) are checked pair by pair against the scalar
- * vec_dot, on a tile with rows, tokens and strides that are not multiples of anything.
+ * vec_dot, on a tile with rows, tokens and strides that are not multiples of anything. Paged
+ * attention's NEON level must give the scalar level's bits (f16 and q8_0 caches, head sizes 64
+ * and 128, windows that cut the position groups and span several chunks).
  * Tolerances match tests/native/test_quants.py: dequantization within an ulp or two, the dot
  * product within 2e-6 of sum |w_i a_i|, activation quantization within one step. */
 #include <math.h>
@@ -11,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bubo/cpu.h"
+#include "bubo/kv.h"
+#include "bubo/ops.h"
 #include "bubo/quants.h"
 
 #define DEQUANT_RTOL 1e-6
@@ -110,7 +115,60 @@ static int check_tile(int type, const bubo_type_traits *t, const bubo_type_trait
     return 1;
 }
 
+/* One cache layer of n_pos positions (blocks of 16 in reversed table order, 2 KV heads), 3 query
+ * heads of 2 tokens: NEON against scalar, bit for bit. */
+static int check_attention(bubo_type type, int hd) {
+    enum { N_POS = 600, BS = 16, N_KV = 2, N_Q = 3, N_TOK = 2 };
+    const bubo_type_traits *t = bubo_type_get_traits(type);
+    /* the queries as attention takes them: f32 rows against f16 K, q8_0 rows against q8_0 K */
+    const bubo_type q_type = type == BUBO_TYPE_Q8_0 ? BUBO_TYPE_Q8_0 : BUBO_TYPE_F32;
+    const bubo_type_traits *qt = bubo_type_get_traits(q_type);
+    const size_t head_bytes = bubo_row_size(type, hd), row_bytes = N_KV * head_bytes;
+    const int n_blocks = (N_POS + BS - 1) / BS;
+    uint8_t *k = calloc((size_t)n_blocks * BS, row_bytes), *v = calloc((size_t)n_blocks * BS, row_bytes);
+    const size_t q_stride = bubo_row_size(q_type, hd);
+    uint8_t *q = calloc((size_t)N_TOK * N_Q, q_stride);
+    float *x = malloc(sizeof(float) * hd);
+    int32_t table[(N_POS + BS - 1) / BS];
+    for (int b = 0; b < n_blocks; b++) table[b] = n_blocks - 1 - b;
+    for (int r = 0; r < n_blocks * BS * N_KV; r++) {
+        for (int i = 0; i < hd; i++) x[i] = rnd_normal();
+        t->from_float[BUBO_ISA_SCALAR](x, k + (size_t)r * head_bytes, hd);
+        for (int i = 0; i < hd; i++) x[i] = rnd_normal();
+        t->from_float[BUBO_ISA_SCALAR](x, v + (size_t)r * head_bytes, hd);
+    }
+    for (int r = 0; r < N_TOK * N_Q; r++) {
+        for (int i = 0; i < hd; i++) x[i] = rnd_normal() * 0.3f;
+        qt->from_float[BUBO_ISA_SCALAR](x, q + (size_t)r * q_stride, hd);
+    }
+    bubo_kv_view view = {.type = type, .type_v = type, .block_size = BS, .k = k, .v = v,
+                         .block_bytes_k = BS * row_bytes, .block_bytes_v = BS * row_bytes, .row_bytes_k = row_bytes,
+                         .row_bytes_v = row_bytes, .head_bytes_k = head_bytes, .head_bytes_v = head_bytes, .table = table};
+    const int32_t begin[N_TOK] = {3, 0}, end[N_TOK] = {599, 277};
+    float *scratch = malloc(sizeof(float) * bubo_attend_scratch_floats(N_TOK, N_Q, hd, hd));
+    float *o0 = calloc((size_t)N_TOK * N_Q * hd, sizeof(float)), *o1 = calloc((size_t)N_TOK * N_Q * hd, sizeof(float));
+    int ok = 1;
+    for (int kv_head = 0; kv_head < N_KV; kv_head++) {
+        bubo_attend_paged_isa(BUBO_ISA_SCALAR, &view, kv_head, hd, hd, N_TOK, begin, end, N_Q, q, q_stride, 0.125f,
+                              o0, (size_t)N_Q * hd, scratch);
+        bubo_attend_paged_isa(BUBO_ISA_NEON, &view, kv_head, hd, hd, N_TOK, begin, end, N_Q, q, q_stride, 0.125f,
+                              o1, (size_t)N_Q * hd, scratch);
+        checks++;
+        if (memcmp(o0, o1, sizeof(float) * N_TOK * N_Q * hd) != 0) {
+            FAIL("%s attention neon (head size %d, KV head %d) differs from scalar", t->name, hd, kv_head);
+            ok = 0;
+            break;
+        }
+    }
+    free(k), free(v), free(q), free(x), free(scratch), free(o0), free(o1);
+    return ok;
+}
+
 int main(void) {
+    for (int hd = 64; hd <= 128; hd += 64)
+        if (check_attention(BUBO_TYPE_F16, hd) && check_attention(BUBO_TYPE_Q8_0, hd))
+            printf("ok attention neon, head size %d\n", hd);
+
     enum { N = 2048, ROWS = 8 };
     static uint8_t row[N * 8], act[N * 8], act2[N * 8];
     static float x[N], y0[N], y1[N], a[N];
