@@ -95,6 +95,7 @@ def rope(x, pos, int n_rot, float freq_base, float freq_scale=1.0, str mode="nor
     p.freq_base = freq_base
     p.freq_scale = freq_scale
     p.freq_factors = NULL
+    p.angles = NULL
     cdef const float[::1] ff
     if freq_factors is not None:
         ff = _f32(freq_factors).reshape(-1)

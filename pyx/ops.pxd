@@ -18,6 +18,7 @@ cdef extern from "bubo/ops.h" nogil:
         float freq_base
         float freq_scale
         const float *freq_factors
+        const float *angles
 
     ctypedef struct bubo_ops:
         bubo_isa isa

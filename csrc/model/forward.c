@@ -58,6 +58,30 @@ static bubo_status matmul(bubo_model *m, const bubo_mat *w, const float *x, int3
 
 /* ---- the per-token steps ---------------------------------------------------------------------- */
 
+/* The rope of the global (swa 0) or the sliding-window (swa 1) layers. */
+static bubo_rope_params rope_params(const bubo_model *m, int swa) {
+    const bubo_hparams *hp = &m->hp;
+    return (bubo_rope_params){
+        .mode = hp->rope_neox ? BUBO_ROPE_NEOX : BUBO_ROPE_NORMAL,
+        .n_rot = hp->n_rot,
+        .freq_base = swa ? hp->rope_freq_base_swa : hp->rope_freq_base,
+        .freq_scale = swa ? hp->rope_freq_scale_swa : hp->rope_freq_scale,
+        .freq_factors = m->w.rope_freqs,
+    };
+}
+
+/* Token t's rope angles, once for every layer (and for Q and K): s.rope_cs. */
+static void step_rope_angles(const void *vc, int32_t t) {
+    const step_ctx *c = vc;
+    const bubo_model *m = c->m;
+    const size_t n_rot = (size_t)m->hp.n_rot;
+    if (n_rot == 0) return;
+    for (int swa = 0; swa < 2; swa++) {
+        const bubo_rope_params p = rope_params(m, swa);
+        bubo_rope_angles(c->pos[t], &p, m->s.rope_cs + ((size_t)t * 2 + (size_t)swa) * n_rot);
+    }
+}
+
 static void step_embed(const void *vc, int32_t t) {
     const step_ctx *c = vc;
     const bubo_model *m = c->m;
@@ -104,13 +128,8 @@ static void step_qkv(const void *vc, int32_t t) {
             m->ops->rms_norm(hp->head_dim_k, k + h * hp->head_dim_k, k + h * hp->head_dim_k, l->k_norm, hp->norm_eps);
     }
     const int swa = hp->is_swa[c->il];
-    const bubo_rope_params rope = {
-        .mode = hp->rope_neox ? BUBO_ROPE_NEOX : BUBO_ROPE_NORMAL,
-        .n_rot = hp->n_rot,
-        .freq_base = swa ? hp->rope_freq_base_swa : hp->rope_freq_base,
-        .freq_scale = swa ? hp->rope_freq_scale_swa : hp->rope_freq_scale,
-        .freq_factors = m->w.rope_freqs,
-    };
+    bubo_rope_params rope = rope_params(m, swa);
+    rope.angles = m->s.rope_cs + ((size_t)t * 2 + (size_t)swa) * (size_t)hp->n_rot; /* step_rope_angles' */
     m->ops->rope(q, 1, hp->n_head, hp->head_dim_k, &c->pos[t], &rope);
     m->ops->rope(k, 1, hp->n_head_kv, hp->head_dim_k, &c->pos[t], &rope);
 
@@ -199,6 +218,10 @@ static void prepare_queries(const step_ctx *c, int32_t t0, int32_t t1, int h0, i
     const bubo_type kv_type = bubo_kv_get_params(c->kv)->type; /* K's: the queries meet K rows */
     const bubo_from_float_fn to_q8 = bubo_type_get_traits(kv_type)->vec_dot_type == BUBO_TYPE_Q8_0
                                          ? bubo_get_from_float(BUBO_TYPE_Q8_0) : NULL;
+    /* f32 -> f16 -> f32 through the kernel table (F16C where there is one: the same rounding as
+     * bubo_f32_to_f16, a call per element otherwise) */
+    const bubo_from_float_fn to_f16 = bubo_get_from_float(BUBO_TYPE_F16);
+    const bubo_to_float_fn from_f16 = bubo_get_to_float(BUBO_TYPE_F16);
     for (int32_t t = t0; t < t1; t++)
         for (int h = h0; h < h1; h++) {
             const float *q = m->s.q + ((size_t)t * hp->n_head + h) * hp->head_dim_k;
@@ -208,7 +231,9 @@ static void prepare_queries(const step_ctx *c, int32_t t0, int32_t t1, int h0, i
                 for (int j = 0; j < hp->head_dim_k; j++) q_tmp[j] = q[j] * hp->q_scale;
                 to_q8(q_tmp, qa, hp->head_dim_k);
             } else if (kv_type == BUBO_TYPE_F16) {
-                for (int j = 0; j < hp->head_dim_k; j++) q_f32[j] = bubo_f16_to_f32(bubo_f32_to_f16(q[j] * hp->q_scale));
+                for (int j = 0; j < hp->head_dim_k; j++) q_f32[j] = q[j] * hp->q_scale;
+                to_f16(q_f32, q_tmp, hp->head_dim_k); /* q_tmp holds head_dim_k floats: twice the f16 row */
+                from_f16(q_tmp, q_f32, hp->head_dim_k);
             } else {
                 for (int j = 0; j < hp->head_dim_k; j++) q_f32[j] = q[j] * hp->q_scale;
             }
@@ -333,6 +358,7 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
     bubo_status st;
 
     run_tokens(c, step_embed);
+    run_tokens(c, step_rope_angles);
     for (int il = 0; il < hp->n_layer; il++) {
         const bubo_layer_weights *l = &m->w.layers[il];
         c->il = il;

@@ -290,12 +290,13 @@ static bubo_status alloc_state(bubo_model *m, bubo_err *err) {
     ALLOC(s->att, B * hp->n_head * hp->head_dim_v);
     ALLOC(s->hb, B * hp->n_ff);
     ALLOC(s->hb2, B * hp->n_ff);
+    ALLOC(s->rope_cs, B * 2 * (size_t)(hp->n_rot > 0 ? hp->n_rot : 1));
     ALLOC(s->mm_scratch, mm + 1);
     ALLOC(s->q_att, (size_t)n_threads * ATTN_TILE_TOKENS * (hp->n_head / hp->n_head_kv) * s->q_att_stride);
     ALLOC(s->v_tmp, (size_t)n_threads * bubo_attend_scratch_floats(ATTN_TILE_TOKENS, hp->n_head / hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v));
     if (m->w.token_embd.packed) ALLOC(s->embd_rows, B * bubo_row_size(m->w.token_embd.type, m->w.token_embd.cols));
 #undef ALLOC
-    if (!s->x || !s->xb || !s->xb2 || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->mm_scratch ||
+    if (!s->x || !s->xb || !s->xb2 || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->rope_cs || !s->mm_scratch ||
         !s->q_att || !s->v_tmp || (m->w.token_embd.packed && !s->embd_rows))
         return bubo_set_err(err, BUBO_ERR_NOMEM, "%s: out of memory for the activations", m->path);
     return BUBO_OK;
@@ -424,7 +425,7 @@ void bubo_model_free(bubo_model *m) {
     free(m->w.output_norm);
     free(m->w.rope_freqs);
     bubo_run_state *s = &m->s;
-    void *bufs[] = {s->x, s->xb, s->xb2, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->mm_scratch, s->q_att, s->v_tmp,
+    void *bufs[] = {s->x, s->xb, s->xb2, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->rope_cs, s->mm_scratch, s->q_att, s->v_tmp,
                     s->embd_rows, s->att_part};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     bubo_gguf_close(m->gguf);

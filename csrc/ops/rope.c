@@ -6,7 +6,8 @@
  * Dims from n_rot on pass through. The angles follow ggml's CPU rope cache step by step (a running
  * f32 product by base^(-2/n_rot), then freq_scale * theta / ff, then cosf/sinf), so bubo turns
  * by exactly llama.cpp's angles. They are computed once per token and chunk of pairs, by the same
- * scalar code for every level, and reused across heads; only the rotation is vectorized. */
+ * scalar code for every level, and reused across heads (a caller may compute them once for many
+ * calls: bubo_rope_angles, p->angles); only the rotation is vectorized. */
 #include "ops_internal.h"
 
 #define ROPE_CHUNK 64 /* pairs whose cos/sin sit on the stack at once */
@@ -32,23 +33,43 @@ static void rotate_scalar(float *head, const float *c, const float *s, int i0, i
     }
 }
 
+/* The angles of pairs [i0, i0 + len) of token pos, theta running on from pair i0's (*theta). */
+static inline void rope_chunk_angles(const bubo_rope_params *p, float theta_scale, float *theta, int i0, int len,
+                                     float *c, float *s) {
+    for (int k = 0; k < len; k++) {
+        const float ff = p->freq_factors ? p->freq_factors[i0 + k] : 1.0f;
+        const float angle = p->freq_scale * (*theta / ff);
+        c[k] = cosf(angle);
+        s[k] = sinf(angle);
+        *theta *= theta_scale;
+    }
+}
+
+void bubo_rope_angles(int32_t pos, const bubo_rope_params *p, float *cs) {
+    const int n_pairs = p->n_rot / 2;
+    float theta = (float)pos;
+    rope_chunk_angles(p, powf(p->freq_base, -2.0f / (float)p->n_rot), &theta, 0, n_pairs, cs, cs + n_pairs);
+}
+
 static inline void rope_driver(rope_rotate_fn rotate, float *x, int64_t n_tokens, int n_heads, int head_dim,
                                const int32_t *pos, const bubo_rope_params *p) {
     const int n_pairs = p->n_rot / 2;
     const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
     float c[ROPE_CHUNK], s[ROPE_CHUNK];
+    if (p->angles && n_tokens == 1) { /* computed by the caller (bubo_rope_angles) */
+        for (int i0 = 0; i0 < n_pairs; i0 += ROPE_CHUNK) {
+            const int len = n_pairs - i0 < ROPE_CHUNK ? n_pairs - i0 : ROPE_CHUNK;
+            for (int h = 0; h < n_heads; h++)
+                rotate(x + (int64_t)h * head_dim, p->angles + i0, p->angles + n_pairs + i0, i0, len, n_pairs, p->mode);
+        }
+        return;
+    }
     for (int64_t t = 0; t < n_tokens; t++) {
         float *xt = x + t * (int64_t)n_heads * head_dim;
         float theta = (float)pos[t];
         for (int i0 = 0; i0 < n_pairs; i0 += ROPE_CHUNK) {
             const int len = n_pairs - i0 < ROPE_CHUNK ? n_pairs - i0 : ROPE_CHUNK;
-            for (int k = 0; k < len; k++) {
-                const float ff = p->freq_factors ? p->freq_factors[i0 + k] : 1.0f;
-                const float angle = p->freq_scale * (theta / ff);
-                c[k] = cosf(angle);
-                s[k] = sinf(angle);
-                theta *= theta_scale;
-            }
+            rope_chunk_angles(p, theta_scale, &theta, i0, len, c, s);
             for (int h = 0; h < n_heads; h++) rotate(xt + (int64_t)h * head_dim, c, s, i0, len, n_pairs, p->mode);
         }
     }

@@ -40,7 +40,13 @@ typedef struct {
     float freq_base;           /* theta_i = pos * freq_scale * freq_base^(-2i/n_rot) / freq_factors[i] */
     float freq_scale;          /* 1 / linear context-scaling factor; 1.0 for none */
     const float *freq_factors; /* [n_rot/2] divisors of each pair's frequency (llama3 rope_freqs), or NULL */
+    const float *angles;       /* a one-token call's angles from bubo_rope_angles, or NULL: computed here */
 } bubo_rope_params;
+
+/* Token pos's angles under p: cos of its n_rot/2 pairs, then their sin, into cs [n_rot]; exactly
+ * the values the rope op computes itself. A forward pass computes them once per token for all
+ * its layers (and for Q and K) and hands them over in p->angles. */
+void bubo_rope_angles(int32_t pos, const bubo_rope_params *p, float *cs);
 
 /* ---- the op table -------------------------------------------------------------------------- */
 
