@@ -49,6 +49,29 @@ static void run_tokens(step_ctx *c, void (*fn)(const void *, int32_t)) {
         bubo_pool_run(c->m->pool, token_share, c);
 }
 
+static bubo_status matmul(bubo_model *m, const bubo_mat *w, const float *x, int32_t n, float *y, bubo_err *err);
+
+/* Matrices that multiply the same x, in one pool run with x quantized once (bubo_matmul_parts)
+ * where they take their activations as one type; else one after the other. */
+static bubo_status matmul_shared(bubo_model *m, int n_mats, const bubo_mat *const *w, const float *x, int32_t n,
+                                 float *const *y, bubo_err *err) {
+    bubo_matmul_part parts[BUBO_MATMUL_MAX_PARTS];
+    const bubo_type vdt = bubo_type_get_traits(w[0]->type)->vec_dot_type;
+    int same = n_mats <= BUBO_MATMUL_MAX_PARTS;
+    for (int i = 0; i < n_mats && same; i++) {
+        same = bubo_type_get_traits(w[i]->type)->vec_dot_type == vdt && w[i]->cols == w[0]->cols;
+        parts[i] = (bubo_matmul_part){.type = w[i]->type, .prepacked_isa = w[i]->packed ? w[i]->packed_isa : BUBO_ISA_COUNT,
+                                      .w = w[i]->data, .rows = w[i]->rows, .y = y[i]};
+    }
+    if (same)
+        return bubo_matmul_parts(m->pool, n_mats, parts, w[0]->cols, x, n, m->s.mm_scratch, m->s.mm_scratch_size, err);
+    for (int i = 0; i < n_mats; i++) {
+        bubo_status st = matmul(m, w[i], x, n, y[i], err);
+        if (st) return st;
+    }
+    return BUBO_OK;
+}
+
 static bubo_status matmul(bubo_model *m, const bubo_mat *w, const float *x, int32_t n, float *y, bubo_err *err) {
     if (w->packed)
         return bubo_matmul_prepacked(m->pool, w->packed_isa, w->type, w->data, w->rows, w->cols, x, n, y,
@@ -363,9 +386,9 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
         const bubo_layer_weights *l = &m->w.layers[il];
         c->il = il;
         run_tokens(c, step_attn_norm);
-        if ((st = matmul(m, &l->wq, s->xb, n, s->q, err)) || (st = matmul(m, &l->wk, s->xb, n, s->k, err)) ||
-            (st = matmul(m, &l->wv, s->xb, n, s->v, err)))
-            return st;
+        const bubo_mat *qkv[] = {&l->wq, &l->wk, &l->wv};
+        float *qkv_out[] = {s->q, s->k, s->v};
+        if ((st = matmul_shared(m, 3, qkv, s->xb, n, qkv_out, err))) return st;
         run_tokens(c, step_qkv);
         const int nth = bubo_pool_n_threads(m->pool);
         split_ctx split = {c, attention_chunks(c, nth)};
@@ -384,7 +407,9 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
             bubo_pool_run(m->pool, attention_share, c);
         if ((st = matmul(m, &l->wo, s->att, n, s->xb2, err))) return st;
         run_tokens(c, step_attn_residual);
-        if ((st = matmul(m, &l->gate, s->xb, n, s->hb, err)) || (st = matmul(m, &l->up, s->xb, n, s->hb2, err)))
+        const bubo_mat *gate_up[] = {&l->gate, &l->up};
+        float *gate_up_out[] = {s->hb, s->hb2};
+        if ((st = matmul_shared(m, 2, gate_up, s->xb, n, gate_up_out, err)))
             return st;
         run_tokens(c, step_ffn_act);
         if ((st = matmul(m, &l->down, s->hb, n, s->xb2, err))) return st;

@@ -33,14 +33,20 @@
 #define ROW_CHUNK 256 /* weight rows per tile call: ~250 KiB of Q4 at 2k columns, in L2 */
 
 typedef struct {
-    bubo_pool *pool;
     bubo_vec_dot_tile_fn vec_dot_tile;
-    bubo_from_float_fn from_float; /* NULL: the activations are already the vec_dot_type */
     const uint8_t *w;
     size_t w_row_bytes;
-    int64_t rows, cols, n_tokens;
-    const float *x;
+    int64_t rows, tiles; /* tiles: ceil(rows / ROW_TILE) */
     float *y;
+} matmul_part;
+
+typedef struct {
+    bubo_pool *pool;
+    bubo_from_float_fn from_float; /* NULL: the activations are already the vec_dot_type */
+    int n_parts;
+    matmul_part parts[BUBO_MATMUL_MAX_PARTS]; /* matrices that share x: their tiles split as one */
+    int64_t cols, n_tokens;
+    const float *x;
     uint8_t *scratch;  /* where from_float writes xq */
     const uint8_t *xq; /* [n_tokens][xq_row_bytes]: the activations as vec_dot takes them */
     size_t xq_row_bytes;
@@ -62,15 +68,22 @@ static void matmul_share(void *vtask, int ith, int nth) {
         if (nth > 1) bubo_pool_barrier(t->pool); /* every thread reads every token's activations */
     }
 
-    const int64_t n_tiles = (t->rows + ROW_TILE - 1) / ROW_TILE;
-    int64_t r0 = n_tiles * ith / nth * ROW_TILE, r1 = n_tiles * (ith + 1) / nth * ROW_TILE;
-    if (r1 > t->rows) r1 = t->rows;
+    /* the parts' tiles in a row, split evenly: a thread's share may run from one part into the next */
+    int64_t n_tiles = 0;
+    for (int i = 0; i < t->n_parts; i++) n_tiles += t->parts[i].tiles;
+    const int64_t g0 = n_tiles * ith / nth, g1 = n_tiles * (ith + 1) / nth;
     const int cols = (int)t->cols;
-
-    for (int64_t rc = r0; rc < r1; rc += ROW_CHUNK) {
-        const int64_t n_rows = r1 - rc < ROW_CHUNK ? r1 - rc : ROW_CHUNK;
-        t->vec_dot_tile(cols, (int)n_rows, (int)t->n_tokens, t->y + rc, (size_t)t->rows, t->w + (size_t)rc * t->w_row_bytes,
-                        t->w_row_bytes, t->xq, t->xq_row_bytes);
+    int64_t base = 0;
+    for (int i = 0; i < t->n_parts; base += t->parts[i].tiles, i++) {
+        const matmul_part *p = &t->parts[i];
+        const int64_t lo = g0 > base ? g0 - base : 0, hi = g1 - base < p->tiles ? g1 - base : p->tiles;
+        if (lo >= hi) continue;
+        const int64_t r0 = lo * ROW_TILE, r1 = hi * ROW_TILE < p->rows ? hi * ROW_TILE : p->rows;
+        for (int64_t rc = r0; rc < r1; rc += ROW_CHUNK) {
+            const int64_t n_rows = r1 - rc < ROW_CHUNK ? r1 - rc : ROW_CHUNK;
+            p->vec_dot_tile(cols, (int)n_rows, (int)t->n_tokens, p->y + rc, (size_t)p->rows,
+                            p->w + (size_t)rc * p->w_row_bytes, p->w_row_bytes, t->xq, t->xq_row_bytes);
+        }
     }
 }
 
@@ -87,59 +100,87 @@ static const bubo_type_traits *prepacked_traits(bubo_isa isa, bubo_type type) {
     return t->prepack[isa] && t->vec_dot_tile_prepacked[isa] ? t : NULL;
 }
 
-/* prepacked_isa: BUBO_ISA_COUNT for weights in place, else the level they were packed for. */
-static bubo_status matmul_run(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
-                              const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
-                              bubo_isa prepacked_isa, bubo_err *err) {
-    const int prepacked = prepacked_isa != BUBO_ISA_COUNT;
-    const bubo_type_traits *traits = bubo_type_get_traits(type);
-    if (!traits) return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: unknown type id %d", (int)type);
+/* One part's checks and kernel; the first part also sets the activations' type (*vdt) that every
+ * other part must share. */
+static bubo_status part_setup(const bubo_matmul_part *in, int64_t cols, bubo_type *vdt, matmul_part *out,
+                              bubo_err *err) {
+    const int prepacked = in->prepacked_isa != BUBO_ISA_COUNT;
+    const bubo_type_traits *traits = bubo_type_get_traits(in->type);
+    if (!traits) return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: unknown type id %d", (int)in->type);
     if (!traits->supported) return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: type %s is not supported", traits->name);
-    if (rows < 0 || cols < 0 || n_tokens < 0 || cols > INT_MAX || n_tokens > INT_MAX)
-        return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: bad shape rows=%lld cols=%lld n_tokens=%lld",
-                            (long long)rows, (long long)cols, (long long)n_tokens);
+    if (in->rows < 0) return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: bad shape rows=%lld", (long long)in->rows);
     const bubo_type_traits *act = bubo_type_get_traits(traits->vec_dot_type);
     if (cols % traits->blck_size || cols % act->blck_size)
         return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: cols=%lld is not a multiple of the %s block (%lld) and %s block (%lld)",
                             (long long)cols, traits->name, (long long)traits->blck_size, act->name, (long long)act->blck_size);
-    if (rows == 0 || n_tokens == 0) return BUBO_OK;
-    if (!w || !x || !y) return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: NULL buffer");
-
-    matmul_task task = {
-        .pool = pool,
-        .vec_dot_tile = !prepacked                              ? bubo_get_vec_dot_tile(type)
-                        : prepacked_traits(prepacked_isa, type) ? traits->vec_dot_tile_prepacked[prepacked_isa]
-                                                                : NULL,
-        .w = w,
-        .w_row_bytes = bubo_row_size(type, cols),
-        .rows = rows,
-        .cols = cols,
-        .n_tokens = n_tokens,
-        .x = x,
-        .y = y,
+    if (*vdt == BUBO_TYPE_COUNT) *vdt = traits->vec_dot_type;
+    if (traits->vec_dot_type != *vdt)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: the parts take their activations as different types");
+    if (prepacked && !prepacked_traits(in->prepacked_isa, in->type))
+        return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: no prepacked kernels for type %d at level %d on this CPU",
+                            (int)in->type, (int)in->prepacked_isa);
+    *out = (matmul_part){
+        .vec_dot_tile = prepacked ? traits->vec_dot_tile_prepacked[in->prepacked_isa] : bubo_get_vec_dot_tile(in->type),
+        .w = in->w,
+        .w_row_bytes = bubo_row_size(in->type, cols),
+        .rows = in->rows,
+        .tiles = (in->rows + ROW_TILE - 1) / ROW_TILE,
+        .y = in->y,
     };
-    task.xq_row_bytes = bubo_row_size(traits->vec_dot_type, cols);
-    if (traits->vec_dot_type == BUBO_TYPE_F32) {
+    if (!out->vec_dot_tile)
+        return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: type %s has no %sdot product kernel", traits->name,
+                            prepacked ? "prepacked " : "");
+    return BUBO_OK;
+}
+
+bubo_status bubo_matmul_parts(bubo_pool *pool, int n_parts, const bubo_matmul_part *parts, int64_t cols,
+                              const float *x, int64_t n_tokens, void *scratch, size_t scratch_size, bubo_err *err) {
+    if (n_parts < 1 || n_parts > BUBO_MATMUL_MAX_PARTS || !parts)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: %d parts (1 to %d)", n_parts, BUBO_MATMUL_MAX_PARTS);
+    if (cols < 0 || n_tokens < 0 || cols > INT_MAX || n_tokens > INT_MAX)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: bad shape cols=%lld n_tokens=%lld", (long long)cols,
+                            (long long)n_tokens);
+    matmul_task task = {.pool = pool, .n_parts = n_parts, .cols = cols, .n_tokens = n_tokens, .x = x};
+    bubo_type vdt = BUBO_TYPE_COUNT;
+    int64_t rows = 0;
+    for (int i = 0; i < n_parts; i++) {
+        bubo_status st = part_setup(&parts[i], cols, &vdt, &task.parts[i], err);
+        if (st) return st;
+        rows += parts[i].rows;
+    }
+    if (rows == 0 || n_tokens == 0) return BUBO_OK;
+    for (int i = 0; i < n_parts; i++)
+        if (!x || (parts[i].rows > 0 && (!parts[i].w || !parts[i].y)))
+            return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: NULL buffer");
+    const bubo_type_traits *act = bubo_type_get_traits(vdt);
+    task.xq_row_bytes = bubo_row_size(vdt, cols);
+    if (vdt == BUBO_TYPE_F32) {
         task.xq = (const uint8_t *)x;
     } else {
-        const size_t needed = bubo_matmul_scratch_size(type, cols, n_tokens);
+        const size_t needed = bubo_row_size(vdt, cols) * (size_t)n_tokens;
         if (!scratch || scratch_size < needed)
             return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: scratch of %zu bytes, %zu needed", scratch_size, needed);
-        task.from_float = bubo_get_from_float(traits->vec_dot_type);
+        task.from_float = bubo_get_from_float(vdt);
+        if (!task.from_float)
+            return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: no quantizer for the %s activations", act->name);
         task.scratch = scratch;
         task.xq = scratch;
         task.xq_blck_size = act->blck_size;
         task.xq_type_size = act->type_size;
     }
-    if (!task.vec_dot_tile || (traits->vec_dot_type != BUBO_TYPE_F32 && !task.from_float))
-        return bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "matmul: type %s has no %sdot product kernel", traits->name,
-                            prepacked ? "prepacked " : "");
-
     if (pool && bubo_pool_n_threads(pool) > 1)
         bubo_pool_run(pool, matmul_share, &task);
     else
         matmul_share(&task, 0, 1);
     return BUBO_OK;
+}
+
+/* prepacked_isa: BUBO_ISA_COUNT for weights in place, else the level they were packed for. */
+static bubo_status matmul_run(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,
+                              const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
+                              bubo_isa prepacked_isa, bubo_err *err) {
+    const bubo_matmul_part part = {.type = type, .prepacked_isa = prepacked_isa, .w = w, .rows = rows, .y = y};
+    return bubo_matmul_parts(pool, 1, &part, cols, x, n_tokens, scratch, scratch_size, err);
 }
 
 bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,

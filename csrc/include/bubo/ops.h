@@ -113,6 +113,22 @@ bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t 
  * at that level; the packing saves the tile its per-call unpacking (most of a decode step's cost
  * for the legacy types Q4_0 ... Q8_0 and for Q4_K). bubo_prepacked_row writes row r's own bytes
  * back (bubo_row_size(type, cols)) from the packed form, for the legacy types. */
+/* Several matrices of cols columns that multiply the same x (a layer's Q, K and V; gate and up):
+ * x quantized once, every part's rows split over the threads as one range, one pool run. Each part
+ * has its own type and rows (prepacked_isa BUBO_ISA_COUNT: weights in place, else the level they
+ * were prepacked for) and its output y [n_tokens][rows]; all must take their activations as one
+ * type (BUBO_ERR_INVALID otherwise). Each output is the same bits as the part's bubo_matmul. */
+#define BUBO_MATMUL_MAX_PARTS 3
+typedef struct {
+    bubo_type type;
+    bubo_isa prepacked_isa;
+    const void *w;
+    int64_t rows;
+    float *y;
+} bubo_matmul_part;
+bubo_status bubo_matmul_parts(bubo_pool *pool, int n_parts, const bubo_matmul_part *parts, int64_t cols,
+                              const float *x, int64_t n_tokens, void *scratch, size_t scratch_size, bubo_err *err);
+
 bubo_status bubo_matmul_prepack(bubo_isa isa, bubo_type type, const void *w, int64_t rows, int64_t cols, void *dst,
                                 bubo_err *err);
 bubo_status bubo_matmul_prepacked(bubo_pool *pool, bubo_isa isa, bubo_type type, const void *w, int64_t rows,
