@@ -336,9 +336,12 @@ def test_disconnect_mid_stream_frees_the_slot_within_one_step(server):
     n_before_close = slot(server.url)["next_token"]["n_decoded"]
     s.close()
     after = wait_slot_idle(server.url)
-    # the step running when the client left may finish; the next one never starts. One more
-    # step of slack for the time between reading /slots and closing the socket.
-    assert after["next_token"]["n_decoded"] <= n_before_close + 2
+    # The server learns of the close from a failed write: the first write after it is taken by the
+    # kernel (the peer answers it with a reset), the next one fails and cancels the request; the
+    # step running then may finish, and the next never starts. Plus one step between reading
+    # /slots and closing the socket: a few tokens at most, where a runaway slot would go on to
+    # the end of its context. (CI once saw 3 past the count at ~350 tokens/s.)
+    assert after["next_token"]["n_decoded"] <= n_before_close + 4
     # the next request starts at once
     out = debug_prompt(server.url, "Hello", max_tokens=2)
     assert out["events"][-1]["completion_tokens"] == 2
