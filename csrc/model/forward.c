@@ -99,7 +99,7 @@ static void step_rope_angles(const void *vc, int32_t t) {
     const bubo_model *m = c->m;
     const size_t n_rot = (size_t)m->hp.n_rot;
     if (n_rot == 0) return;
-    for (int swa = 0; swa < 2; swa++) {
+    for (int swa = 0; swa < (m->hp.sliding_window > 0 ? 2 : 1); swa++) {
         const bubo_rope_params p = rope_params(m, swa);
         bubo_rope_angles(c->pos[t], &p, m->s.rope_cs + ((size_t)t * 2 + (size_t)swa) * n_rot);
     }

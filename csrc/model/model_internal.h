@@ -63,7 +63,7 @@ typedef struct {
     float *xb2;           /* (B, n_embd) a sublayer's output before the residual add */
     float *hb;            /* (B, n_ff) gate, then the activated product */
     float *hb2;           /* (B, n_ff) up */
-    float *rope_cs;       /* (B, 2, n_rot) each token's rope angles (bubo_rope_angles): the global layers', the sliding-window layers' */
+    float *rope_cs;       /* (B, 2, n_rot) each token's rope angles (bubo_rope_angles): the global layers', the sliding-window layers' (if any) */
     uint8_t *mm_scratch;  /* activations quantized by bubo_matmul: the largest of any weight's need */
     size_t mm_scratch_size;
     uint8_t *q_att;       /* (n_threads, ATTN_TILE_TOKENS, group, q_att_stride) the query heads of one KV head in the cache's vec_dot_type */

@@ -235,21 +235,20 @@ BUBO_TARGET_AVX2 static void scores_q8_avx2(const attend_keys *k, const uint8_t 
     const __m256i ones = _mm256_set1_epi16(1);
     for (int h = 0; h < n_q; h++) {
         const uint8_t *qh = q + (size_t)h * q_stride;
-        __m256 a[G];
-        for (int i = 0; i < G; i++) {
-            const int8_t *kr = k->kq + (size_t)i * hdk;
-            const float *kw = k->kw + (size_t)i * words;
-            __m256 lanes[2];
-            for (int b = 0; b < hdk / QK8_0; b++) { /* block b: lanes 0-7 (b even) or 8-15 of chunk b / 2 */
-                const __m256i qs = _mm256_loadu_si256((const __m256i *)q8_quants(qh, b));
-                const __m256i ks = _mm256_loadu_si256((const __m256i *)(kr + QK8_0 * b));
-                const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(qs), _mm256_sign_epi8(ks, qs)), ones);
-                const __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(kw + 8 * b), _mm256_set1_ps(q8_scale(qh, b)));
+        __m256 lanes[G][2];
+        for (int b = 0; b < hdk / QK8_0; b++) { /* block b: lanes 0-7 (b even) or 8-15 of chunk b / 2 */
+            const __m256i qs = _mm256_loadu_si256((const __m256i *)q8_quants(qh, b)), aq = _mm256_abs_epi8(qs);
+            const __m256 dq = _mm256_set1_ps(q8_scale(qh, b));
+            for (int i = 0; i < G; i++) {
+                const __m256i ks = _mm256_loadu_si256((const __m256i *)(k->kq + (size_t)i * hdk + QK8_0 * b));
+                const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(ks, qs)), ones);
+                const __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(k->kw + (size_t)i * words + 8 * b), dq);
                 const __m256 f = _mm256_cvtepi32_ps(dot);
-                lanes[b % 2] = b < 2 ? _mm256_mul_ps(f, sc) : _mm256_fmadd_ps(f, sc, lanes[b % 2]);
+                lanes[i][b % 2] = b < 2 ? _mm256_mul_ps(f, sc) : _mm256_fmadd_ps(f, sc, lanes[i][b % 2]);
             }
-            a[i] = _mm256_add_ps(lanes[0], lanes[1]);
         }
+        __m256 a[G];
+        for (int i = 0; i < G; i++) a[i] = _mm256_add_ps(lanes[i][0], lanes[i][1]);
         __m256 r[2];
         reduce16_avx2(a, r);
         for (int o = 0; o < 2; o++) _mm256_storeu_ps(s + (size_t)h * G + 8 * o, _mm256_mul_ps(r[o], _mm256_set1_ps(kq_scale)));
