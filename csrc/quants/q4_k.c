@@ -10,6 +10,7 @@
  * where the integer sums are exact in every variant and sum(a over g) comes from bsums. */
 #include "kquants_internal.h"
 #include "kquant_tile.h"
+#include "kquant_tile_avx2.h"
 
 /* ---- scalar reference ------------------------------------------------------------------ */
 
@@ -73,7 +74,7 @@ static void vec_dot_q4_K_q8_K_avx2(int n, float *restrict s, const void *restric
     const block_q4_K *restrict x = vx;
     const block_q8_K *restrict y = vy;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();
+    __m128 acc = _mm_setzero_ps(); /* kquant_tile_avx2.h's chain: the prepacked tile's bits */
     for (int i = 0; i < n / QK_K; i++) {
         uint32_t smw[4];
         kq_unpack_scales_mins(x[i].scales, smw);
@@ -92,11 +93,10 @@ static void vec_dot_q4_K_q8_K_avx2(int n, float *restrict s, const void *restric
             sumi = kq_dot32_scaled_avx2(sumi, lo, a, s0);
             sumi = kq_dot32_scaled_avx2(sumi, hi, a + 32, s1);
         }
-        const float dy = y[i].d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * _cvtsh_ss(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
-        acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dy * _cvtsh_ss(x[i].dmin)), _mm256_cvtepi32_ps(summ), acc_m);
+        acc = kq_chain_step_avx2(acc, kq_hsum_epi32_avx2(sumi), kq_hsum_epi32_avx2(summ), _cvtsh_ss(x[i].d),
+                                 _cvtsh_ss(x[i].dmin), y[i].d);
     }
-    *s = kq_hsum_ps_avx2(_mm256_sub_ps(acc, acc_m));
+    *s = _mm_cvtss_f32(acc);
 }
 
 BUBO_TARGET_AVX512
@@ -308,6 +308,101 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_unpack_p
 }
 
 BUBO_PREPACKED_KQUANT(q4_K, block_q4_K)
+
+/* Prepacked for AVX2 (kquant_tile_avx2.h), per half group (8 rows) and super-block, 1152 bytes =
+ * 8 x 144: value registers m = 0..31 (1024: element 8m + i of row r in the low nibble of byte
+ * 4r + i, element 8m + 4 + i in its high nibble), the 12 packed scale bytes as planes of the 8 rows
+ * (96), d and dmin as f16 (32). */
+#define Q4_K_P2_SCALES 1024
+#define Q4_K_P2_D (Q4_K_P2_SCALES + KQ2_ROWS * K_SCALE_SIZE)
+#define Q4_K_P2_DMIN (Q4_K_P2_D + 2 * KQ2_ROWS)
+_Static_assert(Q4_K_P2_DMIN + 2 * KQ2_ROWS == KQ2_ROWS * sizeof(block_q4_K), "prepacked q4_K (AVX2) size");
+
+static void q4_K_prepack_avx2(const void *restrict vx, size_t x_stride, int64_t rows, int n, void *restrict vdst) {
+    const uint8_t *x = vx;
+    uint8_t *dst = vdst;
+    const int nb = n / QK_K;
+    for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS)
+        for (int k = 0; k < nb; k++)
+            for (int h = 0; h < 2; h++) {
+                uint8_t *b = dst + (size_t)r0 * x_stride + ((size_t)2 * k + h) * KQ2_ROWS * sizeof(block_q4_K);
+                memset(b, 0, KQ2_ROWS * sizeof(block_q4_K));
+                for (int r = 0; r < KQ2_ROWS && r0 + KQ2_ROWS * h + r < rows; r++) {
+                    const block_q4_K *blk = (const block_q4_K *)(x + (size_t)(r0 + KQ2_ROWS * h + r) * x_stride) + k;
+                    uint8_t q[QK_K];
+                    unpack_q4_K(blk, q);
+                    for (int m = 0; m < 32; m++)
+                        for (int i = 0; i < 4; i++)
+                            b[32 * m + 4 * r + i] = (uint8_t)(q[8 * m + i] | q[8 * m + 4 + i] << 4);
+                    for (int i = 0; i < K_SCALE_SIZE; i++) b[Q4_K_P2_SCALES + KQ2_ROWS * i + r] = blk->scales[i];
+                    memcpy(b + Q4_K_P2_D + 2 * r, &blk->d, 2);
+                    memcpy(b + Q4_K_P2_DMIN + 2 * r, &blk->dmin, 2);
+                }
+            }
+}
+
+/* kq_unpack_scales_mins, 8 rows at once (kq_unpack_prepacked_q4_K's planes). */
+BUBO_TARGET_AVX2 static void kq2_panel_q4_K(kq2_panel *p, const uint8_t *b) {
+    __m256i plane[K_SCALE_SIZE];
+    for (int i = 0; i < K_SCALE_SIZE; i++)
+        plane[i] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + Q4_K_P2_SCALES + KQ2_ROWS * i)));
+    const __m256i m63 = _mm256_set1_epi32(63), m15 = _mm256_set1_epi32(15);
+    for (int g = 0; g < 4; g++) {
+        const __m256i sc = _mm256_and_si256(plane[g], m63), mn = _mm256_and_si256(plane[4 + g], m63);
+        const __m256i sc_hi = _mm256_or_si256(_mm256_and_si256(plane[8 + g], m15),
+                                              _mm256_slli_epi32(_mm256_srli_epi32(plane[g], 6), 4));
+        const __m256i mn_hi = _mm256_or_si256(_mm256_srli_epi32(plane[8 + g], 4),
+                                              _mm256_slli_epi32(_mm256_srli_epi32(plane[4 + g], 6), 4));
+        p->sc[g] = kq2_pair(sc);
+        p->sc[4 + g] = kq2_pair(sc_hi);
+        p->m_pair[g] = kq2_pair(mn);
+        p->m_pair[4 + g] = kq2_pair(mn_hi);
+    }
+    p->dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + Q4_K_P2_D)));
+    p->dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + Q4_K_P2_DMIN)));
+}
+
+/* Per 32-element group: its 8 k-steps' products add up in int16 (8 x 2 x 15 x 127 < 2^15), then
+ * one vpmaddwd by the group's scale. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro_q4_K_body(
+    const kq2_panel *p, const uint8_t *b, const int nt, int first, __m256i live, float *s, size_t s_stride,
+    const uint8_t *yt, size_t y_stride) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i isum[KQ2_TOKENS], msum[KQ2_TOKENS];
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) isum[t] = msum[t] = _mm256_setzero_si256();
+    for (int g = 0; g < 8; g++) {
+        __m256i acc[KQ2_TOKENS];
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int mm = 0; mm < 4; mm++) {
+            const __m256i z = _mm256_loadu_si256((const __m256i *)(b + 32 * (4 * g + mm)));
+            const __m256i lo = _mm256_and_si256(z, m4), hi = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) {
+                const int8_t *a = ((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 32 * g + 8 * mm;
+                acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(lo, kq2_bcast4(a)));
+                acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(hi, kq2_bcast4(a + 4)));
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(acc[t], p->sc[g]));
+    }
+    KQ2_FINISH(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum);
+}
+
+BUBO_TARGET_AVX2 static void kq2_micro_q4_K(const kq2_panel *p, const uint8_t *b, int nt, int first, __m256i live,
+                                            float *s, size_t s_stride, const uint8_t *yt, size_t y_stride) {
+    KQ2_MICRO_DISPATCH(kq2_micro_q4_K_body, p, b, nt, first, live, s, s_stride, yt, y_stride);
+}
+
+BUBO_TARGET_AVX2 static void q4_K_tile_prepacked_avx2(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
+                                                      const void *restrict x, size_t x_stride, const void *restrict y,
+                                                      size_t y_stride) {
+    kq2_tile_prepacked(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q4_K), kq2_panel_q4_K,
+                       kq2_micro_q4_K);
+}
 #endif /* BUBO_X86 */
 
 /* vec_dot looped over a tile, where no SIMD tile exists */
@@ -330,6 +425,8 @@ void bubo_register_q4_k(bubo_type_traits *table) {
     t->to_float[BUBO_ISA_AVX2] = dequantize_row_q4_K_avx2;
     t->vec_dot[BUBO_ISA_AVX2] = vec_dot_q4_K_q8_K_avx2;
     t->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_q4_K_q8_K_avx2;
+    t->prepack[BUBO_ISA_AVX2] = q4_K_prepack_avx2;
+    t->vec_dot_tile_prepacked[BUBO_ISA_AVX2] = q4_K_tile_prepacked_avx2;
     t->to_float[BUBO_ISA_AVX512] = dequantize_row_q4_K_avx512;
     t->vec_dot[BUBO_ISA_AVX512] = vec_dot_q4_K_q8_K_avx512;
     t->vec_dot_tile[BUBO_ISA_AVX512] = tile_q4_K_q8_K_avx512;

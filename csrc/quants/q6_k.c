@@ -11,6 +11,7 @@
  * sum(scale * (q - 32) * a) = sum(scale * q * a) - 32 * sum_g scale[g] * bsum[g]. */
 #include "kquants_internal.h"
 #include "kquant_tile.h"
+#include "kquant_tile_avx2.h"
 
 /* ---- scalar reference ------------------------------------------------------------------ */
 
@@ -103,7 +104,7 @@ BUBO_TARGET_AVX2
 static void vec_dot_q6_K_q8_K_avx2(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
     const block_q6_K *restrict x = vx;
     const block_q8_K *restrict y = vy;
-    __m256 acc = _mm256_setzero_ps();
+    __m128 acc = _mm_setzero_ps(); /* kquant_tile_avx2.h's chain: the prepacked tile's bits */
     for (int i = 0; i < n / QK_K; i++) {
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
         const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
@@ -119,10 +120,10 @@ static void vec_dot_q6_K_q8_K_avx2(int n, float *restrict s, const void *restric
             for (int m = 0; m < 4; m++, a += 32)
                 sumi = kq_dot32_scaled_avx2(sumi, q[m], a, kq_group16_scales_avx2(halves[h], m));
         }
-        const __m256 dd = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
-        acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, offset)), acc);
+        const float d = _cvtsh_ss(x[i].d);
+        acc = kq_chain_step_avx2(acc, kq_hsum_epi32_avx2(sumi), kq_hsum_epi32_avx2(offset), d, d, y[i].d);
     }
-    *s = kq_hsum_ps_avx2(acc);
+    *s = _mm_cvtss_f32(acc);
 }
 
 /* The two 64-element runs of half a block as unsigned q (0..63): elements 0..63 and 64..127.
@@ -335,6 +336,104 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_unpack_p
 }
 
 BUBO_PREPACKED_KQUANT(q6_K, block_q6_K)
+
+/* Prepacked for AVX2 (kquant_tile_avx2.h), per half group (8 rows) and super-block, 1680 bytes =
+ * 8 x 210: the low 4 bits as value registers m = 0..31 (1024: element 8m + i of row r in the low
+ * nibble of byte 4r + i, element 8m + 4 + i in its high nibble), the high 2 bits as registers u =
+ * 0..15 (512: bits 2c..2c+1 of byte 4r + i hold those of element 16u + 4c + i), the 16 scales as
+ * planes of the 8 rows (128), d as f16 (16). */
+#define Q6_K_P2_HIGH 1024
+#define Q6_K_P2_SCALES (Q6_K_P2_HIGH + 512)
+#define Q6_K_P2_D (Q6_K_P2_SCALES + 16 * KQ2_ROWS)
+_Static_assert(Q6_K_P2_D + 2 * KQ2_ROWS == KQ2_ROWS * sizeof(block_q6_K), "prepacked q6_K (AVX2) size");
+
+static void q6_K_prepack_avx2(const void *restrict vx, size_t x_stride, int64_t rows, int n, void *restrict vdst) {
+    const uint8_t *x = vx;
+    uint8_t *dst = vdst;
+    const int nb = n / QK_K;
+    for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS)
+        for (int k = 0; k < nb; k++)
+            for (int h = 0; h < 2; h++) {
+                uint8_t *b = dst + (size_t)r0 * x_stride + ((size_t)2 * k + h) * KQ2_ROWS * sizeof(block_q6_K);
+                memset(b, 0, KQ2_ROWS * sizeof(block_q6_K));
+                for (int r = 0; r < KQ2_ROWS && r0 + KQ2_ROWS * h + r < rows; r++) {
+                    const block_q6_K *blk = (const block_q6_K *)(x + (size_t)(r0 + KQ2_ROWS * h + r) * x_stride) + k;
+                    int8_t q[QK_K];
+                    unpack_q6_K(blk, q); /* q - 32 */
+                    uint8_t u[QK_K];
+                    for (int e = 0; e < QK_K; e++) u[e] = (uint8_t)(q[e] + 32);
+                    for (int m = 0; m < 32; m++)
+                        for (int i = 0; i < 4; i++)
+                            b[32 * m + 4 * r + i] = (uint8_t)((u[8 * m + i] & 15) | (u[8 * m + 4 + i] & 15) << 4);
+                    for (int g = 0; g < 16; g++)
+                        for (int i = 0; i < 4; i++) {
+                            uint8_t hi = 0;
+                            for (int c = 0; c < 4; c++) hi |= (uint8_t)((u[16 * g + 4 * c + i] >> 4) << (2 * c));
+                            b[Q6_K_P2_HIGH + 32 * g + 4 * r + i] = hi;
+                        }
+                    for (int j = 0; j < 16; j++) b[Q6_K_P2_SCALES + KQ2_ROWS * j + r] = (uint8_t)blk->scales[j];
+                    memcpy(b + Q6_K_P2_D + 2 * r, &blk->d, 2);
+                }
+            }
+}
+
+BUBO_TARGET_AVX2 static void kq2_panel_q6_K(kq2_panel *p, const uint8_t *b) {
+    __m256i sc[16];
+    for (int j = 0; j < 16; j++) {
+        sc[j] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + Q6_K_P2_SCALES + KQ2_ROWS * j)));
+        p->sc[j] = kq2_pair(sc[j]);
+    }
+    const __m256i low16 = _mm256_set1_epi32(0xFFFF);
+    for (int i = 0; i < 8; i++) /* m = 32 * scale */
+        p->m_pair[i] = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(sc[2 * i], 5), low16),
+                                       _mm256_slli_epi32(sc[2 * i + 1], 21));
+    p->dx = p->dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + Q6_K_P2_D)));
+}
+
+/* Per 16 elements: two pairs of k-steps add up in int16 (2 x 2 x 63 x 127 < 2^15), each pair
+ * widened and scaled by one vpmaddwd. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro_q6_K_body(
+    const kq2_panel *p, const uint8_t *b, const int nt, int first, __m256i live, float *s, size_t s_stride,
+    const uint8_t *yt, size_t y_stride) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m_hi = _mm256_set1_epi8(0x30);
+    __m256i isum[KQ2_TOKENS], msum[KQ2_TOKENS];
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) isum[t] = msum[t] = _mm256_setzero_si256();
+    for (int g = 0; g < 16; g++) {
+        const __m256i n0 = _mm256_loadu_si256((const __m256i *)(b + 32 * (2 * g)));
+        const __m256i n1 = _mm256_loadu_si256((const __m256i *)(b + 32 * (2 * g + 1)));
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(b + Q6_K_P2_HIGH + 32 * g));
+        const __m256i k0 = _mm256_or_si256(_mm256_and_si256(n0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m_hi));
+        const __m256i k1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n0, 4), m4),
+                                           _mm256_and_si256(_mm256_slli_epi16(h, 2), m_hi));
+        const __m256i k2 = _mm256_or_si256(_mm256_and_si256(n1, m4), _mm256_and_si256(h, m_hi));
+        const __m256i k3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n1, 4), m4),
+                                           _mm256_and_si256(_mm256_srli_epi16(h, 2), m_hi));
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const int8_t *a = ((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 16 * g;
+            const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(k0, kq2_bcast4(a)),
+                                                 _mm256_maddubs_epi16(k1, kq2_bcast4(a + 4)));
+            const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(k2, kq2_bcast4(a + 8)),
+                                                 _mm256_maddubs_epi16(k3, kq2_bcast4(a + 12)));
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(p01, p->sc[g]),
+                                                                 _mm256_madd_epi16(p23, p->sc[g])));
+        }
+    }
+    KQ2_FINISH(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum);
+}
+
+BUBO_TARGET_AVX2 static void kq2_micro_q6_K(const kq2_panel *p, const uint8_t *b, int nt, int first, __m256i live,
+                                            float *s, size_t s_stride, const uint8_t *yt, size_t y_stride) {
+    KQ2_MICRO_DISPATCH(kq2_micro_q6_K_body, p, b, nt, first, live, s, s_stride, yt, y_stride);
+}
+
+BUBO_TARGET_AVX2 static void q6_K_tile_prepacked_avx2(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
+                                                      const void *restrict x, size_t x_stride, const void *restrict y,
+                                                      size_t y_stride) {
+    kq2_tile_prepacked(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K), kq2_panel_q6_K,
+                       kq2_micro_q6_K);
+}
 #endif /* BUBO_X86 */
 
 /* vec_dot looped over a tile, where no SIMD tile exists */
@@ -357,6 +456,8 @@ void bubo_register_q6_k(bubo_type_traits *table) {
     t->to_float[BUBO_ISA_AVX2] = dequantize_row_q6_K_avx2;
     t->vec_dot[BUBO_ISA_AVX2] = vec_dot_q6_K_q8_K_avx2;
     t->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_q6_K_q8_K_avx2;
+    t->prepack[BUBO_ISA_AVX2] = q6_K_prepack_avx2;
+    t->vec_dot_tile_prepacked[BUBO_ISA_AVX2] = q6_K_tile_prepacked_avx2;
     t->to_float[BUBO_ISA_AVX512] = dequantize_row_q6_K_avx512;
     t->vec_dot[BUBO_ISA_AVX512] = vec_dot_q6_K_q8_K_avx512;
     t->vec_dot_tile[BUBO_ISA_AVX512] = tile_q6_K_q8_K_avx512;

@@ -1,6 +1,7 @@
-"""Prepacked weights (bubo_matmul_prepack / bubo_matmul_prepacked, quants/legacy_tile.h and
-kquant_tile.h): a model's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K matrices are packed once at load
-where this CPU's best level has the kernels (AVX-512), and every product over them must be the
+"""Prepacked weights (bubo_matmul_prepack / bubo_matmul_prepacked, quants/legacy_tile.h,
+kquant_tile.h and kquant_tile_avx2.h): a model's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K
+matrices are packed once at load where this CPU's best level has the kernels (AVX-512: all of
+them; AVX2: Q4_K and Q6_K), and every product over them must be the
 same bits as over the rows in place: for every token count (the packed tile serves one token
 too), ragged row groups, short and long rows, and through whole models (BUBO_NO_PREPACK=1 keeps
 the rows in place)."""
@@ -18,7 +19,10 @@ from reference.tiny import KQUANT_DIMS, write_tiny_model
 
 LEGACY = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0]  # their rows can be rebuilt (a tied token_embd)
 PREPACKED = LEGACY + [GT.Q4_K, GT.Q6_K]
-HAS_KERNELS = K.best_isa() == "avx512"  # the level whose tiles the packed layout belongs to
+# the types each level packs (the packed layout belongs to the level's tiles)
+PACKED_AT = {"avx512": set(PREPACKED), "avx2": {GT.Q4_K, GT.Q6_K}}
+PACKED_HERE = PACKED_AT.get(K.best_isa(), set())
+HAS_KERNELS = bool(PACKED_HERE)
 
 
 def bits(a):
@@ -38,10 +42,12 @@ def assert_same_in_place(monkeypatch, logits):
 @pytest.mark.parametrize("type_id", PREPACKED, ids=lambda t: t.name)
 def test_prepacked_matmul_is_the_same_bits(type_id):
     blck = K.type_info(int(type_id))["blck_size"]
-    assert HAS_KERNELS == (_ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), blck), np.uint8), 1, blck)
-                           is not None)
-    if not HAS_KERNELS:
-        pytest.skip("no prepacked kernels on this CPU (AVX-512): the model multiplies its rows in place")
+    packs = type_id in PACKED_HERE
+    assert packs == (_ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), blck), np.uint8), 1, blck)
+                     is not None)
+    if not packs:
+        pytest.skip(f"no prepacked {type_id.name} kernels at this CPU's level ({K.best_isa()}): "
+                    "the model multiplies its rows in place")
     rng = np.random.default_rng(int(type_id))
     pool = _ops.ThreadPool(2)
     # one block, an odd count, a legacy decode step's column chunk (512 blocks) and past it
@@ -75,7 +81,7 @@ def test_prepacked_matmul_is_the_same_bits(type_id):
 
 def test_a_lower_forced_level_packs_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("BUBO_FORCE_ISA", "avx2")
-    for type_id in PREPACKED:
+    for type_id in set(PREPACKED) - PACKED_AT["avx2"]:
         blck = K.type_info(int(type_id))["blck_size"]
         assert _ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), blck), np.uint8), 1, blck) is None
     # a model loaded then is the model in place, bit for bit
@@ -90,19 +96,27 @@ def test_a_lower_forced_level_packs_nothing(tmp_path, monkeypatch):
 
 
 def test_packed_weights_keep_their_level(tmp_path, monkeypatch):
-    """A model packed for AVX-512 keeps those kernels when BUBO_FORCE_ISA lowers the level later
-    (the packed layout is that level's): it goes on decoding, every packed matmul as before."""
+    """A model packed for this CPU's level keeps those kernels when BUBO_FORCE_ISA lowers the level
+    later (the packed layout is that level's): it goes on decoding, every packed matmul as before
+    (AVX-512: a Q8_0 model, then AVX2; AVX2: Q4_K beside Q6_K, then the scalar level)."""
     if not HAS_KERNELS:
-        pytest.skip("no prepacked kernels on this CPU (AVX-512): nothing was packed")
-    path = write_tiny_model(tmp_path / "q8_0.gguf", "llama", types="Q8_0")
+        pytest.skip(f"no prepacked kernels at this CPU's level ({K.best_isa()}): nothing was packed")
+    if GT.Q8_0 in PACKED_HERE:
+        path, lower = write_tiny_model(tmp_path / "q8_0.gguf", "llama", types="Q8_0"), "avx2"
+    else:
+        path, lower = write_tiny_model(tmp_path / "kquant.gguf", "llama", **KQUANT_MODEL), "scalar"
     tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:8])
     model = Model(path, n_threads=2)
     before = model.decode(KVCache(model, n_ctx=64), tokens, np.arange(8), np.zeros(8), np.ones(8, bool))
-    monkeypatch.setenv("BUBO_FORCE_ISA", "avx2")
+    monkeypatch.setenv("BUBO_FORCE_ISA", lower)
     after = model.decode(KVCache(model, n_ctx=64), tokens, np.arange(8), np.zeros(8), np.ones(8, bool))
     assert np.isfinite(after).all() and np.argmax(after, -1).tolist() == np.argmax(before, -1).tolist()
 
 
+# Q4_K beside Q6_K, at k-quant widths
+KQUANT_MODEL = dict(KQUANT_DIMS, types={m: ("Q6_K" if m in ("attn_v", "output") else "Q4_K")
+                                        for m in ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output",
+                                                  "ffn_gate", "ffn_up", "ffn_down", "output")})
 PROMPT = ("The owl turned its head and watched the river, where small fish rose at dusk while the "
           "wind moved through the reeds and the first stars came out over the hills. ") * 3
 
@@ -112,10 +126,7 @@ PROMPT = ("The owl turned its head and watched the river, where small fish rose 
 def test_tiny_model_logits_prepacked_or_not(tmp_path, monkeypatch, arch, types):
     """A 40-token prompt in one batch and then token by token: the same logits, bit for bit, with
     the weights prepacked at load and in place ("kquant": Q4_K beside Q6_K)."""
-    kw = dict(KQUANT_DIMS, types={m: ("Q6_K" if m in ("attn_v", "output") else "Q4_K")
-                                  for m in ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
-                                            "ffn_up", "ffn_down", "output")}) if types == "kquant" else dict(
-        types=types)
+    kw = KQUANT_MODEL if types == "kquant" else dict(types=types)
     path = write_tiny_model(tmp_path / f"{arch}-{types}.gguf", arch, **kw)
     tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:40])
 
@@ -167,3 +178,23 @@ def test_a_long_prompt_through_a_tied_embedding(monkeypatch):
         return model.decode(KVCache(model, n_ctx=512), tokens, np.arange(400), np.zeros(400), np.ones(400, bool))
 
     assert_same_in_place(monkeypatch, logits)
+
+
+@pytest.mark.parametrize("type_id", [GT.Q4_K, GT.Q6_K], ids=lambda t: t.name)
+def test_kquant_vec_dots_of_avx2_and_avx512_are_the_same_bits(type_id):
+    """Q4_K and Q6_K run one float chain at both x86 levels (exact integer sums per super-block,
+    then kquant_tile.h's two fused multiply-adds): a row gives the same bits at AVX2 as at AVX-512,
+    and both levels' packed tiles follow their vec_dots (test_prepacked_matmul_is_the_same_bits)."""
+    if "avx512" not in K.supported_isas():
+        pytest.skip("this CPU has no AVX-512 to compare AVX2 with")
+    rng = np.random.default_rng(7)
+    for n_blocks in (1, 6, 35):
+        cols = 256 * n_blocks
+        w = np.ascontiguousarray(realistic_rows(type_id, 8, cols, int(rng.integers(1 << 30)))).view(np.uint8)
+        w = w.reshape(8, -1)
+        for _ in range(4):
+            y = K.quantize(int(GT.Q8_K), rng.standard_normal(cols).astype(np.float32) * rng.uniform(0.1, 10))
+            for r in range(8):
+                a = K.vec_dot(int(type_id), w[r].tobytes(), y.tobytes(), isa="avx2")
+                b = K.vec_dot(int(type_id), w[r].tobytes(), y.tobytes(), isa="avx512")
+                assert np.float32(a).view(np.uint32) == np.float32(b).view(np.uint32), (n_blocks, r, a, b)

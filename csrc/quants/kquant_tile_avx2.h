@@ -1,0 +1,161 @@
+/* Prepacked k-quant tiles for AVX2 (no VNNI): kquant_tile.h's engine with 8 weight rows in the
+ * int32 lanes of a ymm register, tokens broadcast, for CPUs whose best level is AVX2.
+ *
+ * A prepacked group (16 rows, one super-block: 16 x the block's bytes, as at AVX-512, so that
+ * bubo_prepacked_size and the matmul's 16-row split hold) is two halves of 8 rows. In a half,
+ * register m of the values holds 4 consecutive elements of each of the 8 rows per dword (row r in
+ * bytes 4r..4r+3), two k-steps per byte in the low and high nibbles: one vpmaddubsw multiplies
+ * 4 elements of 8 rows by one token's 4 activations broadcast. The int16 pair sums of a scale's
+ * elements add up in int16 while they cannot overflow (|q8_K| <= 127: 8 products of 4-bit
+ * values, 2 of 6-bit ones), then one vpmaddwd by the (scale, scale) pair of each row widens and
+ * scales them: fewer multiplies per value than the row-major vec_dot, and no horizontal sums.
+ *
+ * The chain is kquant_tile.h's, per lane: per super-block in ascending order,
+ * acc += float(isum) * (dx * dy), then acc -= float(msum) * (dm * dy), with isum and msum the
+ * exact integer sums; the AVX2 vec_dots of Q4_K and Q6_K run it too (kq_chain_step_avx2), so the
+ * rows in place and the packed tile give every output the same bits (and the AVX-512 ones). */
+#ifndef BUBO_KQUANT_TILE_AVX2_H
+#define BUBO_KQUANT_TILE_AVX2_H
+
+#include "tile_simd.h"
+
+#if defined(BUBO_X86)
+
+#define KQ2_ROWS 8    /* rows per half group: one per int32 lane of a ymm */
+#define KQ2_TOKENS 4  /* tokens per micro tile: their int16 and int32 sums stay in registers */
+
+/* One half group's scales and factors for one super-block, unpacked once for all its tokens. */
+typedef struct {
+    __m256i sc[16];    /* per unit of int16 sums (Q4_K: a 32-element group, Q6_K: 16 elements):
+                          lane r = row r's scale as an int16 pair (scale, scale) */
+    __m256i m_pair[8]; /* per subgroup pair i: lane r = (m[2i], m[2i+1]) of row r, int16 each */
+    __m256 dx, dm;
+} kq2_panel;
+
+/* A type's unpacking of a half's scales (b: the half's bytes) ... */
+typedef void (*kq2_panel_fn)(kq2_panel *p, const uint8_t *b);
+
+/* One super-block's step of the chain for a scalar output, for the AVX2 vec_dots: the same
+ * operations as the tile's lanes. */
+BUBO_TARGET_AVX2 static inline __m128 kq_chain_step_avx2(__m128 acc, int32_t isum, int32_t msum, float dx, float dm,
+                                                         float dy) {
+    acc = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), isum), _mm_set_ss(dx * dy), acc);
+    return _mm_fnmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), msum), _mm_set_ss(dm * dy), acc);
+}
+
+BUBO_TARGET_AVX2 static inline int32_t kq_hsum_epi32_avx2(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* 4 bytes at p, broadcast to every dword */
+BUBO_TARGET_AVX2 static inline __m256i kq2_bcast4(const int8_t *p) {
+    int32_t four;
+    memcpy(&four, p, 4);
+    return _mm256_set1_epi32(four);
+}
+
+/* dword r (r < 8) = v[r] as an int16 pair (v, v), from 8 int8 or uint8 values widened to int32 */
+BUBO_TARGET_AVX2 static inline __m256i kq2_pair(__m256i v32) {
+    return _mm256_or_si256(_mm256_and_si256(v32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v32, 16));
+}
+
+/* The lanes' mask for a half group with n live rows (n may exceed 8). */
+BUBO_TARGET_AVX2 static inline __m256i kq2_live(int n) {
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n > 8 ? 8 : n), idx);
+}
+
+/* The chain's step for nt tokens of one super-block (isum, msum per token), into s. */
+#define KQ2_FINISH(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum)                                  \
+    do {                                                                                                   \
+        _Pragma("GCC unroll 4") for (int t_ = 0; t_ < (nt); t_++) {                                        \
+            const block_q8_K *b_ = (const block_q8_K *)((yt) + (size_t)t_ * (y_stride));                   \
+            _Pragma("GCC unroll 8") for (int i_ = 0; i_ < 8; i_++)                                          \
+                msum[t_] = _mm256_add_epi32(msum[t_], _mm256_madd_epi16((p)->m_pair[i_],                    \
+                                                                         kq2_bcast4((const int8_t *)&b_->bsums[2 * i_]))); \
+            const __m256 dy_ = _mm256_set1_ps(b_->d);                                                      \
+            float *st_ = (s) + (size_t)t_ * (s_stride);                                                    \
+            __m256 acc_ = (first) ? _mm256_setzero_ps() : _mm256_maskload_ps(st_, (live));                 \
+            acc_ = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t_]), _mm256_mul_ps((p)->dx, dy_), acc_);       \
+            acc_ = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[t_]), _mm256_mul_ps((p)->dm, dy_), acc_);      \
+            _mm256_maskstore_ps(st_, (live), acc_);                                                        \
+        }                                                                                                  \
+    } while (0)
+
+/* A type's micro tile: nt (1..KQ2_TOKENS) tokens of one half group's super-block (values at b),
+ * accumulated into s (from 0 when first). */
+typedef void (*kq2_micro_fn)(const kq2_panel *p, const uint8_t *b, int nt, int first, __m256i live, float *s,
+                             size_t s_stride, const uint8_t *yt, size_t y_stride);
+
+/* The tile over prepacked groups: a half group's super-blocks in address order for a decode step
+ * (few tokens: the weights stream once, the next piece prefetched), chunks of TILE_CHUNK tokens
+ * super-block by super-block for a prompt (a half's panel serving the chunk's micro tiles, the
+ * chunk's activations of one super-block in L1). half: the bytes of a half (8 rows) of one
+ * super-block; x_size: the block's bytes. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prepacked(
+    int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
+    const void *restrict vy, size_t y_stride, size_t x_size, kq2_panel_fn panel, kq2_micro_fn micro) {
+    const uint8_t *x = vx, *y = vy;
+    const int nb = n / QK_K;
+    if (nb == 0) {
+        for (int t = 0; t < n_tokens; t++) memset(s + (size_t)t * s_stride, 0, (size_t)n_rows * sizeof(float));
+        return;
+    }
+    kq2_panel p __attribute__((aligned(32)));
+    const size_t half = (size_t)KQ2_ROWS * x_size, group_block = 2 * half;
+    if (n_tokens <= 2 * KQ2_TOKENS) {
+        const uint8_t *end = x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride;
+        for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
+            const uint8_t *xr = x + (size_t)r0 * x_stride;
+            for (int k = 0; k < nb; k++) {
+                prefetch_prepacked(xr + (size_t)k * group_block, group_block, end);
+                for (int h = 0; h < 2 && r0 + KQ2_ROWS * h < n_rows; h++) {
+                    const uint8_t *b = xr + (size_t)k * group_block + (size_t)h * half;
+                    const int rh = r0 + KQ2_ROWS * h;
+                    const __m256i live = kq2_live(n_rows - rh);
+                    panel(&p, b);
+                    for (int t = 0; t < n_tokens; t += KQ2_TOKENS)
+                        micro(&p, b, n_tokens - t < KQ2_TOKENS ? n_tokens - t : KQ2_TOKENS, k == 0, live,
+                              s + (size_t)t * s_stride + rh, s_stride,
+                              y + (size_t)t * y_stride + (size_t)k * sizeof(block_q8_K), y_stride);
+                }
+            }
+        }
+        return;
+    }
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
+        const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
+        for (int k = 0; k < nb; k++) {
+            for (int r0 = 0; r0 < n_rows; r0 += KQ2_ROWS) {
+                const __m256i live = kq2_live(n_rows - r0);
+                const uint8_t *b = x + (size_t)(r0 / TILE_ROWS) * TILE_ROWS * x_stride + (r0 % TILE_ROWS ? half : 0) +
+                                   (size_t)k * group_block;
+                panel(&p, b);
+                const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
+                float *st = s + (size_t)t0 * s_stride + r0;
+                for (int t = 0; t < nt; t += KQ2_TOKENS)
+                    micro(&p, b, nt - t < KQ2_TOKENS ? nt - t : KQ2_TOKENS, k == 0, live, st + (size_t)t * s_stride,
+                          s_stride, yt + (size_t)t * y_stride, y_stride);
+            }
+        }
+    }
+}
+
+/* A micro tile's body for nt a literal in each case (its accumulators in registers). */
+#define KQ2_MICRO_DISPATCH(fn, p, b, nt, first, live, s, s_stride, yt, y_stride) \
+    do {                                                                          \
+        switch (nt) {                                                             \
+        case 1: fn(p, b, 1, first, live, s, s_stride, yt, y_stride); break;       \
+        case 2: fn(p, b, 2, first, live, s, s_stride, yt, y_stride); break;       \
+        case 3: fn(p, b, 3, first, live, s, s_stride, yt, y_stride); break;       \
+        case 4: fn(p, b, 4, first, live, s, s_stride, yt, y_stride); break;       \
+        default: break;                                                           \
+        }                                                                         \
+    } while (0)
+
+#endif /* BUBO_X86 */
+
+#endif
