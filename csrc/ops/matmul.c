@@ -15,7 +15,8 @@
  *      across the token chunks and the quantized activations, shared by both threads, in L2/L3.
  *
  * Prepacked weights (bubo_matmul_prepacked): a model's Q4_0 ... Q8_0, Q4_K and Q6_K matrices are packed
- * once at load into the tiles' own layout (quants/legacy_tile.h, quants/kquant_tile.h), so the tile
+ * once at load into the tiles' own layout (quants/legacy_tile.h, quants/kquant_tile.h; where AVX2 is
+ * the best level, Q4_K and Q6_K into quants/kquant_tile_avx2.h's), so the tile
  * unpacks instead of transposing, and takes every token count, one included; the same bits as the
  * rows in place.
  *

@@ -2,8 +2,9 @@
  * int32 lanes of a ymm register, tokens broadcast, for CPUs whose best level is AVX2.
  *
  * A prepacked group (16 rows, one super-block: 16 x the block's bytes, as at AVX-512, so that
- * bubo_prepacked_size and the matmul's 16-row split hold) is two halves of 8 rows. In a half,
- * register m of the values holds 4 consecutive elements of each of the 8 rows per dword (row r in
+ * bubo_prepacked_size and the matmul's 16-row split hold) is two halves of 8 rows: the values of
+ * half 0, those of half 1, then each half's scales and factors. In a half, register m of the
+ * values holds 4 consecutive elements of each of the 8 rows per dword (row r in
  * bytes 4r..4r+3), two k-steps per byte in the low and high nibbles: one vpmaddubsw multiplies
  * 4 elements of 8 rows by one token's 4 activations broadcast. The int16 pair sums of a scale's
  * elements add up in int16 while they cannot overflow (|q8_K| <= 127: 8 products of 4-bit
@@ -24,6 +25,12 @@
 #define KQ2_ROWS 8    /* rows per half group: one per int32 lane of a ymm */
 #define KQ2_TOKENS 4  /* tokens per micro tile: their int16 and int32 sums stay in registers */
 
+/* How far ahead a decode step prefetches (measured on an AMD EPYC, AVX2: 8 KiB streamed the packed
+ * Q6_K rows as fast as the rows in place, 4 KiB and none did not). */
+#ifndef KQ2_AHEAD
+#define KQ2_AHEAD 8192
+#endif
+
 /* One half group's scales and factors for one super-block, unpacked once for all its tokens. */
 typedef struct {
     __m256i sc[16];    /* per unit of int16 sums (Q4_K: a 32-element group, Q6_K: 16 elements):
@@ -32,8 +39,9 @@ typedef struct {
     __m256 dx, dm;
 } kq2_panel;
 
-/* A type's unpacking of a half's scales (b: the half's bytes) ... */
-typedef void (*kq2_panel_fn)(kq2_panel *p, const uint8_t *b);
+/* A type's unpacking of half h's scales from the group's super-block at gb (its layout: the two
+halves' values, then their scales and factors). */
+typedef void (*kq2_panel_fn)(kq2_panel *p, const uint8_t *gb, int h);
 
 /* One super-block's step of the chain for a scalar output, for the AVX2 vec_dots: the same
  * operations as the tile's lanes. */
@@ -85,19 +93,19 @@ BUBO_TARGET_AVX2 static inline __m256i kq2_live(int n) {
         }                                                                                                  \
     } while (0)
 
-/* A type's micro tile: nt (1..KQ2_TOKENS) tokens of one half group's super-block (values at b),
- * accumulated into s (from 0 when first). */
+/* A type's micro tile: nt (1..KQ2_TOKENS) tokens of one half group's super-block (its values at
+ * b), accumulated into s (from 0 when first). */
 typedef void (*kq2_micro_fn)(const kq2_panel *p, const uint8_t *b, int nt, int first, __m256i live, float *s,
                              size_t s_stride, const uint8_t *yt, size_t y_stride);
 
 /* The tile over prepacked groups: a half group's super-blocks in address order for a decode step
  * (few tokens: the weights stream once, the next piece prefetched), chunks of TILE_CHUNK tokens
  * super-block by super-block for a prompt (a half's panel serving the chunk's micro tiles, the
- * chunk's activations of one super-block in L1). half: the bytes of a half (8 rows) of one
- * super-block; x_size: the block's bytes. */
+ * chunk's activations of one super-block in L1). values: the bytes of a half's values (the
+ * second half's follow the first's); x_size: the block's bytes. */
 BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prepacked(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
-    const void *restrict vy, size_t y_stride, size_t x_size, kq2_panel_fn panel, kq2_micro_fn micro) {
+    const void *restrict vy, size_t y_stride, size_t x_size, size_t values, kq2_panel_fn panel, kq2_micro_fn micro) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK_K;
     if (nb == 0) {
@@ -105,18 +113,18 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
         return;
     }
     kq2_panel p __attribute__((aligned(32)));
-    const size_t half = (size_t)KQ2_ROWS * x_size, group_block = 2 * half;
+    const size_t group_block = (size_t)TILE_ROWS * x_size;
     if (n_tokens <= 2 * KQ2_TOKENS) {
         const uint8_t *end = x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride;
         for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
             const uint8_t *xr = x + (size_t)r0 * x_stride;
             for (int k = 0; k < nb; k++) {
-                prefetch_prepacked(xr + (size_t)k * group_block, group_block, end);
+                prefetch_ahead(xr + (size_t)k * group_block, group_block, end, KQ2_AHEAD);
                 for (int h = 0; h < 2 && r0 + KQ2_ROWS * h < n_rows; h++) {
-                    const uint8_t *b = xr + (size_t)k * group_block + (size_t)h * half;
+                    const uint8_t *gb = xr + (size_t)k * group_block, *b = gb + (size_t)h * values;
                     const int rh = r0 + KQ2_ROWS * h;
                     const __m256i live = kq2_live(n_rows - rh);
-                    panel(&p, b);
+                    panel(&p, gb, h);
                     for (int t = 0; t < n_tokens; t += KQ2_TOKENS)
                         micro(&p, b, n_tokens - t < KQ2_TOKENS ? n_tokens - t : KQ2_TOKENS, k == 0, live,
                               s + (size_t)t * s_stride + rh, s_stride,
@@ -131,9 +139,10 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
         for (int k = 0; k < nb; k++) {
             for (int r0 = 0; r0 < n_rows; r0 += KQ2_ROWS) {
                 const __m256i live = kq2_live(n_rows - r0);
-                const uint8_t *b = x + (size_t)(r0 / TILE_ROWS) * TILE_ROWS * x_stride + (r0 % TILE_ROWS ? half : 0) +
-                                   (size_t)k * group_block;
-                panel(&p, b);
+                const int h = r0 % TILE_ROWS ? 1 : 0;
+                const uint8_t *gb = x + (size_t)(r0 - KQ2_ROWS * h) * x_stride + (size_t)k * group_block;
+                const uint8_t *b = gb + (size_t)h * values;
+                panel(&p, gb, h);
                 const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
                 float *st = s + (size_t)t0 * s_stride + r0;
                 for (int t = 0; t < nt; t += KQ2_TOKENS)

@@ -309,43 +309,44 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_unpack_p
 
 BUBO_PREPACKED_KQUANT(q4_K, block_q4_K)
 
-/* Prepacked for AVX2 (kquant_tile_avx2.h), per half group (8 rows) and super-block, 1152 bytes =
- * 8 x 144: value registers m = 0..31 (1024: element 8m + i of row r in the low nibble of byte
- * 4r + i, element 8m + 4 + i in its high nibble), the 12 packed scale bytes as planes of the 8 rows
- * (96), d and dmin as f16 (32). */
-#define Q4_K_P2_SCALES 1024
-#define Q4_K_P2_D (Q4_K_P2_SCALES + KQ2_ROWS * K_SCALE_SIZE)
-#define Q4_K_P2_DMIN (Q4_K_P2_D + 2 * KQ2_ROWS)
-_Static_assert(Q4_K_P2_DMIN + 2 * KQ2_ROWS == KQ2_ROWS * sizeof(block_q4_K), "prepacked q4_K (AVX2) size");
+/* Prepacked for AVX2 (kquant_tile_avx2.h), per group (16 rows) and super-block, 2304 bytes =
+ * 16 x 144: per half h, 32 value registers m (1024 at 1024 h: element 8m + i of the half's row r
+ * in the low nibble of byte 4r + i, element 8m + 4 + i in its high nibble); then per half the 12
+ * packed scale bytes as planes of its 8 rows (96 each), then d and dmin as f16 (32 each). */
+#define Q4_K_P2_VALUES 1024
+#define Q4_K_P2_SCALES (2 * Q4_K_P2_VALUES)
+#define Q4_K_P2_D (Q4_K_P2_SCALES + 2 * KQ2_ROWS * K_SCALE_SIZE)
+#define Q4_K_P2_DMIN (Q4_K_P2_D + 2 * 2 * KQ2_ROWS)
+_Static_assert(Q4_K_P2_DMIN + 2 * 2 * KQ2_ROWS == TILE_ROWS * sizeof(block_q4_K), "prepacked q4_K (AVX2) size");
 
 static void q4_K_prepack_avx2(const void *restrict vx, size_t x_stride, int64_t rows, int n, void *restrict vdst) {
     const uint8_t *x = vx;
     uint8_t *dst = vdst;
     const int nb = n / QK_K;
     for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS)
-        for (int k = 0; k < nb; k++)
-            for (int h = 0; h < 2; h++) {
-                uint8_t *b = dst + (size_t)r0 * x_stride + ((size_t)2 * k + h) * KQ2_ROWS * sizeof(block_q4_K);
-                memset(b, 0, KQ2_ROWS * sizeof(block_q4_K));
-                for (int r = 0; r < KQ2_ROWS && r0 + KQ2_ROWS * h + r < rows; r++) {
-                    const block_q4_K *blk = (const block_q4_K *)(x + (size_t)(r0 + KQ2_ROWS * h + r) * x_stride) + k;
-                    uint8_t q[QK_K];
-                    unpack_q4_K(blk, q);
-                    for (int m = 0; m < 32; m++)
-                        for (int i = 0; i < 4; i++)
-                            b[32 * m + 4 * r + i] = (uint8_t)(q[8 * m + i] | q[8 * m + 4 + i] << 4);
-                    for (int i = 0; i < K_SCALE_SIZE; i++) b[Q4_K_P2_SCALES + KQ2_ROWS * i + r] = blk->scales[i];
-                    memcpy(b + Q4_K_P2_D + 2 * r, &blk->d, 2);
-                    memcpy(b + Q4_K_P2_DMIN + 2 * r, &blk->dmin, 2);
-                }
+        for (int k = 0; k < nb; k++) {
+            uint8_t *gb = dst + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * sizeof(block_q4_K);
+            memset(gb, 0, TILE_ROWS * sizeof(block_q4_K));
+            for (int rr = 0; rr < TILE_ROWS && r0 + rr < rows; rr++) {
+                const int h = rr / KQ2_ROWS, r = rr % KQ2_ROWS;
+                const block_q4_K *blk = (const block_q4_K *)(x + (size_t)(r0 + rr) * x_stride) + k;
+                uint8_t q[QK_K], *b = gb + Q4_K_P2_VALUES * h;
+                unpack_q4_K(blk, q);
+                for (int m = 0; m < 32; m++)
+                    for (int i = 0; i < 4; i++) b[32 * m + 4 * r + i] = (uint8_t)(q[8 * m + i] | q[8 * m + 4 + i] << 4);
+                for (int i = 0; i < K_SCALE_SIZE; i++) gb[Q4_K_P2_SCALES + KQ2_ROWS * (K_SCALE_SIZE * h + i) + r] = blk->scales[i];
+                memcpy(gb + Q4_K_P2_D + 2 * rr, &blk->d, 2);
+                memcpy(gb + Q4_K_P2_DMIN + 2 * rr, &blk->dmin, 2);
             }
+        }
 }
 
 /* kq_unpack_scales_mins, 8 rows at once (kq_unpack_prepacked_q4_K's planes). */
-BUBO_TARGET_AVX2 static void kq2_panel_q4_K(kq2_panel *p, const uint8_t *b) {
+BUBO_TARGET_AVX2 static void kq2_panel_q4_K(kq2_panel *p, const uint8_t *gb, int h) {
     __m256i plane[K_SCALE_SIZE];
+    const uint8_t *planes = gb + Q4_K_P2_SCALES + KQ2_ROWS * K_SCALE_SIZE * h;
     for (int i = 0; i < K_SCALE_SIZE; i++)
-        plane[i] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + Q4_K_P2_SCALES + KQ2_ROWS * i)));
+        plane[i] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(planes + KQ2_ROWS * i)));
     const __m256i m63 = _mm256_set1_epi32(63), m15 = _mm256_set1_epi32(15);
     for (int g = 0; g < 4; g++) {
         const __m256i sc = _mm256_and_si256(plane[g], m63), mn = _mm256_and_si256(plane[4 + g], m63);
@@ -358,8 +359,8 @@ BUBO_TARGET_AVX2 static void kq2_panel_q4_K(kq2_panel *p, const uint8_t *b) {
         p->m_pair[g] = kq2_pair(mn);
         p->m_pair[4 + g] = kq2_pair(mn_hi);
     }
-    p->dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + Q4_K_P2_D)));
-    p->dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + Q4_K_P2_DMIN)));
+    p->dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + Q4_K_P2_D + 2 * KQ2_ROWS * h)));
+    p->dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + Q4_K_P2_DMIN + 2 * KQ2_ROWS * h)));
 }
 
 /* Per 32-element group: its 8 k-steps' products add up in int16 (8 x 2 x 15 x 127 < 2^15), then
@@ -377,14 +378,18 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro_q4_
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int mm = 0; mm < 4; mm++) {
+            /* one unpacked register live at a time: the 4 tokens' sums stay in registers */
             const __m256i z = _mm256_loadu_si256((const __m256i *)(b + 32 * (4 * g + mm)));
-            const __m256i lo = _mm256_and_si256(z, m4), hi = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
+            const __m256i lo = _mm256_and_si256(z, m4);
 #pragma GCC unroll 4
-            for (int t = 0; t < nt; t++) {
-                const int8_t *a = ((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 32 * g + 8 * mm;
-                acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(lo, kq2_bcast4(a)));
-                acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(hi, kq2_bcast4(a + 4)));
-            }
+            for (int t = 0; t < nt; t++)
+                acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(lo, kq2_bcast4(
+                    ((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 32 * g + 8 * mm)));
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++)
+                acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(hi, kq2_bcast4(
+                    ((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 32 * g + 8 * mm + 4)));
         }
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(acc[t], p->sc[g]));
@@ -400,8 +405,8 @@ BUBO_TARGET_AVX2 static void kq2_micro_q4_K(const kq2_panel *p, const uint8_t *b
 BUBO_TARGET_AVX2 static void q4_K_tile_prepacked_avx2(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                       const void *restrict x, size_t x_stride, const void *restrict y,
                                                       size_t y_stride) {
-    kq2_tile_prepacked(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q4_K), kq2_panel_q4_K,
-                       kq2_micro_q4_K);
+    kq2_tile_prepacked(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q4_K), Q4_K_P2_VALUES,
+                       kq2_panel_q4_K, kq2_micro_q4_K);
 }
 #endif /* BUBO_X86 */
 

@@ -337,57 +337,61 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_unpack_p
 
 BUBO_PREPACKED_KQUANT(q6_K, block_q6_K)
 
-/* Prepacked for AVX2 (kquant_tile_avx2.h), per half group (8 rows) and super-block, 1680 bytes =
- * 8 x 210: the low 4 bits as value registers m = 0..31 (1024: element 8m + i of row r in the low
- * nibble of byte 4r + i, element 8m + 4 + i in its high nibble), the high 2 bits as registers u =
- * 0..15 (512: bits 2c..2c+1 of byte 4r + i hold those of element 16u + 4c + i), the 16 scales as
- * planes of the 8 rows (128), d as f16 (16). */
-#define Q6_K_P2_HIGH 1024
-#define Q6_K_P2_SCALES (Q6_K_P2_HIGH + 512)
-#define Q6_K_P2_D (Q6_K_P2_SCALES + 16 * KQ2_ROWS)
-_Static_assert(Q6_K_P2_D + 2 * KQ2_ROWS == KQ2_ROWS * sizeof(block_q6_K), "prepacked q6_K (AVX2) size");
+/* Prepacked for AVX2 (kquant_tile_avx2.h), per group (16 rows) and super-block, 3360 bytes =
+ * 16 x 210: per half h, 1536 bytes of values at 1536 h, in the order the micro tile reads them: per
+ * 16 elements g, three registers (96 bytes at 96 g): the low 4 bits of elements 16g..16g+7 and
+ * 16g+8..16g+15 (element 16g + 8j + i of the half's row r in the low nibble of byte 4r + i of
+ * register j, element 16g + 8j + 4 + i in its high nibble), then their high 2 bits (bits
+ * 2c..2c+1 of byte 4r + i: element 16g + 4c + i); then per half the 16 scales as planes of its 8
+ * rows (128 each), then d as f16 (16 each). */
+#define Q6_K_P2_VALUES 1536
+#define Q6_K_P2_SCALES (2 * Q6_K_P2_VALUES)
+#define Q6_K_P2_D (Q6_K_P2_SCALES + 2 * 16 * KQ2_ROWS)
+_Static_assert(Q6_K_P2_D + 2 * 2 * KQ2_ROWS == TILE_ROWS * sizeof(block_q6_K), "prepacked q6_K (AVX2) size");
 
 static void q6_K_prepack_avx2(const void *restrict vx, size_t x_stride, int64_t rows, int n, void *restrict vdst) {
     const uint8_t *x = vx;
     uint8_t *dst = vdst;
     const int nb = n / QK_K;
     for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS)
-        for (int k = 0; k < nb; k++)
-            for (int h = 0; h < 2; h++) {
-                uint8_t *b = dst + (size_t)r0 * x_stride + ((size_t)2 * k + h) * KQ2_ROWS * sizeof(block_q6_K);
-                memset(b, 0, KQ2_ROWS * sizeof(block_q6_K));
-                for (int r = 0; r < KQ2_ROWS && r0 + KQ2_ROWS * h + r < rows; r++) {
-                    const block_q6_K *blk = (const block_q6_K *)(x + (size_t)(r0 + KQ2_ROWS * h + r) * x_stride) + k;
-                    int8_t q[QK_K];
-                    unpack_q6_K(blk, q); /* q - 32 */
-                    uint8_t u[QK_K];
-                    for (int e = 0; e < QK_K; e++) u[e] = (uint8_t)(q[e] + 32);
-                    for (int m = 0; m < 32; m++)
-                        for (int i = 0; i < 4; i++)
-                            b[32 * m + 4 * r + i] = (uint8_t)((u[8 * m + i] & 15) | (u[8 * m + 4 + i] & 15) << 4);
-                    for (int g = 0; g < 16; g++)
-                        for (int i = 0; i < 4; i++) {
-                            uint8_t hi = 0;
-                            for (int c = 0; c < 4; c++) hi |= (uint8_t)((u[16 * g + 4 * c + i] >> 4) << (2 * c));
-                            b[Q6_K_P2_HIGH + 32 * g + 4 * r + i] = hi;
-                        }
-                    for (int j = 0; j < 16; j++) b[Q6_K_P2_SCALES + KQ2_ROWS * j + r] = (uint8_t)blk->scales[j];
-                    memcpy(b + Q6_K_P2_D + 2 * r, &blk->d, 2);
+        for (int k = 0; k < nb; k++) {
+            uint8_t *gb = dst + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * sizeof(block_q6_K);
+            memset(gb, 0, TILE_ROWS * sizeof(block_q6_K));
+            for (int rr = 0; rr < TILE_ROWS && r0 + rr < rows; rr++) {
+                const int h = rr / KQ2_ROWS, r = rr % KQ2_ROWS;
+                const block_q6_K *blk = (const block_q6_K *)(x + (size_t)(r0 + rr) * x_stride) + k;
+                int8_t q[QK_K];
+                unpack_q6_K(blk, q); /* q - 32 */
+                uint8_t u[QK_K];
+                for (int e = 0; e < QK_K; e++) u[e] = (uint8_t)(q[e] + 32);
+                for (int g = 0; g < 16; g++) {
+                    uint8_t *b = gb + Q6_K_P2_VALUES * h + 96 * g;
+                    for (int i = 0; i < 4; i++) {
+                        for (int j = 0; j < 2; j++)
+                            b[32 * j + 4 * r + i] =
+                                (uint8_t)((u[16 * g + 8 * j + i] & 15) | (u[16 * g + 8 * j + 4 + i] & 15) << 4);
+                        uint8_t hi = 0;
+                        for (int c = 0; c < 4; c++) hi |= (uint8_t)((u[16 * g + 4 * c + i] >> 4) << (2 * c));
+                        b[64 + 4 * r + i] = hi;
+                    }
                 }
+                for (int j = 0; j < 16; j++) gb[Q6_K_P2_SCALES + KQ2_ROWS * (16 * h + j) + r] = (uint8_t)blk->scales[j];
+                memcpy(gb + Q6_K_P2_D + 2 * rr, &blk->d, 2);
             }
+        }
 }
 
-BUBO_TARGET_AVX2 static void kq2_panel_q6_K(kq2_panel *p, const uint8_t *b) {
+BUBO_TARGET_AVX2 static void kq2_panel_q6_K(kq2_panel *p, const uint8_t *gb, int h) {
     __m256i sc[16];
     for (int j = 0; j < 16; j++) {
-        sc[j] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + Q6_K_P2_SCALES + KQ2_ROWS * j)));
+        sc[j] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(gb + Q6_K_P2_SCALES + KQ2_ROWS * (16 * h + j))));
         p->sc[j] = kq2_pair(sc[j]);
     }
     const __m256i low16 = _mm256_set1_epi32(0xFFFF);
     for (int i = 0; i < 8; i++) /* m = 32 * scale */
         p->m_pair[i] = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(sc[2 * i], 5), low16),
                                        _mm256_slli_epi32(sc[2 * i + 1], 21));
-    p->dx = p->dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + Q6_K_P2_D)));
+    p->dx = p->dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + Q6_K_P2_D + 2 * KQ2_ROWS * h)));
 }
 
 /* Per 16 elements: two pairs of k-steps add up in int16 (2 x 2 x 63 x 127 < 2^15), each pair
@@ -400,9 +404,9 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro_q6_
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) isum[t] = msum[t] = _mm256_setzero_si256();
     for (int g = 0; g < 16; g++) {
-        const __m256i n0 = _mm256_loadu_si256((const __m256i *)(b + 32 * (2 * g)));
-        const __m256i n1 = _mm256_loadu_si256((const __m256i *)(b + 32 * (2 * g + 1)));
-        const __m256i h = _mm256_loadu_si256((const __m256i *)(b + Q6_K_P2_HIGH + 32 * g));
+        const __m256i n0 = _mm256_loadu_si256((const __m256i *)(b + 96 * g));
+        const __m256i n1 = _mm256_loadu_si256((const __m256i *)(b + 96 * g + 32));
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(b + 96 * g + 64));
         const __m256i k0 = _mm256_or_si256(_mm256_and_si256(n0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m_hi));
         const __m256i k1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n0, 4), m4),
                                            _mm256_and_si256(_mm256_slli_epi16(h, 2), m_hi));
@@ -431,8 +435,8 @@ BUBO_TARGET_AVX2 static void kq2_micro_q6_K(const kq2_panel *p, const uint8_t *b
 BUBO_TARGET_AVX2 static void q6_K_tile_prepacked_avx2(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                       const void *restrict x, size_t x_stride, const void *restrict y,
                                                       size_t y_stride) {
-    kq2_tile_prepacked(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K), kq2_panel_q6_K,
-                       kq2_micro_q6_K);
+    kq2_tile_prepacked(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K), Q6_K_P2_VALUES,
+                       kq2_panel_q6_K, kq2_micro_q6_K);
 }
 #endif /* BUBO_X86 */
 

@@ -21,11 +21,14 @@ static const uint8_t tile_zero_block[64] __attribute__((aligned(64)));
 #ifndef PREPACKED_AHEAD
 #define PREPACKED_AHEAD 4096
 #endif
-static inline void prefetch_prepacked(const uint8_t *cur, size_t len, const uint8_t *end) {
-    uintptr_t a = ((uintptr_t)cur + PREPACKED_AHEAD) & ~(uintptr_t)63;
-    uintptr_t to = (uintptr_t)cur + PREPACKED_AHEAD + len;
+static inline void prefetch_ahead(const uint8_t *cur, size_t len, const uint8_t *end, size_t ahead) {
+    uintptr_t a = ((uintptr_t)cur + ahead) & ~(uintptr_t)63;
+    uintptr_t to = (uintptr_t)cur + ahead + len;
     if (to > (uintptr_t)end) to = (uintptr_t)end;
     for (; a < to; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
+}
+static inline void prefetch_prepacked(const uint8_t *cur, size_t len, const uint8_t *end) {
+    prefetch_ahead(cur, len, end, PREPACKED_AHEAD);
 }
 
 /* Transposes 8 registers of [row i | row i+8] (32 bytes each) into q[g] = dword g of rows 0..15. */
