@@ -124,8 +124,13 @@ def test_eight_streaming_clients_on_four_slots_answer_as_if_alone(four_slots):
     probe.start()
     for t in threads:
         t.start()
-    time.sleep(0.3)
-    during = slots(url)
+    # the slots come to run side by side (a request sharing a prompt prefix with one being read
+    # waits until those blocks are cached, so on a slow machine the first poll may see one slot)
+    deadline, busiest = time.monotonic() + 30, 0
+    while busiest < 2 and time.monotonic() < deadline and any(t.is_alive() for t in threads):
+        during = slots(url)
+        busiest = max(busiest, sum(s["is_processing"] for s in during))
+        time.sleep(0.05)
     for t in threads:
         t.join(300)
     stop.set()
@@ -133,7 +138,7 @@ def test_eight_streaming_clients_on_four_slots_answer_as_if_alone(four_slots):
     for i, a in enumerate(alone):
         assert not isinstance(results[i], BaseException), results[i]
         assert results[i] == a, f"client {i} differs from its request alone"
-    assert len(during) == 4 and sum(s["is_processing"] for s in during) >= 2
+    assert len(during) == 4 and busiest >= 2
     assert health and max(health) < FAST_ANSWER_S, max(health)
     m = wait_all_idle(url)
     assert m["llamacpp:kv_cache_used_blocks"] == 0
