@@ -40,7 +40,7 @@ typedef struct {
 } kq2_panel;
 
 /* A type's unpacking of half h's scales from the group's super-block at gb (its layout: the two
-halves' values, then their scales and factors). */
+ * halves' values, then their scales and factors). */
 typedef void (*kq2_panel_fn)(kq2_panel *p, const uint8_t *gb, int h);
 
 /* One super-block's step of the chain for a scalar output, for the AVX2 vec_dots: the same
