@@ -107,6 +107,11 @@ class _Conn:
 class Server(pywsgi.WSGIServer):  # type: ignore[misc]  # gevent has no type information
     """WSGIServer whose handlers follow `limits`; conns are the connections open now."""
 
+    # connections accepted per wake-up before the handlers run: gevent's default (100) lets a
+    # flood open that many sockets past the cap before any handler can close the oldest (151 open
+    # against a cap of 40 on a slow 2-core machine); a few at a time keeps the cap close
+    max_accept = 4
+
     def __init__(self, *args: Any, limits: Limits | None = None, **kwargs: Any):
         kwargs.setdefault("handler_class", Handler)
         super().__init__(*args, **kwargs)
