@@ -43,6 +43,24 @@ typedef struct {
  * halves' values, then their scales and factors). */
 typedef void (*kq2_panel_fn)(kq2_panel *p, const uint8_t *gb, int h);
 
+/* Writes row rr (0..15) of a group's super-block at gb from the row's block. */
+typedef void (*kq2_pack_row_fn)(uint8_t *gb, int rr, const void *block);
+
+/* A prepack (bubo_prepack_fn) over a type's kq2_pack_row_fn: group by group, super-block by
+ * super-block, the padding rows left zero. */
+static inline void kq2_prepack(const void *restrict vx, size_t x_stride, int64_t rows, int n, void *restrict vdst,
+                               size_t x_size, kq2_pack_row_fn pack_row) {
+    const uint8_t *x = vx;
+    uint8_t *dst = vdst;
+    for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS)
+        for (int k = 0; k < n / QK_K; k++) {
+            uint8_t *gb = dst + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * x_size;
+            memset(gb, 0, TILE_ROWS * x_size);
+            for (int rr = 0; rr < TILE_ROWS && r0 + rr < rows; rr++)
+                pack_row(gb, rr, x + (size_t)(r0 + rr) * x_stride + (size_t)k * x_size);
+        }
+}
+
 /* One super-block's step of the chain for a scalar output, for the AVX2 vec_dots: the same
  * operations as the tile's lanes. */
 BUBO_TARGET_AVX2 static inline __m128 kq_chain_step_avx2(__m128 acc, int32_t isum, int32_t msum, float dx, float dm,

@@ -319,26 +319,20 @@ BUBO_PREPACKED_KQUANT(q4_K, block_q4_K)
 #define Q4_K_P2_DMIN (Q4_K_P2_D + 2 * 2 * KQ2_ROWS)
 _Static_assert(Q4_K_P2_DMIN + 2 * 2 * KQ2_ROWS == TILE_ROWS * sizeof(block_q4_K), "prepacked q4_K (AVX2) size");
 
-static void q4_K_prepack_avx2(const void *restrict vx, size_t x_stride, int64_t rows, int n, void *restrict vdst) {
-    const uint8_t *x = vx;
-    uint8_t *dst = vdst;
-    const int nb = n / QK_K;
-    for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS)
-        for (int k = 0; k < nb; k++) {
-            uint8_t *gb = dst + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * sizeof(block_q4_K);
-            memset(gb, 0, TILE_ROWS * sizeof(block_q4_K));
-            for (int rr = 0; rr < TILE_ROWS && r0 + rr < rows; rr++) {
-                const int h = rr / KQ2_ROWS, r = rr % KQ2_ROWS;
-                const block_q4_K *blk = (const block_q4_K *)(x + (size_t)(r0 + rr) * x_stride) + k;
-                uint8_t q[QK_K], *b = gb + Q4_K_P2_VALUES * h;
-                unpack_q4_K(blk, q);
-                for (int m = 0; m < 32; m++)
-                    for (int i = 0; i < 4; i++) b[32 * m + 4 * r + i] = (uint8_t)(q[8 * m + i] | q[8 * m + 4 + i] << 4);
-                for (int i = 0; i < K_SCALE_SIZE; i++) gb[Q4_K_P2_SCALES + KQ2_ROWS * (K_SCALE_SIZE * h + i) + r] = blk->scales[i];
-                memcpy(gb + Q4_K_P2_D + 2 * rr, &blk->d, 2);
-                memcpy(gb + Q4_K_P2_DMIN + 2 * rr, &blk->dmin, 2);
-            }
-        }
+static void q4_K_pack_row_avx2(uint8_t *gb, int rr, const void *vblk) {
+    const block_q4_K *blk = vblk;
+    const int h = rr / KQ2_ROWS, r = rr % KQ2_ROWS;
+    uint8_t q[QK_K], *b = gb + Q4_K_P2_VALUES * h;
+    unpack_q4_K(blk, q);
+    for (int m = 0; m < 32; m++)
+        for (int i = 0; i < 4; i++) b[32 * m + 4 * r + i] = (uint8_t)(q[8 * m + i] | q[8 * m + 4 + i] << 4);
+    for (int i = 0; i < K_SCALE_SIZE; i++) gb[Q4_K_P2_SCALES + KQ2_ROWS * (K_SCALE_SIZE * h + i) + r] = blk->scales[i];
+    memcpy(gb + Q4_K_P2_D + 2 * rr, &blk->d, 2);
+    memcpy(gb + Q4_K_P2_DMIN + 2 * rr, &blk->dmin, 2);
+}
+
+static void q4_K_prepack_avx2(const void *restrict x, size_t x_stride, int64_t rows, int n, void *restrict dst) {
+    kq2_prepack(x, x_stride, rows, n, dst, sizeof(block_q4_K), q4_K_pack_row_avx2);
 }
 
 /* kq_unpack_scales_mins, 8 rows at once (kq_unpack_prepacked_q4_K's planes). */

@@ -349,36 +349,29 @@ BUBO_PREPACKED_KQUANT(q6_K, block_q6_K)
 #define Q6_K_P2_D (Q6_K_P2_SCALES + 2 * 16 * KQ2_ROWS)
 _Static_assert(Q6_K_P2_D + 2 * 2 * KQ2_ROWS == TILE_ROWS * sizeof(block_q6_K), "prepacked q6_K (AVX2) size");
 
-static void q6_K_prepack_avx2(const void *restrict vx, size_t x_stride, int64_t rows, int n, void *restrict vdst) {
-    const uint8_t *x = vx;
-    uint8_t *dst = vdst;
-    const int nb = n / QK_K;
-    for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS)
-        for (int k = 0; k < nb; k++) {
-            uint8_t *gb = dst + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * sizeof(block_q6_K);
-            memset(gb, 0, TILE_ROWS * sizeof(block_q6_K));
-            for (int rr = 0; rr < TILE_ROWS && r0 + rr < rows; rr++) {
-                const int h = rr / KQ2_ROWS, r = rr % KQ2_ROWS;
-                const block_q6_K *blk = (const block_q6_K *)(x + (size_t)(r0 + rr) * x_stride) + k;
-                int8_t q[QK_K];
-                unpack_q6_K(blk, q); /* q - 32 */
-                uint8_t u[QK_K];
-                for (int e = 0; e < QK_K; e++) u[e] = (uint8_t)(q[e] + 32);
-                for (int g = 0; g < 16; g++) {
-                    uint8_t *b = gb + Q6_K_P2_VALUES * h + 96 * g;
-                    for (int i = 0; i < 4; i++) {
-                        for (int j = 0; j < 2; j++)
-                            b[32 * j + 4 * r + i] =
-                                (uint8_t)((u[16 * g + 8 * j + i] & 15) | (u[16 * g + 8 * j + 4 + i] & 15) << 4);
-                        uint8_t hi = 0;
-                        for (int c = 0; c < 4; c++) hi |= (uint8_t)((u[16 * g + 4 * c + i] >> 4) << (2 * c));
-                        b[64 + 4 * r + i] = hi;
-                    }
-                }
-                for (int j = 0; j < 16; j++) gb[Q6_K_P2_SCALES + KQ2_ROWS * (16 * h + j) + r] = (uint8_t)blk->scales[j];
-                memcpy(gb + Q6_K_P2_D + 2 * rr, &blk->d, 2);
-            }
+static void q6_K_pack_row_avx2(uint8_t *gb, int rr, const void *vblk) {
+    const block_q6_K *blk = vblk;
+    const int h = rr / KQ2_ROWS, r = rr % KQ2_ROWS;
+    int8_t q[QK_K];
+    unpack_q6_K(blk, q); /* q - 32 */
+    uint8_t u[QK_K];
+    for (int e = 0; e < QK_K; e++) u[e] = (uint8_t)(q[e] + 32);
+    for (int g = 0; g < 16; g++) {
+        uint8_t *b = gb + Q6_K_P2_VALUES * h + 96 * g;
+        for (int i = 0; i < 4; i++) {
+            for (int j = 0; j < 2; j++)
+                b[32 * j + 4 * r + i] = (uint8_t)((u[16 * g + 8 * j + i] & 15) | (u[16 * g + 8 * j + 4 + i] & 15) << 4);
+            uint8_t hi = 0;
+            for (int c = 0; c < 4; c++) hi |= (uint8_t)((u[16 * g + 4 * c + i] >> 4) << (2 * c));
+            b[64 + 4 * r + i] = hi;
         }
+    }
+    for (int j = 0; j < 16; j++) gb[Q6_K_P2_SCALES + KQ2_ROWS * (16 * h + j) + r] = (uint8_t)blk->scales[j];
+    memcpy(gb + Q6_K_P2_D + 2 * rr, &blk->d, 2);
+}
+
+static void q6_K_prepack_avx2(const void *restrict x, size_t x_stride, int64_t rows, int n, void *restrict dst) {
+    kq2_prepack(x, x_stride, rows, n, dst, sizeof(block_q6_K), q6_K_pack_row_avx2);
 }
 
 BUBO_TARGET_AVX2 static void kq2_panel_q6_K(kq2_panel *p, const uint8_t *gb, int h) {
