@@ -8,6 +8,7 @@
  * (maddubs on AVX2, vpdpbusd on AVX-512); Q4_0's offset is taken off afterwards as 8 * sum(qy),
  * computed by the same instruction. */
 #include "legacy_tile.h"
+#include "legacy_tile_avx2.h"
 
 /* ==== scalar reference ==================================================================== */
 
@@ -146,39 +147,20 @@ BUBO_TARGET_AVX2 static inline __m256i dot_q4_1_block_avx2(const block_q4_1 *x, 
     return dot_u8s8_avx2(nibbles_avx2(x->qs), _mm256_loadu_si256((const __m256i *)y->qs));
 }
 
+BUBO_TARGET_AVX2 static __m256i dot1_q4_0_avx2(const void *x, const void *y) { return dot_q4_0_block_avx2(x, y); }
+
+/* the tiles' chain (legacy_tile_avx2.h): the packed tile's bits */
 BUBO_TARGET_AVX2 static void vec_dot_q4_0_q8_0_avx2(int n, float *restrict s, const void *restrict vx,
                                                      const void *restrict vy) {
-    const block_q4_0 *restrict x = vx;
-    const block_q8_0 *restrict y = vy;
-    const int nb = n / QK4_0;
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        const __m256i sums = fold_4blocks_avx2(dot_q4_0_block_avx2(x + i, y + i), dot_q4_0_block_avx2(x + i + 1, y + i + 1),
-                                               dot_q4_0_block_avx2(x + i + 2, y + i + 2), dot_q4_0_block_avx2(x + i + 3, y + i + 3));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), dxdy_4blocks_avx2(x + i, sizeof(block_q4_0), y + i), acc);
-    }
-    *s = hsum_f32x8(acc) + dot_q4_0_q8_0_blocks(x + i, y + i, nb - i);
+    *s = vec_dot_legacy_chain_avx2(n / QK8_0, vx, sizeof(block_q4_0), vy, dot1_q4_0_avx2, 0);
 }
 
+BUBO_TARGET_AVX2 static __m256i dot1_q4_1_avx2(const void *x, const void *y) { return dot_q4_1_block_avx2(x, y); }
+
+/* the tiles' chain (legacy_tile_avx2.h): the packed tile's bits */
 BUBO_TARGET_AVX2 static void vec_dot_q4_1_q8_1_avx2(int n, float *restrict s, const void *restrict vx,
                                                      const void *restrict vy) {
-    const block_q4_1 *restrict x = vx;
-    const block_q8_1 *restrict y = vy;
-    const int nb = n / QK4_1;
-    const __m256i d_lanes = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
-    __m256 acc = _mm256_setzero_ps(), acc_min = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        const __m256i sums = fold_4blocks_avx2(dot_q4_1_block_avx2(x + i, y + i), dot_q4_1_block_avx2(x + i + 1, y + i + 1),
-                                               dot_q4_1_block_avx2(x + i + 2, y + i + 2), dot_q4_1_block_avx2(x + i + 3, y + i + 3));
-        const __m256 scales = dm_ds_4blocks_avx2(x + i, sizeof(block_q4_1), y + i);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_permutevar8x32_ps(scales, d_lanes), acc);
-        acc_min = _mm256_add_ps(acc_min, scales);
-    }
-    /* only the odd lanes of acc_min hold m * s */
-    acc = _mm256_add_ps(acc, _mm256_blend_ps(_mm256_setzero_ps(), acc_min, 0xAA));
-    *s = hsum_f32x8(acc) + dot_q4_1_q8_1_blocks(x + i, y + i, nb - i);
+    *s = vec_dot_legacy_chain_avx2(n / QK8_0, vx, sizeof(block_q4_1), vy, dot1_q4_1_avx2, 1);
 }
 
 /* --- AVX-512 --- */
@@ -366,7 +348,9 @@ BUBO_TARGET_AVX512 static void tile_q4_1_q8_1_avx512(int n, int n_rows, int n_to
 }
 
 BUBO_PREPACKED_LEGACY(q4_0, block_q4_0, pack_q4_0_avx512, udot2_q4_0_avx512, 4, 0, 8)
+BUBO_PREPACKED_LEGACY_AVX2(q4_0, block_q4_0, 4, 0, 8)
 BUBO_PREPACKED_LEGACY(q4_1, block_q4_1, pack_q4_1_avx512, udot2_q4_1_avx512, 4, 1, 0)
+BUBO_PREPACKED_LEGACY_AVX2(q4_1, block_q4_1, 4, 1, 0)
 
 #endif /* BUBO_X86 */
 
@@ -405,6 +389,9 @@ void bubo_register_q4(bubo_type_traits *table) {
     q4_0->to_float[BUBO_ISA_AVX2] = dequantize_row_q4_0_avx2;
     q4_0->vec_dot[BUBO_ISA_AVX2] = vec_dot_q4_0_q8_0_avx2;
     q4_0->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_q4_0_q8_0_avx2;
+    q4_0->prepack[BUBO_ISA_AVX2] = q4_0_prepack_avx2;
+    q4_0->vec_dot_tile_prepacked[BUBO_ISA_AVX2] = q4_0_tile_prepacked_avx2;
+    q4_0->prepacked_row[BUBO_ISA_AVX2] = q4_0_prepacked_row_avx2;
     q4_0->to_float[BUBO_ISA_AVX512] = dequantize_row_q4_0_avx512;
     q4_0->vec_dot[BUBO_ISA_AVX512] = vec_dot_q4_0_q8_0_avx512;
     q4_0->vec_dot_tile[BUBO_ISA_AVX512] = tile_q4_0_q8_0_avx512;
@@ -414,6 +401,9 @@ void bubo_register_q4(bubo_type_traits *table) {
     q4_1->to_float[BUBO_ISA_AVX2] = dequantize_row_q4_1_avx2;
     q4_1->vec_dot[BUBO_ISA_AVX2] = vec_dot_q4_1_q8_1_avx2;
     q4_1->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_q4_1_q8_1_avx2;
+    q4_1->prepack[BUBO_ISA_AVX2] = q4_1_prepack_avx2;
+    q4_1->vec_dot_tile_prepacked[BUBO_ISA_AVX2] = q4_1_tile_prepacked_avx2;
+    q4_1->prepacked_row[BUBO_ISA_AVX2] = q4_1_prepacked_row_avx2;
     q4_1->to_float[BUBO_ISA_AVX512] = dequantize_row_q4_1_avx512;
     q4_1->vec_dot[BUBO_ISA_AVX512] = vec_dot_q4_1_q8_1_avx512;
     q4_1->vec_dot_tile[BUBO_ISA_AVX512] = tile_q4_1_q8_1_avx512;

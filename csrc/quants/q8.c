@@ -9,6 +9,7 @@
  * through the same float operations), so all of them equal ggml's quantize_row_q8_0_ref byte
  * for byte wherever that is defined (see inverse_scale for where it is not). */
 #include "legacy_tile.h"
+#include "legacy_tile_avx2.h"
 
 /* ==== scalar reference ==================================================================== */
 
@@ -144,19 +145,12 @@ BUBO_TARGET_AVX2 static inline __m256i dot_q8_0_block_avx2(const block_q8_0 *x, 
     return dot_u8s8_avx2(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
 }
 
+BUBO_TARGET_AVX2 static __m256i dot1_q8_0_avx2(const void *x, const void *y) { return dot_q8_0_block_avx2(x, y); }
+
+/* the tiles' chain (legacy_tile_avx2.h): the packed tile's bits */
 BUBO_TARGET_AVX2 static void vec_dot_q8_0_q8_0_avx2(int n, float *restrict s, const void *restrict vx,
                                                      const void *restrict vy) {
-    const block_q8_0 *restrict x = vx;
-    const block_q8_0 *restrict y = vy;
-    const int nb = n / QK8_0;
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        const __m256i sums = fold_4blocks_avx2(dot_q8_0_block_avx2(x + i, y + i), dot_q8_0_block_avx2(x + i + 1, y + i + 1),
-                                               dot_q8_0_block_avx2(x + i + 2, y + i + 2), dot_q8_0_block_avx2(x + i + 3, y + i + 3));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), dxdy_4blocks_avx2(x + i, sizeof(block_q8_0), y + i), acc);
-    }
-    *s = hsum_f32x8(acc) + dot_q8_0_q8_0_blocks(x + i, y + i, nb - i);
+    *s = vec_dot_legacy_chain_avx2(n / QK8_0, vx, sizeof(block_q8_0), vy, dot1_q8_0_avx2, 0);
 }
 
 /* --- AVX-512 --- */
@@ -340,6 +334,7 @@ BUBO_TARGET_AVX512 static void tile_q8_0_q8_0_avx512(int n, int n_rows, int n_to
 }
 
 BUBO_PREPACKED_LEGACY(q8_0, block_q8_0, pack_q8_0_avx512, udot2_q8_0_avx512, 8, 0, 128)
+BUBO_PREPACKED_LEGACY_AVX2(q8_0, block_q8_0, 8, 0, 0)
 
 #endif /* BUBO_X86 */
 
@@ -375,6 +370,9 @@ void bubo_register_q8(bubo_type_traits *table) {
     q8_0->from_float[BUBO_ISA_AVX2] = quantize_row_q8_0_avx2;
     q8_0->vec_dot[BUBO_ISA_AVX2] = vec_dot_q8_0_q8_0_avx2;
     q8_0->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_q8_0_q8_0_avx2;
+    q8_0->prepack[BUBO_ISA_AVX2] = q8_0_prepack_avx2;
+    q8_0->vec_dot_tile_prepacked[BUBO_ISA_AVX2] = q8_0_tile_prepacked_avx2;
+    q8_0->prepacked_row[BUBO_ISA_AVX2] = q8_0_prepacked_row_avx2;
     q8_0->to_float[BUBO_ISA_AVX512] = dequantize_row_q8_0_avx512;
     q8_0->from_float[BUBO_ISA_AVX512] = quantize_row_q8_0_avx512;
     q8_0->vec_dot[BUBO_ISA_AVX512] = vec_dot_q8_0_q8_0_avx512;

@@ -1,7 +1,7 @@
 """Prepacked weights (bubo_matmul_prepack / bubo_matmul_prepacked, quants/legacy_tile.h,
-kquant_tile.h and kquant_tile_avx2.h): a model's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K
-matrices are packed once at load where this CPU's best level has the kernels (AVX-512: all of
-them; AVX2: Q4_K and Q6_K), and every product over them must be the
+kquant_tile.h, legacy_tile_avx2.h and kquant_tile_avx2.h): a model's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K
+matrices are packed once at load where this CPU's best level has the kernels (AVX-512 and AVX2,
+legacy_tile_avx2.h), and every product over them must be the
 same bits as over the rows in place: for every token count (the packed tile serves one token
 too), ragged row groups, short and long rows, and through whole models (BUBO_NO_PREPACK=1 keeps
 the rows in place)."""
@@ -20,7 +20,7 @@ from reference.tiny import KQUANT_DIMS, write_tiny_model
 LEGACY = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0]  # their rows can be rebuilt (a tied token_embd)
 PREPACKED = LEGACY + [GT.Q4_K, GT.Q6_K]
 # the types each level packs (the packed layout belongs to the level's tiles)
-PACKED_AT = {"avx512": set(PREPACKED), "avx2": {GT.Q4_K, GT.Q6_K}}
+PACKED_AT = {"avx512": set(PREPACKED), "avx2": set(PREPACKED)}
 PACKED_HERE = PACKED_AT.get(K.best_isa(), set())
 HAS_KERNELS = bool(PACKED_HERE)
 
@@ -80,8 +80,8 @@ def test_prepacked_matmul_is_the_same_bits(type_id):
 
 
 def test_a_lower_forced_level_packs_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv("BUBO_FORCE_ISA", "avx2")
-    for type_id in set(PREPACKED) - PACKED_AT["avx2"]:
+    monkeypatch.setenv("BUBO_FORCE_ISA", "scalar")
+    for type_id in PREPACKED:
         blck = K.type_info(int(type_id))["blck_size"]
         assert _ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), blck), np.uint8), 1, blck) is None
     # a model loaded then is the model in place, bit for bit
@@ -101,7 +101,7 @@ def test_packed_weights_keep_their_level(tmp_path, monkeypatch):
     (AVX-512: a Q8_0 model, then AVX2; AVX2: Q4_K beside Q6_K, then the scalar level)."""
     if not HAS_KERNELS:
         pytest.skip(f"no prepacked kernels at this CPU's level ({K.best_isa()}): nothing was packed")
-    if GT.Q8_0 in PACKED_HERE:
+    if K.best_isa() == "avx512":
         path, lower = write_tiny_model(tmp_path / "q8_0.gguf", "llama", types="Q8_0"), "avx2"
     else:
         path, lower = write_tiny_model(tmp_path / "kquant.gguf", "llama", **KQUANT_MODEL), "scalar"
@@ -180,20 +180,23 @@ def test_a_long_prompt_through_a_tied_embedding(monkeypatch):
     assert_same_in_place(monkeypatch, logits)
 
 
-@pytest.mark.parametrize("type_id", [GT.Q4_K, GT.Q6_K], ids=lambda t: t.name)
-def test_kquant_vec_dots_of_avx2_and_avx512_are_the_same_bits(type_id):
-    """Q4_K and Q6_K run one float chain at both x86 levels (exact integer sums per super-block,
-    then kquant_tile.h's two fused multiply-adds): a row gives the same bits at AVX2 as at AVX-512,
-    and both levels' packed tiles follow their vec_dots (test_prepacked_matmul_is_the_same_bits)."""
+@pytest.mark.parametrize("type_id", PREPACKED, ids=lambda t: t.name)
+def test_vec_dots_of_avx2_and_avx512_are_the_same_bits(type_id):
+    """Each packed type runs one float chain at both x86 levels (exact integer sums per block or
+    super-block, then legacy_tile.h's or kquant_tile.h's fused multiply-adds): a row gives the same
+    bits at AVX2 as at AVX-512, and both levels' packed tiles follow their vec_dots
+    (test_prepacked_matmul_is_the_same_bits)."""
     if "avx512" not in K.supported_isas():
         pytest.skip("this CPU has no AVX-512 to compare AVX2 with")
     rng = np.random.default_rng(7)
+    blck = K.type_info(int(type_id))["blck_size"]
+    act = GT(K.type_info(int(type_id))["vec_dot_type"])
     for n_blocks in (1, 6, 35):
-        cols = 256 * n_blocks
+        cols = blck * n_blocks
         w = np.ascontiguousarray(realistic_rows(type_id, 8, cols, int(rng.integers(1 << 30)))).view(np.uint8)
         w = w.reshape(8, -1)
         for _ in range(4):
-            y = K.quantize(int(GT.Q8_K), rng.standard_normal(cols).astype(np.float32) * rng.uniform(0.1, 10))
+            y = K.quantize(int(act), rng.standard_normal(cols).astype(np.float32) * rng.uniform(0.1, 10))
             for r in range(8):
                 a = K.vec_dot(int(type_id), w[r].tobytes(), y.tobytes(), isa="avx2")
                 b = K.vec_dot(int(type_id), w[r].tobytes(), y.tobytes(), isa="avx512")

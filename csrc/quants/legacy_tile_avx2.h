@@ -1,0 +1,388 @@
+/* Prepacked tiles of the legacy 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) for CPUs whose
+ * best level is AVX2 (no VNNI).
+ *
+ * The groups have legacy_tile.h's layout, byte for byte (its prepack comment): per 16 rows and
+ * block, the values as the AVX-512 panel's unsigned bytes, then the 16 rows' d and m. A 64-byte
+ * piece of it is one zmm of 16 rows; its first 32 bytes are rows 0-7 and its last 32 rows 8-15,
+ * so a half group of 8 rows reads one ymm per piece: dword r = 4 elements of row r. The groups
+ * are written here by plain C from the rows' own blocks, and rebuilt the same way.
+ *
+ * One vpmaddubsw multiplies 4 elements of 8 rows by one token's 4 activations broadcast. The
+ * unsigned 4- and 5-bit values add up their int16 pair sums while they cannot overflow (8 of
+ * them for 4 bits: 8 x 2 x 15 x 127 < 2^15; 4 for 5 bits), then one vpmaddwd by ones widens them.
+ * Q8_0's unsigned bytes (x + 128) would saturate vpmaddubsw, so its panel holds |x| and x, and
+ * the token's bytes take x's sign (vpsignb): the exact sum(x * qy), no offset to take off.
+ *
+ * The chain per output is legacy_tile.h's: blocks in ascending order,
+ * acc = fma(float(isum), dx * dy, acc) and, with a min, acc = fma(m, s, acc), with isum the
+ * block's exact integer dot product. The AVX2 vec_dots of these types run it too
+ * (vec_dot_legacy_chain_avx2), so the rows in place, the packed tile at any token count and the
+ * AVX-512 kernels give every output the same bits. */
+#ifndef BUBO_LEGACY_TILE_AVX2_H
+#define BUBO_LEGACY_TILE_AVX2_H
+
+#include "kquant_tile_avx2.h"
+#include "legacy_simd.h"
+#include "legacy_tile.h"
+
+#if defined(BUBO_X86)
+
+/* ---- the groups, in plain C ------------------------------------------------------------------ */
+
+/* A block's values as the panel's unsigned bytes, in element order: the nibble types as stored
+ * (0..15, with the fifth bit 0..31), Q8_0 as x + 128. blk: the type's block (d, [m], [qh], qs). */
+static inline void legacy_block_values(const uint8_t *blk, int nbits, int with_m, uint8_t u[32]) {
+    const uint8_t *p = blk + 2 + (with_m ? 2 : 0);
+    if (nbits == 8) {
+        for (int j = 0; j < 32; j++) u[j] = p[j] ^ 0x80;
+        return;
+    }
+    uint32_t qh = 0;
+    if (nbits == 5) {
+        memcpy(&qh, p, 4);
+        p += 4;
+    }
+    for (int j = 0; j < 16; j++) {
+        u[j] = (uint8_t)((p[j] & 0x0F) | ((qh >> j) & 1) << 4);
+        u[j + 16] = (uint8_t)((p[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+    }
+}
+
+/* prepack_legacy_avx512's groups, from plain C: block k of the group at g, rows 0..nr-1 (the
+ * padding rows zero). Element e of row r is byte b = e % 4 of dword r of panel register e / 4. */
+static inline void prepack_legacy_portable(const uint8_t *x, size_t x_stride, int64_t rows, int nb, uint8_t *dst,
+                                           size_t x_size, int nbits, int with_m) {
+    const size_t qb = prepacked_q_bytes(nbits);
+    for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
+        const int nr = rows - r0 < TILE_ROWS ? (int)(rows - r0) : TILE_ROWS;
+        for (int k = 0; k < nb; k++) {
+            uint8_t *b = dst + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * x_size;
+            memset(b, 0, TILE_ROWS * x_size);
+            for (int r = 0; r < nr; r++) {
+                const uint8_t *blk = x + (size_t)(r0 + r) * x_stride + (size_t)k * x_size;
+                uint8_t u[32];
+                legacy_block_values(blk, nbits, with_m, u);
+                for (int e = 0; e < 32; e++) {
+                    const int g = e / 4, at = 4 * r + e % 4;
+                    if (nbits == 8) {
+                        b[64 * g + at] = u[e];
+                        continue;
+                    }
+                    b[64 * (g / 2) + at] |= (uint8_t)((u[e] & 0x0F) << (4 * (g % 2)));
+                    if (nbits == 5) b[256 + 8 * g + at / 8] |= (uint8_t)(((u[e] >> 4) & 1) << (at % 8));
+                }
+                memcpy(b + qb + 2 * r, blk, 2);
+                if (with_m) memcpy(b + qb + 32 + 2 * r, blk + 2, 2);
+            }
+        }
+    }
+}
+
+/* Row r's own blocks from the groups at `packed`: the inverse of prepack_legacy_portable. */
+static inline void prepacked_row_legacy_portable(const uint8_t *packed, size_t x_stride, int64_t r, int nb, uint8_t *dst,
+                                                 size_t x_size, int nbits, int with_m) {
+    const uint8_t *g0 = packed + (size_t)(r / TILE_ROWS) * TILE_ROWS * x_stride;
+    const int lane = (int)(r % TILE_ROWS);
+    const size_t qb = prepacked_q_bytes(nbits);
+    for (int k = 0; k < nb; k++) {
+        const uint8_t *b = g0 + (size_t)k * TILE_ROWS * x_size;
+        uint8_t u[32];
+        for (int e = 0; e < 32; e++) {
+            const int g = e / 4, at = 4 * lane + e % 4;
+            if (nbits == 8) {
+                u[e] = b[64 * g + at];
+                continue;
+            }
+            u[e] = (uint8_t)((b[64 * (g / 2) + at] >> (4 * (g % 2))) & 0x0F);
+            if (nbits == 5) u[e] |= (uint8_t)(((b[256 + 8 * g + at / 8] >> (at % 8)) & 1) << 4);
+        }
+        uint8_t *o = dst + (size_t)k * x_size;
+        memcpy(o, b + qb + 2 * lane, 2);
+        o += 2;
+        if (with_m) {
+            memcpy(o, b + qb + 32 + 2 * lane, 2);
+            o += 2;
+        }
+        if (nbits == 8) {
+            for (int j = 0; j < 32; j++) o[j] = u[j] ^ 0x80;
+            continue;
+        }
+        if (nbits == 5) {
+            uint32_t qh = 0;
+            for (int j = 0; j < 32; j++) qh |= (uint32_t)(u[j] >> 4) << j;
+            memcpy(o, &qh, 4);
+            o += 4;
+        }
+        for (int j = 0; j < 16; j++) o[j] = (uint8_t)((u[j] & 0x0F) | (u[j + 16] & 0x0F) << 4);
+    }
+}
+
+/* ---- the tile ----------------------------------------------------------------------------------- */
+
+/* One half group's panel: up to TILE_PANEL blocks of 8 rows. q: the unsigned values (Q8_0: x);
+ * ax: Q8_0's |x|. */
+typedef struct {
+    __m256i q[TILE_PANEL][8];
+    __m256i ax[TILE_PANEL][8];
+    __m256 d[TILE_PANEL], m[TILE_PANEL];
+} legacy2_panel;
+
+/* Blocks k0 .. k0+kp-1 of half h of the group at g. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_unpack(legacy2_panel *p, const uint8_t *g,
+                                                                                  int h, int k0, int kp, size_t x_size,
+                                                                                  int nbits, int with_m) {
+    const size_t qb = prepacked_q_bytes(nbits);
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int k = 0; k < kp; k++) {
+        const uint8_t *b = g + (size_t)(k0 + k) * TILE_ROWS * x_size;
+        if (nbits == 8) {
+            for (int i = 0; i < 8; i++) {
+                const __m256i x = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 64 * i + 32 * h)),
+                                                   _mm256_set1_epi8((char)0x80));
+                p->q[k][i] = x;
+                p->ax[k][i] = _mm256_sign_epi8(x, x);
+            }
+        } else {
+            for (int i = 0; i < 4; i++) {
+                const __m256i z = _mm256_loadu_si256((const __m256i *)(b + 64 * i + 32 * h));
+                p->q[k][2 * i] = _mm256_and_si256(z, low);
+                p->q[k][2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(z, 4), low);
+            }
+            if (nbits == 5)
+                for (int i = 0; i < 8; i++)
+                    p->q[k][i] = _mm256_or_si256(
+                        p->q[k][i], _mm256_and_si256(bits_to_bytes_avx2(b + 256 + 8 * i + 4 * h), _mm256_set1_epi8(0x10)));
+        }
+        p->d[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + qb + 16 * h)));
+        if (with_m) p->m[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + qb + 32 + 16 * h)));
+    }
+}
+
+/* sum(qy) of one block's 32 int8 values. */
+BUBO_TARGET_AVX2 static inline int sum_q8_block_avx2(const int8_t *qs) {
+    const __m256i qy = _mm256_loadu_si256((const __m256i *)qs);
+    const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(qy, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+    const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+    return (int)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+}
+
+/* dy and off * sum(qy) of nt tokens' Q8_0 blocks k0 .. k0+kp-1: token j's block k0 + k at
+ * [j * stride + k] (off 0: Q8_0 weights, whose sum needs no offset). */
+BUBO_TARGET_AVX2 static inline void legacy2_side_fill(float *d, int32_t *off_sum, int stride, const uint8_t *y,
+                                                      size_t y_stride, int nt, int k0, int kp, int off) {
+    for (int j = 0; j < nt; j++) {
+        const block_q8_0 *b = (const block_q8_0 *)(y + (size_t)j * y_stride) + k0;
+        for (int k = 0; k < kp; k++) {
+            d[j * stride + k] = _cvtsh_ss(b[k].d);
+            off_sum[j * stride + k] = off ? off * sum_q8_block_avx2(b[k].qs) : 0;
+        }
+    }
+}
+
+/* One micro tile: nt (1..KQ2_TOKENS, a literal at each call) tokens by the panel's 8 rows, kp
+ * blocks from the activations' block offset y_block_offset; accumulated into s (from 0 when
+ * first). */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro(
+    const legacy2_panel *p, const int nt, int kp, int first, __m256i live, float *restrict s, size_t s_stride,
+    const uint8_t *yt, size_t y_stride, size_t y_block_offset, int nbits, int with_min, side_view side) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    __m256 acc[KQ2_TOKENS];
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) acc[t] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(s + (size_t)t * s_stride, live);
+    for (int k = 0; k < kp; k++) {
+        const int8_t *qy[KQ2_TOKENS];
+        __m256i isum[KQ2_TOKENS];
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const uint8_t *yb = yt + (size_t)t * y_stride + y_block_offset + (size_t)k * y_size;
+            qy[t] = with_min ? ((const block_q8_1 *)yb)->qs : ((const block_q8_0 *)yb)->qs;
+            isum[t] = _mm256_setzero_si256();
+        }
+        if (nbits == 8) {
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++)
+#pragma GCC unroll 4
+                for (int t = 0; t < nt; t++)
+                    isum[t] = _mm256_add_epi32(
+                        isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(p->ax[k][g], _mm256_sign_epi8(kq2_bcast4(qy[t] + 4 * g), p->q[k][g])),
+                                                   ones));
+        } else {
+            /* 4 bits: all 8 registers' int16 sums; 5 bits: 4 at a time */
+            const int run = nbits == 4 ? 8 : 4;
+#pragma GCC unroll 2
+            for (int g0 = 0; g0 < 8; g0 += run) {
+                __m256i s16[KQ2_TOKENS];
+#pragma GCC unroll 4
+                for (int t = 0; t < nt; t++) s16[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int g = g0; g < g0 + run; g++)
+#pragma GCC unroll 4
+                    for (int t = 0; t < nt; t++)
+                        s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(p->q[k][g], kq2_bcast4(qy[t] + 4 * g)));
+#pragma GCC unroll 4
+                for (int t = 0; t < nt; t++) isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s16[t], ones));
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            if (with_min) {
+                const block_q8_1 *b = (const block_q8_1 *)(yt + (size_t)t * y_stride + y_block_offset + (size_t)k * y_size);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(p->d[k], _mm256_set1_ps(b->d)), acc[t]);
+                acc[t] = _mm256_fmadd_ps(p->m[k], _mm256_set1_ps(b->s), acc[t]);
+            } else {
+                const __m256i sum = _mm256_sub_epi32(isum[t], _mm256_set1_epi32(side.off_sum[t * side.stride + k]));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(p->d[k], _mm256_set1_ps(side.d[t * side.stride + k])),
+                                         acc[t]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) _mm256_maskstore_ps(s + (size_t)t * s_stride, live, acc[t]);
+}
+
+/* legacy2_micro with nt a literal in each case. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro_any(
+    const legacy2_panel *p, int nt, int kp, int first, __m256i live, float *restrict s, size_t s_stride,
+    const uint8_t *yt, size_t y_stride, size_t y_block_offset, int nbits, int with_min, side_view side) {
+#define LEGACY2_MICRO(w)                                                                                           \
+    case w:                                                                                                        \
+        legacy2_micro(p, w, kp, first, live, s, s_stride, yt, y_stride, y_block_offset, nbits, with_min, side);    \
+        break;
+    switch (nt) {
+        LEGACY2_MICRO(1) LEGACY2_MICRO(2) LEGACY2_MICRO(3) LEGACY2_MICRO(4)
+    default: break;
+    }
+#undef LEGACY2_MICRO
+}
+
+/* The tile over prepacked groups. A decode step (up to 2 x KQ2_TOKENS tokens) streams each group's
+ * panels in address order, prefetching KQ2_AHEAD bytes on, the activations' side data filled once
+ * per column chunk of TILE_DECODE_BLOCKS blocks; a prompt goes in chunks of TILE_CHUNK tokens,
+ * panel by panel, each half group's panel unpacked once for the chunk. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void tile_legacy_prepacked_avx2(
+    int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
+    const void *restrict vy, size_t y_stride, size_t x_size, int nbits, int with_min, int off) {
+    const uint8_t *x = vx, *y = vy;
+    const int nb = n / QK8_0;
+    if (nb == 0) {
+        for (int t = 0; t < n_tokens; t++) memset(s + (size_t)t * s_stride, 0, (size_t)n_rows * sizeof(float));
+        return;
+    }
+    const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    const size_t group_block = (size_t)TILE_ROWS * x_size;
+    legacy2_panel p __attribute__((aligned(32)));
+    if (n_tokens <= 2 * KQ2_TOKENS) {
+        q8_0_decode_side_avx512 dside;
+        const uint8_t *end = x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride;
+        for (int c0 = 0; c0 < nb; c0 += TILE_DECODE_BLOCKS) {
+            const int c1 = nb - c0 < TILE_DECODE_BLOCKS ? nb : c0 + TILE_DECODE_BLOCKS;
+            if (!with_min)
+                legacy2_side_fill(&dside.d[0][0], &dside.off_sum[0][0], TILE_DECODE_BLOCKS, y, y_stride, n_tokens, c0,
+                                  c1 - c0, off);
+            for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
+                const uint8_t *xr = x + (size_t)r0 * x_stride;
+                for (int k0 = c0; k0 < c1; k0 += TILE_PANEL) {
+                    const int kp = c1 - k0 < TILE_PANEL ? c1 - k0 : TILE_PANEL;
+                    prefetch_ahead(xr + (size_t)k0 * group_block, (size_t)kp * group_block, end, KQ2_AHEAD);
+                    for (int h = 0; h < 2 && r0 + KQ2_ROWS * h < n_rows; h++) {
+                        const int rh = r0 + KQ2_ROWS * h;
+                        legacy2_unpack(&p, xr, h, k0, kp, x_size, nbits, with_min);
+                        for (int t = 0; t < n_tokens; t += KQ2_TOKENS)
+                            legacy2_micro_any(&p, n_tokens - t < KQ2_TOKENS ? n_tokens - t : KQ2_TOKENS, kp, k0 == 0,
+                                              kq2_live(n_rows - rh), s + (size_t)t * s_stride + rh, s_stride,
+                                              y + (size_t)t * y_stride, y_stride, (size_t)k0 * y_size, nbits, with_min,
+                                              (side_view){&dside.d[t][k0 - c0], &dside.off_sum[t][k0 - c0], TILE_DECODE_BLOCKS});
+                    }
+                }
+            }
+        }
+        return;
+    }
+    q8_0_side_avx512 side;
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
+        const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
+        const uint8_t *yc = y + (size_t)t0 * y_stride;
+        for (int k0 = 0; k0 < nb; k0 += TILE_PANEL) {
+            const int kp = nb - k0 < TILE_PANEL ? nb - k0 : TILE_PANEL;
+            if (!with_min) legacy2_side_fill(&side.d[0][0], &side.off_sum[0][0], TILE_PANEL, yc, y_stride, nt, k0, kp, off);
+            for (int r0 = 0; r0 < n_rows; r0 += KQ2_ROWS) {
+                const int h = r0 % TILE_ROWS ? 1 : 0;
+                const __m256i live = kq2_live(n_rows - r0);
+                legacy2_unpack(&p, x + (size_t)(r0 - KQ2_ROWS * h) * x_stride, h, k0, kp, x_size, nbits, with_min);
+                float *st = s + (size_t)t0 * s_stride + r0;
+                int j = 0;
+                for (; j + KQ2_TOKENS <= nt; j += KQ2_TOKENS)
+                    legacy2_micro(&p, KQ2_TOKENS, kp, k0 == 0, live, st + (size_t)j * s_stride, s_stride,
+                                  yc + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, nbits, with_min,
+                                  (side_view){&side.d[j][0], &side.off_sum[j][0], TILE_PANEL});
+                if (j < nt)
+                    legacy2_micro_any(&p, nt - j, kp, k0 == 0, live, st + (size_t)j * s_stride, s_stride,
+                                      yc + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, nbits, with_min,
+                                      (side_view){&side.d[j][0], &side.off_sum[j][0], TILE_PANEL});
+            }
+        }
+    }
+}
+
+/* ---- vec_dot in the tile's order -------------------------------------------------------------- */
+
+/* One block x . y -> int32 lanes whose total is the block's integer dot product, offset taken off. */
+typedef __m256i (*legacy_dot1_avx2_fn)(const void *x, const void *y);
+
+/* dot(row x, token y) over nb blocks: the tile's chain per lane (blocks ascending, one fma per
+ * block with dx * dy, then with a min one fma of m * s), the integer sums 4 blocks at a time. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) float vec_dot_legacy_chain_avx2(
+    int nb, const uint8_t *x, size_t x_size, const uint8_t *y, legacy_dot1_avx2_fn dot, int with_min) {
+    const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    __m128 acc = _mm_setzero_ps();
+    int32_t sums[4] __attribute__((aligned(16)));
+    for (int k0 = 0; k0 < nb; k0 += 4) {
+        const int kb = nb - k0 < 4 ? nb - k0 : 4;
+        if (kb == 4) {
+            const __m256i f = fold_4blocks_avx2(dot(x + (size_t)k0 * x_size, y + (size_t)k0 * y_size),
+                                                dot(x + (size_t)(k0 + 1) * x_size, y + (size_t)(k0 + 1) * y_size),
+                                                dot(x + (size_t)(k0 + 2) * x_size, y + (size_t)(k0 + 2) * y_size),
+                                                dot(x + (size_t)(k0 + 3) * x_size, y + (size_t)(k0 + 3) * y_size));
+            _mm_store_si128((__m128i *)sums, _mm_add_epi32(_mm256_castsi256_si128(f), _mm256_extracti128_si256(f, 1)));
+        } else {
+            for (int j = 0; j < kb; j++) sums[j] = hsum_i32x8(dot(x + (size_t)(k0 + j) * x_size, y + (size_t)(k0 + j) * y_size));
+        }
+        for (int j = 0; j < kb; j++) {
+            const uint8_t *xb = x + (size_t)(k0 + j) * x_size, *yb = y + (size_t)(k0 + j) * y_size;
+            bubo_f16 dx;
+            memcpy(&dx, xb, sizeof dx);
+            const float dy = with_min ? ((const block_q8_1 *)yb)->d : _cvtsh_ss(((const block_q8_0 *)yb)->d);
+            acc = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), sums[j]), _mm_set_ss(_cvtsh_ss(dx) * dy), acc);
+            if (with_min) {
+                bubo_f16 m;
+                memcpy(&m, xb + sizeof(bubo_f16), sizeof m);
+                acc = _mm_fmadd_ss(_mm_set_ss(_cvtsh_ss(m)), _mm_set_ss(((const block_q8_1 *)yb)->s), acc);
+            }
+        }
+    }
+    return _mm_cvtss_f32(acc);
+}
+
+/* A type's prepack, tile over prepacked groups and row rebuild at AVX2: NAME_prepack_avx2,
+ * NAME_tile_prepacked_avx2, NAME_prepacked_row_avx2. NBITS, WITH_MIN and OFF as the tile takes them. */
+#define BUBO_PREPACKED_LEGACY_AVX2(NAME, BLOCK, NBITS, WITH_MIN, OFF)                                              \
+    static void NAME##_prepack_avx2(const void *restrict x, size_t x_stride, int64_t rows, int n,                   \
+                                    void *restrict dst) {                                                          \
+        prepack_legacy_portable(x, x_stride, rows, n / QK8_0, dst, sizeof(BLOCK), NBITS, WITH_MIN);                \
+    }                                                                                                              \
+    BUBO_TARGET_AVX2 static void NAME##_tile_prepacked_avx2(int n, int n_rows, int n_tokens, float *restrict s,   \
+                                                            size_t s_stride, const void *restrict x,               \
+                                                            size_t x_stride, const void *restrict y,               \
+                                                            size_t y_stride) {                                     \
+        tile_legacy_prepacked_avx2(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(BLOCK), NBITS, \
+                                   WITH_MIN, OFF);                                                                 \
+    }                                                                                                              \
+    static void NAME##_prepacked_row_avx2(const void *restrict packed, size_t x_stride, int64_t r, int n,          \
+                                          void *restrict dst) {                                                    \
+        prepacked_row_legacy_portable(packed, x_stride, r, n / QK8_0, dst, sizeof(BLOCK), NBITS, WITH_MIN);        \
+    }
+
+#endif /* BUBO_X86 */
+
+#endif
