@@ -5,7 +5,8 @@
  * block, the values as the AVX-512 panel's unsigned bytes, then the 16 rows' d and m. A 64-byte
  * piece of it is one zmm of 16 rows; its first 32 bytes are rows 0-7 and its last 32 rows 8-15,
  * so a half group of 8 rows reads one ymm per piece: dword r = 4 elements of row r. The groups
- * are written here by plain C from the rows' own blocks, and rebuilt the same way.
+ * are written here by an 8 x 8 dword transpose per half group and block, and a row is rebuilt
+ * from them in plain C.
  *
  * One vpmaddubsw multiplies 4 elements of 8 rows by one token's 4 activations broadcast. The
  * unsigned 4- and 5-bit values add up their int16 pair sums while they cannot overflow (8 of
@@ -27,7 +28,7 @@
 
 #if defined(BUBO_X86)
 
-/* ---- the groups, in plain C ------------------------------------------------------------------ */
+/* ---- the groups ------------------------------------------------------------------ */
 
 /* A block's values as the panel's unsigned bytes, in element order: the nibble types as stored
  * (0..15, with the fifth bit 0..31), Q8_0 as x + 128. blk: the type's block (d, [m], [qh], qs). */
@@ -48,37 +49,8 @@ static inline void legacy_block_values(const uint8_t *blk, int nbits, int with_m
     }
 }
 
-/* prepack_legacy_avx512's groups, from plain C: block k of the group at g, rows 0..nr-1 (the
- * padding rows zero). Element e of row r is byte b = e % 4 of dword r of panel register e / 4. */
-static inline void prepack_legacy_portable(const uint8_t *x, size_t x_stride, int64_t rows, int nb, uint8_t *dst,
-                                           size_t x_size, int nbits, int with_m) {
-    const size_t qb = prepacked_q_bytes(nbits);
-    for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
-        const int nr = rows - r0 < TILE_ROWS ? (int)(rows - r0) : TILE_ROWS;
-        for (int k = 0; k < nb; k++) {
-            uint8_t *b = dst + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * x_size;
-            memset(b, 0, TILE_ROWS * x_size);
-            for (int r = 0; r < nr; r++) {
-                const uint8_t *blk = x + (size_t)(r0 + r) * x_stride + (size_t)k * x_size;
-                uint8_t u[32];
-                legacy_block_values(blk, nbits, with_m, u);
-                for (int e = 0; e < 32; e++) {
-                    const int g = e / 4, at = 4 * r + e % 4;
-                    if (nbits == 8) {
-                        b[64 * g + at] = u[e];
-                        continue;
-                    }
-                    b[64 * (g / 2) + at] |= (uint8_t)((u[e] & 0x0F) << (4 * (g % 2)));
-                    if (nbits == 5) b[256 + 8 * g + at / 8] |= (uint8_t)(((u[e] >> 4) & 1) << (at % 8));
-                }
-                memcpy(b + qb + 2 * r, blk, 2);
-                if (with_m) memcpy(b + qb + 32 + 2 * r, blk + 2, 2);
-            }
-        }
-    }
-}
-
-/* Row r's own blocks from the groups at `packed`: the inverse of prepack_legacy_portable. */
+/* Row r's own blocks from the groups at `packed` (the inverse of prepack_legacy_avx2 below). Element e
+ * of row r is byte e % 4 of dword r % 16 of the block's panel register e / 4. */
 static inline void prepacked_row_legacy_portable(const uint8_t *packed, size_t x_stride, int64_t r, int nb, uint8_t *dst,
                                                  size_t x_size, int nbits, int with_m) {
     const uint8_t *g0 = packed + (size_t)(r / TILE_ROWS) * TILE_ROWS * x_stride;
@@ -114,6 +86,70 @@ static inline void prepacked_row_legacy_portable(const uint8_t *packed, size_t x
             o += 4;
         }
         for (int j = 0; j < 16; j++) o[j] = (uint8_t)((u[j] & 0x0F) | (u[j + 16] & 0x0F) << 4);
+    }
+}
+
+/* The same groups from AVX2: per half group and block, the 8 rows' values (one ymm each, element
+ * order) transposed as 8 x 8 dwords into the panel's registers, then stored as the layout has them. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void prepack_legacy_avx2(
+    const uint8_t *x, size_t x_stride, int64_t rows, int nb, uint8_t *dst, size_t x_size, int nbits, int with_m) {
+    const size_t qb = prepacked_q_bytes(nbits), head = 2 + (with_m ? 2 : 0);
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
+        const int nr = rows - r0 < TILE_ROWS ? (int)(rows - r0) : TILE_ROWS;
+        for (int k = 0; k < nb; k++) {
+            uint8_t *b = dst + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * x_size;
+            uint16_t d[TILE_ROWS] = {0}, m[TILE_ROWS] = {0};
+            for (int h = 0; h < 2; h++) {
+                __m256i v[8], t[8], u[8], q[8];
+                for (int i = 0; i < 8; i++) {
+                    const int r = KQ2_ROWS * h + i;
+                    if (r >= nr) {
+                        v[i] = _mm256_setzero_si256();
+                        continue;
+                    }
+                    const uint8_t *blk = x + (size_t)(r0 + r) * x_stride + (size_t)k * x_size;
+                    memcpy(&d[r], blk, 2);
+                    if (with_m) memcpy(&m[r], blk + 2, 2);
+                    if (nbits == 8)
+                        v[i] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + head)), _mm256_set1_epi8((char)0x80));
+                    else if (nbits == 5)
+                        v[i] = _mm256_or_si256(nibbles_avx2(blk + head + 4),
+                                               _mm256_and_si256(bits_to_bytes_avx2(blk + head), _mm256_set1_epi8(0x10)));
+                    else
+                        v[i] = nibbles_avx2(blk + head);
+                }
+                for (int i = 0; i < 8; i += 2) { /* per 128-bit lane: dwords of rows i, i+1 interleaved */
+                    t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+                    t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+                }
+                for (int a = 0; a < 2; a++) { /* u[4a + j]: dword j (and j + 4) of rows 4a .. 4a+3 */
+                    u[4 * a + 0] = _mm256_unpacklo_epi64(t[4 * a + 0], t[4 * a + 2]);
+                    u[4 * a + 1] = _mm256_unpackhi_epi64(t[4 * a + 0], t[4 * a + 2]);
+                    u[4 * a + 2] = _mm256_unpacklo_epi64(t[4 * a + 1], t[4 * a + 3]);
+                    u[4 * a + 3] = _mm256_unpackhi_epi64(t[4 * a + 1], t[4 * a + 3]);
+                }
+                for (int j = 0; j < 4; j++) {
+                    q[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+                    q[j + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+                }
+                if (nbits == 8) {
+                    for (int g = 0; g < 8; g++) _mm256_storeu_si256((__m256i *)(b + 64 * g + 32 * h), q[g]);
+                    continue;
+                }
+                for (int i = 0; i < 4; i++)
+                    _mm256_storeu_si256((__m256i *)(b + 64 * i + 32 * h),
+                                        _mm256_or_si256(_mm256_and_si256(q[2 * i], low),
+                                                        _mm256_slli_epi16(_mm256_and_si256(q[2 * i + 1], low), 4)));
+                if (nbits == 5)
+                    for (int g = 0; g < 8; g++) {
+                        const uint32_t hi = (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(q[g], 3));
+                        memcpy(b + 256 + 8 * g + 4 * h, &hi, 4);
+                    }
+            }
+            memcpy(b + qb, d, sizeof d);
+            if (with_m) memcpy(b + qb + 32, m, sizeof m);
+        }
     }
 }
 
@@ -367,9 +403,9 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) float vec_dot_lega
 /* A type's prepack, tile over prepacked groups and row rebuild at AVX2: NAME_prepack_avx2,
  * NAME_tile_prepacked_avx2, NAME_prepacked_row_avx2. NBITS, WITH_MIN and OFF as the tile takes them. */
 #define BUBO_PREPACKED_LEGACY_AVX2(NAME, BLOCK, NBITS, WITH_MIN, OFF)                                              \
-    static void NAME##_prepack_avx2(const void *restrict x, size_t x_stride, int64_t rows, int n,                   \
-                                    void *restrict dst) {                                                          \
-        prepack_legacy_portable(x, x_stride, rows, n / QK8_0, dst, sizeof(BLOCK), NBITS, WITH_MIN);                \
+    BUBO_TARGET_AVX2 static void NAME##_prepack_avx2(const void *restrict x, size_t x_stride, int64_t rows, int n,  \
+                                                     void *restrict dst) {                                         \
+        prepack_legacy_avx2(x, x_stride, rows, n / QK8_0, dst, sizeof(BLOCK), NBITS, WITH_MIN);                    \
     }                                                                                                              \
     BUBO_TARGET_AVX2 static void NAME##_tile_prepacked_avx2(int n, int n_rows, int n_tokens, float *restrict s,   \
                                                             size_t s_stride, const void *restrict x,               \
