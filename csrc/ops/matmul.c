@@ -16,7 +16,8 @@
  *
  * Prepacked weights (bubo_matmul_prepacked): a model's Q4_0 ... Q8_0, Q4_K and Q6_K matrices are packed
  * once at load into the tiles' own layout (quants/legacy_tile.h, quants/kquant_tile.h; where AVX2 is
- * the best level, Q4_K and Q6_K into quants/kquant_tile_avx2.h's), so the tile
+ * the best level, the legacy types into the same layout for quants/legacy_tile_avx2.h, and Q4_K and
+ * Q6_K into quants/kquant_tile_avx2.h's), so the tile
  * unpacks instead of transposing, and takes every token count, one included; the same bits as the
  * rows in place.
  *
