@@ -7,7 +7,8 @@
   names no given tool stays content.
 - tool_choice required and named, 50 seeded runs at temperature 0.9 on smollm2:135m (no tool
   template: the generic format) and qwen2.5-coder:0.5b: exactly one schema-valid call each,
-  finish_reason tool_calls.
+  finish_reason tool_calls (the suite runs 20 of the 50, BUBO_TEST_FULL_SWEEPS=1 all 50:
+  engines.sweep).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import openai
 import pytest
 
 from .conftest import start_server
+from engines import sweep
 
 pytestmark = pytest.mark.models
 
@@ -178,7 +180,7 @@ def _forced_runs(server, choice, n: int = 50) -> list[dict]:
             "temperature": 0.9, "seed": seed, "max_tokens": 64})
 
     with ThreadPoolExecutor(4) as pool:
-        return list(pool.map(one, range(n)))
+        return list(pool.map(one, sweep(range(n), 20)))
 
 
 @pytest.mark.parametrize("model", ["smol", "qwen"])
