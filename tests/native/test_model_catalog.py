@@ -179,16 +179,26 @@ def test_truncate_and_reappend(smollm):
 
 @pytest.mark.parametrize("kv_type", ["f32", "q8_0"])
 def test_cache_types_agree_with_f16(smollm, kv_type):
-    """The storage type changes rounding only: logits stay close to the f16 cache's."""
+    """The storage type changes rounding only: logits stay close to the f16 cache's, and the top
+    token differs only at near ties of the f16 cache's logits, closer than f16's own rounding moves
+    a logit (the largest difference between the f16 and the f32 cache: 0.95 on this prompt, where
+    q8_0 moved the top token at gaps 0.009 and 0.45, measured on an AMD EPYC at AVX2)."""
     prompt = PROMPTS[3]
     n = len(prompt)
-    ref = smollm.decode(KVCache(smollm, n_ctx=32), prompt, np.arange(n), [0] * n, [True] * n)
+
+    def run(kv):
+        return smollm.decode(kv, prompt, np.arange(n), [0] * n, [True] * n)
+
+    ref = run(KVCache(smollm, n_ctx=32))
     kv = KVCache(smollm, n_ctx=32, type=kv_type)
     assert kv.type == kv_type
-    out = smollm.decode(kv, prompt, np.arange(n), [0] * n, [True] * n)
+    out = run(kv)
     spread = ref.max() - ref.min()
     assert np.abs(out - ref).max() < 0.05 * spread
-    assert (out.argmax(1) == ref.argmax(1)).mean() >= 0.9
+    f16_rounding = np.abs(run(KVCache(smollm, n_ctx=32, type="f32")) - ref).max()
+    top2 = np.sort(ref, 1)[:, -2:]
+    for i in np.flatnonzero(out.argmax(1) != ref.argmax(1)):
+        assert top2[i, 1] - top2[i, 0] < f16_rounding, (i, top2[i], f16_rounding)
 
 
 def test_long_batch_is_split(smollm):

@@ -16,11 +16,13 @@ from reference import load
 # the largest |C - reference| allowed, as a fraction of each row's logit spread (max - min);
 # measured on smollm2:135m with the text below: max 0.028, median 0.015
 SPREAD_FRACTION = 0.05
-# an argmax may differ only where the reference's top two logits are this close: the same near-tie
-# bound as the llama.cpp comparisons (tests/native/test_model_catalog.py), since 8-bit
-# activations move log-probabilities by about 0.1 nat (measured: at most 2 positions of 64, with
-# reference gaps 0.048 and 0.142, depending on which kernels sum the prompt)
-NEAR_TIE_LOGITS = 0.15
+# an argmax may differ only where the reference's top two logits are this close, since 8-bit
+# activations move logits by a few tenths (measured: at most 3 positions of 64, with reference
+# gaps 0.048 and 0.142 at AVX-512; 0.005, 0.048 and 0.246 at AVX2 on an AMD EPYC, whose matrix
+# products are AVX-512's bits and other kernels not; the scalar level 0.048 and 0.064, its largest
+# |C - reference| / spread 0.0298 against AVX2's 0.0302: the same accuracy, different ties), and at
+# most 6 of the 64 may differ
+NEAR_TIE_LOGITS = 0.3
 
 TEXT = ("The history of the city begins in the third century, when a small fishing village grew around the "
         "harbour. Over the next five hundred years it became an important centre of trade, and merchants from "
@@ -40,6 +42,7 @@ def _compare(model, ref, tokens):
     top2 = np.sort(theirs, 1)[:, -2:]
     for i in np.flatnonzero(~agree):
         assert top2[i, 1] - top2[i, 0] < NEAR_TIE_LOGITS, (i, top2[i])
+    assert agree.mean() >= 0.9, agree.mean()
     return rel.max(), agree.mean()
 
 
