@@ -30,25 +30,6 @@
 
 /* ---- the groups ------------------------------------------------------------------ */
 
-/* A block's values as the panel's unsigned bytes, in element order: the nibble types as stored
- * (0..15, with the fifth bit 0..31), Q8_0 as x + 128. blk: the type's block (d, [m], [qh], qs). */
-static inline void legacy_block_values(const uint8_t *blk, int nbits, int with_m, uint8_t u[32]) {
-    const uint8_t *p = blk + 2 + (with_m ? 2 : 0);
-    if (nbits == 8) {
-        for (int j = 0; j < 32; j++) u[j] = p[j] ^ 0x80;
-        return;
-    }
-    uint32_t qh = 0;
-    if (nbits == 5) {
-        memcpy(&qh, p, 4);
-        p += 4;
-    }
-    for (int j = 0; j < 16; j++) {
-        u[j] = (uint8_t)((p[j] & 0x0F) | ((qh >> j) & 1) << 4);
-        u[j + 16] = (uint8_t)((p[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
-    }
-}
-
 /* Row r's own blocks from the groups at `packed` (the inverse of prepack_legacy_avx2 below). Element e
  * of row r is byte e % 4 of dword r % 16 of the block's panel register e / 4. */
 static inline void prepacked_row_legacy_portable(const uint8_t *packed, size_t x_stride, int64_t r, int nb, uint8_t *dst,
