@@ -23,7 +23,11 @@
 #if defined(BUBO_X86)
 
 #define KQ2_ROWS 8    /* rows per half group: one per int32 lane of a ymm */
-#define KQ2_TOKENS 4  /* tokens per micro tile: their int16 and int32 sums stay in registers */
+/* Tokens per micro tile, their int16 and int32 sums in registers: 4 for the legacy types
+ * (legacy_tile_avx2.h), 5 for Q4_K and Q6_K, whose sums still fit in the 16 ymm registers at 5 (a
+ * draft check of 4 tokens and the pending one reads its weights once). */
+#define KQ2_TOKENS 4
+#define KQ2_KTOKENS 5
 
 /* How far ahead a decode step prefetches (measured on an AMD EPYC, AVX2: 8 KiB streamed the packed
  * Q6_K rows as fast as the rows in place, 4 KiB and none did not). */
@@ -76,6 +80,11 @@ BUBO_TARGET_AVX2 static inline int32_t kq_hsum_epi32_avx2(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* Keeps v in a register as computed here: GCC reassociates a chain of integer adds into a tree
+ * whose leaves (every vpmaddubsw of a micro tile) are all live at once, and spills them; after
+ * this, each add waits for the one before, as written. */
+#define KQ2_KEEP(v) __asm__("" : "+x"(v))
+
 /* 4 bytes at p, broadcast to every dword */
 BUBO_TARGET_AVX2 static inline __m256i kq2_bcast4(const int8_t *p) {
     int32_t four;
@@ -97,7 +106,7 @@ BUBO_TARGET_AVX2 static inline __m256i kq2_live(int n) {
 /* The chain's step for nt tokens of one super-block (isum, msum per token), into s. */
 #define KQ2_FINISH(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum)                                  \
     do {                                                                                                   \
-        _Pragma("GCC unroll 4") for (int t_ = 0; t_ < (nt); t_++) {                                        \
+        _Pragma("GCC unroll 8") for (int t_ = 0; t_ < (nt); t_++) {                                        \
             const block_q8_K *b_ = (const block_q8_K *)((yt) + (size_t)t_ * (y_stride));                   \
             _Pragma("GCC unroll 8") for (int i_ = 0; i_ < 8; i_++)                                          \
                 msum[t_] = _mm256_add_epi32(msum[t_], _mm256_madd_epi16((p)->m_pair[i_],                    \
@@ -111,7 +120,7 @@ BUBO_TARGET_AVX2 static inline __m256i kq2_live(int n) {
         }                                                                                                  \
     } while (0)
 
-/* A type's micro tile: nt (1..KQ2_TOKENS) tokens of one half group's super-block (its values at
+/* A type's micro tile: nt (1..KQ2_KTOKENS) tokens of one half group's super-block (its values at
  * b), accumulated into s (from 0 when first). */
 typedef void (*kq2_micro_fn)(const kq2_panel *p, const uint8_t *b, int nt, int first, __m256i live, float *s,
                              size_t s_stride, const uint8_t *yt, size_t y_stride);
@@ -132,7 +141,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
     }
     kq2_panel p __attribute__((aligned(32)));
     const size_t group_block = (size_t)TILE_ROWS * x_size;
-    if (n_tokens <= 2 * KQ2_TOKENS) {
+    if (n_tokens <= 2 * KQ2_KTOKENS) {
         const uint8_t *end = x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride;
         for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
             const uint8_t *xr = x + (size_t)r0 * x_stride;
@@ -143,8 +152,8 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
                     const int rh = r0 + KQ2_ROWS * h;
                     const __m256i live = kq2_live(n_rows - rh);
                     panel(&p, gb, h);
-                    for (int t = 0; t < n_tokens; t += KQ2_TOKENS)
-                        micro(&p, b, n_tokens - t < KQ2_TOKENS ? n_tokens - t : KQ2_TOKENS, k == 0, live,
+                    for (int t = 0; t < n_tokens; t += KQ2_KTOKENS)
+                        micro(&p, b, n_tokens - t < KQ2_KTOKENS ? n_tokens - t : KQ2_KTOKENS, k == 0, live,
                               s + (size_t)t * s_stride + rh, s_stride,
                               y + (size_t)t * y_stride + (size_t)k * sizeof(block_q8_K), y_stride);
                 }
@@ -163,8 +172,8 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
                 panel(&p, gb, h);
                 const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
                 float *st = s + (size_t)t0 * s_stride + r0;
-                for (int t = 0; t < nt; t += KQ2_TOKENS)
-                    micro(&p, b, nt - t < KQ2_TOKENS ? nt - t : KQ2_TOKENS, k == 0, live, st + (size_t)t * s_stride,
+                for (int t = 0; t < nt; t += KQ2_KTOKENS)
+                    micro(&p, b, nt - t < KQ2_KTOKENS ? nt - t : KQ2_KTOKENS, k == 0, live, st + (size_t)t * s_stride,
                           s_stride, yt + (size_t)t * y_stride, y_stride);
             }
         }
@@ -179,6 +188,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
         case 2: fn(p, b, 2, first, live, s, s_stride, yt, y_stride); break;       \
         case 3: fn(p, b, 3, first, live, s, s_stride, yt, y_stride); break;       \
         case 4: fn(p, b, 4, first, live, s, s_stride, yt, y_stride); break;       \
+        case 5: fn(p, b, 5, first, live, s, s_stride, yt, y_stride); break;       \
         default: break;                                                           \
         }                                                                         \
     } while (0)

@@ -220,10 +220,12 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
 #pragma GCC unroll 8
             for (int g = 0; g < 8; g++)
 #pragma GCC unroll 4
-                for (int t = 0; t < nt; t++)
+                for (int t = 0; t < nt; t++) {
                     isum[t] = _mm256_add_epi32(
                         isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(p->ax[k][g], _mm256_sign_epi8(kq2_bcast4(qy[t] + 4 * g), p->q[k][g])),
                                                    ones));
+                    KQ2_KEEP(isum[t]);
+                }
         } else {
             /* 4 bits: all 8 registers' int16 sums; 5 bits: 4 at a time */
             const int run = nbits == 4 ? 8 : 4;
@@ -235,8 +237,10 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
 #pragma GCC unroll 8
                 for (int g = g0; g < g0 + run; g++)
 #pragma GCC unroll 4
-                    for (int t = 0; t < nt; t++)
+                    for (int t = 0; t < nt; t++) {
                         s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(p->q[k][g], kq2_bcast4(qy[t] + 4 * g)));
+                        KQ2_KEEP(s16[t]);
+                    }
 #pragma GCC unroll 4
                 for (int t = 0; t < nt; t++) isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s16[t], ones));
             }

@@ -363,29 +363,35 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro_q4_
     const kq2_panel *p, const uint8_t *b, const int nt, int first, __m256i live, float *s, size_t s_stride,
     const uint8_t *yt, size_t y_stride) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256i isum[KQ2_TOKENS], msum[KQ2_TOKENS];
-#pragma GCC unroll 4
+    __m256i isum[KQ2_KTOKENS], msum[KQ2_KTOKENS];
+#pragma GCC unroll 8
     for (int t = 0; t < nt; t++) isum[t] = msum[t] = _mm256_setzero_si256();
     for (int g = 0; g < 8; g++) {
-        __m256i acc[KQ2_TOKENS];
-#pragma GCC unroll 4
+        __m256i acc[KQ2_KTOKENS];
+#pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_si256();
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int mm = 0; mm < 4; mm++) {
-            /* one unpacked register live at a time: the 4 tokens' sums stay in registers */
+            /* one unpacked register live at a time: the tokens' sums stay in registers */
             const __m256i z = _mm256_loadu_si256((const __m256i *)(b + 32 * (4 * g + mm)));
             const __m256i lo = _mm256_and_si256(z, m4);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int t = 0; t < nt; t++)
+            {
                 acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(lo, kq2_bcast4(
                     ((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 32 * g + 8 * mm)));
+                KQ2_KEEP(acc[t]);
+            }
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int t = 0; t < nt; t++)
+            {
                 acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(hi, kq2_bcast4(
                     ((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 32 * g + 8 * mm + 4)));
+                KQ2_KEEP(acc[t]);
+            }
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < nt; t++) isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(acc[t], p->sc[g]));
     }
     KQ2_FINISH(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum);

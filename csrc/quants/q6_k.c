@@ -393,8 +393,8 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro_q6_
     const kq2_panel *p, const uint8_t *b, const int nt, int first, __m256i live, float *s, size_t s_stride,
     const uint8_t *yt, size_t y_stride) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m_hi = _mm256_set1_epi8(0x30);
-    __m256i isum[KQ2_TOKENS], msum[KQ2_TOKENS];
-#pragma GCC unroll 4
+    __m256i isum[KQ2_KTOKENS], msum[KQ2_KTOKENS];
+#pragma GCC unroll 8
     for (int t = 0; t < nt; t++) isum[t] = msum[t] = _mm256_setzero_si256();
     for (int g = 0; g < 16; g++) {
         const __m256i n0 = _mm256_loadu_si256((const __m256i *)(b + 96 * g));
@@ -406,7 +406,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro_q6_
         const __m256i k2 = _mm256_or_si256(_mm256_and_si256(n1, m4), _mm256_and_si256(h, m_hi));
         const __m256i k3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n1, 4), m4),
                                            _mm256_and_si256(_mm256_srli_epi16(h, 2), m_hi));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < nt; t++) {
             const int8_t *a = ((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 16 * g;
             const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(k0, kq2_bcast4(a)),
@@ -415,6 +415,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro_q6_
                                                  _mm256_maddubs_epi16(k3, kq2_bcast4(a + 12)));
             isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(p01, p->sc[g]),
                                                                  _mm256_madd_epi16(p23, p->sc[g])));
+            KQ2_KEEP(isum[t]);
         }
     }
     KQ2_FINISH(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum);
