@@ -9,7 +9,10 @@ int8 dot-product units can do per second does a pp512 reach?
    products (vpdpbusd on 512-bit registers: 64 int8 multiply-adds each) per iteration on each of
    -t threads for about a second; peak = multiply-adds / wall time, all threads together. (No
    memory is touched: it is the arithmetic ceiling, not a figure any matrix product reaches.)
-   AVX-512 VNNI is required; elsewhere the script says so and stops.
+   On a CPU without AVX-512 VNNI whose best is AVX2, the loop's multiply-add is AVX2's: vpmaddubsw
+   (32 int8 products summed in pairs to int16) then vpaddw into the accumulator, the two
+   instructions that the AVX2 tiles spend on 32 multiply-adds; elsewhere the script says so and
+   stops.
 2. The work of a prompt token: the multiply-adds of every weight matrix of every layer (the
    products a prompt's tokens go through; the output matrix is left out, since pp512 computes the
    logits of the last token only, as llama-bench does), counted from the GGUF's tensor shapes.
@@ -59,17 +62,37 @@ __attribute__((target("avx512f,avx512vnni"))) static void *run(void *arg) {
     return NULL;
 }
 
+/* AVX2 (no VNNI): vpmaddubsw + vpaddw, 32 multiply-adds into int16 accumulators */
+#define MA(x) x = _mm256_add_epi16(x, _mm256_maddubs_epi16(a, b))
+__attribute__((target("avx2"))) static void *run_avx2(void *arg) {
+    const __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-5);
+    __m256i c0 = _mm256_set1_epi16(0), c1 = _mm256_set1_epi16(1), c2 = _mm256_set1_epi16(2),
+            c3 = _mm256_set1_epi16(3), c4 = _mm256_set1_epi16(4), c5 = _mm256_set1_epi16(5),
+            c6 = _mm256_set1_epi16(6), c7 = _mm256_set1_epi16(7), c8 = _mm256_set1_epi16(8),
+            c9 = _mm256_set1_epi16(9), c10 = _mm256_set1_epi16(10), c11 = _mm256_set1_epi16(11);
+    for (long n = 0; n < iters; n++) {
+        MA(c0); MA(c1); MA(c2); MA(c3); MA(c4); MA(c5); MA(c6); MA(c7); MA(c8); MA(c9); MA(c10); MA(c11);
+    }
+    __m256i s = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(c0, c1), _mm256_add_epi16(c2, c3)),
+                                 _mm256_add_epi16(_mm256_add_epi16(c4, c5), _mm256_add_epi16(c6, c7)));
+    s = _mm256_add_epi16(s, _mm256_add_epi16(_mm256_add_epi16(c8, c9), _mm256_add_epi16(c10, c11)));
+    sink = _mm256_extract_epi16(s, 0);
+    (void)arg;
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     const int n_threads = atoi(argv[1]);
     iters = atol(argv[2]);
+    const int avx2 = argc > 3 && argv[3][0] == 'a'; /* "avx2": the AVX2 loop, 32 multiply-adds a step */
     pthread_t th[256];
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int i = 0; i < n_threads; i++) pthread_create(&th[i], NULL, run, NULL);
+    for (int i = 0; i < n_threads; i++) pthread_create(&th[i], NULL, avx2 ? run_avx2 : run, NULL);
     for (int i = 0; i < n_threads; i++) pthread_join(th[i], NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    printf("%.6f\n", (double)n_threads * (double)iters * 12.0 * 64.0 / s);
+    printf("%.6f\n", (double)n_threads * (double)iters * 12.0 * (avx2 ? 32.0 : 64.0) / s);
     return 0;
 }
 """
@@ -85,16 +108,23 @@ def cpu_name() -> str:
     return "unknown CPU"
 
 
-def has_vnni() -> bool:
+def peak_level() -> str | None:
+    """"vnni" (AVX-512 VNNI), "avx2", or None: the int8 multiply-add the peak loop runs here."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    return " avx512_vnni" in flags and " avx512f" in flags
+        return None
+    if " avx512_vnni" in flags and " avx512f" in flags:
+        return "vnni"
+    return "avx2" if " avx2" in flags else None
 
 
-def vnni_peak(n_threads: int, repeats: int = 3) -> float:
-    """int8 multiply-adds per second of n_threads threads of vpdpbusd (the best of a few runs)."""
+PEAK_NAMES = {"vnni": "vpdpbusd", "avx2": "vpmaddubsw + vpaddw"}
+
+
+def int8_peak(n_threads: int, level: str, repeats: int = 3) -> float:
+    """int8 multiply-adds per second of n_threads threads of the level's multiply-add loop (the
+    best of a few runs)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise SystemExit("prefill_peak: no C compiler (cc) to build the peak loop")
@@ -102,15 +132,15 @@ def vnni_peak(n_threads: int, repeats: int = 3) -> float:
         src, exe = Path(d) / "peak.c", Path(d) / "peak"
         src.write_text(PEAK_C)
         subprocess.run([cc, "-O2", "-pthread", str(src), "-o", str(exe)], check=True)
-        iters = 1_000_000
+        iters, width = 1_000_000, 64 if level == "vnni" else 32
         while True:  # about a second per run
-            rate = float(subprocess.run([str(exe), str(n_threads), str(iters)], capture_output=True, text=True,
-                                        check=True).stdout)
-            if n_threads * iters * 12 * 64 / rate > 0.5:
+            rate = float(subprocess.run([str(exe), str(n_threads), str(iters), level], capture_output=True,
+                                        text=True, check=True).stdout)
+            if n_threads * iters * 12 * width / rate > 0.5:
                 break
             iters *= 4
-        return max(float(subprocess.run([str(exe), str(n_threads), str(iters)], capture_output=True, text=True,
-                                         check=True).stdout) for _ in range(repeats))
+        return max(float(subprocess.run([str(exe), str(n_threads), str(iters), level], capture_output=True,
+                                         text=True, check=True).stdout) for _ in range(repeats))
 
 
 def matrix_macs(model: Path) -> tuple[int, int, dict[str, int]]:
@@ -155,19 +185,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads < 1 or args.repetitions < 1:
         ap.error("-t and -r must be positive")
-    if not has_vnni():
-        print("prefill_peak: this CPU has no AVX-512 VNNI; the peak loop needs it", file=sys.stderr)
+    level = peak_level()
+    if level is None:
+        print("prefill_peak: this CPU has neither AVX-512 VNNI nor AVX2; the peak loop needs one", file=sys.stderr)
         return 2
     from bubo import store
 
     model = store.resolve(args.model)
     macs, attn, hp = matrix_macs(model)
-    peak = vnni_peak(args.threads)
+    peak = int8_peak(args.threads, level)
     rows = [("bubo", bubo_pp(model, args.threads, args.repetitions))]
     if args.llama_bench:
         rows.append(("llama.cpp", llama_pp(args.llama_bench, model, args.threads, args.repetitions)))
     print(f"## pp512 against the int8 peak: {args.model} ({model.name}), {args.threads} threads, {cpu_name()}\n")
-    print(f"int8 peak (vpdpbusd, {args.threads} threads): {peak / 1e9:.1f} G multiply-adds/s")
+    print(f"int8 peak ({PEAK_NAMES[level]}, {args.threads} threads): {peak / 1e9:.1f} G multiply-adds/s")
     print(f"weight matrices: {macs / 1e6:.1f} M multiply-adds per token ({hp['n_layer']} layers, "
           f"n_embd {hp['n_embd']}); attention at pp512: {attn / 1e6:.1f} M (f32, not counted)\n")
     print("| engine | pp512 t/s | int8 G multiply-adds/s | of the peak |")
