@@ -4,6 +4,8 @@ OpenAI shape, every route but the two Anthropic ones:
     {"error": {"message": ..., "type": ..., "code": ...}}
 Anthropic shape, /v1/messages and /v1/messages/count_tokens:
     {"type": "error", "error": {"type": ..., "message": ..., "code": ...}, "request_id": ...}
+Ollama shape, every route under /api/ (its clients read the one string):
+    {"error": ...}
 
 Handlers raise ApiError; the app turns it (and every other failure: unknown path, wrong method,
 oversized body, an unexpected exception) into the right shape for the path. The engine's
@@ -47,6 +49,7 @@ _ANTHROPIC_TYPE = {
     529: "overloaded_error",
 }
 ANTHROPIC_PATHS = ("/v1/messages",)  # and everything under it (count_tokens)
+OLLAMA_PREFIX = "/api/"  # Ollama's routes
 RETRY_AFTER_SECONDS = 5
 # a full queue drains at the speed of generation: seconds, not the memory guard's minutes
 QUEUE_RETRY_AFTER_SECONDS = 1
@@ -151,10 +154,16 @@ def is_anthropic_path(path: str) -> bool:
     return any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS)
 
 
+def is_ollama_path(path: str) -> bool:
+    return path.startswith(OLLAMA_PREFIX)
+
+
 def error_response(path: str, err: ApiError) -> Response:
     """err in the shape of the route at path. A type given for the other shape is not reused."""
     if is_anthropic_path(path):
         return anthropic_error(err.status, err.code, err.message, None, err.headers)
+    if is_ollama_path(path):
+        return _json(err.status, {"error": err.message}, err.headers)
     return api_error(err.status, err.code, err.message, err.type, err.headers)
 
 
@@ -164,12 +173,15 @@ class StreamShape(enum.Enum):
     OPENAI = "openai"  # chat completions, completions, /completion: a data event with the error object
     RESPONSES = "responses"  # an "error" event with code, message and the sequence number
     ANTHROPIC = "anthropic"  # an "error" event with Anthropic's error object
+    OLLAMA = "ollama"  # an NDJSON line {"error": message}
 
 
 def stream_error(shape: StreamShape, err: ApiError, sequence_number: int = 0) -> Any:
     """The SSE item (see bubo.api.sse) that ends a stream with err."""
     if shape is StreamShape.ANTHROPIC:
         return ("error", anthropic_body(err.status, err.code, err.message))
+    if shape is StreamShape.OLLAMA:
+        return {"error": err.message}
     if shape is StreamShape.RESPONSES:
         return ("error", {"type": "error", "code": err.code, "message": err.message, "param": None,
                           "sequence_number": sequence_number})

@@ -756,9 +756,9 @@ _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying ag
                                 "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
 
 
-def _error(status: int, anthropic: bool = False, text: str | None = None) -> Schema:
-    out: Schema = {"description": text or _STATUS_TEXT[status],
-                   "content": {JSON: {"schema": ref("AnthropicError" if anthropic else "Error")}}}
+def _error(status: int, anthropic: bool = False, text: str | None = None, ollama: bool = False) -> Schema:
+    shape = "AnthropicError" if anthropic else "OllamaError" if ollama else "Error"
+    out: Schema = {"description": text or _STATUS_TEXT[status], "content": {JSON: {"schema": ref(shape)}}}
     if status == 503:
         out["headers"] = _RETRY_AFTER
     if status == 401:
@@ -809,7 +809,7 @@ class _Doc:
         self.paths: dict[str, dict[str, Schema]] = {}
 
     def add(self, paths: tuple[str, ...], method: str, op: Schema, statuses: tuple[int, ...] = (),
-            anthropic: bool = False, public: bool = False) -> None:
+            anthropic: bool = False, public: bool = False, ollama: bool = False) -> None:
         for i, path in enumerate(paths):
             o = dict(op)
             o["operationId"] = op["operationId"] + ("" if i == 0 else "_" + _slug(path))
@@ -820,7 +820,7 @@ class _Doc:
             if self.keys and not public:
                 wanted.add(401)
             for status in sorted(wanted):
-                responses.setdefault(str(status), _error(status, anthropic))
+                responses.setdefault(str(status), _error(status, anthropic, ollama=ollama))
             o["responses"] = responses
             if public and self.keys:
                 o["security"] = []
@@ -1038,8 +1038,28 @@ def document(config: ServerConfig, registry: Registry | None = None, debug: bool
                                  "a chunk per token, then the final object with \"stop\": true (no [DONE]).")},
     }, GEN_ERRORS)
 
+    infill = obj({"input_prefix": STR, "input_suffix": STR,
+                  "input_extra": desc(arr(obj({"filename": STR, "text": STR}, ["text"], closed=False)),
+                                      "other files, written before the prefix (repository context)"),
+                  **{k: v for k, v in native_completion_request()["properties"].items() if k != "prompt"},
+                  "prompt": desc(STR, "text after the middle marker: the answer continues it")}, closed=False)
+    d.add(("/infill",), "post", {
+        "operationId": "infill", "summary": "Fill in the middle (llama-server)", "tags": ["llama-server"],
+        "requestBody": _body(infill, {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n",
+                                      "n_predict": 8}),
+        "responses": {"200": _ok(ref("Completion"), "The completion, as /completion gives it (a model without "
+                                                    "fill-in-the-middle tokens is a 400).",
+                                 _sse_data({"anyOf": [ref("CompletionChunk"), ref("Completion"), ref("Error")]}),
+                                 "as /completion streams.")},
+    }, GEN_ERRORS)
+
+    # --- Ollama ---
+    from bubo.api.ollama.openapi import add_paths
+
+    ollama_shapes = add_paths(d, names, example_model)
+
     # --- paths that exist but answer 501 on a text model ---
-    for path in ("/v1/embeddings", "/v1/rerank", "/v1/reranking", "/rerank", "/infill", "/sdapi/v1/{rest}"):
+    for path in ("/v1/embeddings", "/v1/rerank", "/v1/reranking", "/rerank", "/sdapi/v1/{rest}"):
         for method in ("get", "post"):
             op: Schema = {"operationId": "not_implemented", "summary": "Not implemented for a text model",
                           "tags": ["bubo"],
@@ -1056,9 +1076,10 @@ def document(config: ServerConfig, registry: Registry | None = None, debug: bool
         "openapi": "3.1.0",
         "info": {"title": "bubo", "version": bubo.__version__, "description": _DESCRIPTION,
                  "license": {"name": "MIT", "identifier": "MIT"}},
-        "tags": [{"name": "OpenAI"}, {"name": "Anthropic"}, {"name": "llama-server"}, {"name": "bubo"}],
+        "tags": [{"name": "OpenAI"}, {"name": "Anthropic"}, {"name": "llama-server"}, {"name": "Ollama"},
+                 {"name": "bubo"}],
         "paths": d.paths,
-        "components": {"schemas": schemas()},
+        "components": {"schemas": {**schemas(), **ollama_shapes}},
     }
     if d.keys:
         doc["components"]["securitySchemes"] = {
@@ -1152,7 +1173,7 @@ def about_lines(cfg: ServerConfig, reg: Registry,
                 show_models: bool) -> tuple[list[str], list[tuple[str, str]], str]:
     """(the lines that say what runs, the routes as (method path, summary), the paths that answer
     501)."""
-    lines = [f"bubo {bubo.__version__} is running."]
+    lines = [f"bubo is running (version {bubo.__version__})."]
     if not show_models:
         lines.append("An API key is required: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY').")
     elif reg.is_router:

@@ -45,25 +45,50 @@ def sse_response(gen: Iterator[Any], stream: Stream | None = None, ping_seconds:
 
     ping = ping_seconds if ping_seconds is not None else config().sse_ping_seconds
     sock = request.environ.get("bubo.socket")
-    resp = Response(_events(gen, stream, ping, sock), mimetype="text/event-stream")
+    failed = {"error": {"message": "", "type": "server_error", "code": "internal_error"}}
+    resp = Response(_events(gen, stream, ping, sock, format_event, failed), mimetype="text/event-stream")
     resp.headers["Cache-Control"] = "no-cache"
     resp.headers["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
     return resp
 
 
-def _events(gen: Iterator[Any], stream: Stream | None, ping: float, sock: socket.socket | None) -> Iterator[bytes]:
+def format_line(item: Any) -> str:
+    """One NDJSON line: the object's JSON (never a raw newline inside it) and "\n"."""
+    return dumps(item) + "\n"
+
+
+def ndjson_response(gen: Iterator[Any], stream: Stream | None = None) -> Response:
+    """Newline-delimited JSON (Ollama's streams, application/x-ndjson): each item of gen, a
+    dict, becomes one line. Clients parse every line as JSON, so a silent stretch sends nothing
+    (no keep-alive comment); the client going away cancels `stream` as with SSE, and a generator
+    that fails ends the stream with an {"error": ...} line, Ollama's in-band error."""
+    sock = request.environ.get("bubo.socket")
+    resp = Response(_events(gen, stream, None, sock, format_line, {"error": ""}), mimetype="application/x-ndjson")
+    resp.headers["Cache-Control"] = "no-cache"
+    resp.headers["X-Accel-Buffering"] = "no"
+    return resp
+
+
+def _failure(template: dict[str, Any], message: str) -> dict[str, Any]:
+    """The in-band error object of a stream's shape (template), with message filled in."""
+    if isinstance(template.get("error"), dict):
+        return {"error": {**template["error"], "message": message}}
+    return {"error": message}
+
+
+def _events(gen: Iterator[Any], stream: Stream | None, ping: float | None, sock: socket.socket | None,
+            fmt: Callable[[Any], str], failed: dict[str, Any]) -> Iterator[bytes]:
     q: gevent.queue.Queue = gevent.queue.Queue()
 
     def produce() -> None:
         try:
             for item in gen:
-                q.put(format_event(item).encode("utf-8"))
+                q.put(fmt(item).encode("utf-8"))
         except gevent.GreenletExit:
             raise
         except Exception as e:  # noqa: BLE001 - the stream is already 200: report in-band
-            log.exception("an SSE generator failed")
-            q.put(format_event({"error": {"message": f"internal error: {type(e).__name__}: {e}",
-                                          "type": "server_error", "code": "internal_error"}}).encode())
+            log.exception("a streamed response's generator failed")
+            q.put(fmt(_failure(failed, f"internal error: {type(e).__name__}: {e}")).encode())
         finally:
             q.put(_END)
 
@@ -73,7 +98,7 @@ def _events(gen: Iterator[Any], stream: Stream | None, ping: float, sock: socket
         while True:
             try:
                 item = q.get(timeout=ping)
-            except gevent.queue.Empty:
+            except gevent.queue.Empty:  # only with a ping period
                 yield b": ping\n\n"
                 continue
             if item is _END:

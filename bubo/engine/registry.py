@@ -28,6 +28,7 @@ import dataclasses
 import enum
 import gc
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -115,6 +116,16 @@ class ModelEntry:
         self.pending = False  # a load waits for room (a swap): shows as loading
         self.waiting = 0  # requests waiting for it to load: it serves them before it can be swapped out
         self.info: ModelInfo | None = None  # what it was when last loaded (kept while it sleeps)
+        # a request's keep_alive (Ollama's): idle seconds before it sleeps, over the registry's
+        # sleep_idle_s; math.inf: never; None: the registry's
+        self.keep_alive_s: float | None = None
+
+    def expires_at(self, idle_s: float | None) -> float | None:
+        """When (time.time()) this idle model will sleep, or None if never (or busy)."""
+        limit = self.keep_alive_s if self.keep_alive_s is not None else idle_s
+        if limit is None or math.isinf(limit):
+            return None
+        return time.time() + max(limit - (time.monotonic() - self.last_busy), 0.0) if not self.busy else None
 
     @property
     def name(self) -> str:
@@ -188,6 +199,7 @@ class Registry:
         self._swap = gevent.lock.Semaphore()  # one load decision at a time
         self.stopped = False
         self._watchers: list[gevent.Greenlet] = []
+        self._sleeping: gevent.Greenlet | None = None  # the idle-sleep watcher, once there is one
 
     @classmethod
     def single(cls, engine: Engine, name: str, aliases: Iterable[str] = ()) -> Registry:
@@ -255,7 +267,8 @@ class Registry:
                 e.startup = e.pending = True  # loading (requests get not_ready) from now on
                 self._watchers.append(gevent.spawn(self._load_quietly, e))
         if self.sleep_idle_s is not None:
-            self._watchers.append(gevent.spawn(self._sleeper, min(sleep_poll_s, self.sleep_idle_s / 4)))
+            self._sleeping = gevent.spawn(self._sleeper, min(sleep_poll_s, self.sleep_idle_s / 4))
+            self._watchers.append(self._sleeping)
 
     def stop(self) -> None:
         """Stop every engine (their requests end with Reason.SHUTTING_DOWN) and load nothing more."""
@@ -442,15 +455,30 @@ class Registry:
 
     # --- idle sleep -------------------------------------------------------------------------------
 
+    KEEP_ALIVE_POLL_S = 0.25
+
+    def keep_alive(self, name: str, seconds: float) -> None:
+        """How long model `name` stays loaded once idle, from now on (a request's keep_alive, as
+        Ollama has it): 0 unloads it as soon as its requests end, math.inf never; it sleeps, and
+        its next request loads it again."""
+        if seconds < 0 or math.isnan(seconds):
+            raise ValueError(f"keep_alive must be >= 0 seconds (math.inf: forever), got {seconds}")
+        entry = self.lookup(name)
+        entry.keep_alive_s = seconds
+        entry.last_busy = time.monotonic()
+        if self._sleeping is None and not self.stopped and not math.isinf(seconds):
+            self._sleeping = gevent.spawn(self._sleeper, self.KEEP_ALIVE_POLL_S)
+            self._watchers.append(self._sleeping)
+
     def _sleeper(self, poll_s: float) -> None:
-        assert self.sleep_idle_s is not None
         while True:
             gevent.sleep(poll_s)
             now = time.monotonic()
             for e in self.entries:
+                limit = e.keep_alive_s if e.keep_alive_s is not None else self.sleep_idle_s
                 if e.status is not ModelStatus.LOADED or e.busy:
                     e.last_busy = now  # idle time counts from the end of the load or of the last request
-                elif now - e.last_busy >= self.sleep_idle_s:
+                elif limit is not None and now - e.last_busy >= limit:
                     try:
                         self.unload(e.name, sleeping=True)
                     except Exception:  # noqa: BLE001 - the watcher must go on

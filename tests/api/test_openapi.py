@@ -85,7 +85,12 @@ def check_response(doc: dict[str, Any], path: str, method: str, status: int, con
     documented = {m.split(";")[0].strip(): v for m, v in spec["content"].items()}
     assert media in documented, f"{method.upper()} {path} {status}: {content_type} is not among {list(documented)}"
     schema = documented[media]["schema"]
-    if media == openapi.SSE:
+    if media == "application/x-ndjson":  # the documented schema is one line's
+        lines = body.decode().split("\n")
+        assert lines[-1] == "" and len(lines) > 1, "NDJSON ends every line, the last one too, with \\n"
+        for line in lines[:-1]:
+            check(doc, schema, strict_json(line))
+    elif media == openapi.SSE:
         events = sse_events(body.decode())
         assert events, "an empty stream"
         for ev in events:
@@ -259,7 +264,8 @@ class _Reads(dict):  # type: ignore[type-arg]
 # the routes whose handlers read every field before they need the model (a loading model stops
 # the others at use_model, before their fields are read)
 READ_BEFORE_THE_MODEL = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
-                         "/v1/messages/count_tokens", "/completion", "/models/load", "/models/unload"]
+                         "/v1/messages/count_tokens", "/completion", "/infill", "/models/load", "/models/unload",
+                         "/api/chat", "/api/generate"]
 
 
 @pytest.mark.parametrize("path", READ_BEFORE_THE_MODEL)
@@ -268,6 +274,7 @@ def test_every_field_a_route_reads_is_documented(path, monkeypatch):
     from bubo.api import core, request
     from bubo.api.anthropic import routes as anthropic_routes
     from bubo.api.llamacpp import routes as llamacpp_routes
+    from bubo.api.ollama import routes as ollama_routes
     from bubo.api.openai import routes as openai_routes
 
     seen: set[str] = set()
@@ -278,7 +285,7 @@ def test_every_field_a_route_reads_is_documented(path, monkeypatch):
         body.seen = seen
         return body
 
-    for module in (core, openai_routes, anthropic_routes, llamacpp_routes):
+    for module in (core, openai_routes, anthropic_routes, llamacpp_routes, ollama_routes):
         monkeypatch.setattr(module, "json_body", recording)
     app = _app()
     doc = _doc(app)
@@ -318,10 +325,11 @@ def test_other_bounds_are_the_validators():
 
 
 def _call(client: Any, path: str, method: str, headers: dict[str, str] | None = None, body: Any = None) -> Any:
-    concrete = path.replace("{rest}", "txt2img")
+    concrete = path.replace("{rest}", "txt2img").replace("{digest}", "sha256-0")
     if method == "get":
         return client.get(concrete, headers=headers or {})
-    return client.post(concrete, headers=headers or {}, data=json.dumps(body if body is not None else {}))
+    return client.open(concrete, method=method.upper(), headers=headers or {},
+                       data=json.dumps(body if body is not None else {}))
 
 
 def test_every_operation_without_a_key_is_a_documented_401():
@@ -430,7 +438,9 @@ LIMITS = {
     "/completion": ("n_predict", "max_tokens"),
     "/completions": ("n_predict", "max_tokens"),
     "/debug/prompt": ("max_tokens",),
+    "/infill": ("n_predict", "max_tokens"),
 }
+OLLAMA_GENERATING = {"/api/chat", "/api/generate"}  # their limit is options.num_predict
 REQUIRED_LIMIT = {"/v1/messages"}  # absent is a 400 there, not a long answer
 
 
@@ -438,6 +448,14 @@ def bound_generation(path: str, body: Any) -> None:
     """Cap a generating request's tokens at TOKENS where the value would allow more (the case
     stays one the document allows: a smaller valid limit); invalid values are left for the
     server to refuse."""
+    if path in OLLAMA_GENERATING and isinstance(body, dict):
+        body.pop("keep_alive", None)  # 0 would unload the model the other cases use (test_ollama covers it)
+        opts = body.setdefault("options", {})
+        if isinstance(opts, dict):
+            v = opts.get("num_predict")
+            if v is None or (isinstance(v, int) and not isinstance(v, bool) and (v in (-1, -2) or v > TOKENS)):
+                opts["num_predict"] = TOKENS
+        return
     names = LIMITS.get(path)
     if not names or not isinstance(body, dict):
         return
@@ -487,12 +505,17 @@ CHECKS = [schemathesis.checks.not_a_server_error, schemathesis.checks.status_cod
           schemathesis.checks.content_type_conformance, schemathesis.checks.response_schema_conformance]
 
 
+# routes that change what the server or the store holds: tested on their own (test_ollama.py for the
+# store's, with a store of the test's own)
+STATE_CHANGING = {"/models/unload", "/api/pull", "/api/delete", "/api/copy"}
+
+
 def _skipped(ctx: Any) -> bool:
     """An alias path runs its route's handler with the same document (the route check above
     covers that it is there), and unloading the model is a state change the other cases would
     trip over (their 503s are right, and documented): test_unload_and_reload_are_as_documented."""
     op = ctx.operation
-    return "(alias of" in op.definition.raw.get("summary", "") or op.path == "/models/unload"
+    return "(alias of" in op.definition.raw.get("summary", "") or op.path in STATE_CHANGING
 
 
 @st_schema.exclude(_skipped).parametrize()
@@ -534,6 +557,12 @@ RICH = [
                       "tool_choice": {"type": "any"}}),
     ("/completion", {"prompt": "Once", "n_predict": 4, "n_probs": 2, "return_tokens": True}),
     ("/debug/prompt", {"prompt": "Once", "max_tokens": 3}),
+    ("/api/chat", {"model": "bubo", "messages": [{"role": "user", "content": "Say hi."}], "logprobs": True,
+                   "top_logprobs": 2, "options": {"num_predict": 6, "seed": 1}}),
+    ("/api/chat", {"model": "bubo", "messages": [{"role": "user", "content": "Weather in Paris?"}],
+                   "tools": [WEATHER], "format": {"type": "object", "properties": {"a": {"type": "integer"}}},
+                   "options": {"num_predict": 12, "temperature": 0}}),
+    ("/api/generate", {"model": "bubo", "prompt": "Once", "raw": True, "options": {"num_predict": 4}}),
 ]
 
 
@@ -543,7 +572,8 @@ def test_rich_answers_are_as_documented(live, live_doc, i, stream):
     path, body = RICH[i]
     status, ctype, data = _post(live, path, {**body, "stream": stream})
     assert status == 200, data[:500]
-    assert ctype.startswith(openapi.SSE if stream else openapi.JSON)
+    streamed = "application/x-ndjson" if path.startswith("/api/") else openapi.SSE
+    assert ctype.startswith(streamed if stream else openapi.JSON)
     check_response(live_doc, path, "post", status, ctype, data)
 
 

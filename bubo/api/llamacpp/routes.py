@@ -1,4 +1,4 @@
-"""llama-server's generating route, POST /completion (it needs no model field; with several
+"""llama-server's generating routes, POST /completion and /infill (it needs no model field; with several
 models, `model` picks one and the default model answers without it)."""
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ from bubo.api.fields import invalid
 from bubo.api.llamacpp import completion as nc
 from bubo.api.request import debug_mem_available, json_body, optional_model, runtime_of, use_model
 from bubo.api.sse import sse_response
+from bubo.chat.fim import fim_prompt
+from bubo.engine.protocol import ServingEngine
 from bubo.engine.types import FinishEvent, GenerationRequest, TokenEvent
+from bubo.errors import RequestError
 from bubo.runtime import Runtime
 
 blueprint = Blueprint("llamacpp", __name__)
@@ -48,6 +51,49 @@ def completion() -> Any:
     engine = use_model(model)
     rt = runtime_of(engine)
     tokens = _tokens(rt, req.prompt)
+    # token ids are decoded for the answer once the engine has taken them (it checks them)
+    return _answer(req, model, engine, rt, tokens, req.prompt if isinstance(req.prompt, str) else None, draft_max)
+
+
+@blueprint.post("/infill")
+def infill() -> Any:
+    """llama-server's fill-in-the-middle: input_prefix, input_suffix, input_extra (other files,
+    [{"filename", "text"}]) and prompt (text after the middle marker, which the answer continues),
+    with every /completion field; answered as /completion answers. A model without
+    fill-in-the-middle tokens is a 400 naming it."""
+    body = json_body()
+    texts = {}
+    for key in ("input_prefix", "input_suffix", "prompt"):
+        v = body.get(key)
+        if v is not None and not isinstance(v, str):
+            raise invalid(f"{key} must be a string")
+        texts[key] = v or ""
+    extra = body.get("input_extra")
+    files: list[tuple[str, str]] = []
+    if extra is not None:
+        if not isinstance(extra, list):
+            raise invalid('input_extra must be an array of {"filename": ..., "text": ...}')
+        for i, chunk in enumerate(extra):
+            if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str) \
+                    or not isinstance(chunk.get("filename", ""), str):
+                raise invalid(f'input_extra[{i}] must be {{"filename": "...", "text": "..."}}')
+            files.append((chunk.get("filename") or "", chunk["text"]))
+    req = nc.parse_native_request({**body, "prompt": texts["prompt"]})
+    draft_max = f.draft_max_of(body)
+    model = optional_model(body)
+    engine = use_model(model)
+    rt = runtime_of(engine)
+    try:
+        tokens = fim_prompt(rt, texts["input_prefix"], texts["input_suffix"], files=files, middle=texts["prompt"],
+                            name=model)
+    except RequestError as e:
+        raise ApiError(400, e.code, e.message) from None
+    return _answer(req, model, engine, rt, tokens, texts["prompt"], draft_max)
+
+
+def _answer(req: nc.NativeRequest, model: str, engine: ServingEngine, rt: Runtime, tokens: list[int],
+            prompt_text: str | None, draft_max: int | None) -> Any:
+    """Generate from tokens and answer in /completion's shape (one object, or SSE chunks)."""
     gen = GenerationRequest(tokens, req.params, req.n_predict, req.stop, req.n_probs, req.cache_prompt,
                             req.ignore_eos, pipeline.completion_grammar(req.output, rt),
                             draft_max=draft_max)
@@ -64,7 +110,7 @@ def completion() -> Any:
         return jsonify(nc.native_response(
             model=model, content=out.content, fin=out.finished, tokens=ids if req.return_tokens else None,
             probs=[probs_of(t) for t in out.tokens] if req.n_probs else None,
-            prompt_text=req.prompt if isinstance(req.prompt, str) else rt.tokenizer.decode(tokens),
+            prompt_text=prompt_text if prompt_text is not None else rt.tokenizer.decode(tokens),
             settings=nc.generation_settings(req, n_ctx)))
 
     def chunks() -> Iterator[Any]:

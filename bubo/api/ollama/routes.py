@@ -1,0 +1,401 @@
+"""Ollama's routes (/api/*), on the same server and models as the other dialects: chat and
+generate (NDJSON streams unless "stream": false), the model routes (version, tags, show, ps) and
+the store's (pull, delete, copy). Errors are Ollama's {"error": "..."} (bubo.api.errors picks
+the shape by path)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from flask import Blueprint, Response, jsonify
+
+import bubo
+from bubo import store
+from bubo.api import fields as f
+from bubo.api import pipeline
+from bubo.api.errors import ApiError, StreamShape, stream_error
+from bubo.api.fields import invalid
+from bubo.api.ollama import models as om
+from bubo.api.ollama import shapes as sh
+from bubo.api.pipeline import Conversation, Output
+from bubo.api.request import config, debug_mem_available, json_body, models, runtime_of, use_model
+from bubo.api.sse import ndjson_response
+from bubo.chat import fim
+from bubo.chat.parsers import OutputParser, Part
+from bubo.chat.thinking import template_thinks
+from bubo.engine.protocol import ServingEngine, Stream
+from bubo.engine.registry import UnknownModelError
+from bubo.engine.types import FinishEvent, GenerationRequest, TokenEvent
+from bubo.errors import RequestError
+from bubo.runtime import Runtime
+
+blueprint = Blueprint("ollama", __name__)
+
+
+def served(name: str) -> str:
+    """The registry's name for a request's model: as given, or without Ollama's ":latest"
+    (a name without a tag means it). 404 in Ollama's words when no model is called that."""
+    reg = models()
+    for n in (name, name[: -len(":latest")] if name.endswith(":latest") else None):
+        if n:
+            try:
+                reg.lookup(n)
+                return n
+            except UnknownModelError:
+                pass
+    listed = ", ".join(f"'{sh.tagged(n)}'" for n in reg.names())
+    raise ApiError(404, "model_not_found", f"model '{name}' not found; this server serves {listed}")
+
+
+def _keep_alive(name: str, seconds: float | None) -> None:
+    if seconds is not None:
+        models().keep_alive(name, seconds)
+
+
+def _loaded(name: str, seconds: float | None, key: str) -> Any:
+    """A request without a prompt: Ollama's way to load a model (or, with keep_alive 0, to
+    unload it): answered at once with done_reason load or unload."""
+    body: dict[str, Any] = {"model": sh.tagged(name), "created_at": sh.timestamp()}
+    if key == "message":
+        body["message"] = {"role": "assistant", "content": ""}
+    else:
+        body["response"] = ""
+    if seconds == 0:
+        models().unload(name, sleeping=True)
+        return jsonify({**body, "done_reason": "unload", "done": True})
+    use_model(name)
+    _keep_alive(name, seconds)
+    return jsonify({**body, "done_reason": "load", "done": True})
+
+
+def _with_errors(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """fn(*args), a RequestError (the library's validators) as a 400."""
+    try:
+        return fn(*args, **kwargs)
+    except RequestError as e:
+        raise ApiError(400, e.code, e.message) from None
+
+
+# --- chat and generate ---------------------------------------------------------------------
+
+
+class _Lines:
+    """Engine events -> Ollama's objects: text under `key` ("message" for chat, "response" for
+    generate), reasoning as thinking, tool calls as they complete, log probabilities with the
+    text they made; the last object has done, done_reason and the counts."""
+
+    def __init__(self, rt: Runtime, name: str, key: str, n_logprobs: int | None, t0: float, load_s: float):
+        self.rt, self.name, self.key = rt, sh.tagged(name), key
+        self.n_logprobs = n_logprobs  # None: no logprobs
+        self.t0, self.load_s = t0, load_s
+        self.pending: list[dict[str, Any]] = []  # log probabilities not sent yet
+        self.n_calls = 0
+
+    def logprob(self, ev: TokenEvent) -> None:
+        if self.n_logprobs is not None:
+            top = [(self.rt.token_piece(t), lp) for t, lp in ev.top[: self.n_logprobs]]
+            self.pending.append(sh.logprob_entry(self.rt.token_piece(ev.token), ev.logprob, top))
+
+    def _body(self, content: str, reasoning: str, calls: list[Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.name, "created_at": sh.timestamp()}
+        if self.key == "message":
+            msg: dict[str, Any] = {"role": "assistant", "content": content}
+            if reasoning:
+                msg["thinking"] = reasoning
+            if calls:
+                msg["tool_calls"] = sh.tool_calls_json(calls, self.n_calls)
+                self.n_calls += len(calls)
+            out["message"] = msg
+        else:
+            out["response"] = content
+            if reasoning:
+                out["thinking"] = reasoning
+        if self.pending:
+            out["logprobs"], self.pending = self.pending, []
+        return out
+
+    def chunk(self, parts: list[Part]) -> dict[str, Any] | None:
+        content = "".join(p.text for p in parts if p.kind == "content")
+        reasoning = "".join(p.text for p in parts if p.kind == "reasoning")
+        calls = [p.call for p in parts if p.call is not None]
+        if not (content or reasoning or calls):
+            return None
+        return {**self._body(content, reasoning, calls), "done": False}
+
+    def final(self, fin: FinishEvent, extra: dict[str, Any] | None = None, out: Output | None = None) -> dict[str, Any]:
+        if out is None:
+            body = self._body("", "", [])
+        else:
+            body = self._body(out.content, out.reasoning, out.tool_calls)
+        return {**body, "done": True, "done_reason": sh.done_reason(fin),
+                **sh.stats(fin, time.monotonic() - self.t0, self.load_s), **(extra or {})}
+
+
+def _respond(stream: Stream, parser: OutputParser | None, lines: _Lines, as_stream: bool,
+             extra: Any = None) -> Any:
+    """The answer: one object (as_stream False) or NDJSON lines. extra(out tokens) -> the final
+    object's additional fields (generate's context)."""
+    def more(tokens: list[int]) -> dict[str, Any]:
+        return extra(tokens) if extra is not None else {}
+
+    if not as_stream:
+        out = pipeline.collect(stream, parser)
+        for t in out.tokens:
+            lines.logprob(t)
+        return jsonify(lines.final(out.finished, more([t.token for t in out.tokens]), out))
+
+    def gen() -> Iterator[Any]:
+        ids: list[int] = []
+        try:
+            for parts, ev in pipeline.run_events(stream, parser, stream.end):
+                if isinstance(ev, TokenEvent):
+                    ids.append(ev.token)
+                    lines.logprob(ev)
+                    line = lines.chunk(parts)
+                    if line is not None:
+                        yield line
+                elif isinstance(ev, FinishEvent):
+                    line = lines.chunk(parts)
+                    if line is not None:
+                        yield line
+                    yield lines.final(ev, more(ids))
+        except ApiError as e:
+            yield stream_error(StreamShape.OLLAMA, e)
+
+    return ndjson_response(gen(), stream=stream)
+
+
+def _thinking(body: dict[str, Any], rt: Runtime, name: str) -> tuple[bool, dict[str, Any]]:
+    return sh.think_of(body, template_thinks(rt.chat_template_source), sh.tagged(name))
+
+
+def _submit(engine: ServingEngine, tokens: list[int], params: Any, max_tokens: int | None, num_ctx: int | None,
+            stop: list[str], n_probs: int, grammar: Any) -> Stream:
+    gen = GenerationRequest(tokens, params, sh.fit_context(max_tokens, num_ctx, len(tokens)), stop, n_probs,
+                            grammar=grammar)
+    return pipeline.submit(engine, gen, debug_mem_available())
+
+
+@blueprint.post("/api/chat")
+def chat() -> Any:
+    t0 = time.monotonic()
+    body = json_body()
+    name = served(sh.model_name(body))
+    req = sh.parse_chat(body)
+    if req is None:
+        return _loaded(name, sh.keep_alive_of(body.get("keep_alive")), "message")
+    engine = use_model(name)
+    load_s = time.monotonic() - t0
+    _keep_alive(name, req.keep_alive)
+    rt = runtime_of(engine)
+    req.thinking, req.template_kwargs = _thinking(body, rt, name)
+    prep = pipeline.prepare(rt, req, config().allow_special_in_content)
+    stream = _submit(engine, prep.prompt.tokens, req.params, req.max_tokens, req.num_ctx, req.stop,
+                     req.params.n_probs, prep.grammar)
+    lines = _Lines(rt, name, "message", req.top_logprobs if req.logprobs else None, t0, load_s)
+    return _respond(stream, prep.parser, lines, req.stream)
+
+
+@blueprint.post("/api/generate")
+def generate() -> Any:
+    t0 = time.monotonic()
+    body = json_body()
+    name = served(sh.model_name(body))
+    req = sh.parse_generate(body)
+    if not (req.prompt or req.suffix or req.context):
+        return _loaded(name, req.keep_alive, "response")
+    engine = use_model(name)
+    load_s = time.monotonic() - t0
+    _keep_alive(name, req.keep_alive)
+    rt = runtime_of(engine)
+    parser: OutputParser | None = None
+    if req.suffix:  # fill in the middle
+        tokens = _with_errors(fim.fim_prompt, rt, req.prompt, req.suffix, name=sh.tagged(name))
+        grammar = pipeline.completion_grammar(req.output, rt)
+    elif req.raw:
+        tokens = pipeline.encode(rt, req.prompt, add_special=not req.context)
+        grammar = pipeline.completion_grammar(req.output, rt)
+    else:
+        thinking, kwargs = _thinking(body, rt, name)
+        messages = ([{"role": "system", "content": req.system}] if req.system else []) + \
+            [{"role": "user", "content": req.prompt}]
+        conv = Conversation(messages, None, None, thinking, kwargs, req.params, req.max_tokens, req.stream,
+                            output=req.output)
+        prep = pipeline.prepare(rt, conv, config().allow_special_in_content)
+        tokens, grammar, parser = prep.prompt.tokens, prep.grammar, prep.parser
+        lead = rt.tokenizer.encode("", add_special=True, parse_special=False)  # BOS, if the model adds one
+        if req.context and lead and tokens[: len(lead)] == lead:
+            tokens = tokens[len(lead):]  # the context already starts with it
+    tokens = req.context + tokens
+    stream = _submit(engine, tokens, req.params, req.max_tokens, req.num_ctx, req.stop, req.params.n_probs, grammar)
+    lines = _Lines(rt, name, "response", req.top_logprobs if req.logprobs else None, t0, load_s)
+    return _respond(stream, parser, lines, req.stream, lambda ids: {"context": tokens + ids})
+
+
+# --- models --------------------------------------------------------------------------------
+
+
+@blueprint.get("/api/version")
+def version() -> Any:
+    return jsonify(version=bubo.__version__)
+
+
+@blueprint.get("/api/tags")
+def tags() -> Any:
+    return jsonify(om.tags(models()))
+
+
+@blueprint.post("/api/show")
+def show() -> Any:
+    body = json_body()
+    name = served(sh.model_name(body))
+    return jsonify(om.show(models().lookup(name), config().sampling_defaults))
+
+
+@blueprint.get("/api/ps")
+def ps() -> Any:
+    return jsonify(om.ps(models()))
+
+
+# --- the store -----------------------------------------------------------------------------
+
+
+def _catalog(name: str) -> store.CatalogModel:
+    base = name[: -len(":latest")] if name.endswith(":latest") else name
+    try:
+        canonical = store.catalog_name(base)
+    except store.UnknownModelError:
+        canonical = None
+    if canonical is None:
+        known = ", ".join(store.CATALOG)
+        raise ApiError(404, "model_not_found", f"pull model manifest: '{name}' is not in bubo's catalog ({known})")
+    return store.CATALOG[canonical]
+
+
+@blueprint.post("/api/pull")
+def pull() -> Any:
+    body = json_body()
+    model = _catalog(sh.model_name(body))
+    as_stream = f.bool_field(body, "stream", True)
+    f.bool_field(body, "insecure", False)
+    progress = om.PullProgress(model)
+    job = om.pull_in_thread(model, progress)
+
+    def lines() -> Iterator[dict[str, Any]]:
+        sent = 0
+        yield {"status": "pulling manifest"}
+        try:
+            while True:
+                done = job.wait(timeout=0.25) is not None or job.ready()
+                while sent < len(progress.events):
+                    yield progress.events[sent]
+                    sent += 1
+                if done:
+                    break
+            job.get()
+        except (store.StoreError, OSError) as e:
+            yield {"error": f"pull of {model.name} failed: {e}"}
+            return
+        finally:
+            progress.close()
+        yield {"status": "verifying sha256 digest"}
+        yield {"status": "writing manifest"}
+        yield {"status": "success"}
+
+    if as_stream:
+        return ndjson_response(lines())
+    every = list(lines())  # waits for the pull
+    last = every[-1]
+    if "error" in last:
+        raise ApiError(500, "pull_failed", last["error"])
+    return jsonify(last)
+
+
+def _stored(name: str) -> store.StoredModel | None:
+    """The stored model a name means: a catalog name (a family name: its default tag), the file
+    name of another .gguf in the store, with or without ".gguf" and ":latest"."""
+    stored = store.stored_models()
+    names = [name] + ([name[: -len(":latest")]] if name.endswith(":latest") else [])
+    for n in list(names):
+        try:
+            canonical = store.catalog_name(n)
+        except store.UnknownModelError:
+            canonical = None
+        names += [c for c in (canonical, n + ".gguf") if c]
+    return next((m for n in names for m in stored if m.name == n), None)
+
+
+def _served_paths() -> set[str]:
+    out = set()
+    for e in models().entries:
+        p = om.entry_path(e)
+        if p is not None:
+            out.add(str(p.resolve()))
+    return out
+
+
+@blueprint.delete("/api/delete")
+def delete() -> Any:
+    body = json_body()
+    name = sh.model_name(body)
+    found = _stored(name)
+    if found is None:
+        raise ApiError(404, "model_not_found", f"model '{name}' not found in the store ({store.models_dir()})")
+    if str(found.path.resolve()) in _served_paths():
+        raise invalid(f"model '{name}' is the file this server serves ({found.path}): stop serving it before "
+                      "deleting it")
+    try:
+        store.remove(found.path.name if found.name.endswith(".gguf") else found.name)
+    except store.UnknownModelError:
+        raise ApiError(404, "model_not_found", f"model '{name}' not found in the store") from None
+    return Response(status=200)
+
+
+@blueprint.post("/api/copy")
+def copy() -> Any:
+    body = json_body()
+    source = body.get("source")
+    if not isinstance(source, str) or not source:
+        raise invalid("source is required: the name of a stored or served model")
+    destination = sh.check_new_name(body.get("destination"), "destination")
+    found = _stored(source)
+    path = found.path if found is not None else None
+    if path is None:
+        try:
+            path = om.entry_path(models().lookup(served(source)))
+        except ApiError:
+            path = None
+    if path is None:
+        raise ApiError(404, "model_not_found", f"model '{source}' not found")
+    if _stored(destination) is not None:
+        raise invalid(f"destination '{destination}' already names a stored model: delete it first, or pick "
+                      "another name")
+    try:
+        om.copy(path, destination)
+    except FileExistsError:
+        raise invalid(f"destination '{destination}' already names a stored model") from None
+    return Response(status=200)
+
+
+# --- not here --------------------------------------------------------------------------------
+
+
+@blueprint.post("/api/embed")
+@blueprint.post("/api/embeddings")
+def embed() -> Any:
+    body = json_body()
+    name = served(sh.model_name(body))
+    raise ApiError(501, "not_implemented", f"model '{sh.tagged(name)}' does not support embeddings: bubo serves "
+                                           "text generation models here and has no embedding model yet")
+
+
+@blueprint.post("/api/create")
+@blueprint.post("/api/push")
+@blueprint.route("/api/blobs/<digest>", methods=["HEAD", "POST"])
+def not_here(digest: str | None = None) -> Any:
+    raise ApiError(501, "not_implemented", "bubo does not create or publish models (no Modelfile parser, no "
+                                           "registry to push to): pull catalog models with /api/pull, or serve a "
+                                           "GGUF file with bubo serve -m FILE")
+
