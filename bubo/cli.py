@@ -100,7 +100,7 @@ def _parser() -> _ArgParser:
     parser.add_argument("--version", action="version", version=f"bubo {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgParser)
 
-    p = sub.add_parser("serve", help="start the HTTP server (OpenAI, Anthropic and llama-server APIs)")
+    p = sub.add_parser("serve", help="start the HTTP server (OpenAI, Anthropic, llama-server and Ollama APIs)")
     p.add_flag("-m", "--model", default=DEFAULT_SERVE_MODEL, action=_ModelsAction,
                help=f"catalog name or GGUF path (default {DEFAULT_SERVE_MODEL}); give -m several times to serve "
                     "several models")
@@ -118,6 +118,8 @@ def _parser() -> _ArgParser:
     p.add_flag("--host", default="127.0.0.1",
                help="address to listen on (keep loopback unless remote clients must connect)")
     p.add_flag("--port", type=int, default=8080, help="port (0: any free port, logged)")
+    p.add_flag("--ollama", action="store_true",
+               help="also listen on Ollama's port 11434, for clients that assume it (every route answers on both)")
     p.add_flag("--served-model-name", default=None, help="the model id clients use (default: the model's name)")
     p.add_flag("-a", "--alias", default=None, help="more accepted model names, comma-separated")
     p.add_flag("-c", "--ctx-size", type=int, default=None,

@@ -7,6 +7,7 @@ from typing import Any
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
+OLLAMA_PORT = 11434  # serve --ollama also listens here
 # every route's JSON body; a chat with a long document fits many times over
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 # an SSE comment this often keeps a silent stream (a long prompt) alive through proxies

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from bubo.api import http, logs
-from bubo.api.config import ServerConfig, is_loopback
+from bubo.api.config import OLLAMA_PORT, ServerConfig, is_loopback
 from bubo.api.models_config import model_specs, served_name
 from bubo.engine.engine import Engine
 from bubo.engine.registry import ModelEntry, ModelStatus, Registry
@@ -141,9 +141,16 @@ def serve(args: argparse.Namespace) -> int:
     server.init_socket()
     host, port = server.address[:2]
     config.port = port
+    servers = [server]
+    if args.ollama and port != OLLAMA_PORT:
+        servers.append(_ollama_listener(args.host, app, limits))
     registry.start()
     url = f"http://{host if ':' not in host else '[' + host + ']'}:{port}"
     say(f"listening on {url}", url=url)
+    for extra in servers[1:]:
+        extra.start()
+        xhost, xport = extra.address[:2]
+        say(f"also listening on http://{xhost if ':' not in xhost else '[' + xhost + ']'}:{xport} (Ollama's port)")
     threads = specs[0].settings.n_threads or os.cpu_count() or 1
     if router:
         say(f"{len(specs)} models (router mode; at most {args.models_max or 'any number of'} loaded "
@@ -164,12 +171,14 @@ def serve(args: argparse.Namespace) -> int:
     failed: list[str] = []
     watcher = gevent.spawn(_report_loads, registry, None if router else (server, failed))
 
-    drain = Drain(server, registry, config, args.drain_timeout)
+    drain = Drain(servers, registry, config, args.drain_timeout)
     # the handlers must stay referenced: a collected watcher no longer fires
     handlers = [gevent.signal_handler(sig, drain.signal) for sig in (signal.SIGTERM, signal.SIGINT)]
     try:
         server.serve_forever()
     finally:
+        for extra in servers[1:]:
+            extra.stop(timeout=1)
         watcher.kill(block=False)
         registry.stop()
         for h in handlers:
@@ -180,6 +189,17 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     say("stopped")
     return 0
+
+
+def _ollama_listener(host: str, app: Any, limits: http.Limits) -> http.Server:
+    """The same app on Ollama's port (serve --ollama), for clients that assume it."""
+    extra = http.Server((host, OLLAMA_PORT), app, limits=limits, log=None, error_log=logging.getLogger("bubo.http"))
+    try:
+        extra.init_socket()
+    except OSError as e:
+        raise ValueError(f"--ollama: cannot listen on {host}:{OLLAMA_PORT} ({e.strerror or e}); is Ollama itself "
+                         "running there? Stop it, or leave --ollama out and point the client at --port") from None
+    return extra
 
 
 def check_model(source: str, flag: str = "-m") -> None:
@@ -212,8 +232,8 @@ class Drain:
 
     FLUSH_S = 2.0  # how long the ended streams get to write their last events
 
-    def __init__(self, server: http.Server, registry: Registry, config: ServerConfig, timeout_s: float):
-        self.server = server
+    def __init__(self, servers: list[http.Server], registry: Registry, config: ServerConfig, timeout_s: float):
+        self.servers = servers  # the first one's serve_forever runs the process; the others were started
         self.registry = registry
         self.config = config
         self.timeout_s = timeout_s
@@ -231,12 +251,13 @@ class Drain:
 
     def _busy(self) -> int:
         # a request still arriving counts: it gets its answer (503 shutting_down) when it is in
-        return sum(1 for c in self.server.conns.values() if c.phase != http.IDLE)
+        return sum(1 for s in self.servers for c in s.conns.values() if c.phase != http.IDLE)
 
     def _drop_idle(self) -> None:
-        for h, c in list(self.server.conns.items()):
-            if c.phase == http.IDLE:
-                h.drop()
+        for s in self.servers:
+            for h, c in list(s.conns.items()):
+                if c.phase == http.IDLE:
+                    h.drop()
 
     def _drain(self) -> None:
         import time
@@ -244,8 +265,9 @@ class Drain:
         import gevent
 
         self.config.draining = True
-        self.server.stop_accepting()  # no new connections (serve_forever goes on until stop) ...
-        self.server.socket.close()  # ... and none waiting in the backlog: a new client is refused at once
+        for s in self.servers:
+            s.stop_accepting()  # no new connections (serve_forever goes on until stop) ...
+            s.socket.close()  # ... and none waiting in the backlog: a new client is refused at once
         say(f"draining: {self._busy()} requests in flight, up to {self.timeout_s:g} s")
         deadline = time.monotonic() + self.timeout_s
         while self._busy() and self.phase == "draining" and time.monotonic() < deadline:
@@ -259,7 +281,8 @@ class Drain:
         while self._busy() and time.monotonic() < deadline:
             gevent.sleep(0.05)
         say("stopping")
-        self.server.stop(timeout=1)
+        for s in reversed(self.servers):
+            s.stop(timeout=1)
 
 
 def _report_loads(registry: Registry, single: tuple[http.Server, list[str]] | None) -> None:
