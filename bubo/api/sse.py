@@ -1,4 +1,5 @@
-"""Server-sent events: `return sse_response(chunks(), stream=engine_stream)`.
+"""Streamed responses: server-sent events (`return sse_response(chunks(), stream=engine_stream)`)
+and newline-delimited JSON (`ndjson_response`, Ollama's streams: one object a line, no pings).
 
 Each item of the generator becomes one event:
     dict              -> "data: {json}\\n\\n"
@@ -45,8 +46,7 @@ def sse_response(gen: Iterator[Any], stream: Stream | None = None, ping_seconds:
 
     ping = ping_seconds if ping_seconds is not None else config().sse_ping_seconds
     sock = request.environ.get("bubo.socket")
-    failed = {"error": {"message": "", "type": "server_error", "code": "internal_error"}}
-    resp = Response(_events(gen, stream, ping, sock, format_event, failed), mimetype="text/event-stream")
+    resp = Response(_events(gen, stream, ping, sock), mimetype="text/event-stream")
     resp.headers["Cache-Control"] = "no-cache"
     resp.headers["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
     return resp
@@ -76,8 +76,11 @@ def _failure(template: dict[str, Any], message: str) -> dict[str, Any]:
     return {"error": message}
 
 
+_SSE_FAILED = {"error": {"message": "", "type": "server_error", "code": "internal_error"}}
+
+
 def _events(gen: Iterator[Any], stream: Stream | None, ping: float | None, sock: socket.socket | None,
-            fmt: Callable[[Any], str], failed: dict[str, Any]) -> Iterator[bytes]:
+            fmt: Callable[[Any], str] = format_event, failed: dict[str, Any] = _SSE_FAILED) -> Iterator[bytes]:
     q: gevent.queue.Queue = gevent.queue.Queue()
 
     def produce() -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import gevent
 import pytest
 from flask import Flask
 
 from bubo.api import ApiError, ServerConfig, create_app, resolve_model
 from bubo.api.errors import anthropic_error, api_error, error_response
-from bubo.api.sse import _events, format_event
+from bubo.api.sse import _events, format_event, format_line
 from bubo.engine import Engine
 
 
@@ -112,6 +114,16 @@ def test_sse_pings_during_silence_and_cancels_at_the_end():
     assert out[:2] == [b": ping\n\n", b": ping\n\n"]
     assert out[-2:] == [b'data: {"n":1}\n\n', b"data: [DONE]\n\n"]
     assert stream.cancelled  # harmless once finished; frees the slot when the client left early
+
+
+def test_ndjson_lines_and_an_in_band_error():
+    def failing():
+        yield {"text": "a\nb", "done": False}
+        raise RuntimeError("boom")
+
+    out = list(_events(failing(), _Stream(), None, None, format_line, {"error": ""}))
+    assert out[0] == b'{"text":"a\\nb","done":false}\n'  # the newline travels escaped: one object a line
+    assert json.loads(out[1]) == {"error": "internal error: RuntimeError: boom"} and out[1].endswith(b"\n")
 
 
 def test_sse_closing_kills_the_producer():

@@ -202,11 +202,18 @@ def test_unknown_path_is_404_not_found(base_url, method, path):
     assert path in body["error"]["message"]
 
 
-@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/rerank", "/v1/reranking", "/rerank", "/infill",
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/rerank", "/v1/reranking", "/rerank",
                                   "/sdapi/v1/txt2img", "/sdapi/v1/options"])
 def test_not_implemented_paths(base_url, path):
     status, body = call_json(base_url + path, "POST", {"input": "x"})
     assert_error(status, body, 501, "not_implemented", "server_error")
+
+
+def test_infill_on_a_model_without_fim_tokens_is_a_400(base_url):
+    """smollm2 has no fill-in-the-middle tokens (test_ollama.py fills in on qwen2.5-coder)."""
+    status, body = call_json(base_url + "/infill", "POST", {"input_prefix": "def f(", "input_suffix": ")"})
+    assert_error(status, body, 400, "invalid_value", "invalid_request_error")
+    assert "fill-in-the-middle" in body["error"]["message"]
 
 
 def test_wrong_method_is_405_in_the_error_shape(base_url):
