@@ -118,6 +118,10 @@ def _parser() -> _ArgParser:
     p.add_flag("--host", default="127.0.0.1",
                help="address to listen on (keep loopback unless remote clients must connect)")
     p.add_flag("--port", type=int, default=8080, help="port (0: any free port, logged)")
+    p.add_flag("--no-webui", action="store_true", help="no chat page at / (browsers get a short page about the server)")
+    p.add_flag("--ui-config", default=None,
+               help='the chat page\'s defaults for new conversations, JSON or a JSON file: {"temperature": 0.7, '
+                    '"system": "...", "max_tokens": 512, ...}')
     p.add_flag("--ollama", action="store_true",
                help="also listen on Ollama's port 11434, for clients that assume it (every route answers on both)")
     p.add_flag("--served-model-name", default=None, help="the model id clients use (default: the model's name)")

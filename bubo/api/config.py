@@ -33,6 +33,8 @@ class ServerConfig:
     # set the field; SamplingParams field names
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
     n_predict: int | None = None  # -n: most tokens an answer generates when the request does not say
+    webui: bool = True  # the chat page at / for browsers (--no-webui: the short about page)
+    ui_defaults: dict[str, Any] = field(default_factory=dict)  # --ui-config: new conversations' settings
 
     @property
     def model_names(self) -> list[str]:

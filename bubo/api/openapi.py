@@ -872,9 +872,10 @@ def document(config: ServerConfig, registry: Registry | None = None, debug: bool
     # --- about ---
     d.add(("/",), "get", {
         "operationId": "about", "summary": "What is running", "tags": ["bubo"],
-        "description": "Plain text for a client that does not ask for HTML, a small HTML page for a browser "
-                       "(Accept: text/html): bubo is running, the models it serves and where this description "
-                       "is. Needs no API key; without a valid key on a server that has keys, it names no model.",
+        "description": "Plain text for a client that does not ask for HTML (bubo is running, the models it "
+                       "serves and where this description is); for a browser (Accept: text/html) the chat page, "
+                       "or with --no-webui a small HTML page saying the same as the text. Needs no API key; "
+                       "without a valid key on a server that has keys, it names no model.",
         "responses": {"200": {"description": "bubo is running",
                               "content": {"text/plain": {"schema": STR}, "text/html": {"schema": STR}}}},
     }, public=True)
@@ -1053,6 +1054,16 @@ def document(config: ServerConfig, registry: Registry | None = None, debug: bool
                                  "as /completion streams.")},
     }, GEN_ERRORS)
 
+    # --- the chat page's Markdown ---
+    if config.webui:
+        d.add(("/webui/render",), "post", {
+            "operationId": "webui_render", "summary": "Markdown to HTML, as the chat page at / shows answers",
+            "tags": ["bubo"],
+            "requestBody": _body(obj({"text": STR}, ["text"], closed=False), {"text": "# Hi\n\n`code`"}),
+            "responses": {"200": {"description": "The HTML (raw HTML in the text escaped, code highlighted)",
+                                  "content": {JSON: {"schema": obj({"html": STR}, ["html"])}}}},
+        }, (400, 413))
+
     # --- Ollama ---
     from bubo.api.ollama.openapi import add_paths
 
@@ -1211,6 +1222,12 @@ def about() -> Any:
     show = _has_key(cfg)
     lines, routes, unimplemented = about_lines(cfg, reg, show)
     browser = any(m == "text/html" and q > 0 for m, q in request.accept_mimetypes)
+    if browser and cfg.webui:
+        from bubo.webui import page
+
+        chat = page()
+        chat.headers["Vary"] = "Accept"
+        return chat
     if browser:
         items = "".join(f"<li><code>{html.escape(r)}</code> {html.escape(s)}</li>" for r, s in routes)
         body = ("<!doctype html><html><head><meta charset=\"utf-8\"><title>bubo</title></head><body>"

@@ -36,6 +36,7 @@ def config_from_args(args: argparse.Namespace, default_name: str | None = None) 
     name or --served-model-name, and -a)."""
     from bubo.api.auth import load_key_file
     from bubo.cli import _csv
+    from bubo.webui import check_ui_config
 
     keys = _csv(args.api_key)
     if args.api_key_file:
@@ -52,6 +53,8 @@ def config_from_args(args: argparse.Namespace, default_name: str | None = None) 
         allow_special_in_content=args.allow_special_in_content,
         sampling_defaults=sampling_defaults(args),
         n_predict=args.n_predict if args.n_predict is not None and args.n_predict > 0 else None,
+        webui=not args.no_webui,
+        ui_defaults=check_ui_config(args.ui_config) if args.ui_config else {},
     )
 
 
