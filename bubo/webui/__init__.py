@@ -37,7 +37,7 @@ def check_ui_config(raw: Any) -> dict[str, Any]:
     or the settings themselves. A ValueError names what is wrong."""
     if isinstance(raw, str):
         text = raw
-        if not raw.lstrip().startswith("{"):
+        if not raw.lstrip().startswith(("{", "[")):
             try:
                 text = Path(raw).read_text(encoding="utf-8")
             except OSError as e:

@@ -362,6 +362,7 @@
     save();
     renderConv();
     renderList();
+    loadModels();  // their status (a model loaded for this answer)
   }
 
   function send(text) {

@@ -1,0 +1,84 @@
+"""The chat page's server side without a browser: the page and its headers, --no-webui,
+--ui-config's checks, and the Markdown rendering (raw HTML escaped, links checked, code
+highlighted, bounded)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from flask import Flask
+
+from bubo.api import ServerConfig, create_app
+from bubo.engine import Engine
+from bubo.webui import check_ui_config
+from bubo.webui.render import MAX_TEXT, render
+
+HTML = {"Accept": "text/html,application/xhtml+xml"}
+
+
+def _app(**cfg) -> Flask:
+    return create_app(Engine("smollm2:135m"), ServerConfig(served_model_name="m", **cfg))
+
+
+def test_browsers_get_the_chat_page_with_a_strict_policy():
+    r = _app(ui_defaults={"temperature": 0.5, "system": "</script><b>x</b>"}).test_client().get("/", headers=HTML)
+    assert r.status_code == 200 and r.content_type.startswith("text/html")
+    csp = r.headers["Content-Security-Policy"]
+    nonce = csp.split("'nonce-")[1].split("'")[0]
+    page = r.data.decode()
+    assert f'<script nonce="{nonce}">' in page and page.count("<script") == 2  # the config (JSON) and the code
+    assert "default-src 'none'" in csp and "connect-src 'self'" in csp
+    config = page.split('id="bubo-config">')[1].split("</script>")[0]
+    assert "</script>" not in config and json.loads(config)["defaults"]["system"] == "</script><b>x</b>"
+    assert r.headers["Vary"] == "Accept"
+    again = _app().test_client().get("/", headers=HTML).headers["Content-Security-Policy"]
+    assert again != csp  # a fresh nonce each time
+
+
+def test_no_webui_gives_browsers_the_short_page_and_no_render_route():
+    c = _app(webui=False).test_client()
+    r = c.get("/", headers=HTML)
+    assert r.status_code == 200 and "bubo is running" in r.data.decode() and "bubo-config" not in r.data.decode()
+    assert c.post("/webui/render", data=json.dumps({"text": "x"})).status_code == 404
+    plain = _app().test_client().get("/")  # a client that does not ask for HTML: the text, as Ollama answers
+    assert plain.content_type.startswith("text/plain") and plain.data.decode().startswith("bubo is running")
+
+
+def test_render_route_and_its_bounds():
+    c = _app().test_client()
+    r = c.post("/webui/render", data=json.dumps({"text": "**hi** <b>x</b>"}))
+    assert r.json == {"html": "<p><strong>hi</strong> &lt;b&gt;x&lt;/b&gt;</p>\n"}
+    assert c.post("/webui/render", data=json.dumps({"text": 5})).status_code == 400
+    assert c.post("/webui/render", data=json.dumps({"text": "x" * (MAX_TEXT + 1)})).status_code == 413
+
+
+@pytest.mark.parametrize("text,present,absent", [
+    ("<script>alert(1)</script>", ["&lt;script&gt;"], ["<script"]),
+    ('<img src=x onerror="alert(1)">', ["&lt;img"], ["<img"]),
+    ("[a](javascript:alert(1))", ["[a](javascript:alert(1))"], ["<a "]),
+    ("[a](https://example.org)", ['<a href="https://example.org" target="_blank" rel="noopener noreferrer">'], []),
+    ("```python\ndef f(): pass\n```", ['class="language-python" data-highlighted="pygments"', '<span class="k">def'],
+     []),
+    ("```nosuchlanguage\n<b>\n```", ['class="language-nosuchlanguage"', "&lt;b&gt;"], ["data-highlighted", "<b>"]),
+    ("```\nplain\n```", ["<pre class=\"hl\"><code>plain"], []),
+    ("| a |\n|---|\n| 1 |", ["<table>"], []),
+])
+def test_markdown_is_rendered_and_markup_is_text(text, present, absent):
+    out = render(text)
+    for p in present:
+        assert p in out, out
+    for a in absent:
+        assert a not in out, out
+
+
+def test_ui_config_checks(tmp_path):
+    assert check_ui_config('{"temperature": 0.2, "max_tokens": 64}') == {"temperature": 0.2, "max_tokens": 64}
+    f = tmp_path / "ui.json"
+    f.write_text(json.dumps({"defaults": {"system": "Be brief.", "json_schema": {"type": "object"}}}))
+    assert check_ui_config(str(f)) == {"system": "Be brief.", "json_schema": '{"type": "object"}'}
+    for bad, why in [('{"temprature": 1}', "unknown setting 'temprature'"), ('{"max_tokens": "9"}', "wrong type"),
+                     ('{"seed": true}', "wrong type"), ("{nope", "not valid JSON"), ("[1]", "JSON object"),
+                     (str(tmp_path / "missing.json"), "no file of that name")]:
+        with pytest.raises(ValueError, match=why):
+            check_ui_config(bad)
