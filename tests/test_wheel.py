@@ -24,3 +24,5 @@ def test_wheel_builds_installs_and_passes_smoke(tmp_path):
     names = zipfile.ZipFile(wheels[0]).namelist()
     assert any(n.endswith("libbubo.so") for n in names), names
     assert any("_kernels" in n and n.endswith(".so") for n in names), names
+    # and the chat page's files
+    assert {"bubo/webui/page.html", "bubo/webui/page.css", "bubo/webui/page.js"} <= set(names), names

@@ -233,6 +233,37 @@ def test_switching_the_model_and_a_reasoning_block(page):
     shot(page, "6-reasoning")
 
 
+def setting(d: WebDriver, name: str, value: str) -> None:
+    """A conversation setting, as typing it and leaving the field does."""
+    d.execute_script("const e = document.getElementById('set-' + arguments[0]); e.value = arguments[1];"
+                     "e.dispatchEvent(new Event('change'))", name, value)
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+ADD = [{"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+
+
+def test_a_json_schema_setting_and_tool_calls_shown(page):
+    setting(page, "json_schema", json.dumps(PERSON))
+    send(page, "Invent a person.")
+    person = json.loads(answer_text(page))
+    assert set(person) == {"name", "age"} and isinstance(person["age"], int)
+    saved = page.execute_script("return Object.values(JSON.parse(localStorage.getItem('bubo.conversations')))")
+    assert json.loads(saved[0]["settings"]["json_schema"]) == PERSON  # kept with the conversation
+    shot(page, "11-json-schema")
+    page.find_element(By.ID, "new-chat").click()
+    assert page.find_element(By.ID, "set-json_schema").get_attribute("value") == ""  # a new chat starts fresh
+    setting(page, "tools", json.dumps(ADD))
+    send(page, "What is 3 + 4? Use the tool.")
+    call = wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.assistant .tool-call"))[0]
+    assert call.find_element(By.CSS_SELECTOR, ".tool-name").text == "Tool call: add"
+    assert json.loads(call.find_element(By.CSS_SELECTOR, ".tool-args").text) == {"a": 3, "b": 4}
+    shot(page, "12-tool-call")
+
+
 def test_conversations_survive_a_reload_and_are_found_by_search(page):
     send(page, "Say hello to the owls.")
     page.find_element(By.ID, "new-chat").click()
