@@ -29,6 +29,20 @@ DIALECTS = ("bubo.api.openai", "bubo.api.anthropic", "bubo.api.llamacpp", "bubo.
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 
+def _foreign_origin(config: ServerConfig) -> bool:
+    """A request that changes something (not GET, HEAD or OPTIONS), sent by a web page from
+    another origin than this server's and not allowed by --cors. Browsers name the page's origin
+    in Origin; other clients send none. Without this a page the user visits could make the
+    browser pull models, delete them or run generations here (a form or a no-cors fetch needs no
+    preflight, and bodies of any content type are read)."""
+    origin = request.headers.get("Origin")
+    if not origin or request.method in ("GET", "HEAD", "OPTIONS"):
+        return False
+    if "*" in config.cors_origins or origin in config.cors_origins:
+        return False
+    return origin != f"{request.scheme}://{request.host}"  # the server's own pages (the chat page)
+
+
 def create_app(models: Engine | Registry, config: ServerConfig | None = None) -> Flask:
     """The app serving one engine (its names: config's served_model_name, aliases and "bubo"), or
     every model of a registry (router mode)."""
@@ -72,6 +86,10 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
                                                                                    "Retry-After": "5"})
         if request.path not in openapi.PUBLIC_PATHS:
             check_api_key(config.api_keys)
+        if _foreign_origin(config):
+            raise ApiError(403, "forbidden_origin",
+                           f"a web page at {request.headers.get('Origin')} may not send {request.method} requests to "
+                           "this server: start it with --cors ORIGIN to allow that page")
 
     @app.teardown_request
     def _release(_: BaseException | None) -> None:

@@ -742,6 +742,8 @@ _STATUS_TEXT = {
          "invalid_type, bad_request (the body could not be read).",
     401: "No valid API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`. Code invalid_api_key; "
          "header WWW-Authenticate: Bearer.",
+    403: "Code forbidden_origin: the request comes from a web page of another origin (its Origin header) that "
+         "--cors does not allow.",
     404: "Code model_not_found: the model is not served here (the message names the served ones).",
     413: "Code request_too_large: the body is larger than the server's limit; the connection closes.",
     500: "Code internal_error: a bug (the message says which exception).",
@@ -817,6 +819,8 @@ class _Doc:
                 o["summary"] = f"{op['summary']} (alias of {paths[0]})"
             responses = dict(o["responses"])
             wanted = set(statuses) | {503}  # every route: 503 shutting_down while the server drains
+            if method != "get":
+                wanted.add(403)  # a web page from another origin (the app's check)
             if self.keys and not public:
                 wanted.add(401)
             for status in sorted(wanted):

@@ -146,7 +146,7 @@ def serve(args: argparse.Namespace) -> int:
     config.port = port
     servers = [server]
     if args.ollama and port != OLLAMA_PORT:
-        servers.append(_ollama_listener(args.host, app, limits))
+        servers.append(_ollama_listener(server, args.host, app, limits))
     registry.start()
     url = f"http://{host if ':' not in host else '[' + host + ']'}:{port}"
     say(f"listening on {url}", url=url)
@@ -194,9 +194,10 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ollama_listener(host: str, app: Any, limits: http.Limits) -> http.Server:
+def _ollama_listener(first: http.Server, host: str, app: Any, limits: http.Limits) -> http.Server:
     """The same app on Ollama's port (serve --ollama), for clients that assume it."""
     extra = http.Server((host, OLLAMA_PORT), app, limits=limits, log=None, error_log=logging.getLogger("bubo.http"))
+    extra.conns = first.conns  # one registry of connections: --max-connections caps both listeners together
     try:
         extra.init_socket()
     except OSError as e:
@@ -254,13 +255,12 @@ class Drain:
 
     def _busy(self) -> int:
         # a request still arriving counts: it gets its answer (503 shutting_down) when it is in
-        return sum(1 for s in self.servers for c in s.conns.values() if c.phase != http.IDLE)
+        return sum(1 for c in self.servers[0].conns.values() if c.phase != http.IDLE)
 
     def _drop_idle(self) -> None:
-        for s in self.servers:
-            for h, c in list(s.conns.items()):
-                if c.phase == http.IDLE:
-                    h.drop()
+        for h, c in list(self.servers[0].conns.items()):  # every listener's (they share the registry)
+            if c.phase == http.IDLE:
+                h.drop()
 
     def _drain(self) -> None:
         import time

@@ -7,15 +7,17 @@ The prompt is prefix-suffix-middle order (PSM), the order these models were trai
 
     [BOS] [repo and files] <fim_prefix> PREFIX <fim_suffix> SUFFIX <fim_middle> [PROMPT]
 
-Repository context (other files, as llama-server's /infill `input_extra`) is written before
-the prefix with the file-separator token when the model has one. The request's text is
+llama-server's /infill writes repository context before the prefix (the repository's name,
+each `input_extra` file after a file-separator token, then the current file's marker), when
+the model has those tokens; Ollama's `suffix` sends the plain prompt. The request's text is
 tokenized as plain text: control-token text inside code stays text."""
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from bubo.errors import RequestError
 from bubo.runtime import Runtime
@@ -26,6 +28,10 @@ SUFFIX_TEXTS = ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "\u25
 MIDDLE_TEXTS = ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "\u2581<MID>")
 _REPO = ("<|repo_name|>", "<repo_name>", "<reponame>")
 _FILE_SEP = ("<|file_sep|>", "<file_sep>", "<filename>")
+# /infill's repository context, as llama-server writes it
+REPO_NAME = "myproject\n"
+CURRENT_FILE = "filename\n"
+SNIPPET = "\n\n--- snippet ---\n\n"  # between extra files, for a model without a file separator
 # the metadata keys of newer GGUF files, which win over the texts
 _KEYS = {"prefix": "tokenizer.ggml.fim_pre_token_id", "suffix": "tokenizer.ggml.fim_suf_token_id",
          "middle": "tokenizer.ggml.fim_mid_token_id", "repo": "tokenizer.ggml.fim_rep_token_id",
@@ -73,10 +79,25 @@ def fim_tokens(rt: Runtime) -> FimTokens | None:
     return out
 
 
-def fim_prompt(rt: Runtime, prefix: str, suffix: str, *, files: Sequence[tuple[str, str]] = (),
+def vocab_has_fim(meta: Mapping[str, Any], tokens: Sequence[str]) -> bool:
+    """Whether a model file can fill in the middle, from its metadata alone (no model loaded):
+    the metadata's FIM token ids, else each role's text among the vocabulary's tokens."""
+    have = None
+    for role, texts in (("prefix", PREFIX_TEXTS), ("suffix", SUFFIX_TEXTS), ("middle", MIDDLE_TEXTS)):
+        if isinstance(meta.get(_KEYS[role]), int):
+            continue
+        have = set(tokens) if have is None else have
+        if not any(t in have for t in texts):
+            return False
+    return True
+
+
+def fim_prompt(rt: Runtime, prefix: str, suffix: str, *, files: Sequence[tuple[str, str]] | None = None,
                middle: str = "", name: str = "model") -> list[int]:
-    """The token ids of a fill-in-the-middle prompt (see the module's docstring). files: other
-    files as (file name, text), for repository context. A model without the tokens is a
+    """The token ids of a fill-in-the-middle prompt (see the module's docstring). files None: the
+    plain prompt (Ollama's `suffix`); a list, even empty: repository context laid out as
+    llama-server's /infill lays it out, each (file name, text) of `input_extra` after the
+    repository name and the current file's marker last. A model without the tokens is a
     RequestError naming it."""
     fim = fim_tokens(rt)
     if fim is None:
@@ -92,14 +113,13 @@ def fim_prompt(rt: Runtime, prefix: str, suffix: str, *, files: Sequence[tuple[s
                                                 "surrogate that is not valid Unicode text") from None
 
     ids = rt.tokenizer.encode("", add_special=True, parse_special=False)  # BOS, if the model wants one
-    if files:
+    if files is not None:
         if fim.repo is not None:
-            ids += [fim.repo] + text("project\n")
+            ids += [fim.repo] + text(REPO_NAME)
         for fname, body in files:
-            if fim.file_sep is not None:
-                ids += [fim.file_sep] + text(fname + "\n")
-            else:
-                ids += text(f"// {fname}\n")
-            ids += text(body if body.endswith("\n") or not body else body + "\n")
+            ids += [fim.file_sep] + text((fname or "tmp") + "\n") if fim.file_sep is not None else text(SNIPPET)
+            ids += text(body)
+        if fim.file_sep is not None:
+            ids += [fim.file_sep] + text(CURRENT_FILE)
     ids += [fim.prefix] + text(prefix) + [fim.suffix] + text(suffix) + [fim.middle] + text(middle)
     return ids

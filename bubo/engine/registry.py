@@ -121,11 +121,13 @@ class ModelEntry:
         self.keep_alive_s: float | None = None
 
     def expires_at(self, idle_s: float | None) -> float | None:
-        """When (time.time()) this idle model will sleep, or None if never (or busy)."""
+        """When (time.time()) this model will sleep if no request comes (a busy one: its limit
+        from now), or None if never."""
         limit = self.keep_alive_s if self.keep_alive_s is not None else idle_s
         if limit is None or math.isinf(limit):
             return None
-        return time.time() + max(limit - (time.monotonic() - self.last_busy), 0.0) if not self.busy else None
+        idle = 0.0 if self.busy else time.monotonic() - self.last_busy
+        return time.time() + max(limit - idle, 0.0)
 
     @property
     def name(self) -> str:

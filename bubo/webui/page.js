@@ -8,6 +8,7 @@
   const STORE = "bubo.conversations";
   const KEY = "bubo.key";
   const LIMITS = CFG.limits;  // import bounds: bytes, conversations, messages
+  const RENDER_EVERY_MS = 1000;  // Markdown of a streaming answer, at most this often
   const SETTINGS = ["system", "temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "json_schema", "tools"];
   const $ = (id) => document.getElementById(id);
 
@@ -107,7 +108,8 @@
       el.innerHTML = rendered.get(text);  // the server's escaped HTML
       return;
     }
-    el.textContent = text;  // until the server's rendering comes
+    el.textContent = text;  // until the server's rendering comes (or for good, past its limit)
+    if (text.length > CFG.render_max) return;
     try {
       const r = await fetch("/webui/render", {method: "POST", headers: headers(), body: JSON.stringify({text: text})});
       if (!r.ok) return;
@@ -133,7 +135,7 @@
     return b;
   }
 
-  function fillBody(box, n) {
+  function fillBody(box, n, plain) {
     box.replaceChildren();
     if (n.reasoning) {
       const d = el("details", "reasoning");
@@ -147,7 +149,7 @@
       content.textContent = n.content;
     } else if (n.content) {
       content.dataset.text = n.content;
-      markdown(content, n.content);
+      if (plain) content.textContent = n.content; else markdown(content, n.content);
     }
     for (const call of n.tool_calls || []) {
       const t = el("div", "tool-call");
@@ -299,10 +301,20 @@
     const view = () => document.querySelector('.msg[data-id="' + assistant.id + '"] .body');
     const calls = [];
     let pending = false;
+    let rendered_at = 0;
     const paint = () => {
+      // the text shows at once; its Markdown (a request to the server) at most once a second
       if (pending) return;
       pending = true;
-      setTimeout(() => { pending = false; const v = view(); if (v) fillBody(v, assistant); }, 80);
+      setTimeout(() => {
+        pending = false;
+        if (!streaming || streaming.node !== assistant) return;  // ended: finish() drew it whole
+        const v = view();
+        if (!v) return;
+        const now = Date.now();
+        fillBody(v, assistant, now - rendered_at < RENDER_EVERY_MS);
+        if (now - rendered_at >= RENDER_EVERY_MS) rendered_at = now;
+      }, 80);
     };
     try {
       const r = await fetch("/v1/chat/completions", {method: "POST", headers: headers(), body: JSON.stringify(body),
@@ -421,20 +433,52 @@
     setTimeout(() => URL.revokeObjectURL(a.href), 1000);
   }
 
+  const own = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
+
   function checkConv(c, i) {
+    // an imported conversation must be a tree: every link present and agreeing, no cycle, the
+    // fields the page reads of the types it reads them as (else the page could not show it)
     const where = "conversation " + (i + 1);
     if (typeof c !== "object" || c === null || typeof c.nodes !== "object" || c.nodes === null || !Array.isArray(c.roots))
       throw new Error(where + " is not a conversation (it needs nodes and roots)");
-    for (const [id, n] of Object.entries(c.nodes)) {
+    const nodes = c.nodes;
+    for (const id of Object.keys(nodes)) {
+      const n = nodes[id];
       if (typeof n !== "object" || n === null || n.id !== id || !["user", "assistant"].includes(n.role) ||
           typeof n.content !== "string" || !Array.isArray(n.children))
         throw new Error(where + ": message " + id + " is malformed");
-      if (n.parent !== null && n.parent !== undefined && !c.nodes[n.parent])
+      if (n.parent !== null && n.parent !== undefined && !(typeof n.parent === "string" && own(nodes, n.parent) &&
+                                                           nodes[n.parent].children.includes(id)))
         throw new Error(where + ": message " + id + " has a parent that is not there");
-      for (const ch of n.children) if (!c.nodes[ch]) throw new Error(where + ": message " + id + " has a child that is not there");
+      for (const ch of n.children) {
+        if (typeof ch !== "string" || !own(nodes, ch) || nodes[ch].parent !== id)
+          throw new Error(where + ": message " + id + " has a child that is not there");
+      }
+      for (const k of ["reasoning", "error"]) {
+        if (n[k] !== undefined && n[k] !== null && typeof n[k] !== "string") throw new Error(where + ": message " + id + " has a bad " + k);
+      }
+      if (n.tool_calls !== undefined && !(Array.isArray(n.tool_calls) && n.tool_calls.every(
+          (t) => t && typeof t.name === "string" && typeof t.arguments === "string")))
+        throw new Error(where + ": message " + id + " has bad tool_calls");
+      if (n.stats !== undefined && !(n.stats && Number.isFinite(n.stats.tokens) && Number.isFinite(n.stats.tps)))
+        throw new Error(where + ": message " + id + " has bad stats");
     }
-    for (const r of c.roots) if (!c.nodes[r]) throw new Error(where + ": a root message is not there");
-    if (c.leaf && !c.nodes[c.leaf]) throw new Error(where + ": its current message is not there");
+    for (const r of c.roots) {
+      if (typeof r !== "string" || !own(nodes, r) || (nodes[r].parent !== null && nodes[r].parent !== undefined))
+        throw new Error(where + ": a root message is not there");
+    }
+    // every message reached once from the roots: no cycle, nothing detached
+    const seen = new Set();
+    const stack = [...c.roots];
+    while (stack.length) {
+      const id = stack.pop();
+      if (seen.has(id)) throw new Error(where + ": message " + id + " is reached twice");
+      seen.add(id);
+      stack.push(...nodes[id].children);
+    }
+    if (seen.size !== Object.keys(nodes).length) throw new Error(where + ": some messages are not reached from its roots");
+    if (c.leaf !== null && c.leaf !== undefined && !(typeof c.leaf === "string" && own(nodes, c.leaf)))
+      throw new Error(where + ": its current message is not there");
   }
 
   async function importFile(file) {

@@ -17,7 +17,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
-MAX_TEXT = 1 << 20  # characters one render takes
+MAX_TEXT = 256 * 1024  # characters one render takes (an answer longer than that shows as text)
 CSS_SCOPE = ".hl"
 
 

@@ -171,3 +171,21 @@ def test_preflight_needs_no_key():
     r = c.options("/tokenize", headers={"Origin": "http://a.example", "Access-Control-Request-Method": "POST"})
     assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == "http://a.example"
     assert c.post("/tokenize", json={"content": "x"}).status_code == 401
+
+
+def test_requests_from_foreign_web_pages_are_refused():
+    """A page from another origin cannot make the browser change anything here (pull, delete,
+    generate); the server's own page, clients without Origin, GETs and --cors origins can."""
+    c = create_app(Engine("smollm2:135m"), ServerConfig(cors_origins=["http://ok.example"])).test_client()
+    body = json.dumps({"model": "x"})
+    r = c.post("/api/pull", data=body, headers={"Origin": "http://evil.example"})
+    assert r.status_code == 403 and "--cors" in r.json["error"]  # Ollama's shape on /api/
+    r = c.post("/tokenize", data=body, headers={"Origin": "null"})
+    assert r.status_code == 403 and r.json["error"]["code"] == "forbidden_origin"
+    assert c.delete("/api/delete", data=body, headers={"Origin": "http://evil.example"}).status_code == 403
+    hi = json.dumps({"content": "hi"})
+    # the server's own origin (the test client's host), a --cors one, and no Origin (not a page) pass the
+    # check: the model is still loading
+    for headers in ({"Origin": "http://localhost"}, {"Origin": "http://ok.example"}, {}):
+        assert c.post("/tokenize", data=hi, headers=headers).status_code == 503
+    assert c.get("/health", headers={"Origin": "http://evil.example"}).status_code == 200

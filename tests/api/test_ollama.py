@@ -219,17 +219,25 @@ def test_fill_in_the_middle(client, srv):
     prefix, suffix = "def area(width, height):\n    ", "\n\nprint(area(3, 4))\n"
     out = client.generate(model=MODEL, prompt=prefix, suffix=suffix, options={"temperature": 0, "num_predict": 12})
     assert out.response.strip()
-    status, _, body = post(srv, "/infill", {"input_prefix": prefix, "input_suffix": suffix, "n_predict": 12,
-                                            "temperature": 0})
-    assert status == 200 and json.loads(body)["content"] == out.response
     from bubo.runtime import Runtime
 
     rt = Runtime(store.pull(MODEL), n_threads=1)
     fim = fim_tokens(rt)
-    assert fim is not None
+    assert fim is not None and fim.repo is not None and fim.file_sep is not None
     ids = fim_prompt(rt, prefix, suffix)
     assert ids[0] == fim.prefix and ids[-1] == fim.middle and ids.count(fim.suffix) == 1
     assert out.context[: len(ids)] == ids  # the prompt the answer came from
+    # llama-server's /infill: the repository's name, the extra files, the current file's marker
+    extra = [{"filename": "util.py", "text": "def area(w, h):\n    return w * h\n"}]
+    status, _, body = post(srv, "/infill", {"input_prefix": prefix, "input_suffix": suffix, "input_extra": extra,
+                                            "prompt": "return", "n_predict": 12, "temperature": 0})
+    infill = json.loads(body)
+    assert status == 200 and infill["content"] and infill["tokens_evaluated"] > len(ids)
+    repo = fim_prompt(rt, prefix, suffix, files=[("util.py", extra[0]["text"])], middle="return")
+    assert rt.tokenizer.decode(repo) == ("<|repo_name|>myproject\n<|file_sep|>util.py\n" + extra[0]["text"]
+                                         + "<|file_sep|>filename\n<|fim_prefix|>" + prefix + "<|fim_suffix|>"
+                                         + suffix + "<|fim_middle|>return")
+    assert infill["tokens_evaluated"] == len(repo)
 
 
 def test_a_model_without_fim_tokens_says_so():
@@ -397,7 +405,8 @@ def test_root_says_bubo_is_running(srv):
 
 @pytest.mark.parametrize("value,seconds", [
     (None, None), (0, 0.0), ("0", 0.0), (300, 300.0), ("5m", 300.0), ("1h30m", 5400.0), ("1.5s", 1.5),
-    ("300ms", 0.3), (-1, math.inf), ("-1", math.inf), ("-5m", math.inf)])
+    ("300ms", 0.3), (-1, math.inf), ("-1", math.inf), ("-5m", math.inf), ("99999999h", math.inf),
+    (1e12, math.inf)])
 def test_keep_alive_durations(value, seconds):
     assert sh.keep_alive_of(value) == seconds
 

@@ -398,7 +398,10 @@ def test_root_says_what_runs_as_text_or_html():
     assert text.startswith("bubo ") and "is running" in text
     assert "my-model" in text and "alias-a" in text and "/openapi.json" in text
     assert "POST /v1/chat/completions" in text and "GET /health" in text
-    r = c.get("/", headers={"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"})
+    browser = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
+    r = c.get("/", headers=browser)  # the chat page (tests/webui)
+    assert r.mimetype == "text/html" and r.headers["Vary"] == "Accept" and 'id="bubo-config"' in r.get_data(True)
+    r = _app(webui=False).test_client().get("/", headers=browser)
     assert r.mimetype == "text/html" and r.headers["Vary"] == "Accept"
     page = r.get_data(as_text=True)
     assert page.startswith("<!doctype html>") and "my-model" in page and 'href="/openapi.json"' in page

@@ -351,6 +351,15 @@ def test_export_and_import_round_trip_and_bounds(page, downloads, tmp_path):
                                                                   "children": ["zz"]}}, "roots": ["a"]}]}))
     page.find_element(By.ID, "import").send_keys(str(bad))
     wait(page, lambda d: "child that is not there" in d.find_element(By.ID, "error").text)
+    # a cycle (each message the other's parent and child) would hang the page: refused
+    loop = tmp_path / "loop.json"
+    user = {"role": "user", "content": "x"}
+    loop.write_text(json.dumps({"conversations": [{"roots": ["r"], "leaf": "a", "nodes": {
+        "r": {**user, "id": "r", "parent": None, "children": []},
+        "a": {**user, "id": "a", "parent": "b", "children": ["b"]},
+        "b": {**user, "id": "b", "parent": "a", "children": ["a"]}}}]}))
+    page.find_element(By.ID, "import").send_keys(str(loop))
+    wait(page, lambda d: "not reached from its roots" in d.find_element(By.ID, "error").text)
     assert len(page.find_elements(By.CSS_SELECTOR, "#conv-list li")) == 1
 
 

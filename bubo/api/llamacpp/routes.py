@@ -69,7 +69,7 @@ def infill() -> Any:
             raise invalid(f"{key} must be a string")
         texts[key] = v or ""
     extra = body.get("input_extra")
-    files: list[tuple[str, str]] = []
+    files: list[tuple[str, str]] = []  # llama-server always writes the repository context
     if extra is not None:
         if not isinstance(extra, list):
             raise invalid('input_extra must be an array of {"filename": ..., "text": ...}')

@@ -38,12 +38,23 @@ def entry_path(entry: ModelEntry) -> Path | None:
     return store.model_path(name) if name is not None and store.is_stored(name) else None
 
 
+SMALL_LIST = 64  # metadata lists longer than this (the vocabulary, the merges) are not kept
+HAS_FIM = "bubo.has_fim"  # set in what metadata() returns: the vocabulary has FIM tokens
+
+
 @functools.lru_cache(maxsize=32)
 def _metadata(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
+    """The file's metadata without its long lists, and whether its vocabulary can fill in the
+    middle (found once, from the whole vocabulary, as bubo.chat.fim finds the tokens)."""
     from bubo.gguf import GGUFFile
 
     with GGUFFile(path) as f:
-        return dict(f.metadata)
+        meta = f.metadata
+        tokens = meta.get("tokenizer.ggml.tokens")
+        out = {k: v for k, v in meta.items() if not (isinstance(v, (list, tuple)) and len(v) > SMALL_LIST)
+               and not isinstance(v, (bytes, bytearray))}
+        out[HAS_FIM] = fim.vocab_has_fim(meta, tokens if isinstance(tokens, (list, tuple)) else ())
+        return out
 
 
 def metadata(path: Path | None) -> dict[str, Any]:
@@ -115,36 +126,18 @@ def capabilities(meta: dict[str, Any]) -> list[str]:
     template = meta.get("tokenizer.chat_template")
     if isinstance(template, str) and template:
         out.append("tools")
-    tokens = meta.get("tokenizer.ggml.tokens")
-    if isinstance(tokens, list) and has_fim(tuple(tokens[-4096:]) if len(tokens) > 4096 else tuple(tokens)):
+    if meta.get(HAS_FIM):
         out.append("insert")
     if isinstance(template, str) and template_thinks(template):
         out.append("thinking")
     return out
 
 
-@functools.lru_cache(maxsize=8)
-def has_fim(tokens: tuple[str, ...]) -> bool:
-    """The vocabulary's last tokens (where added control tokens are) hold fill-in-the-middle
-    markers for prefix, suffix and middle."""
-    have = set(tokens)
-    return all(any(t in have for t in texts) for texts in (fim.PREFIX_TEXTS, fim.SUFFIX_TEXTS, fim.MIDDLE_TEXTS))
-
-
 def model_info(meta: dict[str, Any]) -> dict[str, Any]:
-    """The metadata's scalars (lists of more than 64 items, such as the vocabulary, left out
-    as null, as Ollama leaves them out unless asked to be verbose)."""
-    out: dict[str, Any] = {}
-    for k, v in meta.items():
-        if k == "tokenizer.chat_template":
-            continue
-        if isinstance(v, (list, tuple)):
-            out[k] = list(v) if len(v) <= 64 else None
-        elif isinstance(v, (bytes, bytearray)):
-            out[k] = None
-        else:
-            out[k] = v
-    return out
+    """The metadata's scalars and short lists (the vocabulary and the merges left out, as Ollama
+    leaves them out unless asked to be verbose)."""
+    return {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in meta.items()
+            if k not in ("tokenizer.chat_template", HAS_FIM)}
 
 
 def show(entry: ModelEntry, sampling_defaults: dict[str, Any]) -> dict[str, Any]:
@@ -228,8 +221,11 @@ def pull_in_thread(model: store.CatalogModel, progress: PullProgress) -> Any:
 
 
 def copy(source: Path, destination: str) -> Path:
-    """The store's copy of a model file under a new name (a hard link when it can be, else a
-    copy; written beside and renamed into place, so a failure leaves nothing half-written)."""
+    """The store's copy of a model file under a new name: a hard link when it can be, else a copy
+    on a thread of gevent's pool (gigabytes must not stall the server's greenlets), written
+    beside and renamed into place, so a failure leaves nothing behind."""
+    import gevent
+
     dest = store.models_dir() / f"{destination}.gguf"
     if dest.exists():
         raise FileExistsError(dest)
@@ -237,8 +233,11 @@ def copy(source: Path, destination: str) -> Path:
     tmp = dest.with_name(f".{dest.name}.partial")
     tmp.unlink(missing_ok=True)
     try:
-        os.link(source, tmp)
-    except OSError:
-        shutil.copyfile(source, tmp)
-    os.replace(tmp, dest)
+        try:
+            os.link(source, tmp)
+        except OSError:
+            gevent.get_hub().threadpool.spawn(shutil.copyfile, source, tmp).get()
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
     return dest

@@ -360,6 +360,8 @@ def copy() -> Any:
     if not isinstance(source, str) or not source:
         raise invalid("source is required: the name of a stored or served model")
     destination = sh.check_new_name(body.get("destination"), "destination")
+    if destination.endswith(":latest"):
+        destination = destination[: -len(":latest")]  # the same name, as Ollama reads it
     found = _stored(source)
     path = found.path if found is not None else None
     if path is None:

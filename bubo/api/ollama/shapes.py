@@ -34,6 +34,7 @@ LOAD_OPTIONS = {"numa": bool, "num_batch": int, "num_gpu": int, "main_gpu": int,
 # Ollama's sampling options, and the SamplingParams fields bubo also reads there (llama-server's)
 _SAMPLING = [n for n in SamplingParams.__dataclass_fields__ if n not in ("n_probs",)]
 MAX_TOP_LOGPROBS = 20
+KEEP_ALIVE_FOREVER_S = 1e9  # a keep_alive this long (31 years) or longer is "for good"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(:[A-Za-z0-9._-]+)?$")
 _DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -95,9 +96,9 @@ def keep_alive_of(value: Any) -> float | None:
             seconds = sign * sum(float(n) * _UNIT_S[u] for n, u in parts)
     else:
         raise invalid(f"keep_alive must be a duration such as \"5m\" or a number of seconds, got {value!r}")
-    if not math.isfinite(seconds):
-        raise invalid(f"keep_alive must be finite, got {value!r}")
-    return math.inf if seconds < 0 else seconds
+    if math.isnan(seconds):
+        raise invalid(f"keep_alive must be a duration, got {value!r}")
+    return math.inf if seconds < 0 or seconds >= KEEP_ALIVE_FOREVER_S else seconds
 
 
 # --- options -------------------------------------------------------------------------------
