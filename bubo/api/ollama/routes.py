@@ -13,6 +13,7 @@ from flask import Blueprint, Response, jsonify
 
 import bubo
 from bubo import store
+from bubo._grammar import Grammar
 from bubo.api import fields as f
 from bubo.api import pipeline
 from bubo.api.errors import ApiError, StreamShape, stream_error
@@ -30,6 +31,7 @@ from bubo.engine.registry import UnknownModelError
 from bubo.engine.types import FinishEvent, GenerationRequest, TokenEvent
 from bubo.errors import RequestError
 from bubo.runtime import Runtime
+from bubo.sampling import SamplingParams
 
 blueprint = Blueprint("ollama", __name__)
 
@@ -171,8 +173,8 @@ def _thinking(body: dict[str, Any], rt: Runtime, name: str) -> tuple[bool, dict[
     return sh.think_of(body, template_thinks(rt.chat_template_source), sh.tagged(name))
 
 
-def _submit(engine: ServingEngine, tokens: list[int], params: Any, max_tokens: int | None, num_ctx: int | None,
-            stop: list[str], n_probs: int, grammar: Any) -> Stream:
+def _submit(engine: ServingEngine, tokens: list[int], params: SamplingParams, max_tokens: int | None,
+            num_ctx: int | None, stop: list[str], n_probs: int, grammar: Grammar | None) -> Stream:
     gen = GenerationRequest(tokens, params, sh.fit_context(max_tokens, num_ctx, len(tokens)), stop, n_probs,
                             grammar=grammar)
     return pipeline.submit(engine, gen, debug_mem_available())
