@@ -120,10 +120,14 @@ class ModelEntry:
         # sleep_idle_s; math.inf: never; None: the registry's
         self.keep_alive_s: float | None = None
 
+    def idle_limit(self, idle_s: float | None) -> float | None:
+        """Idle seconds before it sleeps: its keep_alive, else the registry's idle_s (None: never)."""
+        return self.keep_alive_s if self.keep_alive_s is not None else idle_s
+
     def expires_at(self, idle_s: float | None) -> float | None:
         """When (time.time()) this model will sleep if no request comes (a busy one: its limit
         from now), or None if never."""
-        limit = self.keep_alive_s if self.keep_alive_s is not None else idle_s
+        limit = self.idle_limit(idle_s)
         if limit is None or math.isinf(limit):
             return None
         idle = 0.0 if self.busy else time.monotonic() - self.last_busy
@@ -477,7 +481,7 @@ class Registry:
             gevent.sleep(poll_s)
             now = time.monotonic()
             for e in self.entries:
-                limit = e.keep_alive_s if e.keep_alive_s is not None else self.sleep_idle_s
+                limit = e.idle_limit(self.sleep_idle_s)
                 if e.status is not ModelStatus.LOADED or e.busy:
                     e.last_busy = now  # idle time counts from the end of the load or of the last request
                 elif limit is not None and now - e.last_busy >= limit:

@@ -23,7 +23,6 @@ from pydantic import BaseModel
 
 from bubo import store
 from bubo.api.ollama import shapes as sh
-from bubo.api.ollama.routes import served  # noqa: F401 - the module imports cleanly
 from bubo.chat.fim import fim_prompt, fim_tokens
 from bubo.errors import RequestError
 

@@ -11,14 +11,13 @@ from flask import Blueprint, jsonify
 from bubo.api import fields as f
 from bubo.api import pipeline
 from bubo.api.errors import ApiError, StreamShape, stream_error
-from bubo.api.fields import invalid
+from bubo.api.fields import RequestErrors, invalid
 from bubo.api.llamacpp import completion as nc
 from bubo.api.request import debug_mem_available, json_body, optional_model, runtime_of, use_model
 from bubo.api.sse import sse_response
 from bubo.chat.fim import fim_prompt
 from bubo.engine.protocol import ServingEngine
 from bubo.engine.types import FinishEvent, GenerationRequest, TokenEvent
-from bubo.errors import RequestError
 from bubo.runtime import Runtime
 
 blueprint = Blueprint("llamacpp", __name__)
@@ -83,11 +82,9 @@ def infill() -> Any:
     model = optional_model(body)
     engine = use_model(model)
     rt = runtime_of(engine)
-    try:
+    with RequestErrors():
         tokens = fim_prompt(rt, texts["input_prefix"], texts["input_suffix"], files=files, middle=texts["prompt"],
                             name=model)
-    except RequestError as e:
-        raise ApiError(400, e.code, e.message) from None
     return _answer(req, model, engine, rt, tokens, texts["prompt"], draft_max)
 
 

@@ -17,9 +17,10 @@ from bubo._grammar import Grammar
 from bubo.api import fields as f
 from bubo.api import pipeline
 from bubo.api.errors import ApiError, StreamShape, stream_error
-from bubo.api.fields import invalid
+from bubo.api.fields import RequestErrors, invalid
 from bubo.api.ollama import models as om
 from bubo.api.ollama import shapes as sh
+from bubo.api.openai.chat import logprob_entry
 from bubo.api.pipeline import Conversation, Output
 from bubo.api.request import config, debug_mem_available, json_body, models, runtime_of, use_model
 from bubo.api.sse import ndjson_response
@@ -29,7 +30,6 @@ from bubo.chat.thinking import template_thinks
 from bubo.engine.protocol import ServingEngine, Stream
 from bubo.engine.registry import UnknownModelError
 from bubo.engine.types import FinishEvent, GenerationRequest, TokenEvent
-from bubo.errors import RequestError
 from bubo.runtime import Runtime
 from bubo.sampling import SamplingParams
 
@@ -72,14 +72,6 @@ def _loaded(name: str, seconds: float | None, key: str) -> Any:
     return jsonify({**body, "done_reason": "load", "done": True})
 
 
-def _with_errors(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """fn(*args), a RequestError (the library's validators) as a 400."""
-    try:
-        return fn(*args, **kwargs)
-    except RequestError as e:
-        raise ApiError(400, e.code, e.message) from None
-
-
 # --- chat and generate ---------------------------------------------------------------------
 
 
@@ -98,7 +90,7 @@ class _Lines:
     def logprob(self, ev: TokenEvent) -> None:
         if self.n_logprobs is not None:
             top = [(self.rt.token_piece(t), lp) for t, lp in ev.top[: self.n_logprobs]]
-            self.pending.append(sh.logprob_entry(self.rt.token_piece(ev.token), ev.logprob, top))
+            self.pending.append(logprob_entry(self.rt.token_piece(ev.token), ev.logprob, top))
 
     def _body(self, content: str, reasoning: str, calls: list[Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.name, "created_at": sh.timestamp()}
@@ -174,10 +166,19 @@ def _thinking(body: dict[str, Any], rt: Runtime, name: str) -> tuple[bool, dict[
 
 
 def _submit(engine: ServingEngine, tokens: list[int], params: SamplingParams, max_tokens: int | None,
-            num_ctx: int | None, stop: list[str], n_probs: int, grammar: Grammar | None) -> Stream:
-    gen = GenerationRequest(tokens, params, sh.fit_context(max_tokens, num_ctx, len(tokens)), stop, n_probs,
+            num_ctx: int | None, stop: list[str], grammar: Grammar | None) -> Stream:
+    gen = GenerationRequest(tokens, params, sh.fit_context(max_tokens, num_ctx, len(tokens)), stop, params.n_probs,
                             grammar=grammar)
     return pipeline.submit(engine, gen, debug_mem_available())
+
+
+def _engine(name: str, keep_alive: float | None, t0: float) -> tuple[ServingEngine, Runtime, float]:
+    """The model's engine and runtime (loaded first if need be), the seconds that took, and the
+    request's keep_alive applied."""
+    engine = use_model(name)
+    load_s = time.monotonic() - t0
+    _keep_alive(name, keep_alive)
+    return engine, runtime_of(engine), load_s
 
 
 @blueprint.post("/api/chat")
@@ -188,14 +189,10 @@ def chat() -> Any:
     req = sh.parse_chat(body)
     if req is None:
         return _loaded(name, sh.keep_alive_of(body.get("keep_alive")), "message")
-    engine = use_model(name)
-    load_s = time.monotonic() - t0
-    _keep_alive(name, req.keep_alive)
-    rt = runtime_of(engine)
+    engine, rt, load_s = _engine(name, req.keep_alive, t0)
     req.thinking, req.template_kwargs = _thinking(body, rt, name)
     prep = pipeline.prepare(rt, req, config().allow_special_in_content)
-    stream = _submit(engine, prep.prompt.tokens, req.params, req.max_tokens, req.num_ctx, req.stop,
-                     req.params.n_probs, prep.grammar)
+    stream = _submit(engine, prep.prompt.tokens, req.params, req.max_tokens, req.num_ctx, req.stop, prep.grammar)
     lines = _Lines(rt, name, "message", req.top_logprobs if req.logprobs else None, t0, load_s)
     return _respond(stream, prep.parser, lines, req.stream)
 
@@ -208,13 +205,11 @@ def generate() -> Any:
     req = sh.parse_generate(body)
     if not (req.prompt or req.suffix or req.context):
         return _loaded(name, req.keep_alive, "response")
-    engine = use_model(name)
-    load_s = time.monotonic() - t0
-    _keep_alive(name, req.keep_alive)
-    rt = runtime_of(engine)
+    engine, rt, load_s = _engine(name, req.keep_alive, t0)
     parser: OutputParser | None = None
     if req.suffix:  # fill in the middle
-        tokens = _with_errors(fim.fim_prompt, rt, req.prompt, req.suffix, name=sh.tagged(name))
+        with RequestErrors():
+            tokens = fim.fim_prompt(rt, req.prompt, req.suffix, name=sh.tagged(name))
         grammar = pipeline.completion_grammar(req.output, rt)
     elif req.raw:
         tokens = pipeline.encode(rt, req.prompt, add_special=not req.context)
@@ -231,7 +226,7 @@ def generate() -> Any:
         if req.context and lead and tokens[: len(lead)] == lead:
             tokens = tokens[len(lead):]  # the context already starts with it
     tokens = req.context + tokens
-    stream = _submit(engine, tokens, req.params, req.max_tokens, req.num_ctx, req.stop, req.params.n_probs, grammar)
+    stream = _submit(engine, tokens, req.params, req.max_tokens, req.num_ctx, req.stop, grammar)
     lines = _Lines(rt, name, "response", req.top_logprobs if req.logprobs else None, t0, load_s)
     return _respond(stream, parser, lines, req.stream, lambda ids: {"context": tokens + ids})
 
@@ -300,8 +295,6 @@ def pull() -> Any:
         except (store.StoreError, OSError) as e:
             yield {"error": f"pull of {model.name} failed: {e}"}
             return
-        finally:
-            progress.close()
         yield {"status": "verifying sha256 digest"}
         yield {"status": "writing manifest"}
         yield {"status": "success"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -301,7 +301,6 @@ class GenerateRequest:
     logprobs: bool
     top_logprobs: int
     think: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_generate(body: Any) -> GenerateRequest:
@@ -364,10 +363,3 @@ def tool_calls_json(calls: list[ToolCall], first: int = 0) -> list[dict[str, Any
 
     return [{"id": c.id, "function": {"index": first + i, "name": c.name, "arguments": tool_input(c)}}
             for i, c in enumerate(calls)]
-
-
-def logprob_entry(piece: bytes, logprob: float, top: list[tuple[bytes, float]]) -> dict[str, Any]:
-    def one(b: bytes, lp: float) -> dict[str, Any]:
-        return {"token": b.decode("utf-8", "replace"), "logprob": lp, "bytes": list(b)}
-
-    return {**one(piece, logprob), "top_logprobs": [one(b, lp) for b, lp in top]}
