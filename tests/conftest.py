@@ -63,3 +63,21 @@ def fake_catalog(tmp_path, monkeypatch):
     )
     monkeypatch.setitem(store.CATALOG, model.name, model)
     return model, content
+
+
+# --- the catalog's embedding model and the checkpoint it is converted from ---
+
+EMBEDDING_MODEL = "all-minilm:l6-v2"
+
+
+@pytest.fixture(scope="session")
+def minilm_source():
+    """The all-MiniLM-L6-v2 checkpoint directory (safetensors, tokenizer.json, vocab.txt, ...) that
+    the catalog's all-minilm:l6-v2 is converted from, downloaded and checked on first use."""
+    return store.source_dir(EMBEDDING_MODEL)
+
+
+@pytest.fixture(scope="session")
+def minilm_gguf():
+    """The stored GGUF of all-minilm:l6-v2 (converted on first use)."""
+    return store.pull(EMBEDDING_MODEL)
