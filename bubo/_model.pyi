@@ -5,7 +5,7 @@ import numpy as np
 import numpy.typing as npt
 
 class Model:
-    """A GGUF model (llama, qwen2, qwen3, gemma3) on the native forward pass.
+    """A GGUF model (decoders: llama, qwen2, qwen3, gemma3; encoder: bert) on the native forward pass.
 
     Raises GGUFError naming the file and the tensor or key for a malformed model, UnsupportedError
     for an unknown architecture or a block type without kernels."""
@@ -26,6 +26,15 @@ class Model:
     def out_vocab(self, n: int) -> None:
         """Logits for the first n tokens only (rounded up to a multiple of 16; 0 or >= n_vocab:
         every token): a draft model's output product then reads only their rows."""
+    @property
+    def output_hidden(self) -> bool:
+        """True while decode returns normed hidden states [n_out, n_embd] instead of logits."""
+    @output_hidden.setter
+    def output_hidden(self, on: bool) -> None: ...
+    def encode(self, tokens: npt.ArrayLike, seq_lens: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """An encoder's last hidden states: tokens (int32) holds the sequences end to end, seq_lens
+        their lengths. Returns float32 [len(tokens), n_embd]. ValueError for a decoder, an empty or
+        too long sequence, a token id out of range."""
     def decode(
         self,
         kv: KVCache,

@@ -34,6 +34,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
+from bubo import embed as embedding
 from bubo import store
 from bubo._grammar import Grammar
 from bubo._tokenizer import Tokenizer
@@ -263,11 +266,12 @@ class ChatStream(TextStream):
 
 @dataclass
 class _Loaded:
-    """What a Model holds until close(): the runtime, its KV cache and the one-slot scheduler."""
+    """What a Model holds until close(): the runtime, its KV cache and the one-slot scheduler
+    (neither for an encoder, which only embeds)."""
 
     runtime: Runtime
-    kv: KVCache
-    sched: Scheduler
+    kv: KVCache | None
+    sched: Scheduler | None
 
 
 class Model:
@@ -319,6 +323,11 @@ class Model:
         self.hparams: dict[str, Any] = runtime.hparams
         n_ctx_train = runtime.n_ctx_train
         self.n_ctx = min(n_ctx, n_ctx_train) if n_ctx_train else n_ctx
+        self._current: _Run | None = None
+        self._runs: weakref.WeakSet[_Run] = weakref.WeakSet()  # every run not yet collected: close() ends them
+        if embedding.is_encoder(runtime):  # an encoder embeds only: no cache, no scheduler
+            self._loaded: _Loaded | None = _Loaded(runtime, None, None)
+            return
         # swa_full=False: sliding-window layers (gemma3) keep only their window's blocks
         kv = KVCache(runtime.native, self.n_ctx, swa_full=False, type=cache_type_k, type_v=cache_type_v)
         if isinstance(draft, (str, os.PathLike)):
@@ -332,9 +341,7 @@ class Model:
             draft_model = DraftModel.load(config, runtime, self.n_ctx, 1, PREFILL_CHUNK)
         sched = Scheduler(runtime, kv, 1, PREFILL_CHUNK, self.n_ctx, Engine._memory_short, retain=True, draft=config,
                           draft_model=draft_model)
-        self._loaded: _Loaded | None = _Loaded(runtime, kv, sched)
-        self._current: _Run | None = None
-        self._runs: weakref.WeakSet[_Run] = weakref.WeakSet()  # every run not yet collected: close() ends them
+        self._loaded = _Loaded(runtime, kv, sched)
 
     def __repr__(self) -> str:
         return f"bubo.Model({self.name!r}, n_ctx={self.n_ctx}{', closed' if self.closed else ''})"
@@ -391,12 +398,44 @@ class Model:
         return self.runtime.native
 
     @property
+    def is_encoder(self) -> bool:
+        """An embedding model (bert): embed() only, no text generation."""
+        return embedding.is_encoder(self.runtime)
+
+    @property
     def _sched(self) -> Scheduler:
-        return self._live().sched
+        sched = self._live().sched
+        if sched is None:
+            raise embedding.EncoderOnlyError(self.name, str(self.hparams.get("arch")))
+        return sched
 
     @property
     def _kv(self) -> KVCache:
-        return self._live().kv
+        kv = self._live().kv
+        if kv is None:
+            raise embedding.EncoderOnlyError(self.name, str(self.hparams.get("arch")))
+        return kv
+
+    # --- embeddings ----------------------------------------------------------------------
+
+    def embed(self, texts: str | Sequence[str] | Sequence[Sequence[int]], *, pooling: str | None = None,
+              normalize: bool = True, truncate: bool = False) -> np.ndarray:
+        """Embeddings: float32 [len(texts), dim] for a list (of texts, or of token id lists),
+        [dim] for one text. An encoder (all-minilm:l6-v2) or a decoder (its final normed hidden
+        states). pooling: "mean", "cls" or "last" (None: the model file's, else cls for an
+        encoder and last for a decoder); L2-normalised unless normalize is False. A text longer
+        than the model takes raises embed.TooLongError (a ValueError) unless truncate, which cuts
+        it to fit."""
+        embedding.check_pooling(pooling)
+        single = isinstance(texts, str)
+        items = [texts] if isinstance(texts, str) else list(texts)
+        for i, item in enumerate(items):
+            if not isinstance(item, (str, Sequence)) or isinstance(item, (bytes, bytearray)):
+                raise TypeError(f"texts[{i}] must be a str or a list of token ids, not {type(item).__name__}")
+        runtime = self.runtime
+        seqs, _ = embedding.tokenize(runtime, items, embedding.max_tokens(runtime, self.n_ctx), truncate)
+        vectors = embedding.embed_ids(runtime, seqs, pooling, normalize)
+        return vectors[0] if single else vectors
 
     # --- text ----------------------------------------------------------------------------
 

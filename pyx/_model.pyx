@@ -26,12 +26,17 @@ cdef int _type_id(str name) except -1:
     raise ValueError(f"unknown KV cache type {name!r} (use 'f16', 'f32', 'q8_0' or 'q4_0')")
 
 
+# the file's pooling_type (llama.cpp's llama_pooling_type); None when the file does not say
+_POOLING_NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last"}
+
+
 cdef class Model:
     """A GGUF model on the native forward pass. n_threads 0 means os.cpu_count()."""
     cdef bubo_model *m
     cdef readonly str path
     cdef readonly dict hparams
     cdef object _pool_owner  # the model whose thread pool this one runs on (share_pool)
+    cdef bint _hidden
 
     def __cinit__(self, path, int n_threads=0):
         self.path = os.fsdecode(os.fspath(path))
@@ -69,6 +74,9 @@ cdef class Model:
             "embd_scale": hp.embd_scale,
             "final_logit_softcap": hp.final_logit_softcap,
             "tied_output": bool(hp.tied_output),
+            "causal": bool(hp.causal),
+            "n_token_types": hp.n_token_types,
+            "pooling": _POOLING_NAMES.get(<int>hp.pooling),
             "n_threads": bubo_model_n_threads(self.m),
         }
 
@@ -102,9 +110,44 @@ cdef class Model:
         cdef bubo_err err
         check_status(bubo_model_set_out_vocab(self.m, int(n), &err), &err, None)
 
+    @property
+    def output_hidden(self):
+        """True while decode returns normed hidden states [n_out, n_embd] instead of logits."""
+        return self._hidden
+
+    @output_hidden.setter
+    def output_hidden(self, bint on):
+        bubo_model_set_output_hidden(self.m, on)
+        self._hidden = on
+
+    def encode(self, tokens, seq_lens):
+        """An encoder's last hidden states: tokens (int32) holds the sequences end to end,
+        seq_lens their lengths. Returns float32 [len(tokens), n_embd]. ValueError for a decoder,
+        an empty or too long sequence, a token id out of range."""
+        cdef int32_t[::1] tok = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        cdef int32_t[::1] lens = np.ascontiguousarray(seq_lens, dtype=np.int32).reshape(-1)
+        cdef Py_ssize_t n = tok.shape[0], n_seqs = lens.shape[0]
+        if int(np.asarray(lens, dtype=np.int64).sum()) != n:
+            raise ValueError(f"seq_lens sum to {int(np.asarray(lens, dtype=np.int64).sum())}, tokens has {n}")
+        if n_seqs > 0x7fffffff:
+            raise ValueError("too many sequences")
+        out = np.empty((n, bubo_model_hparams(self.m).n_embd), dtype=np.float32)
+        if n_seqs == 0:
+            return out
+        cdef float[:, ::1] o = out
+        cdef float *op = &o[0, 0] if n > 0 else NULL
+        cdef int32_t *tp = &tok[0] if n > 0 else NULL
+        cdef bubo_err err
+        cdef bubo_status st
+        with nogil:
+            st = bubo_model_encode(self.m, <int32_t>n_seqs, &lens[0], tp, op, &err)
+        check_status(st, &err, None)
+        return out
+
     def decode(self, KVCache kv not None, tokens, pos, seq_ids, logits_rows):
         """Run a batch: tokens, pos, seq_ids (int32, one entry per row) and logits_rows (bool: which
-        rows get logits). Returns float32 [n_out, out_vocab], the wanted rows in batch order."""
+        rows get logits). Returns float32 [n_out, out_vocab] (n_embd with output_hidden), the wanted
+        rows in batch order."""
         if kv.model is not self:
             raise ValueError("this KV cache belongs to another model")
         cdef int32_t[::1] tok = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
@@ -119,7 +162,7 @@ cdef class Model:
         if n > 0x7fffffff:
             raise ValueError("batch too large")
         cdef Py_ssize_t n_out = int(want_arr.sum())
-        out = np.empty((n_out, bubo_model_out_vocab(self.m)), dtype=np.float32)
+        out = np.empty((n_out, bubo_model_out_width(self.m)), dtype=np.float32)
         if n == 0:
             return out
         cdef float[:, ::1] o = out

@@ -10,6 +10,14 @@ cdef extern from "bubo/model.h" nogil:
         BUBO_ARCH_QWEN2
         BUBO_ARCH_QWEN3
         BUBO_ARCH_GEMMA3
+        BUBO_ARCH_BERT
+
+    ctypedef enum bubo_pooling:
+        BUBO_POOLING_UNSPECIFIED
+        BUBO_POOLING_NONE
+        BUBO_POOLING_MEAN
+        BUBO_POOLING_CLS
+        BUBO_POOLING_LAST
 
     int BUBO_MAX_LAYERS
     int BUBO_MODEL_MAX_BATCH
@@ -40,6 +48,9 @@ cdef extern from "bubo/model.h" nogil:
         float kq_scale
         float final_logit_softcap
         int tied_output
+        int causal
+        int n_token_types
+        bubo_pooling pooling
 
     ctypedef struct bubo_model:
         pass
@@ -52,6 +63,10 @@ cdef extern from "bubo/model.h" nogil:
     bubo_status bubo_model_set_out_vocab(bubo_model *m, int32_t n_out_vocab, bubo_err *err)
     int32_t bubo_model_out_vocab(const bubo_model *m)
     bubo_status bubo_model_share_pool(bubo_model *m, bubo_model *other, bubo_err *err)
+    void bubo_model_set_output_hidden(bubo_model *m, int on)
+    int32_t bubo_model_out_width(const bubo_model *m)
+    bubo_status bubo_model_encode(bubo_model *m, int32_t n_seqs, const int32_t *seq_lens, const int32_t *tokens,
+                                  float *out, bubo_err *err)
     bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, const int32_t *tokens,
                                   const int32_t *pos, const int32_t *seq_ids, const uint8_t *want_logits,
                                   float *logits, bubo_err *err)

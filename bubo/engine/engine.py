@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import gevent
 import gevent.event
+import numpy as np
 from gevent.monkey import get_original
 
 from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig, DraftModel
@@ -64,6 +65,8 @@ from bubo.engine.types import (
 )
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from bubo._model import KVCache
     from bubo._tokenizer import Tokenizer
     from bubo.engine.scheduler import Scheduler
@@ -239,8 +242,52 @@ class CacheView:
     slots: list[tuple[int, list[int]]]  # (slot id, the tokens its sequence holds)
 
 
+class EmbedJob:
+    """One embeddings request on its way through an encoder's engine thread: the thread runs it
+    (all its inputs in one batch) and wakes the greenlet waiting in result()."""
+
+    def __init__(self, seqs: list[list[int]], pooling: str | None, normalize: bool):
+        self.seqs, self.pooling, self.normalize = seqs, pooling, normalize
+        self._vectors: np.ndarray | None = None
+        self._error: BaseException | None = None
+        self._done = False
+        self._closed = False
+        self._lock = _allocate_lock()
+        self._wake = gevent.event.Event()
+        self._watcher = gevent.get_hub().loop.async_()
+        self._watcher.start(self._wake.set)
+
+    def finish(self, vectors: np.ndarray | None = None, error: BaseException | None = None) -> None:
+        """The engine's side: the result, or why there is none."""
+        with self._lock:
+            self._vectors, self._error, self._done = vectors, error, True
+            if not self._closed:
+                self._watcher.send()
+
+    def result(self) -> np.ndarray:
+        """The reader's side: wait (without blocking the hub) for the vectors, or raise the error."""
+        try:
+            while True:
+                self._wake.clear()
+                with self._lock:
+                    if self._done:
+                        break
+                self._wake.wait()
+        finally:
+            with self._lock:
+                self._closed = True
+                self._watcher.close()
+        if self._error is not None:
+            raise self._error
+        assert self._vectors is not None
+        return self._vectors
+
+
 class Engine:
-    """One model, n_parallel slots, one engine thread. See the module docstring."""
+    """One model, n_parallel slots, one engine thread. See the module docstring.
+
+    An encoder (bert) has no slots and no KV cache: its thread runs embeddings jobs (embed())
+    one after another, each a batch of its inputs; submit() refuses it text generation."""
 
     def __init__(self, model: str, *, n_ctx: int | None = None, n_threads: int | None = None,
                  chat_template: str | None = None, load_delay_s: float = 0.0,
@@ -290,6 +337,8 @@ class Engine:
         self._work = _allocate_lock()  # released = "there is work"; the engine thread acquires it
         self._work.acquire()
         self._sched: Scheduler | None = None
+        self.encoder = False  # an embedding model (known once loaded)
+        self._jobs: collections.deque[EmbedJob] = collections.deque()
         self._started = False
         self._stopping = False
         self._n_open = 0  # streams submitted and not yet read to their end or cancelled
@@ -357,6 +406,9 @@ class Engine:
             self._release()
             return
         self.ready = True
+        if self.encoder:
+            self._serve_embeddings()
+            return
         log.debug("model ready: %s (context %d tokens shared by %d slots, %d threads)", self.model_name,
                  self.n_ctx, self.n_parallel, self.n_threads)
         sched = self._sched
@@ -377,6 +429,53 @@ class Engine:
         finally:
             self._release()
 
+    def _serve_embeddings(self) -> None:
+        """An encoder's thread: the queued embeddings jobs, in order, until stopped."""
+        from bubo.embed import embed_ids
+
+        log.debug("embedding model ready: %s (%d threads)", self.model_name, self.n_threads)
+        runtime = self.runtime
+        assert runtime is not None
+        while not self._stopping:
+            with self._lock:
+                job = self._jobs.popleft() if self._jobs else None
+            if job is None:
+                self._work.acquire()
+                continue
+            try:
+                job.finish(embed_ids(runtime, job.seqs, job.pooling, job.normalize))
+            except Exception as e:  # noqa: BLE001 - the job's reader raises it
+                job.finish(error=e)
+            with self._lock:
+                self._n_open -= 1
+        self.ready = False
+        with self._lock:
+            rest = list(self._jobs)
+            self._jobs.clear()
+            self._n_open -= len(rest)
+        for job in rest:
+            job.finish(error=NotReadyError(self._stop_why))
+        self._release()
+
+    def embed(self, seqs: list[list[int]], pooling: str | None = None, normalize: bool = True) -> EmbedJob:
+        """Queue an embeddings job (token id lists checked by bubo.embed.tokenize); returns it at
+        once: its result() waits. NotReadyError while loading or stopping; InvalidRequestError
+        for a model that is not an encoder."""
+        if not self.ready or self.runtime is None:
+            raise NotReadyError(self.load_error or f"the model {self.model_name} is loading")
+        if not self.encoder:
+            raise InvalidRequestError(f"the model {self.model_name} is not an embedding model")
+        job = EmbedJob(seqs, pooling, normalize)
+        with self._lock:
+            stopping = self._stopping
+            if not stopping:
+                self._jobs.append(job)
+                self._n_open += 1
+        if stopping:
+            raise NotReadyError(f"the model {self.model_name} is being unloaded")
+        self._signal()
+        return job
+
     def _release(self) -> None:
         """Let go of the model and its cache (the thread is ending)."""
         self._sched = None
@@ -396,6 +495,9 @@ class Engine:
         path = store.resolve(self.model_name)
         runtime = Runtime(path, n_threads=self.n_threads, chat_template=self._chat_template_override,
                           name=self.model_name)
+        if not runtime.hparams.get("causal", True):
+            self._load_encoder(runtime, path, t0)
+            return
         # the context is sized from the memory free after the load: prepacked weights are the
         # process's own memory, not page cache the kernel could give to the KV cache
         self.n_ctx_train, self.n_ctx = _context_size(runtime.metadata, self._n_ctx_requested,
@@ -426,6 +528,17 @@ class Engine:
         self.load_s = time.monotonic() - t0
         self.runtime = runtime
 
+    def _load_encoder(self, runtime: Runtime, path: Path, t0: float) -> None:
+        """An encoder: no KV cache, no slots; its context is what one input may hold."""
+        self.encoder = True
+        self.n_ctx_train = self.n_ctx = int(runtime.hparams["n_ctx_train"])
+        self.n_parallel = 1
+        self.model_path = str(path)
+        self.weights_bytes = os.path.getsize(path)
+        self.info = _model_info(runtime, self.n_ctx, self.n_ctx_train, self.n_parallel)
+        self.load_s = time.monotonic() - t0
+        self.runtime = runtime
+
     # --- requests ----------------------------------------------------------------------
 
     def submit(self, req: GenerationRequest, *, mem_available: int | None = None) -> EventStream:
@@ -438,6 +551,10 @@ class Engine:
         makes the memory guard's retry path testable."""
         sched = self._sched
         rt = self.runtime
+        if self.encoder and rt is not None:
+            from bubo.embed import EncoderOnlyError
+
+            raise EncoderOnlyError(self.model_name, str(rt.hparams.get("arch")))
         if not self.ready or sched is None or rt is None:
             raise NotReadyError(self.load_error or f"the model {self.model_name} is loading")
         if not req.prompt:

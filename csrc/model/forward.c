@@ -49,11 +49,33 @@ static void run_tokens(step_ctx *c, void (*fn)(const void *, int32_t)) {
         bubo_pool_run(c->m->pool, token_share, c);
 }
 
-static bubo_status matmul(bubo_model *m, const bubo_mat *w, const float *x, int32_t n, float *y, bubo_err *err);
+#define matmul bubo_model_matmul
+#define matmul_shared bubo_model_matmul_shared
+
+/* rows of any per-row step, without a step_ctx */
+typedef struct {
+    void *ctx;
+    void (*fn)(const void *, int32_t);
+    int32_t n;
+} rows_ctx;
+
+static void rows_share(void *vr, int ith, int nth) {
+    const rows_ctx *r = vr;
+    const int32_t t0 = (int32_t)((int64_t)r->n * ith / nth), t1 = (int32_t)((int64_t)r->n * (ith + 1) / nth);
+    for (int32_t t = t0; t < t1; t++) r->fn(r->ctx, t);
+}
+
+void bubo_model_run_rows(bubo_model *m, int32_t n, void *ctx, void (*fn)(const void *, int32_t)) {
+    rows_ctx r = {ctx, fn, n};
+    if (n == 1 || bubo_pool_n_threads(m->pool) == 1)
+        rows_share(&r, 0, 1);
+    else
+        bubo_pool_run(m->pool, rows_share, &r);
+}
 
 /* Matrices that multiply the same x, in one pool run with x quantized once (bubo_matmul_parts)
  * where they take their activations as one type; else one after the other. */
-static bubo_status matmul_shared(bubo_model *m, int n_mats, const bubo_mat *const *w, const float *x, int32_t n,
+bubo_status matmul_shared(bubo_model *m, int n_mats, const bubo_mat *const *w, const float *x, int32_t n,
                                  float *const *y, bubo_err *err) {
     bubo_matmul_part parts[BUBO_MATMUL_MAX_PARTS];
     const bubo_type vdt = bubo_type_get_traits(w[0]->type)->vec_dot_type;
@@ -72,7 +94,7 @@ static bubo_status matmul_shared(bubo_model *m, int n_mats, const bubo_mat *cons
     return BUBO_OK;
 }
 
-static bubo_status matmul(bubo_model *m, const bubo_mat *w, const float *x, int32_t n, float *y, bubo_err *err) {
+bubo_status matmul(bubo_model *m, const bubo_mat *w, const float *x, int32_t n, float *y, bubo_err *err) {
     if (w->packed)
         return bubo_matmul_prepacked(m->pool, w->packed_isa, w->type, w->data, w->rows, w->cols, x, n, y,
                                      m->s.mm_scratch, m->s.mm_scratch_size, err);
@@ -420,6 +442,10 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
     step_ctx out = *c;
     out.n = c->n_out;
     run_tokens(&out, step_output_norm);
+    if (m->out_hidden) {
+        memcpy(logits, s->xb, (size_t)c->n_out * hp->n_embd * sizeof(float));
+        return BUBO_OK;
+    }
     bubo_mat output = m->w.output; /* its first rows only, with an output vocabulary set */
     output.rows = bubo_model_out_vocab(m);
     if ((st = matmul(m, &output, s->xb, c->n_out, logits, err))) return st;
@@ -435,6 +461,9 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
 bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, const int32_t *tokens, const int32_t *pos,
                               const int32_t *seq_ids, const uint8_t *want_logits, float *logits, bubo_err *err) {
     const bubo_hparams *hp = &m->hp;
+    if (!hp->causal)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "%s is an encoder (%s): it encodes (bubo_model_encode), it does not decode",
+                            m->path, hp->arch_name);
     const bubo_kv_params *kp = bubo_kv_get_params(kv);
     bubo_kv_params mine;
     bubo_model_kv_params(m, &mine);
@@ -479,7 +508,7 @@ bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, cons
         };
         /* after check_batch nothing can fail but a kernel refusing a shape load already checked */
         if ((st = bubo_kv_append_batch(kv, n, seq_ids + start, pos + start, err)) ||
-            (st = forward_chunk(&c, logits + logits_done * bubo_model_out_vocab(m), err)))
+            (st = forward_chunk(&c, logits + logits_done * bubo_model_out_width(m), err)))
             return st;
         logits_done += n_out;
     }

@@ -50,6 +50,37 @@ static bubo_status key_f32(loader *L, const char *suffix, int required, float df
     return BUBO_OK;
 }
 
+/* bert: no RoPE (learned positions), LayerNorm, attention both ways; its own causal flag must
+ * not say otherwise */
+static bubo_status load_bert_hparams(loader *L, bubo_hparams *hp) {
+    const bubo_model *m = L->m;
+    bubo_status st;
+    if (hp->n_head_kv != hp->n_head || hp->n_embd % hp->n_head)
+        return bubo_set_err(L->err, BUBO_ERR_FORMAT, "%s: bert needs n_embd (%d) a multiple of the heads (%d), as many KV heads",
+                            m->path, hp->n_embd, hp->n_head);
+    hp->head_dim_k = hp->head_dim_v = hp->n_embd / hp->n_head;
+    hp->n_rot = 0;
+    hp->rope_freq_base = hp->rope_freq_base_swa = 10000.0f;
+    hp->rope_freq_scale = hp->rope_freq_scale_swa = 1.0f;
+    if ((st = key_f32(L, "attention.layer_norm_epsilon", 1, 0, &hp->norm_eps))) return st;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.causal", hp->arch_name);
+    const bubo_gguf_value *causal = bubo_gguf_get(m->gguf, key);
+    if (causal && !(causal->type == BUBO_GGUF_BOOL && !causal->v.b))
+        return bubo_set_err(L->err, BUBO_ERR_UNSUPPORTED, "%s: key '%s' must be false for bert (a causal bert is not supported)",
+                            m->path, key);
+    hp->causal = 0;
+    hp->embd_scale = hp->q_scale = 1.0f;
+    hp->kq_scale = 1.0f / sqrtf((float)hp->head_dim_k);
+    hp->final_logit_softcap = 0.0f;
+    hp->sliding_window = 0;
+    memset(hp->is_swa, 0, sizeof hp->is_swa);
+    if (hp->n_ctx_train > BUBO_MODEL_MAX_BATCH)
+        return bubo_set_err(L->err, BUBO_ERR_UNSUPPORTED, "%s: bert.context_length %d: bubo encodes sequences of at most %d tokens",
+                            m->path, hp->n_ctx_train, BUBO_MODEL_MAX_BATCH);
+    return BUBO_OK;
+}
+
 static bubo_status load_hparams(loader *L, bubo_hparams *hp) {
     const bubo_model *m = L->m;
     bubo_gguf_str arch;
@@ -58,7 +89,8 @@ static bubo_status load_hparams(loader *L, bubo_hparams *hp) {
     static const struct {
         const char *name;
         bubo_arch arch;
-    } known[] = {{"llama", BUBO_ARCH_LLAMA}, {"qwen2", BUBO_ARCH_QWEN2}, {"qwen3", BUBO_ARCH_QWEN3}, {"gemma3", BUBO_ARCH_GEMMA3}};
+    } known[] = {{"llama", BUBO_ARCH_LLAMA}, {"qwen2", BUBO_ARCH_QWEN2}, {"qwen3", BUBO_ARCH_QWEN3}, {"gemma3", BUBO_ARCH_GEMMA3},
+               {"bert", BUBO_ARCH_BERT}};
     int found = 0;
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (bubo_gguf_str_eq(arch, known[i].name)) {
@@ -68,7 +100,7 @@ static bubo_status load_hparams(loader *L, bubo_hparams *hp) {
         }
     if (!found)
         return bubo_set_err(L->err, BUBO_ERR_UNSUPPORTED,
-                            "%s: architecture '%.*s' is not supported (bubo runs llama, qwen2, qwen3, gemma3)", m->path,
+                            "%s: architecture '%.*s' is not supported (bubo runs llama, qwen2, qwen3, gemma3, bert)", m->path,
                             (int)(arch.len > 64 ? 64 : arch.len), arch.data);
 
     bubo_status st;
@@ -84,6 +116,11 @@ static bubo_status load_hparams(loader *L, bubo_hparams *hp) {
     if (hp->n_head < 1 || hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv || hp->n_embd < 1 || hp->n_ff < 1)
         return bubo_set_err(L->err, BUBO_ERR_FORMAT, "%s: bad attention shape: %d heads, %d KV heads, n_embd %d, n_ff %d",
                             m->path, hp->n_head, hp->n_head_kv, hp->n_embd, hp->n_ff);
+    int pooling;
+    if ((st = key_u32(L, "pooling_type", 0, (uint32_t)BUBO_POOLING_UNSPECIFIED, &pooling))) return st;
+    hp->pooling = pooling >= BUBO_POOLING_NONE && pooling <= BUBO_POOLING_LAST ? (bubo_pooling)pooling : BUBO_POOLING_UNSPECIFIED;
+    hp->causal = 1;
+    if (hp->arch == BUBO_ARCH_BERT) return load_bert_hparams(L, hp);
     if ((st = key_u32(L, "attention.key_length", 0, (uint32_t)(hp->n_embd / hp->n_head), &hp->head_dim_k)) ||
         (st = key_u32(L, "attention.value_length", 0, (uint32_t)(hp->n_embd / hp->n_head), &hp->head_dim_v)) ||
         (st = key_u32(L, "rope.dimension_count", 0, (uint32_t)hp->head_dim_k, &hp->n_rot)))
@@ -181,8 +218,9 @@ static bubo_status bind_mat(loader *L, const char *name, int64_t rows, int64_t c
     return BUBO_OK;
 }
 
-/* A 1-D vector of n elements, widened to an owned f32 copy. */
-static bubo_status load_vec(loader *L, const char *name, int64_t n, int required, float **out) {
+/* A table of rows x n elements (GGUF ne = [n, rows], or a 1-D [n] when rows is 1), widened to an
+ * owned f32 copy. */
+static bubo_status load_floats(loader *L, const char *name, int64_t n, int64_t rows, int required, float **out) {
     const bubo_gguf_tensor *t = find(L, name);
     *out = NULL;
     if (!t) {
@@ -191,17 +229,75 @@ static bubo_status load_vec(loader *L, const char *name, int64_t n, int required
     }
     int64_t n_el = 1;
     for (uint32_t d = 0; d < t->n_dims; d++) n_el *= t->ne[d];
-    if (t->ne[0] != n || n_el != n)
-        return bubo_set_err(L->err, BUBO_ERR_FORMAT, "%s: tensor '%s' has %lld elements ([%lld, ...]), expected [%lld]",
-                            L->m->path, name, (long long)n_el, (long long)t->ne[0], (long long)n);
+    if (t->ne[0] != n || n_el != n * rows)
+        return bubo_set_err(L->err, BUBO_ERR_FORMAT, "%s: tensor '%s' has %lld elements ([%lld, ...]), expected [%lld, %lld]",
+                            L->m->path, name, (long long)n_el, (long long)t->ne[0], (long long)n, (long long)rows);
     const bubo_type_traits *tr = bubo_type_get_traits((int)t->type);
     if (!tr || !tr->supported || n % tr->blck_size)
         return bubo_set_err(L->err, BUBO_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which bubo cannot read here",
                             L->m->path, name, tr ? tr->name : "?");
-    float *v = malloc((size_t)n * sizeof *v);
+    float *v = malloc((size_t)(n * rows) * sizeof *v);
     if (!v) return bubo_set_err(L->err, BUBO_ERR_NOMEM, "%s: out of memory", L->m->path);
-    bubo_get_to_float((bubo_type)t->type)(t->data, v, n);
+    const size_t row_bytes = bubo_row_size((bubo_type)t->type, n);
+    for (int64_t r = 0; r < rows; r++)
+        bubo_get_to_float((bubo_type)t->type)((const uint8_t *)t->data + (size_t)r * row_bytes, v + r * n, n);
     *out = v;
+    return BUBO_OK;
+}
+
+/* A 1-D vector of n elements, widened to an owned f32 copy. */
+static bubo_status load_vec(loader *L, const char *name, int64_t n, int required, float **out) {
+    return load_floats(L, name, n, 1, required, out);
+}
+
+/* bert, in llama.cpp's names: token_embd, position_embd, token_types, token_embd_norm; per
+ * block attn_q/k/v/output, attn_output_norm, ffn_up/down, layer_output_norm, each with a bias */
+static bubo_status bind_bert_weights(loader *L, bubo_model *m) {
+    bubo_hparams *hp = &m->hp;
+    bubo_weights *w = &m->w;
+    bubo_status st;
+    const int64_t d = hp->n_embd, f = hp->n_ff;
+    const bubo_gguf_tensor *tt = find(L, "token_types.weight");
+    if (!tt) return bubo_set_err(L->err, BUBO_ERR_FORMAT, "%s: tensor 'token_types.weight' is missing", m->path);
+    if (tt->n_dims != 2 || tt->ne[0] != d || tt->ne[1] < 1 || tt->ne[1] > 16)
+        return bubo_set_err(L->err, BUBO_ERR_FORMAT, "%s: tensor 'token_types.weight' has shape [%lld, %lld], expected [%lld, 1..16]",
+                            m->path, (long long)tt->ne[0], (long long)tt->ne[1], (long long)d);
+    hp->n_token_types = (int)tt->ne[1];
+    hp->tied_output = 0;
+    const bubo_gguf_tensor *pe = find(L, "position_embd.weight");
+    if (pe && (pe->n_dims != 2 || pe->ne[1] < hp->n_ctx_train))
+        return bubo_set_err(L->err, BUBO_ERR_FORMAT, "%s: tensor 'position_embd.weight' has fewer rows than context_length %d",
+                            m->path, hp->n_ctx_train);
+    if ((st = bind_mat(L, "position_embd.weight", pe ? pe->ne[1] : hp->n_ctx_train, d, 1, &w->pos_embd)) ||
+        (st = load_floats(L, "token_types.weight", d, hp->n_token_types, 1, &w->token_types)) ||
+        (st = load_vec(L, "token_embd_norm.weight", d, 1, &w->embd_norm)) ||
+        (st = load_vec(L, "token_embd_norm.bias", d, 1, &w->embd_norm_b)))
+        return st;
+    char name[96];
+#define NAME(fmt) (snprintf(name, sizeof name, "blk.%d." fmt, il), name)
+    for (int il = 0; il < hp->n_layer; il++) {
+        bubo_layer_weights *l = &w->layers[il];
+        if ((st = bind_mat(L, NAME("attn_q.weight"), d, d, 1, &l->wq)) ||
+            (st = bind_mat(L, NAME("attn_k.weight"), d, d, 1, &l->wk)) ||
+            (st = bind_mat(L, NAME("attn_v.weight"), d, d, 1, &l->wv)) ||
+            (st = bind_mat(L, NAME("attn_output.weight"), d, d, 1, &l->wo)) ||
+            (st = bind_mat(L, NAME("ffn_up.weight"), f, d, 1, &l->up)) ||
+            (st = bind_mat(L, NAME("ffn_down.weight"), d, f, 1, &l->down)) ||
+            (st = load_vec(L, NAME("attn_q.bias"), d, 1, &l->bq)) ||
+            (st = load_vec(L, NAME("attn_k.bias"), d, 1, &l->bk)) ||
+            (st = load_vec(L, NAME("attn_v.bias"), d, 1, &l->bv)) ||
+            (st = load_vec(L, NAME("attn_output.bias"), d, 1, &l->bo)) ||
+            (st = load_vec(L, NAME("ffn_up.bias"), f, 1, &l->b_up)) ||
+            (st = load_vec(L, NAME("ffn_down.bias"), d, 1, &l->b_down)) ||
+            (st = load_vec(L, NAME("attn_output_norm.weight"), d, 1, &l->attn_out_norm)) ||
+            (st = load_vec(L, NAME("attn_output_norm.bias"), d, 1, &l->attn_out_norm_b)) ||
+            (st = load_vec(L, NAME("layer_output_norm.weight"), d, 1, &l->layer_out_norm)) ||
+            (st = load_vec(L, NAME("layer_output_norm.bias"), d, 1, &l->layer_out_norm_b)))
+            return st;
+        if (find(L, NAME("ffn_gate.weight")))
+            return bubo_set_err(L->err, BUBO_ERR_UNSUPPORTED, "%s: tensor '%s' (a gated FFN) is not used by bert", m->path, name);
+    }
+#undef NAME
     return BUBO_OK;
 }
 
@@ -218,6 +314,7 @@ static bubo_status bind_weights(loader *L, bubo_model *m) {
     const int64_t n_vocab = m->hp.n_vocab, n_embd = hp->n_embd;
 
     if ((st = bind_mat(L, "token_embd.weight", n_vocab, n_embd, 1, &w->token_embd))) return st;
+    if (hp->arch == BUBO_ARCH_BERT) return bind_bert_weights(L, m);
     if ((st = load_vec(L, "output_norm.weight", n_embd, 1, &w->output_norm))) return st;
     if ((st = bind_mat(L, "output.weight", n_vocab, n_embd, 0, &w->output))) return st;
     m->hp.tied_output = w->output.data == NULL;
@@ -295,9 +392,10 @@ static bubo_status alloc_state(bubo_model *m, bubo_err *err) {
     ALLOC(s->q_att, (size_t)n_threads * ATTN_TILE_TOKENS * (hp->n_head / hp->n_head_kv) * s->q_att_stride);
     ALLOC(s->v_tmp, (size_t)n_threads * bubo_attend_scratch_floats(ATTN_TILE_TOKENS, hp->n_head / hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v));
     if (m->w.token_embd.packed) ALLOC(s->embd_rows, B * bubo_row_size(m->w.token_embd.type, m->w.token_embd.cols));
+    if (!hp->causal) ALLOC(s->enc_scores, (size_t)n_threads * B);
 #undef ALLOC
     if (!s->x || !s->xb || !s->xb2 || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->rope_cs || !s->mm_scratch ||
-        !s->q_att || !s->v_tmp || (m->w.token_embd.packed && !s->embd_rows))
+        !s->q_att || !s->v_tmp || (m->w.token_embd.packed && !s->embd_rows) || (!hp->causal && !s->enc_scores))
         return bubo_set_err(err, BUBO_ERR_NOMEM, "%s: out of memory for the activations", m->path);
     return BUBO_OK;
 }
@@ -419,14 +517,18 @@ void bubo_model_free(bubo_model *m) {
     free_prepacked(m);
     for (int il = 0; il < BUBO_MAX_LAYERS; il++) {
         bubo_layer_weights *l = &m->w.layers[il];
-        float *vecs[] = {l->attn_norm, l->bq, l->bk, l->bv, l->q_norm, l->k_norm, l->post_attn_norm, l->ffn_norm, l->post_ffw_norm};
+        float *vecs[] = {l->attn_norm, l->bq, l->bk, l->bv, l->q_norm, l->k_norm, l->post_attn_norm, l->ffn_norm, l->post_ffw_norm,
+                         l->bo, l->b_up, l->b_down, l->attn_out_norm, l->attn_out_norm_b, l->layer_out_norm, l->layer_out_norm_b};
         for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) free(vecs[i]);
     }
     free(m->w.output_norm);
     free(m->w.rope_freqs);
+    free(m->w.token_types);
+    free(m->w.embd_norm);
+    free(m->w.embd_norm_b);
     bubo_run_state *s = &m->s;
     void *bufs[] = {s->x, s->xb, s->xb2, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->rope_cs, s->mm_scratch, s->q_att, s->v_tmp,
-                    s->embd_rows, s->att_part};
+                    s->embd_rows, s->att_part, s->enc_scores};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     bubo_gguf_close(m->gguf);
     free(m->path);
@@ -435,6 +537,8 @@ void bubo_model_free(bubo_model *m) {
 
 const bubo_hparams *bubo_model_hparams(const bubo_model *m) { return &m->hp; }
 int32_t bubo_model_out_vocab(const bubo_model *m) { return m->n_out_vocab > 0 ? m->n_out_vocab : m->hp.n_vocab; }
+void bubo_model_set_output_hidden(bubo_model *m, int on) { m->out_hidden = on != 0; }
+int32_t bubo_model_out_width(const bubo_model *m) { return m->out_hidden ? m->hp.n_embd : bubo_model_out_vocab(m); }
 
 bubo_status bubo_model_share_pool(bubo_model *m, bubo_model *other, bubo_err *err) {
     if (m == other || m->pool == other->pool) return BUBO_OK;

@@ -41,6 +41,10 @@ typedef struct {
     bubo_mat up;           /* (n_ff, n_embd) */
     bubo_mat down;         /* (n_embd, n_ff) */
     float *post_ffw_norm;  /* [n_embd] RMSNorm of the FFN output (gemma3), or NULL */
+    /* bert: output biases and the post-LayerNorms (weight, bias) after attention and after the FFN */
+    float *bo, *b_up, *b_down;
+    float *attn_out_norm, *attn_out_norm_b;
+    float *layer_out_norm, *layer_out_norm_b;
 } bubo_layer_weights;
 
 typedef struct {
@@ -48,6 +52,9 @@ typedef struct {
     float *output_norm;    /* [n_embd] */
     bubo_mat output;       /* (n_vocab, n_embd); token_embd when tied */
     float *rope_freqs;     /* [n_rot / 2] frequency divisors (llama3), or NULL */
+    bubo_mat pos_embd;     /* (n_ctx_train, n_embd) learned positions (bert): rows are looked up */
+    float *token_types;    /* [n_token_types][n_embd] (bert) */
+    float *embd_norm, *embd_norm_b; /* [n_embd] LayerNorm of the summed embeddings (bert) */
     bubo_layer_weights layers[BUBO_MAX_LAYERS];
 } bubo_weights;
 
@@ -72,6 +79,7 @@ typedef struct {
     uint8_t *embd_rows;   /* (B, token_embd row bytes) rows rebuilt from a prepacked token_embd, or NULL */
     float *att_part;      /* (tokens, n_head, chunks, head_dim_v + 2) attention partials of a decode step at depth, grown as needed */
     size_t att_part_floats;
+    float *enc_scores;    /* (n_threads, BUBO_MODEL_MAX_BATCH) an encoder's attention scores of one query row */
 } bubo_run_state;
 
 struct bubo_model {
@@ -84,6 +92,17 @@ struct bubo_model {
     const bubo_ops *ops;
     int32_t n_out_vocab; /* logits for tokens [0, n_out_vocab) (bubo_model_set_out_vocab) */
     int owns_pool;       /* 0 once it runs on another model's pool (bubo_model_share_pool) */
+    int out_hidden;      /* decode writes normed hidden states, not logits (bubo_model_set_output_hidden) */
 };
+
+/* ---- shared by forward.c (decoders) and encoder.c ------------------------------------------- */
+
+/* y [n][w->rows] = W x for the n rows of x [n][w->cols], on the model's pool */
+bubo_status bubo_model_matmul(bubo_model *m, const bubo_mat *w, const float *x, int32_t n, float *y, bubo_err *err);
+/* several matrices that multiply the same x, x quantized once where they allow it */
+bubo_status bubo_model_matmul_shared(bubo_model *m, int n_mats, const bubo_mat *const *w, const float *x, int32_t n,
+                                     float *const *y, bubo_err *err);
+/* fn(ctx, t) for t in [0, n), split over the pool (on the calling thread when n == 1) */
+void bubo_model_run_rows(bubo_model *m, int32_t n, void *ctx, void (*fn)(const void *ctx, int32_t t));
 
 #endif

@@ -4,7 +4,11 @@
  * Families: llama (SmolLM2, Llama 2/3, Mistral), qwen2 (QKV bias), qwen3 (QK-norm), gemma3
  * (scaled embedding, QK-norm, post-attention and post-FFN norms, GELU, sliding-window layers with
  * their own RoPE base). Norm weights are used as stored: the GGUF converter already folded
- * gemma's (1 + w) into them. */
+ * gemma's (1 + w) into them.
+ *
+ * And one encoder family, bert (BERT, MiniLM, sentence-transformers' models): learned absolute
+ * positions and token types, post-LayerNorm blocks with biases, GELU, attention both ways within
+ * each sequence and no KV cache: bubo_model_encode gives every token's last hidden state. */
 #ifndef BUBO_MODEL_H
 #define BUBO_MODEL_H
 
@@ -22,7 +26,17 @@ typedef enum {
     BUBO_ARCH_QWEN2 = 1,
     BUBO_ARCH_QWEN3 = 2,
     BUBO_ARCH_GEMMA3 = 3,
+    BUBO_ARCH_BERT = 4,
 } bubo_arch;
+
+/* How a sequence's rows become one embedding (llama.cpp's llama_pooling_type values). */
+typedef enum {
+    BUBO_POOLING_UNSPECIFIED = -1,
+    BUBO_POOLING_NONE = 0,
+    BUBO_POOLING_MEAN = 1,
+    BUBO_POOLING_CLS = 2,
+    BUBO_POOLING_LAST = 3,
+} bubo_pooling;
 
 #define BUBO_MAX_LAYERS 512
 
@@ -48,6 +62,9 @@ typedef struct {
     float kq_scale;           /* scores multiplied by it after */
     float final_logit_softcap; /* 0: none; else logits = c * tanh(logits / c) */
     int tied_output;          /* output weights are token_embd */
+    int causal;               /* 1: a decoder (bubo_model_decode); 0: an encoder (bubo_model_encode) */
+    int n_token_types;        /* rows of token_types (encoders), else 0 */
+    bubo_pooling pooling;     /* the file's {arch}.pooling_type, or BUBO_POOLING_UNSPECIFIED */
 } bubo_hparams;
 
 typedef struct bubo_model bubo_model;
@@ -89,6 +106,21 @@ void bubo_model_kv_params(const bubo_model *m, bubo_kv_params *p);
  * Not thread-safe for one model (its scratch buffers are shared). */
 bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, const int32_t *tokens, const int32_t *pos,
                               const int32_t *seq_ids, const uint8_t *want_logits, float *logits, bubo_err *err);
+
+/* Decode writes each wanted row's final normed hidden state ([n_out][n_embd], what the output
+ * matrix would multiply) instead of its logits while on: the embeddings of a decoder. */
+void bubo_model_set_output_hidden(bubo_model *m, int on);
+/* The width of one output row of decode: n_embd with hidden output on, else the logits' vocab. */
+int32_t bubo_model_out_width(const bubo_model *m);
+
+/* Run an encoder over n_seqs sequences laid end to end in tokens (sequence i has seq_lens[i]
+ * tokens, positions 0.., token type 0), each attending to all of its own tokens and to no other
+ * sequence's; out [sum of seq_lens][n_embd] gets every token's last hidden state. Sequences are
+ * packed into forward passes of at most BUBO_MODEL_MAX_BATCH tokens, never split: a sequence
+ * longer than n_ctx_train (or BUBO_MODEL_MAX_BATCH), an empty one, or a bad token id is
+ * BUBO_ERR_INVALID before anything runs; so is a decoder model. Not thread-safe for one model. */
+bubo_status bubo_model_encode(bubo_model *m, int32_t n_seqs, const int32_t *seq_lens, const int32_t *tokens, float *out,
+                              bubo_err *err);
 
 #ifdef __cplusplus
 }
