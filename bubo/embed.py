@@ -101,8 +101,10 @@ def tokenize(runtime: Runtime, inputs: Sequence[str | Sequence[int]], limit: int
         if was_cut:
             if not truncate:
                 raise TooLongError(i, len(ids), limit)
-            keep_sep = isinstance(item, str) and sep is not None and ids[-1] == sep and limit > 1
-            ids = ids[: limit - 1] + [int(sep)] if keep_sep else ids[:limit]
+            if isinstance(item, str) and sep is not None and ids[-1] == sep and limit > 1:
+                ids = ids[: limit - 1] + [sep]
+            else:
+                ids = ids[:limit]
         out.append(ids)
         cut.append(was_cut)
     return out, cut

@@ -428,7 +428,7 @@ class Model:
         it to fit."""
         embedding.check_pooling(pooling)
         single = isinstance(texts, str)
-        items = [texts] if isinstance(texts, str) else list(texts)
+        items: list[str | Sequence[int]] = [texts] if isinstance(texts, str) else list(texts)
         for i, item in enumerate(items):
             if not isinstance(item, (str, Sequence)) or isinstance(item, (bytes, bytearray)):
                 raise TypeError(f"texts[{i}] must be a str or a list of token ids, not {type(item).__name__}")

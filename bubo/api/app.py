@@ -24,7 +24,7 @@ from bubo.engine.registry import Registry
 log = logging.getLogger("bubo.api")
 
 # the other engineer's dialects; each module exposes `blueprint`
-DIALECTS = ("bubo.api.openai", "bubo.api.anthropic", "bubo.api.llamacpp", "bubo.api.ollama")
+DIALECTS = ("bubo.api.openai", "bubo.api.anthropic", "bubo.api.llamacpp", "bubo.api.ollama", "bubo.api.embeddings")
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 

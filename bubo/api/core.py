@@ -39,7 +39,7 @@ debug_blueprint = Blueprint("debug", __name__, url_prefix="/debug")
 
 STARTED = int(time.time())
 
-NOT_IMPLEMENTED = ["/v1/embeddings", "/v1/rerank", "/v1/reranking", "/rerank", "/sdapi/v1/<path:rest>"]
+NOT_IMPLEMENTED = ["/v1/rerank", "/v1/reranking", "/rerank", "/sdapi/v1/<path:rest>"]
 
 
 def _route(*paths: str, methods: tuple[str, ...] = ("GET",)) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

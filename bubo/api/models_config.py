@@ -207,6 +207,10 @@ def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0) -> dict[st
             raise ModelsConfigError(f"--chat-template-file {args.chat_template_file}: {e}") from None
     if load_delay_s:
         given["load_delay_s"] = load_delay_s
+    if getattr(args, "embedding", False):
+        given["embedding"] = True
+    if getattr(args, "pooling", None) is not None:
+        given["pooling"] = args.pooling
     draft = draft_config(args)
     if draft is not DEFAULT_DRAFT:
         given["draft"] = draft

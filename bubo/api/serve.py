@@ -125,7 +125,8 @@ def serve(args: argparse.Namespace) -> int:
     args.models = requested_models(args)
     specs = model_specs(args, delay)
     if len(specs) == 1:
-        check_model(specs[0].source)  # one model that cannot load: say why and exit 1, before listening
+        # one model that cannot load: say why and exit 1, before listening
+        check_model(specs[0].source, embedding=args.embedding)
     registry = Registry(specs, models_max=args.models_max, autoload=not args.no_models_autoload,
                         sleep_idle_s=args.sleep_idle_seconds)
     router = registry.is_router
@@ -206,7 +207,7 @@ def _ollama_listener(first: http.Server, host: str, app: Any, limits: http.Limit
     return extra
 
 
-def check_model(source: str, flag: str = "-m") -> None:
+def check_model(source: str, flag: str = "-m", embedding: bool = False) -> None:
     """Raise, naming the problem, when `source` (a path or a catalog name) cannot be served: a
     missing file, a file that is not GGUF or holds an architecture or block type bubo does not
     run, an unknown catalog name. A catalog model not stored yet passes (its load pulls it)."""
@@ -224,8 +225,12 @@ def check_model(source: str, flag: str = "-m") -> None:
     try:
         with GGUFFile(path) as f:
             check_model_file(f)
+            arch = f.metadata.get("general.architecture")
     except OSError as e:
         raise ValueError(f"{flag} {source}: cannot read it: {e.strerror or e}") from None
+    if embedding and arch != "bert":
+        raise ValueError(f"--embedding: {flag} {source} is a text-generation model ({arch}), not an embedding model; "
+                         "serve an encoder such as all-minilm:l6-v2, or drop --embedding to generate text with it")
 
 
 class Drain:

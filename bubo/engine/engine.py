@@ -293,7 +293,8 @@ class Engine:
                  chat_template: str | None = None, load_delay_s: float = 0.0,
                  n_parallel: int | None = None, n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
                  queue_size: int | None = None, draft: DraftConfig | None = DEFAULT_DRAFT,
-                 cache_type_k: str = "f16", cache_type_v: str = "f16"):
+                 cache_type_k: str = "f16", cache_type_v: str = "f16", embedding: bool = False,
+                 pooling: str | None = None):
         if n_ctx is not None and n_ctx < 0:
             raise ValueError(f"n_ctx must be 0 (the trained context) or positive, got {n_ctx}")
         if n_threads is not None and n_threads <= 0:
@@ -309,7 +310,11 @@ class Engine:
         self._settings: dict[str, Any] = dict(
             n_ctx=n_ctx, n_threads=n_threads, chat_template=chat_template, load_delay_s=load_delay_s,
             n_parallel=n_parallel, n_batch=n_batch, n_ubatch=n_ubatch, queue_size=queue_size, draft=draft,
-            cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+            cache_type_k=cache_type_k, cache_type_v=cache_type_v, embedding=embedding, pooling=pooling)
+        if pooling is not None and pooling not in ("mean", "cls", "last"):
+            raise ValueError(f"pooling must be mean, cls or last, not {pooling!r}")
+        self.embedding = embedding  # --embedding: refuse a model that is not an encoder
+        self.pooling = pooling
         self.draft = draft  # speculative decoding (bubo.engine.draft): prompt lookup or a draft model; None: off
         self.model_name = str(model)
         self._chat_template_override = chat_template  # replaces the GGUF's tokenizer.chat_template
@@ -443,7 +448,7 @@ class Engine:
                 self._work.acquire()
                 continue
             try:
-                job.finish(embed_ids(runtime, job.seqs, job.pooling, job.normalize))
+                job.finish(embed_ids(runtime, job.seqs, job.pooling or self.pooling, job.normalize))
             except Exception as e:  # noqa: BLE001 - the job's reader raises it
                 job.finish(error=e)
             with self._lock:
@@ -498,6 +503,10 @@ class Engine:
         if not runtime.hparams.get("causal", True):
             self._load_encoder(runtime, path, t0)
             return
+        if self.embedding:
+            raise ValueError(f"--embedding: {self.model_name} is a text-generation model "
+                             f"({runtime.hparams.get('arch')}), not an embedding model; serve an encoder such as "
+                             "all-minilm:l6-v2, or drop --embedding to generate text with this one")
         # the context is sized from the memory free after the load: prepacked weights are the
         # process's own memory, not page cache the kernel could give to the KV cache
         self.n_ctx_train, self.n_ctx = _context_size(runtime.metadata, self._n_ctx_requested,

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Protocol
 from bubo.engine.types import EngineMetrics, Event, GenerationRequest, SlotState
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from bubo.engine.engine import CacheView, ModelInfo
     from bubo.runtime import Runtime
 
@@ -28,6 +30,12 @@ class Stream(Protocol):
 
     @property
     def cancelled(self) -> bool: ...
+
+
+class EmbedResult(Protocol):
+    """An embeddings job, waited for in the greenlet that queued it."""
+
+    def result(self) -> np.ndarray: ...
 
 
 class ServingEngine(Protocol):
@@ -50,6 +58,10 @@ class ServingEngine(Protocol):
     def info(self) -> ModelInfo | None: ...
 
     def submit(self, req: GenerationRequest, *, mem_available: int | None = None) -> Stream: ...
+
+    def embed(self, seqs: list[list[int]], pooling: str | None = None, normalize: bool = True) -> EmbedResult:
+        """An encoder's embeddings of checked token id lists (bubo.embed.tokenize)."""
+        ...
 
     def metrics(self) -> EngineMetrics: ...
 

@@ -71,6 +71,8 @@ class EngineSettings:
     draft: DraftConfig | None = DEFAULT_DRAFT  # speculative decoding (None: off)
     cache_type_k: str = "f16"  # the KV cache's K and V storage types (-ctk, -ctv)
     cache_type_v: str = "f16"
+    embedding: bool = False  # --embedding: the model must be an embedding model (an encoder)
+    pooling: str | None = None  # --pooling: mean, cls or last (None: the model file's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +170,8 @@ def _never_loaded(spec: ModelSpec) -> Engine:
     s = spec.settings
     return Engine(spec.source, n_ctx=s.n_ctx, n_threads=s.n_threads, chat_template=s.chat_template,
                   load_delay_s=s.load_delay_s, n_parallel=s.n_parallel, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
-                  queue_size=s.queue_size, draft=s.draft, cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v)
+                  queue_size=s.queue_size, draft=s.draft, cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v,
+                  embedding=s.embedding, pooling=s.pooling)
 
 
 class Registry:

@@ -12,8 +12,10 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 import bubo
+from bubo import embed as embedding
 from bubo import store
 from bubo._grammar import Grammar
+from bubo.api import embeddings as emb
 from bubo.api import fields as f
 from bubo.api import pipeline
 from bubo.api.errors import ApiError, StreamShape, stream_error
@@ -380,12 +382,36 @@ def copy() -> Any:
 
 
 @blueprint.post("/api/embed")
-@blueprint.post("/api/embeddings")
 def embed() -> Any:
+    t0 = time.monotonic()
     body = json_body()
     name = served(sh.model_name(body))
-    raise ApiError(501, "not_implemented", f"model '{sh.tagged(name)}' does not support embeddings: bubo serves "
-                                           "text generation models here and has no embedding model yet")
+    engine, rt, load_s = _embedder(name, body, t0)
+    out = emb.ollama_embed(body, sh.tagged(name), t0, load_s, engine, rt)
+    return jsonify(out)
+
+
+@blueprint.post("/api/embeddings")
+def embeddings_legacy() -> Any:
+    """Ollama's older route: `prompt` (one string) -> `embedding`, not normalised."""
+    t0 = time.monotonic()
+    body = json_body()
+    name = served(sh.model_name(body))
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise invalid("'prompt' must be a string")
+    engine, rt, _ = _embedder(name, body, t0)
+    out = emb.run(engine, rt, [prompt], truncate=True, normalize=False)
+    return jsonify({"embedding": [float(x) for x in out.vectors[0]]})
+
+
+def _embedder(name: str, body: dict[str, Any], t0: float) -> tuple[ServingEngine, Runtime, float]:
+    engine, rt, load_s = _engine(name, sh.keep_alive_of(body.get("keep_alive")), t0)
+    if not embedding.is_encoder(rt):
+        raise ApiError(501, "not_implemented", f"model '{sh.tagged(name)}' does not support embeddings: it is a "
+                                               f"text-generation model ({rt.hparams.get('arch')}); pull and serve an "
+                                               "embedding model such as all-minilm:l6-v2")
+    return engine, rt, load_s
 
 
 @blueprint.post("/api/create")

@@ -1,0 +1,188 @@
+"""Embeddings routes: OpenAI's POST /v1/embeddings, llama-server's /embedding and /embeddings
+(Ollama's /api/embed and /api/embeddings live with the Ollama routes and share this parsing).
+
+They answer for an encoder (an embedding model such as all-minilm:l6-v2); for a text-generation
+model they keep the 501 not_implemented of the reference. All the inputs of one request go to the
+engine as one job: one batch through the encoder.
+
+Decisions where the peers differ or are silent:
+- an empty string is embedded (an encoder sees [CLS] [SEP]), as llama-server does; an empty
+  list, or an input that tokenizes to nothing, is 400;
+- an input longer than the model's context is 400 context_length_exceeded (llama-server refuses
+  it too, with a 500); `"truncate": true` in the body cuts it to fit instead, as Ollama's
+  /api/embed does by default;
+- `dimensions` must equal the model's width: none of the served encoders was trained to be cut
+  short (Matryoshka), so a smaller one is 400 rather than a silently worse vector.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from flask import Blueprint, jsonify
+
+from bubo import embed as embedding
+from bubo.api import errors
+from bubo.api.errors import ApiError
+from bubo.api.fields import invalid
+from bubo.api.request import json_body, optional_model, runtime_of, use_model
+from bubo.engine.protocol import ServingEngine
+from bubo.engine.types import EngineRefusal
+
+blueprint = Blueprint("embeddings", __name__)
+
+MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def parse_inputs(value: Any, field: str = "input") -> list[str | list[int]]:
+    """A string, a list of strings, a list of token ids, or a list of such lists: one item each."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise invalid(f"'{field}' must be a string, a list of strings, a list of token ids or a list of token id "
+                      f"lists, not {type(value).__name__ if value is not None else 'null'}")
+    if not value:
+        raise invalid(f"'{field}' must not be empty")
+    if _is_ids(value):
+        return [list(value)]
+    if len(value) > MAX_INPUTS:
+        raise invalid(f"'{field}' has {len(value)} items; at most {MAX_INPUTS} per request")
+    items: list[str | list[int]] = []
+    for i, x in enumerate(value):
+        if isinstance(x, str):
+            items.append(x)
+        elif _is_ids(x) and x:
+            items.append(list(x))
+        else:
+            raise invalid(f"'{field}[{i}]' must be a string or a non-empty list of token ids")
+    return items
+
+
+def _bool(body: dict[str, Any], key: str, default: bool) -> bool:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise invalid(f"'{key}' must be a boolean")
+    return v
+
+
+def encoder_of(name: str) -> tuple[ServingEngine, Any]:
+    """The model's engine and runtime when it is an embedding model; 501 for a text model."""
+    engine = use_model(name)
+    rt = runtime_of(engine)
+    if not embedding.is_encoder(rt):
+        raise ApiError(501, "not_implemented", f"the model {name} is a text-generation model "
+                                               f"({rt.hparams.get('arch')}): it does not serve embeddings; serve an "
+                                               "embedding model (bubo serve -m all-minilm:l6-v2 --embedding)")
+    return engine, rt
+
+
+def run(engine: ServingEngine, rt: Any, items: Sequence[str | list[int]], truncate: bool,
+        normalize: bool = True) -> embedding.Embedded:
+    """Tokenize, check and embed one request's inputs (one job on the engine thread)."""
+    try:
+        seqs, cut = embedding.tokenize(rt, items, embedding.max_tokens(rt), truncate)
+    except embedding.TooLongError as e:
+        raise ApiError(400, "context_length_exceeded", str(e)) from None
+    except EngineRefusal as e:
+        raise errors.from_refusal(e) from None
+    try:
+        vectors = engine.embed(seqs, None, normalize).result()
+    except EngineRefusal as e:
+        raise errors.from_refusal(e) from None
+    return embedding.Embedded(vectors, [len(s) for s in seqs], cut)
+
+
+def _dimensions(body: dict[str, Any], width: int) -> None:
+    dims = body.get("dimensions")
+    if dims is None:
+        return
+    if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
+        raise invalid("'dimensions' must be a positive integer")
+    if dims != width:
+        raise invalid(f"'dimensions' {dims}: this model's embeddings have {width} dimensions and it was not trained "
+                      "to be cut shorter; leave 'dimensions' out")
+
+
+def _encode(vec: np.ndarray, fmt: str) -> Any:
+    if fmt == "base64":
+        return base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode("ascii")
+    return [float(x) for x in vec]
+
+
+@blueprint.post("/v1/embeddings")
+def openai_embeddings() -> Any:
+    body = json_body()
+    name = optional_model(body)
+    if "input" not in body:
+        raise invalid("'input' is required")
+    items = parse_inputs(body["input"])
+    fmt = body.get("encoding_format", "float")
+    if fmt is None:
+        fmt = "float"
+    if fmt not in ("float", "base64"):
+        raise invalid(f"'encoding_format' must be \"float\" or \"base64\", not {fmt!r}")
+    truncate = _bool(body, "truncate", False)
+    engine, rt = encoder_of(name)
+    _dimensions(body, int(rt.hparams["n_embd"]))
+    out = run(engine, rt, items, truncate)
+    n_tokens = sum(out.n_tokens)
+    data = []
+    for i, vec in enumerate(out.vectors):
+        item: dict[str, Any] = {"object": "embedding", "index": i, "embedding": _encode(vec, fmt)}
+        if out.truncated[i]:
+            item["truncated"] = True
+        data.append(item)
+    return jsonify({"object": "list", "data": data, "model": name,
+                    "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+
+def _normalize_of(body: dict[str, Any]) -> bool:
+    """llama-server's embd_normalize: 2 (Euclidean, the default) or -1 (none); the others (max
+    absolute, taxicab, p-norms) are refused rather than done differently."""
+    v = body.get("embd_normalize", 2)
+    if isinstance(v, bool) or not isinstance(v, int) or v not in (-1, 2):
+        raise invalid("'embd_normalize' must be 2 (Euclidean, the default) or -1 (none); bubo does not do "
+                      "max-absolute, taxicab or p-norm normalisation")
+    return v == 2
+
+
+@blueprint.post("/embedding")
+@blueprint.post("/embeddings")
+def llama_embeddings() -> Any:
+    body = json_body()
+    name = optional_model(body)
+    key = "content" if "content" in body else "input"
+    if key not in body:
+        raise invalid("'content' is required")
+    items = parse_inputs(body[key], key)
+    normalize = _normalize_of(body)
+    truncate = _bool(body, "truncate", False)
+    engine, rt = encoder_of(name)
+    out = run(engine, rt, items, truncate, normalize)
+    # llama-server's shape: one entry per input, its pooled vector as a list of one row
+    return jsonify([{"index": i, "embedding": [[float(x) for x in vec]]} for i, vec in enumerate(out.vectors)])
+
+
+def ollama_embed(body: dict[str, Any], name: str, t0: float, load_s: float, engine: ServingEngine,
+                 rt: Any) -> dict[str, Any]:
+    """Ollama's /api/embed answer: `input` (a string or a list of strings), `truncate` (default
+    true), `dimensions`."""
+    if "input" not in body:
+        raise invalid("'input' is required")
+    items = parse_inputs(body["input"])
+    truncate = _bool(body, "truncate", True)
+    _dimensions(body, int(rt.hparams["n_embd"]))
+    out = run(engine, rt, items, truncate)
+    total_ns = int((time.monotonic() - t0) * 1e9)
+    return {"model": name, "embeddings": [[float(x) for x in v] for v in out.vectors],
+            "total_duration": total_ns, "load_duration": int(load_s * 1e9), "prompt_eval_count": sum(out.n_tokens)}
