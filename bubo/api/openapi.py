@@ -1068,13 +1068,43 @@ def document(config: ServerConfig, registry: Registry | None = None, debug: bool
                                   "content": {JSON: {"schema": obj({"html": STR}, ["html"])}}}},
         }, (400, 413))
 
+    # --- embeddings (an embedding model; 501 on a text model) ---
+    emb_input = desc({"anyOf": [STR, arr(STR), arr(NAT), arr(arr(NAT))]},
+                     "a text, texts, token ids, or lists of token ids (at most 2048 items)")
+    not_embedding = _error(501, text="Code not_implemented: the model is a text-generation model")
+    emb_errors = (400, 404, 413, 500, 507) if router else (400, 413, 500)
+    d.add(("/v1/embeddings",), "post", {
+        "operationId": "embeddings", "summary": "Embeddings of texts or token ids (OpenAI)", "tags": ["OpenAI"],
+        "requestBody": _body(obj({"input": emb_input, "model": d.optional_model_field(),
+                                  "encoding_format": {"enum": ["float", "base64", None]},
+                                  "dimensions": {"type": ["integer", "null"], "minimum": 1}, "truncate": OPT_BOOL,
+                                  "user": STR}, ["input"], closed=False),
+                             {"input": ["Hello world", "Goodbye"]}),
+        "responses": {"200": _ok(obj({
+            "object": STR, "model": STR,
+            "data": arr(obj({"object": STR, "index": NAT, "embedding": {"anyOf": [arr(NUM), STR]},
+                             "truncated": {"type": "boolean"}}, ["object", "index", "embedding"])),
+            "usage": obj({"prompt_tokens": NAT, "total_tokens": NAT}, ["prompt_tokens", "total_tokens"]),
+        }, ["object", "data", "model", "usage"]), "One vector per input, L2-normalised (base64: little-endian "
+                                                 "float32)"), "501": not_embedding},
+    }, emb_errors)
+    d.add(("/embedding", "/embeddings"), "post", {
+        "operationId": "embedding", "summary": "Embeddings (llama-server)", "tags": ["llama-server"],
+        "requestBody": _body(obj({"content": emb_input, "input": emb_input, "model": d.optional_model_field(),
+                                  "embd_normalize": {"enum": [-1, 2]}, "truncate": OPT_BOOL}, closed=False),
+                             {"content": "Hello world"}),
+        "responses": {"200": _ok(arr(obj({"index": NAT, "embedding": arr(arr(NUM))}, ["index", "embedding"])),
+                                 "One entry per input: its pooled vector as a list of one row"),
+                      "501": not_embedding},
+    }, emb_errors)
+
     # --- Ollama ---
     from bubo.api.ollama.openapi import add_paths
 
     ollama_shapes = add_paths(d, names, example_model)
 
     # --- paths that exist but answer 501 on a text model ---
-    for path in ("/v1/embeddings", "/v1/rerank", "/v1/reranking", "/rerank", "/sdapi/v1/{rest}"):
+    for path in ("/v1/rerank", "/v1/reranking", "/rerank", "/sdapi/v1/{rest}"):
         for method in ("get", "post"):
             op: Schema = {"operationId": "not_implemented", "summary": "Not implemented for a text model",
                           "tags": ["bubo"],

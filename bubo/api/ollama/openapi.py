@@ -189,13 +189,27 @@ def add_paths(d: Any, names: list[str], example_model: str) -> dict[str, Schema]
                                 {"source": "nothing:here", "destination": "copy:latest"}),
         "responses": {"200": {"description": "Copied (no body)"}},
     }, (400, 404, 413), ollama=True)
-    for path, op_id in (("/api/embed", "ollama_embed"), ("/api/embeddings", "ollama_embeddings")):
-        d.add((path,), "post", {
-            "operationId": op_id, "summary": "Embeddings (Ollama): not for a text model", "tags": [TAG],
-            "requestBody": oa._body(obj({"model": model, "input": {}, "prompt": STR}, closed=False),
-                                    {"model": example_model, "input": "hello"}),
-            "responses": {"501": oa._error(501, text="The model makes no embeddings", ollama=True)},
-        }, (400, 404, 413), ollama=True)
+    emb_in = {"anyOf": [STR, arr(STR)]}
+    d.add(("/api/embed",), "post", {
+        "operationId": "ollama_embed", "summary": "Embeddings (Ollama; 501 for a text-generation model)",
+        "tags": [TAG],
+        "requestBody": oa._body(obj({"model": model, "input": emb_in, "truncate": oa.OPT_BOOL, "keep_alive": {},
+                                     "dimensions": {"type": ["integer", "null"], "minimum": 1}, "options": {}},
+                                    ["model", "input"], closed=False),
+                                {"model": example_model, "input": ["hello", "world"]}),
+        "responses": {"200": oa._ok(obj({"model": STR, "embeddings": arr(arr(NUM)), "total_duration": NAT,
+                                         "load_duration": NAT, "prompt_eval_count": NAT}, ["model", "embeddings"]),
+                                    "One L2-normalised vector per input"),
+                      "501": oa._error(501, text="The model makes no embeddings", ollama=True)},
+    }, (400, 404, 413, 500), ollama=True)
+    d.add(("/api/embeddings",), "post", {
+        "operationId": "ollama_embeddings", "summary": "One embedding, not normalised (Ollama's older route)",
+        "tags": [TAG],
+        "requestBody": oa._body(obj({"model": model, "prompt": STR, "keep_alive": {}, "options": {}},
+                                    ["model", "prompt"], closed=False), {"model": example_model, "prompt": "hello"}),
+        "responses": {"200": oa._ok(obj({"embedding": arr(NUM)}, ["embedding"]), "The vector"),
+                      "501": oa._error(501, text="The model makes no embeddings", ollama=True)},
+    }, (400, 404, 413, 500), ollama=True)
     for path, op_id in (("/api/create", "ollama_create"), ("/api/push", "ollama_push"),
                         ("/api/blobs/{digest}", "ollama_blobs")):
         op: Schema = {"operationId": op_id, "summary": "Not implemented: bubo creates and publishes no models",
