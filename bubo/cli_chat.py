@@ -174,6 +174,8 @@ class ModelCard:
         return _section("Model", [f"{k:<20}{v}" for k, v in rows])
 
     def capabilities(self) -> str:
+        if self.architecture == "bert":
+            return _section("Capabilities", ["embedding"])
         return _section("Capabilities", ["completion", "chat"] if self.template else ["completion"])
 
     def template_summary(self) -> str:

@@ -630,6 +630,7 @@ class Model:
     def _request(self, ids: list[int], params: SamplingParams, max_tokens: int | None, stop: str | Iterable[str],
                  n_probs: int | None, grammar: Grammar | None, ignore_eos: bool = False,
                  draft_max: int | None = None) -> GenerationRequest:
+        self._generative()
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
                                        or max_tokens <= 0):
             raise ValueError(f"max_tokens must be a positive integer (or None for no limit), got {max_tokens!r}")
@@ -648,6 +649,11 @@ class Model:
         return GenerationRequest(ids, params, max_tokens, _stop_list(stop), n_probs or 0, ignore_eos=ignore_eos,
                                  grammar=grammar, draft_max=draft_max)
 
+    def _generative(self) -> None:
+        """EncoderOnlyError for an embedding model, before anything reads a chat template."""
+        if self._live().sched is None:
+            raise embedding.EncoderOnlyError(self.name, str(self.hparams.get("arch")))
+
     def _chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams, *,
               tools: Sequence[dict[str, Any]] | None, tool_choice: Any, parallel_tool_calls: bool,
               thinking: bool | None, chat_template_kwargs: Mapping[str, Any] | None, max_tokens: int | None,
@@ -655,6 +661,7 @@ class Model:
               n_probs: int | None, draft_max: int | None = None) -> ChatStream:
         """The server's chat request, read by its rules (bubo.chat.request) in its order and
         prepared by its code (bubo.chat.prepare)."""
+        self._generative()
         from bubo.chat.prepare import prepare_chat
         from bubo.chat.request import (
             chat_messages,

@@ -507,7 +507,11 @@ def _weights_bytes(source: str) -> int | None:
         name = store.catalog_name(source)
     except store.UnknownModelError:
         return None
-    return store.CATALOG[name].size if name is not None else None
+    if name is None:
+        return None
+    if store.is_stored(name):
+        return os.path.getsize(store.model_path(name))
+    return store.CATALOG[name].gguf_size  # None for a converted model: its GGUF's size is known once written
 
 
 def _is_path(source: str) -> bool:

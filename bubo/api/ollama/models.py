@@ -85,7 +85,7 @@ def digest(entry: ModelEntry, path: Path | None) -> str:
         name = None
     if name is None and path is not None:
         name = next((m.name for m in store.CATALOG.values() if m.filename == path.name), None)
-    return store.CATALOG[name].sha256 if name is not None else ""
+    return (store.stored_sha256(name) or "") if name is not None else ""
 
 
 def _size(path: Path | None) -> int:
@@ -121,7 +121,9 @@ def tags(reg: Registry) -> dict[str, Any]:
 def capabilities(meta: dict[str, Any]) -> list[str]:
     """What the model can be asked for: completion always; tools with a chat template (bubo
     describes tools to a template that does not show them); insert with fill-in-the-middle
-    tokens; thinking when its template thinks."""
+    tokens; thinking when its template thinks. An embedding model (bert): embedding only."""
+    if meta.get("general.architecture") == "bert":
+        return ["embedding"]
     out = ["completion"]
     template = meta.get("tokenizer.chat_template")
     if isinstance(template, str) and template:
