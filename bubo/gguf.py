@@ -9,7 +9,7 @@ from bubo.errors import UnsupportedError
 __all__ = ["GGUFFile", "TensorInfo", "SUPPORTED_ARCHITECTURES", "check_model_file"]
 
 # general.architecture values that bubo has a forward pass for
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "bert")
 
 
 def check_model_file(f: GGUFFile) -> str:

@@ -130,7 +130,13 @@ class Runtime:
 
     @property
     def chat_template(self) -> ChatTemplate:
-        """The compiled template (NoChatTemplateError for a model without one)."""
+        """The compiled template (NoChatTemplateError for a model without one, or an embedding
+        model: it generates no text)."""
+        if not self.hparams.get("causal", True):
+            from bubo.chat import NoChatTemplateError
+            from bubo.embed import EncoderOnlyError
+
+            raise NoChatTemplateError(str(EncoderOnlyError(self.name, str(self.hparams.get("arch")))))
         if self._template is None:
             tok = self.tokenizer
 
