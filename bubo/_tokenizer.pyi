@@ -1,4 +1,5 @@
-"""The native tokenizers (byte-level BPE, SentencePiece) as llama.cpp runs them."""
+"""The native tokenizers (byte-level BPE, SentencePiece) as llama.cpp runs them, and WordPiece as
+Hugging Face's BERT tokenizer runs it."""
 
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ class Tokenizer:
     def add_bos(self) -> bool: ...
     @property
     def add_eos(self) -> bool: ...
+    @property
+    def add_sep(self) -> bool: ...
     @property
     def add_space_prefix(self) -> bool: ...
 

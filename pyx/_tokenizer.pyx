@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""The native tokenizers (byte-level BPE, SentencePiece) as llama.cpp runs them."""
+"""The native tokenizers (byte-level BPE, SentencePiece) as llama.cpp runs them, and WordPiece as
+Hugging Face's BERT tokenizer runs it."""
 
 import os
 import warnings
@@ -46,7 +47,7 @@ cdef class Tokenizer:
 
     Tokenizer(path) reads tokenizer.ggml.* from the file and closes it; Tokenizer.from_bytes(data)
     reads a GGUF image in memory. Bad or missing metadata raises GGUFError (UnsupportedError for
-    a tokenizer model other than "gpt2" and "llama") naming the file and the key. An unknown
+    a tokenizer model other than "gpt2", "llama" and "bert") naming the file and the key. An unknown
     tokenizer.ggml.pre is not an error: a warning says which rule is used instead."""
     cdef bubo_tokenizer *t
     cdef object _name
@@ -113,10 +114,10 @@ cdef class Tokenizer:
 
     def encode(self, text, bint add_special=True, bint parse_special=False, text_spans=None):
         """Token ids of text (str, or bytes taken as UTF-8). add_special: BOS/EOS as the model's
-        metadata asks; parse_special: the text of control tokens ("<|im_start|>") becomes those
-        tokens instead of plain text, except inside text_spans: (start, end) ranges of text
-        (characters of a str, bytes of bytes), sorted and not overlapping, that stay plain text
-        (a chat prompt: what came from the messages)."""
+        metadata asks (WordPiece: [CLS] and [SEP]); parse_special: the text of control tokens
+        ("<|im_start|>", "[MASK]") becomes those tokens instead of plain text, except inside
+        text_spans: (start, end) ranges of text (characters of a str, bytes of bytes), sorted and
+        not overlapping, that stay plain text (a chat prompt: what came from the messages)."""
         cdef const bubo_tokenizer *t = self._t()
         cdef bytes data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         cdef const char *s = data
@@ -254,7 +255,8 @@ cdef class Tokenizer:
 
     @property
     def model(self):
-        """tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece)."""
+        """tokenizer.ggml.model: "gpt2" (byte-level BPE), "llama" (SentencePiece) or "bert"
+        (WordPiece)."""
         return bubo_tokenizer_model_name(self._t()).decode()
 
     @property
@@ -295,6 +297,11 @@ cdef class Tokenizer:
     @property
     def add_eos(self):
         return bubo_tokenizer_add_eos(self._t()) != 0
+
+    @property
+    def add_sep(self):
+        """WordPiece: add_special ends the text with the separator ([SEP])."""
+        return bubo_tokenizer_add_sep(self._t()) != 0
 
     @property
     def add_space_prefix(self):

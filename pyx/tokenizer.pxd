@@ -12,6 +12,7 @@ cdef extern from "bubo/tokenizer.h" nogil:
     ctypedef enum bubo_tokenizer_model:
         BUBO_TOKENIZER_BPE
         BUBO_TOKENIZER_SPM
+        BUBO_TOKENIZER_WPM
 
     enum:
         BUBO_TOKEN_ATTR_UNDEFINED
@@ -58,6 +59,7 @@ cdef extern from "bubo/tokenizer.h" nogil:
     bubo_token bubo_tokenizer_special(const bubo_tokenizer *t, bubo_special role)
     int bubo_tokenizer_add_bos(const bubo_tokenizer *t)
     int bubo_tokenizer_add_eos(const bubo_tokenizer *t)
+    int bubo_tokenizer_add_sep(const bubo_tokenizer *t)
     int bubo_tokenizer_add_space_prefix(const bubo_tokenizer *t)
     uint32_t bubo_tokenizer_attr(const bubo_tokenizer *t, bubo_token id)
     int bubo_tokenizer_is_eog(const bubo_tokenizer *t, bubo_token id)

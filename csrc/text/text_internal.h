@@ -176,6 +176,12 @@ struct bubo_tokenizer {
     int add_bos, add_eos, add_space_prefix;
     int ignore_merges; /* a word that is a token as a whole skips the merges (llama3) */
     int clean_spaces;  /* detokenize removes " ," " ." ... as llama.cpp's clean-up */
+    int add_sep;       /* WordPiece: add_special ends the text with SEP */
+
+    /* WordPiece: BertNormalizer's options (tokenizer.ggml.wordpiece.*) and the word limit */
+    int wpm_lowercase, wpm_strip_accents, wpm_chinese_chars;
+    uint32_t wpm_max_word_chars; /* a longer word (in code points) is one unknown token */
+    uint32_t max_token_len;      /* bytes of the longest token text */
 };
 
 /* tokenize helpers */
@@ -192,10 +198,21 @@ static inline void bubo_sink_push(bubo_tok_sink *s, bubo_token id) {
 
 int32_t bubo_strmap_get(const bubo_tokenizer *t, const char *s, size_t n);
 
-/* Byte-level BPE / SentencePiece over one raw-text fragment (SentencePiece: prefix_space puts
- * a space before it). 0 on allocation failure. */
+/* Byte-level BPE / SentencePiece / WordPiece over one raw-text fragment (SentencePiece:
+ * prefix_space puts a space before it). 0 on allocation failure. */
 int bubo_bpe_fragment(const bubo_tokenizer *t, const uint8_t *text, size_t len, bubo_tok_sink *sink);
 int bubo_spm_fragment(const bubo_tokenizer *t, const uint8_t *text, size_t len, int prefix_space,
                       bubo_tok_sink *sink);
+int bubo_wpm_fragment(const bubo_tokenizer *t, const uint8_t *text, size_t len, bubo_tok_sink *sink);
+
+// ---------------------------------------------------------------------------------------------
+// WordPiece code point classes (generated table; the values are fixed by gen_wordpiece.py)
+
+#define BUBO_WPM_OTHER 0
+#define BUBO_WPM_DROP 1    /* clean_text removes it: controls, format, private use, U+0000, U+FFFD */
+#define BUBO_WPM_SPACE 2   /* White_Space: clean_text makes it a space, the pre-tokenizer splits */
+#define BUBO_WPM_PUNCT 3   /* BERT's punctuation: a word of its own */
+#define BUBO_WPM_MARK 4    /* Mn: strip_accents drops it */
+#define BUBO_WPM_CHINESE 5 /* a CJK ideograph: spaced apart */
 
 #endif

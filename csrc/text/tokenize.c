@@ -190,15 +190,21 @@ bubo_status bubo_tokenize_spans(const bubo_tokenizer *t, const char *text, size_
         } else {
             size_t j = i;
             while (j < len && p.state[j] == RAW) j++;
-            int ok = t->model == BUBO_TOKENIZER_SPM
-                         ? bubo_spm_fragment(t, s + i, j - i, t->add_space_prefix && prev_special, &sink)
-                         : bubo_bpe_fragment(t, s + i, j - i, &sink);
+            int ok;
+            switch (t->model) {
+            case BUBO_TOKENIZER_SPM:
+                ok = bubo_spm_fragment(t, s + i, j - i, t->add_space_prefix && prev_special, &sink);
+                break;
+            case BUBO_TOKENIZER_WPM: ok = bubo_wpm_fragment(t, s + i, j - i, &sink); break;
+            default: ok = bubo_bpe_fragment(t, s + i, j - i, &sink); break;
+            }
             if (!ok) goto nomem;
             prev_special = 0;
             i = j;
         }
     }
     if (add_special && t->add_eos) bubo_sink_push(&sink, t->special_ids[BUBO_SPECIAL_EOS]);
+    if (add_special && t->add_sep) bubo_sink_push(&sink, t->special_ids[BUBO_SPECIAL_SEP]); /* BERT's [SEP] */
 
     free(p.state);
     free(p.token_at);

@@ -16,6 +16,12 @@
 #define KEY_ADD_BOS "tokenizer.ggml.add_bos_token"
 #define KEY_ADD_EOS "tokenizer.ggml.add_eos_token"
 #define KEY_ADD_PREFIX "tokenizer.ggml.add_space_prefix"
+#define KEY_ADD_SEP "tokenizer.ggml.add_sep_token"
+/* BertNormalizer's options and WordPiece's word limit: bubo's keys, absent in llama.cpp's files */
+#define KEY_WPM_LOWERCASE "tokenizer.ggml.wordpiece.lowercase"
+#define KEY_WPM_STRIP_ACCENTS "tokenizer.ggml.wordpiece.strip_accents"
+#define KEY_WPM_CHINESE_CHARS "tokenizer.ggml.wordpiece.chinese_chars"
+#define KEY_WPM_MAX_WORD_CHARS "tokenizer.ggml.wordpiece.max_input_chars_per_word"
 
 /* tokenizer.ggml.token_type values (llama.cpp's llama_token_type) */
 enum {
@@ -475,7 +481,8 @@ static size_t make_piece(const bubo_tokenizer *t, uint32_t id, char *out) {
     piece_writer w = {out, 0};
     if (attr & (BUBO_TOKEN_ATTR_UNKNOWN | BUBO_TOKEN_ATTR_CONTROL | BUBO_TOKEN_ATTR_USER_DEFINED)) {
         put(&w, s, n);
-    } else if ((attr & BUBO_TOKEN_ATTR_NORMAL) && t->model == BUBO_TOKENIZER_SPM) {
+    } else if ((attr & BUBO_TOKEN_ATTR_NORMAL) && (t->model == BUBO_TOKENIZER_SPM || t->model == BUBO_TOKENIZER_WPM)) {
+        /* U+2581 back to a space: SentencePiece's spaces, WordPiece's phantom space before a word */
         for (size_t i = 0; i < n;) {
             if (i + 3 <= n && memcmp(s + i, ESCAPED_SPACE, 3) == 0) {
                 put(&w, " ", 1);
@@ -569,6 +576,31 @@ static int contains_ci(const char *s, size_t n, const char *needle) {
     return 0;
 }
 
+/* an optional bool: absent keeps *out; present with another type is a format error */
+static bubo_status optional_bool(loader *L, const char *key, int *out) {
+    if (!bubo_gguf_get(L->g, key)) return BUBO_OK;
+    if (!bubo_gguf_get_bool(L->g, key, out)) return bubo_set_err(L->err, BUBO_ERR_FORMAT, "%s: expected a bool", key);
+    return BUBO_OK;
+}
+
+/* WordPiece: the options default to BERT's uncased ones, as in files from llama.cpp's converter */
+static bubo_status load_wordpiece(loader *L) {
+    bubo_tokenizer *t = L->t;
+    bubo_status st;
+    t->wpm_lowercase = t->wpm_strip_accents = t->wpm_chinese_chars = 1;
+    t->wpm_max_word_chars = 100;
+    if ((st = optional_bool(L, KEY_WPM_LOWERCASE, &t->wpm_lowercase))) return st;
+    if ((st = optional_bool(L, KEY_WPM_STRIP_ACCENTS, &t->wpm_strip_accents))) return st;
+    if ((st = optional_bool(L, KEY_WPM_CHINESE_CHARS, &t->wpm_chinese_chars))) return st;
+    if (bubo_gguf_get(L->g, KEY_WPM_MAX_WORD_CHARS)) {
+        uint64_t n;
+        if (!bubo_gguf_get_u64(L->g, KEY_WPM_MAX_WORD_CHARS, &n))
+            return bubo_set_err(L->err, BUBO_ERR_FORMAT, "%s: expected an unsigned integer", KEY_WPM_MAX_WORD_CHARS);
+        t->wpm_max_word_chars = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+    }
+    return BUBO_OK;
+}
+
 bubo_status bubo_tokenizer_from_gguf(const bubo_gguf *g, bubo_tokenizer **out, bubo_err *err) {
     *out = NULL;
     bubo_tokenizer *t = calloc(1, sizeof *t);
@@ -598,8 +630,18 @@ bubo_status bubo_tokenizer_from_gguf(const bubo_gguf *g, bubo_tokenizer **out, b
         t->special_ids[BUBO_SPECIAL_UNK] = 0;
         t->add_space_prefix = 1;
         t->add_bos = 1;
+    } else if (bubo_gguf_str_eq(model, "bert")) {
+        t->model = BUBO_TOKENIZER_WPM;
+        t->special_ids[BUBO_SPECIAL_BOS] = 101; /* [CLS] */
+        t->special_ids[BUBO_SPECIAL_UNK] = 100;
+        t->special_ids[BUBO_SPECIAL_SEP] = 102;
+        t->special_ids[BUBO_SPECIAL_PAD] = 0;
+        t->special_ids[BUBO_SPECIAL_MASK] = 103;
+        t->add_bos = 1;
+        t->add_sep = 1;
+        t->clean_spaces = 1;
     } else {
-        st = bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "%s: '%.*s' is not supported (bubo runs gpt2 and llama)", KEY_MODEL,
+        st = bubo_set_err(err, BUBO_ERR_UNSUPPORTED, "%s: '%.*s' is not supported (bubo runs gpt2, llama and bert)", KEY_MODEL,
                           (int)(model.len > 64 ? 64 : model.len), model.data);
         goto fail;
     }
@@ -633,6 +675,10 @@ bubo_status bubo_tokenizer_from_gguf(const bubo_gguf *g, bubo_tokenizer **out, b
 
     if ((st = load_tokens(&L))) goto fail;
     if (t->model == BUBO_TOKENIZER_BPE && (st = load_merges(&L))) goto fail;
+    if (t->model == BUBO_TOKENIZER_WPM && (st = load_wordpiece(&L))) goto fail;
+    for (uint32_t id = 0; id < t->n_vocab; id++) {
+        if (t->text_len[id] > t->max_token_len) t->max_token_len = t->text_len[id];
+    }
     build_byte_tables(t);
 
     /* the newline token, as llama.cpp finds it (it falls back to the padding token's default,
@@ -640,6 +686,8 @@ bubo_status bubo_tokenizer_from_gguf(const bubo_gguf *g, bubo_tokenizer **out, b
     int32_t linefeed;
     if (t->model == BUBO_TOKENIZER_SPM) {
         linefeed = t->spm_byte_token['\n'];
+    } else if (t->model == BUBO_TOKENIZER_WPM) {
+        linefeed = t->special_ids[BUBO_SPECIAL_PAD]; /* llama.cpp's choice; WordPiece has no newline */
     } else {
         bubo_token ids[4];
         bubo_tok_sink sink = {ids, 4, 0};
@@ -671,9 +719,11 @@ bubo_status bubo_tokenizer_from_gguf(const bubo_gguf *g, bubo_tokenizer **out, b
 
     if (bubo_gguf_get_bool(g, KEY_ADD_BOS, &flag)) t->add_bos = flag;
     if (bubo_gguf_get_bool(g, KEY_ADD_EOS, &flag)) t->add_eos = flag;
+    if (t->model == BUBO_TOKENIZER_WPM && bubo_gguf_get_bool(g, KEY_ADD_SEP, &flag)) t->add_sep = flag;
     /* llama.cpp asserts on adding a BOS/EOS it does not have; we add nothing instead */
     if (t->special_ids[BUBO_SPECIAL_BOS] < 0) t->add_bos = 0;
     if (t->special_ids[BUBO_SPECIAL_EOS] < 0) t->add_eos = 0;
+    if (t->special_ids[BUBO_SPECIAL_SEP] < 0) t->add_sep = 0;
 
     fix_up_special(&L);
     if ((st = build_special(&L))) goto fail;
@@ -727,7 +777,14 @@ void bubo_tokenizer_free(bubo_tokenizer *t) {
 // getters
 
 bubo_tokenizer_model bubo_tokenizer_model_type(const bubo_tokenizer *t) { return t->model; }
-const char *bubo_tokenizer_model_name(const bubo_tokenizer *t) { return t->model == BUBO_TOKENIZER_BPE ? "gpt2" : "llama"; }
+const char *bubo_tokenizer_model_name(const bubo_tokenizer *t) {
+    switch (t->model) {
+    case BUBO_TOKENIZER_BPE: return "gpt2";
+    case BUBO_TOKENIZER_SPM: return "llama";
+    case BUBO_TOKENIZER_WPM: return "bert";
+    }
+    return "";
+}
 const char *bubo_tokenizer_pre(const bubo_tokenizer *t) { return t->pre_name; }
 const char *bubo_tokenizer_warning(const bubo_tokenizer *t) { return t->warning[0] ? t->warning : NULL; }
 uint32_t bubo_tokenizer_n_vocab(const bubo_tokenizer *t) { return t->n_vocab; }
@@ -736,6 +793,7 @@ bubo_token bubo_tokenizer_special(const bubo_tokenizer *t, bubo_special role) {
 }
 int bubo_tokenizer_add_bos(const bubo_tokenizer *t) { return t->add_bos; }
 int bubo_tokenizer_add_eos(const bubo_tokenizer *t) { return t->add_eos; }
+int bubo_tokenizer_add_sep(const bubo_tokenizer *t) { return t->add_sep; }
 int bubo_tokenizer_add_space_prefix(const bubo_tokenizer *t) { return t->add_space_prefix; }
 
 static int in_vocab(const bubo_tokenizer *t, bubo_token id) { return id >= 0 && (uint32_t)id < t->n_vocab; }

@@ -94,3 +94,26 @@ def spm_kv(pieces: list[tuple[str, float, int]], byte_tokens: bool = True, **mor
     }
     kv.update(more)
     return kv
+
+
+WPM_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def wpm_kv(vocab: list[str], **more) -> dict:
+    """A WordPiece vocabulary laid out as llama.cpp's converter (and bubo.convert) lay out BERT's:
+    [PAD] [UNK] [CLS] [SEP] [MASK] (control tokens, ids 0-4), then vocab given in vocab.txt form
+    ("the", "##ing"), stored in the "phantom space" form ("\u2581the", "ing")."""
+    tokens = WPM_SPECIALS + [t[2:] if t.startswith("##") else "\u2581" + t for t in vocab]
+    kv = {
+        "tokenizer.ggml.model": (VT.STRING, "bert"),
+        "tokenizer.ggml.tokens": (VT.ARRAY, tokens),
+        "tokenizer.ggml.token_type": (VT.ARRAY, [int(TT.CONTROL)] * 5 + [int(TT.NORMAL)] * len(vocab)),
+        "tokenizer.ggml.padding_token_id": (VT.UINT32, 0),
+        "tokenizer.ggml.unknown_token_id": (VT.UINT32, 1),
+        "tokenizer.ggml.bos_token_id": (VT.UINT32, 2),
+        "tokenizer.ggml.eos_token_id": (VT.UINT32, 3),
+        "tokenizer.ggml.seperator_token_id": (VT.UINT32, 3),
+        "tokenizer.ggml.mask_token_id": (VT.UINT32, 4),
+    }
+    kv.update(more)
+    return kv

@@ -1,5 +1,7 @@
 /* Tokenizers, as llama.cpp runs them: byte-level BPE (tokenizer.ggml.model = "gpt2") with the
- * pre-tokenizer named by tokenizer.ggml.pre, and SentencePiece (tokenizer.ggml.model = "llama").
+ * pre-tokenizer named by tokenizer.ggml.pre, and SentencePiece (tokenizer.ggml.model = "llama");
+ * and WordPiece ("bert") as Hugging Face's BERT tokenizer runs it (normaliser options from
+ * tokenizer.ggml.wordpiece.*, BERT's uncased defaults when absent).
  *
  * A bubo_tokenizer is built from an open GGUF file and copies everything it needs, so the file
  * may be closed afterwards. It is immutable once built: tokenize, detokenize and the getters may
@@ -25,6 +27,7 @@ typedef int32_t bubo_token;
 typedef enum {
     BUBO_TOKENIZER_BPE = 1, /* "gpt2": byte-level BPE with merges */
     BUBO_TOKENIZER_SPM = 2, /* "llama": SentencePiece scores, byte fallback */
+    BUBO_TOKENIZER_WPM = 3, /* "bert": WordPiece, longest match first, BERT's normaliser */
 } bubo_tokenizer_model;
 
 /* Token attributes: the same bits as llama.cpp's llama_token_attr, derived from
@@ -74,13 +77,14 @@ bubo_status bubo_tokenizer_from_gguf(const bubo_gguf *g, bubo_tokenizer **out, b
 void bubo_tokenizer_free(bubo_tokenizer *t);
 
 bubo_tokenizer_model bubo_tokenizer_model_type(const bubo_tokenizer *t);
-const char *bubo_tokenizer_model_name(const bubo_tokenizer *t); /* "gpt2" or "llama" */
+const char *bubo_tokenizer_model_name(const bubo_tokenizer *t); /* "gpt2", "llama" or "bert" */
 const char *bubo_tokenizer_pre(const bubo_tokenizer *t);        /* tokenizer.ggml.pre, "" if absent */
 const char *bubo_tokenizer_warning(const bubo_tokenizer *t);    /* NULL, or why results may differ */
 uint32_t bubo_tokenizer_n_vocab(const bubo_tokenizer *t);
 bubo_token bubo_tokenizer_special(const bubo_tokenizer *t, bubo_special role);
 int bubo_tokenizer_add_bos(const bubo_tokenizer *t);
 int bubo_tokenizer_add_eos(const bubo_tokenizer *t);
+int bubo_tokenizer_add_sep(const bubo_tokenizer *t); /* WordPiece: SEP ends the text ([CLS] text [SEP]) */
 int bubo_tokenizer_add_space_prefix(const bubo_tokenizer *t);
 /* 0 (UNDEFINED) for an id outside the vocabulary. */
 uint32_t bubo_tokenizer_attr(const bubo_tokenizer *t, bubo_token id);
@@ -91,7 +95,7 @@ const char *bubo_tokenizer_text(const bubo_tokenizer *t, bubo_token id, size_t *
 float bubo_tokenizer_score(const bubo_tokenizer *t, bubo_token id);
 
 /* tokenize flags */
-#define BUBO_TOKENIZE_ADD_SPECIAL 1u   /* BOS/EOS as the model's metadata asks */
+#define BUBO_TOKENIZE_ADD_SPECIAL 1u   /* BOS/EOS (WordPiece: CLS/SEP) as the model's metadata asks */
 #define BUBO_TOKENIZE_PARSE_SPECIAL 2u /* the text of control tokens becomes those tokens */
 
 /* Tokenize len bytes of text (UTF-8; invalid bytes are handled as llama.cpp does). On BUBO_OK,
