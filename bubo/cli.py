@@ -122,6 +122,11 @@ def _parser() -> _ArgParser:
     p.add_flag("--ui-config", default=None,
                help='the chat page\'s defaults for new conversations, JSON or a JSON file: {"temperature": 0.7, '
                     '"system": "...", "max_tokens": 512, ...}')
+    p.add_flag("--embedding", "--embeddings", action="store_true",
+               help="serve an embedding model (bert, e.g. all-minilm:l6-v2) for /v1/embeddings; a text-generation "
+                    "model is refused (an embedding model is served for embeddings with or without the flag)")
+    p.add_flag("--pooling", choices=("mean", "cls", "last"), default=None,
+               help="how an embedding model pools its token rows (default: the model file's pooling_type)")
     p.add_flag("--ollama", action="store_true",
                help="also listen on Ollama's port 11434, for clients that assume it (every route answers on both)")
     p.add_flag("--served-model-name", default=None, help="the model id clients use (default: the model's name)")
@@ -311,7 +316,6 @@ HABIT_NOTES: list[tuple[tuple[str, ...], bool, str]] = [
 HABIT_REFUSED: list[tuple[tuple[str, ...], bool, str]] = [
     (("-devd", "--device-draft", "-ngld", "--gpu-layers-draft"), True,
      "this build has no GPU backend: the draft model runs on the CPU"),
-    (("--embedding", "--embeddings"), False, "embeddings are not served yet"),
     (("--lora", "--lora-scaled", "--control-vector"), True, "adapters are not supported"),
     (("--mmproj", "--mmproj-url"), True, "images are not supported: the catalog models read text"),
     (("--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx"), True,
