@@ -199,7 +199,7 @@ def _parser() -> _ArgParser:
     p.add_argument("src", metavar="SRC_DIR", help="the checkpoint's directory: config.json, tokenizer.json, "
                    "model.safetensors (and 1_Pooling/config.json for a sentence-transformers model)")
     p.add_argument("out", metavar="OUT.gguf", help="the GGUF file to write (replaced only once complete)")
-    p.add_flag("--type", dest="out_type", choices=("f32", "f16", "q8_0"), default="f16",
+    p.add_flag("--type", dest="out_type", choices=("f32", "f16"), default="f16",
                help="the matrices' type (default f16; norms and biases stay f32)")
 
     p = sub.add_parser(

@@ -156,35 +156,24 @@ def test_converts_in_llamacpp_layout(tmp_path):
     assert list(tensors["blk.0.ffn_up.weight"].shape) == [32, 64]  # GGUF's order: the row length first
 
 
-@pytest.mark.parametrize("out_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("out_type", ["f16", "f32"])
 def test_matrix_types(tmp_path, out_type):
     src = tmp_path / "ckpt"
     w = make_checkpoint(src)
     out = tmp_path / "out.gguf"
     convert.convert_bert(src, out, out_type=out_type)
     meta, tensors = fields(out)
-    assert meta["general.file_type"] == {"f16": 1, "q8_0": 7}[out_type]
+    assert meta["general.file_type"] == {"f16": 1, "f32": 0}[out_type]
     assert meta["general.name"] == "test/tiny-bert"
-    matrix = "Q8_0" if out_type == "q8_0" else "F16"
+    matrix = out_type.upper()
     assert tensors["blk.0.attn_q.weight"].tensor_type.name == matrix
-    assert tensors["token_embd.weight"].tensor_type.name == "F16"  # looked up, never quantized
-    assert tensors["position_embd.weight"].tensor_type.name == "F16"
+    assert tensors["token_embd.weight"].tensor_type.name == matrix
+    assert tensors["position_embd.weight"].tensor_type.name == matrix
     assert tensors["blk.0.attn_q.bias"].tensor_type.name == "F32"
     assert tensors["token_types.weight"].tensor_type.name == "F32"
     q = tensors["blk.1.ffn_up.weight"]
     got = gguf.quants.dequantize(q.data, q.tensor_type).reshape(64, 32)
     np.testing.assert_allclose(got, w["encoder.layer.1.intermediate.dense.weight"], atol=2e-3)
-
-
-def test_q8_0_keeps_rows_that_are_not_whole_blocks_in_f16(tmp_path):
-    src = tmp_path / "ckpt"
-    make_checkpoint(src, hidden=8, ff=48)
-    out = tmp_path / "out.gguf"
-    convert.convert_bert(src, out, out_type="q8_0")
-    _, tensors = fields(out)
-    assert tensors["blk.0.attn_q.weight"].tensor_type.name == "F16"  # rows of 8
-    assert tensors["blk.0.ffn_down.weight"].tensor_type.name == "F16"  # rows of 48
-    assert tensors["blk.0.ffn_up.weight"].tensor_type.name == "F16"  # rows of 8
 
 
 def test_bert_prefix_bf16_and_no_pooling_config(tmp_path):
@@ -289,14 +278,14 @@ def test_convert_file_replaces_the_destination_only_when_complete(tmp_path, monk
     assert sorted(p.name for p in out.parent.iterdir()) == ["model.gguf"]
 
     monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", real)
-    assert convert.convert_file(src, out, out_type="q8_0") == out
-    assert fields(out)[0]["general.file_type"] == 7
+    assert convert.convert_file(src, out, out_type="f32") == out
+    assert fields(out)[0]["general.file_type"] == 0
     assert sorted(p.name for p in out.parent.iterdir()) == ["model.gguf"]
 
     with pytest.raises(FileNotFoundError, match="is not a directory"):
         convert.convert_file(src, tmp_path / "nowhere" / "x.gguf")
     with pytest.raises(convert.ConvertError, match="out_type must be one of"):
-        convert.convert_file(src, out, out_type="q4_0")
+        convert.convert_file(src, out, out_type="q8_0")
 
 
 def _bubo(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
@@ -310,10 +299,10 @@ def test_the_convert_command(tmp_path):
     src = tmp_path / "ckpt"
     make_checkpoint(src)
     out = tmp_path / "tiny.gguf"
-    p = _bubo("convert", str(src), str(out), "--type", "q8_0", home=tmp_path / "home")
+    p = _bubo("convert", str(src), str(out), "--type", "f32", home=tmp_path / "home")
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == str(out)
-    assert fields(out)[0]["general.file_type"] == 7
+    assert fields(out)[0]["general.file_type"] == 0
 
     (tmp_path / "empty").mkdir()
     p = _bubo("convert", str(tmp_path / "empty"), str(tmp_path / "none.gguf"), home=tmp_path / "home")

@@ -85,6 +85,9 @@ KV_TYPES: dict[str, float] = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32, "q4_0": 1
 # (smollm2:135m) and 1.9 (qwen2.5-coder:0.5b) on 2 x 512 tokens of text, where q8_0 K gives 0.006
 # and 0.017, and q4_0 V 0.020 and 0.010 (tests/native/test_kv_types.py prints them)
 KV_TYPES_K = ("f16", "f32", "q8_0")
+# an encoder's thread takes queued embeddings jobs together up to this many tokens (a job larger
+# than that runs alone): eight forward passes' worth, so a burst of small requests shares passes
+EMBED_BATCH_TOKENS = 4096
 
 
 def check_cache_type(name: str, flag: str, k: bool, given: str | None = None) -> str:
@@ -248,6 +251,7 @@ class EmbedJob:
 
     def __init__(self, seqs: list[list[int]], pooling: str | None, normalize: bool):
         self.seqs, self.pooling, self.normalize = seqs, pooling, normalize
+        self.n_tokens = sum(len(s) for s in seqs)
         self._vectors: np.ndarray | None = None
         self._error: BaseException | None = None
         self._done = False
@@ -435,24 +439,25 @@ class Engine:
             self._release()
 
     def _serve_embeddings(self) -> None:
-        """An encoder's thread: the queued embeddings jobs, in order, until stopped."""
-        from bubo.embed import embed_ids
-
+        """An encoder's thread: the queued embeddings jobs until stopped. Whatever is queued when
+        the thread comes for work (up to EMBED_BATCH_TOKENS) goes through the model together,
+        so that many small requests share forward passes as one request's inputs do."""
         log.debug("embedding model ready: %s (%d threads)", self.model_name, self.n_threads)
-        runtime = self.runtime
-        assert runtime is not None
         while not self._stopping:
             with self._lock:
-                job = self._jobs.popleft() if self._jobs else None
-            if job is None:
+                jobs: list[EmbedJob] = []
+                n_tokens = 0
+                while self._jobs and (not jobs or n_tokens + self._jobs[0].n_tokens <= EMBED_BATCH_TOKENS):
+                    job = self._jobs.popleft()
+                    jobs.append(job)
+                    n_tokens += job.n_tokens
+            if not jobs:
                 self._work.acquire()
                 continue
-            try:
-                job.finish(embed_ids(runtime, job.seqs, job.pooling or self.pooling, job.normalize))
-            except Exception as e:  # noqa: BLE001 - the job's reader raises it
-                job.finish(error=e)
+            log.debug("embedding %d jobs, %d tokens", len(jobs), n_tokens)
+            self._run_jobs(jobs)
             with self._lock:
-                self._n_open -= 1
+                self._n_open -= len(jobs)
         self.ready = False
         with self._lock:
             rest = list(self._jobs)
@@ -461,6 +466,28 @@ class Engine:
         for job in rest:
             job.finish(error=NotReadyError(self._stop_why))
         self._release()
+
+    def _run_jobs(self, jobs: list[EmbedJob]) -> None:
+        """Jobs of one pooling in one embed_ids call; each normalised (or not) as it asked."""
+        from bubo.embed import embed_ids, normalize_rows
+
+        runtime = self.runtime
+        assert runtime is not None
+        groups: dict[str | None, list[EmbedJob]] = {}
+        for job in jobs:
+            groups.setdefault(job.pooling or self.pooling, []).append(job)
+        for pooling, group in groups.items():
+            try:
+                vectors = embed_ids(runtime, [s for job in group for s in job.seqs], pooling, normalize=False)
+            except Exception as e:  # noqa: BLE001 - each job's reader raises it
+                for job in group:
+                    job.finish(error=e)
+                continue
+            start = 0
+            for job in group:
+                mine = vectors[start:start + len(job.seqs)]
+                start += len(job.seqs)
+                job.finish(normalize_rows(mine) if job.normalize else mine)
 
     def embed(self, seqs: list[list[int]], pooling: str | None = None, normalize: bool = True) -> EmbedJob:
         """Queue an embeddings job (token id lists checked by bubo.embed.tokenize); returns it at

@@ -187,21 +187,99 @@ BUBO_TARGET_AVX2 static void f16_from_float_avx2(const float *restrict x, void *
     for (; i < n; i++) y[i] = bubo_f32_to_f16(x[i]);
 }
 
+/* F16 x F32 at AVX2: one 8-lane accumulator per output, stepped by 8 in order, then its
+ * horizontal sum, then the scalar tail. The tile below keeps that order for every output, so it
+ * gives vec_dot's bits whatever the tile's shape (batch invariance), while a 4-row x 3-token
+ * block of outputs shares each weight and activation load: 7 loads for 12 FMAs, where one output
+ * at a time takes 2 loads per FMA. */
+BUBO_TARGET_AVX2 static inline __m256 load_f16x8(const bubo_f16 *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+BUBO_TARGET_AVX2 static inline float f16_f32_finish(__m256 acc, int i, int n, const bubo_f16 *x, const float *y) {
+    float sum = hsum256(acc);
+    for (; i < n; i++) sum += bubo_f16_to_f32(x[i]) * y[i];
+    return sum;
+}
+
 BUBO_TARGET_AVX2 static void vec_dot_f16_f32_avx2(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
     const bubo_f16 *x = vx;
     const float *y = vy;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 acc = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 32 <= n; i += 32)
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(load_f16x8(x + i), _mm256_loadu_ps(y + i), acc);
+    *s = f16_f32_finish(acc, i, n, x, y);
+}
+
+/* outputs (r .. r + 3, t .. t + 2): weight rows x, activation rows y */
+BUBO_TARGET_AVX2 static inline void f16_block_4x3(int n, const bubo_f16 *const x[4], const float *const y[3], float *s,
+                                                  size_t s_stride) {
+    __m256 a[4][3];
+    for (int k = 0; k < 4; k++)
+        for (int j = 0; j < 3; j++) a[k][j] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v0 = _mm256_loadu_ps(y[0] + i), v1 = _mm256_loadu_ps(y[1] + i), v2 = _mm256_loadu_ps(y[2] + i);
         for (int k = 0; k < 4; k++) {
-            __m256 w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 8 * k)));
-            acc[k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(y + i + 8 * k), acc[k]);
+            const __m256 w = load_f16x8(x[k] + i);
+            a[k][0] = _mm256_fmadd_ps(w, v0, a[k][0]);
+            a[k][1] = _mm256_fmadd_ps(w, v1, a[k][1]);
+            a[k][2] = _mm256_fmadd_ps(w, v2, a[k][2]);
         }
-    for (; i + 8 <= n; i += 8)
-        acc[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))), _mm256_loadu_ps(y + i), acc[0]);
-    float sum = hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    for (; i < n; i++) sum += bubo_f16_to_f32(x[i]) * y[i];
-    *s = sum;
+    }
+    for (int j = 0; j < 3; j++)
+        for (int k = 0; k < 4; k++) s[(size_t)j * s_stride + k] = f16_f32_finish(a[k][j], i, n, x[k], y[j]);
+}
+
+/* outputs (r .. r + 3, t): a decode step's four rows share each activation load */
+BUBO_TARGET_AVX2 static inline void f16_block_4x1(int n, const bubo_f16 *const x[4], const float *y, float *s) {
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(y + i);
+        for (int k = 0; k < 4; k++) a[k] = _mm256_fmadd_ps(load_f16x8(x[k] + i), v, a[k]);
+    }
+    for (int k = 0; k < 4; k++) s[k] = f16_f32_finish(a[k], i, n, x[k], y);
+}
+
+/* Activations up to this size stay in L1/L2 while the weights stream past once (rows outer);
+ * past it the weight chunk stays in L2 while the tokens go by three at a time (tokens outer). */
+#define F16_TILE_ROWS_OUTER_BYTES (96 * 1024)
+
+BUBO_TARGET_AVX2 static void tile_f16_f32_avx2(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
+                                               const void *restrict vx, size_t x_stride, const void *restrict vy,
+                                               size_t y_stride) {
+    const uint8_t *xb = vx, *yb = vy;
+#define XR(r) ((const bubo_f16 *)(xb + (size_t)(r) * x_stride))
+#define YT(t) ((const float *)(yb + (size_t)(t) * y_stride))
+    const int r4 = n_rows / 4 * 4, t3 = n_tokens / 3 * 3;
+    if ((size_t)n_tokens * (size_t)n * sizeof(float) <= F16_TILE_ROWS_OUTER_BYTES) {
+        for (int r = 0; r < r4; r += 4) {
+            const bubo_f16 *const xs[4] = {XR(r), XR(r + 1), XR(r + 2), XR(r + 3)};
+            for (int t = 0; t < t3; t += 3) {
+                const float *const ys[3] = {YT(t), YT(t + 1), YT(t + 2)};
+                f16_block_4x3(n, xs, ys, s + (size_t)t * s_stride + r, s_stride);
+            }
+            for (int t = t3; t < n_tokens; t++) f16_block_4x1(n, xs, YT(t), s + (size_t)t * s_stride + r);
+        }
+    } else {
+        for (int t = 0; t < t3; t += 3) {
+            const float *const ys[3] = {YT(t), YT(t + 1), YT(t + 2)};
+            for (int r = 0; r < r4; r += 4) {
+                const bubo_f16 *const xs[4] = {XR(r), XR(r + 1), XR(r + 2), XR(r + 3)};
+                f16_block_4x3(n, xs, ys, s + (size_t)t * s_stride + r, s_stride);
+            }
+        }
+        for (int t = t3; t < n_tokens; t++)
+            for (int r = 0; r < r4; r += 4) {
+                const bubo_f16 *const xs[4] = {XR(r), XR(r + 1), XR(r + 2), XR(r + 3)};
+                f16_block_4x1(n, xs, YT(t), s + (size_t)t * s_stride + r);
+            }
+    }
+    for (int r = r4; r < n_rows; r++) /* the rows past the last four */
+        for (int t = 0; t < n_tokens; t++) vec_dot_f16_f32_avx2(n, &s[(size_t)t * s_stride + r], XR(r), YT(t));
+#undef XR
+#undef YT
 }
 
 BUBO_TARGET_AVX2 static void bf16_to_float_avx2(const void *restrict vx, float *restrict y, int64_t n) {
@@ -450,7 +528,6 @@ BUBO_LOOP_TILE(loop_tile_f16_f32_scalar, vec_dot_f16_f32_scalar)
 BUBO_LOOP_TILE(loop_tile_bf16_f32_scalar, vec_dot_bf16_f32_scalar)
 #if defined(BUBO_X86)
 BUBO_LOOP_TILE(loop_tile_f32_f32_avx2, vec_dot_f32_f32_avx2)
-BUBO_LOOP_TILE(loop_tile_f16_f32_avx2, vec_dot_f16_f32_avx2)
 BUBO_LOOP_TILE(loop_tile_bf16_f32_avx2, vec_dot_bf16_f32_avx2)
 BUBO_LOOP_TILE(loop_tile_f32_f32_avx512, vec_dot_f32_f32_avx512)
 BUBO_LOOP_TILE(loop_tile_f16_f32_avx512, vec_dot_f16_f32_avx512)
@@ -486,7 +563,7 @@ void bubo_register_float(bubo_type_traits *table) {
     f16->to_float[BUBO_ISA_AVX2] = f16_to_float_avx2;
     f16->from_float[BUBO_ISA_AVX2] = f16_from_float_avx2;
     f16->vec_dot[BUBO_ISA_AVX2] = vec_dot_f16_f32_avx2;
-    f16->vec_dot_tile[BUBO_ISA_AVX2] = loop_tile_f16_f32_avx2;
+    f16->vec_dot_tile[BUBO_ISA_AVX2] = tile_f16_f32_avx2;
     bf16->to_float[BUBO_ISA_AVX2] = bf16_to_float_avx2;
     bf16->from_float[BUBO_ISA_AVX2] = bf16_from_float_avx2;
     bf16->vec_dot[BUBO_ISA_AVX2] = vec_dot_bf16_f32_avx2;

@@ -114,3 +114,22 @@ def test_tile_empty_shapes(type_id, isa):
     assert np.array_equal(K.vec_dot_tile(type_id, 0, w, y, isa=isa), np.zeros((2, 3), np.float32))
     assert K.vec_dot_tile(type_id, n, w[:0], y, isa=isa).shape == (2, 0)
     assert K.vec_dot_tile(type_id, n, w, y[:0], isa=isa).shape == (0, 3)
+
+
+FLOAT_TYPES = [0, 1, 30]  # F32, F16, BF16: one element per block, so the shapes above barely reach their SIMD loops
+
+
+@pytest.mark.parametrize("type_id,isa", [(t, i) for t in FLOAT_TYPES for i in K.type_info(t)["vec_dot_tile"]
+                                          if i in set(K.supported_isas())],
+                         ids=lambda v: K.type_info(v)["name"] if isinstance(v, int) else v)
+@pytest.mark.parametrize("rows,tokens", [(1, 1), (4, 3), (9, 7), (17, 10), (3, 2)], ids=lambda v: str(v))
+def test_float_tile_gives_vec_dot_bits_on_long_rows(type_id, isa, rows, tokens):
+    """Rows of 389 elements (SIMD steps and a scalar tail): each tile output has its own vec_dot's
+    bits at the same level, whatever its place in the tile (the register-blocked F16 tile keeps
+    vec_dot's order per output)."""
+    rng = np.random.default_rng(rows * 31 + tokens)
+    n = 389
+    w, y, _ = operands(type_id, rows, tokens, n, rng)
+    want = pairwise(type_id, w, y, n, isa)
+    got = K.vec_dot_tile(type_id, n, pad_lines(w, 6, rng), pad_lines(y, 4, rng), isa=isa, s_stride=rows + 1)
+    assert np.array_equal(got[:, :rows], want)
