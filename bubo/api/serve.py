@@ -327,7 +327,13 @@ def _cache_types(eng: Engine) -> str:
 def _report(e: ModelEntry, router: bool) -> None:
     eng = e.engine
     who = f" {e.name}" if router else ""
-    if e.status is ModelStatus.LOADED and eng is not None:
+    if e.status is ModelStatus.LOADED and eng is not None and eng.encoder:
+        took = f" in {eng.load_s:.1f} s" if eng.load_s is not None else ""
+        arch = eng.runtime.hparams.get("arch") if eng.runtime is not None else "?"
+        say(f"ready{who}: {eng.model_path}{took}; weights {_mib(eng.weights_bytes)}; an embedding model ({arch}): "
+            f"inputs of up to {eng.n_ctx} tokens; {eng.n_threads} threads", model=e.name, load_s=eng.load_s,
+            weights_bytes=eng.weights_bytes, n_ctx=eng.n_ctx, n_threads=eng.n_threads, embedding=True)
+    elif e.status is ModelStatus.LOADED and eng is not None:
         took = f" in {eng.load_s:.1f} s" if eng.load_s is not None else ""
         d = eng.draft
         drafts = (f"; drafts by {d.model} ({_mib(eng.draft_weights_bytes)})" if d is not None and d.model is not None
