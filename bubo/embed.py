@@ -93,8 +93,8 @@ def tokenize(runtime: Runtime, inputs: Sequence[str | Sequence[int]], limit: int
         if isinstance(item, str):
             ids = tok.encode(item, add_special=True, parse_special=True)
         else:
+            runtime.check_ids(item, f"input {i}: token id")  # ints only: 7592.9 is no token id
             ids = [int(t) for t in item]
-            runtime.check_ids(ids, f"input {i}: token id")
         if not ids:
             raise InvalidRequestError(f"input {i} is empty: it has no tokens to embed")
         was_cut = len(ids) > limit

@@ -430,7 +430,7 @@ class Model:
         single = isinstance(texts, str)
         items: list[str | Sequence[int]] = [texts] if isinstance(texts, str) else list(texts)
         for i, item in enumerate(items):
-            if not isinstance(item, (str, Sequence)) or isinstance(item, (bytes, bytearray)):
+            if not isinstance(item, (str, Sequence, np.ndarray)) or isinstance(item, (bytes, bytearray)):
                 raise TypeError(f"texts[{i}] must be a str or a list of token ids, not {type(item).__name__}")
         runtime = self.runtime
         seqs, _ = embedding.tokenize(runtime, items, embedding.max_tokens(runtime, self.n_ctx), truncate)

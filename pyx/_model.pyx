@@ -127,20 +127,22 @@ cdef class Model:
         cdef int32_t[::1] tok = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         cdef int32_t[::1] lens = np.ascontiguousarray(seq_lens, dtype=np.int32).reshape(-1)
         cdef Py_ssize_t n = tok.shape[0], n_seqs = lens.shape[0]
-        if int(np.asarray(lens, dtype=np.int64).sum()) != n:
-            raise ValueError(f"seq_lens sum to {int(np.asarray(lens, dtype=np.int64).sum())}, tokens has {n}")
         if n_seqs > 0x7fffffff:
             raise ValueError("too many sequences")
         out = np.empty((n, bubo_model_hparams(self.m).n_embd), dtype=np.float32)
-        if n_seqs == 0:
+        if n_seqs == 0 and n == 0:
             return out
-        cdef float[:, ::1] o = out
-        cdef float *op = &o[0, 0] if n > 0 else NULL
+        cdef float *op = NULL
+        cdef float[:, ::1] o
+        if n > 0:
+            o = out
+            op = &o[0, 0]
         cdef int32_t *tp = &tok[0] if n > 0 else NULL
+        cdef int32_t *lp = &lens[0] if n_seqs > 0 else NULL
         cdef bubo_err err
         cdef bubo_status st
         with nogil:
-            st = bubo_model_encode(self.m, <int32_t>n_seqs, &lens[0], tp, op, &err)
+            st = bubo_model_encode(self.m, <int64_t>n, tp, <int32_t>n_seqs, lp, op, &err)
         check_status(st, &err, None)
         return out
 

@@ -1,5 +1,5 @@
 # Mirrors csrc/include/bubo/model.h
-from libc.stdint cimport int32_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 
 from common cimport bubo_status, bubo_err
 from kv cimport bubo_kv, bubo_kv_params
@@ -65,8 +65,8 @@ cdef extern from "bubo/model.h" nogil:
     bubo_status bubo_model_share_pool(bubo_model *m, bubo_model *other, bubo_err *err)
     void bubo_model_set_output_hidden(bubo_model *m, int on)
     int32_t bubo_model_out_width(const bubo_model *m)
-    bubo_status bubo_model_encode(bubo_model *m, int32_t n_seqs, const int32_t *seq_lens, const int32_t *tokens,
-                                  float *out, bubo_err *err)
+    bubo_status bubo_model_encode(bubo_model *m, int64_t n_tokens, const int32_t *tokens, int32_t n_seqs,
+                                  const int32_t *seq_lens, float *out, bubo_err *err)
     bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, const int32_t *tokens,
                                   const int32_t *pos, const int32_t *seq_ids, const uint8_t *want_logits,
                                   float *logits, bubo_err *err)

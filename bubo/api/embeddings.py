@@ -36,6 +36,9 @@ from bubo.engine.types import EngineRefusal
 blueprint = Blueprint("embeddings", __name__)
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
+# tokens one request may ask for: 128 full-length inputs, about a minute of a 2-core machine (a
+# client that goes away stops its request at the next forward pass)
+MAX_REQUEST_TOKENS = 65536
 
 
 def _is_ids(value: Any) -> bool:
@@ -95,6 +98,10 @@ def run(engine: ServingEngine, rt: Any, items: Sequence[str | list[int]], trunca
         raise ApiError(400, "context_length_exceeded", str(e)) from None
     except EngineRefusal as e:
         raise errors.from_refusal(e) from None
+    total = sum(len(s) for s in seqs)
+    if total > MAX_REQUEST_TOKENS:
+        raise invalid(f"the inputs have {total} tokens; one request takes at most {MAX_REQUEST_TOKENS}: split them "
+                      "over several requests")
     try:
         vectors = engine.embed(seqs, None, normalize).result()
     except EngineRefusal as e:
@@ -161,8 +168,8 @@ def _normalize_of(body: dict[str, Any]) -> bool:
 def llama_embeddings() -> Any:
     body = json_body()
     name = optional_model(body)
-    key = "content" if "content" in body else "input"
-    if key not in body:
+    key = "content" if body.get("content") is not None or "input" not in body else "input"
+    if body.get(key) is None:
         raise invalid("'content' is required")
     items = parse_inputs(body[key], key)
     normalize = _normalize_of(body)
@@ -179,10 +186,18 @@ def ollama_embed(body: dict[str, Any], name: str, t0: float, load_s: float, engi
     true), `dimensions`."""
     if "input" not in body:
         raise invalid("'input' is required")
-    items = parse_inputs(body["input"])
     truncate = _bool(body, "truncate", True)
     _dimensions(body, int(rt.hparams["n_embd"]))
-    out = run(engine, rt, items, truncate)
+    value = body["input"]
+    # Ollama answers an empty string or an empty list with no embeddings, not an error
+    if value == "" or value == []:
+        vectors: list[list[float]] = []
+        n_tokens = 0
+    else:
+        items = parse_inputs(value)
+        out = run(engine, rt, items, truncate)
+        vectors = [[float(x) for x in v] for v in out.vectors]
+        n_tokens = sum(out.n_tokens)
     total_ns = int((time.monotonic() - t0) * 1e9)
-    return {"model": name, "embeddings": [[float(x) for x in v] for v in out.vectors],
-            "total_duration": total_ns, "load_duration": int(load_s * 1e9), "prompt_eval_count": sum(out.n_tokens)}
+    return {"model": name, "embeddings": vectors, "total_duration": total_ns, "load_duration": int(load_s * 1e9),
+            "prompt_eval_count": n_tokens}

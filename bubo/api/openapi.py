@@ -1069,10 +1069,11 @@ def document(config: ServerConfig, registry: Registry | None = None, debug: bool
         }, (400, 413))
 
     # --- embeddings (an embedding model; 501 on a text model) ---
-    emb_input = desc({"anyOf": [STR, arr(STR), arr(NAT), arr(arr(NAT))]},
-                     "a text, texts, token ids, or lists of token ids (at most 2048 items)")
+    ids = arr(NAT, minItems=1)
+    emb_input = desc({"anyOf": [STR, ids, arr({"anyOf": [STR, ids]}, minItems=1, maxItems=2048)]},
+                     "a text, token ids, or a list of texts and token id lists (at most 2048)")
     not_embedding = _error(501, text="Code not_implemented: the model is a text-generation model")
-    emb_errors = (400, 404, 413, 500, 507) if router else (400, 413, 500)
+    emb_errors = (400, 404, 413, 500, 507) if router else (400, 413, 500, 507)
     d.add(("/v1/embeddings",), "post", {
         "operationId": "embeddings", "summary": "Embeddings of texts or token ids (OpenAI)", "tags": ["OpenAI"],
         "requestBody": _body(obj({"input": emb_input, "model": d.optional_model_field(),

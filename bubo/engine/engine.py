@@ -247,7 +247,8 @@ class CacheView:
 
 class EmbedJob:
     """One embeddings request on its way through an encoder's engine thread: the thread runs it
-    (all its inputs in one batch) and wakes the greenlet waiting in result()."""
+    and wakes the greenlet waiting in result(). A reader that stops waiting (its client went
+    away) cancels it: the thread skips it, or drops it between passes."""
 
     def __init__(self, seqs: list[list[int]], pooling: str | None, normalize: bool):
         self.seqs, self.pooling, self.normalize = seqs, pooling, normalize
@@ -256,14 +257,21 @@ class EmbedJob:
         self._error: BaseException | None = None
         self._done = False
         self._closed = False
+        self.cancelled = False
         self._lock = _allocate_lock()
         self._wake = gevent.event.Event()
         self._watcher = gevent.get_hub().loop.async_()
         self._watcher.start(self._wake.set)
 
+    @property
+    def done(self) -> bool:
+        return self._done
+
     def finish(self, vectors: np.ndarray | None = None, error: BaseException | None = None) -> None:
-        """The engine's side: the result, or why there is none."""
+        """The engine's side: the result, or why there is none (the first one counts)."""
         with self._lock:
+            if self._done:
+                return
             self._vectors, self._error, self._done = vectors, error, True
             if not self._closed:
                 self._watcher.send()
@@ -279,8 +287,10 @@ class EmbedJob:
                 self._wake.wait()
         finally:
             with self._lock:
-                self._closed = True
-                self._watcher.close()
+                self.cancelled = not self._done
+                if not self._closed:
+                    self._closed = True
+                    self._watcher.close()
         if self._error is not None:
             raise self._error
         assert self._vectors is not None
@@ -398,6 +408,13 @@ class Engine:
         if why is not None:
             self._stop_why = why
         self._stopping = True
+        if self.encoder:  # the queued embeddings jobs end now, not after the one running
+            with self._lock:
+                rest = list(self._jobs)
+                self._jobs.clear()
+                self._n_open -= len(rest)
+            for job in rest:
+                job.finish(error=NotReadyError(self._stop_why))
         self._signal()
 
     @property
@@ -443,56 +460,88 @@ class Engine:
         the thread comes for work (up to EMBED_BATCH_TOKENS) goes through the model together,
         so that many small requests share forward passes as one request's inputs do."""
         log.debug("embedding model ready: %s (%d threads)", self.model_name, self.n_threads)
-        while not self._stopping:
+        jobs: list[EmbedJob] = []
+        try:
+            while not self._stopping:
+                with self._lock:
+                    jobs = []
+                    n_tokens = 0
+                    while self._jobs and (not jobs or n_tokens + self._jobs[0].n_tokens <= EMBED_BATCH_TOKENS):
+                        job = self._jobs.popleft()
+                        jobs.append(job)
+                        n_tokens += job.n_tokens
+                if not jobs:
+                    self._work.acquire()
+                    continue
+                log.debug("embedding %d jobs, %d tokens", len(jobs), n_tokens)
+                try:
+                    self._run_jobs(jobs)
+                except Exception as e:  # noqa: BLE001 - a bug in one batch must not end the engine
+                    log.exception("embedding failed")
+                    for job in jobs:
+                        job.finish(error=e)
+                finally:
+                    with self._lock:
+                        self._n_open -= len(jobs)
+                    jobs = []
+        finally:
+            self.ready = False
             with self._lock:
-                jobs: list[EmbedJob] = []
-                n_tokens = 0
-                while self._jobs and (not jobs or n_tokens + self._jobs[0].n_tokens <= EMBED_BATCH_TOKENS):
-                    job = self._jobs.popleft()
-                    jobs.append(job)
-                    n_tokens += job.n_tokens
-            if not jobs:
-                self._work.acquire()
-                continue
-            log.debug("embedding %d jobs, %d tokens", len(jobs), n_tokens)
-            self._run_jobs(jobs)
-            with self._lock:
-                self._n_open -= len(jobs)
-        self.ready = False
-        with self._lock:
-            rest = list(self._jobs)
-            self._jobs.clear()
-            self._n_open -= len(rest)
-        for job in rest:
-            job.finish(error=NotReadyError(self._stop_why))
-        self._release()
+                queued = list(self._jobs)
+                self._jobs.clear()
+                self._n_open -= len(queued) + len(jobs)  # jobs: taken and not yet counted off
+            for job in jobs + queued:
+                job.finish(error=NotReadyError(self._stop_why))  # no-op for those already answered
+            self._release()
 
     def _run_jobs(self, jobs: list[EmbedJob]) -> None:
-        """Jobs of one pooling in one embed_ids call; each normalised (or not) as it asked."""
+        """Jobs of one pooling through embed_ids, in passes of up to EMBED_BATCH_TOKENS tokens (a
+        large job takes several); each normalised (or not) as it asked. Between passes, a
+        cancelled job is dropped and a stopping engine ends the rest."""
         from bubo.embed import embed_ids, normalize_rows
 
         runtime = self.runtime
         assert runtime is not None
         groups: dict[str | None, list[EmbedJob]] = {}
         for job in jobs:
-            groups.setdefault(job.pooling or self.pooling, []).append(job)
+            if not job.cancelled:
+                groups.setdefault(job.pooling or self.pooling, []).append(job)
         for pooling, group in groups.items():
-            try:
-                vectors = embed_ids(runtime, [s for job in group for s in job.seqs], pooling, normalize=False)
-            except Exception as e:  # noqa: BLE001 - each job's reader raises it
-                for job in group:
-                    job.finish(error=e)
-                continue
-            start = 0
+            rows: dict[int, list[np.ndarray]] = {id(job): [] for job in group}
+            todo = [(job, seq) for job in group for seq in job.seqs]
+            i = 0
+            while i < len(todo) and not self._stopping:
+                j, n = i, 0
+                while j < len(todo) and (j == i or n + len(todo[j][1]) <= EMBED_BATCH_TOKENS):
+                    n += len(todo[j][1])
+                    j += 1
+                batch = [(job, seq) for job, seq in todo[i:j] if not job.cancelled and not job.done]
+                i = j
+                if not batch:
+                    continue
+                try:
+                    vectors = embed_ids(runtime, [seq for _, seq in batch], pooling, normalize=False)
+                except Exception as e:  # noqa: BLE001 - each job's reader raises it
+                    for job, _ in batch:
+                        job.finish(error=e)
+                    continue
+                for (job, _), vec in zip(batch, vectors):
+                    rows[id(job)].append(vec)
             for job in group:
-                mine = vectors[start:start + len(job.seqs)]
-                start += len(job.seqs)
+                if job.done or job.cancelled:
+                    continue
+                if len(rows[id(job)]) < len(job.seqs):  # stopped between passes
+                    job.finish(error=NotReadyError(self._stop_why))
+                    continue
+                mine = np.stack(rows[id(job)])
                 job.finish(normalize_rows(mine) if job.normalize else mine)
 
     def embed(self, seqs: list[list[int]], pooling: str | None = None, normalize: bool = True) -> EmbedJob:
         """Queue an embeddings job (token id lists checked by bubo.embed.tokenize); returns it at
         once: its result() waits. NotReadyError while loading or stopping; InvalidRequestError
         for a model that is not an encoder."""
+        if self._stopping or self.stopped:
+            raise NotReadyError(f"the model {self.model_name} is being unloaded")
         if not self.ready or self.runtime is None:
             raise NotReadyError(self.load_error or f"the model {self.model_name} is loading")
         if not self.encoder:
@@ -504,7 +553,9 @@ class Engine:
                 self._jobs.append(job)
                 self._n_open += 1
         if stopping:
-            raise NotReadyError(f"the model {self.model_name} is being unloaded")
+            job.cancelled = True
+            job.finish(error=NotReadyError(f"the model {self.model_name} is being unloaded"))
+            job.result()  # raises it, and closes the job's watcher
         self._signal()
         return job
 

@@ -160,27 +160,29 @@ static bubo_status encode_chunk(enc_ctx *c, float *out, bubo_err *err) {
     return BUBO_OK;
 }
 
-bubo_status bubo_model_encode(bubo_model *m, int32_t n_seqs, const int32_t *seq_lens, const int32_t *tokens, float *out,
-                              bubo_err *err) {
+bubo_status bubo_model_encode(bubo_model *m, int64_t n_tokens, const int32_t *tokens, int32_t n_seqs,
+                              const int32_t *seq_lens, float *out, bubo_err *err) {
     const bubo_hparams *hp = &m->hp;
     if (hp->causal)
         return bubo_set_err(err, BUBO_ERR_INVALID, "%s is a decoder (%s): it decodes through a KV cache, it does not encode",
                             m->path, hp->arch_name);
     if (n_seqs < 0) return bubo_set_err(err, BUBO_ERR_INVALID, "n_seqs must be >= 0, not %d", (int)n_seqs);
     const int32_t max_len = hp->n_ctx_train < BUBO_MODEL_MAX_BATCH ? hp->n_ctx_train : BUBO_MODEL_MAX_BATCH;
+    /* every length first (the tokens they cover must exist), then every token */
     int64_t total = 0;
     for (int32_t i = 0; i < n_seqs; i++) {
         if (seq_lens[i] < 1 || seq_lens[i] > max_len)
             return bubo_set_err(err, BUBO_ERR_INVALID, "sequence %d has %d tokens: an encoder takes 1..%d", (int)i, (int)seq_lens[i],
                                 (int)max_len);
-        for (int32_t j = 0; j < seq_lens[i]; j++) {
-            const int32_t tok = tokens[total + j];
-            if (tok < 0 || tok >= hp->n_vocab)
-                return bubo_set_err(err, BUBO_ERR_INVALID, "sequence %d: token id %d is out of range: the vocabulary has %d tokens",
-                                    (int)i, (int)tok, hp->n_vocab);
-        }
         total += seq_lens[i];
     }
+    if (total != n_tokens)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "the sequences' lengths sum to %lld, but there are %lld tokens",
+                            (long long)total, (long long)n_tokens);
+    for (int64_t t = 0; t < n_tokens; t++)
+        if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
+            return bubo_set_err(err, BUBO_ERR_INVALID, "token %lld: id %d is out of range: the vocabulary has %d tokens",
+                                (long long)t, (int)tokens[t], hp->n_vocab);
     int32_t pos[BUBO_MODEL_MAX_BATCH], beg[BUBO_MODEL_MAX_BATCH], len[BUBO_MODEL_MAX_BATCH];
     int64_t done = 0;
     for (int32_t i = 0; i < n_seqs;) {

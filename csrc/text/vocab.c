@@ -720,6 +720,9 @@ bubo_status bubo_tokenizer_from_gguf(const bubo_gguf *g, bubo_tokenizer **out, b
     if (bubo_gguf_get_bool(g, KEY_ADD_BOS, &flag)) t->add_bos = flag;
     if (bubo_gguf_get_bool(g, KEY_ADD_EOS, &flag)) t->add_eos = flag;
     if (t->model == BUBO_TOKENIZER_WPM && bubo_gguf_get_bool(g, KEY_ADD_SEP, &flag)) t->add_sep = flag;
+    /* WordPiece ends with [SEP] (add_sep), never with an EOS as well: gguf-py's SpecialVocab writes
+     * add_eos_token = true (eos = [SEP]) for BERT, and llama.cpp's WPM tokenizer ignores it */
+    if (t->model == BUBO_TOKENIZER_WPM) t->add_eos = 0;
     /* llama.cpp asserts on adding a BOS/EOS it does not have; we add nothing instead */
     if (t->special_ids[BUBO_SPECIAL_BOS] < 0) t->add_bos = 0;
     if (t->special_ids[BUBO_SPECIAL_EOS] < 0) t->add_eos = 0;

@@ -143,10 +143,20 @@ def test_pooling_and_normalisation(minilm, reference, pooling):
 
 
 def test_batch_of_64_equals_one_by_one(minilm):
+    """Batch invariance: an input's vector has the same bits alone, beside 63 others, or beside a
+    full 512-token input in its pass."""
     texts = [SENTENCES[i % len(SENTENCES)] + f" (variant {i})" for i in range(64)]
     batched = minilm.embed(texts)
     single = np.stack([minilm.embed(t) for t in texts])
-    np.testing.assert_allclose(batched, single, atol=1e-6)
+    np.testing.assert_array_equal(batched, single)
+    with_long = minilm.embed([LONG[0]] + texts[:3], truncate=True)
+    np.testing.assert_array_equal(with_long[1:], single[:3])
+
+
+def test_thread_count_does_not_change_a_vector(minilm_gguf, minilm):
+    texts = SENTENCES[:8] + LONG[:1]
+    with bubo.Model(minilm_gguf, n_threads=3) as three:
+        np.testing.assert_array_equal(three.embed(texts, truncate=True), minilm.embed(texts, truncate=True))
 
 
 def test_paraphrases_score_above_unrelated(minilm):
@@ -180,6 +190,9 @@ def test_bad_input(minilm):
         minilm.embed([[101, 10**6, 102]])
     with pytest.raises(ValueError, match="empty"):
         minilm.embed([[]])
+    with pytest.raises(ValueError, match="7592.9"):  # a float is no token id
+        minilm.embed([[101, 7592.9, 102]])
+    np.testing.assert_array_equal(minilm.embed([np.array([101, 7592, 102])]), minilm.embed([[101, 7592, 102]]))
 
 
 def test_encoder_does_not_generate(minilm):
@@ -199,6 +212,10 @@ def test_native_encode_checks(minilm_gguf, tmp_path):
         m.encode([101, 30522, 102], [3])
     with pytest.raises(ValueError, match="sum"):
         m.encode([101, 102], [3])
+    with pytest.raises(ValueError, match="1..512"):  # a negative length cannot hide an overrun
+        m.encode([101, 102, 103], [5, -2])
+    with pytest.raises(ValueError, match="1..512"):
+        m.encode([], [1, -1])
     with pytest.raises(ValueError, match="is an encoder"):
         m.decode(KVCache(m, n_ctx=8), [101], [0], [0], [True])
     dec = NativeModel(write_tiny_model(tmp_path / "tiny.gguf", "llama", types="F32"), 1)

@@ -133,3 +133,17 @@ def test_float_tile_gives_vec_dot_bits_on_long_rows(type_id, isa, rows, tokens):
     want = pairwise(type_id, w, y, n, isa)
     got = K.vec_dot_tile(type_id, n, pad_lines(w, 6, rng), pad_lines(y, 4, rng), isa=isa, s_stride=rows + 1)
     assert np.array_equal(got[:, :rows], want)
+
+
+@pytest.mark.parametrize("type_id,isa", [(t, i) for t in FLOAT_TYPES for i in K.type_info(t)["vec_dot_tile"]
+                                          if i in set(K.supported_isas())],
+                         ids=lambda v: K.type_info(v)["name"] if isinstance(v, int) else v)
+@pytest.mark.parametrize("rows,tokens", [(9, 70), (5, 131), (17, 100)], ids=lambda v: str(v))
+def test_float_tile_many_tokens_gives_vec_dot_bits(type_id, isa, rows, tokens):
+    """Enough tokens (over 96 KiB of activations) for the F16 tile's tokens-outer order."""
+    rng = np.random.default_rng(rows * 17 + tokens)
+    n = 389
+    w, y, _ = operands(type_id, rows, tokens, n, rng)
+    want = pairwise(type_id, w, y, n, isa)
+    got = K.vec_dot_tile(type_id, n, w, y, isa=isa)
+    assert np.array_equal(got, want)

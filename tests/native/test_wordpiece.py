@@ -344,6 +344,15 @@ def test_options_default_to_bert_uncased():
     assert (tok.model, tok.bos_id, tok.eos_id, tok.unk_id, tok.add_sep) == ("bert", 2, 3, 1, True)
 
 
+def test_add_eos_token_does_not_add_a_second_sep():
+    """gguf-py's SpecialVocab (llama.cpp's converter) writes add_eos_token = true with eos = [SEP]
+    for BERT; WordPiece still ends with one [SEP], as llama.cpp's tokenizer does."""
+    plain = Tokenizer.from_bytes(tv.write_gguf(tv.wpm_kv(VOCAB)))
+    tok = Tokenizer.from_bytes(tv.write_gguf(tv.wpm_kv(VOCAB, **{"tokenizer.ggml.add_eos_token": (VT.BOOL, True)})))
+    assert tok.encode("hello world") == plain.encode("hello world")
+    assert tok.encode("hello world")[-1] == 3 and tok.encode("hello world")[-2] != 3
+
+
 def test_add_sep_token_off():
     tok = Tokenizer.from_bytes(tv.write_gguf(tv.wpm_kv(VOCAB, **{"tokenizer.ggml.add_sep_token": (VT.BOOL, False)})))
     assert tok.encode("hello") == [2, tok.encode("hello", add_special=False)[0]]

@@ -189,7 +189,7 @@ def add_paths(d: Any, names: list[str], example_model: str) -> dict[str, Schema]
                                 {"source": "nothing:here", "destination": "copy:latest"}),
         "responses": {"200": {"description": "Copied (no body)"}},
     }, (400, 404, 413), ollama=True)
-    emb_in = {"anyOf": [STR, arr(STR)]}
+    emb_in = {"anyOf": [STR, arr({"anyOf": [STR, arr(NAT, minItems=1)]}, maxItems=2048)]}  # "" or []: none
     d.add(("/api/embed",), "post", {
         "operationId": "ollama_embed", "summary": "Embeddings (Ollama; 501 for a text-generation model)",
         "tags": [TAG],

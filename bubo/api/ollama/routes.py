@@ -401,6 +401,8 @@ def embeddings_legacy() -> Any:
     if not isinstance(prompt, str):
         raise invalid("'prompt' must be a string")
     engine, rt, _ = _embedder(name, body, t0)
+    if prompt == "":  # as Ollama: no embedding for an empty prompt
+        return jsonify({"embedding": []})
     out = emb.run(engine, rt, [prompt], truncate=True, normalize=False)
     return jsonify({"embedding": [float(x) for x in out.vectors[0]]})
 

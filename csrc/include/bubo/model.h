@@ -113,14 +113,15 @@ void bubo_model_set_output_hidden(bubo_model *m, int on);
 /* The width of one output row of decode: n_embd with hidden output on, else the logits' vocab. */
 int32_t bubo_model_out_width(const bubo_model *m);
 
-/* Run an encoder over n_seqs sequences laid end to end in tokens (sequence i has seq_lens[i]
- * tokens, positions 0.., token type 0), each attending to all of its own tokens and to no other
- * sequence's; out [sum of seq_lens][n_embd] gets every token's last hidden state. Sequences are
- * packed into forward passes of at most BUBO_MODEL_MAX_BATCH tokens, never split: a sequence
- * longer than n_ctx_train (or BUBO_MODEL_MAX_BATCH), an empty one, or a bad token id is
- * BUBO_ERR_INVALID before anything runs; so is a decoder model. Not thread-safe for one model. */
-bubo_status bubo_model_encode(bubo_model *m, int32_t n_seqs, const int32_t *seq_lens, const int32_t *tokens, float *out,
-                              bubo_err *err);
+/* Run an encoder over n_seqs sequences laid end to end in tokens [n_tokens] (sequence i has
+ * seq_lens[i] tokens, positions 0.., token type 0), each attending to all of its own tokens and to
+ * no other sequence's; out [n_tokens][n_embd] gets every token's last hidden state. Sequences are
+ * packed into forward passes of at most BUBO_MODEL_MAX_BATCH tokens, never split. Everything is
+ * checked before anything runs: a sequence of fewer than 1 or more than n_ctx_train (or
+ * BUBO_MODEL_MAX_BATCH) tokens, lengths that do not sum to n_tokens, a bad token id, or a decoder
+ * model is BUBO_ERR_INVALID. Not thread-safe for one model. */
+bubo_status bubo_model_encode(bubo_model *m, int64_t n_tokens, const int32_t *tokens, int32_t n_seqs,
+                              const int32_t *seq_lens, float *out, bubo_err *err);
 
 #ifdef __cplusplus
 }
