@@ -32,6 +32,7 @@ from bubo.api.fields import invalid
 from bubo.api.request import json_body, optional_model, runtime_of, use_model
 from bubo.engine.protocol import ServingEngine
 from bubo.engine.types import EngineRefusal
+from bubo.runtime import Runtime
 
 blueprint = Blueprint("embeddings", __name__)
 
@@ -78,7 +79,7 @@ def _bool(body: dict[str, Any], key: str, default: bool) -> bool:
     return v
 
 
-def encoder_of(name: str) -> tuple[ServingEngine, Any]:
+def encoder_of(name: str) -> tuple[ServingEngine, Runtime]:
     """The model's engine and runtime when it is an embedding model; 501 for a text model."""
     engine = use_model(name)
     rt = runtime_of(engine)
@@ -89,7 +90,7 @@ def encoder_of(name: str) -> tuple[ServingEngine, Any]:
     return engine, rt
 
 
-def run(engine: ServingEngine, rt: Any, items: Sequence[str | list[int]], truncate: bool,
+def run(engine: ServingEngine, rt: Runtime, items: Sequence[str | list[int]], truncate: bool,
         normalize: bool = True) -> embedding.Embedded:
     """Tokenize, check and embed one request's inputs (one job on the engine thread)."""
     try:
@@ -181,7 +182,7 @@ def llama_embeddings() -> Any:
 
 
 def ollama_embed(body: dict[str, Any], name: str, t0: float, load_s: float, engine: ServingEngine,
-                 rt: Any) -> dict[str, Any]:
+                 rt: Runtime) -> dict[str, Any]:
     """Ollama's /api/embed answer: `input` (a string or a list of strings), `truncate` (default
     true), `dimensions`."""
     if "input" not in body:
