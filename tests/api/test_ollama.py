@@ -381,8 +381,8 @@ def test_ndjson_framing_is_byte_correct(srv):
     ("/api/generate", {"model": MODEL, "prompt": "x", "template": "{{ .Prompt }}"}, 400, "template"),
     ("/api/generate", {"model": MODEL, "prompt": "x", "context": ["a"]}, 400, "context"),
     ("/api/generate", {"model": MODEL, "prompt": "x", "context": [10 ** 9]}, 400, "out of range"),
-    ("/api/embed", {"model": MODEL, "input": "hi"}, 501, "does not support embeddings"),
-    ("/api/embeddings", {"model": MODEL, "prompt": "hi"}, 501, "embeddings"),
+    ("/api/embed", {"model": MODEL, "input": "hi", "keep_alive": 0}, 501, "does not support embeddings"),
+    ("/api/embeddings", {"model": MODEL, "prompt": "hi", "keep_alive": 0}, 501, "embeddings"),
     ("/api/create", {"model": "x", "from": MODEL}, 501, "does not create"),
     ("/api/nothing-here", {}, 404, "no route"),
 ])
@@ -392,6 +392,9 @@ def test_bad_input_gets_ollama_shaped_errors(srv, path, body, status, needle):
     err = json.loads(raw)
     assert ctype.startswith("application/json") and set(err) == {"error"} and isinstance(err["error"], str)
     assert needle in err["error"], err
+    if path.startswith("/api/embed"):  # a refused request's keep_alive 0 does not unload the model
+        with urllib.request.urlopen(srv.url + "/api/ps", timeout=10) as r:
+            assert [m["name"] for m in json.loads(r.read())["models"]], "the model was unloaded"
 
 
 def test_root_says_bubo_is_running(srv):

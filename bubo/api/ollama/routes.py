@@ -408,11 +408,17 @@ def embeddings_legacy() -> Any:
 
 
 def _embedder(name: str, body: dict[str, Any], t0: float) -> tuple[ServingEngine, Runtime, float]:
-    engine, rt, load_s = _engine(name, sh.keep_alive_of(body.get("keep_alive")), t0)
+    """The embedding model's engine; 501 for a text-generation model, whose keep_alive the
+    request then leaves as it was (keep_alive 0 must not unload a model it could not use)."""
+    keep_alive = sh.keep_alive_of(body.get("keep_alive"))
+    engine = use_model(name)
+    load_s = time.monotonic() - t0
+    rt = runtime_of(engine)
     if not embedding.is_encoder(rt):
         raise ApiError(501, "not_implemented", f"model '{sh.tagged(name)}' does not support embeddings: it is a "
                                                f"text-generation model ({rt.hparams.get('arch')}); pull and serve an "
                                                "embedding model such as all-minilm:l6-v2")
+    _keep_alive(name, keep_alive)
     return engine, rt, load_s
 
 
