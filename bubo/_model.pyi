@@ -100,6 +100,9 @@ class KVCache:
         """K and V bytes one token takes in the global pool."""
     def grow_bytes(self, seq: int, n_tokens: int) -> int:
         """Bytes the cache would still take from the OS for seq to hold n_tokens (capped at n_ctx)."""
+    def reserve(self, n_tokens: int) -> None:
+        """Commit the global pool ahead of use up to n_tokens (capped at n_ctx): freed prefix blocks
+        then stay cached until that much is in use. MemoryError when the OS refuses."""
     def committed_blocks(self, swa: bool = False) -> int: ...
     @property
     def sliding_window(self) -> int: ...

@@ -189,6 +189,39 @@ def _parser() -> _ArgParser:
                help="the log's lines as text or as JSON objects, one per line (default text)")
     add_habit_flags(p)
 
+    p = sub.add_parser(
+        "ray-serve", help="serve replicas of `bubo serve` on a Ray cluster, routed by prompt prefix "
+                          "(pip install 'bubo[ray]')",
+        description="Start N replicas, each a `bubo serve` with its model, behind Ray Serve's HTTP proxy. Every "
+                    "flag that is not ray-serve's own below (-m, -c, -np, --api-key, ...) is `bubo serve`'s and "
+                    "goes to each replica.")
+    p.add_flag("--replicas", type=int, default=1, help="replicas to start (default 1)")
+    p.add_flag("-t", "--threads", type=int, default=1, help="CPU threads per replica: its -t and its Ray num_cpus "
+                                                            "(default 1)")
+    p.add_flag("--address", default=None, help="the Ray cluster to join (auto: the one running here, or "
+                                               "HOST:PORT); default RAY_ADDRESS, else a new cluster on this machine")
+    p.add_flag("--host", default="127.0.0.1", help="the HTTP proxy's address (default 127.0.0.1)")
+    p.add_flag("--port", type=int, default=8000, help="the HTTP proxy's port (default 8000)")
+    p.add_flag("--proxy-location", choices=("HeadOnly", "EveryNode"), default="HeadOnly",
+               help="an HTTP proxy on the head node only (default), or on every node (then put a load balancer "
+                    "in front)")
+    p.add_flag("--router", choices=("prefix", "pow2"), default="prefix",
+               help="prefix: to the replica holding the prompt's prefix in its cache, else the least loaded "
+                    "(default); pow2: Ray Serve's default, the shorter queue of two random replicas")
+    p.add_flag("--busy-threshold", type=int, default=4,
+               help="a replica with this many requests under way takes no more for its prefix (default 4)")
+    p.add_flag("--min-replicas", type=int, default=None, help="autoscaling: the fewest replicas (default 1)")
+    p.add_flag("--max-replicas", type=int, default=None,
+               help="autoscaling on queue depth: at most this many replicas (without it, --replicas, fixed)")
+    p.add_flag("--target-ongoing-requests", type=float, default=2.0,
+               help="autoscaling: the requests under way per replica it aims at (default 2)")
+    p.add_flag("--max-ongoing-requests", type=int, default=32,
+               help="requests one replica holds at once (bubo queues those past its slots; default 32)")
+    p.add_flag("--one-per-node", action="store_true", help="at most one replica on a node")
+    p.add_flag("--ready-timeout", type=float, default=600.0,
+               help="seconds the replicas may take to load (a catalog model is pulled first; default 600)")
+    p.add_flag("--app-name", default="bubo", help="the Serve application's name (default bubo)")
+
     p = sub.add_parser("pull", help="download a catalog model into the store")
     p.add_argument("name", help="catalog name, e.g. smollm2:135m")
     p.add_flag("--force", action="store_true", help="download again even if stored (repairs a corrupt file)")
@@ -371,7 +404,13 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         parser.print_help()
         return 0
-    args = parser.parse_args(argv)
+    if argv[0] == "ray-serve":
+        # ray-serve's own flags, and `bubo serve`'s for the replicas (checked here, before a cluster starts)
+        args, serve_argv = parser.parse_known_args(argv)
+        parser.parse_args(["serve", *serve_argv])
+        args.serve_argv = serve_argv
+    else:
+        args = parser.parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
     except KeyboardInterrupt:
@@ -400,6 +439,12 @@ def _serve(args: argparse.Namespace) -> int:
     from bubo.api.serve import serve
 
     return serve(args)
+
+
+def _ray_serve(args: argparse.Namespace) -> int:
+    from bubo.rayserve.cli import ray_serve
+
+    return ray_serve(args)
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -851,4 +896,5 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"serve": _serve, "pull": _pull, "convert": _convert, "list": _list, "run": _run, "rm": _rm,
-             "show": _show, "ps": _ps, "bench": _bench}
+             "show": _show, "ps": _ps, "bench": _bench,
+             "ray-serve": _ray_serve}

@@ -261,6 +261,12 @@ cdef class KVCache:
         self._check_seq(seq)
         return bubo_kv_grow_bytes(self.kv, seq, n_tokens)
 
+    def reserve(self, long long n_tokens):
+        """Commit the global pool ahead of use up to n_tokens (capped at n_ctx): freed prefix blocks
+        then stay cached until that much is in use. MemoryError when the OS refuses."""
+        cdef bubo_err err
+        check_status(bubo_kv_reserve(self.kv, n_tokens, &err), &err, None)
+
     def committed_blocks(self, bint swa=False):
         """Blocks of the global (or sliding-window) pool taken from the OS so far."""
         return bubo_kv_pool_n_committed(self.kv, swa)

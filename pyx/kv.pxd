@@ -48,6 +48,7 @@ cdef extern from "bubo/kv.h" nogil:
     int32_t bubo_kv_pool_n_committed(const bubo_kv *kv, int swa)
     size_t bubo_kv_token_bytes(const bubo_kv *kv)
     size_t bubo_kv_grow_bytes(const bubo_kv *kv, int seq, int64_t n_tokens)
+    bubo_status bubo_kv_reserve(bubo_kv *kv, int64_t n_tokens, bubo_err *err)
     int32_t bubo_kv_pool_n_blocks(const bubo_kv *kv, int swa)
     int32_t bubo_kv_pool_n_used(const bubo_kv *kv, int swa)
     int32_t bubo_kv_seq_n_blocks(const bubo_kv *kv, int seq, int swa)

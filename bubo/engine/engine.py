@@ -111,6 +111,8 @@ DEFAULT_N_UBATCH = 512  # llama-server's -ub
 MAX_STEP_TOKENS = 512  # the native decode's batch limit (BUBO_MODEL_MAX_BATCH)
 # memory the guard leaves to everything else (page cache, other processes, this one's buffers)
 MEM_SAFETY_MARGIN = 512 * 1024 * 1024
+# a cache at most this share of the memory free at load is taken whole then (_reserve_small_cache)
+KV_RESERVE_FRACTION = 0.25
 
 
 class EventStream:
@@ -601,6 +603,7 @@ class Engine:
         # request needs); it costs gemma3 the window layers' share of the context's memory
         self.kv = KVCache(runtime.native, self.n_ctx, n_seq_max=self.n_parallel, swa_full=True,
                           type=self.cache_type_k, type_v=self.cache_type_v)
+        _reserve_small_cache(self.kv, self.n_ctx)
         draft_model = None
         if self.draft is not None and self.draft.model is not None:
             draft_model = DraftModel.load(self.draft, runtime, self.n_ctx, self.n_parallel, n_step)
@@ -882,6 +885,21 @@ def _rss() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _reserve_small_cache(kv: KVCache, n_ctx: int) -> None:
+    """A context whose whole cache is a small part of the memory free now is taken from the OS at
+    once: the prefix cache then keeps freed conversations until the context is in use, rather than
+    evicting one to make room for the next while the pool is still growing (several conversations
+    stay cached, as a router sending each to its replica expects). A larger one grows with use,
+    under the memory guard."""
+    available = memory_budget()[1]
+    if available is None or kv.nbytes > available * KV_RESERVE_FRACTION:
+        return
+    try:
+        kv.reserve(n_ctx)
+    except MemoryError:
+        log.info("KV cache: not taken ahead of use (the OS refused); it grows with use")
 
 
 def memory_budget(available_override: int | None = None) -> tuple[int | None, int | None]:

@@ -453,6 +453,16 @@ size_t bubo_kv_grow_bytes(const bubo_kv *kv, int seq, int64_t n_tokens) {
     return need > 0 ? (size_t)need * (kv->block_bytes_k + kv->block_bytes_v) * pl->n_layer : 0;
 }
 
+bubo_status bubo_kv_reserve(bubo_kv *kv, int64_t n_tokens, bubo_err *err) {
+    kv_pool *pl = &kv->pools[POOL_GLOBAL];
+    if (pl->n_layer == 0 || n_tokens <= 0) return BUBO_OK;
+    if (n_tokens > kv->p.n_ctx) n_tokens = kv->p.n_ctx;
+    int64_t target = blocks_for(kv, n_tokens);
+    if (target > pl->n_blocks) target = pl->n_blocks;
+    if (target <= pl->n_committed) return BUBO_OK;
+    return commit(kv, pl, n_reusable(kv, pl) + (target - pl->n_committed), err);
+}
+
 int32_t bubo_kv_pool_n_blocks(const bubo_kv *kv, int swa) { return kv->pools[swa ? POOL_SWA : POOL_GLOBAL].n_blocks; }
 
 int32_t bubo_kv_pool_n_used(const bubo_kv *kv, int swa) {

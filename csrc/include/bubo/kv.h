@@ -101,6 +101,10 @@ size_t bubo_kv_token_bytes(const bubo_kv *kv);
 /* Bytes the cache would still have to commit for seq to hold n_tokens (capped at n_ctx), counting
  * the blocks seq holds and the free and cached committed ones as already there. 0 for a bad seq. */
 size_t bubo_kv_grow_bytes(const bubo_kv *kv, int seq, int64_t n_tokens);
+/* Commit the global pool ahead of use until n_tokens (capped at n_ctx) of it are committed, so
+ * that freed prefix blocks stay cached until that much is in use (an append takes a free committed
+ * block before it evicts a cached one). BUBO_ERR_NOMEM, nothing more committed, when the OS says no. */
+bubo_status bubo_kv_reserve(bubo_kv *kv, int64_t n_tokens, bubo_err *err);
 /* Blocks of the global (swa = 0) or sliding-window (swa = 1) pool: in the pool, held by anyone,
  * held by seq. The SWA pool has 0 blocks when the cache has no sliding-window layers. */
 int32_t bubo_kv_pool_n_blocks(const bubo_kv *kv, int swa);

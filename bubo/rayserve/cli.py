@@ -1,0 +1,75 @@
+"""`bubo ray-serve`: check the flags, join or start a Ray cluster, deploy, wait for a signal."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import types
+
+from bubo.rayserve import Options, deploy, require_ray
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    for flag, value, least in (("--replicas", args.replicas, 1), ("-t", args.threads, 1),
+                               ("--busy-threshold", args.busy_threshold, 1),
+                               ("--max-ongoing-requests", args.max_ongoing_requests, 1),
+                               ("--min-replicas", args.min_replicas, 0), ("--max-replicas", args.max_replicas, 1)):
+        if value is not None and value < least:
+            raise ValueError(f"{flag} {value}: give at least {least}")
+    if args.min_replicas is not None and args.max_replicas is None:
+        raise ValueError("--min-replicas needs --max-replicas (autoscaling between the two)")
+    if args.max_replicas is not None and args.min_replicas is not None and args.min_replicas > args.max_replicas:
+        raise ValueError(f"--min-replicas {args.min_replicas} is more than --max-replicas {args.max_replicas}")
+    if not args.target_ongoing_requests > 0:
+        raise ValueError(f"--target-ongoing-requests {args.target_ongoing_requests}: give a positive number")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port {args.port}: give 1..65535")
+    if not args.ready_timeout > 0:
+        raise ValueError(f"--ready-timeout {args.ready_timeout}: give a positive number of seconds")
+    return Options(serve_argv=list(args.serve_argv), replicas=args.replicas, threads=args.threads,
+                   min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                   target_ongoing_requests=args.target_ongoing_requests,
+                   max_ongoing_requests=args.max_ongoing_requests, router=args.router,
+                   busy_threshold=args.busy_threshold, one_per_node=args.one_per_node,
+                   ready_timeout_s=args.ready_timeout, name=args.app_name)
+
+
+def ray_serve(args: argparse.Namespace) -> int:
+    opts = options_from_args(args)
+    require_ray()
+    import ray
+    from ray import serve
+
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, logging_level="WARNING")
+    else:
+        ray.init(logging_level="WARNING", include_dashboard=False)  # a new cluster on this machine, ours
+    serve.start(proxy_location=args.proxy_location, http_options={"host": args.host, "port": args.port})
+    print(f"bubo ray-serve: starting {opts.least_replicas} replica(s) of `bubo serve {' '.join(opts.serve_argv)}` "
+          f"({opts.threads} thread(s) each, router {opts.router})", flush=True)
+    deploy(opts, timeout_s=opts.ready_timeout_s + 60)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: types.FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"bubo ray-serve: listening on http://{args.host}:{args.port} ({opts.least_replicas} replica(s); "
+          f"Ray dashboard and `serve status` show them)", flush=True)
+    while not stop.wait(1.0):
+        pass
+    print("bubo ray-serve: stopping", file=sys.stderr, flush=True)
+    if address:
+        # a cluster that stays: take the application off it (a second signal: leave at once)
+        done = threading.Thread(target=serve.delete, args=(opts.name,), daemon=True)
+        stop.clear()
+        done.start()
+        while done.is_alive() and not stop.wait(0.5):
+            pass
+    # a cluster this command started ends with it (ray.init's own processes)
+    return 0
