@@ -54,12 +54,14 @@ def build_app(opts: Options) -> Any:
     if opts.one_per_node:
         replica["max_replicas_per_node"] = 1
     if opts.router == "prefix":
-        replica["request_router_config"] = RequestRouterConfig(
-            request_router_class=PrefixAwareRouter, request_router_kwargs={"busy_threshold": opts.busy_threshold})
+        router: dict[str, Any] = {"request_router_class": PrefixAwareRouter,
+                                  "request_router_kwargs": {"busy_threshold": opts.busy_threshold}}
+        replica["request_router_config"] = RequestRouterConfig(**router)
     elif opts.router != "pow2":
         raise ValueError(f"--router {opts.router}: give prefix or pow2")
-    replicas = serve.deployment(BuboReplica, name="BuboReplica").options(**replica)
-    ingress = serve.deployment(BuboIngress, name="BuboIngress").options(
+    deployment: Any = serve.deployment  # a decorator that also takes the class
+    replicas = deployment(BuboReplica, name="BuboReplica").options(**replica)
+    ingress = deployment(BuboIngress, name="BuboIngress").options(
         num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096)
     return ingress.bind(replicas.bind(opts.serve_argv, opts.threads, opts.ready_timeout_s))
 
@@ -69,7 +71,7 @@ def check_resources(opts: Options) -> None:
     (Ray would otherwise leave them pending for good)."""
     import ray
 
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
     cpus = [float(n.get("Resources", {}).get("CPU", 0)) for n in nodes]
     need = opts.least_replicas
     if opts.one_per_node:

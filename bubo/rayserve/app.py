@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import os
 import re
@@ -50,7 +49,6 @@ from bubo.rayserve.prefix import prefix_key
 log = logging.getLogger("bubo.ray")
 
 _LISTENING = re.compile(r"listening on (http://\S+)")
-_PR_SET_PDEATHSIG = 1
 ROUTE_ATTEMPTS = 3  # a request no replica took yet is sent this many times before a 503
 
 
@@ -89,11 +87,21 @@ class Options:
 # --- the replica ---------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: the health check still replaces a replica whose server is gone
+# The server is started through this (the process itself, after its exec, single-threaded: a
+# preexec_fn in the Ray worker's child, forked from a process full of gRPC threads, is not safe):
+# it asks for SIGKILL when its parent's forking thread ends, checks the parent did not end first,
+# then becomes `bubo serve`.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "parent = int(sys.argv[1])\n"
+    "try:\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG\n"
+    "except (OSError, AttributeError):\n"
+    "    pass  # not Linux: the replica's health check still notices a server gone\n"
+    "if os.getppid() != parent:\n"
+    "    sys.exit(1)\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n"
+)
 
 
 def _first_key(serve_argv: list[str]) -> str | None:
@@ -125,8 +133,8 @@ class BuboReplica:
         # answers carry it (X-Bubo-Replica): which replica, on which node
         self.replica_id = f"{ctx.replica_id.unique_id if ctx is not None else os.getpid()}@{node[:12]}"
         self.key = _first_key(serve_argv)
-        argv = [sys.executable, "-m", "bubo", "serve", *serve_argv, "-t", str(threads),
-                "--host", "127.0.0.1", "--port", "0", "--no-webui"]
+        argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), "-m", "bubo", "serve", *serve_argv,
+                "-t", str(threads), "--host", "127.0.0.1", "--port", "0", "--no-webui"]
         self.url = ""
         self.proc: subprocess.Popen[str] | None = None
         started = threading.Event()
@@ -134,24 +142,28 @@ class BuboReplica:
         failure: list[BaseException] = []
 
         def spawn() -> None:
-            # the thread that forks stays alive as long as the child: PDEATHSIG follows the thread
+            # the thread that forks stays alive as long as the child (PDEATHSIG follows the thread)
             try:
                 self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                                             preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                             errors="replace")
             except OSError as e:
                 failure.append(e)
                 started.set()
                 return
             started.set()
             assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                sys.stdout.write(line)
-                m = _LISTENING.search(line)
-                if m and not found.is_set():
-                    self.url = m.group(1).rstrip("/")
-                    found.set()
-            self.proc.wait()
-            found.set()
+            try:
+                for line in self.proc.stdout:
+                    m = _LISTENING.search(line)
+                    if m and not found.is_set():
+                        self.url = m.group(1).rstrip("/")
+                        found.set()
+                    print(line, end="", flush=True)
+            except Exception:  # noqa: BLE001 - this thread must outlive the child whatever its output
+                log.exception("bubo ray: reading bubo serve's output")
+            finally:
+                found.set()
+                self.proc.wait()
 
         self._spawner = threading.Thread(target=spawn, name="bubo-serve", daemon=True)
         self._spawner.start()

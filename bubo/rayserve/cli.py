@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -45,10 +46,11 @@ def ray_serve(args: argparse.Namespace) -> int:
 
     address = args.address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, logging_level="WARNING")
+        ray.init(address=address, logging_level=logging.WARNING)
     else:
-        ray.init(logging_level="WARNING", include_dashboard=False)  # a new cluster on this machine, ours
+        ray.init(logging_level=logging.WARNING, include_dashboard=False)  # a new cluster on this machine, ours
     serve.start(proxy_location=args.proxy_location, http_options={"host": args.host, "port": args.port})
+    _check_proxy(args)
     print(f"bubo ray-serve: starting {opts.least_replicas} replica(s) of `bubo serve {' '.join(opts.serve_argv)}` "
           f"({opts.threads} thread(s) each, router {opts.router})", flush=True)
     deploy(opts, timeout_s=opts.ready_timeout_s + 60)
@@ -71,5 +73,20 @@ def ray_serve(args: argparse.Namespace) -> int:
         done.start()
         while done.is_alive() and not stop.wait(0.5):
             pass
+        if not serve.status().applications:
+            serve.shutdown()  # type: ignore[no-untyped-call]  # the last application: the proxy goes too, so the next may pick its port
     # a cluster this command started ends with it (ray.init's own processes)
     return 0
+
+
+def _check_proxy(args: argparse.Namespace) -> None:
+    """Ray Serve already running on the cluster keeps its proxy's address: say so rather than
+    print an address nothing listens on."""
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client()
+    http = client.http_config if client is not None else None
+    if http is not None and (http.port != args.port or http.host != args.host):
+        raise ValueError(f"Ray Serve already runs on this cluster with its HTTP proxy on {http.host}:{http.port}; "
+                         f"stop it first (`serve shutdown`), or give --host {http.host} --port {http.port} to "
+                         f"serve there (an application of the same --app-name is replaced)")

@@ -33,7 +33,7 @@ def request_prefix(pending: PendingRequest | None) -> tuple[int, ...]:
     return tuple(prefix) if isinstance(prefix, tuple) else ()
 
 
-class PrefixAwareRouter(RequestRouter):  # type: ignore[misc]  # Ray has no type information
+class PrefixAwareRouter(RequestRouter):
     def initialize_state(self, busy_threshold: int = DEFAULT_BUSY_THRESHOLD,
                          blocks_per_replica: int = DEFAULT_BLOCKS_PER_REPLICA, **_: Any) -> None:
         self.busy_threshold = busy_threshold
