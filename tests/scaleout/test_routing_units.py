@@ -239,3 +239,34 @@ def test_bad_flags_are_refused_before_any_cluster_starts(args, says):
     p = _cli("ray-serve", "-m", "smollm2:135m", *args, block_ray=True)
     assert p.returncode in (1, 2) and says in p.stderr, p.stderr
     assert "pip install" not in p.stderr  # refused before Ray was needed
+
+
+# --- what is deployed --------------------------------------------------------------------------
+
+
+def _replica_deployment(app):
+    ingress = app._bound_deployment
+    assert ingress.name == "BuboIngress" and ingress.ray_actor_options == {"num_cpus": 0}
+    return ingress.init_args[0]._bound_deployment
+
+
+def test_the_application_carries_the_flags():
+    from bubo.rayserve import Options, build_app
+
+    rep = _replica_deployment(build_app(Options(serve_argv=["-m", "smollm2:135m", "-c", "2048"], replicas=3,
+                                                threads=2, one_per_node=True, busy_threshold=6)))
+    cfg = rep._deployment_config
+    assert rep.name == "BuboReplica" and rep.ray_actor_options == {"num_cpus": 2}
+    assert cfg.num_replicas == 3 and cfg.autoscaling_config is None
+    assert rep._replica_config.max_replicas_per_node == 1
+    assert cfg.request_router_config.request_router_class.endswith("router.PrefixAwareRouter")
+    assert cfg.request_router_config.request_router_kwargs == {"busy_threshold": 6}
+    assert rep.init_args == (["-m", "smollm2:135m", "-c", "2048"], 2, 600.0)
+    assert cfg.health_check_period_s <= 2
+
+    # autoscaling on requests under way, and Ray's own router
+    rep = _replica_deployment(build_app(Options(replicas=1, min_replicas=2, max_replicas=5,
+                                                target_ongoing_requests=3, router="pow2")))
+    auto = rep._deployment_config.autoscaling_config
+    assert (auto.min_replicas, auto.initial_replicas, auto.max_replicas, auto.target_ongoing_requests) == (2, 2, 5, 3)
+    assert "PrefixAware" not in str(rep._deployment_config.request_router_config.request_router_class)
