@@ -289,10 +289,36 @@ def test_the_memory_guard_counts_what_the_cache_still_needs(engine):
 
 @pytest.fixture(scope="module")
 def roomy(catalog_model):
-    """A fresh engine with a context its cache has not taken yet."""
-    e = start_engine(catalog_model("smollm2:135m"), n_ctx=8192)
+    """A fresh engine with a context its cache has not taken yet (not taken whole at load either)."""
+    from bubo.engine import engine as eng_mod
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(eng_mod, "KV_RESERVE_FRACTION", 0.0)
+        e = start_engine(catalog_model("smollm2:135m"), n_ctx=8192)
     yield e
     e.stop()
+
+
+def test_a_small_cache_is_taken_at_load_and_keeps_several_conversations(catalog_model):
+    """A cache small beside free memory is committed whole at load, so the prefix cache keeps
+    freed conversations until the context is in use: A, then B, then A again finds A cached
+    (when the pool grew with use, B's prefill evicted A's blocks rather than take more memory)."""
+    e = start_engine(catalog_model("smollm2:135m"), n_ctx=1024)
+    try:
+        kv = e.kv
+        assert kv.committed_blocks() * kv.block_size == 1024
+        words = "harbour ledger tide lamp keeper north quay rope salt chart".split()
+        prompts = {name: ids(e, f"Conversation {name}. " + " ".join(words[(i * k) % 10] for i in range(300)))
+                   for name, k in (("A", 3), ("B", 7))}
+        assert all(300 < len(p) < 480 for p in prompts.values()), {k: len(v) for k, v in prompts.items()}
+        cached = []
+        for name in "ABA":
+            events = list(e.submit(GenerationRequest(prompts[name], GREEDY, max_tokens=2)))
+            cached.append(events[-1].cached_tokens)
+        assert cached[0] == 0 and cached[1] < 64
+        assert cached[2] >= len(prompts["A"]) - kv.block_size, cached
+    finally:
+        e.stop()
 
 
 def test_the_memory_guard_refuses_now_or_forever(roomy, monkeypatch):

@@ -125,3 +125,19 @@ def test_running_out_of_memory_is_a_clean_memory_error(catalog_model):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "MemoryError: KV cache: out of memory" in r.stdout and r.stdout.strip().endswith("ok")
+
+
+def test_reserve_takes_the_pool_ahead_of_use_up_to_the_context(smollm):
+    kv = KVCache(smollm, 1000)
+    kv.reserve(100)  # whole blocks, at least one grow chunk
+    assert kv.committed_blocks() == GROW_MIN_TOKENS // 32
+    kv.reserve(10**9)  # capped at n_ctx: 1000 tokens are 32 blocks (the last one partly)
+    assert kv.committed_blocks() == 32 and kv.committed_bytes == 32 * 32 * SMOLLM2_TOKEN_BYTES
+    assert kv.grow_bytes(0, 1000) == 0
+    kv.reserve(500)  # never gives back
+    assert kv.committed_blocks() == 32
+    # the logits do not notice: the same as a cache grown with use
+    p = _prompt(smollm, 300)
+    grown = KVCache(smollm, 1000)
+    np.testing.assert_array_equal(_decode_all(smollm, kv, p, 64), _decode_all(smollm, grown, p, 64))
+
