@@ -186,7 +186,8 @@ def _store_models() -> list[tuple[str, str]]:
     return stored
 
 
-def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0) -> dict[str, Any]:
+def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0,
+                 load_mem_available: int | None = None) -> dict[str, Any]:
     """The engine settings given on the command line (or in BUBO_ARG_* variables)."""
     given: dict[str, Any] = {}
     for field, value in (("n_ctx", args.ctx_size), ("n_threads", args.threads), ("n_parallel", args.parallel),
@@ -207,6 +208,8 @@ def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0) -> dict[st
             raise ModelsConfigError(f"--chat-template-file {args.chat_template_file}: {e}") from None
     if load_delay_s:
         given["load_delay_s"] = load_delay_s
+    if load_mem_available is not None:
+        given["load_mem_available"] = load_mem_available
     if getattr(args, "embedding", False):
         given["embedding"] = True
     if getattr(args, "pooling", None) is not None:
@@ -262,7 +265,8 @@ def draft_config(args: argparse.Namespace) -> DraftConfig | None:
                        p_min=DEFAULT_DRAFT.p_min if p_min is None else p_min)
 
 
-def model_specs(args: argparse.Namespace, load_delay_s: float = 0.0) -> list[ModelSpec]:
+def model_specs(args: argparse.Namespace, load_delay_s: float = 0.0,
+                load_mem_available: int | None = None) -> list[ModelSpec]:
     """Every model `bubo serve` was asked to serve (see the module docstring)."""
     found: list[tuple[str, str, str]] = []  # (name, source, origin)
     for m in args.models or []:
@@ -290,7 +294,7 @@ def model_specs(args: argparse.Namespace, load_delay_s: float = 0.0) -> list[Mod
         raise ModelsConfigError(f"{flag} names one model, but {len(unique)} are served: give each its names in a "
                                 "--models-preset section (alias = ...)")
     glob = preset.get(GLOBAL_SECTION) or _Section({})
-    cli = cli_settings(args, load_delay_s)
+    cli = cli_settings(args, load_delay_s, load_mem_available)
     specs = []
     for i, (name, source, origin) in enumerate(unique):
         sec = preset.get(name)

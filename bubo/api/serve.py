@@ -123,7 +123,9 @@ def serve(args: argparse.Namespace) -> int:
     # a debug hook: widen the loading window so tests can see /ready say not_ready
     delay = float(os.environ.get("BUBO_DEBUG_LOAD_DELAY_S", "0") or 0) if debug else 0.0
     args.models = requested_models(args)
-    specs = model_specs(args, delay)
+    # and pin "available now" at load too (BUBO_DEBUG_MEM_AVAILABLE): a cache is then not taken whole
+    raw_mem = os.environ.get("BUBO_DEBUG_MEM_AVAILABLE", "").strip() if debug else ""
+    specs = model_specs(args, delay, int(raw_mem) if raw_mem.isdigit() else None)
     if len(specs) == 1:
         # one model that cannot load: say why and exit 1, before listening
         check_model(specs[0].source, embedding=args.embedding)

@@ -307,6 +307,7 @@ class Engine:
 
     def __init__(self, model: str, *, n_ctx: int | None = None, n_threads: int | None = None,
                  chat_template: str | None = None, load_delay_s: float = 0.0,
+                 load_mem_available: int | None = None,
                  n_parallel: int | None = None, n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
                  queue_size: int | None = None, draft: DraftConfig | None = DEFAULT_DRAFT,
                  cache_type_k: str = "f16", cache_type_v: str = "f16", embedding: bool = False,
@@ -325,6 +326,7 @@ class Engine:
         self.cache_type_v = check_cache_type(cache_type_v, "cache_type_v", k=False)
         self._settings: dict[str, Any] = dict(
             n_ctx=n_ctx, n_threads=n_threads, chat_template=chat_template, load_delay_s=load_delay_s,
+            load_mem_available=load_mem_available,
             n_parallel=n_parallel, n_batch=n_batch, n_ubatch=n_ubatch, queue_size=queue_size, draft=draft,
             cache_type_k=cache_type_k, cache_type_v=cache_type_v, embedding=embedding, pooling=pooling)
         if pooling is not None and pooling not in ("mean", "cls", "last"):
@@ -354,6 +356,7 @@ class Engine:
         self.stopped = False  # the thread has ended and let go of the model
         self._n_ctx_requested = n_ctx
         self._load_delay_s = load_delay_s  # a debug hook: makes the loading window observable
+        self._load_mem_available = load_mem_available  # a debug hook: the memory free at load
         self._lock = _allocate_lock()  # guards the scheduler's queue
         self._work = _allocate_lock()  # released = "there is work"; the engine thread acquires it
         self._work.acquire()
@@ -603,7 +606,7 @@ class Engine:
         # request needs); it costs gemma3 the window layers' share of the context's memory
         self.kv = KVCache(runtime.native, self.n_ctx, n_seq_max=self.n_parallel, swa_full=True,
                           type=self.cache_type_k, type_v=self.cache_type_v)
-        _reserve_small_cache(self.kv, self.n_ctx)
+        _reserve_small_cache(self.kv, self.n_ctx, self._load_mem_available)
         draft_model = None
         if self.draft is not None and self.draft.model is not None:
             draft_model = DraftModel.load(self.draft, runtime, self.n_ctx, self.n_parallel, n_step)
@@ -887,13 +890,13 @@ def _rss() -> int:
         return 0
 
 
-def _reserve_small_cache(kv: KVCache, n_ctx: int) -> None:
+def _reserve_small_cache(kv: KVCache, n_ctx: int, available_override: int | None = None) -> None:
     """A context whose whole cache is a small part of the memory free now is taken from the OS at
     once: the prefix cache then keeps freed conversations until the context is in use, rather than
     evicting one to make room for the next while the pool is still growing (several conversations
     stay cached, as a router sending each to its replica expects). A larger one grows with use,
     under the memory guard."""
-    available = memory_budget()[1]
+    available = memory_budget(available_override)[1]
     if available is None or kv.nbytes > available * KV_RESERVE_FRACTION:
         return
     try:

@@ -68,6 +68,7 @@ class EngineSettings:
     queue_size: int | None = None
     chat_template: str | None = None
     load_delay_s: float = 0.0
+    load_mem_available: int | None = None  # a debug hook: the memory free at load, as the guard sees it
     draft: DraftConfig | None = DEFAULT_DRAFT  # speculative decoding (None: off)
     cache_type_k: str = "f16"  # the KV cache's K and V storage types (-ctk, -ctv)
     cache_type_v: str = "f16"
@@ -169,7 +170,8 @@ class ModelEntry:
 def _never_loaded(spec: ModelSpec) -> Engine:
     s = spec.settings
     return Engine(spec.source, n_ctx=s.n_ctx, n_threads=s.n_threads, chat_template=s.chat_template,
-                  load_delay_s=s.load_delay_s, n_parallel=s.n_parallel, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
+                  load_delay_s=s.load_delay_s, load_mem_available=s.load_mem_available,
+                  n_parallel=s.n_parallel, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
                   queue_size=s.queue_size, draft=s.draft, cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v,
                   embedding=s.embedding, pooling=s.pooling)
 

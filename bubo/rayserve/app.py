@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from bubo.api.config import DEFAULT_MAX_BODY_BYTES
 from bubo.api.errors import ApiError
@@ -124,11 +124,10 @@ class BuboReplica:
     """One `bubo serve` on this node, and the requests passed to it."""
 
     def __init__(self, serve_argv: list[str], threads: int, ready_timeout_s: float) -> None:
+        import ray
         from ray import serve
 
         ctx = serve.get_replica_context()
-        import ray
-
         node = ray.get_runtime_context().get_node_id()
         # answers carry it (X-Bubo-Replica): which replica, on which node
         self.replica_id = f"{ctx.replica_id.unique_id if ctx is not None else os.getpid()}@{node[:12]}"
@@ -173,15 +172,21 @@ class BuboReplica:
         deadline = time.monotonic() + ready_timeout_s
         found.wait(ready_timeout_s)
         if not self.url:
-            raise ServeProcessError(f"bubo serve {' '.join(serve_argv)} exited before it listened "
-                                   f"(status {self.proc.poll() if self.proc else None}; its log is above)")
+            self._fail(f"bubo serve {' '.join(serve_argv)} exited before it listened "
+                       f"(status {self.proc.poll() if self.proc else None}; its log is above)")
         while not self._ready():
             if self.proc is not None and self.proc.poll() is not None:
-                raise ServeProcessError(f"bubo serve exited with status {self.proc.returncode} while loading")
+                self._fail(f"bubo serve exited with status {self.proc.returncode} while loading")
             if time.monotonic() > deadline:
-                raise ServeProcessError(f"bubo serve was not ready within {ready_timeout_s:.0f} s")
+                self._fail(f"bubo serve was not ready within {ready_timeout_s:.0f} s")
             time.sleep(0.2)
         self._session: Any = None
+
+    def _fail(self, why: str) -> NoReturn:
+        """The replica cannot start: its server goes first (Ray makes another replica)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        raise ServeProcessError(why)
 
     def _get(self, path: str, timeout: float = 5.0) -> int:
         req = urllib.request.Request(self.url + path)
