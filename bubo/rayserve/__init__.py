@@ -93,7 +93,7 @@ def deploy(opts: Options, timeout_s: float) -> None:
     when one fails to start or cannot be placed."""
     from ray import serve
 
-    check_resources(opts)
+    check_resources(opts)  # again: nodes may have left since the command's own check
     serve._run(build_app(opts), _blocking=False, name=opts.name, route_prefix=opts.route_prefix)
     deadline = time.monotonic() + timeout_s
     pending_since: float | None = None

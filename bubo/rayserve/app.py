@@ -28,6 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -136,6 +137,7 @@ class BuboReplica:
                 "-t", str(threads), "--host", "127.0.0.1", "--port", "0", "--no-webui"]
         self.url = ""
         self.proc: subprocess.Popen[str] | None = None
+        self._tail: deque[str] = deque(maxlen=20)  # the server's last lines, for a failure's message
         started = threading.Event()
         found = threading.Event()
         failure: list[BaseException] = []
@@ -143,8 +145,8 @@ class BuboReplica:
         def spawn() -> None:
             # the thread that forks stays alive as long as the child (PDEATHSIG follows the thread)
             try:
-                self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                                             errors="replace")
+                self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, text=True, errors="replace")
             except OSError as e:
                 failure.append(e)
                 started.set()
@@ -153,6 +155,7 @@ class BuboReplica:
             assert self.proc.stdout is not None
             try:
                 for line in self.proc.stdout:
+                    self._tail.append(line.rstrip("\n"))
                     m = _LISTENING.search(line)
                     if m and not found.is_set():
                         self.url = m.group(1).rstrip("/")
@@ -173,7 +176,7 @@ class BuboReplica:
         found.wait(ready_timeout_s)
         if not self.url:
             self._fail(f"bubo serve {' '.join(serve_argv)} exited before it listened "
-                       f"(status {self.proc.poll() if self.proc else None}; its log is above)")
+                       f"(status {self.proc.poll() if self.proc else None})")
         while not self._ready():
             if self.proc is not None and self.proc.poll() is not None:
                 self._fail(f"bubo serve exited with status {self.proc.returncode} while loading")
@@ -186,7 +189,8 @@ class BuboReplica:
         """The replica cannot start: its server goes first (Ray makes another replica)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
-        raise ServeProcessError(why)
+        said = [ln for ln in self._tail if "error" in ln.lower()] or list(self._tail)[-1:]
+        raise ServeProcessError(f"{why}: {said[-1].strip()}" if said else why)
 
     def _get(self, path: str, timeout: float = 5.0) -> int:
         req = urllib.request.Request(self.url + path)

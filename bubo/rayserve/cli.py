@@ -10,7 +10,7 @@ import sys
 import threading
 import types
 
-from bubo.rayserve import Options, deploy, require_ray
+from bubo.rayserve import DeployError, Options, check_resources, deploy, require_ray
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -49,11 +49,16 @@ def ray_serve(args: argparse.Namespace) -> int:
         ray.init(address=address, logging_level=logging.WARNING)
     else:
         ray.init(logging_level=logging.WARNING, include_dashboard=False)  # a new cluster on this machine, ours
+    check_resources(opts)  # before Serve starts: a refusal leaves nothing behind on the cluster
     serve.start(proxy_location=args.proxy_location, http_options={"host": args.host, "port": args.port})
     _check_proxy(args)
     print(f"bubo ray-serve: starting {opts.least_replicas} replica(s) of `bubo serve {' '.join(opts.serve_argv)}` "
           f"({opts.threads} thread(s) each, router {opts.router})", flush=True)
-    deploy(opts, timeout_s=opts.ready_timeout_s + 60)
+    try:
+        deploy(opts, timeout_s=opts.ready_timeout_s + 60)
+    except DeployError:
+        _shutdown_if_idle()
+        raise
     stop = threading.Event()
 
     def on_signal(signum: int, frame: types.FrameType | None) -> None:
@@ -73,10 +78,17 @@ def ray_serve(args: argparse.Namespace) -> int:
         done.start()
         while done.is_alive() and not stop.wait(0.5):
             pass
-        if not serve.status().applications:
-            serve.shutdown()  # type: ignore[no-untyped-call]  # the last application: the proxy goes too, so the next may pick its port
+        _shutdown_if_idle()
     # a cluster this command started ends with it (ray.init's own processes)
     return 0
+
+
+def _shutdown_if_idle() -> None:
+    """With no application left, Serve's proxy goes too, so that the next ray-serve picks its port."""
+    from ray import serve
+
+    if not serve.status().applications:
+        serve.shutdown()  # type: ignore[no-untyped-call]
 
 
 def _check_proxy(args: argparse.Namespace) -> None:

@@ -10,7 +10,8 @@ ray-serve --address ...` as a user runs it:
 - a replica's process killed under 8 concurrent clients: no client hangs, each failed request is a
   503 with Retry-After (or, where a stream's 200 had gone out, the in-band error), the service
   answers from a new replica within 30 s, and nothing else fails;
-- too few CPUs for the replicas asked: a clear error, not a hang."""
+- too few CPUs for the replicas asked, or a model file the replicas cannot find: a clear error,
+  not a hang."""
 
 from __future__ import annotations
 
@@ -356,3 +357,14 @@ def test_too_few_cpus_for_the_replicas_is_a_clear_error(cluster):
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "3 replicas of 1 threads need 3 CPUs" in proc.stderr and "room for 2" in proc.stderr, proc.stderr
+
+
+def test_a_model_the_replicas_cannot_load_is_a_clear_error(cluster, tmp_path):
+    missing = tmp_path / "missing.gguf"
+    proc = subprocess.run([sys.executable, "-m", "bubo", "ray-serve", "--address", cluster.address, "--port",
+                           str(free_port()), "--replicas", "1", "-t", "1", "-m", str(missing),
+                           "--app-name", "bubo-missing"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("bubo ray-serve: error: the replicas did not start:"), proc.stderr
+    assert f"-m {missing}: no such file" in last, last
