@@ -16,7 +16,7 @@ import hashlib
 import json
 from typing import Any
 
-BLOCK_BYTES = 256  # about 64 tokens of English: four of the prefix cache's 16-token blocks
+BLOCK_BYTES = 256  # about 64 tokens of English: two of the prefix cache's 32-token blocks
 MAX_BLOCKS = 256  # the leading 64 KiB of a prompt decide its route
 
 # route -> the body's fields that the prompt is made of, in prompt order
