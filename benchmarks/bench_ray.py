@@ -25,16 +25,20 @@ from __future__ import annotations
 
 import argparse
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from bench_serve import chat, client_prompt, completion, concurrent_completions, throughput_summary
+from bench_serve import (
+    Server,
+    chat,
+    client_prompt,
+    completion,
+    concurrent_completions,
+    free_port,
+    throughput_summary,
+)
 from prefill_peak import cpu_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,56 +46,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 TOPICS = ["a lighthouse keeper", "a spice merchant", "a glacier survey team", "a violin workshop"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Proc:
-    """A server process (bubo serve or bubo ray-serve) until it prints its listening line."""
-
-    def __init__(self, cmd: list[str], marker: str, timeout_s: float = 300.0):
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-        self.log: list[str] = []
-        deadline = time.monotonic() + timeout_s
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.log.append(line)
-            if marker in line:
-                break
-        else:
-            self.stop()
-            raise RuntimeError("did not start:\n" + "".join(self.log[-40:]))
-        if self.proc.poll() is not None:
-            raise RuntimeError("exited:\n" + "".join(self.log[-40:]))
-        import threading
-
-        threading.Thread(target=lambda: [self.log.append(x) for x in self.proc.stdout or []], daemon=True).start()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def start(kind: str, address: str, model: Path, port: int, ctx: int, extra: list[str]) -> Proc:
+def server(kind: str, address: str, model: Path, port: int, ctx: int, extra: list[str]) -> Server:
+    """`bubo serve -t N` (kind serve-tN) or `bubo ray-serve` with R replicas of 1 thread (rayRx1), ready
+    when its /health and /ready answer 200 (through Ray's proxy: once the replicas are up)."""
     serve = ["-m", str(model), "--served-model-name", "bench", "-c", str(ctx), *extra]
     if kind.startswith("serve"):
         threads = kind.split("-t")[1]
-        return Proc([sys.executable, "-m", "bubo", "serve", *serve, "-t", threads, "--port", str(port)],
-                    "bubo serve: ready")
+        return Server("bubo", [sys.executable, "-m", "bubo", "serve", *serve, "-t", threads, "--port", str(port)],
+                      port)
     replicas = kind.split("x")[0].split("ray")[1]
-    return Proc([sys.executable, "-m", "bubo", "ray-serve", "--address", address, "--port", str(port),
-                 "--replicas", replicas, "-t", "1", "--one-per-node", *serve], "bubo ray-serve: listening")
+    # stopping takes the application off the cluster: give it the time
+    return Server("bubo", [sys.executable, "-m", "bubo", "ray-serve", "--address", address, "--port", str(port),
+                           "--replicas", replicas, "-t", "1", "--one-per-node", *serve], port, stop_timeout_s=90.0)
 
 
 def throughput(port: int, clients: int, n_predict: int, seed: int) -> dict[str, float]:
@@ -141,22 +107,17 @@ def main() -> int:
         for r in range(args.rounds):
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
                 port = free_port()
-                p = start(kind, cluster.address, model, port, 4096, ["-np", str(min(args.clients, 8))])
-                try:
+                with server(kind, cluster.address, model, port, 4096, ["-np", str(min(args.clients, 8))]):
                     tps[kind].append(throughput(port, args.clients, args.n_predict, r))
                     if r == 0 and kind in ("serve-t1", "ray1x1"):
                         hop[kind] = hop_ttft(port)
-                finally:
-                    p.stop()
                 print(f"round {r + 1} {kind}: {tps[kind][-1]['tps']:.1f} tokens/s", file=sys.stderr, flush=True)
         routing = {}
         for router in ("prefix", "pow2"):
             port = free_port()
-            p = start("ray2x1", cluster.address, model, port, 1024, ["--router", router, "--app-name", f"b-{router}"])
-            try:
+            flags = ["--router", router, "--app-name", f"b-{router}"]
+            with server("ray2x1", cluster.address, model, port, 1024, flags):
                 routing[router] = conversations(port)
-            finally:
-                p.stop()
     finally:
         cluster.shutdown()
 

@@ -311,8 +311,8 @@ class Server:
     this script, which then stops it), ready when its readiness routes answer 200, stopped on exit
     whatever happened."""
 
-    def __init__(self, who: str, cmd: list[str], port: int):
-        self.who, self.cmd, self.port = who, cmd, port
+    def __init__(self, who: str, cmd: list[str], port: int, stop_timeout_s: float = STOP_TIMEOUT_S):
+        self.who, self.cmd, self.port, self.stop_timeout_s = who, cmd, port, stop_timeout_s
         # bubo's /health is 200 as soon as it listens; /ready waits for the model. llama-server's
         # /health is 503 until the model is loaded.
         self.ready_paths = ["/health", "/ready"] if who == "bubo" else ["/health"]
@@ -363,7 +363,7 @@ class Server:
         # the whole session: a server that forked helpers takes them with it
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(STOP_TIMEOUT_S)
+            self.proc.wait(self.stop_timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()

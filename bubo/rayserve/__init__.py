@@ -90,10 +90,10 @@ def check_resources(opts: Options) -> None:
 
 def deploy(opts: Options, timeout_s: float) -> None:
     """Run the application and wait until every replica is ready; DeployError (the app deleted)
-    when one fails to start or cannot be placed."""
+    when one fails to start or cannot be placed. check_resources(opts) first: a refusal then
+    comes before Serve is started on the cluster."""
     from ray import serve
 
-    check_resources(opts)  # again: nodes may have left since the command's own check
     serve._run(build_app(opts), _blocking=False, name=opts.name, route_prefix=opts.route_prefix)
     deadline = time.monotonic() + timeout_s
     pending_since: float | None = None

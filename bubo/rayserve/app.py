@@ -214,10 +214,6 @@ class BuboReplica:
         if self._get("/health") != 200:
             raise ServeProcessError("bubo serve does not answer /health")
 
-    def pid(self) -> tuple[int, int]:
-        """(this replica's process, its bubo serve's): for tests and operators."""
-        return os.getpid(), self.proc.pid if self.proc is not None else 0
-
     async def forward(self, req: Forward) -> AsyncIterator[Any]:
         import aiohttp
 

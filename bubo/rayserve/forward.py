@@ -10,16 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bubo.api.errors import (
-    ApiError,
-    StreamShape,
-    anthropic_body,
-    dumps,
-    is_anthropic_path,
-    is_ollama_path,
-    openai_body,
-    stream_error,
-)
+from bubo.api.errors import ApiError, StreamShape, error_response, is_anthropic_path, is_ollama_path, stream_error
+from bubo.api.sse import format_event, format_line
 
 # the replica's first item: it holds the request from here on (before it, a lost replica never
 # saw the request, and the ingress sends it to another)
@@ -53,30 +45,21 @@ def end_to_end(headers: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> 
 
 
 def error_body(path: str, err: ApiError) -> bytes:
-    """A whole answer's error body, in the route's dialect (as bubo.api.errors.error_response)."""
-    if is_anthropic_path(path):
-        return dumps(anthropic_body(err.status, err.code, err.message)).encode()
-    if is_ollama_path(path):
-        return dumps({"error": err.message}).encode()
-    return dumps(openai_body(err.status, err.code, err.message, err.type)).encode()
+    """A whole answer's error body, in the route's dialect: `bubo serve`'s own (error_response)."""
+    return bytes(error_response(path, err).get_data())
 
 
 def stream_error_bytes(path: str, content_type: str, err: ApiError) -> bytes:
     """The in-band error that ends a stream whose 200 went out: an SSE event, or an NDJSON line."""
     if "ndjson" in content_type or (is_ollama_path(path) and "event-stream" not in content_type):
-        return (dumps(stream_error(StreamShape.OLLAMA, err)) + "\n").encode()
+        return format_line(stream_error(StreamShape.OLLAMA, err)).encode()
     if is_anthropic_path(path):
         shape = StreamShape.ANTHROPIC
     elif path.rstrip("/").endswith("/responses"):
         shape = StreamShape.RESPONSES
     else:
         shape = StreamShape.OPENAI
-    item = stream_error(shape, err)
-    name = None
-    if isinstance(item, tuple):
-        name, item = item
-    head = f"event: {name}\n" if name else ""
-    return f"{head}data: {dumps(item)}\n\n".encode()
+    return format_event(stream_error(shape, err)).encode()
 
 
 def replica_lost(detail: str) -> ApiError:

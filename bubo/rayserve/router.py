@@ -43,8 +43,6 @@ class PrefixAwareRouter(RequestRouter):
         # and those it chose a replica for that Ray has not sent yet: concurrent choices see them
         self.inflight: dict[ReplicaID, int] = {}
         self.choosing: dict[str, ReplicaID] = {}
-        self.prefix_routed = 0  # requests sent to the replica that held their prefix
-        self.load_routed = 0
 
     def _load(self, r: RunningReplica) -> int:
         rid = r.replica_id
@@ -89,10 +87,8 @@ class PrefixAwareRouter(RequestRouter):
             if n > best_n or (n == best_n and n > 0 and best is not None and self._load(r) < self._load(best)):
                 best, best_n = r, n
         if best is not None and self._load(best) < self.busy_threshold:
-            self.prefix_routed += 1
             self._chose(pending_request, best)
             return [[best], *([r] for r in self._by_load([r for r in candidate_replicas if r is not best]))]
-        self.load_routed += 1
         # one replica a rank, in this order: Ray Serve sends to the first whose queue has room
         ranked = self._by_load(candidate_replicas)
         self._chose(pending_request, ranked[0])

@@ -29,7 +29,61 @@ START_TIMEOUT_S = 120.0  # a cold start may rebuild the editable install first
 _URL = re.compile(r"listening on (http://[^\s\"]+)")
 
 
-class Server:
+class Process:
+    """A server process, until its output says where it listens (the first group of url_pattern);
+    its output is kept in .log. stop(): SIGTERM, then SIGKILL after stop_timeout_s."""
+
+    def __init__(self, cmd: list[str], *, env: dict[str, str] | None = None, url_pattern: re.Pattern[str] = _URL,
+                 start_timeout_s: float = START_TIMEOUT_S, stop_timeout_s: float = 10.0,
+                 start_new_session: bool = False):
+        full_env = {**os.environ, **(env or {})}
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=full_env, bufsize=1, start_new_session=start_new_session)
+        self.log: list[str] = []
+        self.stop_timeout_s = stop_timeout_s
+        self.url = self._read_url(url_pattern, start_timeout_s)
+        # keep draining the output: a full pipe would block the server's logging
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _read_url(self, pattern: re.Pattern[str], timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.log.append(line)
+            m = pattern.search(line)
+            if m:
+                return m.group(1)
+        self.stop()
+        raise RuntimeError("the server did not start:\n" + "".join(self.log[-60:]))
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log.append(line)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> Process:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Server(Process):
     def __init__(self, *flags: str, env: dict[str, str] | None = None, model: str | None = MODEL,
                  ctx: int = 2048, threads: int = 2):
         """model None: the flags name the models (router mode: several -m, --models-dir, ...)."""
@@ -39,33 +93,8 @@ class Server:
             models = ["-m", str(path), "--served-model-name", model]
         cmd = [sys.executable, "-m", "bubo", "serve", *models,
                "--host", "127.0.0.1", "--port", "0", "-c", str(ctx), "-t", str(threads), *flags]
-        full_env = {**os.environ, **(env or {})}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=full_env, bufsize=1)
-        self.log: list[str] = []
-        self.url = self._read_url()
-        # keep draining the output: a full pipe would block the server's logging
-        threading.Thread(target=self._drain, daemon=True).start()
+        super().__init__(cmd, env=env)
         self.first_ready_status: int | None = None
-
-    def _read_url(self) -> str:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.log.append(line)
-            m = _URL.search(line)
-            if m:
-                return m.group(1)
-        self.stop()
-        raise RuntimeError("the server did not start:\n" + "".join(self.log))
-
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.log.append(line)
 
     def ready_status(self, headers: dict[str, str] | None = None) -> int:
         req = urllib.request.Request(self.url + "/ready", headers=headers or {})
@@ -89,28 +118,11 @@ class Server:
         self.stop()
         raise RuntimeError("the server did not become ready:\n" + "".join(self.log))
 
-    def alive(self) -> bool:
-        return self.proc.poll() is None
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def __enter__(self) -> Server:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def post_json(url: str, body: dict) -> tuple[int, dict[str, str], dict]:
+def post_json(url: str, body: dict, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], dict]:
     """POST body as JSON: (status, headers, the JSON answer), error statuses included."""
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return r.status, dict(r.headers), json.loads(r.read())

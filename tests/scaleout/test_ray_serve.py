@@ -31,7 +31,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from api.conftest import Server
+from api.conftest import Process, Server, post_json
 
 from bubo import store
 
@@ -54,48 +54,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class RayServe:
-    """`python -m bubo ray-serve` against the cluster, until it says it listens."""
+class RayServe(Process):
+    """`python -m bubo ray-serve` against the cluster, until it says it listens (its own session:
+    a signal to it does not reach the cluster's processes)."""
 
     def __init__(self, address: str, *flags: str, model: str = MODEL):
-        self.port = free_port()
         path = store.pull(model)
-        cmd = [sys.executable, "-m", "bubo", "ray-serve", "--address", address, "--port", str(self.port),
+        cmd = [sys.executable, "-m", "bubo", "ray-serve", "--address", address, "--port", str(free_port()),
                "-m", str(path), "--served-model-name", model, *flags]
-        # its own session: a signal to it does not reach the cluster's processes
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-        self.log: list[str] = []
-        self.url = ""
-        deadline = time.monotonic() + START_TIMEOUT_S
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.log.append(line)
-            m = _LISTENING.search(line)
-            if m:
-                self.url = m.group(1)
-                break
-        if not self.url:
-            self.stop()
-            raise RuntimeError("bubo ray-serve did not start:\n" + "".join(self.log[-60:]))
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.log.append(line)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__(cmd, url_pattern=_LISTENING, start_timeout_s=START_TIMEOUT_S, stop_timeout_s=90.0,
+                         start_new_session=True)
 
 
 @pytest.fixture(scope="module")
@@ -133,15 +101,7 @@ def _chat(client, prompt: str, **kw):
 
 
 def _post(url: str, body: dict, key: str | None = KEY) -> tuple[int, dict[str, str], dict]:
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, dict(r.headers), json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), json.loads(e.read())
+    return post_json(url, body, {"Authorization": f"Bearer {key}"} if key else None)
 
 
 def test_two_replicas_on_two_nodes_answer_as_one_server(app):
