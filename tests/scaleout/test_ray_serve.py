@@ -6,7 +6,10 @@ ray-serve --address ...` as a user runs it:
   not) with the tokens a single `bubo serve` gives, behind the same API key check;
 - prefix-aware routing against Ray Serve's default (power of two choices), in one run: 40 requests
   of 4 conversations with long system prompts, interleaved; cached prompt tokens (usage) and time
-  to first token printed for both; prefix-aware must cache at least 1.8x as many tokens;
+  to first token printed for both; prefix-aware must find at least 75% of the prompt tokens
+  cached (the ideal is 84%: only each conversation's first request is new) and at least 1.5x as
+  many as the default (which routes at random here: both replicas idle; simulated with the
+  cache's 32-token LRU blocks, its share is 23% at the median and 51% in one run of 1000);
 - a replica's process killed under 8 concurrent clients: no client hangs, each failed request is a
   503 with Retry-After (or, where a stream's 200 had gone out, the in-band error), the service
   answers from a new replica within 30 s, and nothing else fails;
@@ -191,7 +194,8 @@ def test_prefix_aware_routing_caches_more_than_rays_default(cluster, app):
     print(f"cached tokens: {prefix['cached'] / max(default['cached'], 1):.2f}x; "
           f"median TTFT: {default['ttft'] / prefix['ttft']:.2f}x lower with prefix-aware routing")
     assert prefix["prompt"] == default["prompt"]
-    assert prefix["cached"] >= 1.8 * default["cached"], (prefix, default)
+    assert prefix["cached"] >= 0.75 * prefix["prompt"], (prefix, default)
+    assert prefix["cached"] >= 1.5 * default["cached"], (prefix, default)
 
 
 # --- a replica killed under load ----------------------------------------------------------------
