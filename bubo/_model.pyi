@@ -4,6 +4,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+REQUANT_TYPES: tuple[str, ...]
+
 class Model:
     """A GGUF model (decoders: llama, qwen2, qwen3, gemma3; encoder: bert) on the native forward pass.
 
@@ -12,7 +14,10 @@ class Model:
 
     path: str
     hparams: dict[str, Any]
-    def __init__(self, path: str | bytes, n_threads: int = 0) -> None: ...
+    def __init__(self, path: str | bytes, n_threads: int = 0, requant: str | None = None) -> None:
+        """requant: the layers' matrices (and an untied output) whose rows are wider in their own
+        type are rewritten in this one at load (one of REQUANT_TYPES; None: as in the file): for
+        a draft model, whose weights only guess what the target checks."""
     @property
     def n_vocab(self) -> int: ...
     def share_pool(self, other: Model) -> None:

@@ -177,6 +177,10 @@ def _parser() -> _ArgParser:
     p.add_flag("--draft-p-min", type=float, default=None,
                help="the draft model stops drafting where its top token's probability is under this (default 0: "
                     "each draft's length is chosen by what drafts have been kept and what a pass costs)")
+    p.add_flag("--draft-requant", default=None, metavar="TYPE",
+               help="the draft model's matrices wider than this type are rewritten in it at load: q4_0 (the "
+                    "default), q4_1, q5_0, q5_1, q8_0, or none to keep the file's (drafts are only checked, so "
+                    "fewer bytes per pass make drafting faster and change no answer)")
     p.add_flag("--no-draft", action="store_true", help="no speculative decoding")
     p.add_flag("--spec-type", default=None,
                help="llama-server's speculative decoding types, comma-separated: ngram-simple (or any ngram-*) is "

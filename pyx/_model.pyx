@@ -26,6 +26,10 @@ cdef int _type_id(str name) except -1:
     raise ValueError(f"unknown KV cache type {name!r} (use 'f16', 'f32', 'q8_0' or 'q4_0')")
 
 
+# the types a model's weights can be requantized to at load (Model(requant=...))
+REQUANT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+
+
 # the file's pooling_type (llama.cpp's llama_pooling_type); None when the file does not say
 _POOLING_NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last"}
 
@@ -38,18 +42,23 @@ cdef class Model:
     cdef object _pool_owner  # the model whose thread pool this one runs on (share_pool)
     cdef bint _hidden
 
-    def __cinit__(self, path, int n_threads=0):
+    def __cinit__(self, path, int n_threads=0, requant=None):
         self.path = os.fsdecode(os.fspath(path))
         cdef bytes bpath = os.fsencode(self.path)
         if b"\0" in bpath:
             raise ValueError("path contains a NUL byte")
         if n_threads == 0:
             n_threads = os.cpu_count() or 1
+        cdef int rq = BUBO_TYPE_COUNT
+        if requant is not None:
+            if requant not in REQUANT_TYPES:
+                raise ValueError(f"weights cannot be requantized to {requant!r} (use {', '.join(REQUANT_TYPES)})")
+            rq = _type_id(requant)
         cdef bubo_err err
         cdef const char *cpath = bpath
         cdef bubo_status st
         with nogil:
-            st = bubo_model_load(cpath, n_threads, &self.m, &err)
+            st = bubo_model_load_as(cpath, n_threads, rq, &self.m, &err)
         check_status(st, &err, None)
         cdef const bubo_hparams *hp = bubo_model_hparams(self.m)
         self.hparams = {

@@ -56,6 +56,7 @@ cdef extern from "bubo/model.h" nogil:
         pass
 
     bubo_status bubo_model_load(const char *path, int n_threads, bubo_model **out, bubo_err *err)
+    bubo_status bubo_model_load_as(const char *path, int n_threads, int requant, bubo_model **out, bubo_err *err)
     void bubo_model_free(bubo_model *m)
     const bubo_hparams *bubo_model_hparams(const bubo_model *m)
     int bubo_model_n_threads(const bubo_model *m)

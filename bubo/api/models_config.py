@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig
+from bubo.engine.draft import DEFAULT_DRAFT, REQUANT_TYPES, DraftConfig
 from bubo.engine.engine import check_cache_type
 from bubo.engine.registry import DEFAULT_NAME, EngineSettings, ModelSpec
 
@@ -221,7 +221,7 @@ def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0,
 
 
 def draft_config(args: argparse.Namespace) -> DraftConfig | None:
-    """Speculative decoding as --model-draft, --draft-max, --draft-min, --draft-p-min, --spec-type
+    """Speculative decoding as --model-draft, --draft-max, --draft-min, --draft-p-min, --draft-requant, --spec-type
     and --no-draft say (None: off)."""
     model = getattr(args, "model_draft", None)
     if getattr(args, "no_draft", False):
@@ -243,6 +243,13 @@ def draft_config(args: argparse.Namespace) -> DraftConfig | None:
             raise ModelsConfigError(f"--spec-type {spec}: a draft type needs a draft model (--model-draft)")
     n_max, n_min, p_min = (getattr(args, "draft_max", None), getattr(args, "draft_min", None),
                            getattr(args, "draft_p_min", None))
+    requant = getattr(args, "draft_requant", None)
+    if requant is not None:
+        requant = requant.strip().lower()
+        if requant != "none" and requant not in REQUANT_TYPES:
+            raise ModelsConfigError(f"--draft-requant {requant}: give one of {', '.join(REQUANT_TYPES)} or none")
+        if model is None:
+            raise ModelsConfigError("--draft-requant: it is for a draft model's weights (--model-draft)")
     if n_max is None and n_min is None and p_min is None and model is None:
         return DEFAULT_DRAFT
     if n_max is not None and n_max < 1:
@@ -262,7 +269,8 @@ def draft_config(args: argparse.Namespace) -> DraftConfig | None:
             msg = str(e) if str(e).startswith("--model-draft") else f"--model-draft {model}: {e}"
             raise ModelsConfigError(msg) from None
     return DraftConfig(n_max=n_max, n_min=n_min, model=model,
-                       p_min=DEFAULT_DRAFT.p_min if p_min is None else p_min)
+                       p_min=DEFAULT_DRAFT.p_min if p_min is None else p_min,
+                       requant=DEFAULT_DRAFT.requant if requant is None else None if requant == "none" else requant)
 
 
 def model_specs(args: argparse.Namespace, load_delay_s: float = 0.0,

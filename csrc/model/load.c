@@ -426,6 +426,14 @@ static void prepack_share(void *vt, int ith, int nth) {
               t->dst + (size_t)r0 * t->row_bytes);
 }
 
+/* A matrix's original pages go back to the file (a private read-only mapping: never lost). */
+static void give_back(const void *data, size_t bytes) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t from = ((uintptr_t)data + page - 1) & ~(page - 1);
+    const uintptr_t to = ((uintptr_t)data + bytes) & ~(page - 1);
+    if (to > from) madvise((void *)from, to - from, MADV_DONTNEED);
+}
+
 static bubo_status prepack_mat(bubo_model *m, bubo_mat *w, bubo_err *err) {
     const bubo_isa isa = bubo_prepack_isa(w->type);
     if (!w->data || w->packed || w->cols > INT_MAX || isa == BUBO_ISA_COUNT) return BUBO_OK;
@@ -438,11 +446,12 @@ static bubo_status prepack_mat(bubo_model *m, bubo_mat *w, bubo_err *err) {
         bubo_pool_run(m->pool, prepack_share, &t);
     else
         prepack_share(&t, 0, 1);
-    /* the original's whole pages go back to the file (a private read-only mapping: never lost) */
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t from = ((uintptr_t)w->data + page - 1) & ~(page - 1);
-    const uintptr_t to = ((uintptr_t)w->data + t.row_bytes * (size_t)w->rows) & ~(page - 1);
-    if (to > from) madvise((void *)from, to - from, MADV_DONTNEED);
+    if (w->owned) { /* a requantized copy: not needed once packed */
+        free(w->owned);
+        w->owned = NULL;
+    } else {
+        give_back(w->data, t.row_bytes * (size_t)w->rows);
+    }
     w->data = dst;
     w->packed = dst;
     w->packed_isa = isa;
@@ -473,18 +482,101 @@ static void free_prepacked(bubo_model *m) {
     for (int il = 0; il < BUBO_MAX_LAYERS; il++) {
         bubo_layer_weights *l = &m->w.layers[il];
         bubo_mat *mats[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->gate, &l->up, &l->down};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free(mats[i]->packed);
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            free(mats[i]->packed);
+            free(mats[i]->owned);
+        }
     }
     free(m->w.token_embd.packed);
-    if (!m->hp.tied_output) free(m->w.output.packed); /* tied: the same buffer */
+    if (!m->hp.tied_output) { /* tied: the same buffer */
+        free(m->w.output.packed);
+        free(m->w.output.owned);
+    }
+}
+
+/* ---- requantized weights (bubo_model_load_as) ------------------------------------------------ */
+/* Before packing: a matrix whose rows are narrower in the requant type is dequantized row by row
+ * and quantized again into an owned copy, the rows split over the threads; its original pages go
+ * back to the file. The copy is the same bits on every CPU (dequantizing is exact, the quantizer
+ * is the scalar reference). */
+
+typedef struct {
+    const bubo_mat *w;
+    bubo_to_float_fn to_float;
+    bubo_from_float_fn from_float;
+    size_t src_row, dst_row;
+    uint8_t *dst;
+    int failed; /* a thread could not allocate its row buffer (set atomically) */
+} requant_task;
+
+static void requant_share(void *vt, int ith, int nth) {
+    requant_task *t = vt;
+    const int64_t r0 = t->w->rows * ith / nth, r1 = t->w->rows * (ith + 1) / nth;
+    if (r1 <= r0) return;
+    float *row = malloc((size_t)t->w->cols * sizeof *row);
+    if (!row) {
+        __atomic_store_n(&t->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        t->to_float((const uint8_t *)t->w->data + (size_t)r * t->src_row, row, t->w->cols);
+        t->from_float(row, t->dst + (size_t)r * t->dst_row, t->w->cols);
+    }
+    free(row);
+}
+
+static bubo_status requant_mat(bubo_model *m, bubo_mat *w, bubo_type type, bubo_err *err) {
+    if (!w->data || w->type == type) return BUBO_OK;
+    const bubo_type_traits *to = bubo_type_get_traits(type);
+    const size_t src_row = bubo_row_size(w->type, w->cols), dst_row = bubo_row_size(type, w->cols);
+    const bubo_to_float_fn to_float = bubo_get_to_float(w->type);
+    if (!dst_row || dst_row >= src_row || !to_float || w->cols % bubo_type_get_traits(to->vec_dot_type)->blck_size)
+        return BUBO_OK; /* not narrower there, or its rows do not split into the type's blocks */
+    uint8_t *dst = aligned_alloc(64, (dst_row * (size_t)w->rows + 63) & ~(size_t)63);
+    if (!dst) return bubo_set_err(err, BUBO_ERR_NOMEM, "%s: out of memory for the requantized weights", m->path);
+    requant_task t = {w, to_float, to->from_float[BUBO_ISA_SCALAR], src_row, dst_row, dst, 0};
+    if (bubo_pool_n_threads(m->pool) > 1)
+        bubo_pool_run(m->pool, requant_share, &t);
+    else
+        requant_share(&t, 0, 1);
+    if (t.failed) {
+        free(dst);
+        return bubo_set_err(err, BUBO_ERR_NOMEM, "%s: out of memory requantizing the weights", m->path);
+    }
+    give_back(w->data, src_row * (size_t)w->rows);
+    w->data = w->owned = dst;
+    w->type = type;
+    return BUBO_OK;
+}
+
+static bubo_status requant_weights(bubo_model *m, bubo_type type, bubo_err *err) {
+    bubo_status st = BUBO_OK;
+    for (int il = 0; il < m->hp.n_layer && !st; il++) {
+        bubo_layer_weights *l = &m->w.layers[il];
+        bubo_mat *mats[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->gate, &l->up, &l->down};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0] && !st; i++) st = requant_mat(m, mats[i], type, err);
+    }
+    if (!st && !m->hp.tied_output) st = requant_mat(m, &m->w.output, type, err);
+    return st;
 }
 
 /* ---- load / free ----------------------------------------------------------------------------- */
 
 bubo_status bubo_model_load(const char *path, int n_threads, bubo_model **out, bubo_err *err) {
+    return bubo_model_load_as(path, n_threads, BUBO_TYPE_COUNT, out, err);
+}
+
+bubo_status bubo_model_load_as(const char *path, int n_threads, int requant, bubo_model **out, bubo_err *err) {
     *out = NULL;
     if (n_threads < 1 || n_threads > BUBO_POOL_MAX_THREADS)
         return bubo_set_err(err, BUBO_ERR_INVALID, "n_threads must be 1..%d, not %d", BUBO_POOL_MAX_THREADS, n_threads);
+    if (requant != BUBO_TYPE_COUNT) {
+        const bubo_type_traits *t = bubo_type_get_traits(requant);
+        if (!t || !t->supported || !t->from_float[BUBO_ISA_SCALAR] || !bubo_get_vec_dot_tile((bubo_type)requant) ||
+            t->vec_dot_type == BUBO_TYPE_F32)
+            return bubo_set_err(err, BUBO_ERR_INVALID, "weights cannot be requantized to type %s (a block type "
+                                "such as q4_0 is needed)", t ? t->name : "?");
+    }
     bubo_model *m = calloc(1, sizeof *m);
     if (!m) return bubo_set_err(err, BUBO_ERR_NOMEM, "out of memory");
     m->path = strdup(path);
@@ -500,6 +592,7 @@ bubo_status bubo_model_load(const char *path, int n_threads, bubo_model **out, b
     if (!st) st = bind_weights(&L, m);
     if (!st) st = bubo_pool_create(n_threads, &m->pool, err);
     if (!st) m->owns_pool = 1;
+    if (!st && requant != BUBO_TYPE_COUNT) st = requant_weights(m, (bubo_type)requant, err);
     if (!st) st = prepack_weights(m, err);
     if (!st) st = alloc_state(m, err);
     if (st) {

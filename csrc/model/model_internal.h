@@ -13,13 +13,15 @@
 
 /* A weight matrix: rows of `cols` elements of `type`, in place in the mmap, or prepacked at load
  * (bubo_matmul_prepack) where this CPU has prepacked kernels for the type: then `packed` owns the
- * packed form, data points at it, and packed_isa is the level it was packed for. */
+ * packed form, data points at it, and packed_isa is the level it was packed for. A matrix
+ * requantized at load (bubo_model_load_as) and not packed: `owned` holds its rows. */
 typedef struct {
     bubo_type type;
     const void *data;
     int64_t rows, cols;
     void *packed;
     bubo_isa packed_isa;
+    void *owned;
 } bubo_mat;
 
 /* ---- weights --------------------------------------------------------------------------------- */

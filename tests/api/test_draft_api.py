@@ -86,6 +86,9 @@ def test_no_draft_server_drafts_nothing():
                                        (["-md", "smollm2:135m", "--draft-p-min", "1.5"],
                                         "--draft-p-min 1.5: give 0..1"),
                                        (["-md", "smollm2:135m", "--no-draft"], "--no-draft and --model-draft"),
+                                       (["-md", "smollm2:135m", "--draft-requant", "q4_k"],
+                                        "--draft-requant q4_k: give one of q4_0"),
+                                       (["--draft-requant", "q4_0"], "for a draft model's weights (--model-draft)"),
                                        (["-devd", "cuda0"], "-devd: not supported")])
 def test_bad_draft_flags_are_one_line_at_start(flags, why):
     r = subprocess.run([sys.executable, "-m", "bubo", "serve", "-m", "smollm2:135m", "--port", "0", *flags],
@@ -113,7 +116,7 @@ def test_a_server_with_a_draft_model_reports_its_drafts(catalog_model):
         s.wait_ready()
         _, r = post(s.url + "/completion", ask)
         _, off = post(s.url + "/completion", {**ask, "speculative.n_max": 0})
-    assert any("drafts by qwen2.5-coder:0.5b" in line for line in s.log), s.log
+    assert any("drafts by qwen2.5-coder:0.5b" in line and "weights as q4_0" in line for line in s.log), s.log
     assert r["content"] == off["content"]
     assert 0 < r["timings"]["draft_n_accepted"] <= r["timings"]["draft_n"]
     assert "draft_n" not in off["timings"]

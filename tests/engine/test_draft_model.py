@@ -3,7 +3,8 @@ qwen2.5-coder:1.5b drafted by qwen2.5-coder:0.5b gives the plain greedy tokens, 
 a JSON Schema grammar, and a seeded request the same tokens and log-probabilities; in the engine,
 drafting on in some slots and off in others keeps every answer as it is alone, a request
 cancelled while its drafts are checked frees its slot in both caches; a draft model with another
-vocabulary, a larger one and a missing file are refused when the model is made.
+vocabulary, a larger one and a missing file are refused when the model is made. The pair's draft
+model has its weights requantized to q4_0 at load (the default); the engine's keeps the file's.
 
 Every draft here is drawn at its cap (at most 4 tokens): these tests are about the checking, not
 the pacing (bubo.engine.draft.choose_lengths, tested in test_draft.py, which weighs what passes
@@ -69,6 +70,8 @@ def test_a_draft_model_that_cannot_draft_is_refused(catalog_model, tmp_path):
         bubo.Model(target, n_ctx=256, draft=str(tmp_path / "missing.gguf"))
     with pytest.raises(ValueError, match="draft p-min"):
         DraftConfig(model=DRAFT, p_min=1.5)
+    with pytest.raises(ValueError, match="draft requant must be one of"):
+        DraftConfig(model=DRAFT, requant="q4_K")
 
 
 # --- the real pair: the same answers ---------------------------------------------------------
@@ -123,7 +126,8 @@ def test_per_call_draft_max(pair):
 @pytest.fixture(scope="module")
 def engine(catalog_model):
     path = str(catalog_model("smollm2:135m"))
-    e = start_engine(path, n_ctx=4096, n_parallel=4, draft=DraftConfig(n_max=8, model=path, p_min=0.0))
+    # the draft's weights as in the file here (the pair above drafts with them requantized to q4_0)
+    e = start_engine(path, n_ctx=4096, n_parallel=4, draft=DraftConfig(n_max=8, model=path, p_min=0.0, requant=None))
     yield e
     e.stop()
 

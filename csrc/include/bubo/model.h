@@ -74,6 +74,12 @@ typedef struct bubo_model bubo_model;
 
 /* n_threads >= 1: the model's own thread pool. Errors name the file and the tensor or key. */
 bubo_status bubo_model_load(const char *path, int n_threads, bubo_model **out, bubo_err *err);
+/* As bubo_model_load, and every matrix of the layers (and an untied output) whose rows take more
+ * bytes in its own type than in `requant` is rewritten in `requant` at load: dequantized, then
+ * quantized by the type's reference quantizer. For a draft model, whose weights only guess what
+ * the target checks: fewer bytes read per pass, no answer changed. token_embd keeps its type.
+ * requant: a block type with a quantizer and a dot product (q4_0 ...), or BUBO_TYPE_COUNT: none. */
+bubo_status bubo_model_load_as(const char *path, int n_threads, int requant, bubo_model **out, bubo_err *err);
 void bubo_model_free(bubo_model *m);
 const bubo_hparams *bubo_model_hparams(const bubo_model *m);
 int bubo_model_n_threads(const bubo_model *m);
