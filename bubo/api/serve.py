@@ -339,8 +339,8 @@ def _report(e: ModelEntry, router: bool) -> None:
         took = f" in {eng.load_s:.1f} s" if eng.load_s is not None else ""
         d = eng.draft
         requant = f", weights as {d.requant}" if d is not None and d.requant else ""
-        drafts = (f"; drafts by {d.model} ({_mib(eng.draft_weights_bytes)}{requant})" if d is not None and d.model is not None
-                  else "; drafts by prompt lookup" if d is not None else "")
+        drafts = (f"; drafts by {d.model} ({_mib(eng.draft_weights_bytes)}{requant})"
+                  if d is not None and d.model is not None else "; drafts by prompt lookup" if d is not None else "")
         say(f"ready{who}: {eng.model_path}{took}; weights {_mib(eng.weights_bytes)}, "
             f"KV cache {_mib(eng.kv_bytes)}{_cache_types(eng)}{drafts}; "
             f"context {eng.n_ctx} tokens (trained {eng.n_ctx_train}) shared by {eng.n_parallel} slots; "

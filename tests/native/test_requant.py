@@ -8,7 +8,7 @@ and token_embd stay). The real qwen2.5-coder 0.5b agreed bit for bit too when th
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
-from gguf import GGUFReader, GGUFWriter, GGUFValueType, Keys
+from gguf import GGUFReader, GGUFValueType, GGUFWriter, Keys
 from gguf.quants import dequantize, quantize
 
 from bubo._model import REQUANT_TYPES, KVCache, Model
