@@ -23,7 +23,7 @@ llama-server that dies of SIGILL: configure with -DGGML_NATIVE=OFF -DGGML_AVX2=O
 -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON instead and pass --llama-server.
 
     python benchmarks/bench_spec.py [--model qwen2.5-coder:0.5b] [--max-tokens 256] [--rounds 1]
-    python benchmarks/bench_spec.py --model qwen2.5-coder:1.5b --draft-model qwen2.5-coder:0.5b
+    python benchmarks/bench_spec.py --model qwen2.5-coder:1.5b --draft-model qwen2.5-coder:0.5b [--draft-requant none]
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ def command(who: str, drafted: bool, args: argparse.Namespace, model: Path, port
               "-np", "1"]
     draft = ["-md", str(args.draft_path)] if args.draft_path else []
     if who == "bubo":
-        return [sys.executable, "-m", "bubo", "serve", *common] + (draft if drafted else ["--no-draft"])
+        requant = ["--draft-requant", args.draft_requant] if draft and args.draft_requant else []
+        return [sys.executable, "-m", "bubo", "serve", *common] + (draft + requant if drafted else ["--no-draft"])
     peer = [*draft, "--spec-type", "draft-simple"] if draft else ["--spec-type", "ngram-simple"]
     return [args.llama_server, *common] + (peer if drafted else [])
 
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--llama-server", default=DEFAULT_LLAMA_SERVER, help="its path, or none: bubo alone")
     ap.add_argument("--draft-model", default=None, help="draft with this model (a catalog name or a GGUF path)")
+    ap.add_argument("--draft-requant", default=None,
+                    help="bubo's --draft-requant (default: bubo's own, q4_0; none: the draft file's types)")
     ap.add_argument("--tasks", default=None, help="comma-separated (default: edit,free; code,free with a draft model)")
     args = ap.parse_args(argv)
     from bubo import store
