@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("bubo.engine")
 
 NGRAM_SIZES = (4, 3, 2)  # the lengths of the tail looked up, longest first
+FOLLOW = 1  # prompt lookup's record key for a draft that goes on copying past a changed token
 MODEL_PRIOR = 0.7  # a draft model sharing the vocabulary is expected to agree on most tokens at first
 PRIOR_WEIGHT = 2.0  # how many drafts the prior (the scheduler's record) is worth to a sequence
 DRAFT_OUT_VOCAB = 16384  # a draft model guesses among the first tokens of its vocabulary only
@@ -228,7 +229,15 @@ def choose_lengths(alphas: list[float], caps: list[int], step_s: Callable[[int],
 
 class NgramDrafter(Pacing):
     """Prompt-lookup drafts for one sequence (see the module docstring). The index maps each
-    n-gram of the sequence to where it last ended, updated as tokens are appended."""
+    n-gram of the sequence to where it last ended, updated as tokens are appended.
+
+    Where the tail is found nowhere, the copy goes on past a changed token: an edit's answer
+    copies its prompt with a word replaced here and there (a renamed variable, a corrected
+    spelling), and right after the replacement no n-gram of the tail occurs in the prompt. The
+    drafter remembers where its last draft was copied from and where the sequence stood then;
+    taking each token since as standing for one source token, it drafts what follows there
+    (its own record, FOLLOW, says how often such drafts are kept), until such a draft is refused
+    from its first token."""
 
     def __init__(self, config: DraftConfig):
         super().__init__(config)
@@ -236,8 +245,9 @@ class NgramDrafter(Pacing):
         self._indexed = 0  # tokens[:_indexed] are indexed (each n-gram ending before it)
         # a record per match length: a draft found by a 4-gram is kept far more often than one
         # found by a 2-gram, and its length is chosen by its own record
-        self._by_n = {n: Pacing(config) for n in NGRAM_SIZES}
-        self.matched = 0  # the match length of the last draft offered (0: none)
+        self._by_n = {n: Pacing(config) for n in (*NGRAM_SIZES, FOLLOW)}
+        self.matched = 0  # the match length of the last draft offered (FOLLOW: a copy going on; 0: none)
+        self._copy: tuple[int, int] | None = None  # (source index, sequence length) of the last copy
 
     def alpha(self, prior: float = 0.5) -> float:
         rec = self._by_n.get(self.matched)
@@ -253,6 +263,8 @@ class NgramDrafter(Pacing):
         rec = self._by_n.get(self.matched)
         if rec is not None:
             rec.taken(n_drafted, n_accepted)
+        if self.matched == FOLLOW and n_accepted == 0:
+            self._copy = None  # the copy went astray: only a new match starts another
 
     def _update(self, tokens: list[int]) -> None:
         # index n-grams that end at positions < len(tokens) - 1: the sequence's tail itself must
@@ -280,7 +292,19 @@ class NgramDrafter(Pacing):
                 draft = tokens[at:at + k]
                 if len(draft) >= max(1, self.config.n_min):
                     self.matched = n
+                    self._copy = (at, len(tokens))
                     return draft
+        if self._copy is not None:  # nothing found: go on copying where the last copy came from
+            src, then = self._copy
+            step = len(tokens) - then  # tokens since, each standing for one source token
+            at = src + step
+            if 0 < step <= self.config.n_max + 1 and at < len(tokens):
+                draft = tokens[at:at + k]
+                if len(draft) >= max(1, self.config.n_min):
+                    self.matched = FOLLOW
+                    self._copy = (at, len(tokens))
+                    return draft
+        self._copy = None
         return []
 
 

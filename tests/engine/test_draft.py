@@ -14,7 +14,7 @@ import bubo
 from bubo.chat.schema import schema_to_gbnf
 from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
 from bubo.engine import scheduler as scheduler_module
-from bubo.engine.draft import Costs, DraftConfig, NgramDrafter, Pacing, choose_lengths
+from bubo.engine.draft import FOLLOW, Costs, DraftConfig, NgramDrafter, Pacing, choose_lengths
 from bubo.sampling import SamplingParams
 
 from engines import start_engine
@@ -54,6 +54,22 @@ def test_ngram_drafter_proposes_what_followed_the_tail_before():
     assert d.propose(toks, 1) == [8]  # the limit holds
     d2 = NgramDrafter(DraftConfig(n_max=4, n_min=4))
     assert d2.propose([1, 2, 9, 1, 2], 8) == []  # fewer than n_min found
+
+
+def test_ngram_drafter_goes_on_copying_past_a_changed_token():
+    d = NgramDrafter(DraftConfig(n_max=8))
+    prompt = [1, 2, 3, 40, 5, 6, 7, 8, 9, 99]
+    seq = prompt + [1, 2]
+    assert d.propose(seq, 8) == [3, 40, 5, 6, 7, 8, 9, 99] and d.matched == 2
+    seq += [3, 41]  # the copy kept 3, then the answer says 41 where the prompt said 40
+    assert d.propose(seq, 4) == [5, 6, 7, 8] and d.matched == FOLLOW  # ... and copies on after it
+    d.taken(4, 4)
+    seq += [5, 6, 7, 8, 50, 51]  # kept, then two tokens for one (9): the copy goes astray ...
+    assert d.propose(seq, 4) == [1, 2, 3, 41] and d.matched == FOLLOW  # (six tokens on from 5)
+    d.taken(4, 0)  # ... its draft refused from the first token
+    seq += [77]
+    assert d.propose(seq, 4) == []  # a tail found nowhere, and no copy going on: nothing
+    assert d.propose([1, 2, 3], 4) == []  # never from another (shorter) sequence's record
 
 
 def test_pacing_learns_how_likely_a_drafted_token_is_kept_and_forgets_slowly():
