@@ -237,7 +237,8 @@ class NgramDrafter(Pacing):
     drafter remembers where its last draft was copied from and where the sequence stood then;
     taking each token since as standing for one source token, it drafts what follows there
     (its own record, FOLLOW, says how often such drafts are kept), until such a draft is refused
-    from its first token."""
+    from its first token. Only a copy found by a tail of 3 tokens or more, or one whose drafts
+    were partly kept, goes on so (a 2-token tail, "of the", is found everywhere in free text)."""
 
     def __init__(self, config: DraftConfig):
         super().__init__(config)
@@ -248,6 +249,7 @@ class NgramDrafter(Pacing):
         self._by_n = {n: Pacing(config) for n in (*NGRAM_SIZES, FOLLOW)}
         self.matched = 0  # the match length of the last draft offered (FOLLOW: a copy going on; 0: none)
         self._copy: tuple[int, int] | None = None  # (source index, sequence length) of the last copy
+        self._sure = False  # the last copy is one to go on with: found by 3 tokens or more, or partly kept
 
     def alpha(self, prior: float = 0.5) -> float:
         rec = self._by_n.get(self.matched)
@@ -263,7 +265,9 @@ class NgramDrafter(Pacing):
         rec = self._by_n.get(self.matched)
         if rec is not None:
             rec.taken(n_drafted, n_accepted)
-        if self.matched == FOLLOW and n_accepted == 0:
+        if n_accepted > 0:
+            self._sure = True
+        elif self.matched == FOLLOW:
             self._copy = None  # the copy went astray: only a new match starts another
 
     def _update(self, tokens: list[int]) -> None:
@@ -292,9 +296,9 @@ class NgramDrafter(Pacing):
                 draft = tokens[at:at + k]
                 if len(draft) >= max(1, self.config.n_min):
                     self.matched = n
-                    self._copy = (at, len(tokens))
+                    self._copy, self._sure = (at, len(tokens)), n >= 3
                     return draft
-        if self._copy is not None:  # nothing found: go on copying where the last copy came from
+        if self._copy is not None and self._sure:  # nothing found: go on copying where the last copy came from
             src, then = self._copy
             step = len(tokens) - then  # tokens since, each standing for one source token
             at = src + step
