@@ -106,6 +106,7 @@ class Task:
         elif draft is not None and draft.ngram:
             self.drafter = NgramDrafter(draft)
         self.draft: list[int] = []  # drafted tokens after the pending one, in this step's plan
+        self.checking = (0, 0)  # the draft being checked: (drafted, kept so far), for an answer ending in it
         self.tokens: list[int] = list(req.prompt)
         self.n_prompt = len(req.prompt)
         self.n_past = 0
@@ -567,6 +568,7 @@ class Scheduler:
         draft, t.draft = t.draft, []
         accepted = 0
         for i in range(len(draft) + 1):
+            t.checking = (len(draft), accepted)  # what the timings count if the answer ends here
             self._sample(s, rows[i], now)
             if s.task is not t:  # it ended (or failed) at this token
                 break
@@ -574,6 +576,7 @@ class Scheduler:
                 break
             accepted += 1
             t.n_past += 1  # the drafted token is in the cache and is now the answer's
+        t.checking = (0, 0)
         c = self.counters
         c["n_drafted_total"] += len(draft)
         c["n_drafted_accepted_total"] += accepted
@@ -618,8 +621,8 @@ class Scheduler:
             predicted_s=max(end - (t.t_prompt_done or end), 0.0),
             queue_s=max(t.t_admit - t.t_submit, 0.0),
             cache_miss=t.cache_miss,
-            draft_n=t.drafter.n_drafted if t.drafter is not None else 0,
-            draft_n_accepted=t.drafter.n_accepted if t.drafter is not None else 0,
+            draft_n=t.drafter.n_drafted + t.checking[0] if t.drafter is not None else 0,
+            draft_n_accepted=t.drafter.n_accepted + t.checking[1] if t.drafter is not None else 0,
         )
 
     def _finish(self, s: Slot, reason: str) -> None:
