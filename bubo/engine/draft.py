@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bubo._model import REQUANT_TYPES as REQUANT_TYPES  # the types a draft can be requantized to
+
 if TYPE_CHECKING:
     from bubo._model import KVCache
     from bubo.runtime import Runtime
@@ -64,7 +66,6 @@ P_MIN = 0.0  # a draft model stops where its top token is less likely than this 
 # file): its weights only guess what the target checks, so fewer bytes per pass buy speed and no
 # answer changes (qwen2.5-coder 0.5b: 251 MB read per pass become 201 MB, its drafts kept as often)
 REQUANT = "q4_0"
-REQUANT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")  # as bubo._model.REQUANT_TYPES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,8 +7,8 @@ type than in the requant type (F32, F16, Q8_0, Q6_K, Q5_0, Q4_1 to Q4_0; Q4_K, a
 and token_embd stay). The real qwen2.5-coder 0.5b agreed bit for bit too when this was written."""
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType, GGUFWriter, Keys
 from gguf import GGMLQuantizationType as QT
-from gguf import GGUFReader, GGUFValueType, GGUFWriter, Keys
 from gguf.quants import dequantize, quantize
 
 from bubo._model import REQUANT_TYPES, KVCache, Model
@@ -19,8 +19,6 @@ LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_
 
 
 def row_bytes(qtype: QT, cols: int) -> int:
-    from gguf import GGML_QUANT_SIZES
-
     block, size = GGML_QUANT_SIZES[qtype]
     return cols // block * size
 
@@ -42,8 +40,7 @@ def requantized_copy(src: str, dst: str, qtype: QT) -> list[str]:
         base = t.name.split(".")[-2] if t.name.startswith("blk.") else t.name.split(".")[0]
         cols = int(t.shape[0])
         if (base in LAYER_MATRICES or base == "output") and t.name.endswith(".weight") and len(t.shape) == 2 \
-                and row_bytes(qtype, cols) < (row_bytes(kind, cols) if kind not in (QT.F32, QT.F16) else
-                                              cols * (4 if kind == QT.F32 else 2)):
+                and row_bytes(qtype, cols) < row_bytes(kind, cols):
             data, kind = quantize(dequantize(data, kind), qtype), qtype
             changed.append(t.name)
         if kind in (QT.F32, QT.F16):
