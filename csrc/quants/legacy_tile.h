@@ -100,25 +100,35 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_micro_
 #pragma GCC unroll 8
     for (int j = 0; j < nt; j++)
         acc[j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(live, s + (size_t)j * s_stride);
+    const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    const size_t qs_offset = with_min ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);
     for (int k = 0; k < kp; k++) {
+        /* the integer sums: one weight register at a time against every token (nt independent
+         * chains: a token's 8 products in one chain would wait on vpdpbusd's latency) */
+        const uint8_t *yk = yt + y_block_offset + (size_t)k * y_size;
+        __m512i sum[TILE_TOKENS];
+#pragma GCC unroll 8
+        for (int j = 0; j < nt; j++) sum[j] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            const __m512i w = packed->q[k][g];
+#pragma GCC unroll 8
+            for (int j = 0; j < nt; j++) {
+                int32_t four;
+                memcpy(&four, yk + (size_t)j * y_stride + qs_offset + 4 * g, 4);
+                sum[j] = _mm512_dpbusd_epi32(sum[j], w, _mm512_set1_epi32(four));
+            }
+        }
 #pragma GCC unroll 8
         for (int j = 0; j < nt; j++) {
-            const uint8_t *yb = yt + (size_t)j * y_stride + y_block_offset + (size_t)k * (with_min ? sizeof(block_q8_1) : sizeof(block_q8_0));
-            const int8_t *qy = with_min ? ((const block_q8_1 *)yb)->qs : ((const block_q8_0 *)yb)->qs;
-            __m512i sum = _mm512_setzero_si512();
-#pragma GCC unroll 8
-            for (int g = 0; g < 8; g++) {
-                int32_t four;
-                memcpy(&four, qy + 4 * g, 4);
-                sum = _mm512_dpbusd_epi32(sum, packed->q[k][g], _mm512_set1_epi32(four));
-            }
+            const uint8_t *yb = yk + (size_t)j * y_stride;
             if (with_min) {
                 const block_q8_1 *b = (const block_q8_1 *)yb;
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(packed->d[k], _mm512_set1_ps(b->d)), acc[j]);
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[j]), _mm512_mul_ps(packed->d[k], _mm512_set1_ps(b->d)), acc[j]);
                 acc[j] = _mm512_fmadd_ps(packed->m[k], _mm512_set1_ps(b->s), acc[j]);
             } else {
-                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(side.off_sum[j * side.stride + k]));
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(packed->d[k], _mm512_set1_ps(side.d[j * side.stride + k])), acc[j]);
+                const __m512i si = _mm512_sub_epi32(sum[j], _mm512_set1_epi32(side.off_sum[j * side.stride + k]));
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(packed->d[k], _mm512_set1_ps(side.d[j * side.stride + k])), acc[j]);
             }
         }
     }
