@@ -33,22 +33,25 @@
 #if defined(BUBO_X86)
 
 #define TILE_PANEL 8   /* blocks unpacked at once: 256 elements, 4.5 KiB packed, stays in L1 */
+#ifndef TILE_PROMPT_PANEL
+#define TILE_PROMPT_PANEL 24 /* a prompt's panels: at most this many blocks, the row cut evenly */
+#endif
 /* fewer tokens: rows_legacy_avx512, no packing (same bits either way). Packing a block costs about
  * what the rows kernel spends per token on it, so from 2 tokens the tile is cheaper (measured). */
 #define TILE_PACK_MIN_TOKENS 2
 
 typedef struct {
-    __m512i q[TILE_PANEL][8];
-    __m512 d[TILE_PANEL];
-    __m512 m[TILE_PANEL];
+    __m512i q[TILE_PROMPT_PANEL][8];
+    __m512 d[TILE_PROMPT_PANEL];
+    __m512 m[TILE_PROMPT_PANEL];
 } packed_panel_avx512;
 
 /* The activations a tile needs per (token, block) beyond the int8 values: Q8_0 stores an f16
  * scale and no sum, so both are computed once per chunk and panel and shared by all row groups.
  * Q8_1 stores d and s as f32, read in place. */
 typedef struct {
-    float d[TILE_CHUNK][TILE_PANEL];
-    int32_t off_sum[TILE_CHUNK][TILE_PANEL]; /* off * sum(qy) */
+    float d[TILE_CHUNK][TILE_PROMPT_PANEL];
+    int32_t off_sum[TILE_CHUNK][TILE_PROMPT_PANEL]; /* off * sum(qy) */
 } q8_0_side_avx512;
 
 /* The same for a decode step (up to TILE_TOKENS tokens), filled once for a whole row of up to
@@ -334,12 +337,15 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
         return;
     }
     q8_0_side_avx512 side;
+    /* the row cut into equal panels of at most TILE_PROMPT_PANEL blocks (18 blocks: 9 + 9, not 16 + 2):
+     * each panel loads and stores its outputs once */
+    const int n_panels = (nb + TILE_PROMPT_PANEL - 1) / TILE_PROMPT_PANEL, panel = (nb + n_panels - 1) / n_panels;
     for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
         const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
-        for (int k0 = 0; k0 < nb; k0 += TILE_PANEL) {
-            const int kp = nb - k0 < TILE_PANEL ? nb - k0 : TILE_PANEL;
+        for (int k0 = 0; k0 < nb; k0 += panel) {
+            const int kp = nb - k0 < panel ? nb - k0 : panel;
             if (!with_min)
-                q8_0_side_fill_avx512(&side.d[0][0], &side.off_sum[0][0], TILE_PANEL, y + (size_t)t0 * y_stride, y_stride,
+                q8_0_side_fill_avx512(&side.d[0][0], &side.off_sum[0][0], TILE_PROMPT_PANEL, y + (size_t)t0 * y_stride, y_stride,
                                       nt, k0, kp, off);
             for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
                 const int nr = n_rows - r0;
@@ -350,11 +356,11 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
                 for (; j + TILE_TOKENS <= nt; j += TILE_TOKENS)
                     tile_micro_avx512(&packed, TILE_TOKENS, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,
                                       yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min,
-                                      (side_view){&side.d[j][0], &side.off_sum[j][0], TILE_PANEL});
+                                      (side_view){&side.d[j][0], &side.off_sum[j][0], TILE_PROMPT_PANEL});
                 if (j < nt)
                     tile_micro_any_avx512(&packed, nt - j, kp, k0 == 0, nr, st + (size_t)j * s_stride, s_stride,
                                           yt + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, with_min,
-                                      (side_view){&side.d[j][0], &side.off_sum[j][0], TILE_PANEL});
+                                          (side_view){&side.d[j][0], &side.off_sum[j][0], TILE_PROMPT_PANEL});
             }
         }
     }
