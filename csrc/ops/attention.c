@@ -419,29 +419,37 @@ BUBO_TARGET_AVX512 __attribute__((always_inline)) static inline void vsum_avx512
     }
 }
 
-BUBO_TARGET_AVX512 static void group_avx512(const attend_group *g) {
+/* The softmax half of a group step: each head's weights (replacing its scores), its running max
+ * and sum, and the factor c[h] its weighted V sum is to be rescaled by. */
+BUBO_TARGET_AVX512 static void softmax_avx512(const attend_group *g, float *c) {
     const __mmask16 valid = (__mmask16)(((1u << g->hi) - 1u) & ~((1u << g->lo) - 1u));
     float *w = g->scores; /* each head's weights replace its scores */
-    for (int h0 = 0; h0 < g->n_q; h0 += 3) { /* heads in threes: 12 accumulators and 4 V vectors in registers */
-        const int nb = g->n_q - h0 < 3 ? g->n_q - h0 : 3;
-        __m512 cv[3];
-        for (int b = 0; b < nb; b++) {
-            const int h = h0 + b;
-            const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, g->scores + (size_t)h * G);
-            const float m_new = fmaxf(g->m[h], _mm512_reduce_max_ps(s)); /* max is exact in any order */
-            const __m512 p = _mm512_maskz_mov_ps(valid, vm_exp_avx512(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-            _mm512_storeu_ps(w + (size_t)h * G, p);
-            const float c = group_rescale(g, h, m_new);
-            /* the tree order of sum16_tree: halves, then quarters, then pairs */
-            __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(p), _mm512_extractf32x8_ps(p, 1));
-            g->l[h] = fmaf(g->l[h], c, vm_hsum_avx2(s8));
-            cv[b] = _mm512_set1_ps(c);
-        }
-        if (nb == 3) vsum_avx512(g, w, h0, 3, cv);
-        else if (nb == 2) vsum_avx512(g, w, h0, 2, cv);
-        else vsum_avx512(g, w, h0, 1, cv);
+    for (int h = 0; h < g->n_q; h++) {
+        const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, g->scores + (size_t)h * G);
+        const float m_new = fmaxf(g->m[h], _mm512_reduce_max_ps(s)); /* max is exact in any order */
+        const __m512 p = _mm512_maskz_mov_ps(valid, vm_exp_avx512(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+        _mm512_storeu_ps(w + (size_t)h * G, p);
+        c[h] = group_rescale(g, h, m_new);
+        /* the tree order of sum16_tree: halves, then quarters, then pairs */
+        __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(p), _mm512_extractf32x8_ps(p, 1));
+        g->l[h] = fmaf(g->l[h], c[h], vm_hsum_avx2(s8));
     }
 }
+
+/* The weighted V half: out = out x c + the weights' sum of V, heads in threes (12 accumulators and
+ * 4 V vectors in registers). */
+BUBO_TARGET_AVX512 static void vsum_heads_avx512(const attend_group *g, const float *c) {
+    for (int h0 = 0; h0 < g->n_q; h0 += 3) {
+        const int nb = g->n_q - h0 < 3 ? g->n_q - h0 : 3;
+        __m512 cv[3];
+        for (int b = 0; b < nb; b++) cv[b] = _mm512_set1_ps(c[h0 + b]);
+        if (nb == 3) vsum_avx512(g, g->scores, h0, 3, cv);
+        else if (nb == 2) vsum_avx512(g, g->scores, h0, 2, cv);
+        else vsum_avx512(g, g->scores, h0, 1, cv);
+    }
+}
+
+
 #endif /* BUBO_X86 */
 
 /* ---- NEON ------------------------------------------------------------------------------------- */
@@ -515,21 +523,29 @@ static void group_neon(const attend_group *g) {
 /* ---- the driver ------------------------------------------------------------------------------- */
 
 typedef void (*group_fn)(const attend_group *g);
+/* A group step in two halves (see softmax_avx512, vsum_heads_avx512), c: the heads' rescale factors. */
+typedef void (*softmax_fn)(const attend_group *g, float *c);
+typedef void (*vsum_fn)(const attend_group *g, const float *c);
 
+/* A level has either group, or softmax and vsum: then attend_range runs a group's scores for
+ * every token, then every token's softmax, then every token's V sums, so that each phase has
+ * many independent rows to overlap instead of one token's chain of dependent steps. */
 typedef struct {
     group_fn group;
+    softmax_fn softmax;
+    vsum_fn vsum;
     scores_fn scores, scores_q8;
 } attend_level;
 
 static attend_level level_for_isa(bubo_isa isa) {
 #if defined(BUBO_X86)
-    if (isa == BUBO_ISA_AVX512) return (attend_level){group_avx512, scores_avx512, scores_q8_avx512};
-    if (isa == BUBO_ISA_AVX2) return (attend_level){group_avx2, scores_avx2, scores_q8_avx2};
+    if (isa == BUBO_ISA_AVX512) return (attend_level){NULL, softmax_avx512, vsum_heads_avx512, scores_avx512, scores_q8_avx512};
+    if (isa == BUBO_ISA_AVX2) return (attend_level){group_avx2, NULL, NULL, scores_avx2, scores_q8_avx2};
 #elif defined(BUBO_ARM64)
-    if (isa == BUBO_ISA_NEON) return (attend_level){group_neon, scores_neon, scores_q8_scalar};
+    if (isa == BUBO_ISA_NEON) return (attend_level){group_neon, NULL, NULL, scores_neon, scores_q8_scalar};
 #endif
     (void)isa;
-    return (attend_level){group_scalar, scores_scalar, scores_q8_scalar};
+    return (attend_level){group_scalar, NULL, NULL, scores_scalar, scores_q8_scalar};
 }
 
 /* How a cache's K rows meet the queries: widened (f16, f32), as q8_0 words, or one vec_dot per
@@ -545,8 +561,10 @@ static keys_mode keys_for(const bubo_kv_view *view, int head_dim_k) {
 
 size_t bubo_attend_scratch_floats(int n_tok, int n_q, int head_dim_k, int head_dim_v) {
     const size_t n_rows = (size_t)n_tok * n_q;
-    /* V rows, scores, m and l, p, the group's K rows (widened: G x hdk floats, the most), one partial */
-    return (size_t)G * head_dim_v + n_rows * (G + 2) + G + (size_t)G * head_dim_k + n_rows * ((size_t)head_dim_v + 2);
+    /* V rows, scores, m and l, p, the group's K rows (widened: G x hdk floats, the most), the rows'
+     * rescale factors, one partial */
+    return (size_t)G * head_dim_v + n_rows * (G + 2) + G + (size_t)G * head_dim_k + n_rows +
+           n_rows * ((size_t)head_dim_v + 2);
 }
 
 /* Token t's lanes of the group at g0: [*lo, *hi), empty when *lo >= *hi. */
@@ -588,6 +606,7 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
     attend_keys keys = {.hdk = head_dim_k, .kf = kbuf, .kq = (const int8_t *)kbuf,
                         .kw = kbuf + (size_t)G * head_dim_k / 4};
     const scores_fn scores_group = mode == KEYS_Q8 ? level->scores_q8 : level->scores;
+    float *c = kbuf + (size_t)G * head_dim_k; /* [n_rows] the rows' rescale factors (two-phase levels) */
     int32_t first = to, last = from;
     for (int t = 0; t < n_tok; t++) {
         const int32_t b = kv_begin[t] > from ? kv_begin[t] : from, e = kv_end[t] < to ? kv_end[t] : to;
@@ -636,18 +655,22 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
                 }
             }
         }
-        for (int t = 0; t < n_tok; t++) {
-            token_lanes(g0, kv_begin[t] > from ? kv_begin[t] : from, kv_end[t] < to ? kv_end[t] : to, &g.lo, &g.hi);
-            if (g.lo >= g.hi) continue;
-            if (mode != KEYS_VEC_DOT)
-                scores_group(&keys, (const uint8_t *)q + (size_t)t * n_q * q_stride, q_stride, n_q, kq_scale,
-                             scores + (size_t)t * n_q * G);
-            g.scores = scores + (size_t)t * n_q * G;
-            g.m = m + t * n_q;
-            g.l = l + t * n_q;
-            g.out = out + (size_t)t * out_tok_stride;
-            level->group(&g);
-        }
+        /* phase 0: scores, 1: softmax, 2: V sums (a level with group: all three per token) */
+        for (int phase = 0; phase < (level->group ? 1 : 3); phase++)
+            for (int t = 0; t < n_tok; t++) {
+                token_lanes(g0, kv_begin[t] > from ? kv_begin[t] : from, kv_end[t] < to ? kv_end[t] : to, &g.lo, &g.hi);
+                if (g.lo >= g.hi) continue;
+                if (phase == 0 && mode != KEYS_VEC_DOT)
+                    scores_group(&keys, (const uint8_t *)q + (size_t)t * n_q * q_stride, q_stride, n_q, kq_scale,
+                                 scores + (size_t)t * n_q * G);
+                g.scores = scores + (size_t)t * n_q * G;
+                g.m = m + t * n_q;
+                g.l = l + t * n_q;
+                g.out = out + (size_t)t * out_tok_stride;
+                if (level->group) level->group(&g);
+                else if (phase == 1) level->softmax(&g, c + t * n_q);
+                else if (phase == 2) level->vsum(&g, c + t * n_q);
+            }
     }
 }
 
