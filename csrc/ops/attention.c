@@ -419,21 +419,73 @@ BUBO_TARGET_AVX512 __attribute__((always_inline)) static inline void vsum_avx512
     }
 }
 
-/* The softmax half of a group step: each head's weights (replacing its scores), its running max
- * and sum, and the factor c[h] its weighted V sum is to be rescaled by. */
-BUBO_TARGET_AVX512 static void softmax_avx512(const attend_group *g, float *c) {
-    const __mmask16 valid = (__mmask16)(((1u << g->hi) - 1u) & ~((1u << g->lo) - 1u));
-    float *w = g->scores; /* each head's weights replace its scores */
-    for (int h = 0; h < g->n_q; h++) {
-        const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, g->scores + (size_t)h * G);
-        const float m_new = fmaxf(g->m[h], _mm512_reduce_max_ps(s)); /* max is exact in any order */
-        const __m512 p = _mm512_maskz_mov_ps(valid, vm_exp_avx512(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-        _mm512_storeu_ps(w + (size_t)h * G, p);
-        c[h] = group_rescale(g, h, m_new);
-        /* the tree order of sum16_tree: halves, then quarters, then pairs */
-        __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(p), _mm512_extractf32x8_ps(p, 1));
-        g->l[h] = fmaf(g->l[h], c[h], vm_hsum_avx2(s8));
+/* vm_exp_lanewise on 16 lanes: the same IEEE operations in the same order (two-factor scaling, not
+ * vscalefps), so a lane's result is the scalar function's bits, subnormals included. */
+BUBO_TARGET_AVX512 static inline __m512 exp_lanewise_avx512(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(VM_EXP_LO), _mm512_min_ps(_mm512_set1_ps(VM_EXP_HI), x));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(VM_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(VM_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(VM_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(VM_EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VM_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VM_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VM_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VM_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VM_EXP_P5));
+    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    const __m512i ni = _mm512_cvtps_epi32(n), n1 = _mm512_srai_epi32(ni, 1), n2 = _mm512_sub_epi32(ni, n1);
+    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, _mm512_set1_epi32(127)), 23));
+    const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, _mm512_set1_epi32(127)), 23));
+    return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+}
+
+/* 16 rows' 16-lane vectors v[i] -> each row's maximum, row i in lane i (max is exact in any order). */
+BUBO_TARGET_AVX512 static inline __m512 reduce16_max_avx512(const __m512 *v) {
+    __m512 a[8], b[4], c[2];
+    for (int k = 0; k < 8; k++)
+        a[k] = _mm512_max_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int k = 0; k < 4; k++)
+        b[k] = _mm512_max_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int k = 0; k < 2; k++)
+        c[k] = _mm512_max_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 r = _mm512_max_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+/* The softmax half of a group step for up to 16 rows (n rows of scores [n][G], row i's lanes
+ * valid[i]; a row without any keeps its max and sum): each row's weights replace its scores, its
+ * running max m and sum l are updated and c gets the factor its weighted V sum is to be rescaled
+ * by. Per row the operations of the one-row step: max (exact in any order), the weights' exp,
+ * their sum in sum16_tree's order (reduce16_avx512, rows in the lanes), c = exp(m - m_new) as
+ * vm_exp_lanewise gives it where the max rose (1 elsewhere, and for a first group), then
+ * l = fma(l, c, sum). */
+BUBO_TARGET_AVX512 static void softmax16_avx512(int n, const uint16_t *valid, float *scores, float *m, float *l,
+                                                 float *c) {
+    const __mmask16 rows = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    __m512 v[G];
+    for (int i = 0; i < G; i++)
+        v[i] = i < n ? _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid[i], scores + (size_t)i * G)
+                     : _mm512_set1_ps(-INFINITY);
+    const __m512 m_old = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), rows, m);
+    const __m512 m_new = _mm512_max_ps(m_old, reduce16_max_avx512(v));
+    for (int i = 0; i < G; i++) {
+        const __m512 mi = _mm512_permutexvar_ps(_mm512_set1_epi32(i), m_new);
+        v[i] = _mm512_maskz_mov_ps(i < n ? valid[i] : 0, vm_exp_avx512(_mm512_sub_ps(v[i], mi)));
+        if (i < n) _mm512_storeu_ps(scores + (size_t)i * G, v[i]);
     }
+    const __m512 sum = reduce16_avx512(v);
+    /* rose: m_new > m, and m was not -inf (a first group has nothing to rescale) */
+    const __mmask16 rose = _mm512_cmp_ps_mask(m_new, m_old, _CMP_GT_OQ) &
+                           _mm512_cmp_ps_mask(m_old, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    const __m512 cf = _mm512_mask_blend_ps(rose, _mm512_set1_ps(1.0f), exp_lanewise_avx512(_mm512_sub_ps(m_old, m_new)));
+    const __m512 l_new = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(rows, l), cf, sum);
+    _mm512_mask_storeu_ps(m, rows, m_new);
+    _mm512_mask_storeu_ps(l, rows, l_new);
+    _mm512_mask_storeu_ps(c, rows, cf);
 }
 
 /* The weighted V half: out = out x c + the weights' sum of V, heads in threes (12 accumulators and
@@ -523,13 +575,14 @@ static void group_neon(const attend_group *g) {
 /* ---- the driver ------------------------------------------------------------------------------- */
 
 typedef void (*group_fn)(const attend_group *g);
-/* A group step in two halves (see softmax_avx512, vsum_heads_avx512), c: the heads' rescale factors. */
-typedef void (*softmax_fn)(const attend_group *g, float *c);
+/* A group step in two halves: the softmax of up to 16 rows at once (softmax16_avx512), then the V
+ * sums of one token's heads (vsum_heads_avx512); c: the rows' rescale factors. */
+typedef void (*softmax_fn)(int n, const uint16_t *valid, float *scores, float *m, float *l, float *c);
 typedef void (*vsum_fn)(const attend_group *g, const float *c);
 
 /* A level has either group, or softmax and vsum: then attend_range runs a group's scores for
- * every token, then every token's softmax, then every token's V sums, so that each phase has
- * many independent rows to overlap instead of one token's chain of dependent steps. */
+ * every token, then the softmax of all their rows, 16 at a time, then every token's V sums, so that
+ * each phase has many independent rows instead of one token's chain of dependent steps. */
 typedef struct {
     group_fn group;
     softmax_fn softmax;
@@ -539,7 +592,7 @@ typedef struct {
 
 static attend_level level_for_isa(bubo_isa isa) {
 #if defined(BUBO_X86)
-    if (isa == BUBO_ISA_AVX512) return (attend_level){NULL, softmax_avx512, vsum_heads_avx512, scores_avx512, scores_q8_avx512};
+    if (isa == BUBO_ISA_AVX512) return (attend_level){NULL, softmax16_avx512, vsum_heads_avx512, scores_avx512, scores_q8_avx512};
     if (isa == BUBO_ISA_AVX2) return (attend_level){group_avx2, NULL, NULL, scores_avx2, scores_q8_avx2};
 #elif defined(BUBO_ARM64)
     if (isa == BUBO_ISA_NEON) return (attend_level){group_neon, NULL, NULL, scores_neon, scores_q8_scalar};
@@ -655,8 +708,23 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
                 }
             }
         }
-        /* phase 0: scores, 1: softmax, 2: V sums (a level with group: all three per token) */
-        for (int phase = 0; phase < (level->group ? 1 : 3); phase++)
+        /* phase 0: scores (a level with group: all of the step per token), 1: the rows' softmax,
+         * 2: V sums */
+        for (int phase = 0; phase < (level->group ? 1 : 3); phase++) {
+            if (phase == 1) {
+                for (int r0 = 0; r0 < n_rows; r0 += 16) {
+                    const int nr = n_rows - r0 < 16 ? n_rows - r0 : 16;
+                    uint16_t valid[16];
+                    for (int i = 0; i < nr; i++) {
+                        const int t = (r0 + i) / n_q;
+                        int lo, hi;
+                        token_lanes(g0, kv_begin[t] > from ? kv_begin[t] : from, kv_end[t] < to ? kv_end[t] : to, &lo, &hi);
+                        valid[i] = lo < hi ? (uint16_t)(((1u << hi) - 1u) & ~((1u << lo) - 1u)) : 0;
+                    }
+                    level->softmax(nr, valid, scores + (size_t)r0 * G, m + r0, l + r0, c + r0);
+                }
+                continue;
+            }
             for (int t = 0; t < n_tok; t++) {
                 token_lanes(g0, kv_begin[t] > from ? kv_begin[t] : from, kv_end[t] < to ? kv_end[t] : to, &g.lo, &g.hi);
                 if (g.lo >= g.hi) continue;
@@ -668,9 +736,9 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
                 g.l = l + t * n_q;
                 g.out = out + (size_t)t * out_tok_stride;
                 if (level->group) level->group(&g);
-                else if (phase == 1) level->softmax(&g, c + t * n_q);
                 else if (phase == 2) level->vsum(&g, c + t * n_q);
             }
+        }
     }
 }
 
