@@ -136,12 +136,12 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void prepack_legac
 
 /* ---- the tile ----------------------------------------------------------------------------------- */
 
-/* One half group's panel: up to TILE_PANEL blocks of 8 rows. q: the unsigned values (Q8_0: x);
+/* One half group's panel: up to TILE_PROMPT_PANEL blocks of 8 rows (TILE_PANEL in a decode step). q: the unsigned values (Q8_0: x);
  * ax: Q8_0's |x|. */
 typedef struct {
-    __m256i q[TILE_PANEL][8];
-    __m256i ax[TILE_PANEL][8];
-    __m256 d[TILE_PANEL], m[TILE_PANEL];
+    __m256i q[TILE_PROMPT_PANEL][8];
+    __m256i ax[TILE_PROMPT_PANEL][8];
+    __m256 d[TILE_PROMPT_PANEL], m[TILE_PROMPT_PANEL];
 } legacy2_panel;
 
 /* Blocks k0 .. k0+kp-1 of half h of the group at g. */
@@ -321,12 +321,15 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void tile_legacy_p
         return;
     }
     q8_0_side_avx512 side;
+    /* equal panels of at most TILE_PROMPT_PANEL blocks, as the AVX-512 tile cuts them */
+    const int n_panels = (nb + TILE_PROMPT_PANEL - 1) / TILE_PROMPT_PANEL, panel = (nb + n_panels - 1) / n_panels;
     for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
         const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
         const uint8_t *yc = y + (size_t)t0 * y_stride;
-        for (int k0 = 0; k0 < nb; k0 += TILE_PANEL) {
-            const int kp = nb - k0 < TILE_PANEL ? nb - k0 : TILE_PANEL;
-            if (!with_min) legacy2_side_fill(&side.d[0][0], &side.off_sum[0][0], TILE_PANEL, yc, y_stride, nt, k0, kp, off);
+        for (int k0 = 0; k0 < nb; k0 += panel) {
+            const int kp = nb - k0 < panel ? nb - k0 : panel;
+            if (!with_min)
+                legacy2_side_fill(&side.d[0][0], &side.off_sum[0][0], TILE_PROMPT_PANEL, yc, y_stride, nt, k0, kp, off);
             for (int r0 = 0; r0 < n_rows; r0 += KQ2_ROWS) {
                 const int h = r0 % TILE_ROWS ? 1 : 0;
                 const __m256i live = kq2_live(n_rows - r0);
@@ -336,11 +339,11 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void tile_legacy_p
                 for (; j + KQ2_TOKENS <= nt; j += KQ2_TOKENS)
                     legacy2_micro(&p, KQ2_TOKENS, kp, k0 == 0, live, st + (size_t)j * s_stride, s_stride,
                                   yc + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, nbits, with_min,
-                                  (side_view){&side.d[j][0], &side.off_sum[j][0], TILE_PANEL});
+                                  (side_view){&side.d[j][0], &side.off_sum[j][0], TILE_PROMPT_PANEL});
                 if (j < nt)
                     legacy2_micro_any(&p, nt - j, kp, k0 == 0, live, st + (size_t)j * s_stride, s_stride,
                                       yc + (size_t)j * y_stride, y_stride, (size_t)k0 * y_size, nbits, with_min,
-                                      (side_view){&side.d[j][0], &side.off_sum[j][0], TILE_PANEL});
+                                      (side_view){&side.d[j][0], &side.off_sum[j][0], TILE_PROMPT_PANEL});
             }
         }
     }

@@ -39,14 +39,20 @@ def assert_same_in_place(monkeypatch, logits):
         assert np.array_equal(bits(a), bits(b))
 
 
+# every level this CPU runs that packs (an AVX-512 machine checks its AVX2 tiles too)
+PACKING_LEVELS = [isa for isa in K.supported_isas() if PACKED_AT.get(isa)] or [K.best_isa()]
+
+
+@pytest.mark.parametrize("isa", PACKING_LEVELS)
 @pytest.mark.parametrize("type_id", PREPACKED, ids=lambda t: t.name)
-def test_prepacked_matmul_is_the_same_bits(type_id):
+def test_prepacked_matmul_is_the_same_bits(type_id, isa, monkeypatch):
+    monkeypatch.setenv("BUBO_FORCE_ISA", isa)
     blck = K.type_info(int(type_id))["blck_size"]
-    packs = type_id in PACKED_HERE
+    packs = type_id in PACKED_AT.get(isa, set())
     assert packs == (_ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), blck), np.uint8), 1, blck)
                      is not None)
     if not packs:
-        pytest.skip(f"no prepacked {type_id.name} kernels at this CPU's level ({K.best_isa()}): "
+        pytest.skip(f"no prepacked {type_id.name} kernels at level {isa}: "
                     "the model multiplies its rows in place")
     rng = np.random.default_rng(int(type_id))
     pool = _ops.ThreadPool(2)
