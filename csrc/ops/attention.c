@@ -46,6 +46,8 @@
 #include "ops_internal.h"
 
 #define G BUBO_ATTEND_GROUP
+/* rows (tokens x heads) of a call from which a level with a two-half group step runs it in phases */
+#define ATTEND_ROWS_SPLIT 8
 
 /* One group's merge, for the n_q heads of one token. scores [n_q][G] (lanes lo .. hi-1 valid),
  * vrows [G][hdv] (the same lanes), m, l [n_q] running max and sum, out [n_q] rows of hdv at out_stride. */
@@ -501,6 +503,33 @@ BUBO_TARGET_AVX512 static void vsum_heads_avx512(const attend_group *g, const fl
     }
 }
 
+/* The whole group step of one token's heads (a call with few rows: a decode step), the same
+ * operations as softmax16_avx512 and vsum_heads_avx512 give each row: per head the max, the
+ * weights, c = vm_exp_lanewise(m - m_new) where the max rose, l = fma(l, c, sum), then the V sums. */
+BUBO_TARGET_AVX512 static void group_avx512(const attend_group *g) {
+    const __mmask16 valid = (__mmask16)(((1u << g->hi) - 1u) & ~((1u << g->lo) - 1u));
+    float *w = g->scores; /* each head's weights replace its scores */
+    for (int h0 = 0; h0 < g->n_q; h0 += 3) { /* heads in threes: 12 accumulators and 4 V vectors in registers */
+        const int nb = g->n_q - h0 < 3 ? g->n_q - h0 : 3;
+        __m512 cv[3];
+        for (int b = 0; b < nb; b++) {
+            const int h = h0 + b;
+            const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, g->scores + (size_t)h * G);
+            const float m_new = fmaxf(g->m[h], _mm512_reduce_max_ps(s)); /* max is exact in any order */
+            const __m512 p = _mm512_maskz_mov_ps(valid, vm_exp_avx512(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+            _mm512_storeu_ps(w + (size_t)h * G, p);
+            const float c = group_rescale(g, h, m_new);
+            /* the tree order of sum16_tree: halves, then quarters, then pairs */
+            __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(p), _mm512_extractf32x8_ps(p, 1));
+            g->l[h] = fmaf(g->l[h], c, vm_hsum_avx2(s8));
+            cv[b] = _mm512_set1_ps(c);
+        }
+        if (nb == 3) vsum_avx512(g, w, h0, 3, cv);
+        else if (nb == 2) vsum_avx512(g, w, h0, 2, cv);
+        else vsum_avx512(g, w, h0, 1, cv);
+    }
+}
+
 
 #endif /* BUBO_X86 */
 
@@ -580,9 +609,11 @@ typedef void (*group_fn)(const attend_group *g);
 typedef void (*softmax_fn)(int n, const uint16_t *valid, float *scores, float *m, float *l, float *c);
 typedef void (*vsum_fn)(const attend_group *g, const float *c);
 
-/* A level has either group, or softmax and vsum: then attend_range runs a group's scores for
- * every token, then the softmax of all their rows, 16 at a time, then every token's V sums, so that
- * each phase has many independent rows instead of one token's chain of dependent steps. */
+/* Every level has group, the whole step for one token's heads. A level with softmax and vsum too
+ * runs a call of many rows (ATTEND_ROWS_SPLIT or more: a prompt's tile) in phases: a group's
+ * scores for every token, then the softmax of all their rows, 16 at a time, then every token's V
+ * sums, so that each phase has many independent rows instead of one token's chain of dependent
+ * steps. Both give each row the same operations, so the same bits. */
 typedef struct {
     group_fn group;
     softmax_fn softmax;
@@ -592,7 +623,7 @@ typedef struct {
 
 static attend_level level_for_isa(bubo_isa isa) {
 #if defined(BUBO_X86)
-    if (isa == BUBO_ISA_AVX512) return (attend_level){NULL, softmax16_avx512, vsum_heads_avx512, scores_avx512, scores_q8_avx512};
+    if (isa == BUBO_ISA_AVX512) return (attend_level){group_avx512, softmax16_avx512, vsum_heads_avx512, scores_avx512, scores_q8_avx512};
     if (isa == BUBO_ISA_AVX2) return (attend_level){group_avx2, NULL, NULL, scores_avx2, scores_q8_avx2};
 #elif defined(BUBO_ARM64)
     if (isa == BUBO_ISA_NEON) return (attend_level){group_neon, NULL, NULL, scores_neon, scores_q8_scalar};
@@ -659,7 +690,8 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
     attend_keys keys = {.hdk = head_dim_k, .kf = kbuf, .kq = (const int8_t *)kbuf,
                         .kw = kbuf + (size_t)G * head_dim_k / 4};
     const scores_fn scores_group = mode == KEYS_Q8 ? level->scores_q8 : level->scores;
-    float *c = kbuf + (size_t)G * head_dim_k; /* [n_rows] the rows' rescale factors (two-phase levels) */
+    float *c = kbuf + (size_t)G * head_dim_k; /* [n_rows] the rows' rescale factors (in phases) */
+    const int phased = level->softmax && n_rows >= ATTEND_ROWS_SPLIT;
     int32_t first = to, last = from;
     for (int t = 0; t < n_tok; t++) {
         const int32_t b = kv_begin[t] > from ? kv_begin[t] : from, e = kv_end[t] < to ? kv_end[t] : to;
@@ -708,9 +740,8 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
                 }
             }
         }
-        /* phase 0: scores (a level with group: all of the step per token), 1: the rows' softmax,
-         * 2: V sums */
-        for (int phase = 0; phase < (level->group ? 1 : 3); phase++) {
+        /* phase 0: scores (not phased: all of the step per token), 1: the rows' softmax, 2: V sums */
+        for (int phase = 0; phase < (phased ? 3 : 1); phase++) {
             if (phase == 1) {
                 for (int r0 = 0; r0 < n_rows; r0 += 16) {
                     const int nr = n_rows - r0 < 16 ? n_rows - r0 : 16;
@@ -735,7 +766,7 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
                 g.m = m + t * n_q;
                 g.l = l + t * n_q;
                 g.out = out + (size_t)t * out_tok_stride;
-                if (level->group) level->group(&g);
+                if (!phased) level->group(&g);
                 else if (phase == 2) level->vsum(&g, c + t * n_q);
             }
         }
