@@ -40,7 +40,9 @@
  * NEON variant; all sum the 16 lanes in the same tree order (i + 8, then + 4, + 2, + 1) and
  * accumulate V and merge the sums with fused multiply-adds (written out: gnu11 lets the compiler
  * contract a * b + c in the FMA-enabled levels only), so they differ at most where exp rounds
- * subnormals. */
+ * subnormals. At AVX-512 a call of many rows (a prompt's tile) runs the group step in phases: the
+ * scores of every token, then the softmax of 16 rows at a time (rows in the lanes for the max and
+ * the sum, the same operations per row), then the V sums; a decode step runs it per token. */
 #include <math.h>
 
 #include "ops_internal.h"
@@ -529,8 +531,6 @@ BUBO_TARGET_AVX512 static void group_avx512(const attend_group *g) {
         else vsum_avx512(g, w, h0, 1, cv);
     }
 }
-
-
 #endif /* BUBO_X86 */
 
 /* ---- NEON ------------------------------------------------------------------------------------- */

@@ -4,8 +4,9 @@
  * Layout: 16 weight rows sit in the 16 int32 lanes of one register and each token's activations
  * are broadcast 4 bytes at a time, so one vpdpbusd does 4 elements of 16 rows, a weight register
  * serves every token of the tile and an activation load every row of it. The weights of 16 rows
- * by a panel of TILE_PANEL blocks are unpacked once per chunk of TILE_CHUNK tokens into unsigned
- * bytes, transposed so that lane r holds row r:
+ * by a panel of blocks (up to TILE_PROMPT_PANEL in a prompt, TILE_PANEL in a decode step) are
+ * unpacked once per chunk of TILE_CHUNK tokens into unsigned bytes, transposed so that lane r
+ * holds row r:
  *
  *   packed.q[k][g]   lane r = elements 4g..4g+3 of block k of row r (u8)
  *   packed.d[k]      lane r = the row's scale of block k;  packed.m[k] its min (Q4_1, Q5_1)
@@ -19,8 +20,10 @@
  *
  * with off = 8, 16, 128. The results land as 16 contiguous floats per token (s[t][r0..r0+15]),
  * which is the output layout, so a panel's partial sums go back to s and come again for the next
- * panel without any transpose. Every output takes the same operations in the same order (blocks in
- * ascending order, one fma per block) wherever it sits and whatever the tile shape: padded rows
+ * panel without any transpose. The micro tile takes one weight register at a time against all its
+ * tokens, so their integer sums are TILE_TOKENS independent vpdpbusd chains. Every output takes
+ * the same operations in the same order (blocks in ascending order, one fma per block) wherever
+ * it sits and whatever the tile shape: padded rows
  * are computed and not stored, the token tail runs the same code with fewer tokens. The one-token
  * kernel (rows_legacy_avx512) and the type's AVX-512 vec_dot run that chain too, so an output's bits
  * do not depend on the batch it came in: the matmul's batch invariance rests on this. */
@@ -32,10 +35,11 @@
 
 #if defined(BUBO_X86)
 
-#define TILE_PANEL 8   /* blocks unpacked at once: 256 elements, 4.5 KiB packed, stays in L1 */
-#ifndef TILE_PROMPT_PANEL
-#define TILE_PROMPT_PANEL 24 /* a prompt's panels: at most this many blocks, the row cut evenly */
-#endif
+#define TILE_PANEL 8   /* a decode step's blocks unpacked at once: 256 elements, 4.5 KiB packed, in L1 */
+/* A prompt's panels: at most this many blocks (13.5 KiB packed), the row cut into equal panels, so
+ * that each output is loaded and stored once per panel (576 columns: one panel of 18 blocks, not
+ * 8 + 8 + 2; 1536: 24 + 24). Measured on the AMD EPYC Zen 5: 16 and 32 no better. */
+#define TILE_PROMPT_PANEL 24
 /* fewer tokens: rows_legacy_avx512, no packing (same bits either way). Packing a block costs about
  * what the rows kernel spends per token on it, so from 2 tokens the tile is cheaper (measured). */
 #define TILE_PACK_MIN_TOKENS 2
@@ -337,8 +341,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
         return;
     }
     q8_0_side_avx512 side;
-    /* the row cut into equal panels of at most TILE_PROMPT_PANEL blocks (18 blocks: 9 + 9, not 16 + 2):
-     * each panel loads and stores its outputs once */
+    /* the row cut into equal panels of at most TILE_PROMPT_PANEL blocks */
     const int n_panels = (nb + TILE_PROMPT_PANEL - 1) / TILE_PROMPT_PANEL, panel = (nb + n_panels - 1) / n_panels;
     for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
         const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
