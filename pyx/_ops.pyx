@@ -403,6 +403,8 @@ def attend_paged(int type_id, const uint8_t[:, :, :, ::1] k, const uint8_t[:, :,
     view.head_bytes_v = v.shape[3]
     view.row_bytes_k = view.head_bytes_k * n_head_kv
     view.row_bytes_v = view.head_bytes_v * n_head_kv
+    view.head_stride_k = view.head_bytes_k  # every head of a token side by side
+    view.head_stride_v = view.head_bytes_v
     view.block_bytes_k = view.row_bytes_k * block_size
     view.block_bytes_v = view.row_bytes_v * block_size
     view.table = &tv[0]

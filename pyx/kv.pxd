@@ -36,6 +36,7 @@ cdef extern from "bubo/kv.h" nogil:
         size_t block_bytes_k, block_bytes_v
         size_t row_bytes_k, row_bytes_v
         size_t head_bytes_k, head_bytes_v
+        size_t head_stride_k, head_stride_v
         const int32_t *table
 
     bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err)

@@ -40,8 +40,8 @@ typedef struct {
     int n_layer;               /* layers stored here */
     int32_t n_blocks;          /* capacity */
     int32_t n_committed;       /* blocks 0 .. n_committed-1 are writable memory; the rest reserved only */
-    uint8_t *k;                /* [n_layer][n_blocks][block_size][row_bytes_k], a reservation */
-    uint8_t *v;                /* [n_layer][n_blocks][block_size][row_bytes_v], a reservation */
+    uint8_t *k;                /* [n_layer][n_blocks][n_head_kv][block_size][head_bytes_k], a reservation */
+    uint8_t *v;                /* [n_layer][n_blocks][n_head_kv][block_size][head_bytes_v], a reservation */
     size_t map_bytes_k, map_bytes_v;
     int32_t *refs;             /* [n_blocks] sequences holding each block; 0 = free */
     int32_t *free_list;        /* [n_blocks] stack of free committed block ids */
@@ -79,7 +79,8 @@ typedef struct {
 struct bubo_kv {
     bubo_kv_params p;
     int32_t max_seq_blocks;    /* a block table's capacity: ceil(n_ctx / block_size) */
-    size_t row_bytes_k, row_bytes_v;
+    size_t row_bytes_k, row_bytes_v;   /* a token's K (V) for every head */
+    size_t head_bytes_k, head_bytes_v; /* one head's: within a block, a head's rows follow each other */
     size_t block_bytes_k, block_bytes_v; /* one block of one layer */
     kv_pool pools[N_POOLS];
     uint8_t pool_of[BUBO_KV_MAX_LAYERS];   /* layer -> pool */
@@ -377,6 +378,8 @@ bubo_status bubo_kv_create(const bubo_kv_params *p, bubo_kv **out, bubo_err *err
     kv->max_seq_blocks = blocks_for(kv, p->n_ctx);
     kv->row_bytes_k = bubo_row_size(p->type, p->n_embd_k);
     kv->row_bytes_v = bubo_row_size(p->type_v, p->n_embd_v);
+    kv->head_bytes_k = bubo_row_size(p->type, p->head_dim_k); /* head dims are whole blocks: rows = heads */
+    kv->head_bytes_v = bubo_row_size(p->type_v, p->head_dim_v);
     kv->block_bytes_k = kv->row_bytes_k * p->block_size;
     kv->block_bytes_v = kv->row_bytes_v * p->block_size;
     for (int il = 0; il < p->n_layer; il++) {
@@ -638,17 +641,17 @@ static bubo_status reserve(bubo_kv *kv, const int32_t *n_new, bubo_err *err) {
     return BUBO_OK;
 }
 
-static uint8_t *row(const bubo_kv *kv, int il, int seq, int32_t pos, int want_v) {
+static uint8_t *head_row(const bubo_kv *kv, int il, int seq, int32_t pos, int head, int want_v) {
     const kv_pool *pl = &kv->pools[kv->pool_of[il]];
     const int32_t b = table_of(kv, pl, seq)[pos / kv->p.block_size];
     const size_t block_bytes = want_v ? kv->block_bytes_v : kv->block_bytes_k;
-    const size_t row_bytes = want_v ? kv->row_bytes_v : kv->row_bytes_k;
+    const size_t head_bytes = want_v ? kv->head_bytes_v : kv->head_bytes_k;
     return (want_v ? pl->v : pl->k) + ((size_t)kv->index_in[il] * pl->n_blocks + b) * block_bytes +
-           (size_t)(pos % kv->p.block_size) * row_bytes;
+           ((size_t)head * kv->p.block_size + (size_t)(pos % kv->p.block_size)) * head_bytes;
 }
 
-uint8_t *bubo_kv_k_row(bubo_kv *kv, int il, int seq, int32_t pos) { return row(kv, il, seq, pos, 0); }
-uint8_t *bubo_kv_v_row(bubo_kv *kv, int il, int seq, int32_t pos) { return row(kv, il, seq, pos, 1); }
+uint8_t *bubo_kv_k_head(bubo_kv *kv, int il, int seq, int32_t pos, int head) { return head_row(kv, il, seq, pos, head, 0); }
+uint8_t *bubo_kv_v_head(bubo_kv *kv, int il, int seq, int32_t pos, int head) { return head_row(kv, il, seq, pos, head, 1); }
 
 void bubo_kv_get_view(const bubo_kv *kv, int il, int seq, bubo_kv_view *view) {
     const kv_pool *pl = &kv->pools[kv->pool_of[il]];
@@ -659,10 +662,12 @@ void bubo_kv_get_view(const bubo_kv *kv, int il, int seq, bubo_kv_view *view) {
     view->v = pl->v + (size_t)kv->index_in[il] * pl->n_blocks * kv->block_bytes_v;
     view->block_bytes_k = kv->block_bytes_k;
     view->block_bytes_v = kv->block_bytes_v;
-    view->row_bytes_k = kv->row_bytes_k;
-    view->row_bytes_v = kv->row_bytes_v;
-    view->head_bytes_k = bubo_row_size(kv->p.type, kv->p.head_dim_k);
-    view->head_bytes_v = bubo_row_size(kv->p.type_v, kv->p.head_dim_v);
+    view->row_bytes_k = kv->head_bytes_k; /* a head's rows follow each other in a block */
+    view->row_bytes_v = kv->head_bytes_v;
+    view->head_bytes_k = kv->head_bytes_k;
+    view->head_bytes_v = kv->head_bytes_v;
+    view->head_stride_k = kv->head_bytes_k * kv->p.block_size;
+    view->head_stride_v = kv->head_bytes_v * kv->p.block_size;
     view->table = table_of(kv, pl, seq);
 }
 

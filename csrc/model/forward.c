@@ -179,8 +179,11 @@ static void step_qkv(const void *vc, int32_t t) {
     m->ops->rope(k, 1, hp->n_head_kv, hp->head_dim_k, &c->pos[t], &rope);
 
     const bubo_kv_params *kp = bubo_kv_get_params(c->kv);
-    bubo_get_from_float(kp->type)(k, bubo_kv_k_row(c->kv, c->il, c->seq_ids[t], c->pos[t]), nk);
-    bubo_get_from_float(kp->type_v)(v, bubo_kv_v_row(c->kv, c->il, c->seq_ids[t], c->pos[t]), nv);
+    const bubo_from_float_fn to_k = bubo_get_from_float(kp->type), to_v = bubo_get_from_float(kp->type_v);
+    for (int h = 0; h < hp->n_head_kv; h++) {
+        to_k(k + (size_t)h * hp->head_dim_k, bubo_kv_k_head(c->kv, c->il, c->seq_ids[t], c->pos[t], h), hp->head_dim_k);
+        to_v(v + (size_t)h * hp->head_dim_v, bubo_kv_v_head(c->kv, c->il, c->seq_ids[t], c->pos[t], h), hp->head_dim_v);
+    }
 }
 
 /* x += [post_attn_norm](xb2); xb = rmsnorm(x, ffn_norm) */

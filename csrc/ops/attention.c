@@ -717,8 +717,8 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
         size_t block = (size_t)view->table[(g0 + glo) / bs], slot = (size_t)((g0 + glo) % bs);
         for (int i = glo; i < ghi; i++, slot++) {
             if (slot == (size_t)bs) block = (size_t)view->table[(g0 + i) / bs], slot = 0;
-            const uint8_t *k = view->k + block * view->block_bytes_k + slot * view->row_bytes_k + (size_t)kv_head * view->head_bytes_k;
-            const uint8_t *v = view->v + block * view->block_bytes_v + slot * view->row_bytes_v + (size_t)kv_head * view->head_bytes_v;
+            const uint8_t *k = view->k + block * view->block_bytes_k + slot * view->row_bytes_k + (size_t)kv_head * view->head_stride_k;
+            const uint8_t *v = view->v + block * view->block_bytes_v + slot * view->row_bytes_v + (size_t)kv_head * view->head_stride_v;
             to_float(v, vrows + (size_t)i * head_dim_v, head_dim_v);
             if (mode == KEYS_WIDEN) {
                 to_float_k(k, kbuf + (size_t)i * head_dim_k, head_dim_k);

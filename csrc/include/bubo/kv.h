@@ -134,21 +134,29 @@ bubo_status bubo_kv_append_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *s
 bubo_status bubo_kv_check_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
                                 bubo_err *err);
 
-/* Where token pos of seq keeps its K (or V) row in layer il; the token must be reserved. */
-uint8_t *bubo_kv_k_row(bubo_kv *kv, int il, int seq, int32_t pos);
-uint8_t *bubo_kv_v_row(bubo_kv *kv, int il, int seq, int32_t pos);
+/* Where token pos of seq keeps KV head `head`'s K (or V) row in layer il (head_dim elements in
+ * the cache's type); the token must be reserved. A block holds its tokens head by head: each
+ * head's rows of the block follow each other, so that attention, which reads one head at a time,
+ * reads memory in order (one head's slice of a row holding every head was a strided read, about
+ * a third as fast from memory). */
+uint8_t *bubo_kv_k_head(bubo_kv *kv, int il, int seq, int32_t pos, int head);
+uint8_t *bubo_kv_v_head(bubo_kv *kv, int il, int seq, int32_t pos, int head);
 
-/* What attention needs to read one sequence of one layer in place. Token i of the sequence:
- * K row at k + table[i / block_size] * block_bytes_k + (i % block_size) * row_bytes_k. For a
- * sliding-window layer only the entries from the window's start on are valid. */
+/* What attention needs to read one sequence of one layer in place. Token i's K row of KV head h:
+ * k + table[i / block_size] * block_bytes_k + h * head_stride_k + (i % block_size) * row_bytes_k
+ * (a cache: row_bytes_k = head_bytes_k, head_stride_k = block_size * head_bytes_k; a layout with
+ * every head of a token side by side has row_bytes_k = n_head_kv * head_bytes_k and
+ * head_stride_k = head_bytes_k). For a sliding-window layer only the entries from the window's
+ * start on are valid. */
 typedef struct {
     bubo_type type;   /* K rows */
     bubo_type type_v; /* V rows */
     int block_size;
     const uint8_t *k, *v;           /* the layer's block pools */
     size_t block_bytes_k, block_bytes_v;
-    size_t row_bytes_k, row_bytes_v;
-    size_t head_bytes_k, head_bytes_v; /* one KV head within a row */
+    size_t row_bytes_k, row_bytes_v;     /* from one token to the next, within a block and head */
+    size_t head_bytes_k, head_bytes_v;   /* one KV head's row */
+    size_t head_stride_k, head_stride_v; /* from one KV head to the next, within a block */
     const int32_t *table;           /* the sequence's block table */
 } bubo_kv_view;
 

@@ -37,8 +37,8 @@ static void write_rows(bubo_kv *kv, int seq, int32_t from, int32_t to) {
     for (int32_t pos = from; pos < to; pos++) {
         const uint32_t sig = signature(toks[seq], pos);
         for (int il = 0; il < N_LAYER; il++) {
-            memcpy(bubo_kv_k_row(kv, il, seq, pos), &sig, sizeof sig);
-            memcpy(bubo_kv_v_row(kv, il, seq, pos), &sig, sizeof sig);
+            memcpy(bubo_kv_k_head(kv, il, seq, pos, 0), &sig, sizeof sig);
+            memcpy(bubo_kv_v_head(kv, il, seq, pos, 0), &sig, sizeof sig);
         }
     }
 }
@@ -53,8 +53,8 @@ static void check_rows(bubo_kv *kv, int step) {
         for (int32_t pos = 0; pos < bubo_kv_seq_len(kv, s); pos++) {
             const uint32_t sig = signature(toks[s], pos);
             for (int il = 0; il < N_LAYER; il++)
-                if (memcmp(bubo_kv_k_row(kv, il, s, pos), &sig, sizeof sig) ||
-                    memcmp(bubo_kv_v_row(kv, il, s, pos), &sig, sizeof sig))
+                if (memcmp(bubo_kv_k_head(kv, il, s, pos, 0), &sig, sizeof sig) ||
+                    memcmp(bubo_kv_v_head(kv, il, s, pos, 0), &sig, sizeof sig))
                     fail("row signature differs", step, s, pos);
         }
 }

@@ -143,7 +143,8 @@ static int check_attention(bubo_type type, int hd) {
     }
     bubo_kv_view view = {.type = type, .type_v = type, .block_size = BS, .k = k, .v = v,
                          .block_bytes_k = BS * row_bytes, .block_bytes_v = BS * row_bytes, .row_bytes_k = row_bytes,
-                         .row_bytes_v = row_bytes, .head_bytes_k = head_bytes, .head_bytes_v = head_bytes, .table = table};
+                         .row_bytes_v = row_bytes, .head_bytes_k = head_bytes, .head_bytes_v = head_bytes,
+                         .head_stride_k = head_bytes, .head_stride_v = head_bytes, .table = table};
     const int32_t begin[N_TOK] = {3, 0}, end[N_TOK] = {599, 277};
     float *scratch = malloc(sizeof(float) * bubo_attend_scratch_floats(N_TOK, N_Q, hd, hd));
     float *o0 = calloc((size_t)N_TOK * N_Q * hd, sizeof(float)), *o1 = calloc((size_t)N_TOK * N_Q * hd, sizeof(float));
