@@ -423,26 +423,6 @@ BUBO_TARGET_AVX512 __attribute__((always_inline)) static inline void vsum_avx512
     }
 }
 
-/* vm_exp_lanewise on 16 lanes: the same IEEE operations in the same order (two-factor scaling, not
- * vscalefps), so a lane's result is the scalar function's bits, subnormals included. */
-BUBO_TARGET_AVX512 static inline __m512 exp_lanewise_avx512(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(VM_EXP_LO), _mm512_min_ps(_mm512_set1_ps(VM_EXP_HI), x));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(VM_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(VM_LN2_HI), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(VM_LN2_LO), r);
-    __m512 p = _mm512_set1_ps(VM_EXP_P0);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VM_EXP_P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VM_EXP_P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VM_EXP_P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VM_EXP_P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VM_EXP_P5));
-    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    const __m512i ni = _mm512_cvtps_epi32(n), n1 = _mm512_srai_epi32(ni, 1), n2 = _mm512_sub_epi32(ni, n1);
-    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, _mm512_set1_epi32(127)), 23));
-    const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, _mm512_set1_epi32(127)), 23));
-    return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
-}
-
 /* 16 rows' 16-lane vectors v[i] -> each row's maximum, row i in lane i (max is exact in any order). */
 BUBO_TARGET_AVX512 static inline __m512 reduce16_max_avx512(const __m512 *v) {
     __m512 a[8], b[4], c[2];
@@ -485,7 +465,7 @@ BUBO_TARGET_AVX512 static void softmax16_avx512(int n, const uint16_t *valid, fl
     /* rose: m_new > m, and m was not -inf (a first group has nothing to rescale) */
     const __mmask16 rose = _mm512_cmp_ps_mask(m_new, m_old, _CMP_GT_OQ) &
                            _mm512_cmp_ps_mask(m_old, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-    const __m512 cf = _mm512_mask_blend_ps(rose, _mm512_set1_ps(1.0f), exp_lanewise_avx512(_mm512_sub_ps(m_old, m_new)));
+    const __m512 cf = _mm512_mask_blend_ps(rose, _mm512_set1_ps(1.0f), vm_exp_lanewise_avx512(_mm512_sub_ps(m_old, m_new)));
     const __m512 l_new = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(rows, l), cf, sum);
     _mm512_mask_storeu_ps(m, rows, m_new);
     _mm512_mask_storeu_ps(l, rows, l_new);

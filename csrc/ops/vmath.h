@@ -142,7 +142,8 @@ BUBO_TARGET_AVX2 static inline __m256 vm_gelu_erf_avx2(__m256 x) {
 
 /* ---- AVX-512 -------------------------------------------------------------------------------- */
 
-BUBO_TARGET_AVX512 static inline __m512 vm_exp_avx512(__m512 x) {
+/* exp(x) = p * 2^n: the polynomial p of the reduced argument, and n (the clamped x's). */
+BUBO_TARGET_AVX512 static inline __m512 vm_exp_parts_avx512(__m512 x, __m512 *n_out) {
     x = _mm512_max_ps(_mm512_set1_ps(VM_EXP_LO), _mm512_min_ps(_mm512_set1_ps(VM_EXP_HI), x));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(VM_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(VM_LN2_HI), x);
@@ -153,8 +154,25 @@ BUBO_TARGET_AVX512 static inline __m512 vm_exp_avx512(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VM_EXP_P3));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VM_EXP_P4));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VM_EXP_P5));
-    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    *n_out = n;
+    return _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+}
+
+BUBO_TARGET_AVX512 static inline __m512 vm_exp_avx512(__m512 x) {
+    __m512 n;
+    const __m512 p = vm_exp_parts_avx512(x, &n);
     return _mm512_scalef_ps(p, n); /* p * 2^n, overflow to inf and subnormals handled */
+}
+
+/* vm_exp_lanewise on 16 lanes: the same operations (two-factor scaling, as vm_exp_avx2, not
+ * vscalefps), so a lane's result is the scalar function's bits, subnormals included. */
+BUBO_TARGET_AVX512 static inline __m512 vm_exp_lanewise_avx512(__m512 x) {
+    __m512 n;
+    const __m512 p = vm_exp_parts_avx512(x, &n);
+    const __m512i ni = _mm512_cvtps_epi32(n), n1 = _mm512_srai_epi32(ni, 1), n2 = _mm512_sub_epi32(ni, n1);
+    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, _mm512_set1_epi32(127)), 23));
+    const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, _mm512_set1_epi32(127)), 23));
+    return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
 }
 
 BUBO_TARGET_AVX512 static inline __m512 vm_silu_avx512(__m512 x) {
