@@ -96,7 +96,15 @@ def _events(gen: Iterator[Any], stream: Stream | None, ping: float | None, sock:
             q.put(_END)
 
     producer = gevent.spawn(produce)
-    watcher = gevent.spawn(_watch_disconnect, sock, lambda: producer.kill(block=False)) if sock is not None else None
+
+    def gone() -> None:
+        # the engine frees the slot at its next step: cancel it here, not after the producer's
+        # exit has reached this response's `finally` (a few greenlet switches later)
+        if stream is not None:
+            stream.cancel()
+        producer.kill(block=False)
+
+    watcher = gevent.spawn(_watch_disconnect, sock, gone) if sock is not None else None
     try:
         while True:
             try:
