@@ -20,6 +20,20 @@ int8 dot-product units can do per second does a pp512 reach?
    sees on average) are f32 work and are printed beside it, not counted in the fraction.
 3. pp512 of `bubo bench` (and of llama-bench when --llama-bench names one), -r repetitions:
    int8 multiply-adds per second = t/s x matrix multiply-adds per token; fraction = that / peak.
+4. The ceiling (AVX-512 VNNI machines): what a pp512 could reach here at most while its results
+   stay as they are. Two more loops without memory, alternated with the peak loop's runs:
+   - a Q4_1 block as the prompt tile computes it for 16 rows and one token: 8 vpdpbusd (its 32
+     products per row, exact), then the float steps of the block formula that every Q4_1 and Q5_1
+     kernel shares (and batch invariance rests on): the sum converted, the weight and activation
+     scales multiplied, a fused multiply-add of the two, one of the block minimum's term; eight
+     tokens in flight, the tokens' scales broadcast from memory as the tile reads them;
+   - f32 fused multiply-adds, twelve chains (attention's scores and V sums are f32 work).
+   For a model whose matrices are all Q4_1/Q5_1 (smollm2:135m), the bound: a token's matrix
+   multiply-adds at the Q4_1 loop's rate plus its attention multiply-adds at the FMA loop's,
+   with nothing else (norms, RoPE, activation quantization, SwiGLU, memory, threads' waits) taking
+   any time. The float steps are 4 per 8 vpdpbusd whichever order they run in (the scales' product
+   varies with row, token and block; the minimum's term is one fused multiply-add per block), so
+   a faster kernel needs a different formula, that is, different results.
 """
 
 from __future__ import annotations
@@ -81,18 +95,76 @@ __attribute__((target("avx2"))) static void *run_avx2(void *arg) {
     return NULL;
 }
 
+/* f32 fused multiply-adds on 512-bit registers: 16 multiply-adds each, twelve chains */
+#define FM(x) x = _mm512_fmadd_ps(x, fa, fb)
+__attribute__((target("avx512f"))) static void *run_fma(void *arg) {
+    const __m512 fa = _mm512_set1_ps(0.999f), fb = _mm512_set1_ps(1e-3f);
+    __m512 c0 = _mm512_set1_ps(0), c1 = _mm512_set1_ps(1), c2 = _mm512_set1_ps(2), c3 = _mm512_set1_ps(3),
+           c4 = _mm512_set1_ps(4), c5 = _mm512_set1_ps(5), c6 = _mm512_set1_ps(6), c7 = _mm512_set1_ps(7),
+           c8 = _mm512_set1_ps(8), c9 = _mm512_set1_ps(9), c10 = _mm512_set1_ps(10), c11 = _mm512_set1_ps(11);
+    for (long n = 0; n < iters; n++) {
+        FM(c0); FM(c1); FM(c2); FM(c3); FM(c4); FM(c5); FM(c6); FM(c7); FM(c8); FM(c9); FM(c10); FM(c11);
+    }
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
+                             _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)));
+    sink = (int)_mm512_reduce_add_ps(s);
+    (void)arg;
+    return NULL;
+}
+
+/* The instructions a Q4_1 (or Q5_1) block costs the prompt tile, for 16 rows and one token, with
+ * no memory but the tokens' scales (broadcast from an array, as the tile reads them): 8 vpdpbusd
+ * summing its 32 products per row exactly (a chain from zero), then the float steps every kernel
+ * of the type shares: the sum converted, the two scales multiplied, one fused multiply-add of the
+ * sum and one of the block minimum's term. Eight tokens in flight, as in the tile. Counted: 512
+ * multiply-adds per (block, token). */
+#define BLOCK(t) do { \
+        __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), a, b##t); \
+        i = _mm512_dpbusd_epi32(i, a, b##t); i = _mm512_dpbusd_epi32(i, a, b##t); \
+        i = _mm512_dpbusd_epi32(i, a, b##t); i = _mm512_dpbusd_epi32(i, a, b##t); \
+        i = _mm512_dpbusd_epi32(i, a, b##t); i = _mm512_dpbusd_epi32(i, a, b##t); \
+        i = _mm512_dpbusd_epi32(i, a, b##t); \
+        y##t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(dw, _mm512_set1_ps(scale[t])), y##t); \
+        y##t = _mm512_fmadd_ps(mw, _mm512_set1_ps(scale[8 + t]), y##t); \
+    } while (0)
+__attribute__((target("avx512f,avx512vnni"))) static void *run_q4_1(void *arg) {
+    /* a: the weights (one register for the 8 tokens); b0 .. b7: each token's quants */
+    __m512i a = _mm512_set1_epi8(3), b0 = _mm512_set1_epi8(-5), b1 = _mm512_set1_epi8(-4),
+            b2 = _mm512_set1_epi8(-3), b3 = _mm512_set1_epi8(-2), b4 = _mm512_set1_epi8(-1),
+            b5 = _mm512_set1_epi8(1), b6 = _mm512_set1_epi8(2), b7 = _mm512_set1_epi8(4);
+    __m512 dw = _mm512_set1_ps(1e-3f), mw = _mm512_set1_ps(-1e-3f);
+    float scale[16]; /* each token's block scale and its quants' sum times it, broadcast from memory as in the tile */
+    for (int t = 0; t < 16; t++) scale[t] = 1e-3f * (float)(t + 1);
+    __m512 y0 = _mm512_setzero_ps(), y1 = y0, y2 = y0, y3 = y0, y4 = y0, y5 = y0, y6 = y0, y7 = y0;
+    for (long n = 0; n < iters; n++) {
+        /* new quants and scales each step, as a tile's blocks have: nothing is hoisted or shared */
+        __asm__ volatile("" : "+v"(a), "+v"(b0), "+v"(b1), "+v"(b2), "+v"(b3));
+        __asm__ volatile("" : "+v"(b4), "+v"(b5), "+v"(b6), "+v"(b7), "+v"(dw), "+v"(mw) : : "memory");
+        BLOCK(0); BLOCK(1); BLOCK(2); BLOCK(3); BLOCK(4); BLOCK(5); BLOCK(6); BLOCK(7);
+    }
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(y0, y1), _mm512_add_ps(y2, y3)),
+                             _mm512_add_ps(_mm512_add_ps(y4, y5), _mm512_add_ps(y6, y7)));
+    sink = (int)_mm512_reduce_add_ps(s);
+    (void)arg;
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     const int n_threads = atoi(argv[1]);
     iters = atol(argv[2]);
-    const int avx2 = argc > 3 && argv[3][0] == 'a'; /* "avx2": the AVX2 loop, 32 multiply-adds a step */
+    /* argv[3]: vnni (default), avx2 (32 multiply-adds a step), fma (f32), q4_1 (the block's mix) */
+    const char mode = argc > 3 ? argv[3][0] : 'v';
+    void *(*fn)(void *) = mode == 'a' ? run_avx2 : mode == 'f' ? run_fma : mode == 'q' ? run_q4_1 : run;
+    const double per_step = mode == 'a' ? 12.0 * 32 : mode == 'f' ? 12.0 * 16 : mode == 'q' ? 8.0 * 512 : 12.0 * 64;
     pthread_t th[256];
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int i = 0; i < n_threads; i++) pthread_create(&th[i], NULL, avx2 ? run_avx2 : run, NULL);
+    for (int i = 0; i < n_threads; i++) pthread_create(&th[i], NULL, fn, NULL);
     for (int i = 0; i < n_threads; i++) pthread_join(th[i], NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    printf("%.6f\n", (double)n_threads * (double)iters * 12.0 * (avx2 ? 32.0 : 64.0) / s);
+    printf("%.6f\n", (double)n_threads * (double)iters * per_step / s);
     return 0;
 }
 """
@@ -122,9 +194,14 @@ def peak_level() -> str | None:
 PEAK_NAMES = {"vnni": "vpdpbusd", "avx2": "vpmaddubsw + vpaddw"}
 
 
-def int8_peak(n_threads: int, level: str, repeats: int = 3) -> float:
-    """int8 multiply-adds per second of n_threads threads of the level's multiply-add loop (the
-    best of a few runs)."""
+# multiply-adds per step of each loop of PEAK_C
+STEP_MACS = {"vnni": 12 * 64, "avx2": 12 * 32, "fma": 12 * 16, "q4_1": 8 * 512}
+
+
+def loop_rates(n_threads: int, modes: list[str], repeats: int = 3) -> dict[str, float]:
+    """Multiply-adds per second of n_threads threads of each PEAK_C loop (the best of a few runs
+    of about half a second; the modes' runs alternate, so that a machine's slow minute falls on
+    all of them)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise SystemExit("prefill_peak: no C compiler (cc) to build the peak loop")
@@ -132,35 +209,45 @@ def int8_peak(n_threads: int, level: str, repeats: int = 3) -> float:
         src, exe = Path(d) / "peak.c", Path(d) / "peak"
         src.write_text(PEAK_C)
         subprocess.run([cc, "-O2", "-pthread", str(src), "-o", str(exe)], check=True)
-        iters, width = 1_000_000, 64 if level == "vnni" else 32
-        while True:  # about a second per run
-            rate = float(subprocess.run([str(exe), str(n_threads), str(iters), level], capture_output=True,
+
+        def run(mode: str, iters: int) -> float:
+            return float(subprocess.run([str(exe), str(n_threads), str(iters), mode], capture_output=True,
                                         text=True, check=True).stdout)
-            if n_threads * iters * 12 * width / rate > 0.5:
-                break
-            iters *= 4
-        return max(float(subprocess.run([str(exe), str(n_threads), str(iters), level], capture_output=True,
-                                         text=True, check=True).stdout) for _ in range(repeats))
+
+        steps = {}
+        for mode in modes:
+            iters = 100_000
+            while n_threads * iters * STEP_MACS[mode] / run(mode, iters) < 0.5:
+                iters *= 4
+            steps[mode] = iters
+        best = dict.fromkeys(modes, 0.0)
+        for _ in range(repeats):
+            for mode in modes:
+                best[mode] = max(best[mode], run(mode, steps[mode]))
+        return best
 
 
 def matrix_macs(model: Path) -> tuple[int, int, dict[str, int]]:
-    """(multiply-adds per token of the layers' weight matrices, of attention at pp512, metadata)."""
+    """(multiply-adds per token of the layers' weight matrices, of attention at pp512, metadata:
+    also "with_min", the matrices' multiply-adds of types with a block minimum, Q4_1 and Q5_1)."""
     from bubo.gguf import GGUFFile
 
     with GGUFFile(model) as f:
         md = f.metadata
         arch = str(md["general.architecture"])
-        macs = 0
+        macs = with_min = 0
         for t in f.tensors:
             if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2 and min(t.shape) > 1:
                 macs += t.shape[0] * t.shape[1]
+                if t.type_name in ("q4_1", "q5_1"):
+                    with_min += t.shape[0] * t.shape[1]
         n_layer = int(md[f"{arch}.block_count"])
         n_head = int(md[f"{arch}.attention.head_count"])
         n_embd = int(md[f"{arch}.embedding_length"])
         hdk = int(md.get(f"{arch}.attention.key_length", n_embd // n_head))
         hdv = int(md.get(f"{arch}.attention.value_length", hdk))
     attn = n_layer * n_head * (hdk + hdv) * (512 + 1) // 2
-    return macs, attn, {"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd}
+    return macs, attn, {"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd, "with_min": with_min}
 
 
 def bubo_pp(model: Path, threads: int, reps: int) -> float:
@@ -193,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
 
     model = store.resolve(args.model)
     macs, attn, hp = matrix_macs(model)
-    peak = int8_peak(args.threads, level)
+    modes = [level, "q4_1", "fma"] if level == "vnni" else [level]
+    rates = loop_rates(args.threads, modes)
+    peak = rates[level]
     rows = [("bubo", bubo_pp(model, args.threads, args.repetitions))]
     if args.llama_bench:
         rows.append(("llama.cpp", llama_pp(args.llama_bench, model, args.threads, args.repetitions)))
@@ -207,7 +296,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {who} | {tps:.1f} | {tps * macs / 1e9:.1f} | {100 * tps * macs / peak:.1f}% |")
     if len(rows) == 2:
         print(f"\nbubo / llama.cpp: {rows[0][1] / rows[1][1]:.2f}x")
+    if level == "vnni":
+        print_ceiling(macs, attn, hp["with_min"], peak, rates["q4_1"], rates["fma"], args.threads)
     return 0
+
+
+def print_ceiling(macs: int, attn: int, with_min: int, peak: float, mix: float, fma: float, threads: int) -> None:
+    """The most a pp512 can reach here without changing its results: the matrices at their block
+    formula's instruction-mix ceiling (measured by the q4_1 loop) and attention's f32 work at the
+    FMA peak, nothing else taking any time."""
+    print(f"\n### The ceiling on this machine ({threads} threads, loops without memory)\n")
+    print("| loop | G multiply-adds/s | of the int8 peak |")
+    print("| --- | ---: | ---: |")
+    print(f"| vpdpbusd alone (the int8 peak) | {peak / 1e9:.1f} | 100.0% |")
+    print(f"| a Q4_1 block: 8 vpdpbusd + convert, multiply, 2 FMA | {mix / 1e9:.1f} | {100 * mix / peak:.1f}% |")
+    print(f"| f32 FMA | {fma / 1e9:.1f} | {100 * fma / peak:.1f}% |")
+    if with_min != macs:
+        print("\n(the bound below is for models whose matrices are all Q4_1 or Q5_1; this one's are not)")
+        return
+    t_token = macs / mix + attn / fma  # seconds per token at both ceilings, nothing else
+    print(f"\nA token's {macs / 1e6:.1f} M matrix multiply-adds at the Q4_1 block's ceiling and its "
+          f"{attn / 1e6:.1f} M attention multiply-adds at the f32 FMA peak, with nothing else: "
+          f"{1 / t_token:.0f} t/s, {100 * macs / t_token / peak:.1f}% of the int8 peak. That is the most a "
+          "pp512 can reach here while every result stays as it is.")
 
 
 if __name__ == "__main__":
