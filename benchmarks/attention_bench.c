@@ -58,7 +58,8 @@ int main(int argc, char **argv) {
         else memcpy(q + r * q_stride, row, sizeof row);
     }
     float *out = malloc(sizeof(float) * HD * NQ * n_prompt);
-    float *scratch = malloc(sizeof(float) * bubo_attend_scratch_floats(TILE, NQ, HD, HD));
+    /* 64-byte aligned, as the model's scratch is */
+    float *scratch = aligned_alloc(64, (sizeof(float) * bubo_attend_scratch_floats(TILE, NQ, HD, HD) + 63) & ~(size_t)63);
     double macs = 0;
     for (int t = 0; t < n_prompt; t++) macs += 2.0 * HD * NQ * (depth + t + 1);
     double best = 1e9;
