@@ -164,7 +164,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_threads; i++) pthread_join(th[i], NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    printf("%.6f\n", (double)n_threads * (double)iters * per_step / s);
+    printf("%.6f %.6f\n", (double)n_threads * (double)iters * per_step / s, s); /* multiply-adds/s, seconds */
     return 0;
 }
 """
@@ -194,10 +194,6 @@ def peak_level() -> str | None:
 PEAK_NAMES = {"vnni": "vpdpbusd", "avx2": "vpmaddubsw + vpaddw"}
 
 
-# multiply-adds per step of each loop of PEAK_C
-STEP_MACS = {"vnni": 12 * 64, "avx2": 12 * 32, "fma": 12 * 16, "q4_1": 8 * 512}
-
-
 def loop_rates(n_threads: int, modes: list[str], repeats: int = 3) -> dict[str, float]:
     """Multiply-adds per second of n_threads threads of each PEAK_C loop (the best of a few runs
     of about half a second; the modes' runs alternate, so that a machine's slow minute falls on
@@ -210,20 +206,21 @@ def loop_rates(n_threads: int, modes: list[str], repeats: int = 3) -> dict[str, 
         src.write_text(PEAK_C)
         subprocess.run([cc, "-O2", "-pthread", str(src), "-o", str(exe)], check=True)
 
-        def run(mode: str, iters: int) -> float:
-            return float(subprocess.run([str(exe), str(n_threads), str(iters), mode], capture_output=True,
-                                        text=True, check=True).stdout)
+        def run(mode: str, iters: int) -> tuple[float, float]:
+            rate, seconds = subprocess.run([str(exe), str(n_threads), str(iters), mode], capture_output=True,
+                                           text=True, check=True).stdout.split()
+            return float(rate), float(seconds)
 
         steps = {}
         for mode in modes:
             iters = 100_000
-            while n_threads * iters * STEP_MACS[mode] / run(mode, iters) < 0.5:
+            while run(mode, iters)[1] < 0.5:
                 iters *= 4
             steps[mode] = iters
         best = dict.fromkeys(modes, 0.0)
         for _ in range(repeats):
             for mode in modes:
-                best[mode] = max(best[mode], run(mode, steps[mode]))
+                best[mode] = max(best[mode], run(mode, steps[mode])[0])
         return best
 
 

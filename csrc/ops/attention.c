@@ -637,6 +637,15 @@ static inline void token_lanes(int32_t g0, int32_t begin, int32_t end, int *lo, 
     *hi = end < g0 + G ? (end > g0 ? end - g0 : 0) : G;
 }
 
+/* KV head `head`'s K (V) row in slot `slot` of block `block`. */
+static inline const uint8_t *view_k_row(const bubo_kv_view *view, size_t block, size_t slot, int head) {
+    return view->k + block * view->block_bytes_k + slot * view->row_bytes_k + (size_t)head * view->head_stride_k;
+}
+
+static inline const uint8_t *view_v_row(const bubo_kv_view *view, size_t block, size_t slot, int head) {
+    return view->v + block * view->block_bytes_v + slot * view->row_bytes_v + (size_t)head * view->head_stride_v;
+}
+
 /* Row i of the group's keys from a stored q8_0 row: its quants, and its block scales spread over
  * its words. */
 static void keys_q8_row(const uint8_t *row, int head_dim_k, int8_t *kq, float *kw) {
@@ -672,6 +681,13 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
     const scores_fn scores_group = mode == KEYS_Q8 ? level->scores_q8 : level->scores;
     float *c = kbuf + (size_t)G * head_dim_k; /* [n_rows] the rows' rescale factors (in phases) */
     const int phased = level->softmax && n_rows >= ATTEND_ROWS_SPLIT;
+    /* a prompt's tile over a cache's head-by-head layout (a head's rows of a block follow each
+     * other): a group within one block widens its V rows, and K rows where they are widened, in one
+     * conversion each (the same elements, the same values; 3-8% less time for a 512-token prompt's
+     * attention, benchmarks/attention_bench.c). A decode step at depth, whose rows come from
+     * memory, measured 3-4% slower so: it keeps a row at a time. */
+    const int bulk = n_rows >= ATTEND_ROWS_SPLIT && view->row_bytes_k == view->head_bytes_k &&
+                     view->row_bytes_v == view->head_bytes_v;
     int32_t first = to, last = from;
     for (int t = 0; t < n_tok; t++) {
         const int32_t b = kv_begin[t] > from ? kv_begin[t] : from, e = kv_end[t] < to ? kv_end[t] : to;
@@ -695,25 +711,17 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
             if (lo < hi && hi > ghi) ghi = hi;
         }
         size_t block = (size_t)view->table[(g0 + glo) / bs], slot = (size_t)((g0 + glo) % bs);
-        /* a prompt's tile, the group's rows one after the other in one block (a cache's head-by-head
-         * layout): V, and K where it is widened, in one conversion each (the same elements, the same
-         * values; 3-8% less time for a 512-token prompt's attention, benchmarks/attention_bench.c. A
-         * decode step at depth, whose rows come from memory, measured 3-4% slower so: it keeps a row
-         * at a time) */
-        const int run = n_rows >= ATTEND_ROWS_SPLIT && view->row_bytes_k == view->head_bytes_k && view->row_bytes_v == view->head_bytes_v &&
-                        slot + (size_t)(ghi - glo) <= (size_t)bs;
+        const int run = bulk && slot + (size_t)(ghi - glo) <= (size_t)bs; /* the group in one block */
         if (run) {
-            to_float(view->v + block * view->block_bytes_v + slot * view->row_bytes_v + (size_t)kv_head * view->head_stride_v,
-                     vrows + (size_t)glo * head_dim_v, (ghi - glo) * head_dim_v);
+            to_float(view_v_row(view, block, slot, kv_head), vrows + (size_t)glo * head_dim_v, (ghi - glo) * head_dim_v);
             if (mode == KEYS_WIDEN)
-                to_float_k(view->k + block * view->block_bytes_k + slot * view->row_bytes_k + (size_t)kv_head * view->head_stride_k,
-                           kbuf + (size_t)glo * head_dim_k, (ghi - glo) * head_dim_k);
+                to_float_k(view_k_row(view, block, slot, kv_head), kbuf + (size_t)glo * head_dim_k, (ghi - glo) * head_dim_k);
         }
+        /* row by row: what the run did not widen */
         for (int i = glo; i < ghi && !(run && mode == KEYS_WIDEN); i++, slot++) {
             if (slot == (size_t)bs) block = (size_t)view->table[(g0 + i) / bs], slot = 0;
-            const uint8_t *k = view->k + block * view->block_bytes_k + slot * view->row_bytes_k + (size_t)kv_head * view->head_stride_k;
-            const uint8_t *v = view->v + block * view->block_bytes_v + slot * view->row_bytes_v + (size_t)kv_head * view->head_stride_v;
-            if (!run) to_float(v, vrows + (size_t)i * head_dim_v, head_dim_v);
+            const uint8_t *k = view_k_row(view, block, slot, kv_head);
+            if (!run) to_float(view_v_row(view, block, slot, kv_head), vrows + (size_t)i * head_dim_v, head_dim_v);
             if (mode == KEYS_WIDEN) {
                 to_float_k(k, kbuf + (size_t)i * head_dim_k, head_dim_k);
                 continue;
