@@ -74,9 +74,10 @@ void bubo_model_run_rows(bubo_model *m, int32_t n, void *ctx, void (*fn)(const v
 }
 
 /* Matrices that multiply the same x, in one pool run with x quantized once (bubo_matmul_parts)
- * where they take their activations as one type; else one after the other. */
-bubo_status matmul_shared(bubo_model *m, int n_mats, const bubo_mat *const *w, const float *x, int32_t n,
-                                 float *const *y, bubo_err *err) {
+ * where they take their activations as one type; else one after the other. pre (NULL: none): a
+ * per-token step that writes x, run in the same pool run (bubo_matmul_prologue). */
+static bubo_status matmul_after(bubo_model *m, void (*pre)(const void *, int32_t), const void *pre_ctx, int n_mats,
+                                const bubo_mat *const *w, const float *x, int32_t n, float *const *y, bubo_err *err) {
     bubo_matmul_part parts[BUBO_MATMUL_MAX_PARTS];
     const bubo_type vdt = bubo_type_get_traits(w[0]->type)->vec_dot_type;
     int same = n_mats <= BUBO_MATMUL_MAX_PARTS;
@@ -85,20 +86,25 @@ bubo_status matmul_shared(bubo_model *m, int n_mats, const bubo_mat *const *w, c
         parts[i] = (bubo_matmul_part){.type = w[i]->type, .prepacked_isa = w[i]->packed ? w[i]->packed_isa : BUBO_ISA_COUNT,
                                       .w = w[i]->data, .rows = w[i]->rows, .y = y[i]};
     }
+    const bubo_matmul_prologue prologue = {pre, pre_ctx};
     if (same)
-        return bubo_matmul_parts(m->pool, n_mats, parts, w[0]->cols, x, n, m->s.mm_scratch, m->s.mm_scratch_size, err);
+        return bubo_matmul_parts(m->pool, n_mats, parts, w[0]->cols, x, n, &prologue, m->s.mm_scratch,
+                                 m->s.mm_scratch_size, err);
+    if (pre) bubo_model_run_rows(m, n, (void *)pre_ctx, pre);
     for (int i = 0; i < n_mats; i++) {
-        bubo_status st = matmul(m, w[i], x, n, y[i], err);
+        bubo_status st = matmul_after(m, NULL, NULL, 1, &w[i], x, n, &y[i], err);
         if (st) return st;
     }
     return BUBO_OK;
 }
 
+bubo_status matmul_shared(bubo_model *m, int n_mats, const bubo_mat *const *w, const float *x, int32_t n,
+                          float *const *y, bubo_err *err) {
+    return matmul_after(m, NULL, NULL, n_mats, w, x, n, y, err);
+}
+
 bubo_status matmul(bubo_model *m, const bubo_mat *w, const float *x, int32_t n, float *y, bubo_err *err) {
-    if (w->packed)
-        return bubo_matmul_prepacked(m->pool, w->packed_isa, w->type, w->data, w->rows, w->cols, x, n, y,
-                                     m->s.mm_scratch, m->s.mm_scratch_size, err);
-    return bubo_matmul(m->pool, w->type, w->data, w->rows, w->cols, x, n, y, m->s.mm_scratch, m->s.mm_scratch_size, err);
+    return matmul_after(m, NULL, NULL, 1, &w, x, n, &y, err);
 }
 
 /* ---- the per-token steps ---------------------------------------------------------------------- */
@@ -209,15 +215,27 @@ static void step_ffn_act(const void *vc, int32_t t) {
         m->ops->swiglu(f, gate, gate, up);
 }
 
-/* x += [post_ffw_norm](xb2) */
-static void step_ffn_residual(const void *vc, int32_t t) {
-    const step_ctx *c = vc;
+/* x += [post_ffw_norm](xb2), layer il's */
+static void ffn_residual(const step_ctx *c, int il, int32_t t) {
     const bubo_model *m = c->m;
-    const bubo_layer_weights *l = &m->w.layers[c->il];
+    const bubo_layer_weights *l = &m->w.layers[il];
     const size_t d = m->hp.n_embd;
     float *x = m->s.x + t * d, *xb2 = m->s.xb2 + t * d;
     if (l->post_ffw_norm) m->ops->rms_norm(d, xb2, xb2, l->post_ffw_norm, m->hp.norm_eps);
     m->ops->add(d, x, x, xb2);
+}
+
+static void step_ffn_residual(const void *vc, int32_t t) {
+    const step_ctx *c = vc;
+    ffn_residual(c, c->il, t);
+}
+
+/* A layer's input: the previous layer's FFN residual (none before the first), then the attention
+ * norm. It runs as the Q/K/V product's prologue. */
+static void step_layer_input(const void *vc, int32_t t) {
+    const step_ctx *c = vc;
+    if (c->il > 0) ffn_residual(c, c->il - 1, t);
+    step_attn_norm(vc, t);
 }
 
 /* the j-th wanted row, normed, packed into xb[j] for the output product */
@@ -410,10 +428,10 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
     for (int il = 0; il < hp->n_layer; il++) {
         const bubo_layer_weights *l = &m->w.layers[il];
         c->il = il;
-        run_tokens(c, step_attn_norm);
+        /* the per-token steps before a product run as its prologue, in its pool run */
         const bubo_mat *qkv[] = {&l->wq, &l->wk, &l->wv};
         float *qkv_out[] = {s->q, s->k, s->v};
-        if ((st = matmul_shared(m, 3, qkv, s->xb, n, qkv_out, err))) return st;
+        if ((st = matmul_after(m, step_layer_input, c, 3, qkv, s->xb, n, qkv_out, err))) return st;
         run_tokens(c, step_qkv);
         const int nth = bubo_pool_n_threads(m->pool);
         split_ctx split = {c, attention_chunks(c, nth)};
@@ -431,15 +449,14 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
         else
             bubo_pool_run(m->pool, attention_share, c);
         if ((st = matmul(m, &l->wo, s->att, n, s->xb2, err))) return st;
-        run_tokens(c, step_attn_residual);
         const bubo_mat *gate_up[] = {&l->gate, &l->up};
         float *gate_up_out[] = {s->hb, s->hb2};
-        if ((st = matmul_shared(m, 2, gate_up, s->xb, n, gate_up_out, err)))
-            return st;
-        run_tokens(c, step_ffn_act);
-        if ((st = matmul(m, &l->down, s->hb, n, s->xb2, err))) return st;
-        run_tokens(c, step_ffn_residual);
+        if ((st = matmul_after(m, step_attn_residual, c, 2, gate_up, s->xb, n, gate_up_out, err))) return st;
+        const bubo_mat *down[] = {&l->down};
+        float *down_out[] = {s->xb2};
+        if ((st = matmul_after(m, step_ffn_act, c, 1, down, s->hb, n, down_out, err))) return st;
     }
+    run_tokens(c, step_ffn_residual); /* the last layer's (c->il): the next layer's input step did the others */
     if (c->n_out == 0) return BUBO_OK;
 
     step_ctx out = *c;

@@ -48,6 +48,7 @@ typedef struct {
     int n_parts;
     matmul_part parts[BUBO_MATMUL_MAX_PARTS]; /* matrices that share x: their tiles split as one */
     int64_t cols, n_tokens;
+    bubo_matmul_prologue prologue; /* fn NULL: none */
     const float *x;
     uint8_t *scratch;  /* where from_float writes xq */
     const uint8_t *xq; /* [n_tokens][xq_row_bytes]: the activations as vec_dot takes them */
@@ -63,10 +64,21 @@ static void quantize_share(const matmul_task *t, int ith, int nth) {
         t->from_float(t->x + b0 * t->xq_blck_size, t->scratch + (size_t)b0 * t->xq_type_size, (b1 - b0) * t->xq_blck_size);
 }
 
+/* The prologue's rows split by token, each token's row quantized by the thread that ran its step. */
+static void prologue_share(const matmul_task *t, int ith, int nth) {
+    const int64_t t0 = t->n_tokens * ith / nth, t1 = t->n_tokens * (ith + 1) / nth;
+    for (int64_t tok = t0; tok < t1; tok++) t->prologue.fn(t->prologue.ctx, (int32_t)tok);
+    if (t->from_float && t1 > t0)
+        t->from_float(t->x + t0 * t->cols, t->scratch + (size_t)t0 * t->xq_row_bytes, (t1 - t0) * t->cols);
+}
+
 static void matmul_share(void *vtask, int ith, int nth) {
     const matmul_task *t = vtask;
-    if (t->from_float) {
-        quantize_share(t, ith, nth);
+    if (t->prologue.fn || t->from_float) {
+        if (t->prologue.fn)
+            prologue_share(t, ith, nth);
+        else
+            quantize_share(t, ith, nth);
         if (nth > 1) bubo_pool_barrier(t->pool); /* every thread reads every token's activations */
     }
 
@@ -136,13 +148,15 @@ static bubo_status part_setup(const bubo_matmul_part *in, int64_t cols, bubo_typ
 }
 
 bubo_status bubo_matmul_parts(bubo_pool *pool, int n_parts, const bubo_matmul_part *parts, int64_t cols,
-                              const float *x, int64_t n_tokens, void *scratch, size_t scratch_size, bubo_err *err) {
+                              const float *x, int64_t n_tokens, const bubo_matmul_prologue *prologue, void *scratch,
+                              size_t scratch_size, bubo_err *err) {
     if (n_parts < 1 || n_parts > BUBO_MATMUL_MAX_PARTS || !parts)
         return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: %d parts (1 to %d)", n_parts, BUBO_MATMUL_MAX_PARTS);
     if (cols < 0 || n_tokens < 0 || cols > INT_MAX || n_tokens > INT_MAX)
         return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: bad shape cols=%lld n_tokens=%lld", (long long)cols,
                             (long long)n_tokens);
     matmul_task task = {.pool = pool, .n_parts = n_parts, .cols = cols, .n_tokens = n_tokens, .x = x};
+    if (prologue) task.prologue = *prologue;
     bubo_type vdt = BUBO_TYPE_COUNT;
     int64_t rows = 0;
     for (int i = 0; i < n_parts; i++) {
@@ -150,7 +164,10 @@ bubo_status bubo_matmul_parts(bubo_pool *pool, int n_parts, const bubo_matmul_pa
         if (st) return st;
         rows += parts[i].rows;
     }
-    if (rows == 0 || n_tokens == 0) return BUBO_OK;
+    if (rows == 0 || n_tokens == 0) {
+        for (int64_t tok = 0; tok < n_tokens && task.prologue.fn; tok++) task.prologue.fn(task.prologue.ctx, (int32_t)tok);
+        return BUBO_OK;
+    }
     for (int i = 0; i < n_parts; i++)
         if (!x || (parts[i].rows > 0 && (!parts[i].w || !parts[i].y)))
             return bubo_set_err(err, BUBO_ERR_INVALID, "matmul: NULL buffer");
@@ -182,7 +199,7 @@ static bubo_status matmul_run(bubo_pool *pool, bubo_type type, const void *w, in
                               const float *x, int64_t n_tokens, float *y, void *scratch, size_t scratch_size,
                               bubo_isa prepacked_isa, bubo_err *err) {
     const bubo_matmul_part part = {.type = type, .prepacked_isa = prepacked_isa, .w = w, .rows = rows, .y = y};
-    return bubo_matmul_parts(pool, 1, &part, cols, x, n_tokens, scratch, scratch_size, err);
+    return bubo_matmul_parts(pool, 1, &part, cols, x, n_tokens, NULL, scratch, scratch_size, err);
 }
 
 bubo_status bubo_matmul(bubo_pool *pool, bubo_type type, const void *w, int64_t rows, int64_t cols,

@@ -126,8 +126,18 @@ typedef struct {
     int64_t rows;
     float *y;
 } bubo_matmul_part;
+/* A per-row step to run first (prologue NULL or fn NULL: none): fn(ctx, t) for every row t of x,
+ * in the product's own pool run, each row by the thread that then quantizes it, so that a step
+ * that writes x (a norm, an activation) costs no pool run and no pass over x of its own. The
+ * products wait for every row's step; the results are those of the step run alone, then the
+ * product. */
+typedef struct {
+    void (*fn)(const void *ctx, int32_t t);
+    const void *ctx;
+} bubo_matmul_prologue;
 bubo_status bubo_matmul_parts(bubo_pool *pool, int n_parts, const bubo_matmul_part *parts, int64_t cols,
-                              const float *x, int64_t n_tokens, void *scratch, size_t scratch_size, bubo_err *err);
+                              const float *x, int64_t n_tokens, const bubo_matmul_prologue *prologue, void *scratch,
+                              size_t scratch_size, bubo_err *err);
 
 bubo_status bubo_matmul_prepack(bubo_isa isa, bubo_type type, const void *w, int64_t rows, int64_t cols, void *dst,
                                 bubo_err *err);
