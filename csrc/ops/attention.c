@@ -46,6 +46,7 @@
 #include <math.h>
 
 #include "ops_internal.h"
+#include "quants/reduce16.h"
 
 #define G BUBO_ATTEND_GROUP
 /* rows (tokens x heads) of a call from which a level with a two-half group step runs it in phases */
@@ -306,24 +307,6 @@ BUBO_TARGET_AVX2 static void group_avx2(const attend_group *g) {
 
 /* ---- AVX-512 ---------------------------------------------------------------------------------- */
 
-/* 16 positions' 16-lane vectors v[p] -> their scores, position p in lane p, each summed in
- * sum16_tree's order; the adds transpose the lanes as they go (8 + 4 + 2 + 1 adds in all). */
-BUBO_TARGET_AVX512 static inline __m512 reduce16_avx512(const __m512 *v) {
-    __m512 a[8], b[4], c[2];
-    for (int k = 0; k < 8; k++) /* lanes 0-7: position 2k's (i, i + 8) sums, 8-15: 2k + 1's */
-        a[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int k = 0; k < 4; k++) /* 128-bit lane j: position 4k + j's (i, i + 4) sums */
-        b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    for (int k = 0; k < 2; k++) /* 128-bit lane j: (0 + 2, 1 + 3) of positions 8k + j, 8k + 4 + j */
-        c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1))); /* lane 4j + m: j + 4m */
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
-}
-
 BUBO_TARGET_AVX512 static void scores_avx512(const attend_keys *k, const uint8_t *q, size_t q_stride, int n_q,
                                               float kq_scale, float *s) {
     const int hdk = k->hdk;
@@ -421,23 +404,6 @@ BUBO_TARGET_AVX512 __attribute__((always_inline)) static inline void vsum_avx512
             for (int u = 0; u < 4; u++)
                 _mm512_mask_storeu_ps(g->out + (size_t)(h0 + b) * g->out_stride + j0 + 16 * u, k[u], acc[b][u]);
     }
-}
-
-/* 16 rows' 16-lane vectors v[i] -> each row's maximum, row i in lane i (max is exact in any order). */
-BUBO_TARGET_AVX512 static inline __m512 reduce16_max_avx512(const __m512 *v) {
-    __m512 a[8], b[4], c[2];
-    for (int k = 0; k < 8; k++)
-        a[k] = _mm512_max_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int k = 0; k < 4; k++)
-        b[k] = _mm512_max_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    for (int k = 0; k < 2; k++)
-        c[k] = _mm512_max_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 r = _mm512_max_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
 }
 
 /* The softmax half of a group step for up to 16 rows (n rows of scores [n][G], row i's lanes

@@ -10,6 +10,7 @@
  * for byte wherever that is defined (see inverse_scale for where it is not). */
 #include "legacy_tile.h"
 #include "legacy_tile_avx2.h"
+#include "reduce16.h"
 
 /* ==== scalar reference ==================================================================== */
 
@@ -175,9 +176,44 @@ BUBO_TARGET_AVX512 static inline int quantize_block_avx512(const float *x, float
     return _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
 }
 
+/* 16 blocks at once (512 floats): the same operations per element and per block as
+ * quantize_block_avx512, with the blocks' maxima, scales and sums reduced sixteen to a register
+ * (reduce16.h) and their divisions done as two vector ones. Block b's int8 values go to
+ * q + b * q_stride; d[b] gets its scale and sum[b] the sum of its values (as a float: exact). */
+BUBO_TARGET_AVX512 static inline void quantize_16_blocks_avx512(const float *x, int8_t *q, size_t q_stride, float *d,
+                                                                float *sum) {
+    __m512 v[16];
+    for (int b = 0; b < 16; b++)
+        v[b] = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + 32 * b)), _mm512_abs_ps(_mm512_loadu_ps(x + 32 * b + 16)));
+    const __m512 dv = _mm512_div_ps(reduce16_max_avx512(v), _mm512_set1_ps(127.0f));
+    /* inverse_scale, lane by lane: 1/d, or 0 where d is 0 or 1/d is not finite */
+    __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(dv, _mm512_setzero_ps(), _CMP_NEQ_UQ), _mm512_set1_ps(1.0f), dv);
+    id = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(id, _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ), id);
+    for (int b = 0; b < 16; b++) {
+        const __m512 idb = _mm512_permutexvar_ps(_mm512_set1_epi32(b), id);
+        const __m512i i0 = _mm512_cvtps_epi32(round_half_away_avx512(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * b), idb)));
+        const __m512i i1 = _mm512_cvtps_epi32(round_half_away_avx512(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * b + 16), idb)));
+        int8_t *qb = q + (size_t)b * q_stride;
+        _mm_storeu_si128((__m128i *)qb, _mm512_cvtsepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(qb + 16), _mm512_cvtsepi32_epi8(i1));
+        v[b] = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
+    }
+    _mm512_storeu_ps(d, dv);
+    _mm512_storeu_ps(sum, reduce16_avx512(v));
+}
+
 BUBO_TARGET_AVX512 static void quantize_row_q8_0_avx512(const float *restrict x, void *restrict vy, int64_t n) {
     block_q8_0 *restrict y = vy;
-    for (int64_t i = 0; i < n / QK8_0; i++) {
+    const int64_t nb = n / QK8_0;
+    int64_t i = 0;
+    for (; i + 16 <= nb; i += 16) {
+        float d[16], sum[16];
+        quantize_16_blocks_avx512(x + i * QK8_0, y[i].qs, sizeof(block_q8_0), d, sum);
+        uint16_t h[16];
+        _mm256_storeu_si256((__m256i *)h, _mm512_cvtps_ph(_mm512_loadu_ps(d), _MM_FROUND_TO_NEAREST_INT));
+        for (int b = 0; b < 16; b++) y[i + b].d = h[b];
+    }
+    for (; i < nb; i++) {
         float d;
         quantize_block_avx512(x + i * QK8_0, &d, y[i].qs);
         y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
@@ -186,7 +222,17 @@ BUBO_TARGET_AVX512 static void quantize_row_q8_0_avx512(const float *restrict x,
 
 BUBO_TARGET_AVX512 static void quantize_row_q8_1_avx512(const float *restrict x, void *restrict vy, int64_t n) {
     block_q8_1 *restrict y = vy;
-    for (int64_t i = 0; i < n / QK8_1; i++) {
+    const int64_t nb = n / QK8_1;
+    int64_t i = 0;
+    for (; i + 16 <= nb; i += 16) {
+        float d[16], sum[16];
+        quantize_16_blocks_avx512(x + i * QK8_1, y[i].qs, sizeof(block_q8_1), d, sum);
+        for (int b = 0; b < 16; b++) {
+            y[i + b].d = d[b];
+            y[i + b].s = d[b] * sum[b];
+        }
+    }
+    for (; i < nb; i++) {
         float d;
         const int sum = quantize_block_avx512(x + i * QK8_1, &d, y[i].qs);
         y[i].d = d;

@@ -103,6 +103,26 @@ def test_vec_dot_simd_matches_scalar_and_float64(t):
             assert abs(got - scalar) <= rtol * mag + 1e-6, (t.name, isa, got, scalar)
 
 
+@pytest.mark.parametrize("at", [T.Q8_0, T.Q8_1], ids=lambda t: t.name)
+def test_legacy_activation_quantizers_equal_scalar_byte_for_byte(at):
+    """Q8_0 / Q8_1 activations: every SIMD quantizer gives the scalar reference's bytes, over rows
+    whose block count takes the AVX-512 quantizer's 16-blocks-at-a-time path and its one-block
+    tail (37 = 2 x 16 + 5), with zero blocks, exact ties, scales near the smallest normal (where
+    1/d overflows) and values across 60 orders of magnitude."""
+    tid = ACTIVATION_TYPES[at]
+    rng = np.random.default_rng(7)
+    for nb in (1, 15, 16, 17, 37):
+        x = (rng.standard_normal(nb * 32) * np.exp(rng.uniform(-70, 30, nb * 32))).astype(np.float32)
+        x[rng.random(nb * 32) < 0.1] = 0.0
+        x[:32] = np.linspace(-1, 1, 32)  # exact ties at half steps
+        if nb > 3:
+            x[32:64] = 0.0
+            x[64:96] = 1e-38
+        ref = K.quantize(tid, x, "scalar").tobytes()
+        for isa in SIMD:
+            assert K.quantize(tid, x, isa).tobytes() == ref, (at.name, isa, nb)
+
+
 @pytest.mark.parametrize("at", list(ACTIVATION_TYPES), ids=lambda t: t.name)
 def test_activation_quantization(at):
     """Q8 activation blocks: SIMD equals scalar, scale = absmax/127, error within half a step,
