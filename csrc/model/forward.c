@@ -13,9 +13,11 @@
  *   logits = Wout rmsnorm(x, output_norm)   (only for the rows asked for)
  *
  * Matrix products go through bubo_matmul on the pool (each quantizes its input once and splits
- * weight rows over the threads). The per-token work between them (norms, bias, RoPE, cache
- * writes, residual adds) runs as one pool run split by token; attention as one run split by
- * (token, head). One token (decode) runs those small steps on the calling thread. */
+ * weight rows over the threads). The per-token work that writes a product's input (the residual
+ * add and norm before Q/K/V and before gate/up, SwiGLU before down) runs as that product's
+ * prologue, in its pool run; the rest (bias, RoPE, cache writes) as one pool run split by token;
+ * attention as one run split by (token, head). One token (decode) runs the small steps on one
+ * thread. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -4,7 +4,10 @@
  *   1. the activations are quantized once into the weight type's vec_dot_type (Q8_0, Q8_K ...),
  *      the blocks of all tokens split evenly over the threads (rows of x are contiguous and a
  *      whole number of blocks, so the blocks of all tokens form one array). Float weights have
- *      vec_dot_type F32: there is nothing to do and the activations are read in place.
+ *      vec_dot_type F32: there is nothing to do and the activations are read in place. With a
+ *      prologue (the per-token step that writes x: a norm, SwiGLU) the tokens are split instead,
+ *      and each thread runs the step on its tokens, then quantizes their rows while they are in
+ *      its cache.
  *   2. after a barrier, the weight rows are split over the threads in whole tiles of ROW_TILE
  *      rows, and each thread hands its rows, ROW_CHUNK at a time, with all the tokens to the
  *      type's vec_dot_tile. The tile picks its own method by the token count (AVX-512): one
