@@ -416,6 +416,21 @@ static void attention_split_share(void *vctx, int ith, int nth) {
     }
 }
 
+/* step_qkv for every token, then (after a barrier: a token attends to the K/V rows the others
+ * wrote) attention's run, all in one pool run. */
+typedef struct {
+    step_ctx *c;
+    bubo_pool_fn attend;
+    void *attend_ctx;
+} qkv_attention_ctx;
+
+static void qkv_attention_share(void *vctx, int ith, int nth) {
+    const qkv_attention_ctx *a = vctx;
+    token_share(a->c, ith, nth);
+    bubo_pool_barrier(a->c->m->pool);
+    a->attend(a->attend_ctx, ith, nth);
+}
+
 /* ---- one chunk -------------------------------------------------------------------------------- */
 
 static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
@@ -434,7 +449,6 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
         const bubo_mat *qkv[] = {&l->wq, &l->wk, &l->wv};
         float *qkv_out[] = {s->q, s->k, s->v};
         if ((st = matmul_after(m, step_layer_input, c, 3, qkv, s->xb, n, qkv_out, err))) return st;
-        run_tokens(c, step_qkv);
         const int nth = bubo_pool_n_threads(m->pool);
         split_ctx split = {c, attention_chunks(c, nth)};
         if (split.n_chunks && att_part_floats(hp, n, split.n_chunks) > s->att_part_floats) {
@@ -444,12 +458,15 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
             s->att_part = grown;
             s->att_part_floats = want;
         }
-        if (split.n_chunks)
-            bubo_pool_run(m->pool, attention_split_share, &split);
-        else if (attention_tiles(c) * hp->n_head_kv * attention_slices(c, nth) == 1 || nth == 1)
+        if (nth == 1 || (!split.n_chunks && attention_tiles(c) * hp->n_head_kv * attention_slices(c, nth) == 1)) {
+            run_tokens(c, step_qkv);
             attention_share(c, 0, 1);
-        else
-            bubo_pool_run(m->pool, attention_share, c);
+        } else {
+            c->row_fn = step_qkv;
+            qkv_attention_ctx qa = {c, split.n_chunks ? attention_split_share : attention_share,
+                                    split.n_chunks ? (void *)&split : (void *)c};
+            bubo_pool_run(m->pool, qkv_attention_share, &qa);
+        }
         if ((st = matmul(m, &l->wo, s->att, n, s->xb2, err))) return st;
         const bubo_mat *gate_up[] = {&l->gate, &l->up};
         float *gate_up_out[] = {s->hb, s->hb2};
