@@ -325,18 +325,17 @@ def debug_prompt() -> Any:
     else:
         raise ApiError(400, "invalid_request", '"prompt" must be text or a list of token ids')
     try:
-        params = SamplingParams(temperature=float(body.get("temperature", 0.0)), seed=int(body.get("seed", 0)))
+        temperature = float(body.get("temperature", 0.0))
+        if not abs(temperature) <= f.FLT_MAX:
+            raise ValueError(f"temperature must be a finite number, got {body.get('temperature')!r}")
+        params = SamplingParams(temperature=temperature, seed=int(body.get("seed", 0)))
         max_tokens = body.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
             raise ValueError(f"max_tokens must be a positive integer or null, got {max_tokens!r}")
-        stop = list(body.get("stop") or [])
-        if not all(isinstance(s, str) for s in stop):
-            raise ValueError(f"stop must be a list of strings, got {body.get('stop')!r}")
-        n_probs = int(body.get("n_probs", 0))
-        if n_probs < 0:
-            raise ValueError(f"n_probs must be >= 0, got {n_probs}")
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, OverflowError) as e:
         raise ApiError(400, "invalid_request", str(e)) from None
+    stop = f.stop_list(body.get("stop"))
+    n_probs = f.n_probs_of(body)
     req = GenerationRequest(ids, params, max_tokens, stop, n_probs, body.get("cache_prompt") is not False)
     stream = pipeline.submit(engine, req, debug_mem_available())
 

@@ -158,6 +158,16 @@ def is_ollama_path(path: str) -> bool:
     return path.startswith(OLLAMA_PREFIX)
 
 
+def body_for(path: str | None, status: int, code: str, message: str, type: str | None = None) -> dict[str, Any]:
+    """An error body in the shape of the route at path (None, before a request line was read:
+    OpenAI's)."""
+    if path is not None and is_anthropic_path(path):
+        return anthropic_body(status, code, message)
+    if path is not None and is_ollama_path(path):
+        return {"error": message}
+    return openai_body(status, code, message, type)
+
+
 def error_response(path: str, err: ApiError) -> Response:
     """err in the shape of the route at path. A type given for the other shape is not reused."""
     if is_anthropic_path(path):

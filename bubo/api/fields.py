@@ -68,16 +68,29 @@ def _logit_bias(value: Any) -> dict[int, float]:
         if not isinstance(item, (list, tuple)) or len(item) != 2:
             raise invalid(f"logit_bias entries must be [token id, bias] pairs, got {item!r}")
         tok, bias = item
-        try:
-            tok = int(tok)
-        except (TypeError, ValueError):
-            raise invalid(f"logit_bias keys must be token ids, got {tok!r}") from None
+        tok = _token_id(tok)
         if bias is False:
             bias = -math.inf
         if isinstance(bias, bool) or not isinstance(bias, (int, float)):
             raise invalid(f"logit_bias[{tok}] must be a number, got {bias!r}")
+        # -inf (or false) bans the token; anything else must be a C float
+        if bias != -math.inf and not (math.isfinite(bias) and abs(bias) <= FLT_MAX):
+            raise invalid(f"logit_bias[{tok}] = {bias!r} is out of range (a finite number of at most "
+                          f"{FLT_MAX:.3g} in magnitude, or false to ban the token)")
         out[tok] = float(bias)
     return out
+
+
+def _token_id(tok: Any) -> int:
+    """A logit_bias key: an integer (1.0 too), or its decimal digits as a string (OpenAI's object
+    keys)."""
+    if isinstance(tok, int) and not isinstance(tok, bool):
+        return tok
+    if isinstance(tok, float) and math.isfinite(tok) and tok.is_integer():
+        return int(tok)
+    if isinstance(tok, str) and tok.isascii() and tok.lstrip("-").isdigit() and len(tok) <= 20:
+        return int(tok)
+    raise invalid(f"logit_bias keys must be token ids, got {tok!r}")
 
 
 def server_defaults() -> tuple[dict[str, Any], int | None]:
@@ -177,12 +190,19 @@ def check_n(body: Mapping[str, Any]) -> None:
         raise ApiError(400, "unsupported_n", f"only n = 1 is supported, got n = {n!r}")
 
 
+# The most top probabilities a token may carry (n_probs, top_logprobs): each one is a JSON entry
+# per generated token, so the response grows with their product.
+MAX_N_PROBS = 100
+
+
 def n_probs_of(body: Mapping[str, Any], name: str = "n_probs") -> int:
     v = body.get(name)
     if v is None:
         return 0
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise invalid(f"{name} must be a non-negative integer, got {v!r}")
+    if v > MAX_N_PROBS:
+        raise invalid(f"{name} must be at most {MAX_N_PROBS}, got {v}")
     return v
 
 

@@ -18,6 +18,7 @@ the body first.
 from __future__ import annotations
 
 import dataclasses
+import email.errors
 import json
 import logging
 import re
@@ -29,7 +30,7 @@ from typing import Any
 import gevent
 from gevent import pywsgi
 
-from bubo.api import logs
+from bubo.api import errors, logs
 
 log = logging.getLogger("bubo.http")
 
@@ -38,25 +39,52 @@ FD_HEADROOM = 256  # file descriptors kept free below the limit (models, logs, t
 DEFAULT_MAX_CONNECTIONS = 4096
 LINGER_S = 1.0  # after an answer that leaves a body unread: how long its rest is read and dropped
 
+# What Python's header parser reports of a multipart Content-Type, whose body it never sees:
+# nothing wrong with the header lines.
+_MULTIPART_DEFECTS = (email.errors.NoBoundaryInMultipartDefect, email.errors.StartBoundaryNotFoundDefect,
+                      email.errors.CloseBoundaryNotFoundDefect, email.errors.MultipartInvariantViolationDefect)
+
+
+def _left_over(msg: Any) -> bool:
+    """Whether the header parser stopped before the blank line: a defect other than a multipart
+    type's, or text it kept as a payload (for a message/* Content-Type, in the message it parsed
+    from what followed)."""
+    if any(not isinstance(d, _MULTIPART_DEFECTS) for d in getattr(msg, "defects", None) or ()):
+        return True
+    payload = msg.get_payload() if hasattr(msg, "get_payload") else None
+    if isinstance(payload, list):
+        return any(list(part.items()) or _left_over(part) for part in payload)
+    return bool(payload)
+
+
 # a header field's name (RFC 9110's token)
 _FIELD_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
-def _response(status: str, code: str, type_: str, message: str, extra: str = "") -> bytes:
-    """A whole response, in the OpenAI error shape, that closes the connection."""
-    body = json.dumps({"error": {"message": message, "type": type_, "code": code}}).encode("ascii")
+def _response(status: str, code: str, type_: str, message: str, extra: str = "", path: str | None = None) -> bytes:
+    """A whole response that closes the connection, in the error shape of the route at path
+    (OpenAI's when no request line was read)."""
+    body = json.dumps(errors.body_for(_route(path), int(status.split()[0]), code, message, type_)).encode("ascii")
     return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{extra}Connection: close\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode("ascii") + body
 
 
+def _route(path: str | None) -> str | None:
+    """A request target's path, without its query."""
+    return path.split("?", 1)[0] if isinstance(path, str) else None
+
+
 _REFUSED = _response("503 Service Unavailable", "too_many_connections", "server_error",
                      "too many open connections: try again shortly", "Retry-After: 1\r\n")
-_TIMEOUT = _response("408 Request Timeout", "request_timeout", "invalid_request_error",
-                     "the request headers did not arrive in time")
 
 
-def _bad_request(why: str) -> bytes:
-    return _response("400 Bad Request", "bad_request", "invalid_request_error", why)
+def _timeout(path: str | None) -> bytes:
+    return _response("408 Request Timeout", "request_timeout", "invalid_request_error",
+                     "the request headers did not arrive in time", path=path)
+
+
+def _bad_request(why: str, path: str | None = None) -> bytes:
+    return _response("400 Bad Request", "bad_request", "invalid_request_error", why, path=path)
 
 
 @dataclasses.dataclass
@@ -266,6 +294,7 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
 
     def read_requestline(self) -> str:
         limits: Limits = self.server.limits
+        self.path = None  # a keep-alive connection's last request's: its errors' shape is not this one's
         self._phase(IDLE)
         try:
             with gevent.Timeout(limits.keepalive_s):
@@ -313,8 +342,7 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
         return msg
 
     def _check_framing(self) -> None:
-        msg = self.headers
-        if getattr(msg, "defects", None) or (hasattr(msg, "get_payload") and msg.get_payload()):
+        if _left_over(self.headers):
             # a line that is no header field ends Python's header parser early: what follows it
             # would be read as the body, or as the next request
             raise _Framing("a header line is malformed")
@@ -338,14 +366,15 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
 
     def _handle_client_error(self, ex: BaseException) -> Any:
         if isinstance(ex, _Framing):
+            path = getattr(self, "path", None)
             if not ex.why:  # the header deadline
-                return ("408", _TIMEOUT)
+                return ("408", _timeout(path))
             log.info("bad request framing from %s: %s", self.client_address, ex.why)
-            return ("400", _bad_request(ex.why))
+            return ("400", _bad_request(ex.why, path))
         return super()._handle_client_error(ex)
 
     def _timed_out(self) -> None:
-        self._send_raw(_TIMEOUT)
+        self._send_raw(_timeout(getattr(self, "path", None)))
         self.close_connection = True
 
     def get_environ(self) -> dict[str, Any]:

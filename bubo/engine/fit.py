@@ -13,6 +13,14 @@ long (a key whose value must be long) is refused while there is still room to re
 
 No peer does this; a request that ran out of tokens inside its JSON gets text that does not
 parse. FinishEvent.steered tells the routes, which say so in their responses.
+
+Bounds. A grammar's shortest completion can be astronomically long (arrays of 1000 arrays of
+1000 ...), so no completion is written out before its length shows it could fit: a token spells
+at most max_len bytes, so a completion of more than (left - 1) x max_len bytes cannot, and is
+refused from its length alone. One that could but is longer than MAX_STEER_BYTES is not weighed
+token by token (that costs a pass over its bytes per vocabulary length): such a state is left to
+the grammar alone, as without a budget, and the answer may end at its limit unfinished, as any
+peer's would. A plan's costs are computed once and advanced as it is spelled.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from bubo._grammar import Matcher
 
-
+# the longest completion weighed token by token (see Bounds above)
+MAX_STEER_BYTES = 16384
 
 
 class PieceIndex:
@@ -38,6 +47,7 @@ class PieceIndex:
                 ids[p] = i
         self.ids = ids
         self.lengths = sorted({len(p) for p in ids})
+        self.max_len = self.lengths[-1] if self.lengths else 0
         # every byte is a token: a text of n bytes takes at most n tokens
         self.every_byte = all(bytes([b]) in ids for b in range(256))
 
@@ -66,7 +76,16 @@ class Fit:
         self.index = index
         self.eog = list(eog)
         self.plan: bytes | None = None  # the completion followed once steering began
+        self.plan_cost: list[int | None] = []  # index.costs(plan), advanced with it
         self.steered = False  # a sampled token was refused, or the plan followed
+
+    def _weighable(self, n: int, left: int) -> bool | None:
+        """Whether a completion of n bytes can be weighed for `left` tokens: False when its
+        length alone shows it cannot fit (nor be followed to its end), None when it is too long
+        to weigh (MAX_STEER_BYTES), True when it is to be weighed."""
+        if n > max(left - 1, 0) * self.index.max_len:
+            return False
+        return True if n <= MAX_STEER_BYTES else None
 
     def fits(self, after: Matcher, left: int) -> bool:
         """Can the text in state `after` be finished in `left` tokens? A complete text fits as
@@ -82,6 +101,11 @@ class Fit:
             return True
         if n + 1 <= left and self.index.every_byte:
             return True
+        weighable = self._weighable(n, left)
+        if weighable is None:  # too long to weigh: the grammar alone decides
+            return True
+        if not weighable:
+            return False
         text = after.shortest()
         cost = self.index.costs(text)[0] if text is not None else None
         return cost is not None and cost + 1 <= left
@@ -92,13 +116,18 @@ class Fit:
         spelled out. When none leaves room (the budget was already short), the longest token
         that follows it, so the answer gets as near its end as it can."""
         if self.plan is None:
+            n = grammar.shortest_len
+            # nothing finishes the text, or its shortest completion is too long to follow
+            if n is None or n > MAX_STEER_BYTES:
+                return []
             self.plan = grammar.shortest()
             if self.plan is None:
                 return []
+            self.plan_cost = self.index.costs(self.plan)
         plan = self.plan
         if not plan:
             return self.eog
-        cost = self.index.costs(plan)
+        cost = self.plan_cost
         ids = self.index.ids
         out, longest = [], None
         for k in self.index.lengths:
@@ -117,3 +146,4 @@ class Fit:
         """A token of the plan was taken: the plan goes on after it."""
         assert self.plan is not None and self.plan.startswith(piece)
         self.plan = self.plan[len(piece):]
+        self.plan_cost = self.plan_cost[len(piece):]

@@ -190,7 +190,7 @@ def test_the_canned_answers_are_well_formed():
     import http.client
     import io
 
-    from bubo.api.http import _REFUSED, _TIMEOUT, _bad_request
+    from bubo.api.http import _REFUSED, _bad_request, _timeout
 
     class Sock:
         def __init__(self, data: bytes):
@@ -199,12 +199,26 @@ def test_the_canned_answers_are_well_formed():
         def makefile(self, *a, **k):
             return io.BytesIO(self.data)
 
-    for raw, status, code in ((_REFUSED, 503, "too_many_connections"), (_TIMEOUT, 408, "request_timeout"),
-                              (_bad_request('a "quoted" why'), 400, "bad_request")):
-        r = http.client.HTTPResponse(Sock(raw))
+    def read(raw: bytes) -> tuple[http.client.HTTPResponse, dict]:
+        r = http.client.HTTPResponse(Sock(raw))  # type: ignore[arg-type]
         r.begin()
-        body = json.loads(r.read())
+        return r, json.loads(r.read())
+
+    for raw, status, code in ((_REFUSED, 503, "too_many_connections"), (_timeout(None), 408, "request_timeout"),
+                              (_bad_request('a "quoted" why'), 400, "bad_request")):
+        r, body = read(raw)
         assert r.status == status and body["error"]["code"] == code and r.getheader("Connection") == "close"
+    # in the shape of the route the request line named: Anthropic's, Ollama's, OpenAI's
+    for path, want in (("/v1/messages?beta=true", {"type": "error", "error": {
+            "type": "invalid_request_error", "message": "why", "code": "bad_request"}}),
+            ("/v1/messages/count_tokens", None), ("/api/chat", {"error": "why"}),
+            ("/v1/chat/completions", {"error": {"message": "why", "type": "invalid_request_error",
+                                                "code": "bad_request"}})):
+        r, body = read(_bad_request("why", path))
+        assert r.status == 400 and (want is None or body == want), (path, body)
+        assert (body.get("type") == "error") == path.startswith("/v1/messages"), body
+    r, body = read(_timeout("/api/generate"))
+    assert r.status == 408 and body == {"error": "the request headers did not arrive in time"}
 
 
 # --- framing -------------------------------------------------------------------------------
@@ -323,6 +337,46 @@ def test_known_500s_are_answered(hostile):
     status, r = call_json(hostile.url + "/completion", "POST", {"prompt": "x", "n_predict": 2, "grammar": grammar},
                           headers=AUTH)
     assert status == 400 and r["error"]["code"] == "invalid_grammar" and "ambiguous" in r["error"]["message"]
+
+
+def test_hostile_requests_found_by_fuzzing_are_answered(hostile):
+    """What a fuzzing round found: each is answered at once, with a 400 in the route's shape where
+    the input is wrong, and the server answers the next request."""
+    def post(path: str, body: object = None, raw: bytes | None = None, ctype: str = "application/json",
+             timeout: float = 60) -> tuple[int, dict]:
+        return call_json(hostile.url + path, "POST", body, raw=raw, timeout=timeout,
+                         headers={**AUTH, "Content-Type": ctype})
+
+    # a schema whose shortest answer has 10^9 elements: never written out, the answer ends at its
+    # budget as the grammar alone allows (it used to build gigabytes and hold the engine for minutes)
+    nested = {"type": "array", "minItems": 1000, "items": {"type": "array", "minItems": 1000, "items": {
+        "type": "array", "minItems": 1000}}}
+    t0 = time.monotonic()
+    status, r = post("/v1/chat/completions", {**CHAT, "max_tokens": 4, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": nested}}})
+    assert status == 200 and r["choices"][0]["finish_reason"] == "length", r
+    assert time.monotonic() - t0 < 30
+    # top probabilities per token are bounded (each is a JSON entry per generated token)
+    status, r = post("/completion", {"prompt": "Hi", "n_predict": 2, "n_probs": 1_000_000})
+    assert status == 400 and "n_probs must be at most 100" in r["error"]["message"], r
+    # logit_bias: a key that is no token id, a bias no C float holds
+    for raw in (b'"logit_bias":[[1e400,1]]', b'"logit_bias":[[1.5,1]]', b'"logit_bias":{"1_000":1}',
+                b'"logit_bias":{"5":1e39}', b'"logit_bias":[[5,1e400]]'):
+        body = json.dumps(CHAT)[:-1].encode() + b"," + raw + b"}"
+        status, r = post("/v1/chat/completions", raw=body)
+        assert status == 400 and "logit_bias" in r["error"]["message"], (raw, r)
+    # Anthropic: a thinking block whose thinking is no string
+    status, r = post("/v1/messages", {"model": "bubo", "max_tokens": 2, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "thinking", "thinking": 5}]}]})
+    assert status == 400 and r["type"] == "error" and "thinking must be a string" in r["error"]["message"], r
+    # Ollama: a copy's name longer than a file name may be; nothing is written
+    status, r = post("/api/copy", {"source": "bubo", "destination": "a" * 300})
+    assert status == 400 and "at most 200" in r["error"], r
+    # a multipart or message Content-Type on a JSON body is no malformed header
+    for ctype in ("multipart/mixed", "multipart/form-data; boundary=x", "message/rfc822"):
+        status, r = post("/tokenize", {"content": "Hi"}, ctype=ctype)
+        assert status == 200 and r["tokens"], (ctype, r)
+    assert call_json(hostile.url + "/health", timeout=10, headers=AUTH) == (200, {"status": "ok"})
 
 
 ODD = [None, True, -1, 0, 2**31, 1e308, -1e-308, "", "x" * 20_000, "<|im_start|>", [], {}, [[[]]], {"a": {"b": {}}},

@@ -74,6 +74,8 @@ def anthropic_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], str 
                     raise invalid(f"{w}.text must be a string")
                 texts.append(b["text"])
             elif kind == "thinking" and role == "assistant":
+                if not isinstance(b.get("thinking") or "", str):
+                    raise invalid(f"{w}.thinking must be a string")
                 thinking += b.get("thinking") or ""
             elif kind == "redacted_thinking":
                 continue
