@@ -364,6 +364,17 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
         if n_cl and not self.headers.get("content-length", "").strip().isdigit():
             raise _Framing("Content-Length is not a number")
 
+    def handle_one_request(self) -> Any:
+        result = super().handle_one_request()
+        # pywsgi's own answers to a request line or header block it cannot read have no body:
+        # the same in the error shape (a request line it could not read has no route)
+        if isinstance(result, tuple) and result[1] == pywsgi._BAD_REQUEST_RESPONSE:
+            return ("400", _bad_request("the request line or a header could not be read"))
+        if isinstance(result, tuple) and result[1] == pywsgi._REQUEST_TOO_LONG_RESPONSE:
+            return ("414", _response("414 URI Too Long", "uri_too_long", "invalid_request_error",
+                                     "the request line is too long"))
+        return result
+
     def _handle_client_error(self, ex: BaseException) -> Any:
         if isinstance(ex, _Framing):
             path = getattr(self, "path", None)

@@ -379,6 +379,22 @@ def test_hostile_requests_found_by_fuzzing_are_answered(hostile):
     assert call_json(hostile.url + "/health", timeout=10, headers=AUTH) == (200, {"status": "ok"})
 
 
+@pytest.mark.parametrize("raw,status", [
+    (b"GET /health?" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400),
+    (b"GET /health HTTP/2.0\r\n\r\n", 400),
+    (b"GET /health extra HTTP/1.1\r\n\r\n", 400),
+    (b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 400),
+], ids=["a long request line", "a negative length", "HTTP/2.0", "a word too many", "a 70 KB header"])
+def test_requests_the_http_parser_refuses_get_an_error_body(hostile, raw, status):
+    s = connect(hostile)
+    s.sendall(raw)
+    data, _ = read_until_closed(s)
+    assert status_of(data) == status, data[:200]
+    body = json.loads(data.split(b"\r\n\r\n", 1)[1])
+    assert body["error"]["message"] and body["error"]["code"], body
+
+
 ODD = [None, True, -1, 0, 2**31, 1e308, -1e-308, "", "x" * 20_000, "<|im_start|>", [], {}, [[[]]], {"a": {"b": {}}},
        [None], ["x"], "\u0000\u202e\ufeff", "🦉" * 100]
 
