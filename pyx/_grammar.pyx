@@ -90,7 +90,7 @@ cdef class Matcher:
     cdef readonly Grammar grammar
     cdef readonly Vocab vocab
 
-    def __cinit__(self, Grammar grammar, Vocab vocab=None, *, _clone_of=None):
+    def __cinit__(self, Grammar grammar not None, Vocab vocab=None, *, _clone_of=None):
         cdef bubo_err err
         cdef Matcher src
         self.grammar = grammar

@@ -332,7 +332,7 @@ cdef class Detokenizer:
     cdef bubo_detokenizer *d
     cdef Tokenizer tokenizer  # keeps the C tokenizer alive while d points at it
 
-    def __init__(self, Tokenizer tokenizer, bint skip_special=False, bint continuation=False):
+    def __init__(self, Tokenizer tokenizer not None, bint skip_special=False, bint continuation=False):
         cdef unsigned flags = (0 if skip_special else BUBO_DETOK_RENDER_SPECIAL) | \
                               (BUBO_DETOK_CONTINUATION if continuation else 0)
         cdef bubo_err err

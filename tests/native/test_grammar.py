@@ -500,3 +500,14 @@ def test_masked_generation_always_parses(model_vocab):
             json.loads(out.decode())
         else:  # ran out of steps: the text must still be a live prefix
             assert Matcher(g).accept_bytes(out)
+
+
+def test_none_for_a_native_object_is_a_type_error():
+    """A matcher without a grammar (or a detokenizer without a tokenizer) would read its native
+    handle out of None: refused as a TypeError before anything is read."""
+    from bubo._tokenizer import Detokenizer
+
+    with pytest.raises(TypeError):
+        Matcher(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Detokenizer(None)  # type: ignore[arg-type]
