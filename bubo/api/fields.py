@@ -81,7 +81,7 @@ def _logit_bias(value: Any) -> dict[int, float]:
     return out
 
 
-def _token_id(tok: Any) -> int:
+def _token_id(tok: object) -> int:
     """A logit_bias key: an integer (1.0 too), or its decimal digits as a string (OpenAI's object
     keys)."""
     if isinstance(tok, int) and not isinstance(tok, bool):
