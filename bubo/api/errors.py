@@ -169,12 +169,12 @@ def body_for(path: str | None, status: int, code: str, message: str, type: str |
 
 
 def error_response(path: str, err: ApiError) -> Response:
-    """err in the shape of the route at path. A type given for the other shape is not reused."""
+    """err in the shape of the route at path (body_for). A type given for the other shape is not
+    reused."""
+    body = body_for(path, err.status, err.code, err.message, err.type)
     if is_anthropic_path(path):
-        return anthropic_error(err.status, err.code, err.message, None, err.headers)
-    if is_ollama_path(path):
-        return _json(err.status, {"error": err.message}, err.headers)
-    return api_error(err.status, err.code, err.message, err.type, err.headers)
+        body["request_id"] = "req_" + uuid.uuid4().hex[:24]
+    return _json(err.status, body, err.headers)
 
 
 class StreamShape(enum.Enum):
