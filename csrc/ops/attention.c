@@ -49,6 +49,9 @@
 #include "quants/reduce16.h"
 
 #define G BUBO_ATTEND_GROUP
+/* the most 64-element chunks a head's q8_0 keys are scored in (head size 512); longer heads take
+ * one vec_dot per score at every level */
+#define Q8_CHUNKS_MAX 8
 /* rows (tokens x heads) of a call from which a level with a two-half group step runs it in phases */
 #define ATTEND_ROWS_SPLIT 8
 
@@ -84,6 +87,16 @@ static inline float q8_scale(const uint8_t *q, int block) {
     memcpy(&d, q + (size_t)block * sizeof(block_q8_0), sizeof d);
     return bubo_f16_to_f32(d);
 }
+
+#if defined(BUBO_X86)
+/* The same, converted by F16C in place (the scalar conversion's bits; no call, which at the vector
+ * levels would also spill every live vector register around it). */
+BUBO_TARGET_AVX2 static inline float q8_scale_f16c(const uint8_t *q, int block) {
+    bubo_f16 d;
+    memcpy(&d, q + (size_t)block * sizeof(block_q8_0), sizeof d);
+    return _cvtsh_ss(d);
+}
+#endif
 
 static inline const int8_t *q8_quants(const uint8_t *q, int block) {
     return (const int8_t *)(q + (size_t)block * sizeof(block_q8_0) + sizeof(bubo_f16));
@@ -243,7 +256,7 @@ BUBO_TARGET_AVX2 static void scores_q8_avx2(const attend_keys *k, const uint8_t 
         __m256 lanes[G][2];
         for (int b = 0; b < hdk / QK8_0; b++) { /* block b: lanes 0-7 (b even) or 8-15 of chunk b / 2 */
             const __m256i qs = _mm256_loadu_si256((const __m256i *)q8_quants(qh, b)), aq = _mm256_abs_epi8(qs);
-            const __m256 dq = _mm256_set1_ps(q8_scale(qh, b));
+            const __m256 dq = _mm256_set1_ps(q8_scale_f16c(qh, b));
             for (int i = 0; i < G; i++) {
                 const __m256i ks = _mm256_loadu_si256((const __m256i *)(k->kq + (size_t)i * hdk + QK8_0 * b));
                 const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(ks, qs)), ones);
@@ -346,29 +359,46 @@ BUBO_TARGET_AVX512 static void scores_avx512(const attend_keys *k, const uint8_t
     }
 }
 
-/* The q8_0 formula with VNNI: vpdpbusd takes K as unsigned (k ^ 0x80 = k + 128) against the
- * query's signed quants, starting from -128 x (the sum of each query word), so each word's sum is
- * the exact integer. */
+/* One position's 16 lanes of the q8_0 formula with VNNI (chunks 64-element chunks): vpdpbusd takes
+ * K as unsigned (k ^ 0x80 = k + 128) against the query's signed quants, starting from -128 x (the
+ * sum of each query word), so each word's sum is the exact integer; times (K scale x query scale),
+ * the chunks added with fused multiply-adds. */
+BUBO_TARGET_AVX512 __attribute__((always_inline)) static inline __m512 score_q8_lanes_avx512(
+    const int8_t *kq, const float *kw, const __m512i *qs, const __m512i *init, const __m512 *dq, const int chunks) {
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512 v = _mm512_setzero_ps();
+    for (int c = 0; c < chunks; c++) {
+        const __m512i kx = _mm512_xor_si512(_mm512_loadu_si512(kq + 64 * c), bias);
+        const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init[c], kx, qs[c]));
+        const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(kw + G * c), dq[c]);
+        v = c == 0 ? _mm512_mul_ps(f, sc) : _mm512_fmadd_ps(f, sc, v);
+    }
+    return v;
+}
+
+/* The q8_0 formula with VNNI, a head's query chunks held in registers (the common head size 64
+ * unrolled as one chunk) and the group's 16 lane vectors too. */
 BUBO_TARGET_AVX512 static void scores_q8_avx512(const attend_keys *k, const uint8_t *q, size_t q_stride, int n_q,
                                                  float kq_scale, float *s) {
     const int hdk = k->hdk, words = hdk / 4, chunks = hdk / 64;
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     for (int h = 0; h < n_q; h++) {
         const uint8_t *qh = q + (size_t)h * q_stride;
-        __m512 v[G];
+        __m512i qs[Q8_CHUNKS_MAX], init[Q8_CHUNKS_MAX];
+        __m512 dq[Q8_CHUNKS_MAX], v[G];
         for (int c = 0; c < chunks; c++) {
-            const __m512i qs = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)q8_quants(qh, 2 * c))),
-                _mm256_loadu_si256((const __m256i *)q8_quants(qh, 2 * c + 1)), 1);
-            const __m512i init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, qs));
-            const __m512 dq = _mm512_insertf32x8(_mm512_set1_ps(q8_scale(qh, 2 * c)),
-                                                 _mm256_set1_ps(q8_scale(qh, 2 * c + 1)), 1);
-            for (int i = 0; i < G; i++) {
-                const __m512i kx = _mm512_xor_si512(_mm512_loadu_si512(k->kq + (size_t)i * hdk + 64 * c), bias);
-                const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init, kx, qs));
-                const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(k->kw + (size_t)i * words + G * c), dq);
-                v[i] = c == 0 ? _mm512_mul_ps(f, sc) : _mm512_fmadd_ps(f, sc, v[i]);
-            }
+            qs[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)q8_quants(qh, 2 * c))),
+                                       _mm256_loadu_si256((const __m256i *)q8_quants(qh, 2 * c + 1)), 1);
+            init[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, qs[c]));
+            dq[c] = _mm512_insertf32x8(_mm512_set1_ps(q8_scale_f16c(qh, 2 * c)), _mm256_set1_ps(q8_scale_f16c(qh, 2 * c + 1)),
+                                       1);
+        }
+        if (chunks == 1) {
+#pragma GCC unroll 16
+            for (int i = 0; i < G; i++) v[i] = score_q8_lanes_avx512(k->kq + (size_t)i * hdk, k->kw + (size_t)i * words, qs, init, dq, 1);
+        } else {
+            for (int i = 0; i < G; i++)
+                v[i] = score_q8_lanes_avx512(k->kq + (size_t)i * hdk, k->kw + (size_t)i * words, qs, init, dq, chunks);
         }
         _mm512_storeu_ps(s + (size_t)h * G, _mm512_mul_ps(reduce16_avx512(v), _mm512_set1_ps(kq_scale)));
     }
@@ -585,7 +615,8 @@ typedef enum { KEYS_WIDEN, KEYS_Q8, KEYS_VEC_DOT } keys_mode;
 
 static keys_mode keys_for(const bubo_kv_view *view, int head_dim_k) {
     if ((view->type == BUBO_TYPE_F16 || view->type == BUBO_TYPE_F32) && head_dim_k % G == 0) return KEYS_WIDEN;
-    if (view->type == BUBO_TYPE_Q8_0 && head_dim_k % (4 * G) == 0) return KEYS_Q8;
+    if (view->type == BUBO_TYPE_Q8_0 && head_dim_k % (4 * G) == 0 && head_dim_k <= 4 * G * Q8_CHUNKS_MAX)
+        return KEYS_Q8;
     return KEYS_VEC_DOT;
 }
 

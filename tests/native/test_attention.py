@@ -105,7 +105,7 @@ def test_attention_vs_float64(isa, type_name, head_dim):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("type_name,head_dim", [("f32", 8), ("f32", 40), ("f32", 72), ("f32", 128), ("q8_0", 32),
-                                                ("q8_0", 96), ("q8_0", 128)])
+                                                ("q8_0", 96), ("q8_0", 128), ("q8_0", 576)])
 def test_head_dims_off_the_vector_width(isa, type_name, head_dim):
     """The V accumulation's tails (head_dim not a multiple of 16 or 8) use the same fused steps; a
     q8_0 head off the 64-element chunks of its word kernels scores through the kernel table's vec_dot."""
