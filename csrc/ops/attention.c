@@ -23,16 +23,16 @@
  * same order, so the same bits. Within one chunk (contexts up to BUBO_ATTEND_CHUNK) nothing is merged.
  *
  * Scores. A group's K rows are prepared once for every token and head that meets them (an f16 or
- * f32 row widened; a q8_0 row's quants copied and its block scales spread over its 4-byte words),
+ * f32 row widened; a q8_0 row's quants copied and its block scales laid out position by position),
  * and the level's scores kernel gives each query head the group's 16 scores at once: per position
  * a 16-lane vector of partial sums, then the 16 vectors reduced together, position p's lanes into
  * lane p (a transpose as it adds: no horizontal sum per score). The lanes and the order of the
  * adds are those of one scalar formula per position, so every level gives the same bits:
  *   widened rows: lane l sums the products of elements l, l + 16, l + 32, l + 48 of each 64 as the
  *   kernel table's AVX-512 f16 x f32 vec_dot (and ggml's) does, then the lanes in sum16_tree's order;
- *   q8_0 rows against q8_0 queries: lane l of 64-element chunk c is word w = 16c + l, its integer
- *   sum of 4 products exact, times (K scale x query scale) of its block, the chunks added with fused
- *   multiply-adds; then the lanes in the same tree order.
+ *   q8_0 rows against q8_0 queries: each 32-element block's products summed exactly as integers
+ *   (the transpose adds integers, so its order does not matter), times (K scale x query scale) of
+ *   the block (exact: two f16 values), the blocks added in order with fused multiply-adds.
  * A q4_0 K row (or a head size the kernels do not take) goes through the kernel table's vec_dot,
  * one score at a time. V rows (their own storage type, view->type_v) are widened once per group by
  * that type's to_float.
@@ -49,9 +49,6 @@
 #include "quants/reduce16.h"
 
 #define G BUBO_ATTEND_GROUP
-/* the most 64-element chunks a head's q8_0 keys are scored in (head size 512); longer heads take
- * one vec_dot per score at every level */
-#define Q8_CHUNKS_MAX 8
 /* rows (tokens x heads) of a call from which a level with a two-half group step runs it in phases */
 #define ATTEND_ROWS_SPLIT 8
 
@@ -67,8 +64,8 @@ typedef struct {
 } attend_group;
 
 /* A group's K rows, prepared once for all the tokens and heads that meet them (see attend_range):
- * widened rows kf [G][hdk], or a q8_0 row's quants kq [G][hdk] and each 4-byte word's block
- * scale kw [G][hdk / 4]. Lanes past the group's positions hold rows of no meaning (finite) whose
+ * widened rows kf [G][hdk], or a q8_0 row's quants kq [G][hdk] and its block scales kw
+ * [hdk / 32][G] (a block's scales of the 16 positions side by side). Lanes past the group's positions hold rows of no meaning (finite) whose
  * scores are never read. */
 typedef struct {
     int hdk;
@@ -153,23 +150,20 @@ static void scores_scalar(const attend_keys *k, const uint8_t *q, size_t q_strid
 /* q8_0 rows against q8_0 queries, head_dim_k a multiple of 64: the formula every level follows. */
 static void scores_q8_scalar(const attend_keys *k, const uint8_t *q, size_t q_stride, int n_q, float kq_scale,
                              float *s) {
-    const int hdk = k->hdk, words = hdk / 4;
+    const int hdk = k->hdk;
     for (int h = 0; h < n_q; h++) {
         const uint8_t *qh = q + (size_t)h * q_stride;
         for (int i = 0; i < G; i++) {
             const int8_t *kr = k->kq + (size_t)i * hdk;
-            const float *kw = k->kw + (size_t)i * words;
-            float lanes[G];
-            for (int c = 0; c < hdk / (4 * G); c++)
-                for (int l = 0; l < G; l++) {
-                    const int w = G * c + l, b = w / 8;
-                    const int8_t *qs = q8_quants(qh, b) + 4 * (w % 8);
-                    int32_t isum = 0;
-                    for (int j = 0; j < 4; j++) isum += (int32_t)qs[j] * kr[4 * w + j];
-                    const float sc = kw[w] * q8_scale(qh, b);
-                    lanes[l] = c == 0 ? (float)isum * sc : fmaf((float)isum, sc, lanes[l]);
-                }
-            s[(size_t)h * G + i] = sum16_tree(lanes) * kq_scale;
+            float acc = 0.0f;
+            for (int b = 0; b < hdk / QK8_0; b++) {
+                const int8_t *qs = q8_quants(qh, b);
+                int32_t isum = 0;
+                for (int j = 0; j < QK8_0; j++) isum += (int32_t)qs[j] * kr[QK8_0 * b + j];
+                const float sc = k->kw[(size_t)b * G + i] * q8_scale(qh, b);
+                acc = b == 0 ? (float)isum * sc : fmaf((float)isum, sc, acc);
+            }
+            s[(size_t)h * G + i] = acc * kq_scale;
         }
     }
 }
@@ -245,31 +239,40 @@ BUBO_TARGET_AVX2 static void scores_avx2(const attend_keys *k, const uint8_t *q,
     }
 }
 
-/* The q8_0 formula: a word's 4 products summed exactly by maddubs (|q| against k signed as q; both
- * within +-127, so a pair stays inside int16) and madd. */
+/* 8 positions' 8 int32 words -> each position's sum, position p in lane p (exact). */
+BUBO_TARGET_AVX2 static inline __m256i sums8_avx2(const __m256i *w) {
+    __m256i a[4], b[2];
+    for (int k = 0; k < 4; k++) /* each 128-bit half: positions 2k, 2k + 1's words (0 + 2, 1 + 3) */
+        a[k] = _mm256_add_epi32(_mm256_unpacklo_epi32(w[2 * k], w[2 * k + 1]), _mm256_unpackhi_epi32(w[2 * k], w[2 * k + 1]));
+    for (int k = 0; k < 2; k++) /* each half: positions 4k .. 4k + 3, the half's 4 words each */
+        b[k] = _mm256_add_epi32(_mm256_unpacklo_epi64(a[2 * k], a[2 * k + 1]), _mm256_unpackhi_epi64(a[2 * k], a[2 * k + 1]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(b[0], b[1], 0x20), _mm256_permute2x128_si256(b[0], b[1], 0x31));
+}
+
+/* The q8_0 formula: a block's products summed exactly, 4 to a word by maddubs (|q| against k signed
+ * as q; both within +-127, so a pair stays inside int16) and madd, then 8 words by sums8_avx2. */
 BUBO_TARGET_AVX2 static void scores_q8_avx2(const attend_keys *k, const uint8_t *q, size_t q_stride, int n_q,
                                              float kq_scale, float *s) {
-    const int hdk = k->hdk, words = hdk / 4;
+    const int hdk = k->hdk;
     const __m256i ones = _mm256_set1_epi16(1);
     for (int h = 0; h < n_q; h++) {
         const uint8_t *qh = q + (size_t)h * q_stride;
-        __m256 lanes[G][2];
-        for (int b = 0; b < hdk / QK8_0; b++) { /* block b: lanes 0-7 (b even) or 8-15 of chunk b / 2 */
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int b = 0; b < hdk / QK8_0; b++) {
             const __m256i qs = _mm256_loadu_si256((const __m256i *)q8_quants(qh, b)), aq = _mm256_abs_epi8(qs);
             const __m256 dq = _mm256_set1_ps(q8_scale_f16c(qh, b));
+            __m256i w[G];
             for (int i = 0; i < G; i++) {
                 const __m256i ks = _mm256_loadu_si256((const __m256i *)(k->kq + (size_t)i * hdk + QK8_0 * b));
-                const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(ks, qs)), ones);
-                const __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(k->kw + (size_t)i * words + 8 * b), dq);
-                const __m256 f = _mm256_cvtepi32_ps(dot);
-                lanes[i][b % 2] = b < 2 ? _mm256_mul_ps(f, sc) : _mm256_fmadd_ps(f, sc, lanes[i][b % 2]);
+                w[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(ks, qs)), ones);
+            }
+            for (int o = 0; o < 2; o++) {
+                const __m256 f = _mm256_cvtepi32_ps(sums8_avx2(w + 8 * o));
+                const __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(k->kw + (size_t)b * G + 8 * o), dq);
+                acc[o] = b == 0 ? _mm256_mul_ps(f, sc) : _mm256_fmadd_ps(f, sc, acc[o]);
             }
         }
-        __m256 a[G];
-        for (int i = 0; i < G; i++) a[i] = _mm256_add_ps(lanes[i][0], lanes[i][1]);
-        __m256 r[2];
-        reduce16_avx2(a, r);
-        for (int o = 0; o < 2; o++) _mm256_storeu_ps(s + (size_t)h * G + 8 * o, _mm256_mul_ps(r[o], _mm256_set1_ps(kq_scale)));
+        for (int o = 0; o < 2; o++) _mm256_storeu_ps(s + (size_t)h * G + 8 * o, _mm256_mul_ps(acc[o], _mm256_set1_ps(kq_scale)));
     }
 }
 
@@ -359,48 +362,47 @@ BUBO_TARGET_AVX512 static void scores_avx512(const attend_keys *k, const uint8_t
     }
 }
 
-/* One position's 16 lanes of the q8_0 formula with VNNI (chunks 64-element chunks): vpdpbusd takes
- * K as unsigned (k ^ 0x80 = k + 128) against the query's signed quants, starting from -128 x (the
- * sum of each query word), so each word's sum is the exact integer; times (K scale x query scale),
- * the chunks added with fused multiply-adds. */
-BUBO_TARGET_AVX512 __attribute__((always_inline)) static inline __m512 score_q8_lanes_avx512(
-    const int8_t *kq, const float *kw, const __m512i *qs, const __m512i *init, const __m512 *dq, const int chunks) {
-    const __m512i bias = _mm512_set1_epi8((char)0x80);
-    __m512 v = _mm512_setzero_ps();
-    for (int c = 0; c < chunks; c++) {
-        const __m512i kx = _mm512_xor_si512(_mm512_loadu_si512(kq + 64 * c), bias);
-        const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init[c], kx, qs[c]));
-        const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(kw + G * c), dq[c]);
-        v = c == 0 ? _mm512_mul_ps(f, sc) : _mm512_fmadd_ps(f, sc, v);
-    }
-    return v;
+/* 16 positions' 16 int32 words (words 0-7 one block, 8-15 the next) -> each position's two block
+ * sums, position p in lane p of out[0] (the first block) and out[1] (exact). */
+BUBO_TARGET_AVX512 static inline void block_sums16_avx512(const __m512i *w, __m512i *out) {
+    __m512i a[8], b[4], c[2];
+    for (int k = 0; k < 8; k++) /* each 128-bit lane: positions 2k, 2k + 1's words (0 + 2, 1 + 3) */
+        a[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(w[2 * k], w[2 * k + 1]), _mm512_unpackhi_epi32(w[2 * k], w[2 * k + 1]));
+    for (int k = 0; k < 4; k++) /* each 128-bit lane: positions 4k .. 4k + 3, the lane's 4 words each */
+        b[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_epi64(a[2 * k], a[2 * k + 1]));
+    for (int k = 0; k < 2; k++) /* 128-bit lanes: positions 8k .. 8k + 3's blocks 0, 1, then 8k + 4 .. 8k + 7's */
+        c[k] = _mm512_add_epi32(_mm512_shuffle_i32x4(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_i32x4(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    out[0] = _mm512_shuffle_i32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0));
+    out[1] = _mm512_shuffle_i32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1));
 }
 
-/* The q8_0 formula with VNNI, a head's query chunks held in registers (the common head size 64
- * unrolled as one chunk) and the group's 16 lane vectors too. */
+/* The q8_0 formula with VNNI, a 64-element chunk (two blocks) at a time: vpdpbusd takes K as
+ * unsigned (k ^ 0x80 = k + 128) against the query's signed quants, starting from -128 x (the sum of
+ * each query word), so each word's sum is the exact integer; block_sums16_avx512 adds the words. */
 BUBO_TARGET_AVX512 static void scores_q8_avx512(const attend_keys *k, const uint8_t *q, size_t q_stride, int n_q,
                                                  float kq_scale, float *s) {
-    const int hdk = k->hdk, words = hdk / 4, chunks = hdk / 64;
+    const int hdk = k->hdk;
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     for (int h = 0; h < n_q; h++) {
         const uint8_t *qh = q + (size_t)h * q_stride;
-        __m512i qs[Q8_CHUNKS_MAX], init[Q8_CHUNKS_MAX];
-        __m512 dq[Q8_CHUNKS_MAX], v[G];
-        for (int c = 0; c < chunks; c++) {
-            qs[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)q8_quants(qh, 2 * c))),
-                                       _mm256_loadu_si256((const __m256i *)q8_quants(qh, 2 * c + 1)), 1);
-            init[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, qs[c]));
-            dq[c] = _mm512_insertf32x8(_mm512_set1_ps(q8_scale_f16c(qh, 2 * c)), _mm256_set1_ps(q8_scale_f16c(qh, 2 * c + 1)),
-                                       1);
-        }
-        if (chunks == 1) {
-#pragma GCC unroll 16
-            for (int i = 0; i < G; i++) v[i] = score_q8_lanes_avx512(k->kq + (size_t)i * hdk, k->kw + (size_t)i * words, qs, init, dq, 1);
-        } else {
+        __m512 acc = _mm512_setzero_ps();
+        for (int c = 0; c < hdk / 64; c++) {
+            const __m512i qs = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)q8_quants(qh, 2 * c))),
+                                                  _mm256_loadu_si256((const __m256i *)q8_quants(qh, 2 * c + 1)), 1);
+            const __m512i init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, qs));
+            __m512i w[G], sums[2];
             for (int i = 0; i < G; i++)
-                v[i] = score_q8_lanes_avx512(k->kq + (size_t)i * hdk, k->kw + (size_t)i * words, qs, init, dq, chunks);
+                w[i] = _mm512_dpbusd_epi32(init, _mm512_xor_si512(_mm512_loadu_si512(k->kq + (size_t)i * hdk + 64 * c), bias), qs);
+            block_sums16_avx512(w, sums);
+            for (int o = 0; o < 2; o++) {
+                const int b = 2 * c + o;
+                const __m512 f = _mm512_cvtepi32_ps(sums[o]);
+                const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(k->kw + (size_t)b * G), _mm512_set1_ps(q8_scale_f16c(qh, b)));
+                acc = b == 0 ? _mm512_mul_ps(f, sc) : _mm512_fmadd_ps(f, sc, acc);
+            }
         }
-        _mm512_storeu_ps(s + (size_t)h * G, _mm512_mul_ps(reduce16_avx512(v), _mm512_set1_ps(kq_scale)));
+        _mm512_storeu_ps(s + (size_t)h * G, _mm512_mul_ps(acc, _mm512_set1_ps(kq_scale)));
     }
 }
 
@@ -608,15 +610,14 @@ static attend_level level_for_isa(bubo_isa isa) {
     return (attend_level){group_scalar, NULL, NULL, scores_scalar, scores_q8_scalar};
 }
 
-/* How a cache's K rows meet the queries: widened (f16, f32), as q8_0 words, or one vec_dot per
+/* How a cache's K rows meet the queries: widened (f16, f32), as q8_0 blocks, or one vec_dot per
  * score (q4_0, and head sizes the kernels do not take). The choice depends on the cache type and
  * head size only, never on the batch. */
 typedef enum { KEYS_WIDEN, KEYS_Q8, KEYS_VEC_DOT } keys_mode;
 
 static keys_mode keys_for(const bubo_kv_view *view, int head_dim_k) {
     if ((view->type == BUBO_TYPE_F16 || view->type == BUBO_TYPE_F32) && head_dim_k % G == 0) return KEYS_WIDEN;
-    if (view->type == BUBO_TYPE_Q8_0 && head_dim_k % (4 * G) == 0 && head_dim_k <= 4 * G * Q8_CHUNKS_MAX)
-        return KEYS_Q8;
+    if (view->type == BUBO_TYPE_Q8_0 && head_dim_k % (4 * G) == 0) return KEYS_Q8;
     return KEYS_VEC_DOT;
 }
 
@@ -643,16 +644,15 @@ static inline const uint8_t *view_v_row(const bubo_kv_view *view, size_t block, 
     return view->v + block * view->block_bytes_v + slot * view->row_bytes_v + (size_t)head * view->head_stride_v;
 }
 
-/* Row i of the group's keys from a stored q8_0 row: its quants, and its block scales spread over
- * its words. */
-static void keys_q8_row(const uint8_t *row, int head_dim_k, int8_t *kq, float *kw) {
+/* Row i of the group's keys from a stored q8_0 row: its quants into kq [i], its block scales into
+ * lane i of kw [block]. */
+static void keys_q8_row(const uint8_t *row, int head_dim_k, int i, int8_t *kq, float *kw) {
     const block_q8_0 *blocks = (const block_q8_0 *)row;
     for (int b = 0; b < head_dim_k / QK8_0; b++) {
         bubo_f16 d;
         memcpy(&d, &blocks[b].d, sizeof d);
-        const float df = bubo_f16_to_f32(d);
-        memcpy(kq + QK8_0 * b, blocks[b].qs, QK8_0);
-        for (int w = 0; w < QK8_0 / 4; w++) kw[QK8_0 / 4 * b + w] = df;
+        memcpy(kq + (size_t)i * head_dim_k + QK8_0 * b, blocks[b].qs, QK8_0);
+        kw[(size_t)b * G + i] = bubo_f16_to_f32(d);
     }
 }
 
@@ -724,8 +724,7 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
                 continue;
             }
             if (mode == KEYS_Q8) {
-                keys_q8_row(k, head_dim_k, (int8_t *)kbuf + (size_t)i * head_dim_k,
-                            kbuf + (size_t)G * head_dim_k / 4 + (size_t)i * head_dim_k / 4);
+                keys_q8_row(k, head_dim_k, i, (int8_t *)kbuf, kbuf + (size_t)G * head_dim_k / 4);
                 continue;
             }
             const int32_t pos = g0 + i;

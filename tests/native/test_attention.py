@@ -108,7 +108,8 @@ def test_attention_vs_float64(isa, type_name, head_dim):
                                                 ("q8_0", 96), ("q8_0", 128), ("q8_0", 576)])
 def test_head_dims_off_the_vector_width(isa, type_name, head_dim):
     """The V accumulation's tails (head_dim not a multiple of 16 or 8) use the same fused steps; a
-    q8_0 head off the 64-element chunks of its word kernels scores through the kernel table's vec_dot."""
+    q8_0 head off the 64-element chunks of its block kernels scores through the kernel table's vec_dot,
+    and one of many chunks (576: 9) joins them all in order."""
     rng = np.random.default_rng(head_dim)
     cache = Cache(rng, type_name, 70, 16, 1, head_dim)
     q_bytes, q = cache.query(rng.standard_normal((2, head_dim)).astype(np.float32))
@@ -184,7 +185,7 @@ def test_a_token_is_the_same_alone_or_among_other_tokens(isa, type_name):
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_levels_agree_bit_for_bit(type_name, head_dim):
     """Every level computes one scalar formula per score (the same lanes, summed in one tree order;
-    q8_0 words as exact integers, their chunks joined by fused multiply-adds) and accumulates V with
+    q8_0 blocks as exact integers, joined in order by fused multiply-adds) and accumulates V with
     fused multiply-adds, and their exps agree in the normal range: with scores whose weights stay
     normal, the levels give the same bits."""
     if len(ISAS) < 2:
