@@ -51,6 +51,9 @@
 #define G BUBO_ATTEND_GROUP
 /* rows (tokens x heads) of a call from which a level with a two-half group step runs it in phases */
 #define ATTEND_ROWS_SPLIT 8
+/* how many groups ahead attend_range asks for a group's rows (1, 2 and 4 measured within noise of
+ * each other for a decode step at depth 4096) */
+#define ATTEND_PREFETCH 2
 
 /* One group's merge, for the n_q heads of one token. scores [n_q][G] (lanes lo .. hi-1 valid),
  * vrows [G][hdv] (the same lanes), m, l [n_q] running max and sum, out [n_q] rows of hdv at out_stride. */
@@ -706,6 +709,14 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
             token_lanes(g0, kv_begin[t] > from ? kv_begin[t] : from, kv_end[t] < to ? kv_end[t] : to, &lo, &hi);
             if (lo < hi && lo < glo) glo = lo;
             if (lo < hi && hi > ghi) ghi = hi;
+        }
+        /* the K and V rows of the group after next, asked for ahead (rows from memory: a decode
+         * step at depth; a head's rows of a block run in order only block_size rows long) */
+        for (int32_t pos = g0 + ATTEND_PREFETCH * G; pos < g0 + (ATTEND_PREFETCH + 1) * G && pos < last; pos++) {
+            const size_t pb = (size_t)view->table[pos / bs], ps = (size_t)(pos % bs);
+            const uint8_t *kr = view_k_row(view, pb, ps, kv_head), *vr = view_v_row(view, pb, ps, kv_head);
+            for (size_t o = 0; o < view->head_bytes_k; o += 64) __builtin_prefetch(kr + o);
+            for (size_t o = 0; o < view->head_bytes_v; o += 64) __builtin_prefetch(vr + o);
         }
         size_t block = (size_t)view->table[(g0 + glo) / bs], slot = (size_t)((g0 + glo) % bs);
         const int run = bulk && slot + (size_t)(ghi - glo) <= (size_t)bs; /* the group in one block */
