@@ -68,8 +68,8 @@ typedef struct {
 
 /* A group's K rows, prepared once for all the tokens and heads that meet them (see attend_range):
  * widened rows kf [G][hdk], or a q8_0 row's quants kq [G][hdk] and its block scales kw
- * [hdk / 32][G] (a block's scales of the 16 positions side by side). Lanes past the group's positions hold rows of no meaning (finite) whose
- * scores are never read. */
+ * [hdk / 32][G] (a block's scales of the 16 positions side by side). Lanes past the group's
+ * positions hold rows of no meaning (finite) whose scores are never read. */
 typedef struct {
     int hdk;
     const float *kf;
@@ -600,17 +600,18 @@ typedef struct {
     softmax_fn softmax;
     vsum_fn vsum;
     scores_fn scores, scores_q8;
+    bubo_isa isa; /* the kernel table's level for the rows' conversions and vec_dot */
 } attend_level;
 
 static attend_level level_for_isa(bubo_isa isa) {
 #if defined(BUBO_X86)
-    if (isa == BUBO_ISA_AVX512) return (attend_level){group_avx512, softmax16_avx512, vsum_heads_avx512, scores_avx512, scores_q8_avx512};
-    if (isa == BUBO_ISA_AVX2) return (attend_level){group_avx2, NULL, NULL, scores_avx2, scores_q8_avx2};
+    if (isa == BUBO_ISA_AVX512)
+        return (attend_level){group_avx512, softmax16_avx512, vsum_heads_avx512, scores_avx512, scores_q8_avx512, isa};
+    if (isa == BUBO_ISA_AVX2) return (attend_level){group_avx2, NULL, NULL, scores_avx2, scores_q8_avx2, isa};
 #elif defined(BUBO_ARM64)
-    if (isa == BUBO_ISA_NEON) return (attend_level){group_neon, NULL, NULL, scores_neon, scores_q8_scalar};
+    if (isa == BUBO_ISA_NEON) return (attend_level){group_neon, NULL, NULL, scores_neon, scores_q8_scalar, isa};
 #endif
-    (void)isa;
-    return (attend_level){group_scalar, NULL, NULL, scores_scalar, scores_q8_scalar};
+    return (attend_level){group_scalar, NULL, NULL, scores_scalar, scores_q8_scalar, BUBO_ISA_SCALAR};
 }
 
 /* How a cache's K rows meet the queries: widened (f16, f32), as q8_0 blocks, or one vec_dot per
@@ -666,8 +667,9 @@ static void attend_range(const attend_level *level, const bubo_kv_view *view, in
                          int head_dim_v, int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int32_t from,
                          int32_t to, int n_q, const void *q, size_t q_stride, float kq_scale, float *m, float *l,
                          float *out, size_t out_tok_stride, float *scratch) {
-    const bubo_vec_dot_fn vec_dot = bubo_get_vec_dot(view->type);
-    const bubo_to_float_fn to_float_k = bubo_get_to_float(view->type), to_float = bubo_get_to_float(view->type_v);
+    const bubo_vec_dot_fn vec_dot = bubo_get_vec_dot_isa(view->type, level->isa);
+    const bubo_to_float_fn to_float_k = bubo_get_to_float_isa(view->type, level->isa);
+    const bubo_to_float_fn to_float = bubo_get_to_float_isa(view->type_v, level->isa);
     const keys_mode mode = keys_for(view, head_dim_k);
     const int bs = view->block_size;
     const int n_rows = n_tok * n_q; /* row t * n_q + h: token t, head h */

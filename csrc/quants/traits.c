@@ -69,13 +69,13 @@ const bubo_type_traits *bubo_type_get_traits(int type) {
     return table[type].name ? &table[type] : NULL;
 }
 
-/* Best variant: the CPU's level, else each lower level down to scalar. NEON is only ever
+/* Best variant: the CPU's level (or the given one), else each lower level down to scalar. NEON is only ever
  * present on arm64 and the x86 levels only on x86-64, so one walk serves both. */
-#define PICK_BEST(field)                                                          \
+#define PICK_FROM(field, from)                                                    \
     const bubo_type_traits *t = bubo_type_get_traits(type);                       \
     if (!t) return NULL;                                                          \
     static const bubo_isa walk[] = {BUBO_ISA_AVX512, BUBO_ISA_AVX2, BUBO_ISA_NEON}; \
-    bubo_isa best = bubo_cpu_best_isa();                                          \
+    const bubo_isa best = (from);                                                 \
     int started = 0;                                                              \
     for (int i = 0; i < 3; i++) {                                                 \
         if (walk[i] == best) started = 1;                                         \
@@ -84,10 +84,14 @@ const bubo_type_traits *bubo_type_get_traits(int type) {
     }                                                                             \
     return t->field[BUBO_ISA_SCALAR];
 
+#define PICK_BEST(field) PICK_FROM(field, bubo_cpu_best_isa())
+
 bubo_to_float_fn bubo_get_to_float(bubo_type type) { PICK_BEST(to_float) }
 bubo_from_float_fn bubo_get_from_float(bubo_type type) { PICK_BEST(from_float) }
 bubo_vec_dot_fn bubo_get_vec_dot(bubo_type type) { PICK_BEST(vec_dot) }
 bubo_vec_dot_tile_fn bubo_get_vec_dot_tile(bubo_type type) { PICK_BEST(vec_dot_tile) }
+bubo_to_float_fn bubo_get_to_float_isa(bubo_type type, bubo_isa isa) { PICK_FROM(to_float, isa) }
+bubo_vec_dot_fn bubo_get_vec_dot_isa(bubo_type type, bubo_isa isa) { PICK_FROM(vec_dot, isa) }
 
 bubo_isa bubo_prepack_isa(bubo_type type) {
     const bubo_type_traits *t = bubo_type_get_traits(type);

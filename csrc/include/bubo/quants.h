@@ -219,6 +219,10 @@ bubo_to_float_fn bubo_get_to_float(bubo_type type);
 bubo_from_float_fn bubo_get_from_float(bubo_type type);
 bubo_vec_dot_fn bubo_get_vec_dot(bubo_type type);
 bubo_vec_dot_tile_fn bubo_get_vec_dot_tile(bubo_type type);
+/* The same from a given level down (a caller that runs at one level, and reads no environment:
+ * the calls above read BUBO_FORCE_ISA each time). */
+bubo_to_float_fn bubo_get_to_float_isa(bubo_type type, bubo_isa isa);
+bubo_vec_dot_fn bubo_get_vec_dot_isa(bubo_type type, bubo_isa isa);
 /* The level whose prepacked kernels weights of this type are packed for: this CPU's best level
  * (BUBO_FORCE_ISA respected) where it has them, else BUBO_ISA_COUNT (nothing is packed). The layout
  * belongs to that level, with no fallback to another: packed weights keep their level's kernels
