@@ -74,7 +74,14 @@ def say(msg: str, **fields: Any) -> None:
                            "logger": "bubo.serve", "msg": msg, **fields}, ensure_ascii=False)
     else:
         line = f"bubo serve: {msg}"
-    print(line, flush=True)
+    write_line(sys.stdout, line)
+
+
+def write_line(stream: Any, line: str) -> None:
+    """One line in one write (print writes the text and its newline apart: a log record that another
+    thread writes to the same pipe, as with `2>&1`, could land between them, on the same line)."""
+    stream.write(line + "\n")
+    stream.flush()
 
 
 def request_line(fields: dict[str, Any]) -> None:

@@ -191,7 +191,7 @@ def serve(args: argparse.Namespace) -> int:
             h.cancel()
     if failed:
         # one model and it cannot be served: the process must not look healthy (systemd, docker)
-        print(f"bubo serve: error: {failed[0]}", file=sys.stderr, flush=True)
+        logs.write_line(sys.stderr, f"bubo serve: error: {failed[0]}")
         return 1
     say("stopped")
     return 0

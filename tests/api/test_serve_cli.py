@@ -19,6 +19,7 @@ import urllib.request
 import pytest
 
 from bubo import store
+from bubo.api import logs
 from bubo.cli import HABIT_NOTES, HABIT_REFUSED
 
 from .conftest import post_json as post
@@ -208,6 +209,28 @@ def test_json_log_format_verbose_and_log_disable():
     assert req["generated_tokens"] == 3 and req["prompt_tokens"] > 0 and req["ms"] > 0 and req["level"] == "info"
     assert any(r["msg"].startswith("listening on http://") and r.get("url") for r in records)
     assert any(r.get("weights_bytes", 0) > 0 and r.get("kv_bytes", 0) > 0 for r in records)
+
+
+def test_a_startup_line_is_one_write(monkeypatch):
+    """A start-up line goes out with its newline in one write: a log record that another thread
+    writes to the same pipe (`2>&1`) cannot land inside it. print wrote the two apart, and once a
+    JSON ready line and the engine's debug record came out joined on one line."""
+    writes: list[str] = []
+
+    class Out:
+        def write(self, s: str) -> int:
+            writes.append(s)
+            return len(s)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Out())
+    monkeypatch.setattr(logs._State, "fmt", "json")
+    monkeypatch.setattr(logs._State, "disabled", False)
+    logs.say("ready: m.gguf", weights_bytes=1)
+    assert len(writes) == 1 and writes[0].endswith("\n") and writes[0].count("\n") == 1, writes
+    assert json.loads(writes[0])["weights_bytes"] == 1
 
 
 def free_port() -> int:
