@@ -69,8 +69,8 @@ const bubo_type_traits *bubo_type_get_traits(int type) {
     return table[type].name ? &table[type] : NULL;
 }
 
-/* Best variant: the CPU's level (or the given one), else each lower level down to scalar. NEON is only ever
- * present on arm64 and the x86 levels only on x86-64, so one walk serves both. */
+/* Best variant: the CPU's level (or the given one), else each lower level down to scalar. NEON is
+ * only ever present on arm64 and the x86 levels only on x86-64, so one walk serves both. */
 #define PICK_FROM(field, from)                                                    \
     const bubo_type_traits *t = bubo_type_get_traits(type);                       \
     if (!t) return NULL;                                                          \
