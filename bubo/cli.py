@@ -157,6 +157,19 @@ def _parser() -> _ArgParser:
     p.add_flag("--drain-timeout", type=float, default=30.0,
                help="on SIGTERM or SIGINT, how long requests in flight may go on before they are ended with an "
                     "error event (a second signal ends them at once)")
+    p.add_flag("--prepare-timeout", type=float, default=5.0,
+               help="seconds of work a request may cost before it is generated (reading its JSON, converting a "
+                    "schema, rendering the template, tokenizing); past it, 400 too_costly and the work is dropped")
+    p.add_flag("--write-timeout", type=float, default=30.0,
+               help="seconds a client may leave an answer unread (its socket full) before its connection is "
+                    "closed and its generation ended")
+    p.add_flag("--host-allow", default=None,
+               help="more host names clients may reach this server by (the Host header), comma-separated; "
+                    "loopback names are always allowed, and any name when bound to a non-loopback address "
+                    "with an API key")
+    p.add_flag("--allow-copy", action="store_true",
+               help="let POST /api/copy copy a model's file where it cannot make a hard link (another "
+                    "filesystem), within the disk space a pull would check")
     p.add_flag("--max-connections", type=int, default=None,
                help="open connections at most (default 4096, kept 256 below the open-file limit); past it "
                     "the connection waiting longest for a request is closed, or the newcomer gets 503")

@@ -17,6 +17,7 @@ from werkzeug.exceptions import HTTPException
 from bubo.api.auth import check_api_key
 from bubo.api.config import ServerConfig
 from bubo.api.errors import ApiError, error_response
+from bubo.api.offload import PreparePool
 from bubo.api.request import release_models
 from bubo.engine.engine import Engine
 from bubo.engine.registry import Registry
@@ -58,6 +59,7 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
     app.config["BUBO_MODELS"] = registry
     app.config["BUBO_CONFIG"] = config
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    app.config["BUBO_PREPARE"] = PreparePool(config.prepare_timeout_s)  # bubo.api.offload
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
     app.json.sort_keys = False  # type: ignore[attr-defined]
 

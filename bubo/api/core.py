@@ -15,7 +15,8 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 import bubo
-from bubo.api import errors, pipeline
+from bubo import deadline
+from bubo.api import errors, jsonout, offload, pipeline
 from bubo.api import fields as f
 from bubo.api.errors import ApiError
 from bubo.api.llamacpp.shapes import prometheus, slots_json
@@ -33,6 +34,7 @@ from bubo.api.sse import cancel_on_disconnect, sse_response
 from bubo.engine.engine import ModelInfo
 from bubo.engine.registry import ModelEntry, ModelStatus
 from bubo.engine.types import EngineMetrics, EngineRefusal, FinishEvent, GenerationRequest, TokenEvent
+from bubo.runtime import Runtime
 
 blueprint = Blueprint("core", __name__)
 debug_blueprint = Blueprint("debug", __name__, url_prefix="/debug")
@@ -254,19 +256,27 @@ def tokenize() -> Any:
     if not isinstance(content, str):
         raise ApiError(400, "invalid_request", 'tokenize needs "content": a string')
     # llama-server's defaults: no BOS unless asked, special tokens parsed
-    ids = rt.tokenizer.encode(content, add_special=f.bool_field(body, "add_special", False),
-                              parse_special=f.bool_field(body, "parse_special", True))
-    if not f.bool_field(body, "with_pieces", False):
-        return jsonify(tokens=ids)
+    add_special = f.bool_field(body, "add_special", False)
+    parse_special = f.bool_field(body, "parse_special", True)
+    with_pieces = f.bool_field(body, "with_pieces", False)
+    return offload.run(_tokenized, rt, content, add_special, parse_special, with_pieces, what="tokenizing the content")
+
+
+def _tokenized(rt: Runtime, content: str, add_special: bool, parse_special: bool, with_pieces: bool) -> Any:
+    ids = rt.tokenizer.encode(content, add_special=add_special, parse_special=parse_special)
+    if not with_pieces:
+        return jsonout.response({"tokens": ids})
     out = []
-    for i in ids:
+    for n, i in enumerate(ids):
+        if n % 4096 == 0:
+            deadline.check()
         raw = rt.token_piece(i)
         try:
             piece: Any = raw.decode("utf-8")
         except UnicodeDecodeError:
             piece = list(raw)  # a piece of a UTF-8 character: its bytes, as llama-server gives them
         out.append({"id": i, "piece": piece})
-    return jsonify(tokens=out)
+    return jsonout.response({"tokens": out})
 
 
 @_route("/detokenize", methods=("POST",))
@@ -276,6 +286,10 @@ def detokenize() -> Any:
     ids = body.get("tokens")
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise ApiError(400, "invalid_request", 'detokenize needs "tokens": a list of token ids')
+    return offload.run(_detokenized, rt, ids, what="detokenizing the tokens")
+
+
+def _detokenized(rt: Runtime, ids: list[int]) -> Any:
     try:
         rt.check_ids(ids)
     except ValueError as e:
@@ -290,8 +304,9 @@ def apply_template() -> Any:
     from bubo.api.openai.chat import apply_template_json
 
     body = json_body()
-    return jsonify(apply_template_json(runtime_of(use_model(optional_model(body))), body,
-                                       config().allow_special_in_content))
+    rt = runtime_of(use_model(optional_model(body)))
+    return jsonify(offload.run(apply_template_json, rt, body, config().allow_special_in_content,
+                               what="rendering the chat template"))
 
 
 # --- paths that exist but do nothing on a text model --------------------------------------

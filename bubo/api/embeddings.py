@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from flask import Blueprint, jsonify
+from flask import Blueprint
 
 from bubo import embed as embedding
-from bubo.api import errors
+from bubo.api import errors, jsonout, offload
 from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
 from bubo.api.request import json_body, optional_model, runtime_of, use_model
@@ -94,7 +94,8 @@ def run(engine: ServingEngine, rt: Runtime, items: Sequence[str | list[int]], tr
         normalize: bool = True) -> embedding.Embedded:
     """Tokenize, check and embed one request's inputs (one job on the engine thread)."""
     try:
-        seqs, cut = embedding.tokenize(rt, items, embedding.max_tokens(rt), truncate)
+        seqs, cut = offload.run(embedding.tokenize, rt, items, embedding.max_tokens(rt), truncate,
+                                what="tokenizing the inputs")
     except embedding.TooLongError as e:
         raise ApiError(400, "context_length_exceeded", str(e)) from None
     except EngineRefusal as e:
@@ -133,7 +134,7 @@ def openai_embeddings() -> Any:
     name = optional_model(body)
     if "input" not in body:
         raise invalid("'input' is required")
-    items = parse_inputs(body["input"])
+    items = offload.run(parse_inputs, body["input"], what="reading the inputs")
     fmt = body.get("encoding_format", "float")
     if fmt is None:
         fmt = "float"
@@ -143,15 +144,19 @@ def openai_embeddings() -> Any:
     engine, rt = encoder_of(name)
     _dimensions(body, int(rt.hparams["n_embd"]))
     out = run(engine, rt, items, truncate)
-    n_tokens = sum(out.n_tokens)
-    data = []
-    for i, vec in enumerate(out.vectors):
-        item: dict[str, Any] = {"object": "embedding", "index": i, "embedding": _encode(vec, fmt)}
-        if out.truncated[i]:
-            item["truncated"] = True
-        data.append(item)
-    return jsonify({"object": "list", "data": data, "model": name,
-                    "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+    def answer() -> dict[str, Any]:
+        n_tokens = sum(out.n_tokens)
+        data = []
+        for i, vec in enumerate(out.vectors):
+            item: dict[str, Any] = {"object": "embedding", "index": i, "embedding": _encode(vec, fmt)}
+            if out.truncated[i]:
+                item["truncated"] = True
+            data.append(item)
+        return {"object": "list", "data": data, "model": name,
+                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+
+    return jsonout.built(answer)
 
 
 def _normalize_of(body: dict[str, Any]) -> bool:
@@ -172,17 +177,18 @@ def llama_embeddings() -> Any:
     key = "content" if body.get("content") is not None or "input" not in body else "input"
     if body.get(key) is None:
         raise invalid("'content' is required")
-    items = parse_inputs(body[key], key)
+    items = offload.run(parse_inputs, body[key], key, what="reading the inputs")
     normalize = _normalize_of(body)
     truncate = _bool(body, "truncate", False)
     engine, rt = encoder_of(name)
     out = run(engine, rt, items, truncate, normalize)
     # llama-server's shape: one entry per input, its pooled vector as a list of one row
-    return jsonify([{"index": i, "embedding": [[float(x) for x in vec]]} for i, vec in enumerate(out.vectors)])
+    return jsonout.built(lambda: [{"index": i, "embedding": [[float(x) for x in vec]]}
+                                  for i, vec in enumerate(out.vectors)])
 
 
 def ollama_embed(body: dict[str, Any], name: str, t0: float, load_s: float, engine: ServingEngine,
-                 rt: Runtime) -> dict[str, Any]:
+                 rt: Runtime) -> Any:
     """Ollama's /api/embed answer: `input` (a string or a list of strings), `truncate` (default
     true), `dimensions`."""
     if "input" not in body:
@@ -191,14 +197,14 @@ def ollama_embed(body: dict[str, Any], name: str, t0: float, load_s: float, engi
     _dimensions(body, int(rt.hparams["n_embd"]))
     value = body["input"]
     # Ollama answers an empty string or an empty list with no embeddings, not an error
-    if value == "" or value == []:
-        vectors: list[list[float]] = []
-        n_tokens = 0
-    else:
-        items = parse_inputs(value)
+    vectors: Sequence[np.ndarray] = []
+    n_tokens = 0
+    if not (value == "" or value == []):
+        items = offload.run(parse_inputs, value, what="reading the inputs")
         out = run(engine, rt, items, truncate)
-        vectors = [[float(x) for x in v] for v in out.vectors]
+        vectors = list(out.vectors)
         n_tokens = sum(out.n_tokens)
     total_ns = int((time.monotonic() - t0) * 1e9)
-    return {"model": name, "embeddings": vectors, "total_duration": total_ns, "load_duration": int(load_s * 1e9),
-            "prompt_eval_count": n_tokens}
+    return jsonout.built(lambda: {"model": name, "embeddings": [[float(x) for x in v] for v in vectors],
+                                  "total_duration": total_ns, "load_duration": int(load_s * 1e9),
+                                  "prompt_eval_count": n_tokens})

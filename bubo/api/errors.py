@@ -67,6 +67,7 @@ _REASONS: dict[Reason, tuple[int, str, int | None]] = {
     Reason.SHUTTING_DOWN: (503, "shutting_down", None),
     Reason.INVALID_REQUEST: (400, "invalid_value", None),  # a field out of range (token ids, logit_bias)
     Reason.GRAMMAR_STUCK: (400, "invalid_grammar", None),
+    Reason.NO_TOKEN: (400, "no_token_allowed", None),
     Reason.MODEL_UNKNOWN: (404, "model_not_found", None),
     Reason.MODEL_NOT_LOADED: (400, "model_not_loaded", None),
     Reason.INTERNAL: (500, "internal_error", None),

@@ -4,7 +4,13 @@ Python's json module follows nesting by recursion (100,000 `[` end in a Recursio
 integers of any length into int (past 4,300 digits that raises), accepts NaN and Infinity, and
 lets lone UTF-16 surrogates ("\\ud800") through as str, which no UTF-8 text can hold. parse()
 refuses all of these with JSONInputError, whose message names the limit and, for a string, where
-it is (a JSON path such as `messages[0].content`)."""
+it is (a JSON path such as `messages[0].content`).
+
+It also bounds what one call of the C parser may cost: json.loads holds the GIL from start to end
+(a 16 MB body of small values takes 150-300 ms, during which no other thread runs), so a body
+holds at most MAX_VALUES values, counted before it is parsed. The checks after the parse (depth,
+strings) walk the values in Python, calling bubo.deadline.check() now and then: in a worker
+thread, a loop that lets the others run."""
 
 from __future__ import annotations
 
@@ -12,8 +18,14 @@ import json
 import re
 from typing import Any
 
+from bubo import deadline
+
 MAX_DEPTH = 128  # nesting of arrays and objects: far past any request's or schema's
 MAX_NUMBER_CHARS = 100  # an integer of more digits means nothing to any field
+# values in one body (members of arrays and objects): more than any request needs (a prompt of
+# token ids, a whole vocabulary's logit_bias, an enum of 100,000 values), and what json.loads
+# parses in well under 100 ms on a slow core
+MAX_VALUES = 1_000_000
 
 
 class JSONInputError(ValueError):
@@ -26,16 +38,11 @@ class JSONInputError(ValueError):
         self.surrogate = surrogate
 
 
-def _int(text: str) -> int:
-    if len(text) > MAX_NUMBER_CHARS:
-        raise JSONInputError(f"a number has {len(text)} digits; at most {MAX_NUMBER_CHARS} are accepted")
-    return int(text)
+_BIG = 10 ** MAX_NUMBER_CHARS  # an integer this large has more digits than are accepted
 
 
-def _float(text: str) -> float:
-    if len(text) > MAX_NUMBER_CHARS:
-        raise JSONInputError(f"a number has {len(text)} characters; at most {MAX_NUMBER_CHARS} are accepted")
-    return float(text)
+def _too_long(n: int) -> JSONInputError:
+    return JSONInputError(f"a number has {len(str(abs(n)))} digits; at most {MAX_NUMBER_CHARS} are accepted")
 
 
 def _constant(name: str) -> Any:
@@ -44,45 +51,51 @@ def _constant(name: str) -> Any:
 
 # a \u escape of a UTF-16 surrogate: only where the text holds one can a string hold a lone one
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_LONG_NUMBER = re.compile(r"[-+0-9.eE]{" + str(MAX_NUMBER_CHARS + 1) + ",}")
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_BRACKET = re.compile(r"[\[\]{}]")
+_SCAN_CHUNK = 1 << 16  # characters scanned between deadline checks
 
 
 def parse(text: str) -> Any:
     """The value of a JSON text, checked as the module docstring says."""
-    # Python's own number parsing unless the text holds a run of number characters long enough
-    # to matter (a hook per number is slow on a body of millions of them)
-    long = _LONG_NUMBER.search(text) is not None
+    # the members of arrays and objects are separated by commas and colons: their count bounds
+    # the values (commas in strings count too; only past the limit are strings told apart)
+    if text.count(",") + text.count(":") >= MAX_VALUES and _separators(text) >= MAX_VALUES:
+        raise JSONInputError(f"the JSON holds more than {MAX_VALUES:,} values; at most {MAX_VALUES:,} are accepted")
+    deadline.check()
     try:
-        value = json.loads(text, parse_int=_int if long else None, parse_float=_float if long else None,
-                           parse_constant=_constant)
+        value = json.loads(text, parse_constant=_constant)
     except RecursionError:
         raise JSONInputError(f"the JSON nests arrays and objects deeper than {MAX_DEPTH} levels") from None
     except json.JSONDecodeError as e:
         raise JSONInputError(f"{e.msg} at line {e.lineno} column {e.colno}") from None
-    _check_depth(text)
-    if _SURROGATE_ESCAPE.search(text) is not None:
-        check(value)
+    except JSONInputError:
+        raise  # NaN or Infinity (_constant)
+    except ValueError:  # an integer past Python's 4,300 digits
+        raise JSONInputError(f"a number has more than 4300 digits; at most {MAX_NUMBER_CHARS} are accepted") from None
+    check(value, strings=_SURROGATE_ESCAPE.search(text) is not None)
     return value
 
 
-def _check_depth(text: str) -> None:
-    """The nesting of a valid JSON text, read off its brackets outside strings (no walk over
-    its values: a body of millions of numbers costs what its brackets cost)."""
-    depth = 0
-    for m in _BRACKET.finditer(_STRING.sub("", text)):
-        if m.group() in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise JSONInputError(f"the JSON nests arrays and objects deeper than {MAX_DEPTH} levels")
-        else:
-            depth -= 1
+def _separators(text: str) -> int:
+    """The commas and colons of a JSON text outside its strings, counted a chunk at a time (a
+    loop that lets other threads run, unlike one regular expression over 16 MB)."""
+    # an escaped backslash or quote ends no string: out of the way first (valid JSON has no
+    # backslash outside a string; for invalid JSON the count only decides which error it gets)
+    text = text.replace("\\\\", "__").replace('\\"', "__")
+    n, inside = 0, False
+    for start in range(0, len(text), _SCAN_CHUNK):
+        for i, part in enumerate(text[start:start + _SCAN_CHUNK].split('"')):
+            if i:
+                inside = not inside
+            if not inside:
+                n += part.count(",") + part.count(":")
+        deadline.check()
+    return n
 
 
-def check(value: Any) -> None:
-    """Depth and strings of a parsed value: iteratively, over containers (the depth is what is
-    being checked); the path of what is wrong is built only then, from each container's parent."""
+def check(value: Any, strings: bool = True) -> None:
+    """Depth and (with strings) the strings of a parsed value: iteratively, over containers (the
+    depth is what is being checked); the path of what is wrong is built only then, from each
+    container's parent."""
     # (container, depth, parent index, key in the parent)
     stack: list[tuple[Any, int, int, Any]] = [(value, 1, -1, None)]
     seen: list[tuple[int, Any]] = []  # parent index and key of each container taken off the stack
@@ -100,8 +113,12 @@ def check(value: Any) -> None:
         return out
 
     if isinstance(value, str):
-        _text(value, "")
+        if strings:
+            _text(value, "")
         return
+    if type(value) is int and not -_BIG < value < _BIG:
+        raise _too_long(value)
+    n = 0
     while stack:
         v, depth, parent, key = stack.pop()
         seen.append((parent, key))
@@ -109,14 +126,20 @@ def check(value: Any) -> None:
         if depth > MAX_DEPTH:
             raise JSONInputError(f"the JSON nests arrays and objects deeper than {MAX_DEPTH} levels "
                                  f"(at {_printable(path(me)) or 'the top'})")
+        n += len(v)
+        if n > 4096:
+            n = 0
+            deadline.check()
         items = v.items() if isinstance(v, dict) else enumerate(v)
         for k, item in items:
-            if isinstance(k, str):
+            if strings and isinstance(k, str):
                 _text(k, f"a key in {path(me) or 'the top object'}")
             if isinstance(item, (dict, list)):
                 stack.append((item, depth + 1, me, k))
-            elif isinstance(item, str):
+            elif strings and isinstance(item, str):
                 _text(item, path(me, k))
+            elif type(item) is int and not -_BIG < item < _BIG:
+                raise _too_long(item)
 
 
 def _text(s: str, path: str) -> None:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from flask import has_request_context, request
 
 from bubo._grammar import Grammar
-from bubo.api import errors
+from bubo.api import errors, offload
 from bubo.api.fields import RequestErrors, invalid
 from bubo.chat import prepare as prep
 from bubo.chat.constrain import OutputSpec
@@ -31,6 +31,8 @@ from bubo.engine.protocol import ServingEngine, Stream
 from bubo.engine.types import EngineRefusal, Event, FinishEvent, GenerationRequest, Reason, TokenEvent
 from bubo.runtime import Runtime
 from bubo.sampling import SamplingParams
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -60,31 +62,43 @@ def render_chat(runtime: Runtime, messages: list[dict[str, Any]], tools: list[di
     """The prompt: the template's rendering, then the prefill (bubo.chat.prepare.render_chat).
     Control-token text that came from the request is tokenized as text, unless
     specials_in_content (the server's --allow-special-in-content)."""
-    with _PrepareErrors():
-        return prep.render_chat(runtime, messages, tools, template_kwargs, prefill, specials_in_content)
+    return offloaded(prep.render_chat, runtime, messages, tools, template_kwargs, prefill, specials_in_content,
+                     what="rendering the chat template")
 
 
 def prepare(runtime: Runtime, conv: Conversation, specials_in_content: bool = False) -> Prepared:
     """Render, constrain, tokenize: a Conversation made ready to submit."""
-    with _PrepareErrors():
-        return prep.prepare_chat(runtime, conv.messages, prefill=conv.prefill, tools=conv.tools,
-                                 template_kwargs=conv.template_kwargs, output=conv.output,
-                                 tool_choice=conv.tool_choice, parallel_tool_calls=conv.parallel_tool_calls,
-                                 thinking=conv.thinking, specials_in_content=specials_in_content)
+    return offloaded(prep.prepare_chat, runtime, conv.messages, prefill=conv.prefill, tools=conv.tools,
+                     template_kwargs=conv.template_kwargs, output=conv.output, tool_choice=conv.tool_choice,
+                     parallel_tool_calls=conv.parallel_tool_calls, thinking=conv.thinking,
+                     specials_in_content=specials_in_content, what="rendering the chat template")
 
 
 def completion_grammar(spec: OutputSpec | None, runtime: Runtime | None = None) -> Grammar | None:
     """A raw completion's grammar (compiled once), or None."""
-    with _PrepareErrors():
-        return prep.completion_grammar(spec, runtime)
+    if spec is None:
+        return None
+    return offloaded(prep.completion_grammar, spec, runtime, what="compiling the grammar")
 
 
 def encode(runtime: Runtime, text: str, add_special: bool = True,
            spans: list[tuple[int, int]] | None = None) -> list[int]:
     """Tokenize request text (special-token text parsed, as llama-server does, but for the
     spans, which stay plain text); a lone UTF-16 surrogate is a 400, not a crash."""
+    return offloaded(prep.encode, runtime, text, add_special, spans, what="tokenizing the prompt")
+
+
+def _guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """fn with its RequestErrors and template failures as 400s (_PrepareErrors)."""
     with _PrepareErrors():
-        return prep.encode(runtime, text, add_special, spans)
+        return fn(*args, **kwargs)
+
+
+def offloaded(fn: Callable[..., T], *args: Any, what: str, **kwargs: Any) -> T:
+    """fn in the preparation pool (bubo.api.offload), its RequestErrors and template failures as
+    400s: a route's own step whose cost grows with the request."""
+    value: T = offload.run(_guarded, fn, *args, what=what, **kwargs)
+    return value
 
 
 class _PrepareErrors(RequestErrors):
@@ -116,7 +130,9 @@ def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | N
     """engine.submit, its refusals as the API's errors (bubo.api.errors.from_reason); the stream
     counts its tokens into the request's log line (bubo.api.logs)."""
     try:
-        stream = engine.submit(req, mem_available=mem_available)
+        checked = offload.run(engine.check, req, mem_available=mem_available,
+                              what="building the request's sampler and grammar state")
+        stream = engine.submit(req, mem_available=mem_available, checked=checked)
     except EngineRefusal as e:
         raise errors.from_refusal(e) from None
     if not has_request_context():

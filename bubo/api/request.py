@@ -14,13 +14,17 @@ from typing import Any
 from flask import current_app, g, request
 from werkzeug.exceptions import ClientDisconnected
 
-from bubo.api import errors, jsonin
+from bubo.api import errors, jsonin, offload
 from bubo.api.config import ServerConfig
 from bubo.api.errors import ApiError
 from bubo.engine.protocol import ServingEngine
 from bubo.engine.registry import DEFAULT_NAME, ModelEntry, Registry, UnknownModelError
 from bubo.engine.types import EngineRefusal
 from bubo.runtime import Runtime
+
+# a body up to this size is parsed on the event loop (well under a millisecond); a larger one in
+# the preparation pool (bubo.api.offload)
+INLINE_JSON_BYTES = 64 * 1024
 
 
 def config() -> ServerConfig:
@@ -38,6 +42,12 @@ def json_body() -> dict[str, Any]:
     parse_error for invalid UTF-8, malformed JSON or a body that is not an object. The
     Content-Type is not checked: curl's default form type is common."""
     raw = _body_bytes()
+    if len(raw) > INLINE_JSON_BYTES:
+        return offload.run(_json_object, raw, what="reading the request's JSON")
+    return _json_object(raw)
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise ApiError(400, "parse_error", "the request body is empty: send a JSON object")
     try:

@@ -27,6 +27,8 @@ say = logs.say
 log = logging.getLogger("bubo.serve")
 
 
+SWITCH_INTERVAL_S = 0.0005
+
 # kept for callers of the old name
 _served_name = served_name
 
@@ -55,6 +57,10 @@ def config_from_args(args: argparse.Namespace, default_name: str | None = None) 
         n_predict=args.n_predict if args.n_predict is not None and args.n_predict > 0 else None,
         webui=not args.no_webui,
         ui_defaults=check_ui_config(args.ui_config) if args.ui_config else {},
+        prepare_timeout_s=args.prepare_timeout,
+        write_timeout_s=args.write_timeout,
+        host_allow=_csv(args.host_allow),
+        allow_copy=args.allow_copy,
     )
 
 
@@ -94,6 +100,11 @@ def serve(args: argparse.Namespace) -> int:
     from bubo.api.app import create_app
 
     logs.setup(verbose=args.verbose, disabled=args.log_disable, fmt=args.log_format)
+    # the engine thread, the event loop and the preparation pool's workers share one GIL: a thread
+    # that wants it back (the engine after a forward pass, the loop after a socket call) waits
+    # for the holder's switch interval, 5 ms by default; at 0.5 ms a request being prepared slows
+    # the other clients' streams a little instead of several times over
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     if args.port < 0 or args.port > 65535:
         raise ValueError(f"--port {args.port}: give 0..65535")
     for flag, value, least in (("--parallel", args.parallel, 1), ("--batch-size", args.batch_size, 1),
@@ -110,7 +121,8 @@ def serve(args: argparse.Namespace) -> int:
     for note in args.habit_notes:
         log.info("%s", note)
     for flag, seconds in (("--timeout", args.timeout), ("--header-timeout", args.header_timeout),
-                          ("--keepalive-timeout", args.keepalive_timeout)):
+                          ("--keepalive-timeout", args.keepalive_timeout), ("--prepare-timeout", args.prepare_timeout),
+                          ("--write-timeout", args.write_timeout)):
         if not seconds > 0:
             raise ValueError(f"{flag} {seconds}: give a positive number of seconds")
     if not args.drain_timeout >= 0:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bubo import deadline
 from bubo.chat.constrain import OutputSpec, check_first_tokens, constrain, in_think_after
 from bubo.chat.request import INVALID
 from bubo.errors import RequestError
@@ -65,7 +66,9 @@ def render_chat(runtime: Runtime, messages: list[dict[str, Any]], tools: list[di
     """The prompt: the template's rendering, then the prefill. Control-token text that came
     from the request (messages, tools, the prefill) is tokenized as text (Runtime.chat_text),
     unless specials_in_content (the server's --allow-special-in-content)."""
+    deadline.doing("rendering the chat template")
     rendered = runtime.chat_text(messages, tools=tools, specials_in_content=specials_in_content, **template_kwargs)
+    deadline.doing("tokenizing the prompt")
     text, spans = rendered.text, list(rendered.spans)
     in_think = in_think_after(text)
     if prefill:
@@ -88,6 +91,7 @@ def prepare_chat(runtime: Runtime, messages: list[dict[str, Any]], *, prefill: s
     output the answer's own constraint (output_spec; not beside a forced call), thinking and
     template_kwargs as thinking_of makes them."""
     prompt = render_chat(runtime, messages, tools, template_kwargs or {}, prefill, specials_in_content)
+    deadline.doing("building the answer's grammar")
     c = constrain(runtime.chat_template_source, spec=output, tools=tools, choice=tool_choice,
                   parallel=parallel_tool_calls, thinking=thinking, in_think=prompt.in_think)
     if c.grammar is not None:

@@ -43,9 +43,15 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from bubo import deadline
+
 __all__ = ["SchemaError", "schema_to_gbnf", "JSON_OBJECT_GBNF", "MAX_DIGITS"]
 
 MAX_DIGITS = 15  # integral and fractional digits of an unbounded number (a float's precision)
+# What one schema may expand to: the grammar's text (an enum of 100,000 values is about 2 MB) and
+# its rules; past either, SchemaError at "/" (the conversion stops there, its cost bounded by them).
+MAX_GRAMMAR_BYTES = 8 * 1024 * 1024
+MAX_RULES = 100_000
 WS_RULE = '| " " | "\\n" [ \\t]{0,20}'
 
 # JSON-string content: any char but '"', '\\' and control chars, or an escape. \u escapes of
@@ -234,6 +240,7 @@ def literal_alternatives(texts: list[str]) -> str:
 
 def _trie(words: list[str], depth: int) -> str:
     """words sorted and distinct (one may be "")."""
+    deadline.check()
     if depth > MAX_TRIE_DEPTH:
         body = " | ".join(literal(w) for w in words if w)
         return f"({body})?" if "" in words else f"({body})"
@@ -369,6 +376,9 @@ def charset_gbnf(ranges: Ranges) -> str:
 FORMAT_PARTS["jp-char"] = charset_gbnf(_complement([(0x2F, 0x2F), (0x7E, 0x7E)]))
 
 
+_REPEAT = re.compile(r"\{(\d+)(,(\d*))?\}")
+
+
 class _Regex:
     """A recursive-descent parser of the pattern subset, straight to GBNF over JSON-string units."""
 
@@ -425,10 +435,8 @@ class _Regex:
         if c in ("*", "+", "?"):
             self.i += 1
             out = atom + c
-        elif c == "{" and re.match(r"\{\d+(,\d*)?\}", self.s[self.i:]):
-            m = re.match(r"\{(\d+)(,(\d*))?\}", self.s[self.i:])
-            assert m is not None  # the same pattern matched just above
-            self.i += m.end()
+        elif c == "{" and (m := _REPEAT.match(self.s, self.i)) is not None:
+            self.i = m.end()
             lo, hi = int(m.group(1)), (m.group(3) if m.group(2) else m.group(1))
             if hi and int(hi) < lo:
                 raise self.fail("{m,n} with n < m")
@@ -437,7 +445,7 @@ class _Regex:
             return atom
         if self.peek() == "?":  # lazy: the same language
             self.i += 1
-        if self.peek() in ("*", "+", "?") or re.match(r"\{\d", self.s[self.i:]):
+        if self.peek() in ("*", "+", "?") or self.s.startswith("{", self.i) and self.s[self.i + 1:self.i + 2].isdigit():
             raise self.fail("nested quantifier")
         return out
 
@@ -543,13 +551,23 @@ class _Regex:
 # --- the converter -------------------------------------------------------------------------
 
 
+_RULE_CHARS = re.compile(r"[^a-zA-Z0-9-]+")
+
+
 class _Converter:
     def __init__(self, root_schema: Any):
         self.root = root_schema
         self.rules: dict[str, str] = {}
         self.refs: dict[str, str] = {}  # "$ref" -> rule name
         self.trivial_memo: dict[int, tuple[Any, bool]] = {}  # id -> (the schema, so the id stays its own; trivial?)
-
+        # allOf merged once per schema object (a definition used by many allOf: once): id -> (the
+        # schema, its merge); $ref chains followed once per reference
+        self.merged: dict[int, tuple[Any, tuple[Any, str]]] = {}
+        self.derefs: dict[str, tuple[Any, str]] = {}
+        self.taken: dict[str, int] = {}  # a rule name's base -> the last number added to it
+        self.named: dict[tuple[str, str], str] = {}  # (base, body) -> the rule of that body under that base
+        self.base_of: dict[str, str] = {}
+        self.size = 0  # the grammar's bytes so far
     # rules
 
     def use(self, name: str) -> str:
@@ -567,13 +585,41 @@ class _Converter:
         return name
 
     def add(self, name: str, body: str) -> str:
-        name = re.sub(r"[^a-zA-Z0-9-]+", "-", name).strip("-") or "r"
-        base, n = name, 1
-        while name in self.rules and self.rules[name] != body or name in PRIMITIVES or name.startswith("format-"):
+        """A rule named after name (made unique: name-2, name-3, ...; the same body under the same
+        name is one rule)."""
+        base = _RULE_CHARS.sub("-", name).strip("-") or "r"
+        known = self.named.get((base, body))
+        if known is not None:
+            return known
+        name, n = base, self.taken.get(base, 1)
+        if n > 1:
+            name = f"{base}-{n}"
+        while name in self.rules or name in PRIMITIVES or name.startswith("format-"):
             n += 1
             name = f"{base}-{n}"
-        self.rules[name] = body
+        self.taken[base] = n
+        self.set(name, body, base)
+        self.grew(len(name) + len(body))
         return name
+
+    def set(self, name: str, body: str, base: str | None = None) -> None:
+        """Give rule name its body (a new rule's, or a reference's once its target is converted)."""
+        base = base if base is not None else self.base_of[name]
+        old = self.rules.get(name)
+        if old is not None and self.named.get((base, old)) == name:
+            del self.named[(base, old)]
+        self.rules[name] = body
+        self.base_of[name] = base
+        self.named.setdefault((base, body), name)
+
+    def grew(self, n: int) -> None:
+        """n more bytes of grammar: past the limits the schema is refused (its cost is bounded)."""
+        self.size += n + 6
+        if self.size > MAX_GRAMMAR_BYTES or len(self.rules) > MAX_RULES:
+            raise SchemaError("/", f"the schema expands to a grammar of more than {MAX_RULES:,} rules or "
+                                   f"{MAX_GRAMMAR_BYTES // 2**20} MiB: simplify it (fewer alternatives or "
+                                   "properties, smaller enums)")
+        deadline.check()
 
     # keywords that constrain nothing
 
@@ -614,6 +660,7 @@ class _Converter:
 
     def visit(self, schema: Any, ptr: str, name: str) -> str:
         """A GBNF expression (usually a rule name) for the instances of schema, ending in ws."""
+        deadline.check()
         if schema is True or schema == {}:
             return self.use("value")
         if schema is False:
@@ -673,7 +720,7 @@ class _Converter:
         name = self.add("ref-" + (ref.rsplit("/", 1)[-1] or "root"), f"pending {ref}")
         self.refs[ref] = name
         body = self.visit(target, ref[1:], name + "-body")
-        self.rules[name] = body
+        self.set(name, body)
         return name
 
     def resolve(self, ref: str, ptr: str) -> Any:
@@ -689,18 +736,39 @@ class _Converter:
         return node
 
     def deref(self, schema: Any, ptr: str) -> tuple[Any, str]:
+        """Where schema's $ref chain ends (schema itself when it is no bare $ref)."""
+        if not (isinstance(schema, dict) and set(schema) - ANNOTATIONS == {"$ref"}):
+            return schema, ptr
+        first = schema["$ref"]
+        if isinstance(first, str) and first in self.derefs:
+            return self.derefs[first]
         seen = set()
         while isinstance(schema, dict) and set(schema) - ANNOTATIONS == {"$ref"}:
             ref = schema["$ref"]
             if not _local(ref) or ref in seen:
                 raise SchemaError(_ptr(ptr, "$ref"), f"cannot resolve {ref!r}")
             seen.add(ref)
+            if ref in self.derefs:
+                schema, ptr = self.derefs[ref]
+                break
             schema, ptr = self.resolve(ref, _ptr(ptr, "$ref")), ref[1:]
+            deadline.check()
+        self.derefs[first] = (schema, ptr)
         return schema, ptr
 
     def merge_all_of(self, schema: dict[str, Any], ptr: str) -> tuple[Any, str]:
         """allOf of object schemas as one object schema (siblings are one more branch), and where
-        it is (a single branch that constrains: that branch)."""
+        it is (a single branch that constrains: that branch). Once per schema object: a definition
+        that many allOf name (nested, even) is merged once."""
+        memo = self.merged.get(id(schema))
+        if memo is not None and memo[0] is schema:
+            return memo[1]
+        out = self._merge_all_of(schema, ptr)
+        self.merged[id(schema)] = (schema, out)
+        return out
+
+    def _merge_all_of(self, schema: dict[str, Any], ptr: str) -> tuple[Any, str]:
+        deadline.check()
         branches = schema["allOf"]
         if not isinstance(branches, list) or not branches:
             raise SchemaError(_ptr(ptr, "allOf"), "must be a non-empty array")
@@ -712,6 +780,7 @@ class _Converter:
             return (live[0][1], _ptr(ptr, "allOf", live[0][0])) if live else (siblings, ptr)
         parts = [(siblings, ptr)] + [self.deref(b, _ptr(ptr, "allOf", i)) for i, b in live]
         merged: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
+        required: set[str] = set()
         closed = None
         for part, p in parts:
             if not isinstance(part, dict):
@@ -726,12 +795,19 @@ class _Converter:
                     if v != "object":
                         raise SchemaError(_ptr(p, k), "allOf is supported for object schemas only")
                 elif k == "properties":
+                    if not isinstance(v, dict):
+                        raise SchemaError(_ptr(p, k), "must be an object")
                     for pk, pv in v.items():
                         if pk in merged["properties"] and merged["properties"][pk] != pv:
                             raise SchemaError(_ptr(p, k, pk), "allOf branches constrain this property differently")
                         merged["properties"][pk] = pv
                 elif k == "required":
-                    merged["required"] += [r for r in v if r not in merged["required"]]
+                    if not isinstance(v, list) or not all(isinstance(r, str) for r in v):
+                        raise SchemaError(_ptr(p, k), "must be an array of strings")
+                    for r in v:
+                        if r not in required:
+                            required.add(r)
+                            merged["required"].append(r)
                 elif k == "additionalProperties":
                     if v is False:
                         closed = (set(part.get("properties", {})), _ptr(p, k))
@@ -826,8 +902,9 @@ class _Converter:
             kv = self.add(f"{name}-kv", f'{self.use("string")} ":" {ws} {value}')
             return self.add(name, f'"{{" {ws} ({kv} ("," {ws} {kv})*)? "}}" {ws}')
         # a property whose schema is false must be absent: it is not generated (required: refused)
-        items = [(k, v) for k, v in props.items() if v is not False or k in required]
-        for r in required:
+        wanted = set(required)
+        items = [(k, v) for k, v in props.items() if v is not False or k in wanted]
+        for r in dict.fromkeys(required):
             if r not in props:
                 if extra is False:
                     raise SchemaError(_ptr(ptr, "required"), f"{r!r} is required but additionalProperties is false")
@@ -836,24 +913,24 @@ class _Converter:
         for key, sub in items:
             where = _ptr(ptr, "properties", key) if key in props else _ptr(ptr, "additionalProperties")
             value = self.visit(sub, where, f"{name}-{key}")
-            kvs.append((self.add(f"{name}-{key}-kv", f'{json_literal(key)} {ws} ":" {ws} {value}'), key in required))
+            kvs.append((self.add(f"{name}-{key}-kv", f'{json_literal(key)} {ws} ":" {ws} {value}'), key in wanted))
 
-        # rest(i, first): properties i.. given whether none was written yet (no comma before)
-        memo: dict[tuple[int, bool], str] = {}
-
-        def rest(i: int, first: bool) -> str:
-            if i == len(kvs):
-                return ""
-            if (i, first) in memo:
-                return memo[(i, first)]
+        # rest(i, first): properties i.. given whether none was written yet (no comma before);
+        # built from the last property back (a recursion would be as deep as the properties)
+        rest: dict[tuple[int, bool], str] = {(len(kvs), True): "", (len(kvs), False): ""}
+        # (i, first) is asked for when no property before i is required; (i, not first) when i > 0
+        first_required = next((i for i, (_, req) in enumerate(kvs) if req), len(kvs))
+        for i in range(len(kvs) - 1, -1, -1):
             kv, req = kvs[i]
-            sep = "" if first else f'"," {ws} '
-            take = f"{sep}{kv} {rest(i + 1, False)}".strip()
-            body = take if req else f"{take} | {rest(i + 1, first) or chr(34) * 2}"
-            memo[(i, first)] = self.add(f"{name}-rest{i}{'-first' if first else ''}", body)
-            return memo[(i, first)]
+            for first in (False, True):
+                if (first and i > first_required) or (not first and i == 0):
+                    continue
+                sep = "" if first else f'"," {ws} '
+                take = f"{sep}{kv} {rest[(i + 1, False)]}".strip()
+                body = take if req else f"{take} | {rest[(i + 1, first)] or chr(34) * 2}"
+                rest[(i, first)] = self.add(f"{name}-rest{i}{'-first' if first else ''}", body)
 
-        return self.add(name, f'"{{" {ws} {rest(0, True)} "}}" {ws}')
+        return self.add(name, f'"{{" {ws} {rest[(0, True)]} "}}" {ws}')
 
     def array(self, schema: dict[str, Any], ptr: str, name: str) -> str:
         ws = self.use("ws")
@@ -1034,8 +1111,12 @@ def _json_type(v: Any) -> str:
 
 def _disjoint(sets: list[set[str] | None]) -> bool:
     """Every set known (not None) and no two of them share an element."""
-    known = [s for s in sets if s is not None]
-    return len(known) == len(sets) and all(not (known[i] & known[j]) for i in range(len(known)) for j in range(i))
+    seen: set[str] = set()
+    for s in sets:
+        if s is None or not seen.isdisjoint(s):
+            return False
+        seen |= s
+    return True
 
 
 def _values(s: Any) -> set[str] | None:
@@ -1110,7 +1191,14 @@ def _apart(generated: list[set[str] | None], admitted: list[set[str] | None]) ->
     gen, adm = [g for g in generated if g is not None], [a for a in admitted if a is not None]
     if len(gen) < len(generated) or len(adm) < len(admitted):
         return False
-    return all(not (_widen(gen[i]) & _widen(adm[j])) for i in range(len(gen)) for j in range(len(adm)) if i != j)
+    # how many branches admit each type: branch i generates t apart from the others when no
+    # branch but i itself admits t (a handful of types: linear in the branches)
+    admitting: dict[str, int] = {}
+    wide_adm = [_widen(a) for a in adm]
+    for a in wide_adm:
+        for t in a:
+            admitting[t] = admitting.get(t, 0) + 1
+    return all(admitting.get(t, 0) - (t in wide_adm[i]) == 0 for i, g in enumerate(gen) for t in _widen(g))
 
 
 # --- keyword values that constrain nothing (_Converter.noop) ----------------------------------
@@ -1269,6 +1357,7 @@ NOOPS: dict[str, Noop] = {
 def schema_to_gbnf(schema: Any) -> str:
     """GBNF text (root rule `root`) whose sentences are JSON instances valid under schema; raises
     SchemaError (with a JSON pointer) for what a grammar cannot enforce."""
+    deadline.doing("converting a JSON schema to a grammar")
     c = _Converter(schema)
     try:
         top = c.visit(schema, "", "root")

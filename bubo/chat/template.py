@@ -19,6 +19,7 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from bubo import deadline
 from bubo.errors import BuboError
 
 
@@ -56,8 +57,25 @@ class _GenerationTag(jinja2.ext.Extension):
         return jinja2.nodes.Scope(body).set_lineno(lineno)
 
 
+class _Environment(ImmutableSandboxedEnvironment):
+    """The sandbox, with the request's deadline checked at every call and attribute or item
+    lookup (a template's loops over a long request stop once its preparation is abandoned)."""
+
+    def call(self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        deadline.check()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        deadline.check()
+        return super().getitem(obj, argument)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        deadline.check()
+        return super().getattr(obj, attribute)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _Environment(
         trim_blocks=True, lstrip_blocks=True,
         extensions=[_GenerationTag, jinja2.ext.loopcontrols],
     )

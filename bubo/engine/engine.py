@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 
     from bubo._model import KVCache
     from bubo._tokenizer import Tokenizer
+    from bubo.engine.generation import Generation
     from bubo.engine.scheduler import Scheduler
     from bubo.runtime import Runtime
 
@@ -215,6 +216,15 @@ class EventStream:
         if _get_ident() == self._hub.thread_ident:
             self._watcher.stop()
             self._watcher.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """A request Engine.check has taken apart: its sampler and grammar state, ready to queue."""
+
+    engine: Engine
+    req: GenerationRequest
+    gen: Generation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -634,22 +644,12 @@ class Engine:
 
     # --- requests ----------------------------------------------------------------------
 
-    def submit(self, req: GenerationRequest, *, mem_available: int | None = None) -> EventStream:
-        """Queue a request; returns its EventStream at once. Raises NotReadyError while the
-        model loads (or once stopped), ContextLengthError for a prompt that cannot fit,
-        InsufficientMemoryError for a KV cache that cannot fit in memory (now, or ever),
-        QueueFullError when every slot is busy and queue_size requests already wait,
-        InvalidRequestError (a ValueError) for token ids out of range or an empty prompt.
-        mem_available (bytes) replaces the machine's available memory figure: a debug hook that
-        makes the memory guard's retry path testable."""
-        sched = self._sched
-        rt = self.runtime
-        if self.encoder and rt is not None:
-            from bubo.embed import EncoderOnlyError
-
-            raise EncoderOnlyError(self.model_name, str(rt.hparams.get("arch")))
-        if not self.ready or sched is None or rt is None:
-            raise NotReadyError(self.load_error or f"the model {self.model_name} is loading")
+    def check(self, req: GenerationRequest, *, mem_available: int | None = None) -> Checked:
+        """What submit checks and builds before it queues, from any thread (the server does this
+        in its preparation pool, bubo.api.offload): the refusals listed at submit, but for the
+        full queue, and the request's sampler and grammar state (a grammar the matcher cannot
+        start on, a logit_bias that bans every first token: refused here)."""
+        sched, rt = self._ready_parts()
         if not req.prompt:
             raise InvalidRequestError("the prompt is empty")
         assert self.n_ctx is not None and self.n_parallel is not None
@@ -664,9 +664,36 @@ class Engine:
         if bad:
             raise InvalidRequestError(f"logit_bias token {bad[0]} is out of range: this model's ids are "
                                       f"0..{n_vocab - 1}")
+        return Checked(self, req, sched.new_generation(req))
+
+    def _ready_parts(self) -> tuple[Scheduler, Runtime]:
+        sched = self._sched
+        rt = self.runtime
+        if self.encoder and rt is not None:
+            from bubo.embed import EncoderOnlyError
+
+            raise EncoderOnlyError(self.model_name, str(rt.hparams.get("arch")))
+        if not self.ready or sched is None or rt is None:
+            raise NotReadyError(self.load_error or f"the model {self.model_name} is loading")
+        return sched, rt
+
+    def submit(self, req: GenerationRequest, *, mem_available: int | None = None,
+               checked: Checked | None = None) -> EventStream:
+        """Queue a request; returns its EventStream at once. Raises NotReadyError while the
+        model loads (or once stopped), ContextLengthError for a prompt that cannot fit,
+        InsufficientMemoryError for a KV cache that cannot fit in memory (now, or ever),
+        QueueFullError when every slot is busy and queue_size requests already wait,
+        InvalidRequestError (a ValueError) for token ids out of range or an empty prompt.
+        mem_available (bytes) replaces the machine's available memory figure: a debug hook that
+        makes the memory guard's retry path testable. checked: what check(req) gave (it is done
+        here otherwise)."""
+        if checked is None or checked.engine is not self or checked.req is not req:
+            checked = self.check(req, mem_available=mem_available)
+        sched = self._ready_parts()[0]
+        assert self.n_parallel is not None
         stream = EventStream(req)
         try:
-            task = sched.new_task(stream)  # builds the sampler: outside the lock the engine thread takes
+            task = sched.new_task(stream, checked.gen)
         except BaseException:
             stream.cancel()
             raise

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from bubo.engine.types import EngineRefusal, GenerationRequest, Reason, TokenEvent
+from bubo.engine.types import EngineRefusal, GenerationRequest, NoTokenError, Reason, TokenEvent
 
 if TYPE_CHECKING:
     from bubo._grammar import Matcher
@@ -124,6 +124,11 @@ class GrammarStuck(Exception):
     outgrew its bounds."""
 
 
+class NoTokenLeft(Exception):
+    """The request's logit_bias bans every token its grammar allows at this point of the answer:
+    that request cannot go on (the others are not concerned)."""
+
+
 class Generation:
     """One request's sampling and output state. n_ctx: the most tokens its sequence may hold."""
 
@@ -154,6 +159,9 @@ class Generation:
             except (ValueError, UnsupportedError) as e:
                 raise GrammarRefused(f"the grammar cannot be followed: {e}") from None
             self._mask = np.zeros(runtime.n_vocab, dtype=np.uint8)
+        # the tokens the request bans (false or -inf in logit_bias; end-of-generation ones with ignore_eos)
+        self._banned = np.array(sorted(t for t, b in native.get("logit_bias", {}).items()
+                                       if b == float("-inf") and 0 <= t < runtime.n_vocab), dtype=np.int64)
         # a grammar-constrained answer is steered to end within its budget (bubo.engine.fit)
         self.fit: Fit | None = None
         if self.grammar is not None and not req.ignore_eos:
@@ -162,6 +170,27 @@ class Generation:
             self.fit = Fit(runtime.piece_index(), runtime.eog_ids())
         self.text = TextOut(runtime.tokenizer.detokenizer(), StopMatcher(req.stop))
         self.n_gen = 0
+        if len(self._banned) and self._nothing_allowed():
+            raise NoTokenError(self._no_token_message())
+
+    def _nothing_allowed(self) -> bool:
+        """Whether the request's bans leave no token the grammar (or the vocabulary) allows now."""
+        if not len(self._banned):
+            return False
+        try:
+            allowed = self._grammar_mask().astype(bool) if self.grammar is not None else \
+                np.ones(self.runtime.n_vocab, dtype=bool)
+        except GrammarStuck:
+            return False  # the grammar's own failure, reported as such
+        allowed[self._banned] = False
+        return not allowed.any()
+
+    def _no_token_message(self) -> str:
+        where = ("to start the answer" if self.n_gen == 0
+                 else f"after {self.n_gen} generated token{'s' if self.n_gen > 1 else ''}")
+        what = "the grammar allows" if self.grammar is not None else "the vocabulary holds"
+        return (f"logit_bias bans every token {what} {where} ({len(self._banned)} tokens banned): "
+                "nothing can be generated; ban fewer tokens")
 
     @property
     def stop_string(self) -> str | None:
@@ -185,12 +214,15 @@ class Generation:
         """Sample the next token: (its event, the finish reason or None to go on). n_seq: the
         tokens the sequence holds once this one is appended; room(n): whether memory lets the
         cache hold n tokens (asked only while nothing else ends the answer). GrammarStuck when
-        the grammar cannot go on."""
+        the grammar cannot go on, NoTokenLeft when the request's bans leave no token."""
         mask = self._grammar_mask() if self.grammar is not None else None
-        if self.fit is not None and mask is not None:
-            token, logprob, top = self._sample_fitting(logits, mask, max(self._left(n_seq), 1))
-        else:
-            token, logprob, top = self.sampler.sample(logits, mask=mask)
+        try:
+            if self.fit is not None and mask is not None:
+                token, logprob, top = self._sample_fitting(logits, mask, max(self._left(n_seq), 1))
+            else:
+                token, logprob, top = self.sampler.sample(logits, mask=mask)
+        except ValueError as e:  # the native sampler found no token it may pick: this request's input
+            raise NoTokenLeft(self._no_token_message() if self._nothing_allowed() else str(e)) from None
         self.sampler.accept(token)
         tok = self.runtime.tokenizer
         eog = tok.is_eog(token)

@@ -11,7 +11,7 @@ from bubo.engine.types import EngineMetrics, Event, GenerationRequest, SlotState
 if TYPE_CHECKING:
     import numpy as np
 
-    from bubo.engine.engine import CacheView, ModelInfo
+    from bubo.engine.engine import CacheView, Checked, ModelInfo
     from bubo.runtime import Runtime
 
 
@@ -57,7 +57,13 @@ class ServingEngine(Protocol):
     @property
     def info(self) -> ModelInfo | None: ...
 
-    def submit(self, req: GenerationRequest, *, mem_available: int | None = None) -> Stream: ...
+    def check(self, req: GenerationRequest, *, mem_available: int | None = None) -> Checked:
+        """What submit would refuse req for, and its costly state built, from any thread (the
+        server calls it in its preparation pool); pass the result to submit(checked=...)."""
+        ...
+
+    def submit(self, req: GenerationRequest, *, mem_available: int | None = None,
+               checked: Checked | None = None) -> Stream: ...
 
     def embed(self, seqs: list[list[int]], pooling: str | None = None, normalize: bool = True) -> EmbedResult:
         """An encoder's embeddings of checked token id lists (bubo.embed.tokenize)."""

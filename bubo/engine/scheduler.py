@@ -58,7 +58,7 @@ from bubo.engine.draft import (
     Pacing,
     choose_lengths,
 )
-from bubo.engine.generation import STOP, Generation, GrammarStuck
+from bubo.engine.generation import STOP, Generation, GrammarStuck, NoTokenLeft
 from bubo.engine.metrics import Histogram
 from bubo.engine.types import ErrorEvent, Event, FinishEvent, GenerationRequest, Reason, SlotPhase, SlotState, Timings
 
@@ -91,12 +91,12 @@ class Task:
     """One request in flight (queued, in a slot, or preempted and queued again)."""
 
     def __init__(self, sink: Sink, runtime: Runtime, n_ctx: int, task_id: int, draft: DraftConfig | None = None,
-                 model_drafts: bool = False):
+                 model_drafts: bool = False, gen: Generation | None = None):
         req = sink.request
         self.sink = sink
         self.req = req
         self.id = task_id
-        self.gen = Generation(runtime, req, n_ctx)
+        self.gen = gen if gen is not None and gen.req is req else Generation(runtime, req, n_ctx)
         if req.draft_max is not None and draft is not None:
             draft = dataclasses.replace(draft, n_max=req.draft_max, n_min=min(draft.n_min, req.draft_max)) \
                 if req.draft_max > 0 else None
@@ -196,10 +196,15 @@ class Scheduler:
 
     # --- the queue (submit runs on other threads; the engine holds the lock around these) ----
 
-    def new_task(self, sink: Sink) -> Task:
-        """The request's Task (its sampler and grammar state built here, outside the queue's lock)."""
+    def new_generation(self, req: GenerationRequest) -> Generation:
+        """The request's sampler and grammar state (any thread: the costly part of a new task)."""
+        return Generation(self.runtime, req, self.n_ctx)
+
+    def new_task(self, sink: Sink, gen: Generation | None = None) -> Task:
+        """The request's Task (its sampler and grammar state built here, outside the queue's lock,
+        unless gen, from new_generation, has them)."""
         self.n_task += 1
-        return Task(sink, self.runtime, self.n_ctx, self.n_task, self.draft, self.draft_model is not None)
+        return Task(sink, self.runtime, self.n_ctx, self.n_task, self.draft, self.draft_model is not None, gen)
 
     def n_waiting(self) -> int:
         return sum(1 for t in self.queue if not t.cancelled)
@@ -546,13 +551,17 @@ class Scheduler:
         row = 0
         for s in sampled:
             t = self._task(s)
-            if t.draft:
-                n = 1 + len(t.draft)
-                self._verify(s, t, logits[row:row + n], now)
-                row += n
-            else:
-                self._sample(s, logits[row], now)
-                row += 1
+            n = 1 + len(t.draft) if t.draft else 1
+            try:
+                if t.draft:
+                    self._verify(s, t, logits[row:row + n], now)
+                else:
+                    self._sample(s, logits[row], now)
+            except Exception as e:  # noqa: BLE001 - one sequence's failure ends that request, no other
+                log.exception("task %d failed after a forward pass", t.id)
+                if s.task is t:
+                    self._fail(s, ErrorEvent(Reason.INTERNAL, f"generation failed: {type(e).__name__}: {e}"))
+            row += n
 
     def _register(self, s: Slot, t: Task) -> None:
         """Hand s's full blocks of checked tokens to the prefix cache."""
@@ -599,6 +608,9 @@ class Scheduler:
                                        lambda n: not self._short(self.kv.grow_bytes(s.id, n)))
         except GrammarStuck as e:
             self._fail(s, ErrorEvent(Reason.GRAMMAR_STUCK, str(e)))
+            return
+        except NoTokenLeft as e:
+            self._fail(s, ErrorEvent(Reason.NO_TOKEN, str(e)))
             return
         t.tokens.append(event.token)
         if t.n_gen == 1:

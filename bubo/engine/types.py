@@ -32,6 +32,7 @@ class Reason(enum.Enum):
     SHUTTING_DOWN = "shutting_down"  # the engine stopped before the request ended
     INVALID_REQUEST = "invalid_request"  # token ids out of range, an empty prompt, ...
     GRAMMAR_STUCK = "grammar_stuck"  # the grammar allows no token here, or its state outgrew its bounds
+    NO_TOKEN = "no_token"  # the request's logit_bias bans every token its grammar (or the vocabulary) allows
     INTERNAL = "internal"  # a bug: a step failed unexpectedly
 
 
@@ -235,6 +236,13 @@ class InvalidRequestError(EngineRefusal, ValueError):
     reason = Reason.INVALID_REQUEST
 
 
+class NoTokenError(EngineRefusal, ValueError):
+    """The request's logit_bias bans every token that could come first (every token its grammar
+    allows there, or the whole vocabulary): known before it runs."""
+
+    reason = Reason.NO_TOKEN
+
+
 class NotReadyError(EngineRefusal, RuntimeError):
     """The model is still loading, failed to load, or was unloaded."""
 
@@ -300,7 +308,7 @@ def refusal_of(event: ErrorEvent) -> EngineRefusal:
     kind: type[EngineRefusal]
     if event.reason in (Reason.MEMORY_SHORT, Reason.MEMORY_NEVER):
         kind = GenerationMemoryError
-    elif event.reason in (Reason.CONTEXT_EXCEEDED, Reason.INVALID_REQUEST, Reason.GRAMMAR_STUCK):
+    elif event.reason in (Reason.CONTEXT_EXCEEDED, Reason.INVALID_REQUEST, Reason.GRAMMAR_STUCK, Reason.NO_TOKEN):
         kind = GenerationValueError
     else:
         kind = GenerationError

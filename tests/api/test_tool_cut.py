@@ -61,7 +61,7 @@ def scripted_app(catalog_model):
     engine = start_engine(catalog_model("smollm2:135m"), n_ctx=1024, n_threads=1)
     script: dict[str, Scripted] = {}
 
-    def submit(req, mem_available=None):
+    def submit(req, mem_available=None, checked=None):
         return script["next"]
 
     engine.submit = submit  # type: ignore[method-assign]

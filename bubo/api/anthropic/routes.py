@@ -9,7 +9,7 @@ from typing import Any
 from flask import Blueprint, jsonify
 
 from bubo.api import fields as f
-from bubo.api import pipeline
+from bubo.api import offload, pipeline
 from bubo.api.anthropic import messages as am
 from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.request import config, debug_mem_available, json_body, resolve_model, runtime_of, use_model
@@ -23,7 +23,7 @@ blueprint = Blueprint("anthropic", __name__)
 def messages() -> Any:
     body = json_body()
     model = resolve_model(body)
-    req = am.parse_messages_request(body)
+    req = offload.run(am.parse_messages_request, body, what="reading the request's fields")
     _, prep, stream = pipeline.start_chat(use_model(model), req, stop=req.stop, mem_available=debug_mem_available(),
                                           specials_in_content=config().allow_special_in_content)
     id = f.new_id("msg_")
@@ -49,7 +49,7 @@ def messages() -> Any:
 def count_tokens() -> Any:
     body = json_body()
     model = resolve_model(body)
-    req = am.parse_messages_request(body, count_only=True)
+    req = offload.run(am.parse_messages_request, body, count_only=True, what="reading the request's fields")
     rt = runtime_of(use_model(model))
     prompt = pipeline.render_chat(rt, req.messages, req.tools, req.template_kwargs, req.prefill,
                                   config().allow_special_in_content)

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from flask import Blueprint, jsonify
+from flask import Blueprint
 
 from bubo.api import fields as f
-from bubo.api import pipeline
+from bubo.api import jsonout, offload, pipeline
 from bubo.api.errors import ApiError, StreamShape, stream_error
-from bubo.api.fields import RequestErrors, invalid
+from bubo.api.fields import invalid
 from bubo.api.llamacpp import completion as nc
 from bubo.api.request import debug_mem_available, json_body, optional_model, runtime_of, use_model
 from bubo.api.sse import sse_response
@@ -26,6 +26,10 @@ blueprint = Blueprint("llamacpp", __name__)
 def _tokens(rt: Runtime, prompt: str | list[Any]) -> list[int]:
     if isinstance(prompt, str):
         return pipeline.prompt_tokens(rt, prompt)
+    return pipeline.offloaded(_mixed_tokens, rt, prompt, what="tokenizing the prompt")
+
+
+def _mixed_tokens(rt: Runtime, prompt: list[Any]) -> list[int]:
     if all(isinstance(t, int) for t in prompt):
         return pipeline.prompt_tokens(rt, [int(t) for t in prompt])
     # a mix: the first text gets BOS as a plain prompt would, the later ones none
@@ -44,7 +48,7 @@ def _tokens(rt: Runtime, prompt: str | list[Any]) -> list[int]:
 @blueprint.post("/completions")  # llama-server's alias; /v1/completions is OpenAI's
 def completion() -> Any:
     body = json_body()
-    req = nc.parse_native_request(body)
+    req = offload.run(nc.parse_native_request, body, what="reading the request's fields")
     draft_max = f.draft_max_of(body)
     model = optional_model(body)
     engine = use_model(model)
@@ -77,14 +81,13 @@ def infill() -> Any:
                     or not isinstance(chunk.get("filename", ""), str):
                 raise invalid(f'input_extra[{i}] must be {{"filename": "...", "text": "..."}}')
             files.append((chunk.get("filename") or "", chunk["text"]))
-    req = nc.parse_native_request({**body, "prompt": texts["prompt"]})
+    req = offload.run(nc.parse_native_request, {**body, "prompt": texts["prompt"]}, what="reading the request's fields")
     draft_max = f.draft_max_of(body)
     model = optional_model(body)
     engine = use_model(model)
     rt = runtime_of(engine)
-    with RequestErrors():
-        tokens = fim_prompt(rt, texts["input_prefix"], texts["input_suffix"], files=files, middle=texts["prompt"],
-                            name=model)
+    tokens = pipeline.offloaded(fim_prompt, rt, texts["input_prefix"], texts["input_suffix"], files=files,
+                                middle=texts["prompt"], name=model, what="tokenizing the prompt")
     return _answer(req, model, engine, rt, tokens, texts["prompt"], draft_max)
 
 
@@ -103,12 +106,16 @@ def _answer(req: nc.NativeRequest, model: str, engine: ServingEngine, rt: Runtim
 
     if not req.stream:
         out = pipeline.collect(stream, None)
-        ids = [t.token for t in out.tokens]
-        return jsonify(nc.native_response(
-            model=model, content=out.content, fin=out.finished, tokens=ids if req.return_tokens else None,
-            probs=[probs_of(t) for t in out.tokens] if req.n_probs else None,
-            prompt_text=prompt_text if prompt_text is not None else rt.tokenizer.decode(tokens),
-            settings=nc.generation_settings(req, n_ctx)))
+
+        def answer() -> dict[str, Any]:
+            ids = [t.token for t in out.tokens]
+            return nc.native_response(
+                model=model, content=out.content, fin=out.finished, tokens=ids if req.return_tokens else None,
+                probs=[probs_of(t) for t in out.tokens] if req.n_probs else None,
+                prompt_text=prompt_text if prompt_text is not None else rt.tokenizer.decode(tokens),
+                settings=nc.generation_settings(req, n_ctx))
+
+        return jsonout.built(answer)
 
     def chunks() -> Iterator[Any]:
         n = 0

@@ -17,9 +17,9 @@ from bubo import store
 from bubo._grammar import Grammar
 from bubo.api import embeddings as emb
 from bubo.api import fields as f
-from bubo.api import pipeline
+from bubo.api import jsonout, offload, pipeline
 from bubo.api.errors import ApiError, StreamShape, stream_error
-from bubo.api.fields import RequestErrors, invalid
+from bubo.api.fields import invalid
 from bubo.api.ollama import models as om
 from bubo.api.ollama import shapes as sh
 from bubo.api.openai.chat import logprob_entry
@@ -138,9 +138,13 @@ def _respond(stream: Stream, parser: OutputParser | None, lines: _Lines, as_stre
 
     if not as_stream:
         out = pipeline.collect(stream, parser)
-        for t in out.tokens:
-            lines.logprob(t)
-        return jsonify(lines.final(out.finished, more([t.token for t in out.tokens]), out))
+
+        def answer() -> dict[str, Any]:
+            for t in out.tokens:
+                lines.logprob(t)
+            return lines.final(out.finished, more([t.token for t in out.tokens]), out)
+
+        return jsonout.built(answer)
 
     def gen() -> Iterator[Any]:
         ids: list[int] = []
@@ -188,7 +192,7 @@ def chat() -> Any:
     t0 = time.monotonic()
     body = json_body()
     name = served(sh.model_name(body))
-    req = sh.parse_chat(body)
+    req = offload.run(sh.parse_chat, body, what="reading the request's fields")
     if req is None:
         return _loaded(name, sh.keep_alive_of(body.get("keep_alive")), "message")
     engine, rt, load_s = _engine(name, req.keep_alive, t0)
@@ -204,14 +208,14 @@ def generate() -> Any:
     t0 = time.monotonic()
     body = json_body()
     name = served(sh.model_name(body))
-    req = sh.parse_generate(body)
+    req = offload.run(sh.parse_generate, body, what="reading the request's fields")
     if not (req.prompt or req.suffix or req.context):
         return _loaded(name, req.keep_alive, "response")
     engine, rt, load_s = _engine(name, req.keep_alive, t0)
     parser: OutputParser | None = None
     if req.suffix:  # fill in the middle
-        with RequestErrors():
-            tokens = fim.fim_prompt(rt, req.prompt, req.suffix, name=sh.tagged(name))
+        tokens = pipeline.offloaded(fim.fim_prompt, rt, req.prompt, req.suffix, name=sh.tagged(name),
+                                    what="tokenizing the prompt")
         grammar = pipeline.completion_grammar(req.output, rt)
     elif req.raw:
         tokens = pipeline.encode(rt, req.prompt, add_special=not req.context)
@@ -387,8 +391,7 @@ def embed() -> Any:
     body = json_body()
     name = served(sh.model_name(body))
     engine, rt, load_s = _embedder(name, body, t0)
-    out = emb.ollama_embed(body, sh.tagged(name), t0, load_s, engine, rt)
-    return jsonify(out)
+    return emb.ollama_embed(body, sh.tagged(name), t0, load_s, engine, rt)
 
 
 @blueprint.post("/api/embeddings")
@@ -404,7 +407,7 @@ def embeddings_legacy() -> Any:
     if prompt == "":  # as Ollama: no embedding for an empty prompt
         return jsonify({"embedding": []})
     out = emb.run(engine, rt, [prompt], truncate=True, normalize=False)
-    return jsonify({"embedding": [float(x) for x in out.vectors[0]]})
+    return jsonout.built(lambda: {"embedding": [float(x) for x in out.vectors[0]]})
 
 
 def _embedder(name: str, body: dict[str, Any], t0: float) -> tuple[ServingEngine, Runtime, float]:

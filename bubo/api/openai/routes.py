@@ -9,7 +9,7 @@ from typing import Any
 from flask import Blueprint, jsonify
 
 from bubo.api import fields as f
-from bubo.api import pipeline
+from bubo.api import jsonout, offload, pipeline
 from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.openai import chat as ch
 from bubo.api.openai import completions as cm
@@ -29,7 +29,7 @@ blueprint = Blueprint("openai", __name__)
 def chat_completions() -> Any:
     body = json_body()
     model = resolve_model(body)
-    req = ch.parse_chat_request(body)
+    req = offload.run(ch.parse_chat_request, body, what="reading the request's fields")
     draft_max = f.draft_max_of(body)
     rt, prep, stream = pipeline.start_chat(use_model(model), req, stop=req.stop, n_probs=req.params.n_probs,
                                            draft_max=draft_max,
@@ -40,8 +40,12 @@ def chat_completions() -> Any:
 
     if not req.stream:
         out = pipeline.collect(stream, prep.parser)
-        lps = [ch.token_logprobs(rt, t, n_top) for t in out.tokens] if req.logprobs else None
-        return jsonify(ch.chat_response(id=id, created=created, model=model, out=out, logprobs=lps))
+
+        def answer() -> dict[str, Any]:
+            lps = [ch.token_logprobs(rt, t, n_top) for t in out.tokens] if req.logprobs else None
+            return ch.chat_response(id=id, created=created, model=model, out=out, logprobs=lps)
+
+        return jsonout.built(answer)
 
     def chunks() -> Iterator[Any]:
         c = ch.ChatChunks(id, created, model)
@@ -68,7 +72,7 @@ def chat_completions() -> Any:
 def completions() -> Any:
     body = json_body()
     model = resolve_model(body)
-    req = cm.parse_completion_request(body)
+    req = offload.run(cm.parse_completion_request, body, what="reading the request's fields")
     draft_max = f.draft_max_of(body)
     engine = use_model(model)
     rt = runtime_of(engine)
@@ -77,7 +81,8 @@ def completions() -> Any:
                             grammar=pipeline.completion_grammar(req.output, rt), draft_max=draft_max)
     stream = pipeline.submit(engine, gen, debug_mem_available())
     id, created = f.new_id("cmpl-"), f.now()
-    echo = (req.prompt if isinstance(req.prompt, str) else rt.tokenizer.decode(tokens)) if req.echo else ""
+    echo = (req.prompt if isinstance(req.prompt, str)
+            else pipeline.offloaded(rt.tokenizer.decode, tokens, what="detokenizing the prompt")) if req.echo else ""
 
     def lp_entry(ev: TokenEvent) -> tuple[str, float, dict[str, float]]:
         def text(t: int) -> str:
@@ -87,9 +92,14 @@ def completions() -> Any:
 
     if not req.stream:
         out = pipeline.collect(stream, None)
-        lps = cm.completion_logprobs([lp_entry(t) for t in out.tokens], len(echo)) if req.logprobs is not None else None
-        return jsonify(cm.completion_response(id=id, created=created, model=model, text=echo + out.content,
-                                              fin=out.finished, logprobs=lps))
+
+        def answer() -> dict[str, Any]:
+            lps = cm.completion_logprobs([lp_entry(t) for t in out.tokens], len(echo)) \
+                if req.logprobs is not None else None
+            return cm.completion_response(id=id, created=created, model=model, text=echo + out.content,
+                                          fin=out.finished, logprobs=lps)
+
+        return jsonout.built(answer)
 
     def chunks() -> Iterator[Any]:
         offset = 0
@@ -123,7 +133,7 @@ def completions() -> Any:
 def responses() -> Any:
     body = json_body()
     model = resolve_model(body)
-    req = rs.parse_responses_request(body)
+    req = offload.run(rs.parse_responses_request, body, what="reading the request's fields")
     rt, prep, stream = pipeline.start_chat(use_model(model), req, mem_available=debug_mem_available(),
                                            specials_in_content=config().allow_special_in_content)
     id, created = f.new_id("resp_"), f.now()

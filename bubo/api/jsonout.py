@@ -1,0 +1,102 @@
+"""JSON answers that may be large (a 16 MB text's tokens, 2,048 embeddings, logprobs for every
+token), written in slices so that no single call of the C encoder holds the GIL for long.
+
+json.dumps of a million values takes a few hundred milliseconds in one C call, during which no
+other thread runs: the event loop stops moving bytes. response() encodes a large list a slice at
+a time (bubo.deadline.check() between slices: in a worker thread, the other threads run), and
+gives the same bytes as Flask's jsonify (compact separators, non-ASCII text as it is, a final
+newline). Run it in the preparation pool (bubo.api.offload) for an answer whose size grows with
+the request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from flask import Response
+
+from bubo import deadline
+
+SLICE_VALUES = 16384  # values encoded in one call of the C encoder (a few milliseconds)
+_SMALL_LIST = 256  # a list this short whose items are small is encoded in one call
+_SAMPLES = 8  # items of a long list looked at to judge the size of its items
+
+
+def response(value: Any, status: int = 200) -> Response:
+    """A JSON response holding value, encoded in slices."""
+    try:
+        body = _encode(value, ascii=False)
+    except UnicodeEncodeError:  # a lone surrogate quoted from a request: escaped instead
+        body = _encode(value, ascii=True)
+    return Response(body, status=status, mimetype="application/json")
+
+
+def _encode(value: Any, ascii: bool) -> bytes:
+    out: list[str] = []
+    _parts(value, out, ascii)
+    out.append("\n")
+    return "".join(out).encode("utf-8")
+
+
+def _dumps(value: Any, ascii: bool) -> str:
+    return json.dumps(value, ensure_ascii=ascii, separators=(",", ":"))
+
+
+def _size(value: Any, cap: int) -> int:
+    """The values in value (containers and scalars), counted up to cap."""
+    if isinstance(value, dict):
+        items: Any = value.values()
+    elif isinstance(value, list):
+        items = value
+    else:
+        return 1
+    n = 1
+    for x in items:
+        n += _size(x, cap - n)
+        if n >= cap:
+            return cap
+    return n
+
+
+def _parts(value: Any, out: list[str], ascii: bool) -> None:
+    if isinstance(value, list) and (len(value) > _SMALL_LIST or _size(value, SLICE_VALUES) >= SLICE_VALUES):
+        each = max(_size(value[i], SLICE_VALUES) for i in range(0, len(value), max(1, len(value) // _SAMPLES)))
+        out.append("[")
+        if each * 16 <= SLICE_VALUES:  # small items (numbers, short objects): slices of many
+            per = SLICE_VALUES // each
+            for i in range(0, len(value), per):
+                if i:
+                    out.append(",")
+                out.append(_dumps(value[i:i + per], ascii)[1:-1])
+                deadline.check()
+        else:
+            for i, x in enumerate(value):
+                if i:
+                    out.append(",")
+                _parts(x, out, ascii)
+        out.append("]")
+    elif isinstance(value, dict) and _size(value, SLICE_VALUES) >= SLICE_VALUES:
+        out.append("{")
+        for i, (k, x) in enumerate(value.items()):
+            if i:
+                out.append(",")
+            out.append(_dumps(str(k), ascii) + ":")
+            _parts(x, out, ascii)
+        out.append("}")
+    else:
+        out.append(_dumps(value, ascii))
+        deadline.check()
+
+
+def built(fn: Callable[..., Any], *args: Any, what: str = "writing the answer", **kwargs: Any) -> Response:
+    """The JSON response of fn(*args, **kwargs), both built in the preparation pool
+    (bubo.api.offload): for an answer whose size grows with the request."""
+    from bubo.api import offload
+
+    def job() -> Response:
+        return response(fn(*args, **kwargs))
+
+    out: Response = offload.run(job, what=what)
+    return out

@@ -1,0 +1,113 @@
+"""The event loop only moves bytes: work whose cost grows with the request runs here, in a small
+pool of worker threads, under a deadline.
+
+    req = offload.run(parse_chat_request, body, what="reading the request's fields")
+
+The calling greenlet waits without blocking the hub (health checks, metrics and other clients'
+streams go on meanwhile). The work runs in a copy of the caller's context (Flask's request,
+app and g are there). Each request has one budget, --prepare-timeout seconds of work in the pool
+over all its offloaded steps (time spent waiting for a free worker does not count): past it the
+request is answered with 400 `too_costly` naming the step it was in, and the work is abandoned
+(it stops at its next bubo.deadline.check(); a native call it is in finishes first, and its
+result is dropped). Outside a gevent hub's thread (a WSGI host without gevent) the work runs
+inline, under the same cooperative checks but no deadline the caller could act on.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import gevent
+import gevent.threadpool
+
+from bubo import deadline
+from bubo.api.errors import ApiError
+
+T = TypeVar("T")
+
+# Worker threads: preparation is mostly Python (one GIL), so more threads than this would not go
+# faster; a few let a request's native step (tokenizing a long prompt) run beside another's.
+PREPARE_WORKERS = 4
+DEFAULT_PREPARE_TIMEOUT_S = 5.0
+
+
+class PreparePool:
+    """The worker threads of one hub (created on first use in the hub's thread)."""
+
+    def __init__(self, timeout_s: float = DEFAULT_PREPARE_TIMEOUT_S, workers: int = PREPARE_WORKERS):
+        self.timeout_s = timeout_s
+        self.workers = workers
+        self._pools: dict[int, gevent.threadpool.ThreadPool] = {}
+        self.n_abandoned = 0  # jobs past their deadline (their requests were answered 400)
+
+    def _pool(self) -> gevent.threadpool.ThreadPool | None:
+        if deadline.current() is not None:
+            return None  # a job's own step: it runs where the job does
+        hub = gevent.get_hub()
+        if hub.thread_ident != threading.get_ident():
+            return None
+        pool = self._pools.get(hub.thread_ident)
+        if pool is None:
+            pool = self._pools[hub.thread_ident] = gevent.threadpool.ThreadPool(self.workers, hub=hub)
+        return pool
+
+    def run(self, fn: Callable[..., T], *args: Any, what: str, spent: list[float] | None = None, **kwargs: Any) -> T:
+        """fn(*args, **kwargs) in a worker thread, within what is left of the budget (spent: the
+        request's seconds of work so far, updated). ApiError 400 too_costly past it."""
+        spent = spent if spent is not None else [0.0]
+        left = self.timeout_s - spent[0]
+        if left <= 0:
+            raise too_costly(what, self.timeout_s)
+        budget = deadline.Budget(left, what)
+        ctx = contextvars.copy_context()
+
+        def job() -> T:
+            def inner() -> T:
+                with deadline.running(budget):
+                    return fn(*args, **kwargs)
+            return ctx.run(inner)
+
+        pool = self._pool()
+        if pool is None:
+            return job()
+        result = pool.spawn(job)
+        try:
+            while True:
+                started = budget.started
+                wait = left if started is None else started + left - time.monotonic()
+                if wait <= 0:
+                    break
+                try:
+                    value: T = result.get(timeout=wait)
+                    return value
+                except gevent.Timeout:
+                    continue
+                except deadline.Abandoned:
+                    break
+        finally:
+            if budget.started is not None:
+                spent[0] += min(time.monotonic() - budget.started, left)
+        budget.abandoned = True
+        self.n_abandoned += 1
+        raise too_costly(budget.what, self.timeout_s)
+
+
+def too_costly(what: str, timeout_s: float) -> ApiError:
+    return ApiError(400, "too_costly", f"{what} took longer than the {timeout_s:g} s a request may take to prepare "
+                                       "(--prepare-timeout): send a smaller or simpler request")
+
+
+def run(fn: Callable[..., T], *args: Any, what: str, **kwargs: Any) -> T:
+    """fn in the app's preparation pool, charged to the current request's budget (see the module
+    docstring); inline when there is no app or request."""
+    from flask import current_app, g, has_app_context, has_request_context
+
+    pool = current_app.config.get("BUBO_PREPARE") if has_app_context() else None
+    if not isinstance(pool, PreparePool):
+        return fn(*args, **kwargs)
+    spent: list[float] = g.setdefault("bubo_prepare_spent", [0.0]) if has_request_context() else [0.0]
+    return pool.run(fn, *args, what=what, spent=spent, **kwargs)
