@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from bubo import embed as embedding
-from bubo import store
+from bubo import limits, store
 from bubo._grammar import Grammar
 from bubo._tokenizer import Tokenizer
 from bubo.chat import ChatTemplate
@@ -768,6 +768,7 @@ def _stop_list(stop: str | Iterable[str]) -> list[str]:
     for s in out:
         if not isinstance(s, str):
             raise TypeError(f"stop must be a string or a list of strings; it holds {s!r}")
+    limits.check_stop(out)
     return [s for s in out if s]
 
 

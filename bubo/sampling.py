@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bubo.limits import MAX_DRY_BREAKERS, MAX_LOGIT_BIAS
+
 if TYPE_CHECKING:
     from bubo._tokenizer import Tokenizer
 
@@ -127,6 +129,9 @@ class SamplingParams:
         number("dry_base", 1.0, why="the penalty grows as dry_base ** (repeat length - dry_allowed_length)")
         integer("dry_allowed_length", 0, i32)
         integer("dry_penalty_last_n", -1, i32, why="-1 is the context size, 0 is off")
+        if len(self.dry_sequence_breakers) > MAX_DRY_BREAKERS:
+            raise ValueError(f"dry_sequence_breakers has {len(self.dry_sequence_breakers):,} strings; at most "
+                             f"{MAX_DRY_BREAKERS} are accepted")
         for b in self.dry_sequence_breakers:
             if not isinstance(b, str) or not b:
                 raise ValueError(f"dry_sequence_breakers must be non-empty strings, got {b!r}")
@@ -135,6 +140,9 @@ class SamplingParams:
         number("mirostat_eta", 0.0, why="the learning rate")
         integer("seed", -1, 2**64 - 1, why="-1 is a random seed")
         integer("n_probs", 0, i32)
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias has {len(self.logit_bias):,} entries; at most {MAX_LOGIT_BIAS:,} "
+                             "are accepted")
         for tok, bias in self.logit_bias.items():
             if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
                 raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {tok!r}")

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from bubo import limits
 from bubo.api import jsonin
 from bubo.api.errors import ApiError
 from bubo.chat import request as rq
@@ -58,6 +59,8 @@ def _logit_bias(value: Any) -> dict[int, float]:
     """OpenAI's {"token id": bias} or llama-server's [[id, bias], ...] (bias false: a ban)."""
     out: dict[int, float] = {}
     items: Iterable[Any]
+    if isinstance(value, (Mapping, list)) and len(value) > limits.MAX_LOGIT_BIAS:
+        raise invalid(f"logit_bias has {len(value):,} entries; at most {limits.MAX_LOGIT_BIAS:,} are accepted")
     if isinstance(value, Mapping):
         items = value.items()
     elif isinstance(value, list):
@@ -178,10 +181,18 @@ def stop_list(value: Any, name: str = "stop") -> list[str]:
     if value is None:
         return []
     if isinstance(value, str):
-        return [value] if value else []
+        value = [value]
     if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        with RequestErrors():
+            limits.check_stop(value, name)
         return [s for s in value if s]
     raise invalid(f"{name} must be a string or an array of strings")
+
+
+def counted(items: Any, name: str, most: int, what: str = "items") -> None:
+    """400 naming the field when the list holds more than most (bubo.limits)."""
+    with RequestErrors():
+        limits.check_count(items, name, most, what)
 
 
 def check_n(body: Mapping[str, Any]) -> None:

@@ -118,6 +118,8 @@ def check(value: Any, strings: bool = True) -> None:
         return
     if type(value) is int and not -_BIG < value < _BIG:
         raise _too_long(value)
+    if not isinstance(value, (dict, list)):
+        return
     n = 0
     while stack:
         v, depth, parent, key = stack.pop()

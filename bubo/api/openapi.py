@@ -27,6 +27,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request
 
 import bubo
+from bubo import limits
 from bubo.api import errors
 from bubo.api import fields as f
 from bubo.api.auth import check_api_key
@@ -139,7 +140,8 @@ SAMPLING: dict[str, Schema] = {
     "dry_base": number(1.0),
     "dry_allowed_length": integer(0, INT32_MAX),
     "dry_penalty_last_n": desc(integer(-1, INT32_MAX), "-1: the context size, 0: off"),
-    "dry_sequence_breakers": {"type": ["array", "null"], "items": {"type": "string", "minLength": 1}},
+    "dry_sequence_breakers": {"type": ["array", "null"], "items": {"type": "string", "minLength": 1},
+                              "maxItems": limits.MAX_DRY_BREAKERS},
     "mirostat": desc(integer(0, 2), "0 off, 1 Mirostat, 2 Mirostat 2.0"),
     "mirostat_tau": number(0.0),
     "mirostat_eta": number(0.0),
@@ -147,9 +149,9 @@ SAMPLING: dict[str, Schema] = {
     "logit_bias": desc(
         {"anyOf": [
             {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
-             "additionalProperties": BIAS},
+             "additionalProperties": BIAS, "maxProperties": limits.MAX_LOGIT_BIAS},
             arr({"type": "array", "prefixItems": [NAT, BIAS], "minItems": 2,
-                 "maxItems": 2}),
+                 "maxItems": 2}, maxItems=limits.MAX_LOGIT_BIAS),
             {"type": "null"},
         ]},
         "{token id: bias} (OpenAI) or [[token id, bias], ...] (llama-server); a bias of false bans the token. "
@@ -160,7 +162,11 @@ MAX_TOKENS: Schema = desc(
     {"anyOf": [{"type": "integer", "minimum": 1, "maximum": INT32_MAX}, const(-1), {"type": "null"}]},
     "the most tokens to generate; -1 or null: until the model stops or the context is full; absent: the "
     "server's -n if it has one, else the same")
-STOP: Schema = {"anyOf": [STR, arr(STR), {"type": "null"}]}
+STOP: Schema = desc({"anyOf": [{"type": "string", "maxLength": limits.MAX_STOP_CHARS},
+                               arr({"type": "string", "maxLength": limits.MAX_STOP_CHARS}, maxItems=limits.MAX_STOP),
+                               {"type": "null"}]},
+                    f"the answer ends before the first of these texts (at most {limits.MAX_STOP} strings of at most "
+                    f"{limits.MAX_STOP_CHARS} characters)")
 REASONING_EFFORT: Schema = {"enum": [*rq.REASONING_EFFORTS, None]}
 THINKING: Schema = desc(
     {"anyOf": [obj({"type": enum("enabled", "disabled", "adaptive"), "budget_tokens": {}}, ["type"], closed=False),
@@ -214,7 +220,7 @@ FUNCTION_TOOL: Schema = obj({
                      "parameters": desc({"type": "object"}, "the JSON Schema of the arguments, an object"),
                      "strict": OPT_BOOL}, ["name"], closed=False),
 }, ["function"], closed=False)
-TOOLS_NOTE = "tool names must be unique"
+TOOLS_NOTE = f"at most {limits.MAX_TOOLS} tools; tool names must be unique"
 
 
 def sampling_props() -> dict[str, Schema]:
@@ -243,7 +249,7 @@ def chat_request(model: Schema, model_required: bool = True, speculative: bool =
         {"type": "null"}]}
     props: dict[str, Schema] = {
         "model": model,
-        "messages": desc(arr(chat_message(), minItems=1),
+        "messages": desc(arr(chat_message(), minItems=1, maxItems=limits.MAX_MESSAGES),
                          "a final assistant message is a prefill: the answer continues it"),
         "max_tokens": MAX_TOKENS,
         "max_completion_tokens": desc(MAX_TOKENS, "wins over max_tokens when both are given"),
@@ -254,7 +260,7 @@ def chat_request(model: Schema, model_required: bool = True, speculative: bool =
         "logprobs": OPT_BOOL,
         "top_logprobs": integer(0, MAX_TOP_LOGPROBS),
         "n_probs": integer(0, INT32_MAX),
-        "tools": desc({"anyOf": [arr(FUNCTION_TOOL), {"type": "null"}]}, TOOLS_NOTE),
+        "tools": desc({"anyOf": [arr(FUNCTION_TOOL, maxItems=limits.MAX_TOOLS), {"type": "null"}]}, TOOLS_NOTE),
         "tool_choice": desc(tool_choice, "required or a named function force a call (not beside an output "
                                          "constraint); none hides the tools"),
         "parallel_tool_calls": desc(OPT_BOOL, "default false: the answer ends after its first call"),
@@ -310,7 +316,8 @@ def responses_request(model: Schema) -> Schema:
         {"type": "null"}]}
     return obj({
         "model": model,
-        "input": desc({"anyOf": [{"type": "string", "minLength": 1}, arr(item, minItems=1)]},
+        "input": desc({"anyOf": [{"type": "string", "minLength": 1},
+                                 arr(item, minItems=1, maxItems=limits.MAX_MESSAGES)]},
                       "a user message, or items: messages, function calls and their outputs"),
         "instructions": {"type": ["string", "null"]},
         "max_output_tokens": MAX_TOKENS,
@@ -320,7 +327,7 @@ def responses_request(model: Schema) -> Schema:
         "reasoning_effort": REASONING_EFFORT,
         "thinking": THINKING,
         "chat_template_kwargs": TEMPLATE_KWARGS,
-        "tools": desc({"anyOf": [arr(tool), {"type": "null"}]}, TOOLS_NOTE),
+        "tools": desc({"anyOf": [arr(tool, maxItems=limits.MAX_TOOLS), {"type": "null"}]}, TOOLS_NOTE),
         "tool_choice": {"anyOf": [enum("none", "auto", "required"),
                                   obj({"type": const("function"), "name": STR}, ["type", "name"], closed=False),
                                   {"type": "null"}]},
@@ -354,11 +361,12 @@ def messages_request(model: Schema, count_only: bool = False) -> Schema:
                         {"type": "null"}]}
     props: dict[str, Schema] = {
         "model": model,
-        "messages": desc(arr(message, minItems=1), "user and assistant turns; tool_use blocks in assistant turns, "
+        "messages": desc(arr(message, minItems=1, maxItems=limits.MAX_MESSAGES),
+                         "user and assistant turns; tool_use blocks in assistant turns, "
                                                    "tool_result blocks in user turns; a final assistant turn is a "
                                                    "prefill"),
         "system": blocks_text,
-        "tools": desc({"anyOf": [arr(tool), {"type": "null"}]}, TOOLS_NOTE),
+        "tools": desc({"anyOf": [arr(tool, maxItems=limits.MAX_TOOLS), {"type": "null"}]}, TOOLS_NOTE),
         "tool_choice": choice,
         "thinking": THINKING,
         "reasoning_effort": REASONING_EFFORT,
@@ -1064,8 +1072,12 @@ def document(config: ServerConfig, registry: Registry | None = None, debug: bool
             "operationId": "webui_render", "summary": "Markdown to HTML, as the chat page at / shows answers",
             "tags": ["bubo"],
             "requestBody": _body(obj({"text": STR}, ["text"], closed=False), {"text": "# Hi\n\n`code`"}),
-            "responses": {"200": {"description": "The HTML (raw HTML in the text escaped, code highlighted)",
-                                  "content": {JSON: {"schema": obj({"html": STR}, ["html"])}}}},
+            "responses": {"200": {"description": "The HTML (raw HTML in the text escaped, code highlighted). A "
+                                                 "rendering that takes longer than its budget (2 s) is stopped and "
+                                                 "made again without highlighting, then as the escaped text: "
+                                                 "`rendering` says which",
+                                  "content": {JSON: {"schema": obj({"html": STR, "rendering": {
+                                      "enum": ["highlighted", "plain_code", "text"]}}, ["html", "rendering"])}}}},
         }, (400, 413))
 
     # --- embeddings (an embedding model; 501 on a text model) ---

@@ -19,6 +19,7 @@ from typing import Any
 from bubo.chat.constrain import REQUIRED, OutputSpec, gbnf_spec, json_object_spec, schema_spec
 from bubo.chat.parsers import ToolCall
 from bubo.errors import RequestError
+from bubo.limits import MAX_MESSAGES, MAX_TOOLS, check_count
 
 __all__ = ["INVALID", "REASONING_EFFORTS", "RESERVED_TEMPLATE_KWARGS", "ROLES", "assistant_message",
            "chat_finish_reason", "chat_messages", "chat_tools", "check_forced_call_alone", "check_one_output",
@@ -195,6 +196,7 @@ def chat_messages(messages: Any,
         raise RequestError("missing_messages", "messages is required: a non-empty array of messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("missing_messages", "messages must be a non-empty array of messages")
+    check_count(messages, "messages", MAX_MESSAGES, "messages")
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -253,6 +255,7 @@ def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
         return None
     if not isinstance(tools, list):
         raise invalid("tools must be an array of {\"type\": \"function\", \"function\": {...}}")
+    check_count(tools, "tools", MAX_TOOLS, "tools")
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(fn, dict):
@@ -266,6 +269,7 @@ def check_tools(tools: list[dict[str, Any]], field: str = "parameters") -> None:
     """Tools (OpenAI function tools, as every dialect's tools become) that a call can name:
     each has a name, no two the same, and parameters that are the schema of an object (a
     call's arguments are one). field: the dialect's name for the schema, for the message."""
+    check_count(tools, "tools", MAX_TOOLS, "tools")
     seen: dict[str, int] = {}
     for i, t in enumerate(tools):
         fn = t["function"]

@@ -9,6 +9,7 @@ one-slot client of the same scheduler, so the library and the server run this co
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,44 +34,74 @@ class StopMatcher:
     feed() returns the text that is safe to show: it holds back the longest tail of what it has
     seen that could still become a stop string. A stop string "completes" at the position of its
     last character; the first one to complete wins (the longest one on a tie), wherever the
-    piece boundaries fall, and nothing from its first character on is ever returned."""
+    piece boundaries fall, and nothing from its first character on is ever returned.
+
+    The stop strings are one Aho-Corasick automaton: each character of the answer moves it one
+    state (amortised), whatever the number of stop strings, so matching them costs the engine
+    thread the same per token for one stop string or bubo.limits.MAX_STOP."""
 
     def __init__(self, stop: Iterable[str] = ()):
         self.stop = sorted({s for s in stop if s}, key=len, reverse=True)
         self._held = ""
+        self._state = 0
         self.stopped: str | None = None  # the stop string that ended the stream
+        # the trie of the stop strings: goto[state][char], the state's depth (its text's length),
+        # the failure link (the longest proper suffix of its text that is a trie state), and the
+        # longest stop string that ends its text (itself, or found through the failure links)
+        self._goto: list[dict[str, int]] = [{}]
+        self._depth = [0]
+        self._fail = [0]
+        self._ends: list[str | None] = [None]
+        for word in self.stop:
+            state = 0
+            for ch in word:
+                nxt = self._goto[state].get(ch)
+                if nxt is None:
+                    nxt = len(self._goto)
+                    self._goto[state][ch] = nxt
+                    self._goto.append({})
+                    self._depth.append(self._depth[state] + 1)
+                    self._fail.append(0)
+                    self._ends.append(None)
+                state = nxt
+            if self._ends[state] is None:  # longest first: a state's own word is its longest end
+                self._ends[state] = word
+        queue = collections.deque(self._goto[0].values())
+        while queue:
+            state = queue.popleft()
+            for ch, nxt in self._goto[state].items():
+                f = self._fail[state]
+                while f and ch not in self._goto[f]:
+                    f = self._fail[f]
+                self._fail[nxt] = self._goto[f].get(ch, 0) if self._goto[f].get(ch, 0) != nxt else 0
+                if self._ends[nxt] is None:
+                    self._ends[nxt] = self._ends[self._fail[nxt]]
+                queue.append(nxt)
 
     def feed(self, text: str) -> str:
         if self.stopped is not None:
             return ""
         buf = self._held + text
-        best: tuple[int, int, str] | None = None  # (end, -len, stop)
-        for s in self.stop:
-            i = buf.find(s)
-            if i >= 0 and (best is None or (i + len(s), -len(s)) < best[:2]):
-                best = (i + len(s), -len(s), s)
-        if best is not None:
-            self.stopped = best[2]
-            self._held = ""
-            return buf[: best[0] + best[1]]
-        hold = self._partial_len(buf)
+        base = len(self._held)
+        state, goto, fail, ends = self._state, self._goto, self._fail, self._ends
+        for i, ch in enumerate(text):
+            while state and ch not in goto[state]:
+                state = fail[state]
+            state = goto[state].get(ch, 0)
+            word = ends[state]
+            if word is not None:
+                self.stopped = word
+                self._held, self._state = "", 0
+                return buf[: base + i + 1 - len(word)]
+        self._state = state
+        hold = self._depth[state]
         self._held = buf[len(buf) - hold:] if hold else ""
         return buf[: len(buf) - hold]
 
     def flush(self) -> str:
         """The stream ended without a stop string: the held-back tail is plain text."""
-        out, self._held = ("" if self.stopped is not None else self._held), ""
+        out, self._held, self._state = ("" if self.stopped is not None else self._held), "", 0
         return out
-
-    def _partial_len(self, buf: str) -> int:
-        """Length of the longest suffix of buf that is a proper prefix of a stop string."""
-        best = 0
-        for s in self.stop:
-            for n in range(min(len(s) - 1, len(buf)), best, -1):
-                if buf.endswith(s[:n]):
-                    best = n
-                    break
-        return best
 
 
 class Detok(Protocol):

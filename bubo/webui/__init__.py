@@ -1,7 +1,8 @@
 """The chat page bubo serves at `/` to browsers (`--no-webui` turns it off): one HTML document
 with its style and script inline, built from page.html, page.css and page.js beside this file
 (no build step, nothing fetched from elsewhere: it works offline), and POST /webui/render, the
-Markdown rendering it asks the server for (render.py).
+Markdown rendering it asks the server for (render.py, in worker processes under a time budget:
+workers.py).
 
 `--ui-config` gives the page's defaults for new conversations (system prompt, sampling settings,
 a JSON schema, tools)."""
@@ -19,7 +20,8 @@ from flask import Blueprint, Response, jsonify
 from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
 from bubo.api.request import config, json_body
-from bubo.webui.render import MAX_TEXT, code_css, render
+from bubo.webui.render import MAX_TEXT, code_css
+from bubo.webui.workers import renderer
 
 blueprint = Blueprint("webui", __name__)
 
@@ -98,4 +100,5 @@ def render_markdown() -> Any:
         raise invalid("text must be a string")
     if len(text) > MAX_TEXT:
         raise ApiError(413, "request_too_large", f"text is {len(text)} characters; a render takes at most {MAX_TEXT}")
-    return jsonify(html=render(text))
+    html, how = renderer().render(text)
+    return jsonify(html=html, rendering=how)

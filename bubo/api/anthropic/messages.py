@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from bubo import limits
 from bubo.api import fields as f
 from bubo.api import jsonin
 from bubo.api.errors import ApiError
@@ -49,6 +50,7 @@ def anthropic_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], str 
         raise ApiError(400, "missing_messages", "messages is required: a non-empty array of messages")
     if not isinstance(msgs, list):
         raise ApiError(400, "missing_messages", "messages must be a non-empty array of messages")
+    f.counted(msgs, "messages", limits.MAX_MESSAGES, "messages")
     out: list[dict[str, Any]] = []
     system = _blocks_text(body.get("system"), "system")
     if system:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bubo import limits
 from bubo.api import openapi as oa
 from bubo.api.ollama.shapes import LOAD_OPTIONS, MAX_TOP_LOGPROBS
 from bubo.api.openapi import (
@@ -124,9 +125,10 @@ def add_paths(d: Any, names: list[str], example_model: str) -> dict[str, Schema]
                                                           closed=False)}, ["function"], closed=False)),
                    "tool_name": desc(STR, "tool messages: the tool that answered"),
                    "thinking": desc(STR, "assistant messages: their reasoning")}, ["role"], closed=False)
-    chat = obj({**_common(model), "messages": desc(arr(message), "none or []: load the model (keep_alive 0: "
+    chat = obj({**_common(model), "messages": desc(arr(message, maxItems=limits.MAX_MESSAGES),
+                                                   "none or []: load the model (keep_alive 0: "
                                                                  "unload it) and answer at once"),
-                "tools": arr(FUNCTION_TOOL)}, ["model"], closed=False)
+                "tools": arr(FUNCTION_TOOL, maxItems=limits.MAX_TOOLS)}, ["model"], closed=False)
     gen = obj({**_common(model), "prompt": STR,
                "suffix": desc(STR, "fill in the middle between prompt and suffix (models with FIM tokens)"),
                "system": STR, "raw": desc(BOOL, "the prompt as it is, no chat template"),

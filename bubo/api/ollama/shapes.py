@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from bubo import limits
 from bubo.api import fields as f
 from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
@@ -239,6 +240,7 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
     thinking."""
     if not isinstance(messages, list):
         raise ApiError(400, "missing_messages", "messages must be an array of {role, content}")
+    f.counted(messages, "messages", limits.MAX_MESSAGES, "messages")
     out = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from bubo import limits
 from bubo.api import fields as f
 from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
@@ -36,6 +37,7 @@ def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         return msgs + [{"role": "user", "content": items}]
     if not isinstance(items, list):
         raise invalid("input must be a string or an array of items")
+    f.counted(items, "input", limits.MAX_MESSAGES, "items")
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise invalid(f"input[{i}] must be an object")
