@@ -135,6 +135,7 @@ class _Run:
         self.ended = False  # its final event was read, or it was closed
         self.model_closed = False  # Model.close() ran
         self.ending = False  # the reader has the answer (its one tool call): finish at the next step
+        self.backlogged = False  # the caller's thread reads each event as it comes
 
     @property
     def request(self) -> GenerationRequest:

@@ -36,7 +36,6 @@ class ServerConfig:
     webui: bool = True  # the chat page at / for browsers (--no-webui: the short about page)
     ui_defaults: dict[str, Any] = field(default_factory=dict)  # --ui-config: new conversations' settings
     prepare_timeout_s: float = 5.0  # --prepare-timeout: a request's work before it is generated (bubo.api.offload)
-    write_timeout_s: float = 30.0  # --write-timeout: how long an answer may wait for its client to read
     host_allow: list[str] = field(default_factory=list)  # --host-allow: more names the Host header may give
     allow_copy: bool = False  # --allow-copy: /api/copy may copy a file where it cannot hard-link it
 

@@ -6,9 +6,14 @@ Per connection:
   - header_s: from a request's first byte to the end of its headers (408, then closed);
   - a body must arrive before min(timeout_s, header_s + its length / MIN_BODY_RATE) seconds have
     passed since its headers, and no read may wait more than header_s for a byte;
+  - write_s: an answer's write that cannot go on (the client does not read: its socket is full)
+    for this long closes the connection (a stream being written ends, its generation with it);
+    the next request on a connection is read only once the last answer has left its socket's
+    send queue, so a client that pipelines requests without reading holds one answer at most;
   - at most max_connections open: a new connection beyond it closes the connection that has
-    waited longest (idle, still sending its headers, or still sending its body); if every one is
-    working on a request, the newcomer gets 503 and is closed.
+    waited longest for its client (idle, still sending its headers or its body, or not reading
+    the answer being written to it); if every one is working on a request, the newcomer gets 503
+    and is closed.
 Framing is strict: more than one Content-Length, Content-Length beside Transfer-Encoding, a
 Transfer-Encoding other than chunked, or a malformed length is a 400 and the connection is
 closed; a response that closes the connection (413, a malformed chunk) does not read the rest of
@@ -19,16 +24,20 @@ from __future__ import annotations
 
 import dataclasses
 import email.errors
+import fcntl
 import json
 import logging
 import re
 import resource
 import socket
+import struct
+import termios
 import time
 from typing import Any
 
 import gevent
 from gevent import pywsgi
+from gevent.socket import wait_write
 
 from bubo.api import errors, logs
 
@@ -93,6 +102,20 @@ class Limits:
     header_s: float = 10.0
     timeout_s: float = 600.0  # llama-server's -to: the longest a request's body may take
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    write_s: float = 30.0  # how long a write may wait for its client to read
+
+
+DRAIN_POLL_S = 0.02  # how often a pipelining client's unread answer is looked at
+
+
+def _unsent(sock: Any) -> int:
+    """Bytes in the socket's send queue (not yet acknowledged by the client); 0 where it cannot
+    be told (not Linux, not TCP)."""
+    try:
+        buf = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return 0
+    return int(struct.unpack("i", buf)[0])
 
 
 def raise_fd_limit() -> int:
@@ -114,7 +137,7 @@ def connection_cap(requested: int | None, fd_limit: int) -> int:
     return max(1, min(cap, fd_limit - FD_HEADROOM))
 
 
-IDLE, RECEIVING, WORKING = "idle", "receiving", "working"
+IDLE, RECEIVING, WORKING, WRITING = "idle", "receiving", "working", "writing"
 
 
 class _Conn:
@@ -122,8 +145,9 @@ class _Conn:
 
     def __init__(self, handler: Handler):
         self.handler = handler
-        # idle (between requests) or receiving (a request's headers or body): it waits for its
-        # client and may be closed for a newcomer; working: the app has the request
+        # idle (between requests), receiving (a request's headers or body) or writing (an answer
+        # its client does not read): it waits for its client and may be closed for a newcomer;
+        # working: the app has the request
         self.phase = IDLE
         self.since = time.monotonic()
 
@@ -290,11 +314,61 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
             conn.phase = phase
             conn.since = time.monotonic()
 
+    def _sendall(self, data: bytes) -> None:
+        """pywsgi's write, with the write deadline: a send that cannot go on for write_s (the
+        client does not read) fails, and the connection counts as waiting meanwhile."""
+        try:
+            self._send_within(data)
+        except OSError as ex:
+            self.status = f"socket error: {ex}"
+            code: int | None = getattr(self, "code", None)
+            if code and code > 0:
+                self.code = -code
+            raise
+        self.response_length += len(data)
+
+    def _send_within(self, data: bytes) -> None:
+        raw = getattr(self.socket, "_sock", None) or self.socket
+        view = memoryview(data)
+        blocked = False
+        try:
+            while view:
+                if self._dropped:
+                    raise ConnectionAbortedError("the connection was closed for another one")
+                try:
+                    n = raw.send(view)
+                except BlockingIOError:
+                    n = 0
+                if n:
+                    view = view[n:]
+                    continue
+                if not blocked:
+                    blocked = True
+                    self._phase(WRITING)
+                wait_write(raw.fileno(), timeout=self.server.limits.write_s,
+                           timeout_exc=TimeoutError("the client did not read its answer in time"))
+        finally:
+            if blocked:
+                self._phase(WORKING)
+
+    def _drained(self) -> bool:
+        """Wait until the last answer has left this socket's send queue (TIOCOUTQ), for up to
+        write_s; False if it did not (the client reads nothing: close)."""
+        deadline = time.monotonic() + self.server.limits.write_s
+        while _unsent(self.socket) > 0:
+            if self._dropped or time.monotonic() > deadline:
+                return False
+            self._phase(WRITING)
+            gevent.sleep(DRAIN_POLL_S)
+        return True
+
     # --- a request -----------------------------------------------------------------------
 
     def read_requestline(self) -> str:
         limits: Limits = self.server.limits
         self.path = None  # a keep-alive connection's last request's: its errors' shape is not this one's
+        if not self._drained():
+            return ""  # its last answer is still unread: no next one
         self._phase(IDLE)
         try:
             with gevent.Timeout(limits.keepalive_s):

@@ -58,7 +58,6 @@ def config_from_args(args: argparse.Namespace, default_name: str | None = None) 
         webui=not args.no_webui,
         ui_defaults=check_ui_config(args.ui_config) if args.ui_config else {},
         prepare_timeout_s=args.prepare_timeout,
-        write_timeout_s=args.write_timeout,
         host_allow=_csv(args.host_allow),
         allow_copy=args.allow_copy,
     )
@@ -153,7 +152,8 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(registry, config)
     fd_limit = http.raise_fd_limit()
     limits = http.Limits(keepalive_s=args.keepalive_timeout, header_s=args.header_timeout, timeout_s=args.timeout,
-                         max_connections=http.connection_cap(args.max_connections, fd_limit))
+                         max_connections=http.connection_cap(args.max_connections, fd_limit),
+                         write_s=args.write_timeout)
     server = http.Server((args.host, args.port), app, limits=limits, log=None,
                          error_log=logging.getLogger("bubo.http"))
     server.init_socket()

@@ -10,7 +10,13 @@ The generator runs in its own greenlet and the response waits on it, so a silent
 long prompt) sends a ": ping" comment every SSE_PING_SECONDS. When the client goes away (a
 write fails, or the socket reads EOF) the generator's greenlet is killed (GreenletExit inside
 it: its `finally` runs, and an EventStream it was reading cancels itself) and `stream`, if
-given, is cancelled: the engine frees the slot at its next step."""
+given, is cancelled: the engine frees the slot at its next step.
+
+What a client does not read stays bounded: the generator runs at most BUFFER_BYTES ahead of the
+socket (whose kernel buffer is fixed at that size too), then waits; the engine stream it no
+longer reads pauses its request after bubo.engine.engine.MAX_UNREAD_EVENTS events; and the HTTP
+server's write deadline (--write-timeout) closes a connection whose client reads nothing, which
+ends the stream and frees its slot."""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import gevent
+import gevent.event
 import gevent.queue
 from flask import Response, request
 
@@ -30,6 +37,7 @@ from bubo.engine.protocol import Stream
 log = logging.getLogger("bubo.api")
 
 _END = object()
+BUFFER_BYTES = 256 * 1024  # formatted events the generator may be ahead of the client
 
 
 def format_event(item: Any) -> str:
@@ -81,7 +89,12 @@ _SSE_FAILED = {"error": {"message": "", "type": "server_error", "code": "interna
 
 def _events(gen: Iterator[Any], stream: Stream | None, ping: float | None, sock: socket.socket | None,
             fmt: Callable[[Any], str] = format_event, failed: dict[str, Any] = _SSE_FAILED) -> Iterator[bytes]:
-    q: gevent.queue.Queue = gevent.queue.Queue()
+    q = _Buffered(BUFFER_BYTES)
+    if sock is not None:
+        # the kernel's buffer for this stream, fixed (autotuning lets it grow to megabytes a
+        # client that reads nothing would leave full)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, BUFFER_BYTES)
 
     def produce() -> None:
         try:
@@ -93,7 +106,7 @@ def _events(gen: Iterator[Any], stream: Stream | None, ping: float | None, sock:
             log.exception("a streamed response's generator failed")
             q.put(fmt(_failure(failed, f"internal error: {type(e).__name__}: {e}")).encode())
         finally:
-            q.put(_END)
+            q.put(_END, force=True)
 
     producer = gevent.spawn(produce)
 
@@ -123,6 +136,33 @@ def _events(gen: Iterator[Any], stream: Stream | None, ping: float | None, sock:
             producer.kill(block=False)
         if stream is not None:
             stream.cancel()
+
+
+class _Buffered:
+    """A queue of encoded events holding at most `most` bytes: put() waits while it is full
+    (one item always fits in an empty queue); get() as gevent's Queue."""
+
+    def __init__(self, most: int):
+        self.most = most
+        self.n_bytes = 0
+        self._q: gevent.queue.Queue = gevent.queue.Queue()
+        self._room = gevent.event.Event()
+        self._room.set()
+
+    def put(self, item: Any, force: bool = False) -> None:
+        size = len(item) if isinstance(item, bytes) else 0
+        while not force and self.n_bytes and self.n_bytes + size > self.most:
+            self._room.clear()
+            self._room.wait()
+        self.n_bytes += size
+        self._q.put(item)
+
+    def get(self, timeout: float | None = None) -> Any:
+        item = self._q.get(timeout=timeout)
+        if isinstance(item, bytes):
+            self.n_bytes -= len(item)
+            self._room.set()
+        return item
 
 
 def _watch_disconnect(sock: socket.socket, on_disconnect: Callable[[], None]) -> None:

@@ -116,6 +116,12 @@ MEM_SAFETY_MARGIN = 512 * 1024 * 1024
 KV_RESERVE_FRACTION = 0.25
 
 
+# a stream whose reader leaves this many events unread pauses its request (the scheduler gives it
+# no token) until it has read half of them: what one unread answer can hold in memory (with 100 top
+# probabilities per token, an event is a few kilobytes)
+MAX_UNREAD_EVENTS = 64
+
+
 class EventStream:
     """The events of one request. Iterate it in the greenlet (or thread) that submitted it.
 
@@ -133,6 +139,7 @@ class EventStream:
         self._done = False  # a final event was taken by the reader
         self._closed = False  # the watcher is gone: the engine must not send any more
         self._on_close: Callable[[], None] | None = None
+        self._on_drain: Callable[[], None] | None = None
         self._hub = gevent.get_hub()
         self._wake = gevent.event.Event()
         self._watcher = self._hub.loop.async_()
@@ -145,6 +152,14 @@ class EventStream:
     def on_close(self, callback: Callable[[], None]) -> None:
         """Call callback (in the reader's thread) once the stream is read to its end or cancelled."""
         self._on_close = callback
+
+    def on_drain(self, callback: Callable[[], None]) -> None:
+        """Call callback (in the reader's thread) when a backlogged stream's reader has caught up."""
+        self._on_drain = callback
+
+    @property
+    def backlogged(self) -> bool:
+        return len(self._events) >= MAX_UNREAD_EVENTS
 
     # --- the engine's side (engine thread) ---------------------------------------------
 
@@ -176,6 +191,9 @@ class EventStream:
                 self._wake.clear()
                 with self._lock:
                     event = self._events.popleft() if self._events else None
+                    resumed = len(self._events) == MAX_UNREAD_EVENTS // 2
+                if resumed and self._on_drain is not None:
+                    self._on_drain()  # the engine may be waiting with this request paused
                 if event is not None:
                     if not isinstance(event, TokenEvent):
                         self._done = True
@@ -707,6 +725,7 @@ class Engine:
                 sched.queue.append(task)
                 self._n_open += 1
                 stream.on_close(self._stream_closed)
+                stream.on_drain(self._signal)
         if stopping:
             stream.cancel()
             raise NotReadyError(f"the model {self.model_name} is being unloaded")
@@ -720,6 +739,7 @@ class Engine:
     def _stream_closed(self) -> None:
         with self._lock:
             self._n_open -= 1
+        self._signal()  # a paused request's slot is freed at the next step, which must come
 
     def kv_bytes_needed(self, req: GenerationRequest) -> tuple[int, int]:
         """(tokens, bytes): the tokens the request may put in the cache (prompt + max_tokens,

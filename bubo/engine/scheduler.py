@@ -84,6 +84,12 @@ class Sink(Protocol):
         at the next step, as an end-of-generation token would end it."""
         ...
 
+    @property
+    def backlogged(self) -> bool:
+        """The reader has left enough events unread: the request pauses (it generates no more
+        until they are read, holding its slot), so an answer nobody reads is not kept in memory."""
+        ...
+
     def push(self, event: Event) -> None: ...
 
 
@@ -226,7 +232,9 @@ class Scheduler:
                 self._finish(s, STOP)
         with lock:
             self._admit()
-        active = sorted((s for s in self.slots if s.task is not None), key=lambda s: s.admitted)
+        # a generating request whose reader is behind pauses: no token for it this step
+        active = sorted((s for s in self.slots if s.task is not None and not (s.task.n_gen and s.task.sink.backlogged)),
+                        key=lambda s: s.admitted)
         if not active:
             return False
         batch = self._plan(active)
