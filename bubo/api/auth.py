@@ -49,3 +49,55 @@ def load_key_file(path: str) -> list[str]:
             if line and not line.startswith("#"):
                 keys.append(line)
     return keys
+
+
+# --- the Host header -----------------------------------------------------------------------
+#
+# A web page can make the browser send requests here by giving its own host name an address of
+# this machine (DNS rebinding): the page's origin then equals the Host it sends, so the Origin
+# check passes, and without an API key every route is open to it. Its requests carry the page's
+# host name. So a request is answered only under a name the server answers to: its bind address,
+# a loopback name (localhost, *.localhost, 127.0.0.1, [::1]), any IP address (a page cannot be
+# rebound to a name that is an address), the names of --host-allow; or any name at all when the
+# server is bound to a non-loopback address and has an API key (its clients then need the key).
+
+
+def host_name(host: str) -> str:
+    """The name in a Host header: without its port and IPv6 brackets, lower case."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def host_allowed(host: str | None, bind: str, allow: list[str], keyed: bool) -> bool:
+    """Whether a request whose Host header is host may be answered (see above)."""
+    import ipaddress
+
+    from bubo.api.config import is_loopback
+
+    if host is None or not host.strip():
+        return True  # no Host at all: no browser sends that (HTTP/1.0 tools do)
+    if keyed and not is_loopback(bind):
+        return True
+    name = host_name(host).rstrip(".")
+    if name in ("localhost", host_name(bind)) or name.endswith(".localhost"):
+        return True
+    if name in {host_name(a).rstrip(".") for a in allow}:
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def check_host(bind: str, allow: list[str], keyed: bool) -> None:
+    """403 forbidden_host for a request under a name the server does not answer to."""
+    host = request.headers.get("Host")
+    if not host_allowed(host, bind, allow, keyed):
+        name = host_name(host or "")
+        raise ApiError(403, "forbidden_host",
+                       f"this server does not answer to the host name {name!r}: a web page can point a name it "
+                       "controls at this machine and send requests through the browser (DNS rebinding). Use "
+                       f"localhost or the server's address, or start it with --host-allow {name} to allow the name")

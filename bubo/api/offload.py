@@ -36,24 +36,22 @@ DEFAULT_PREPARE_TIMEOUT_S = 5.0
 
 
 class PreparePool:
-    """The worker threads of one hub (created on first use in the hub's thread)."""
+    """The worker threads of one hub (created on first use, in the hub's thread)."""
 
     def __init__(self, timeout_s: float = DEFAULT_PREPARE_TIMEOUT_S, workers: int = PREPARE_WORKERS):
         self.timeout_s = timeout_s
         self.workers = workers
-        self._pools: dict[int, gevent.threadpool.ThreadPool] = {}
+        self._thread: int | None = None
+        self._threads: gevent.threadpool.ThreadPool | None = None
         self.n_abandoned = 0  # jobs past their deadline (their requests were answered 400)
 
     def _pool(self) -> gevent.threadpool.ThreadPool | None:
-        if deadline.current() is not None:
-            return None  # a job's own step: it runs where the job does
-        hub = gevent.get_hub()
-        if hub.thread_ident != threading.get_ident():
-            return None
-        pool = self._pools.get(hub.thread_ident)
-        if pool is None:
-            pool = self._pools[hub.thread_ident] = gevent.threadpool.ThreadPool(self.workers, hub=hub)
-        return pool
+        """The worker threads, bound to the thread that first asks (the server's hub); None in
+        any other thread (a WSGI host's own threads run the work inline)."""
+        if self._thread is None:
+            self._thread = threading.get_ident()
+            self._threads = gevent.threadpool.ThreadPool(self.workers, hub=gevent.get_hub())
+        return self._threads if self._thread == threading.get_ident() else None
 
     def run(self, fn: Callable[..., T], *args: Any, what: str, spent: list[float] | None = None, **kwargs: Any) -> T:
         """fn(*args, **kwargs) in a worker thread, within what is left of the budget (spent: the
@@ -65,15 +63,26 @@ class PreparePool:
         budget = deadline.Budget(left, what)
         ctx = contextvars.copy_context()
 
-        def job() -> T:
-            def inner() -> T:
-                with deadline.running(budget):
-                    return fn(*args, **kwargs)
-            return ctx.run(inner)
+        def inner() -> T:
+            with deadline.running(budget):
+                return fn(*args, **kwargs)
 
+        def job() -> tuple[bool, Any]:
+            # the outcome as a value: gevent's pool would print the traceback of an exception
+            # (a 400 the request answers with is no error of the server's)
+            try:
+                return True, ctx.run(inner)
+            except BaseException as e:  # noqa: BLE001 - raised again in the caller
+                return False, e
+
+        if deadline.current() is not None:
+            return fn(*args, **kwargs)  # a step of a job: it runs where the job does, in its budget
         pool = self._pool()
-        if pool is None:
-            return job()
+        if pool is None:  # no hub in this thread: inline, its checks stopping it past the deadline
+            try:
+                return inner()
+            except deadline.Abandoned:
+                raise too_costly(budget.what, self.timeout_s) from None
         result = pool.spawn(job)
         try:
             while True:
@@ -82,12 +91,15 @@ class PreparePool:
                 if wait <= 0:
                     break
                 try:
-                    value: T = result.get(timeout=wait)
-                    return value
+                    ok, value = result.get(timeout=wait)
                 except gevent.Timeout:
                     continue
-                except deadline.Abandoned:
+                if ok:
+                    out: T = value
+                    return out
+                if isinstance(value, deadline.Abandoned):
                     break
+                raise value
         finally:
             if budget.started is not None:
                 spent[0] += min(time.monotonic() - budget.started, left)

@@ -140,12 +140,15 @@ def serve(args: argparse.Namespace) -> int:
     if len(specs) == 1:
         # one model that cannot load: say why and exit 1, before listening
         check_model(specs[0].source, embedding=args.embedding)
+    # the default model: the first one given by -m or defined by the preset; with models found in
+    # a folder or the store only, the first that loads (the registry decides)
+    named = next((s.name for s in specs if s.origin == "-m" or s.origin.startswith("--models-preset")), None)
     registry = Registry(specs, models_max=args.models_max, autoload=not args.no_models_autoload,
-                        sleep_idle_s=args.sleep_idle_seconds)
+                        sleep_idle_s=args.sleep_idle_seconds, default=named)
     router = registry.is_router
     if router:
         registry.check_files()  # a broken file shows as failed at once; one model fails its load as always
-    config = config_from_args(args, specs[0].name if router else None)
+    config = config_from_args(args, registry.default.name if router else None)
     if not router:
         config.served_model_name = specs[0].name
         config.aliases = list(specs[0].aliases)

@@ -181,7 +181,8 @@ class Registry:
     start (load_on_startup) or through load(); sleep_idle_s None: models never sleep."""
 
     def __init__(self, specs: Iterable[ModelSpec], *, models_max: int = DEFAULT_MODELS_MAX, autoload: bool = True,
-                 sleep_idle_s: float | None = None, factory: Callable[[ModelSpec], Engine] = _never_loaded):
+                 sleep_idle_s: float | None = None, factory: Callable[[ModelSpec], Engine] = _never_loaded,
+                 default: str | None = None):
         self.entries: list[ModelEntry] = [ModelEntry(s) for s in specs]
         if not self.entries:
             raise ValueError("the registry needs at least one model")
@@ -201,7 +202,10 @@ class Registry:
                     raise ValueError(f"two models are named '{n}': {other.spec.source} ({other.spec.origin}) and "
                                      f"{e.spec.source} ({e.spec.origin}); give one of them another name")
                 self._names[n] = e
-        self._names.setdefault(DEFAULT_NAME, self.entries[0])
+        # the default model: the one named (-m, a preset), while it can be served; else the first
+        # that loads (kept once chosen), or until one has, the first that has not failed
+        self._designated = self._names[default] if default is not None else None
+        self._chosen: ModelEntry | None = None
         at_start = [e.name for e in self.entries if e.spec.load_on_startup]
         if 0 < models_max < len(at_start):
             raise ValueError(f"{len(at_start)} models load at start ({', '.join(at_start)}) but at most {models_max} "
@@ -226,7 +230,21 @@ class Registry:
 
     @property
     def default(self) -> ModelEntry:
-        return self.entries[0]
+        """The model "bubo" names and llama-server's routes use without a `model`: the one the
+        server was told (-m, a preset) unless it failed; else the first model that loaded; until
+        one has, the first that has not failed. A model that cannot load is never the default
+        while another can be."""
+        for e in (self._designated, self._chosen):
+            if e is not None and e.status is not ModelStatus.FAILED:
+                return e
+        for e in self.entries:
+            if e.status in (ModelStatus.LOADED, ModelStatus.SLEEPING):
+                self._chosen = e
+                return e
+        for e in self.entries:
+            if e.status is not ModelStatus.FAILED:
+                return e
+        return self._designated or self.entries[0]
 
     @property
     def is_router(self) -> bool:
@@ -236,10 +254,12 @@ class Registry:
         """Every name a request may use: the ids in order, then the aliases."""
         out = [e.name for e in self.entries]
         out += [n for n in self._names if n not in out]
-        return out
+        return out + ([DEFAULT_NAME] if DEFAULT_NAME not in out else [])
 
     def lookup(self, name: str) -> ModelEntry:
         entry = self._names.get(name)
+        if entry is None and name == DEFAULT_NAME:
+            return self.default
         if entry is None:
             raise UnknownModelError(name, self.names())
         return entry
@@ -275,11 +295,28 @@ class Registry:
                     e.engine.start()
                     e.n_loads += 1
             elif e.spec.load_on_startup and e.status is ModelStatus.UNLOADED:
-                e.startup = e.pending = True  # loading (requests get not_ready) from now on
-                self._watchers.append(gevent.spawn(self._load_quietly, e))
+                self._load_at_start(e)
+        if self.is_router:
+            self._watchers.append(gevent.spawn(self._default_loads, sleep_poll_s / 4))
         if self.sleep_idle_s is not None:
             self._sleeping = gevent.spawn(self._sleeper, min(sleep_poll_s, self.sleep_idle_s / 4))
             self._watchers.append(self._sleeping)
+
+    def _load_at_start(self, e: ModelEntry) -> None:
+        e.startup = e.pending = True  # loading (requests get not_ready) from now on
+        self._watchers.append(gevent.spawn(self._load_quietly, e))
+
+    def _default_loads(self, poll_s: float) -> None:
+        """Until a model has loaded: when the default is one nothing loads (the one that was to
+        load at start failed, the next is the default now), start loading it, so that /ready
+        comes to say ready whichever model fails."""
+        while not self.stopped:
+            if any(e.info is not None or (e.engine is not None and e.engine.info is not None) for e in self.entries):
+                return
+            d = self.default
+            if d.status is ModelStatus.UNLOADED and not d.pending:
+                self._load_at_start(d)
+            gevent.sleep(poll_s)
 
     def stop(self) -> None:
         """Stop every engine (their requests end with Reason.SHUTTING_DOWN) and load nothing more."""

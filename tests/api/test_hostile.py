@@ -110,8 +110,8 @@ def test_half_open_and_slowloris_connections_past_the_cap_do_not_lock_a_client_o
             s.close()
 
     attackers = [threading.Thread(target=attacker, args=(p,)) for p in
-                 (b"GET /health HTTP/1.1\r\nHost: x\r\n",  # headers never finished
-                  b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",  # a slow body
+                 (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n",  # headers never finished
+                  b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{",  # a slow body
                   b"")]  # a socket that says nothing
     for t in attackers:
         t.start()
@@ -144,22 +144,22 @@ def test_idle_and_half_sent_sockets_are_closed_after_their_deadlines(hostile):
     assert data == b"" and took < KEEPALIVE_S + SLACK_S
     # a kept-alive socket after one request
     s = connect(hostile)
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + RAW_AUTH + b"\r\n")
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH + b"\r\n")
     data, took = read_until_closed(s)
     assert status_of(data) == 200 and data.count(b"HTTP/1.1 ") == 1 and took < KEEPALIVE_S + SLACK_S
     # headers begun and never finished: 408
     s = connect(hostile)
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
     data, took = read_until_closed(s)
     assert status_of(data) == 408 and b"request_timeout" in data and took < HEADER_S + SLACK_S
     # a body that does not come: 400 once its deadline (header timeout + length at 64 KiB/s) is past
     s = connect(hostile)
-    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + RAW_AUTH + b"Content-Length: 1000\r\n\r\n{\"content\"")
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH + b"Content-Length: 1000\r\n\r\n{\"content\"")
     data, took = read_until_closed(s)
     assert status_of(data) == 400 and took < HEADER_S + SLACK_S + 1
     # 50 MB announced: 413 at once, and the connection closes without reading the body
     s = connect(hostile)
-    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + RAW_AUTH +
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH +
               b"Content-Length: 50000000\r\n\r\n{\"content\"")
     data, took = read_until_closed(s)
     assert status_of(data) == 413 and b"Connection: close" in data and took < SLACK_S
@@ -174,7 +174,7 @@ def test_a_large_body_sent_steadily_is_read(hostile):
     for chunked in (False, True):
         s = connect(hostile, timeout=60)
         head = b"Transfer-Encoding: chunked\r\n" if chunked else b"Content-Length: %d\r\n" % len(body)
-        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + RAW_AUTH + head + b"\r\n")
+        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + RAW_AUTH + head + b"\r\n")
         for part in thirds:
             time.sleep(HEADER_S * 0.6)
             s.sendall(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
@@ -223,7 +223,7 @@ def test_the_canned_answers_are_well_formed():
 
 # --- framing -------------------------------------------------------------------------------
 
-SMUGGLED = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+SMUGGLED = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 BODY = b'{"content":"hi"}'
 
 
@@ -248,7 +248,7 @@ BODY = b'{"content":"hi"}'
         "negative", "bad chunk size", "a line hiding a length", "a space before the colon", "a folded line"])
 def test_bad_framing_is_400_and_closes_the_connection(hostile, head, body, why):
     s = connect(hostile)
-    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + RAW_AUTH + head + b"\r\n" + body)
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH + head + b"\r\n" + body)
     data, took = read_until_closed(s)
     assert status_of(data) == 400, data
     assert why in data and took < SLACK_S
@@ -262,7 +262,7 @@ def test_chunked_bodies_count_against_the_limit(hostile):
         return out + b"0\r\n\r\n"
 
     s = connect(hostile)
-    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + RAW_AUTH +
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH +
               b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
               + chunked(BODY))
     data, _ = read_until_closed(s)
@@ -271,7 +271,7 @@ def test_chunked_bodies_count_against_the_limit(hostile):
                     BODY + b" " * BODY_LIMIT):  # a valid body, then spaces past the limit
         s = connect(hostile, timeout=60)
         try:
-            s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + RAW_AUTH + b"Transfer-Encoding: chunked\r\n\r\n"
+            s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH + b"Transfer-Encoding: chunked\r\n\r\n"
                       + chunked(payload))
         except (BrokenPipeError, ConnectionResetError):
             pass  # the server answered and closed before the rest arrived
@@ -380,8 +380,8 @@ def test_hostile_requests_found_by_fuzzing_are_answered(hostile):
 
 
 @pytest.mark.parametrize("raw,status", [
-    (b"GET /health?" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
-    (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400),
+    (b"GET /health?" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 414),
+    (b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -1\r\n\r\n", 400),
     (b"GET /health HTTP/2.0\r\n\r\n", 400),
     (b"GET /health extra HTTP/1.1\r\n\r\n", 400),
     (b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 400),
@@ -546,7 +546,7 @@ def test_a_request_longer_than_the_body_timeout_keeps_its_connection():
         # no drafts: counting is what prompt-lookup drafts predict best, and the answer must be slow
         body = json.dumps({"prompt": "Count: 1, 2, 3,", "n_predict": 600, "ignore_eos": True,
                            "speculative.n_max": 0}).encode()
-        c.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        c.sendall(b"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
                   + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
         t0 = time.monotonic()
         got = b""
@@ -555,7 +555,7 @@ def test_a_request_longer_than_the_body_timeout_keeps_its_connection():
             assert chunk, got[-300:]
             got += chunk
         assert time.monotonic() - t0 > 1 and got.startswith(b"HTTP/1.1 200")
-        c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        c.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         more = c.recv(65536)
         assert more.startswith(b"HTTP/1.1 200"), more
 
@@ -567,18 +567,18 @@ def test_a_draining_server_refuses_new_requests():
         u = urllib.parse.urlsplit(s.url)
         held = socket.create_connection((u.hostname, u.port), timeout=30)
         keep = socket.create_connection((u.hostname, u.port), timeout=30)  # kept alive, idle
-        keep.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        keep.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         got = b""
         while not got.endswith(b'{"status":"ok"}\n'):
             got += keep.recv(4096)
         assert b"200 OK" in got
-        held.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+        held.sendall(b"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(body)
                      + body.encode())
         assert held.recv(4096)  # streaming
         # a request still sending its body when the signal comes is in flight: it is answered
         late = socket.create_connection((u.hostname, u.port), timeout=30)
         late_body = json.dumps({"content": "hello"}).encode()
-        late.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(late_body)
+        late.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(late_body)
                      + late_body[:5])
         time.sleep(0.2)
         s.proc.send_signal(signal.SIGTERM)

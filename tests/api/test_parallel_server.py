@@ -155,7 +155,7 @@ def test_fifty_clients_that_vanish_leave_every_slot_idle_and_no_block_held(four_
         q = long_q if i % 3 == 0 else QUESTIONS[i % len(QUESTIONS)]
         body = json.dumps(chat_body(q, max_tokens=200, stream=i % 2 == 0, logprobs=False)).encode()
         s = socket.create_connection((u.hostname, u.port), timeout=30)
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         # drop while queued, in the prompt, or while generating
         time.sleep(rng.uniform(0.0, 1.2))

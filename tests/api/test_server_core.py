@@ -266,7 +266,7 @@ def open_stream(server, body: dict[str, Any], path: str = "/debug/prompt") -> tu
     u = urlsplit(server.url)
     s = socket.create_connection((u.hostname, u.port), timeout=30)
     data = json.dumps({**body, "stream": True}).encode()
-    s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" % path.encode() +
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" % path.encode() +
               b"Content-Length: %d\r\n\r\n" % len(data) + data)
     buf = b""
     while b"data: " not in buf:
@@ -365,7 +365,7 @@ def test_broken_pipes_do_not_crash_the_server(server):
         for _ in range(3):
             s = socket.create_connection((u.hostname, u.port))
             data = json.dumps({"prompt": "Once upon a time", "max_tokens": 20, "stream": stream}).encode()
-            s.sendall(b"POST /debug/prompt HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+            s.sendall(b"POST /debug/prompt HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
             # close with unread data: RST, the server's next write fails
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
             s.close()
@@ -393,7 +393,7 @@ def test_disconnect_during_a_non_streamed_answer_frees_the_slot(server):
     u = urlsplit(server.url)
     s = socket.create_connection((u.hostname, u.port))
     data = json.dumps({"prompt": "Count: 1, 2, 3,", "n_predict": -1, **NO_DRAFT}).encode()
-    s.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+    s.sendall(b"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
     deadline = time.monotonic() + 30
     while slot(server.url)["next_token"]["n_decoded"] < 3 or not slot(server.url)["is_processing"]:
         assert time.monotonic() < deadline
@@ -415,7 +415,7 @@ def test_disconnect_during_a_long_prompt_stops_it_at_the_next_chunk(server):
     s = socket.create_connection((u.hostname, u.port))
     data = json.dumps({"prompt": [1 + i % 50 for i in range(n_prompt)], "max_tokens": 4, "stream": True,
                        "cache_prompt": False}).encode()
-    s.sendall(b"POST /debug/prompt HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+    s.sendall(b"POST /debug/prompt HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
     deadline = time.monotonic() + 30
     while not slot(server.url)["is_processing"]:
         assert time.monotonic() < deadline

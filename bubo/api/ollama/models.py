@@ -218,10 +218,17 @@ def pull_in_thread(model: store.CatalogModel, progress: PullProgress) -> Any:
     return gevent.get_hub().threadpool.spawn(store.pull, model.name, False, progress)
 
 
-def copy(source: Path, destination: str) -> Path:
-    """The store's copy of a model file under a new name: a hard link when it can be, else a copy
-    on a thread of gevent's pool (gigabytes must not stall the server's greenlets), written
-    beside and renamed into place, so a failure leaves nothing behind."""
+class CopyRefused(ValueError):
+    """A copy would write the whole file (no hard link can be made) and the server does not allow
+    that (--allow-copy)."""
+
+
+def copy(source: Path, destination: str, allow_copy: bool = False) -> Path:
+    """The store's copy of a model file under a new name: a hard link (no bytes written, however
+    often a client asks). Where none can be made (another filesystem), CopyRefused unless
+    allow_copy, and then a copy, with the disk's room checked first as a pull checks it, on a
+    thread of gevent's pool (gigabytes must not stall the server's greenlets). Written beside and
+    renamed into place, so a failure leaves nothing behind."""
     import gevent
 
     dest = store.models_dir() / f"{destination}.gguf"
@@ -233,7 +240,12 @@ def copy(source: Path, destination: str) -> Path:
     try:
         try:
             os.link(source, tmp)
-        except OSError:
+        except OSError as e:
+            if not allow_copy:
+                raise CopyRefused(f"cannot link {source.name} into the store ({e.strerror or e}): a copy would write "
+                                  f"its {source.stat().st_size / 2**30:.2f} GiB again, which this server does not do "
+                                  "unless started with --allow-copy") from None
+            store.check_room(source.stat().st_size, f"copying {source.name}")
             gevent.get_hub().threadpool.spawn(shutil.copyfile, source, tmp).get()
         os.replace(tmp, dest)
     finally:

@@ -187,10 +187,14 @@ def add_paths(d: Any, names: list[str], example_model: str) -> dict[str, Schema]
     }, (400, 404, 413), ollama=True)
     d.add(("/api/copy",), "post", {
         "operationId": "ollama_copy", "summary": "A stored model under another name (Ollama)", "tags": [TAG],
+        "description": "A hard link in the store: no bytes are written. Where none can be made (the model's file "
+                       "is on another filesystem) the copy is refused (400) unless the server was started with "
+                       "--allow-copy; then the file is copied if the store's disk has room for it and 1 GiB more "
+                       "(507 insufficient_storage otherwise).",
         "requestBody": oa._body(obj({"source": STR, "destination": STR}, ["source", "destination"], closed=False),
                                 {"source": "nothing:here", "destination": "copy:latest"}),
         "responses": {"200": {"description": "Copied (no body)"}},
-    }, (400, 404, 413), ollama=True)
+    }, (400, 404, 413, 507), ollama=True)
     emb_in = {"anyOf": [STR, arr({"anyOf": [STR, arr(NAT, minItems=1)]}, maxItems=2048)]}  # "" or []: none
     d.add(("/api/embed",), "post", {
         "operationId": "ollama_embed", "summary": "Embeddings (Ollama; 501 for a text-generation model)",

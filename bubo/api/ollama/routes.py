@@ -5,11 +5,12 @@ the shape by path)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, jsonify, request
 
 import bubo
 from bubo import embed as embedding
@@ -18,6 +19,7 @@ from bubo._grammar import Grammar
 from bubo.api import embeddings as emb
 from bubo.api import fields as f
 from bubo.api import jsonout, offload, pipeline
+from bubo.api.config import is_loopback
 from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.fields import invalid
 from bubo.api.ollama import models as om
@@ -35,6 +37,7 @@ from bubo.engine.types import FinishEvent, GenerationRequest, TokenEvent
 from bubo.runtime import Runtime
 from bubo.sampling import SamplingParams
 
+log = logging.getLogger("bubo.api")
 blueprint = Blueprint("ollama", __name__)
 
 
@@ -54,8 +57,25 @@ def served(name: str) -> str:
 
 
 def _keep_alive(name: str, seconds: float | None) -> None:
-    if seconds is not None:
+    if seconds is not None and _may_set_keep_alive(name, seconds):
         models().keep_alive(name, seconds)
+
+
+def _may_set_keep_alive(name: str, seconds: float) -> bool:
+    """A keep_alive that shortens how long the model stays loaded (0: unload it now) changes it
+    for every client: only a caller allowed to manage models may (one with an API key, or on
+    loopback when the server has no keys). Any caller may lengthen it. Refused: a note in the
+    log, and the request goes on as if it had none."""
+    reg = models()
+    entry = reg.lookup(name)
+    now = entry.idle_limit(reg.sleep_idle_s)
+    if now is not None and seconds >= now:
+        return True
+    if config().api_keys or is_loopback(request.remote_addr or ""):
+        return True
+    log.info("keep_alive %g s from %s for %s ignored: only a client with an API key, or on this machine, may "
+             "shorten how long a model stays loaded", seconds, request.remote_addr, entry.name)
+    return False
 
 
 def _loaded(name: str, seconds: float | None, key: str) -> Any:
@@ -66,7 +86,7 @@ def _loaded(name: str, seconds: float | None, key: str) -> Any:
         body["message"] = {"role": "assistant", "content": ""}
     else:
         body["response"] = ""
-    if seconds == 0:
+    if seconds == 0 and _may_set_keep_alive(name, seconds):
         models().unload(name, sleeping=True)
         return jsonify({**body, "done_reason": "unload", "done": True})
     use_model(name)
@@ -376,9 +396,13 @@ def copy() -> Any:
         raise invalid(f"destination '{destination}' already names a stored model: delete it first, or pick "
                       "another name")
     try:
-        om.copy(path, destination)
+        om.copy(path, destination, allow_copy=config().allow_copy)
     except FileExistsError:
         raise invalid(f"destination '{destination}' already names a stored model") from None
+    except om.CopyRefused as e:
+        raise invalid(str(e)) from None
+    except store.NoRoomError as e:
+        raise ApiError(507, "insufficient_storage", str(e)) from None
     return Response(status=200)
 
 

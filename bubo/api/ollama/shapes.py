@@ -37,7 +37,7 @@ _SAMPLING = [n for n in SamplingParams.__dataclass_fields__ if n not in ("n_prob
 MAX_TOP_LOGPROBS = 20
 KEEP_ALIVE_FOREVER_S = 1e9  # a keep_alive this long (31 years) or longer is "for good"
 MAX_NAME_CHARS = 200  # the store's file is NAME.gguf, written as .NAME.gguf.partial first: 255 bytes at most
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(:[A-Za-z0-9._-]+)?$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(:[A-Za-z0-9._-]+)?")  # fullmatch ("$" matches before a newline)
 _DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -64,7 +64,7 @@ def check_new_name(name: Any, what: str) -> str:
         raise invalid(f"{what} is required: a model name such as mymodel:latest")
     if len(name) > MAX_NAME_CHARS:
         raise invalid(f"{what} is {len(name)} characters long; a model name has at most {MAX_NAME_CHARS}")
-    if not _NAME_RE.match(name) or ".." in name:
+    if not _NAME_RE.fullmatch(name) or ".." in name:
         raise invalid(f"{what} {name!r} is not a model name: letters, digits, '.', '_' and '-', with an optional "
                       ":tag")
     return name
