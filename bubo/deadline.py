@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import time
 from collections.abc import Iterator
+from typing import Any
 
 YIELD_S = 0.002  # the longest a checking loop keeps the GIL before it lets others run
 # how long it lets them: sleep(0) gives the GIL back, but the sleeper often takes it again before
@@ -90,3 +91,12 @@ def check() -> None:
     if now - b._yielded > YIELD_S:
         b._yielded = now
         time.sleep(YIELD_PAUSE_S)  # releases the GIL long enough for a waiting thread to take it
+
+
+def let_go(items: list[Any]) -> None:
+    """Empty a long list a slice at a time from its end, letting other threads run between
+    slices: freeing millions of objects in one go holds the GIL as long as making them did."""
+    while items:
+        del items[-65536:]
+        if items:
+            time.sleep(YIELD_PAUSE_S)

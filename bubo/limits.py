@@ -4,9 +4,9 @@ cost that grows with the list: matching stop strings and DRY's sequence breakers
 engine thread for every token of every request, rendering a template and checking tools in the
 request's preparation. The OpenAPI document (bubo/api/openapi.py) states them as maxItems.
 
-The values leave room for any real use: OpenAI's own limits are 4 stop strings and 128 tools;
-llama.cpp's DRY default has 4 breakers; a ban of every token of the largest vocabulary here
-(262,144 entries) fits in logit_bias.
+The values leave room for any real use: OpenAI's own limits are 4 stop strings, 128 tools and 300
+logit_bias entries; llama.cpp's DRY default has 4 breakers. (To allow only a few tokens, a grammar
+says it in a line, where a logit_bias would list the rest of the vocabulary.)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from bubo.errors import RequestError
 MAX_STOP = 64  # stop strings (stop, stop_sequences, options.stop)
 MAX_STOP_CHARS = 500  # characters of one stop string
 MAX_DRY_BREAKERS = 64  # dry_sequence_breakers
-MAX_LOGIT_BIAS = 262_144  # logit_bias entries: the largest vocabulary (gemma3's)
+MAX_LOGIT_BIAS = 65_536  # logit_bias entries (OpenAI takes 300)
 MAX_TOOLS = 128  # tools (functions) a request offers: OpenAI's limit
 MAX_MESSAGES = 10_000  # messages of a conversation (a prompt of that many turns fills any context here)
 

@@ -22,10 +22,11 @@ from bubo import deadline
 
 MAX_DEPTH = 128  # nesting of arrays and objects: far past any request's or schema's
 MAX_NUMBER_CHARS = 100  # an integer of more digits means nothing to any field
-# values in one body (members of arrays and objects): more than any request needs (a prompt of
-# token ids, a whole vocabulary's logit_bias, an enum of 100,000 values), and what json.loads
-# parses in well under 100 ms on a slow core
-MAX_VALUES = 1_000_000
+# values in one body (members of arrays and objects, counted by the commas and colons between
+# them): more than any request needs (a prompt of token ids longer than any context here, an enum
+# of 100,000 values, logit_bias at its maximum), and what json.loads parses in about 50 ms on a
+# slow core, the time the event loop may wait for it
+MAX_VALUES = 500_000
 
 
 class JSONInputError(ValueError):

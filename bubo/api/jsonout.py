@@ -20,6 +20,7 @@ from flask import Response
 from bubo import deadline
 
 SLICE_VALUES = 16384  # values encoded in one call of the C encoder (a few milliseconds)
+CHUNK_BYTES = 256 * 1024  # the body's pieces
 _SMALL_LIST = 256  # a list this short whose items are small is encoded in one call
 _SAMPLES = 8  # items of a long list looked at to judge the size of its items
 
@@ -27,17 +28,56 @@ _SAMPLES = 8  # items of a long list looked at to judge the size of its items
 def response(value: Any, status: int = 200) -> Response:
     """A JSON response holding value, encoded in slices."""
     try:
-        body = _encode(value, ascii=False)
+        chunks = _encode(value, ascii=False)
     except UnicodeEncodeError:  # a lone surrogate quoted from a request: escaped instead
-        body = _encode(value, ascii=True)
-    return Response(body, status=status, mimetype="application/json")
+        chunks = _encode(value, ascii=True)
+    return _response(chunks, status)
 
 
-def _encode(value: Any, ascii: bool) -> bytes:
+def _response(chunks: list[bytes], status: int) -> Response:
+    # the body stays in chunks (joined, 100 MB would be one more long call); its length is known
+    resp = Response(chunks, status=status, mimetype="application/json")
+    resp.headers["Content-Length"] = str(sum(len(c) for c in chunks))
+    return resp
+
+
+def _encode(value: Any, ascii: bool) -> list[bytes]:
     out: list[str] = []
     _parts(value, out, ascii)
     out.append("\n")
-    return "".join(out).encode("utf-8")
+    return _chunked(out)
+
+
+def _chunked(parts: list[str]) -> list[bytes]:
+    """The parts as UTF-8, joined into chunks of about CHUNK_BYTES characters."""
+    chunks: list[bytes] = []
+    group: list[str] = []
+    size = 0
+    for p in parts:
+        group.append(p)
+        size += len(p)
+        if size >= CHUNK_BYTES:
+            chunks.append("".join(group).encode("utf-8"))
+            group, size = [], 0
+            deadline.check()
+    if group:
+        chunks.append("".join(group).encode("utf-8"))
+    return chunks
+
+
+def listing(head: dict[str, Any], key: str, n: int, items: Callable[[int, int], list[Any]]) -> Response:
+    """The response {**head, key: [item 0, ..., item n-1]}, the list made and encoded a slice at
+    a time by items(start, stop): millions of items are never all alive at once (building them,
+    and freeing them again, would each be one long hold of the GIL)."""
+    out = [_dumps(head, False)[:-1] + ("," if head else "") + _dumps(key, False) + ":["]
+    step = 4096
+    for start in range(0, n, step):
+        if start:
+            out.append(",")
+        out.append(_dumps(items(start, min(start + step, n)), False)[1:-1])
+        deadline.check()
+    out.append("]}\n")
+    return _response(_chunked(out), 200)
 
 
 def _dumps(value: Any, ascii: bool) -> str:

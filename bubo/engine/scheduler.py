@@ -185,6 +185,9 @@ class Scheduler:
         self.block_size = kv.block_size
         self.slots = [Slot(i) for i in range(n_slots)]
         self.queue: collections.deque[Task] = collections.deque()
+        # requests whose readers left their events unread while others waited for a slot: out of
+        # their slots (their blocks in the prefix cache) until read, then queued again at the head
+        self.parked: list[Task] = []
         self._memory_short = memory_short
         self._n_admitted = 0
         self.n_task = 0
@@ -219,7 +222,7 @@ class Scheduler:
         return sum(1 for s in self.slots if s.task is not None)
 
     def idle(self) -> bool:
-        return all(s.task is None for s in self.slots) and not self.queue
+        return all(s.task is None for s in self.slots) and not self.queue and not self.parked
 
     # --- one step ---------------------------------------------------------------------------
 
@@ -231,6 +234,7 @@ class Scheduler:
             elif s.task is not None and s.task.n_gen and s.task.sink.ending:
                 self._finish(s, STOP)
         with lock:
+            self._park_unread()
             self._admit()
         # a generating request whose reader is behind pauses: no token for it this step
         active = sorted((s for s in self.slots if s.task is not None and not (s.task.n_gen and s.task.sink.backlogged)),
@@ -242,6 +246,25 @@ class Scheduler:
             return True  # everything was preempted or finished for lack of room: plan again
         self._run(batch)
         return True
+
+    def _park_unread(self) -> None:
+        """A request whose reader is behind gives its slot to the requests waiting for one (a
+        client that reads nothing cannot keep a slot from one that does), and comes back at the
+        head of the queue once its events are read; its answer goes on exactly (preemption)."""
+        for t in list(self.parked):
+            if t.cancelled:
+                self.parked.remove(t)
+            elif not t.sink.backlogged:
+                self.parked.remove(t)
+                self.queue.appendleft(t)
+        if not self.n_waiting():
+            return
+        for s in self.slots:
+            held = s.task
+            if held is not None and held.n_gen and held.sink.backlogged and not held.cancelled:
+                log.info("task %d is not being read: it gives its slot to a waiting request", held.id)
+                self._give_back(s)
+                self.parked.append(held)
 
     def _admit(self) -> None:
         waiting: list[Task] = []  # tasks that wait for a running slot's prompt: back at the head after
@@ -686,11 +709,14 @@ class Scheduler:
                 self._fail(s, event)
         while queued and self.queue:
             self.queue.popleft().sink.push(event)
+        while queued and self.parked:
+            self.parked.pop().sink.push(event)
 
     def reset(self) -> None:
         """Forget every task and empty every sequence (after an exception the caller re-raises:
         what the cache holds is then unknown)."""
         self.queue.clear()
+        self.parked.clear()
         for s in self.slots:
             s.task = None
             self._clear(s)
@@ -698,6 +724,13 @@ class Scheduler:
     def _preempt(self, s: Slot) -> None:
         t = self._task(s)
         log.info("KV cache full: task %d gives back its slot and waits to resume", t.id)
+        self._give_back(s)
+        self.queue.appendleft(t)
+
+    def _give_back(self, s: Slot) -> None:
+        """Take s's task out of its slot, to be admitted again later (its full blocks stay in the
+        prefix cache, so it re-reads little)."""
+        t = self._task(s)
         t.n_preempted += 1
         self.counters["n_preemptions_total"] += 1
         self._clear(s)
@@ -705,7 +738,6 @@ class Scheduler:
         t.n_registered = 0
         t.draft = []
         s.task = None
-        self.queue.appendleft(t)
 
     def _release(self, s: Slot, keep: bool = True) -> None:
         t = self._task(s)

@@ -1,0 +1,360 @@
+"""Nothing one request sends stalls, starves or breaks another, against a real `bubo serve`
+(smollm2:135m, 4 slots, --prepare-timeout 2, --write-timeout 3):
+
+- while a costly request runs (schemas that used to expand exponentially, quadratically or
+  recursively, Markdown fences whose lexers backtrack, 16 MB inputs, lists past their maxima),
+  /health answers in under 100 ms and another client's stream keeps flowing (its largest gap
+  between tokens bounded by a multiple of its own gap alone), and the costly request ends with
+  its answer (a 400 where it asks too much) within its deadline;
+- a request whose logit_bias bans every token ends alone, beside three streams that complete;
+- clients that pipeline requests or hold streams without reading: the authenticated clients are
+  served throughout, the server's memory stays within a bound and its slots come back.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import statistics
+import threading
+import time
+import urllib.parse
+
+import pytest
+
+from .conftest import Server
+from .test_server_core import call_json
+
+pytestmark = pytest.mark.models
+
+KEY = "isolation-key"
+AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+PREPARE_S = 2.0
+WRITE_S = 3.0
+HEALTH_LIMIT_S = 0.1
+DEADLINE_SLACK_S = 1.5  # a deadline is met within this much more (a shared, noisy machine)
+
+
+@pytest.fixture(scope="module")
+def srv():
+    # -ub 128: a new request's prompt is read 128 tokens a step, beside the other slots' tokens
+    # (the gaps measured here are what waiting for a preparation costs, not a long prompt's chunk)
+    s = Server("-np", "4", "-ub", "128", "--no-draft", "--api-key", KEY, "--prepare-timeout", str(PREPARE_S),
+               "--write-timeout", str(WRITE_S), "--max-connections", "48", ctx=2048)
+    try:
+        yield s.wait_ready({"Authorization": f"Bearer {KEY}"})
+    finally:
+        s.stop()
+
+
+def addr(s: Server) -> tuple[str, int]:
+    u = urllib.parse.urlsplit(s.url)
+    return u.hostname or "127.0.0.1", u.port or 80
+
+
+def post(s: Server, path: str, body: object, timeout: float = 120) -> tuple[int, object, float]:
+    """(status, the JSON answer, seconds it took)."""
+    c = http.client.HTTPConnection(*addr(s), timeout=timeout)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    t0 = time.monotonic()
+    c.request("POST", path, body=data, headers=AUTH)
+    r = c.getresponse()
+    raw = r.read()
+    took = time.monotonic() - t0
+    c.close()
+    return r.status, json.loads(raw), took
+
+
+class Watch:
+    """A long greedy stream read as it comes (each token's arrival time) and /health asked every
+    20 ms on a kept-alive connection (each answer's latency), in two threads."""
+
+    def __init__(self, s: Server):
+        self.s = s
+        self.tokens: list[float] = []
+        self.health: list[tuple[float, float]] = []  # (when asked, seconds to answer)
+        self.failures: list[str] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._stream, daemon=True),
+                        threading.Thread(target=self._probe, daemon=True)]
+
+    def __enter__(self) -> Watch:
+        for t in self.threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while len(self.tokens) < 40:
+            assert time.monotonic() < deadline and not self.failures, self.failures
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+    def _stream(self) -> None:
+        body = {"prompt": "Once upon a time", "n_predict": 1800, "ignore_eos": True, "stream": True,
+                "temperature": 0}
+        c = http.client.HTTPConnection(*addr(self.s), timeout=60)
+        c.request("POST", "/completion", body=json.dumps(body), headers=AUTH)
+        r = c.getresponse()
+        while not self.stop.is_set():
+            line = r.fp.readline()
+            if not line:
+                if not self.stop.is_set():
+                    self.failures.append("the stream ended early")
+                break
+            if line.startswith(b"data: ") and b'"content"' in line:
+                self.tokens.append(time.monotonic())
+        c.close()
+
+    def _probe(self) -> None:
+        c = http.client.HTTPConnection(*addr(self.s), timeout=30)
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            c.request("GET", "/health", headers=AUTH)
+            r = c.getresponse()
+            r.read()
+            if r.status != 200:
+                self.failures.append(f"/health {r.status}")
+            self.health.append((t0, time.monotonic() - t0))
+            time.sleep(0.02)
+        c.close()
+
+    def gaps(self, t0: float, t1: float) -> list[float]:
+        return [b - a for a, b in zip(self.tokens, self.tokens[1:]) if t0 <= b <= t1 + 0.05]
+
+
+def while_streaming(s: Server, costly) -> tuple[object, dict[str, float]]:
+    """Run costly() beside a stream and the /health probe; check neither waited for it."""
+    with Watch(s) as w:
+        time.sleep(0.3)
+        alone = statistics.median(w.gaps(0, time.monotonic()))
+        t0 = time.monotonic()
+        out = costly()
+        t1 = time.monotonic()
+        time.sleep(0.1)
+        during = [lat for t, lat in w.health if t0 <= t <= t1]
+        gaps = w.gaps(t0, t1)
+        assert not w.failures, w.failures
+        assert w.tokens[-1] >= t1, "the stream stopped during the costly request"
+    stats = {"health_max": max(during, default=0.0), "gap_max": max(gaps, default=0.0), "gap_alone": alone,
+             "seconds": t1 - t0}
+    print("while streaming:", {k: round(v * 1000, 1) for k, v in stats.items()}, "ms")  # -s shows them
+    assert stats["health_max"] < HEALTH_LIMIT_S, stats
+    # the stream shares the machine's two cores with the costly work, so it slows down; it does
+    # not wait for it: no gap longer than a small multiple of its own pace
+    assert stats["gap_max"] < 0.25 + 25 * alone, stats
+    return out, stats
+
+
+# --- the costly requests ----------------------------------------------------------------------
+
+
+def doubling_all_of(depth: int) -> dict:
+    defs: dict = {"d0": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 8}}, "required": ["a"]}}
+    for i in range(1, depth + 1):
+        defs[f"d{i}"] = {"allOf": [{"$ref": f"#/$defs/d{i - 1}"}, {"$ref": f"#/$defs/d{i - 1}"}]}
+    return {"$defs": defs, "$ref": f"#/$defs/d{depth}"}
+
+
+def inline_all_of(depth: int) -> dict:
+    node: dict = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}}, "required": ["n"]}
+    for _ in range(depth):
+        node = {"allOf": [node, json.loads(json.dumps(node))]}
+    return node
+
+
+def many_required(n: int) -> dict:
+    return {"type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(n)},
+            "required": [f"k{i}" for i in range(n)]}
+
+
+def one_of(n: int) -> dict:
+    return {"oneOf": [{"type": "object", "properties": {"t": {"const": i}}, "required": ["t"]} for i in range(n)]}
+
+
+HI = [{"role": "user", "content": "Hi"}]
+SCHEMA_CASES = {
+    "allOf doubling 40 deep, chat response_format": (
+        "/v1/chat/completions", {"model": "bubo", "messages": HI, "max_tokens": 8, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": doubling_all_of(40)}}}, 200),
+    "allOf doubling 20 deep, forced tool call": (
+        "/v1/chat/completions", {"model": "bubo", "messages": HI, "max_tokens": 8, "tool_choice": "required",
+                                 "tools": [{"type": "function", "function": {
+                                     "name": "f", "parameters": doubling_all_of(20)}}]}, 200),
+    "allOf nested inline 10 deep, llama-server json_schema": (
+        "/completion", {"prompt": "x", "n_predict": 4, "json_schema": inline_all_of(10)}, 200),
+    "required 100,000 names, /completion json_schema": (
+        "/completion", {"prompt": "x", "n_predict": 4, "json_schema": many_required(100_000)}, 400),
+    "oneOf 5,000 objects, Responses text.format": (
+        "/v1/responses", {"model": "bubo", "input": "Hi", "max_output_tokens": 8, "text": {"format": {
+            "type": "json_schema", "name": "x", "schema": one_of(5000)}}}, 400),
+    "allOf doubling 30 deep, Ollama format": (
+        "/api/chat", {"model": "bubo", "messages": HI, "stream": False, "format": doubling_all_of(30),
+                      "options": {"num_predict": 8}}, 200),
+}
+
+
+@pytest.mark.parametrize("case", list(SCHEMA_CASES))
+def test_a_costly_schema_stalls_nobody(srv, case):
+    path, body, want = SCHEMA_CASES[case]
+    (status, r, took), _ = while_streaming(srv, lambda: post(srv, path, body))
+    assert status == want, r
+    assert took < PREPARE_S + DEADLINE_SLACK_S + (5 if want == 200 else 0)  # a 200 also generates its answer
+    if want == 400:
+        code = r["error"] if path.startswith("/api/") else r["error"]["code"]
+        assert code in ("unsupported_schema", "too_costly"), r
+
+
+FENCES = {  # each took the event loop 10-35 s when it was highlighted there
+    "mcfunction": "```mcfunction\n" + "1" * 300 + "x\n```",
+    "zeek": "```zeek\nx = " + "1" * 1000 + "a\n```",
+    "systemd": "Some text\n\n```systemd\n" + "a \t" * 3000 + "\n```\n",
+}
+
+
+@pytest.mark.parametrize("lexer", list(FENCES))
+def test_a_backtracking_lexer_stalls_nobody(srv, lexer):
+    (status, r, took), _ = while_streaming(srv, lambda: post(srv, "/webui/render", {"text": FENCES[lexer]}))
+    assert status == 200 and r["rendering"] == "plain_code", r  # highlighting ran out of its budget
+    assert "<pre" in r["html"] and "data-highlighted" not in r["html"]
+    assert took < 2 * 2.0 + DEADLINE_SLACK_S  # at most two budgets of a render worker
+    # a fence that highlights in time is highlighted
+    status, r, _ = post(srv, "/webui/render", {"text": "```python\nprint(1)\n```"})
+    assert status == 200 and r["rendering"] == "highlighted" and "data-highlighted" in r["html"]
+
+
+def test_large_inputs_stall_nobody_and_work_past_the_deadline_is_a_400(srv):
+    text = "hello world, " * 1_250_000  # 16 MB
+    (status, r, _), _ = while_streaming(srv, lambda: post(srv, "/tokenize", {"content": text}))
+    assert status == 200 and len(r["tokens"]) > 2_000_000, r
+    # the same with every token's piece: more work than the deadline allows
+    (status, r, took), _ = while_streaming(srv, lambda: post(srv, "/tokenize", {"content": text, "with_pieces": True}))
+    assert status == 400 and r["error"]["code"] == "too_costly", r
+    assert "--prepare-timeout" in r["error"]["message"]
+    assert took < PREPARE_S + DEADLINE_SLACK_S + 1.0  # + reading the 16 MB body
+    # an embeddings input of 16 MB on a text model: read off the loop, then 501
+    (status, r, _), _ = while_streaming(srv, lambda: post(srv, "/v1/embeddings", {"input": [text[:4000]] * 2000}))
+    assert status == 400 and "at most 2048" not in r["error"]["message"] or status == 501, r
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("stop", [f"s{i}" for i in range(100_000)], "stop has 100,000 strings; at most 64"),
+    ("dry_sequence_breakers", [f"b{i}" for i in range(40_000)], "dry_sequence_breakers has 40,000 strings; at most 64"),
+    ("logit_bias", {str(i): -1 for i in range(70_000)}, "logit_bias has 70,000 entries; at most 65,536"),
+])
+def test_lists_past_their_maximum_are_refused_naming_the_field(srv, field, value, words):
+    body = {"model": "bubo", "messages": HI, "max_tokens": 4, "dry_multiplier": 0.8, field: value}
+    (status, r, _), _ = while_streaming(srv, lambda: post(srv, "/v1/chat/completions", body))
+    assert status == 400 and words in r["error"]["message"], r
+
+
+def test_tools_and_messages_past_their_maximum_are_refused(srv):
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(129)]
+    status, r, _ = post(srv, "/v1/chat/completions", {"model": "bubo", "messages": HI, "tools": tools})
+    assert status == 400 and "tools has 129 tools; at most 128" in r["error"]["message"], r
+    status, r, _ = post(srv, "/v1/messages", {"model": "bubo", "max_tokens": 4, "messages": HI * 10_001})
+    assert status == 400 and r["type"] == "error" and "messages has 10,001 messages" in r["error"]["message"], r
+
+
+# --- one request's failure is its own -------------------------------------------------------
+
+
+def test_a_banned_everything_request_beside_three_streams_ends_alone(srv):
+    a = call_json(srv.url + "/tokenize", "POST", {"content": "a"}, headers=AUTH)[1]["tokens"][-1]
+    results: dict[int, tuple[int, str]] = {}
+
+    def stream(i: int) -> None:
+        body = {"prompt": f"Count to {i + 20}:", "n_predict": 120, "stream": True, "temperature": 0,
+                "ignore_eos": True}
+        c = http.client.HTTPConnection(*addr(srv), timeout=120)
+        c.request("POST", "/completion", body=json.dumps(body), headers=AUTH)
+        r = c.getresponse()
+        results[i] = (r.status, r.read().decode())
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    bans = [[t, False] for t in range(49152) if t != a]
+    # known before it runs: 400 with nothing generated
+    status, r, _ = post(srv, "/completion", {"prompt": "x", "n_predict": 3, "grammar": 'root ::= "yes"',
+                                             "logit_bias": bans})
+    assert status == 400 and r["error"]["code"] == "no_token_allowed", r
+    # known at its second token: its stream ends with the error in band
+    c = http.client.HTTPConnection(*addr(srv), timeout=60)
+    c.request("POST", "/completion", body=json.dumps({"prompt": "x", "n_predict": 3, "stream": True,
+                                                      "grammar": 'root ::= "a" "b"', "logit_bias": bans}),
+              headers=AUTH)
+    text = c.getresponse().read().decode()
+    assert '"content":"a"' in text and '"code":"no_token_allowed"' in text, text
+    for t in threads:
+        t.join(120)
+    for i in range(3):
+        status, text = results[i]
+        events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+        assert status == 200 and events[-1]["stop"] is True and events[-1]["stop_type"] == "limit", events[-1]
+        assert not any("error" in e for e in events) and events[-1]["tokens_predicted"] == 120
+
+
+# --- clients that do not read ----------------------------------------------------------------
+
+
+def rss(s: Server) -> int:
+    with open(f"/proc/{s.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_non_readers_cannot_hold_the_server_or_its_memory(srv):
+    """16 streams with 100 top probabilities a token that never read, 60 sockets that pipeline
+    requests for the 32 KB chat page and never read: past the connection cap and for longer than
+    the write deadline. An authenticated client is answered all along; memory grows by at most
+    the KV cache plus 48 MB, and the slots come back once the write deadline ends the streams."""
+    deadline = time.monotonic() + 30
+    while not (m := re.search(r"KV cache (\d+) MiB", "".join(srv.log))):
+        assert time.monotonic() < deadline, "".join(srv.log)
+        time.sleep(0.1)
+    kv_mib = int(m.group(1))
+    before = rss(srv)
+    socks = []
+    body = json.dumps({"prompt": "Once upon a time", "n_predict": 1500, "n_probs": 100, "stream": True,
+                       "ignore_eos": True}).encode()
+    for _ in range(16):
+        s = socket.create_connection(addr(srv))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(b"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + KEY.encode() +
+                  b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        socks.append(s)
+    for _ in range(60):
+        s = socket.create_connection(addr(srv))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 100)
+        socks.append(s)
+    peak = before
+    served = 0
+    t_end = time.monotonic() + WRITE_S * 3
+    try:
+        while time.monotonic() < t_end:
+            status, r = call_json(srv.url + "/v1/chat/completions", "POST",
+                                  {"model": "bubo", "messages": HI, "max_tokens": 4}, headers=AUTH, timeout=30)
+            assert status == 200, r
+            served += 1
+            peak = max(peak, rss(srv))
+            time.sleep(0.2)
+    finally:
+        for s in socks:
+            s.close()
+    bound = before + (kv_mib + 48) * 2**20
+    assert served >= 10
+    assert peak <= bound, (before, peak, bound)
+    deadline = time.monotonic() + 30
+    while any(s["is_processing"] for s in call_json(srv.url + "/slots", headers=AUTH)[1]):
+        assert time.monotonic() < deadline, "a non-reader's slot was not given back"
+        time.sleep(0.2)
+    assert rss(srv) <= bound

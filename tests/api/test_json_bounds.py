@@ -1,0 +1,84 @@
+"""JSON in and out within bounds: a request body is parsed with at most jsonin.MAX_VALUES values
+(counted before the C parser runs, commas in text not counted against it), every check after the
+parse walks in Python; a large answer is encoded in slices with the same bytes Flask writes."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from flask import Flask, jsonify
+
+from bubo.api import jsonin, jsonout
+
+
+def test_a_body_of_more_values_than_the_limit_is_refused_before_it_is_parsed(monkeypatch):
+    monkeypatch.setattr(jsonin, "MAX_VALUES", 1000)
+    ok = json.dumps({"prompt": list(range(900))})
+    assert jsonin.parse(ok)["prompt"][-1] == 899
+    for body in (json.dumps({"prompt": list(range(1000))}), json.dumps([{"a": 1}] * 600)):
+        with pytest.raises(jsonin.JSONInputError, match="more than 1,000 values"):
+            jsonin.parse(body)
+    # commas and colons inside strings are text, not values (escaped quotes included)
+    text = json.dumps({"prompt": 'a,b:"c", \\' * 5000, "x": [1, 2]})
+    assert jsonin.parse(text)["x"] == [1, 2]
+
+
+def test_numbers_depth_surrogates_and_scalars():
+    with pytest.raises(jsonin.JSONInputError, match="200 digits"):
+        jsonin.parse('{"a": [1, ' + "9" * 200 + "]}")
+    with pytest.raises(jsonin.JSONInputError, match="more than 4300 digits"):
+        jsonin.parse('{"a": ' + "9" * 5000 + "}")
+    assert jsonin.parse('{"a": ' + "9" * 100 + "}")["a"] == int("9" * 100)
+    with pytest.raises(jsonin.JSONInputError, match="NaN is not JSON"):
+        jsonin.parse('{"t": NaN}')
+    with pytest.raises(jsonin.JSONInputError, match="deeper than 128"):
+        jsonin.parse("[" * 129 + "]" * 129)
+    assert jsonin.parse("[" * 128 + "]" * 128)
+    with pytest.raises(jsonin.JSONInputError, match=r"messages\[1\].content holds a lone UTF-16 surrogate"):
+        jsonin.parse('{"messages": [{"content": "ok"}, {"content": "\\ud800"}]}')
+    for scalar in ("null", "3", '"x"', "true", "1.5"):
+        assert jsonin.parse(scalar) == json.loads(scalar)
+
+
+def _values():
+    rng = random.Random(7)
+    return [
+        {"tokens": list(range(100_000))},
+        {"tokens": [{"id": i, "piece": "é" if i % 3 else [0xe2, 0x96]} for i in range(40_000)]},
+        {"data": [{"object": "embedding", "index": i, "embedding": [rng.random() for _ in range(384)]}
+                  for i in range(100)]},
+        [[1.5, None, True, "x\u2028y"]] * 20_000,
+        {"a": {"b": list(range(70_000)), "c": "🦉"}, "d": []},
+        [], {}, "text", 5, None, [[]] * 1000,
+    ]
+
+
+def test_large_answers_are_the_bytes_flask_writes():
+    app = Flask("t")
+    app.json.ensure_ascii = False  # type: ignore[attr-defined]
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    with app.app_context():
+        for v in _values():
+            assert jsonout.response(v).get_data() == jsonify(v).get_data()
+
+
+def test_a_lone_surrogate_in_an_answer_is_escaped():
+    out = jsonout.response({"text": "a\ud800b"}).get_data()
+    assert json.loads(out) == {"text": "a\ud800b"} and b"\\ud800" in out
+
+
+def test_a_listing_is_the_object_it_lists_made_a_slice_at_a_time():
+    made = []
+
+    def items(a, b):
+        made.append((a, b))
+        return [{"id": i} for i in range(a, b)]
+
+    r = jsonout.listing({"model": "m"}, "tokens", 10_000, items)
+    data = r.get_data()
+    assert json.loads(data) == {"model": "m", "tokens": [{"id": i} for i in range(10_000)]}
+    assert r.headers["Content-Length"] == str(len(data)) and data.endswith(b"}\n")
+    assert max(b - a for a, b in made) <= 4096
+    assert json.loads(jsonout.listing({}, "tokens", 0, items).get_data()) == {"tokens": []}
