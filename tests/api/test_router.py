@@ -247,6 +247,24 @@ def test_a_broken_file_in_the_models_dir_fails_while_the_others_serve(catalog_mo
         assert s.alive()
 
 
+def test_a_model_that_cannot_load_is_never_the_default(catalog_model, tmp_path):
+    """A broken file that sorts first in --models-dir (or comes first on the command line) is not
+    the default: the first model that loads is, and /ready says ready for it."""
+    d = tmp_path / "models"
+    d.mkdir()
+    (d / "0-broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
+    (d / "a-smol.gguf").symlink_to(catalog_model(SMOL))
+    for flags in (("--models-dir", str(d)), ("-m", str(d / "0-broken.gguf"), "-m", str(d / "a-smol.gguf"))):
+        with Server(*flags, model=None, ctx=1024) as s:
+            s.wait_ready()
+            assert call_json(s.url + "/ready") == (200, {"status": "ready", "model": "a-smol"})
+            assert complete(s.url, None, "Hi", 2)["model"] == "a-smol"  # llama-server's route, no model
+            assert complete(s.url, "bubo", PROMPTS[0])["tokens"] == complete(s.url, "a-smol", PROMPTS[0])["tokens"]
+            ms = models(s.url)
+            assert ms["0-broken"]["status"]["value"] == "failed"
+            assert ms["bubo"]["alias_of"] == "a-smol", ms["bubo"]
+
+
 def start_error(*args: str) -> str:
     """Run `bubo serve` with args that must not start: its one-line error (exit status 1)."""
     p = subprocess.run([sys.executable, "-m", "bubo", "serve", "--port", "0", *args],

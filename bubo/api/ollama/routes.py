@@ -6,6 +6,7 @@ the shape by path)."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -69,7 +70,7 @@ def _may_set_keep_alive(name: str, seconds: float) -> bool:
     reg = models()
     entry = reg.lookup(name)
     now = entry.idle_limit(reg.sleep_idle_s)
-    if now is not None and seconds >= now:
+    if seconds >= (math.inf if now is None else now):
         return True
     if config().api_keys or is_loopback(request.remote_addr or ""):
         return True
@@ -86,9 +87,11 @@ def _loaded(name: str, seconds: float | None, key: str) -> Any:
         body["message"] = {"role": "assistant", "content": ""}
     else:
         body["response"] = ""
-    if seconds == 0 and _may_set_keep_alive(name, seconds):
-        models().unload(name, sleeping=True)
-        return jsonify({**body, "done_reason": "unload", "done": True})
+    if seconds == 0:
+        if _may_set_keep_alive(name, seconds):
+            models().unload(name, sleeping=True)
+            return jsonify({**body, "done_reason": "unload", "done": True})
+        seconds = None  # refused (and logged): a load
     use_model(name)
     _keep_alive(name, seconds)
     return jsonify({**body, "done_reason": "load", "done": True})
