@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
-"""A soak test of `bubo serve`: mixed clients at a steady rate for a long time, watching the
-server's errors, memory (RSS), open file descriptors and /health latency over time.
+"""A soak test of `bubo serve`: normal and hostile clients mixed at a steady rate for a long
+time, watching the normal clients' errors, the server's memory (RSS), open file descriptors and
+/health latency over time.
 
-Clients, started at a steady rate (--rate requests/s) and each a thread:
-  streamed chat (read to the end), non-streamed chat, streamed /completion cancelled midway (the
-  client closes the socket), a slow reader (reads its stream a chunk every 100 ms), a grammar
-  request (JSON Schema), a /v1/messages request, a /tokenize; plus a /health probe every 0.5 s.
+Clients, started at a steady rate (--rate requests/s) and each a thread. Normal (each must get its
+answer): streamed chat (read to the end), non-streamed chat, streamed /completion cancelled midway
+(the client closes the socket), a slow reader (reads its stream a chunk every 100 ms), a grammar
+request (JSON Schema), a /v1/messages request, a /tokenize. Hostile (--hostile, the share of them;
+each is answered with its 4xx, or cut off): a schema that used to expand exponentially, a
+Markdown fence whose lexer backtracks, a logit_bias that bans every token, 100,000 stop strings,
+a rebound Host name, a client that pipelines requests and never reads, a stream nobody reads,
+a 16 MB /tokenize. Plus a /health probe every 0.25 s.
 
-    python benchmarks/soak.py [-m smollm2:135m] [--minutes 30] [--rate 4] [-np 4] [-t 2]
+    python benchmarks/soak.py [-m smollm2:135m] [--minutes 30] [--rate 4] [--hostile 0.3] [-np 4] [-t 2]
 
-Prints a row per minute (requests by outcome, 5xx, RSS MiB, fds, /health p99 ms) and a summary
-whose last lines say whether RSS and fds stayed flat (the last minute against the second)."""
+Prints a row per minute (normal requests, their errors, hostile requests, RSS MiB, fds, /health
+p99 and max ms) and a summary: RSS and fds from the second minute to the last, the normal
+clients' errors (0 is the goal) and every outcome by kind."""
 
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ from bubo import store
 def start(model: str, parallel: int, threads: int, ctx: int) -> tuple[subprocess.Popen[str], str]:
     path = store.pull(model)
     p = subprocess.Popen([sys.executable, "-m", "bubo", "serve", "-m", str(path), "--port", "0", "-np",
-                          str(parallel), "-t", str(threads), "-c", str(ctx)],
+                          str(parallel), "-t", str(threads), "-c", str(ctx), "--write-timeout", "5"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert p.stdout is not None
     for line in p.stdout:
@@ -69,25 +75,29 @@ class Soak:
         self.lock = threading.Lock()
         self.outcomes: dict[str, int] = {}
         self.health: list[float] = []
+        host, port = url.split("//")[1].split(":")
+        self.addr = (host, int(port))
 
     def note(self, what: str) -> None:
         with self.lock:
             self.outcomes[what] = self.outcomes.get(what, 0) + 1
 
-    def post(self, path: str, body: dict, stream_read=None) -> None:
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST")
+    def post(self, path: str, body: dict, stream_read=None, kind: str = "", headers: dict | None = None) -> None:
+        """kind: "hostile " for a hostile client's request (its outcome is not a normal error)."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers=headers or {})
         try:
             with urllib.request.urlopen(req, timeout=300) as r:
                 if stream_read is not None:
                     stream_read(r)
                 else:
                     r.read()
-                self.note(f"{path} {r.status}")
+                self.note(f"{kind}{path} {r.status}")
         except urllib.error.HTTPError as e:
             e.read()
-            self.note(f"{path} {e.code}")
+            self.note(f"{kind}{path} {e.code}")
         except OSError as e:
-            self.note(f"{path} {type(e).__name__}")
+            self.note(f"{kind}{path} {type(e).__name__}")
 
     # --- the clients ------------------------------------------------------------------------
 
@@ -97,11 +107,10 @@ class Soak:
                   (lambda r: [None for _ in r]) if stream else None)
 
     def cancelled(self) -> None:
-        host, port = self.url.split("//")[1].split(":")
         body = json.dumps({"prompt": "Count: 1, 2, 3,", "n_predict": 400, "stream": True}).encode()
         try:
-            s = socket.create_connection((host, int(port)), timeout=60)
-            s.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            s = socket.create_connection(self.addr, timeout=60)
+            s.sendall(b"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
             s.recv(4096)
             time.sleep(random.uniform(0.05, 0.5))
             s.close()
@@ -131,6 +140,56 @@ class Soak:
     def tokenize(self) -> None:
         self.post("/tokenize", {"content": random.choice(QUESTIONS) * 20})
 
+    # --- the hostile clients (each answered with its 4xx, or cut off: never an error of the normal ones) --
+
+    def costly_schema(self) -> None:
+        defs: dict = {"d0": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 8}},
+                             "required": ["a"]}}
+        for i in range(1, 41):
+            defs[f"d{i}"] = {"allOf": [{"$ref": f"#/$defs/d{i - 1}"}, {"$ref": f"#/$defs/d{i - 1}"}]}
+        self.post("/v1/chat/completions", {"model": "bubo", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "Hi"}], "response_format": {"type": "json_schema", "json_schema": {
+                "name": "x", "schema": {"$defs": defs, "$ref": "#/$defs/d40"}}}}, kind="hostile ")
+
+    def backtracking_fence(self) -> None:
+        text = random.choice(["```mcfunction\n" + "1" * 300 + "x\n```", "```zeek\nx = " + "1" * 1000 + "a\n```"])
+        self.post("/webui/render", {"text": text}, kind="hostile ")
+
+    def banned_everything(self) -> None:
+        self.post("/completion", {"prompt": "x", "n_predict": 4, "logit_bias": [[t, False] for t in range(49152)]},
+                  kind="hostile ")
+
+    def many_stops(self) -> None:
+        self.post("/v1/chat/completions", {"model": "bubo", "max_tokens": 8, "stop": [f"s{i}" for i in range(100_000)],
+                                           "messages": [{"role": "user", "content": "Hi"}]}, kind="hostile ")
+
+    def rebound_host(self) -> None:
+        self.post("/v1/chat/completions", {"model": "bubo", "max_tokens": 4, "messages": [
+            {"role": "user", "content": "Hi"}]}, kind="hostile ", headers={"Host": "attacker.example:8080"})
+
+    def _hold(self, data: bytes, what: str) -> None:
+        try:
+            s = socket.create_connection(self.addr, timeout=60)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(data)
+            time.sleep(10)  # never reads
+            s.close()
+            self.note(f"hostile {what}")
+        except OSError as e:
+            self.note(f"hostile {what} {type(e).__name__}")
+
+    def pipelined_non_reader(self) -> None:
+        self._hold(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 50, "pipelined, never read")
+
+    def unread_stream(self) -> None:
+        body = json.dumps({"prompt": "Once upon a time", "n_predict": 2000, "n_probs": 100, "stream": True,
+                           "ignore_eos": True}).encode()
+        self._hold(b"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(body) +
+                   body, "stream never read")
+
+    def huge_tokenize(self) -> None:
+        self.post("/tokenize", {"content": "hello world, " * 1_250_000}, kind="hostile ")
+
     def probe(self, stop: threading.Event) -> None:
         while not stop.is_set():
             t0 = time.monotonic()
@@ -140,7 +199,7 @@ class Soak:
                     self.health.append(time.monotonic() - t0)
             except OSError:
                 self.note("/health failed")
-            time.sleep(0.5)
+            time.sleep(0.25)
 
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about owls.", "Explain recursion briefly.",
@@ -152,6 +211,7 @@ def main() -> int:
     ap.add_argument("-m", "--model", default="smollm2:135m")
     ap.add_argument("--minutes", type=float, default=30)
     ap.add_argument("--rate", type=float, default=4.0, help="new client requests per second")
+    ap.add_argument("--hostile", type=float, default=0.3, help="the share of hostile clients (0: none)")
     ap.add_argument("-np", "--parallel", type=int, default=4)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx-size", type=int, default=8192)
@@ -160,19 +220,27 @@ def main() -> int:
     soak = Soak(url)
     kinds = [lambda: soak.chat(True), lambda: soak.chat(False), soak.cancelled, soak.slow_reader, soak.grammar,
              soak.messages, soak.tokenize]
+    # the hostile kinds, by weight (a 16 MB /tokenize is a second of a core: rarer)
+    hostile = [(soak.costly_schema, 3), (soak.backtracking_fence, 2), (soak.banned_everything, 2), (soak.many_stops, 2),
+               (soak.rebound_host, 2), (soak.pipelined_non_reader, 2), (soak.unread_stream, 2), (soak.huge_tokenize, 1)]
     stop = threading.Event()
     threading.Thread(target=soak.probe, args=(stop,), daemon=True).start()
     print(f"soak: {args.model}, -np {args.parallel}, -t {args.threads}, {args.rate:g} requests/s for "
-          f"{args.minutes:g} min, pid {proc.pid}", flush=True)
-    print("| minute | requests | 5xx | errors | RSS MiB | fds | /health p99 ms |\n"
-          "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |", flush=True)
+          f"{args.minutes:g} min ({args.hostile:.0%} hostile), pid {proc.pid}", flush=True)
+    print("| minute | normal requests | their errors | hostile requests | RSS MiB | fds | /health p99 ms | max ms |\n"
+          "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |", flush=True)
+    all_health: list[float] = []
     rows = []
     t_end = time.monotonic() + args.minutes * 60
     next_row = time.monotonic() + 60
     minute = 0
     workers: list[threading.Thread] = []
     while time.monotonic() < t_end:
-        w = threading.Thread(target=random.choice(kinds), daemon=True)
+        if random.random() < args.hostile:
+            kind = random.choices([k for k, _ in hostile], weights=[w for _, w in hostile])[0]
+        else:
+            kind = random.choice(kinds)
+        w = threading.Thread(target=kind, daemon=True)
         w.start()
         workers.append(w)
         workers = [x for x in workers if x.is_alive()]
@@ -183,13 +251,16 @@ def main() -> int:
             with soak.lock:
                 out, soak.outcomes = soak.outcomes, {}
                 health, soak.health = soak.health, []
-            total = sum(out.values())
-            e5 = sum(n for k, n in out.items() if re.search(r" 5\d\d$", k))
-            errs = sum(n for k, n in out.items() if not re.search(r" [1-4]\d\d$", k) and k != "cancelled")
+            normal = {k: n for k, n in out.items() if not k.startswith("hostile")}
+            errs = sum(n for k, n in normal.items() if not re.search(r" 2\d\d$", k) and k != "cancelled")
+            n_hostile = sum(n for k, n in out.items() if k.startswith("hostile"))
             p99 = statistics.quantiles(health, n=100)[98] * 1e3 if len(health) >= 2 else 0.0
-            row = (minute, total, e5, errs, rss_mib(proc.pid), fds(proc.pid), p99)
+            all_health += health
+            row = (minute, sum(normal.values()), errs, n_hostile, rss_mib(proc.pid), fds(proc.pid), p99,
+                   max(health, default=0.0) * 1e3)
             rows.append((row, out))
-            print(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} | {row[4]:.0f} | {row[5]} | {row[6]:.1f} |", flush=True)
+            print(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} | {row[4]:.0f} | {row[5]} | {row[6]:.1f} | "
+                  f"{row[7]:.0f} |", flush=True)
     stop.set()
     for w in workers:
         w.join(120)
@@ -197,9 +268,11 @@ def main() -> int:
     proc.wait(60)
     if len(rows) >= 2:
         first, last = rows[min(1, len(rows) - 1)][0], rows[-1][0]
+        p99 = statistics.quantiles(all_health, n=100)[98] * 1e3 if len(all_health) >= 2 else 0.0
         print(f"\nRSS {first[4]:.0f} -> {last[4]:.0f} MiB ({last[4] - first[4]:+.0f}), fds {first[5]} -> {last[5]}, "
-              f"5xx {sum(r[0][2] for r in rows)}, other errors {sum(r[0][3] for r in rows)}, "
-              f"requests {sum(r[0][1] for r in rows)}")
+              f"normal requests {sum(r[0][1] for r in rows)} with {sum(r[0][2] for r in rows)} errors, hostile "
+              f"requests {sum(r[0][3] for r in rows)}; /health p99 {p99:.1f} ms, max {max(all_health) * 1e3:.0f} ms "
+              f"over {len(all_health)} probes")
         kinds_seen: dict[str, int] = {}
         for _, out in rows:
             for k, n in out.items():

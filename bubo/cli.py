@@ -164,9 +164,9 @@ def _parser() -> _ArgParser:
                help="seconds a client may leave an answer unread (its socket full) before its connection is "
                     "closed and its generation ended")
     p.add_flag("--host-allow", default=None,
-               help="more host names clients may reach this server by (the Host header), comma-separated; "
-                    "loopback names are always allowed, and any name when bound to a non-loopback address "
-                    "with an API key")
+               help="more host names clients may reach this server by (the Host header), comma-separated "
+                    "(.example.com: it and every name under it; *: any); loopback names and IP addresses are "
+                    "always allowed, and any name when the server has an API key")
     p.add_flag("--allow-copy", action="store_true",
                help="let POST /api/copy copy a model's file where it cannot make a hard link (another "
                     "filesystem), within the disk space a pull would check")

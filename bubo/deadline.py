@@ -22,6 +22,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from gevent.monkey import get_original
+
+# the OS's sleep, which lets go of the GIL, even in a process gevent has monkey-patched (where
+# time.sleep would switch greenlets in a worker thread's own hub)
+_sleep = get_original("time", "sleep")
+
 YIELD_S = 0.002  # the longest a checking loop keeps the GIL before it lets others run
 # how long it lets them: sleep(0) gives the GIL back, but the sleeper often takes it again before
 # a waiting thread wakes up
@@ -90,7 +96,7 @@ def check() -> None:
         raise Abandoned(b.what)
     if now - b._yielded > YIELD_S:
         b._yielded = now
-        time.sleep(YIELD_PAUSE_S)  # releases the GIL long enough for a waiting thread to take it
+        _sleep(YIELD_PAUSE_S)  # releases the GIL long enough for a waiting thread to take it
 
 
 def let_go(items: list[Any]) -> None:
@@ -99,4 +105,4 @@ def let_go(items: list[Any]) -> None:
     while items:
         del items[-65536:]
         if items:
-            time.sleep(YIELD_PAUSE_S)
+            _sleep(YIELD_PAUSE_S)

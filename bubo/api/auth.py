@@ -58,8 +58,9 @@ def load_key_file(path: str) -> list[str]:
 # check passes, and without an API key every route is open to it. Its requests carry the page's
 # host name. So a request is answered only under a name the server answers to: its bind address,
 # a loopback name (localhost, *.localhost, 127.0.0.1, [::1]), any IP address (a page cannot be
-# rebound to a name that is an address), the names of --host-allow; or any name at all when the
-# server is bound to a non-loopback address and has an API key (its clients then need the key).
+# rebound to a name that is an address), the names of --host-allow (".example.com": it and every
+# name under it; "*": any); or any name at all when the server has an API key (such a page cannot
+# send the key: every route but the public ones refuses it, and those show nothing a key guards).
 
 
 def host_name(host: str) -> str:
@@ -74,17 +75,15 @@ def host_allowed(host: str | None, bind: str, allow: list[str], keyed: bool) -> 
     """Whether a request whose Host header is host may be answered (see above)."""
     import ipaddress
 
-    from bubo.api.config import is_loopback
-
-    if host is None or not host.strip():
+    if host is None or not host.strip() or keyed:
         return True  # no Host at all: no browser sends that (HTTP/1.0 tools do)
-    if keyed and not is_loopback(bind):
-        return True
     name = host_name(host).rstrip(".")
     if name in ("localhost", host_name(bind)) or name.endswith(".localhost"):
         return True
-    if name in {host_name(a).rstrip(".") for a in allow}:
-        return True
+    for a in allow:
+        a = a.strip().lower().rstrip(".")
+        if a == "*" or name == host_name(a) or (a.startswith(".") and (name == a[1:] or name.endswith(a))):
+            return True
     try:
         ipaddress.ip_address(name)
     except ValueError:

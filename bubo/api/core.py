@@ -292,13 +292,12 @@ def _token_listing(rt: Runtime, ids: list[int], with_pieces: bool) -> Any:
 def detokenize() -> Any:
     body = json_body()
     rt = runtime_of(use_model(optional_model(body)))
-    ids = body.get("tokens")
+    return offload.run(_detokenized, rt, body.get("tokens"), what="detokenizing the tokens")
+
+
+def _detokenized(rt: Runtime, ids: Any) -> Any:
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise ApiError(400, "invalid_request", 'detokenize needs "tokens": a list of token ids')
-    return offload.run(_detokenized, rt, ids, what="detokenizing the tokens")
-
-
-def _detokenized(rt: Runtime, ids: list[int]) -> Any:
     try:
         rt.check_ids(ids)
     except ValueError as e:
@@ -314,8 +313,8 @@ def apply_template() -> Any:
 
     body = json_body()
     rt = runtime_of(use_model(optional_model(body)))
-    return jsonify(offload.run(apply_template_json, rt, body, config().allow_special_in_content,
-                               what="rendering the chat template"))
+    return jsonout.built(apply_template_json, rt, body, config().allow_special_in_content,
+                         what="rendering the chat template")
 
 
 # --- paths that exist but do nothing on a text model --------------------------------------

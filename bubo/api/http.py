@@ -8,8 +8,9 @@ Per connection:
     passed since its headers, and no read may wait more than header_s for a byte;
   - write_s: an answer's write that cannot go on (the client does not read: its socket is full)
     for this long closes the connection (a stream being written ends, its generation with it);
-    the next request on a connection is read only once the last answer has left its socket's
-    send queue, so a client that pipelines requests without reading holds one answer at most;
+    the next request on a connection is read only once the last answer has been sent (none of it
+    left in its socket's send queue), so a client that pipelines requests without reading holds
+    one answer at most;
   - at most max_connections open: a new connection beyond it closes the connection that has
     waited longest for its client (idle, still sending its headers or its body, or not reading
     the answer being written to it); if every one is working on a request, the newcomer gets 503
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.errors
+import errno
 import fcntl
 import json
 import logging
@@ -31,7 +33,6 @@ import re
 import resource
 import socket
 import struct
-import termios
 import time
 from typing import Any
 
@@ -108,11 +109,15 @@ class Limits:
 DRAIN_POLL_S = 0.02  # how often a pipelining client's unread answer is looked at
 
 
+SIOCOUTQNSD = 0x894B  # Linux: the bytes of a TCP socket's send queue not sent yet (TIOCOUTQ adds unacknowledged ones)
+
+
 def _unsent(sock: Any) -> int:
-    """Bytes in the socket's send queue (not yet acknowledged by the client); 0 where it cannot
-    be told (not Linux, not TCP)."""
+    """Bytes in the socket's send queue not sent yet (the client's window is full: it does not
+    read); 0 where it cannot be told (not Linux, not TCP). Bytes sent and not yet acknowledged
+    do not count: an ordinary client acknowledges them with its next request."""
     try:
-        buf = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+        buf = fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, b"\0\0\0\0")
     except (OSError, ValueError):
         return 0
     return int(struct.unpack("i", buf)[0])
@@ -333,8 +338,8 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
         blocked = False
         try:
             while view:
-                if self._dropped:
-                    raise ConnectionAbortedError("the connection was closed for another one")
+                if self._dropped:  # errno EPIPE: pywsgi closes the connection without logging an error
+                    raise BrokenPipeError(errno.EPIPE, "the connection was closed for another one")
                 try:
                     n = raw.send(view)
                 except BlockingIOError:
@@ -346,19 +351,22 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
                     blocked = True
                     self._phase(WRITING)
                 wait_write(raw.fileno(), timeout=self.server.limits.write_s,
-                           timeout_exc=TimeoutError("the client did not read its answer in time"))
+                           timeout_exc=BrokenPipeError(errno.EPIPE, "the client did not read its answer in time"))
         finally:
             if blocked:
                 self._phase(WORKING)
 
     def _drained(self) -> bool:
-        """Wait until the last answer has left this socket's send queue (TIOCOUTQ), for up to
-        write_s; False if it did not (the client reads nothing: close)."""
+        """Wait until the last answer has been sent (none of it left in this socket's send queue:
+        the client's window took it), for up to write_s; False if it was not (the client reads
+        nothing: close)."""
+        if _unsent(self.socket) == 0:
+            return True
+        self._phase(WRITING)
         deadline = time.monotonic() + self.server.limits.write_s
         while _unsent(self.socket) > 0:
             if self._dropped or time.monotonic() > deadline:
                 return False
-            self._phase(WRITING)
             gevent.sleep(DRAIN_POLL_S)
         return True
 

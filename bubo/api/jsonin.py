@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any
 
 from bubo import deadline
@@ -42,6 +43,18 @@ class JSONInputError(ValueError):
 _BIG = 10 ** MAX_NUMBER_CHARS  # an integer this large has more digits than are accepted
 
 
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_NUMBER_CHARS:
+        raise JSONInputError(f"a number has {len(text)} digits; at most {MAX_NUMBER_CHARS} are accepted")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise JSONInputError(f"a number has {len(text)} characters; at most {MAX_NUMBER_CHARS} are accepted")
+    return float(text)
+
+
 def _too_long(n: int) -> JSONInputError:
     return JSONInputError(f"a number has {len(str(abs(n)))} digits; at most {MAX_NUMBER_CHARS} are accepted")
 
@@ -62,8 +75,13 @@ def parse(text: str) -> Any:
     if text.count(",") + text.count(":") >= MAX_VALUES and _separators(text) >= MAX_VALUES:
         raise JSONInputError(f"the JSON holds more than {MAX_VALUES:,} values; at most {MAX_VALUES:,} are accepted")
     deadline.check()
+    # integers: Python's own parser, which refuses more than 4,300 digits (the walk below the
+    # length past MAX_NUMBER_CHARS), unless this Python has no such limit (3.10 before 3.10.7, or
+    # PYTHONINTMAXSTRDIGITS=0): then a hook per integer; a hook per number with a fraction or an
+    # exponent (few in a request), whose length nothing else would bound
+    limited = getattr(sys, "get_int_max_str_digits", lambda: 0)() > 0
     try:
-        value = json.loads(text, parse_constant=_constant)
+        value = json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=None if limited else _int)
     except RecursionError:
         raise JSONInputError(f"the JSON nests arrays and objects deeper than {MAX_DEPTH} levels") from None
     except json.JSONDecodeError as e:
@@ -72,7 +90,7 @@ def parse(text: str) -> Any:
         raise  # NaN or Infinity (_constant)
     except ValueError:  # an integer past Python's 4,300 digits
         raise JSONInputError(f"a number has more than 4300 digits; at most {MAX_NUMBER_CHARS} are accepted") from None
-    check(value, strings=_SURROGATE_ESCAPE.search(text) is not None)
+    check(value, strings="\\u" in text and _SURROGATE_ESCAPE.search(text) is not None)
     return value
 
 

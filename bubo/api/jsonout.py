@@ -138,5 +138,5 @@ def built(fn: Callable[..., Any], *args: Any, what: str = "writing the answer", 
     def job() -> Response:
         return response(fn(*args, **kwargs))
 
-    out: Response = offload.run(job, what=what)
+    out: Response = offload.run(job, what=what, answer=True)
     return out

@@ -16,18 +16,19 @@ inline, under the same cooperative checks but no deadline the caller could act o
 from __future__ import annotations
 
 import contextvars
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import gevent
 import gevent.threadpool
+from gevent.monkey import get_original
 
 from bubo import deadline
 from bubo.api.errors import ApiError
 
 T = TypeVar("T")
+_thread_ident = get_original("_thread", "get_ident")
 
 # Worker threads: preparation is mostly Python (one GIL), so more threads than this would not go
 # faster; a few let a request's native step (tokenizing a long prompt) run beside another's.
@@ -48,10 +49,11 @@ class PreparePool:
     def _pool(self) -> gevent.threadpool.ThreadPool | None:
         """The worker threads, bound to the thread that first asks (the server's hub); None in
         any other thread (a WSGI host's own threads run the work inline)."""
+        me = _thread_ident()  # the OS thread's (in a monkey-patched process, threading's is the greenlet's)
         if self._thread is None:
-            self._thread = threading.get_ident()
+            self._thread = me
             self._threads = gevent.threadpool.ThreadPool(self.workers, hub=gevent.get_hub())
-        return self._threads if self._thread == threading.get_ident() else None
+        return self._threads if self._thread == me else None
 
     def run(self, fn: Callable[..., T], *args: Any, what: str, spent: list[float] | None = None, **kwargs: Any) -> T:
         """fn(*args, **kwargs) in a worker thread, within what is left of the budget (spent: the
@@ -113,13 +115,16 @@ def too_costly(what: str, timeout_s: float) -> ApiError:
                                        "(--prepare-timeout): send a smaller or simpler request")
 
 
-def run(fn: Callable[..., T], *args: Any, what: str, **kwargs: Any) -> T:
+def run(fn: Callable[..., T], *args: Any, what: str, answer: bool = False, **kwargs: Any) -> T:
     """fn in the app's preparation pool, charged to the current request's budget (see the module
-    docstring); inline when there is no app or request."""
+    docstring); inline when there is no app or request. answer: the work writes the answer after
+    it was generated, charged to a budget of its own (a long generation's answer is not refused
+    for what its preparation spent)."""
     from flask import current_app, g, has_app_context, has_request_context
 
     pool = current_app.config.get("BUBO_PREPARE") if has_app_context() else None
     if not isinstance(pool, PreparePool):
         return fn(*args, **kwargs)
-    spent: list[float] = g.setdefault("bubo_prepare_spent", [0.0]) if has_request_context() else [0.0]
+    account = "bubo_answer_spent" if answer else "bubo_prepare_spent"
+    spent: list[float] = g.setdefault(account, [0.0]) if has_request_context() else [0.0]
     return pool.run(fn, *args, what=what, spent=spent, **kwargs)

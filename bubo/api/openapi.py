@@ -747,11 +747,13 @@ _STATUS_TEXT = {
     400: "The request is not valid. Codes: parse_error (the body is not a JSON object), invalid_value (a field of "
          "the wrong type or out of range), missing_model, missing_messages, unsupported_n, invalid_grammar, "
          "unsupported_schema, context_length_exceeded, model_not_loaded (--no-models-autoload), invalid_request, "
-         "invalid_type, bad_request (the body could not be read).",
+         "invalid_type, bad_request (the body could not be read), too_costly (preparing the request took longer "
+         "than --prepare-timeout), no_token_allowed (logit_bias bans every token the answer could start with).",
     401: "No valid API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`. Code invalid_api_key; "
          "header WWW-Authenticate: Bearer.",
-    403: "Code forbidden_origin: the request comes from a web page of another origin (its Origin header) that "
-         "--cors does not allow.",
+    403: "Codes: forbidden_host (the Host header names a host this server does not answer to: it answers to its "
+         "bind address, loopback names, IP addresses and --host-allow), forbidden_origin (a request that changes "
+         "something from a web page of another origin, its Origin header, that --cors does not allow).",
     404: "Code model_not_found: the model is not served here (the message names the served ones).",
     413: "Code request_too_large: the body is larger than the server's limit; the connection closes.",
     500: "Code internal_error: a bug (the message says which exception).",
@@ -760,7 +762,8 @@ _STATUS_TEXT = {
          "(Retry-After: 5), "
          "queue_full (Retry-After: 1), shutting_down (Retry-After: 5, Connection: close), no_slot_available, "
          "cancelled.",
-    507: "Code insufficient_memory_permanent: the request needs more memory than this machine has.",
+    507: "Code insufficient_memory_permanent: the request needs more memory than this machine has "
+         "(insufficient_storage on /api/copy: the store's disk has no room for the copy).",
 }
 _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying again (memory, queue, shutdown)",
                                 "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
@@ -826,9 +829,9 @@ class _Doc:
             if i:
                 o["summary"] = f"{op['summary']} (alias of {paths[0]})"
             responses = dict(o["responses"])
-            wanted = set(statuses) | {503}  # every route: 503 shutting_down while the server drains
-            if method != "get":
-                wanted.add(403)  # a web page from another origin (the app's check)
+            # every route: 503 shutting_down while the server drains, 403 forbidden_host for a Host
+            # the server does not answer to (and forbidden_origin for a web page of another origin)
+            wanted = set(statuses) | {403, 503}
             if self.keys and not public:
                 wanted.add(401)
             for status in sorted(wanted):

@@ -554,6 +554,18 @@ class _Regex:
 _RULE_CHARS = re.compile(r"[^a-zA-Z0-9-]+")
 
 
+def _numbered(base: str, n: int) -> str:
+    return base if n == 1 else f"{base}-{n}"
+
+
+def _number_of(base: str, name: str) -> int | None:
+    """n where name is _numbered(base, n), else None."""
+    if name == base:
+        return 1
+    rest = name[len(base) + 1:] if name.startswith(base + "-") else ""
+    return int(rest) if rest.isdigit() and rest[0] != "0" and int(rest) >= 2 else None
+
+
 class _Converter:
     def __init__(self, root_schema: Any):
         self.root = root_schema
@@ -564,9 +576,10 @@ class _Converter:
         # schema, its merge); $ref chains followed once per reference
         self.merged: dict[int, tuple[Any, tuple[Any, str]]] = {}
         self.derefs: dict[str, tuple[Any, str]] = {}
-        self.taken: dict[str, int] = {}  # a rule name's base -> the last number added to it
-        self.named: dict[tuple[str, str], str] = {}  # (base, body) -> the rule of that body under that base
-        self.base_of: dict[str, str] = {}
+        # add()'s search for a rule's name, kept as indexes: each base's first free number (names
+        # are never taken back, so it only grows) and the names of each body
+        self.free_from: dict[str, int] = {}
+        self.by_body: dict[str, set[str]] = {}
         self.size = 0  # the grammar's bytes so far
     # rules
 
@@ -585,32 +598,33 @@ class _Converter:
         return name
 
     def add(self, name: str, body: str) -> str:
-        """A rule named after name (made unique: name-2, name-3, ...; the same body under the same
-        name is one rule)."""
+        """A rule named after name: the first of name, name-2, name-3, ... that is free or already
+        has this body (then it is that rule)."""
         base = _RULE_CHARS.sub("-", name).strip("-") or "r"
-        known = self.named.get((base, body))
-        if known is not None:
-            return known
-        name, n = base, self.taken.get(base, 1)
-        if n > 1:
-            name = f"{base}-{n}"
-        while name in self.rules or name in PRIMITIVES or name.startswith("format-"):
+        n = self.free_from.get(base, 1)
+        while self._taken(_numbered(base, n)):
             n += 1
-            name = f"{base}-{n}"
-        self.taken[base] = n
-        self.set(name, body, base)
-        self.grew(len(name) + len(body))
+        self.free_from[base] = n
+        for other in self.by_body.get(body, ()):
+            k = _number_of(base, other)
+            if k is not None and k < n and other not in PRIMITIVES and not other.startswith("format-"):
+                n = k
+        name = _numbered(base, n)
+        if name not in self.rules:
+            self.set(name, body)
+            self.grew(len(name) + len(body))
         return name
 
-    def set(self, name: str, body: str, base: str | None = None) -> None:
+    def _taken(self, name: str) -> bool:
+        return name in self.rules or name in PRIMITIVES or name.startswith("format-")
+
+    def set(self, name: str, body: str) -> None:
         """Give rule name its body (a new rule's, or a reference's once its target is converted)."""
-        base = base if base is not None else self.base_of[name]
         old = self.rules.get(name)
-        if old is not None and self.named.get((base, old)) == name:
-            del self.named[(base, old)]
+        if old is not None:
+            self.by_body[old].discard(name)
         self.rules[name] = body
-        self.base_of[name] = base
-        self.named.setdefault((base, body), name)
+        self.by_body.setdefault(body, set()).add(name)
 
     def grew(self, n: int) -> None:
         """n more bytes of grammar: past the limits the schema is refused (its cost is bounded)."""

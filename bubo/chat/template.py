@@ -61,15 +61,16 @@ class _Environment(ImmutableSandboxedEnvironment):
     """The sandbox, with the request's deadline checked at every call and attribute or item
     lookup (a template's loops over a long request stop once its preparation is abandoned)."""
 
-    def call(self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+    # positional-only, as Jinja's own: a template may pass self=, context=, obj= to a callable
+    def call(env, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
         deadline.check()
-        return super().call(__context, __obj, *args, **kwargs)
+        return super().call(context, obj, *args, **kwargs)
 
-    def getitem(self, obj: Any, argument: Any) -> Any:
+    def getitem(env, obj: Any, argument: Any, /) -> Any:
         deadline.check()
         return super().getitem(obj, argument)
 
-    def getattr(self, obj: Any, attribute: str) -> Any:
+    def getattr(env, obj: Any, attribute: str, /) -> Any:
         deadline.check()
         return super().getattr(obj, attribute)
 

@@ -140,6 +140,7 @@ class EventStream:
         self._closed = False  # the watcher is gone: the engine must not send any more
         self._on_close: Callable[[], None] | None = None
         self._on_drain: Callable[[], None] | None = None
+        self._backlogged = False  # MAX_UNREAD_EVENTS unread, and not yet half of them read since
         self._hub = gevent.get_hub()
         self._wake = gevent.event.Event()
         self._watcher = self._hub.loop.async_()
@@ -159,7 +160,9 @@ class EventStream:
 
     @property
     def backlogged(self) -> bool:
-        return len(self._events) >= MAX_UNREAD_EVENTS
+        """The reader has left MAX_UNREAD_EVENTS events unread, and has not read half of them
+        since: its request pauses (and resumes only once it has, not at every event read)."""
+        return self._backlogged
 
     # --- the engine's side (engine thread) ---------------------------------------------
 
@@ -168,6 +171,8 @@ class EventStream:
             if self._closed:
                 return
             self._events.append(event)
+            if len(self._events) >= MAX_UNREAD_EVENTS:
+                self._backlogged = True
             self._watcher.send()
 
     @property
@@ -191,7 +196,9 @@ class EventStream:
                 self._wake.clear()
                 with self._lock:
                     event = self._events.popleft() if self._events else None
-                    resumed = len(self._events) == MAX_UNREAD_EVENTS // 2
+                    resumed = self._backlogged and len(self._events) <= MAX_UNREAD_EVENTS // 2
+                    if resumed:
+                        self._backlogged = False
                 if resumed and self._on_drain is not None:
                     self._on_drain()  # the engine may be waiting with this request paused
                 if event is not None:

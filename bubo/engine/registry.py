@@ -313,6 +313,9 @@ class Registry:
         while not self.stopped:
             if any(e.info is not None or (e.engine is not None and e.engine.info is not None) for e in self.entries):
                 return
+            if not any(e.spec.load_on_startup and e.status is ModelStatus.FAILED for e in self.entries):
+                gevent.sleep(poll_s)  # nothing that was to load at start has failed: nothing to replace
+                continue
             d = self.default
             if d.status is ModelStatus.UNLOADED and not d.pending:
                 self._load_at_start(d)

@@ -29,10 +29,10 @@ MAX_TEXT = 256 * 1024  # characters one render takes (an answer longer than that
 CSS_SCOPE = ".hl"
 
 
-def _highlight(code: str, lang: str, _attrs: str) -> str:
+def _code_block(code: str, lang: str, highlighted: bool) -> str:
     name = (lang or "").strip().split()[0] if lang and lang.strip() else ""
     try:
-        lexer = get_lexer_by_name(name) if name else None
+        lexer = get_lexer_by_name(name) if name and highlighted else None
     except ClassNotFound:
         lexer = None
     cls = f' class="language-{html.escape(name, quote=True)}"' if name else ""
@@ -42,10 +42,18 @@ def _highlight(code: str, lang: str, _attrs: str) -> str:
     return f'<pre class="hl"><code{cls} data-highlighted="pygments">{body}</code></pre>'
 
 
-@functools.lru_cache(maxsize=1)
-def _md() -> MarkdownIt:
+def _highlight(code: str, lang: str, _attrs: str) -> str:
+    return _code_block(code, lang, True)
+
+
+def _no_highlight(code: str, lang: str, _attrs: str) -> str:
+    return _code_block(code, lang, False)
+
+
+@functools.lru_cache(maxsize=2)
+def _md(highlighted: bool = True) -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False,
-                                   "highlight": _highlight})
+                                   "highlight": _highlight if highlighted else _no_highlight})
     md.enable(["table", "strikethrough"])
     md.add_render_rule("link_open", _link_open)
     return md
@@ -58,24 +66,9 @@ def _link_open(self: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
     return str(self.renderToken(tokens, idx, options, env))
 
 
-def render(text: str, highlight: bool = True) -> str:
+def render(text: str, highlighted: bool = True) -> str:
     """The HTML of a Markdown text (code blocks highlighted, or escaped as they are)."""
-    return str((_md() if highlight else _plain_md()).render(text))
-
-
-def _no_highlight(code: str, lang: str, attrs: str) -> str:
-    name = (lang or "").strip().split()[0] if lang and lang.strip() else ""
-    cls = f' class="language-{html.escape(name, quote=True)}"' if name else ""
-    return f'<pre class="hl"><code{cls}>{html.escape(code)}</code></pre>'
-
-
-@functools.lru_cache(maxsize=1)
-def _plain_md() -> MarkdownIt:
-    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False,
-                                   "highlight": _no_highlight})
-    md.enable(["table", "strikethrough"])
-    md.add_render_rule("link_open", _link_open)
-    return md
+    return str(_md(highlighted).render(text))
 
 
 def plain(text: str) -> str:
@@ -84,9 +77,14 @@ def plain(text: str) -> str:
 
 
 def serve() -> None:
-    """The worker's loop: a line with the byte length of a JSON request {"text", "highlight"},
-    then the request; the answer the same way, {"html"} or {"error"}. Ends at end of input."""
+    """The worker's loop: first a line "ready" (its imports are done: a rendering's budget starts
+    after them), then for each request (a line with the byte length of a JSON object {"text",
+    "highlight"}, then the object) the answer the same way, {"html"} or {"error"}. Ends at end of
+    input."""
     rd, wr = sys.stdin.buffer, sys.stdout.buffer
+    _md(True), _md(False)
+    wr.write(b"ready\n")
+    wr.flush()
     while True:
         line = rd.readline()
         if not line:

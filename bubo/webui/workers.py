@@ -17,7 +17,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 from typing import Any
 
 import gevent
@@ -31,6 +30,7 @@ log = logging.getLogger("bubo.webui")
 
 WORKERS = 2
 BUDGET_S = 2.0  # seconds one rendering may take (highlighted, then again plain)
+START_S = 30.0  # seconds a worker process may take to start
 HIGHLIGHTED, PLAIN_CODE, TEXT = "highlighted", "plain_code", "text"
 
 
@@ -39,6 +39,15 @@ class _Worker:
         self.proc: Any = gevent.subprocess.Popen(
             [sys.executable, md.__file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+        try:
+            with gevent.Timeout(START_S):  # its start (Python, markdown-it, Pygments) is no rendering's time
+                ready = self.proc.stdout.readline()
+        except BaseException:
+            self.kill()
+            raise
+        if ready != b"ready\n":
+            self.kill()
+            raise OSError("the render worker did not start")
 
     def ask(self, text: str, highlight: bool) -> dict[str, Any]:
         import json
@@ -82,7 +91,11 @@ class Renderer:
             try:
                 worker = self._idle.get_nowait()
             except gevent.queue.Empty:
-                worker = _Worker()
+                try:
+                    worker = _Worker()
+                except (gevent.Timeout, OSError) as e:
+                    log.warning("a Markdown render worker could not start: %s", e)
+                    return None
             try:
                 with gevent.Timeout(self.budget_s):
                     out = worker.ask(text, highlight)
@@ -93,6 +106,9 @@ class Renderer:
                 worker.kill()
                 self.n_killed += 1
                 return None
+            except BaseException:  # the request's greenlet killed mid-answer: the worker's state is unknown
+                worker.kill()
+                raise
             self._idle.put(worker)
         if "html" not in out:
             log.warning("rendering Markdown failed: %s", out.get("error"))
@@ -111,8 +127,8 @@ _renderers: dict[int, Renderer] = {}
 
 
 def renderer() -> Renderer:
-    """This thread's renderer (the server's: the hub's)."""
-    key = threading.get_ident()
+    """The renderer of this thread's hub (the server's)."""
+    key = gevent.get_hub().thread_ident
     r = _renderers.get(key)
     if r is None:
         r = _renderers[key] = Renderer()

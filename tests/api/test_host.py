@@ -42,9 +42,13 @@ def _routes(app):
     ("my-box.lan.", "127.0.0.1", ["MY-BOX.lan"], False, True),
     ("my-box.lan", "my-box.lan", [], False, True),  # the bind address itself
     (REBOUND, "127.0.0.1", [], False, False),
-    (REBOUND, "127.0.0.1", [], True, False),  # a key does not open a loopback server to other names
-    (REBOUND, "0.0.0.0", [], False, False),  # nor does a public address without a key
-    (REBOUND, "0.0.0.0", [], True, True),  # a public address with a key: its clients need the key
+    (REBOUND, "0.0.0.0", [], False, False),  # a public address without a key: the same
+    (REBOUND, "0.0.0.0", [], True, True),  # with a key: a rebound page cannot send it
+    (REBOUND, "127.0.0.1", [], True, True),  # the same behind a proxy that forwards Host
+    ("api.example.com", "127.0.0.1", [".example.com"], False, True),
+    ("example.com", "127.0.0.1", [".example.com"], False, True),
+    ("evilexample.com", "127.0.0.1", [".example.com"], False, False),
+    (REBOUND, "127.0.0.1", ["*"], False, True),
     ("localhost.attacker.example", "127.0.0.1", [], False, False),
     ("127.0.0.1.attacker.example", "127.0.0.1", [], False, False),
     (None, "127.0.0.1", [], False, True),  # no Host at all: no browser sends that
@@ -74,11 +78,9 @@ def test_every_route_refuses_a_rebound_name_in_its_own_error_shape():
             assert body["type"] == "error" and body["error"]["code"] == "forbidden_host", (path, body)
         else:
             assert body["error"]["code"] == "forbidden_host", (path, body)
-    # the chat page too, and before the API key is asked for
-    keyed = _app(api_keys=["k"]).test_client()
-    r = keyed.get("/", headers={"Host": REBOUND})
+    # the chat page too
+    r = c.get("/", headers={"Host": REBOUND})
     assert r.status_code == 403 and r.json["error"]["code"] == "forbidden_host"
-    assert keyed.get("/health", headers={"Host": REBOUND, "Authorization": "Bearer k"}).status_code == 403
 
 
 def test_the_default_names_and_the_configured_ones_are_answered():
@@ -88,7 +90,7 @@ def test_the_default_names_and_the_configured_ones_are_answered():
         assert (r.status_code, r.json) == (200, {"status": "ok"}), host
     assert c.get("/", headers={"Host": "localhost:8080"}).status_code == 200  # the chat page
     assert c.get("/health", headers={"Host": "other.lan"}).status_code == 403
-    # bound to a public address with a key: any name, the key still required
-    public = _app(host="0.0.0.0", api_keys=["k"]).test_client()
-    assert public.get("/health", headers={"Host": "gpu-box.example", "Authorization": "Bearer k"}).status_code == 200
-    assert public.get("/health", headers={"Host": "gpu-box.example"}).status_code == 401
+    # with a key: any name (a rebound page cannot send the key), the key still required
+    keyed = _app(api_keys=["k"]).test_client()
+    assert keyed.get("/health", headers={"Host": "gpu-box.example", "Authorization": "Bearer k"}).status_code == 200
+    assert keyed.get("/health", headers={"Host": "gpu-box.example"}).status_code == 401

@@ -111,7 +111,8 @@ def test_half_open_and_slowloris_connections_past_the_cap_do_not_lock_a_client_o
 
     attackers = [threading.Thread(target=attacker, args=(p,)) for p in
                  (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n",  # headers never finished
-                  b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{",  # a slow body
+                  # a slow body
+                  b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{",
                   b"")]  # a socket that says nothing
     for t in attackers:
         t.start()
@@ -154,7 +155,8 @@ def test_idle_and_half_sent_sockets_are_closed_after_their_deadlines(hostile):
     assert status_of(data) == 408 and b"request_timeout" in data and took < HEADER_S + SLACK_S
     # a body that does not come: 400 once its deadline (header timeout + length at 64 KiB/s) is past
     s = connect(hostile)
-    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH + b"Content-Length: 1000\r\n\r\n{\"content\"")
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH +
+              b"Content-Length: 1000\r\n\r\n{\"content\"")
     data, took = read_until_closed(s)
     assert status_of(data) == 400 and took < HEADER_S + SLACK_S + 1
     # 50 MB announced: 413 at once, and the connection closes without reading the body
@@ -271,8 +273,8 @@ def test_chunked_bodies_count_against_the_limit(hostile):
                     BODY + b" " * BODY_LIMIT):  # a valid body, then spaces past the limit
         s = connect(hostile, timeout=60)
         try:
-            s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH + b"Transfer-Encoding: chunked\r\n\r\n"
-                      + chunked(payload))
+            s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH +
+                      b"Transfer-Encoding: chunked\r\n\r\n" + chunked(payload))
         except (BrokenPipeError, ConnectionResetError):
             pass  # the server answered and closed before the rest arrived
         data, _ = read_until_closed(s)

@@ -358,3 +358,39 @@ def test_non_readers_cannot_hold_the_server_or_its_memory(srv):
         assert time.monotonic() < deadline, "a non-reader's slot was not given back"
         time.sleep(0.2)
     assert rss(srv) <= bound
+
+
+def test_sigterm_is_honoured_while_a_request_is_being_prepared():
+    """The loop handles the signal whatever a worker is doing: the drain ends the request being
+    prepared (a 16 MB text's pieces, seconds of work under a long --prepare-timeout) within the
+    drain timeout, and the process exits."""
+    import signal
+
+    s = Server("--prepare-timeout", "120", "--drain-timeout", "2", ctx=512)
+    try:
+        s.wait_ready()
+        text = "hello world, " * 1_250_000
+        done: dict[str, object] = {}
+
+        def costly() -> None:
+            try:
+                c = http.client.HTTPConnection(*addr(s), timeout=60)
+                c.request("POST", "/tokenize", body=json.dumps({"content": text, "with_pieces": True}),
+                          headers={"Content-Type": "application/json"})
+                done["status"] = c.getresponse().status
+            except OSError as e:
+                done["error"] = e
+
+        t = threading.Thread(target=costly)
+        t.start()
+        time.sleep(1.5)  # the body is in; its pieces are being made in a worker
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        s.proc.wait(30)
+        took = time.monotonic() - t0
+        t.join(30)
+        assert s.proc.returncode == 0, "".join(s.log[-20:])
+        assert took < 2 + DEADLINE_SLACK_S + 2, took  # the drain timeout, and the stop's own second
+        assert "draining" in "".join(s.log)
+    finally:
+        s.stop()

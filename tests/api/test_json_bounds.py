@@ -31,6 +31,8 @@ def test_numbers_depth_surrogates_and_scalars():
     with pytest.raises(jsonin.JSONInputError, match="more than 4300 digits"):
         jsonin.parse('{"a": ' + "9" * 5000 + "}")
     assert jsonin.parse('{"a": ' + "9" * 100 + "}")["a"] == int("9" * 100)
+    with pytest.raises(jsonin.JSONInputError, match="202 characters"):
+        jsonin.parse('{"a": 1.' + "5" * 200 + "}")
     with pytest.raises(jsonin.JSONInputError, match="NaN is not JSON"):
         jsonin.parse('{"t": NaN}')
     with pytest.raises(jsonin.JSONInputError, match="deeper than 128"):

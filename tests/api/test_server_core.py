@@ -365,7 +365,8 @@ def test_broken_pipes_do_not_crash_the_server(server):
         for _ in range(3):
             s = socket.create_connection((u.hostname, u.port))
             data = json.dumps({"prompt": "Once upon a time", "max_tokens": 20, "stream": stream}).encode()
-            s.sendall(b"POST /debug/prompt HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+            s.sendall(b"POST /debug/prompt HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(data)
+                      + data)
             # close with unread data: RST, the server's next write fails
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
             s.close()

@@ -16,10 +16,9 @@ from bubo import store
 from bubo.api import ServerConfig, create_app
 from bubo.engine.registry import ModelStatus
 
-from engines import start_engine
-
 from .conftest import Server
 from .test_server_core import call
+from engines import start_engine
 
 pytestmark = pytest.mark.models
 

@@ -8,21 +8,19 @@ import gevent
 import pytest
 
 from bubo._grammar import Grammar
-from bubo.engine import Engine, ErrorEvent, FinishEvent, GenerationRequest, Reason, TokenEvent
+from bubo.engine import ErrorEvent, FinishEvent, GenerationRequest, Reason, TokenEvent
 from bubo.engine.engine import MAX_UNREAD_EVENTS
 from bubo.engine.types import NoTokenError
 from bubo.sampling import SamplingParams
 
-from engines import wait_ready
+from engines import start_engine
 
 GREEDY = SamplingParams(temperature=0)
 
 
 @pytest.fixture(scope="module")
 def engine(catalog_model):
-    e = Engine(str(catalog_model("smollm2:135m")), n_ctx=1024, n_threads=2, n_parallel=4, draft=None)
-    e.start()
-    wait_ready(e)
+    e = start_engine(catalog_model("smollm2:135m"), n_ctx=1024, n_parallel=4, draft=None)
     yield e
     e.stop()
 

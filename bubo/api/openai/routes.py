@@ -81,8 +81,13 @@ def completions() -> Any:
                             grammar=pipeline.completion_grammar(req.output, rt), draft_max=draft_max)
     stream = pipeline.submit(engine, gen, debug_mem_available())
     id, created = f.new_id("cmpl-"), f.now()
-    echo = (req.prompt if isinstance(req.prompt, str)
-            else pipeline.offloaded(rt.tokenizer.decode, tokens, what="detokenizing the prompt")) if req.echo else ""
+    try:  # token ids are decoded once the engine has checked them; a failure here frees the slot
+        echo = (req.prompt if isinstance(req.prompt, str)
+                else pipeline.offloaded(rt.tokenizer.decode, tokens, what="detokenizing the prompt")) \
+            if req.echo else ""
+    except BaseException:
+        stream.cancel()
+        raise
 
     def lp_entry(ev: TokenEvent) -> tuple[str, float, dict[str, float]]:
         def text(t: int) -> str:
