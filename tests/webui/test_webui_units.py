@@ -48,7 +48,7 @@ def test_no_webui_gives_browsers_the_short_page_and_no_render_route():
 def test_render_route_and_its_bounds():
     c = _app().test_client()
     r = c.post("/webui/render", data=json.dumps({"text": "**hi** <b>x</b>"}))
-    assert r.json == {"html": "<p><strong>hi</strong> &lt;b&gt;x&lt;/b&gt;</p>\n"}
+    assert r.json == {"html": "<p><strong>hi</strong> &lt;b&gt;x&lt;/b&gt;</p>\n", "rendering": "highlighted"}
     assert c.post("/webui/render", data=json.dumps({"text": 5})).status_code == 400
     assert c.post("/webui/render", data=json.dumps({"text": "x" * (MAX_TEXT + 1)})).status_code == 413
 
