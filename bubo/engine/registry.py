@@ -432,6 +432,7 @@ class Registry:
         entry.engine = None
         entry._status = status
         del eng
+        gc.unfreeze()  # a server freezes what a loaded model put on the heap (serve._freeze_heap)
         gc.collect()  # the runtime and its cache may sit in reference cycles: free them now
         log.info("model %s %s", entry.name, "sleeps" if status is ModelStatus.SLEEPING else "unloaded")
 

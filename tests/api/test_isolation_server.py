@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import gc
 import http.client
 import json
 import re
@@ -56,6 +57,13 @@ def addr(s: Server) -> tuple[str, int]:
 
 def post(s: Server, path: str, body: object, timeout: float = 120) -> tuple[int, object, float]:
     """(status, the JSON answer, seconds it took)."""
+    status, raw, took = post_raw(s, path, body, timeout)
+    return status, json.loads(raw), took
+
+
+def post_raw(s: Server, path: str, body: object, timeout: float = 120) -> tuple[int, bytes, float]:
+    """(status, the answer's bytes, seconds it took): parsing a large answer holds this process's
+    GIL, which would delay the probes measured meanwhile."""
     c = http.client.HTTPConnection(*addr(s), timeout=timeout)
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     t0 = time.monotonic()
@@ -64,7 +72,7 @@ def post(s: Server, path: str, body: object, timeout: float = 120) -> tuple[int,
     raw = r.read()
     took = time.monotonic() - t0
     c.close()
-    return r.status, json.loads(raw), took
+    return r.status, raw, took
 
 
 class Watch:
@@ -128,7 +136,18 @@ class Watch:
 
 
 def while_streaming(s: Server, costly) -> tuple[object, dict[str, float]]:
-    """Run costly() beside a stream and the /health probe; check neither waited for it."""
+    """Run costly() beside a stream and the /health probe; check neither waited for it. (The
+    client's own pauses must not count: its garbage collector is off meanwhile, and the costly
+    bodies are serialized before.)"""
+    gc.collect()
+    gc.disable()
+    try:
+        return _while_streaming(s, costly)
+    finally:
+        gc.enable()
+
+
+def _while_streaming(s: Server, costly) -> tuple[object, dict[str, float]]:
     with Watch(s) as w:
         time.sleep(0.3)
         alone = statistics.median(w.gaps(0, time.monotonic()))
@@ -177,31 +196,32 @@ def one_of(n: int) -> dict:
 
 
 HI = [{"role": "user", "content": "Hi"}]
-SCHEMA_CASES = {
+SCHEMA_CASES = {  # (route, the body, made when the test runs, the status it gets)
     "allOf doubling 40 deep, chat response_format": (
-        "/v1/chat/completions", {"model": "bubo", "messages": HI, "max_tokens": 8, "response_format": {
+        "/v1/chat/completions", lambda: {"model": "bubo", "messages": HI, "max_tokens": 8, "response_format": {
             "type": "json_schema", "json_schema": {"name": "x", "schema": doubling_all_of(40)}}}, 200),
     "allOf doubling 20 deep, forced tool call": (
-        "/v1/chat/completions", {"model": "bubo", "messages": HI, "max_tokens": 8, "tool_choice": "required",
-                                 "tools": [{"type": "function", "function": {
-                                     "name": "f", "parameters": doubling_all_of(20)}}]}, 200),
+        "/v1/chat/completions", lambda: {"model": "bubo", "messages": HI, "max_tokens": 8,
+                                         "tool_choice": "required", "tools": [{"type": "function", "function": {
+                                             "name": "f", "parameters": doubling_all_of(20)}}]}, 200),
     "allOf nested inline 10 deep, llama-server json_schema": (
-        "/completion", {"prompt": "x", "n_predict": 4, "json_schema": inline_all_of(10)}, 200),
+        "/completion", lambda: {"prompt": "x", "n_predict": 4, "json_schema": inline_all_of(10)}, 200),
     "required 100,000 names, /completion json_schema": (
-        "/completion", {"prompt": "x", "n_predict": 4, "json_schema": many_required(100_000)}, 400),
+        "/completion", lambda: {"prompt": "x", "n_predict": 4, "json_schema": many_required(100_000)}, 400),
     "oneOf 5,000 objects, Responses text.format": (
-        "/v1/responses", {"model": "bubo", "input": "Hi", "max_output_tokens": 8, "text": {"format": {
+        "/v1/responses", lambda: {"model": "bubo", "input": "Hi", "max_output_tokens": 8, "text": {"format": {
             "type": "json_schema", "name": "x", "schema": one_of(5000)}}}, 400),
     "allOf doubling 30 deep, Ollama format": (
-        "/api/chat", {"model": "bubo", "messages": HI, "stream": False, "format": doubling_all_of(30),
-                      "options": {"num_predict": 8}}, 200),
+        "/api/chat", lambda: {"model": "bubo", "messages": HI, "stream": False, "format": doubling_all_of(30),
+                              "options": {"num_predict": 8}}, 200),
 }
 
 
 @pytest.mark.parametrize("case", list(SCHEMA_CASES))
 def test_a_costly_schema_stalls_nobody(srv, case):
-    path, body, want = SCHEMA_CASES[case]
-    (status, r, took), _ = while_streaming(srv, lambda: post(srv, path, body))
+    path, make, want = SCHEMA_CASES[case]
+    data = json.dumps(make()).encode()
+    (status, r, took), _ = while_streaming(srv, lambda: post(srv, path, data))
     assert status == want, r
     assert took < PREPARE_S + DEADLINE_SLACK_S + (5 if want == 200 else 0)  # a 200 also generates its answer
     if want == 400:
@@ -229,26 +249,29 @@ def test_a_backtracking_lexer_stalls_nobody(srv, lexer):
 
 def test_large_inputs_stall_nobody_and_work_past_the_deadline_is_a_400(srv):
     text = "hello world, " * 1_250_000  # 16 MB
-    (status, r, _), _ = while_streaming(srv, lambda: post(srv, "/tokenize", {"content": text}))
-    assert status == 200 and len(r["tokens"]) > 2_000_000, r
+    plain, pieces = (json.dumps({"content": text, "with_pieces": w}).encode() for w in (False, True))
+    (status, raw, _), _ = while_streaming(srv, lambda: post_raw(srv, "/tokenize", plain))
+    assert status == 200 and raw.count(b",") > 2_000_000, raw[:300]
     # the same with every token's piece: more work than the deadline allows
-    (status, r, took), _ = while_streaming(srv, lambda: post(srv, "/tokenize", {"content": text, "with_pieces": True}))
+    (status, r, took), _ = while_streaming(srv, lambda: post(srv, "/tokenize", pieces))
     assert status == 400 and r["error"]["code"] == "too_costly", r
     assert "--prepare-timeout" in r["error"]["message"]
     assert took < PREPARE_S + DEADLINE_SLACK_S + 1.0  # + reading the 16 MB body
     # an embeddings input of 16 MB on a text model: read off the loop, then 501
-    (status, r, _), _ = while_streaming(srv, lambda: post(srv, "/v1/embeddings", {"input": [text[:4000]] * 2000}))
+    inputs = json.dumps({"input": [text[:4000]] * 2000}).encode()
+    (status, r, _), _ = while_streaming(srv, lambda: post(srv, "/v1/embeddings", inputs))
     assert status == 400 and "at most 2048" not in r["error"]["message"] or status == 501, r
 
 
-@pytest.mark.parametrize("field,value,words", [
-    ("stop", [f"s{i}" for i in range(100_000)], "stop has 100,000 strings; at most 64"),
-    ("dry_sequence_breakers", [f"b{i}" for i in range(40_000)], "dry_sequence_breakers has 40,000 strings; at most 64"),
-    ("logit_bias", {str(i): -1 for i in range(70_000)}, "logit_bias has 70,000 entries; at most 65,536"),
+@pytest.mark.parametrize("field,make,words", [
+    ("stop", lambda: [f"s{i}" for i in range(100_000)], "stop has 100,000 strings; at most 64"),
+    ("dry_sequence_breakers", lambda: [f"b{i}" for i in range(40_000)],
+     "dry_sequence_breakers has 40,000 strings; at most 64"),
+    ("logit_bias", lambda: {str(i): -1 for i in range(70_000)}, "logit_bias has 70,000 entries; at most 65,536"),
 ])
-def test_lists_past_their_maximum_are_refused_naming_the_field(srv, field, value, words):
-    body = {"model": "bubo", "messages": HI, "max_tokens": 4, "dry_multiplier": 0.8, field: value}
-    (status, r, _), _ = while_streaming(srv, lambda: post(srv, "/v1/chat/completions", body))
+def test_lists_past_their_maximum_are_refused_naming_the_field(srv, field, make, words):
+    data = json.dumps({"model": "bubo", "messages": HI, "max_tokens": 4, "dry_multiplier": 0.8, field: make()}).encode()
+    (status, r, _), _ = while_streaming(srv, lambda: post(srv, "/v1/chat/completions", data))
     assert status == 400 and words in r["error"]["message"], r
 
 
