@@ -26,6 +26,8 @@ from gevent.monkey import get_original
 
 from bubo import deadline
 from bubo.api.errors import ApiError
+from bubo.engine.types import EngineRefusal
+from bubo.errors import RequestError
 
 T = TypeVar("T")
 _thread_ident = get_original("_thread", "get_ident")
@@ -75,6 +77,8 @@ class PreparePool:
             try:
                 return True, ctx.run(inner)
             except BaseException as e:  # noqa: BLE001 - raised again in the caller
+                if isinstance(e, _ANSWERS):
+                    _shed(e)
                 return False, e
 
         if deadline.current() is not None:
@@ -101,13 +105,34 @@ class PreparePool:
                     return out
                 if isinstance(value, deadline.Abandoned):
                     break
-                raise value
+                try:
+                    raise value
+                finally:
+                    value = None  # no cycle through this frame (see _shed)
         finally:
             if budget.started is not None:
                 spent[0] += min(time.monotonic() - budget.started, left)
         budget.abandoned = True
         self.n_abandoned += 1
         raise too_costly(budget.what, self.timeout_s)
+
+
+# a request's own failures: they are its answer, their tracebacks are of no use to anyone
+_ANSWERS = (ApiError, RequestError, EngineRefusal, deadline.Abandoned)
+
+
+def _shed(e: BaseException) -> None:
+    """Drop e's traceback and the exceptions it was raised from: their frames hold what the work
+    built (a schema's converter with a hundred thousand rules), in a reference cycle with e that
+    only a full garbage collection would free, in whichever thread, the event loop's included,
+    holding the GIL all along. Freed here, in the worker, as the job ends."""
+    seen = 0
+    while e is not None and seen < 16:
+        e.__traceback__ = None
+        nxt = e.__cause__ or e.__context__
+        e.__cause__ = e.__context__ = None
+        e = nxt  # type: ignore[assignment]
+        seen += 1
 
 
 def too_costly(what: str, timeout_s: float) -> ApiError:
