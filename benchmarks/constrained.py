@@ -20,7 +20,8 @@ import gevent
 from bubo import store
 from bubo._grammar import Grammar
 from bubo.chat.schema import schema_to_gbnf
-from bubo.engine import Engine, FinishEvent, GenerationRequest
+from bubo.engine import FinishEvent, GenerationRequest
+from bubo.engine.engine import Engine
 from bubo.sampling import SamplingParams
 
 SCHEMA = {

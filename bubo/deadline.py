@@ -18,15 +18,21 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from gevent.monkey import get_original
 
-# the OS's sleep, which lets go of the GIL, even in a process gevent has monkey-patched (where
-# time.sleep would switch greenlets in a worker thread's own hub)
-_sleep = get_original("time", "sleep")
+def _original_sleep() -> Any:
+    """The OS's sleep, which lets go of the GIL, even in a process gevent has monkey-patched
+    (where time.sleep would switch greenlets in a worker thread's own hub). Without gevent.monkey
+    loaded nothing is patched, and the library never loads it."""
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey.get_original("time", "sleep") if monkey is not None else time.sleep
+
+
+_sleep = _original_sleep()
 
 YIELD_S = 0.002  # the longest a checking loop keeps the GIL before it lets others run
 # how long it lets them: sleep(0) gives the GIL back, but the sleeper often takes it again before

@@ -26,7 +26,6 @@ shared between threads; the HTTP server's engine batches requests across threads
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import os
 import weakref
@@ -304,7 +303,7 @@ class Model:
                  n_threads: int | None = None, chat_template: str | None = None,
                  draft: bool | str | os.PathLike[str] | DraftConfig = True, cache_type_k: str = "f16",
                  cache_type_v: str = "f16"):
-        from bubo.engine.engine import check_cache_type
+        from bubo.engine.memory import check_cache_type
 
         check_cache_type(cache_type_k, "cache_type_k", k=True)
         check_cache_type(cache_type_v, "cache_type_v", k=False)
@@ -314,7 +313,7 @@ class Model:
                                       or n_threads <= 0):
             raise ValueError(f"n_threads must be a positive integer (or None for every CPU), got {n_threads!r}")
         from bubo._model import KVCache
-        from bubo.engine.engine import Engine
+        from bubo.engine.memory import memory_short
         from bubo.engine.scheduler import Scheduler
 
         self.path = store.resolve(name_or_path)
@@ -340,7 +339,7 @@ class Model:
         draft_model = None
         if config is not None and config.model is not None and (kv.sliding_window == 0 or kv.swa_full):
             draft_model = DraftModel.load(config, runtime, self.n_ctx, 1, PREFILL_CHUNK)
-        sched = Scheduler(runtime, kv, 1, PREFILL_CHUNK, self.n_ctx, Engine._memory_short, retain=True, draft=config,
+        sched = Scheduler(runtime, kv, 1, PREFILL_CHUNK, self.n_ctx, memory_short, retain=True, draft=config,
                           draft_model=draft_model)
         self._loaded = _Loaded(runtime, kv, sched)
 
@@ -717,7 +716,7 @@ class Model:
             old.superseded = True
         run.started = True
         assert run.task is not None
-        self._sched.queue.append(run.task)
+        self._sched.add(run.task)  # never refused: the library's scheduler is never closed
         self._current = run
 
     def _next_event(self, run: _Run) -> Event | None:
@@ -740,7 +739,7 @@ class Model:
                     run.ended = True
                 return ev
             try:
-                worked = sched.step(contextlib.nullcontext())
+                worked = sched.step()
             except BaseException:
                 # what the cache holds is unknown now: start the next prompt from scratch
                 sched.reset()

@@ -7,7 +7,7 @@ import os
 
 import gevent
 
-from bubo.engine import Engine
+from bubo.engine.engine import Engine
 
 READY_TIMEOUT_S = 120
 

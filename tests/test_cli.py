@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bubo.cli import markdown_table
+from bubo.cli.bench import markdown_table
 
 
 def bubo(*args, env=None, home=None):
@@ -152,8 +152,9 @@ def test_markdown_table_has_llama_bench_shape():
 
 
 def test_serve_flags_and_variables():
-    from bubo.api.serve import config_from_args
-    from bubo.cli import _parser
+    from bubo.api.serve import server_config
+    from bubo.cli.flags import build_parser as _parser
+    from bubo.cli.serve import options
 
     args = _parser().parse_args(["serve"])
     assert args.model == "smollm2:135m" and args.port == 8080 and args.host == "127.0.0.1"
@@ -166,7 +167,7 @@ def test_serve_flags_and_variables():
     finally:
         del os.environ["BUBO_ARG_ALIAS"], os.environ["BUBO_ARG_CTX_SIZE"]
     assert args.ctx_size == 512  # the flag wins over its variable
-    cfg = config_from_args(args)
+    cfg = server_config(options(args))
     assert cfg.served_model_name == "My-Model.Q4"
     assert cfg.model_names == ["My-Model.Q4", "a1", "a2", "bubo"]
     assert cfg.api_keys == ["k1", "k2"] and cfg.cors_origins == ["*"]

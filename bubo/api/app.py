@@ -25,7 +25,8 @@ from bubo.engine.registry import Registry
 log = logging.getLogger("bubo.api")
 
 # the other engineer's dialects; each module exposes `blueprint`
-DIALECTS = ("bubo.api.openai", "bubo.api.anthropic", "bubo.api.llamacpp", "bubo.api.ollama", "bubo.api.embeddings")
+DIALECTS = ("bubo.api.openai.routes", "bubo.api.anthropic.routes", "bubo.api.llamacpp.routes", "bubo.api.ollama.routes",
+            "bubo.api.embeddings")
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
@@ -47,7 +48,7 @@ def _foreign_origin(config: ServerConfig) -> bool:
 def create_app(models: Engine | Registry, config: ServerConfig | None = None) -> Flask:
     """The app serving one engine (its names: config's served_model_name, aliases and "bubo"), or
     every model of a registry (router mode)."""
-    from bubo.api import core, openapi
+    from bubo.api import about, core
 
     if isinstance(models, Registry):
         registry = models
@@ -64,7 +65,7 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
     app.json.sort_keys = False  # type: ignore[attr-defined]
 
     app.register_blueprint(core.blueprint)
-    app.register_blueprint(openapi.blueprint)  # GET / and GET /openapi.json
+    app.register_blueprint(about.blueprint)  # GET / and GET /openapi.json
     if config.debug_routes_enabled:
         app.register_blueprint(core.debug_blueprint)
     if config.webui:
@@ -75,7 +76,7 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
-            if e.name != name:
+            if e.name is None or not (name + ".").startswith(e.name + "."):
                 raise  # the dialect exists but something it imports is missing: say so
             continue
         app.register_blueprint(module.blueprint)
@@ -87,7 +88,7 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
                                                  "again once it is back", headers={"Connection": "close",
                                                                                    "Retry-After": "5"})
         check_host(config.host, config.host_allow, bool(config.api_keys))
-        if request.path not in openapi.PUBLIC_PATHS:
+        if request.path not in about.PUBLIC_PATHS:
             check_api_key(config.api_keys)
         if _foreign_origin(config):
             raise ApiError(403, "forbidden_origin",

@@ -1,5 +1,5 @@
-"""API keys: with --api-key every route (health checks included) but GET / (bubo.api.openapi's
-PUBLIC_PATHS: it says only that bubo runs, without a key) needs `Authorization: Bearer KEY` or
+"""API keys: with --api-key every route (health checks included) but GET / (bubo.api.
+about.PUBLIC_PATHS: it says only that bubo runs, without a key) needs `Authorization: Bearer KEY` or
 `x-api-key: KEY`; otherwise 401 with WWW-Authenticate: Bearer."""
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import bubo
 from bubo import deadline
 from bubo.api import errors, jsonout, offload, pipeline
 from bubo.api import fields as f
+from bubo.api import openapi as oa
 from bubo.api.errors import ApiError
 from bubo.api.llamacpp.shapes import prometheus, slots_json
 from bubo.api.request import (
@@ -37,19 +38,16 @@ from bubo.engine.types import EngineMetrics, EngineRefusal, FinishEvent, Generat
 from bubo.runtime import Runtime
 
 blueprint = Blueprint("core", __name__)
-debug_blueprint = Blueprint("debug", __name__, url_prefix="/debug")
+debug_blueprint = Blueprint("debug", __name__)
 
 STARTED = int(time.time())
 
 NOT_IMPLEMENTED = ["/v1/rerank", "/v1/reranking", "/rerank", "/sdapi/v1/<path:rest>"]
 
 
-def _route(*paths: str, methods: tuple[str, ...] = ("GET",)) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for p in paths:
-            blueprint.add_url_rule(p, fn.__name__ + p, fn, methods=list(methods))
-        return fn
-    return deco
+def _route(*paths: str, methods: tuple[str, ...] = ("GET",),
+           doc: oa.Build) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return oa.route(blueprint, *paths, methods=methods, doc=doc)
 
 
 def _entry(name: str) -> ModelEntry:
@@ -75,12 +73,32 @@ def _not_ready(entry: ModelEntry) -> ApiError:
 # --- health and readiness ----------------------------------------------------------------
 
 
-@_route("/health", "/v1/health", "/healthz")
+def _health_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "health", "summary": "Liveness", "tags": ["bubo"],
+        "responses": {"200": {"description": "The server is up",
+                              "content": {oa.JSON: {"schema": oa.obj({"status": oa.const("ok")}, ["status"])}}}},
+    })
+
+
+@_route("/health", "/v1/health", "/healthz", doc=_health_doc)
 def health() -> Any:
     return jsonify(status="ok")
 
 
-@_route("/ready", "/v1/ready", "/readyz")
+def _ready_doc(d: oa.Doc) -> oa.Op:
+    ready_ok = oa.obj({"status": oa.const("ready"), "model": oa.STR, "sleeping": oa.const(True)}, ["status", "model"])
+    return oa.Op({
+        "operationId": "ready", "summary": "Readiness: the model can answer now", "tags": ["bubo"],
+        "parameters": [d.model_query()],
+        "responses": {"200": {"description": "Loaded, or sleeping (it reloads on its next request)",
+                              "content": {oa.JSON: {"schema": ready_ok}}},
+                      "503": oa.error(503, text="Code not_ready: loading, unloaded, or its load failed "
+                                      "(or shutting_down)")},
+    }, (404,) if d.router else ())
+
+
+@_route("/ready", "/v1/ready", "/readyz", doc=_ready_doc)
 def ready() -> Any:
     """200 when the model (?model=, else the default one) can answer now: loaded, or sleeping
     (it reloads on its next request)."""
@@ -128,7 +146,16 @@ def _model_json(name: str, entry: ModelEntry) -> dict[str, Any]:
     return out
 
 
-@_route("/v1/models", "/models")
+def _models_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "list_models", "summary": "The served model names (ids, then aliases)",
+        "tags": ["OpenAI", "llama-server"],
+        "responses": {"200": {"description": "Every name a request may use",
+                              "content": {oa.JSON: {"schema": oa.ref("ModelList")}}}},
+    })
+
+
+@_route("/v1/models", "/models", doc=_models_doc)
 def list_models() -> Any:
     """Every name a request may use (model ids first, then aliases), each with its model's
     context and status (unloaded, loading, loaded, unloading, sleeping, failed)."""
@@ -154,21 +181,62 @@ def _manage(action: Callable[[str], ModelEntry]) -> Any:
     return jsonify(success=True, model=entry.name, status=entry.status.value)
 
 
-@_route("/models/load", methods=("POST",))
+def _manage_shapes() -> tuple[oa.Schema, oa.Schema]:
+    """(request, answer) of /models/load and /models/unload."""
+    manage = oa.obj({"model": oa.desc({"type": "string", "minLength": 1}, "one of the names GET /models lists")},
+                    ["model"], closed=False)
+    manage_ok = oa.obj({"success": oa.const(True), "model": oa.STR,
+                        "status": oa.enum("unloaded", "loading", "loaded", "unloading", "sleeping", "failed")},
+                       ["success", "model", "status"])
+    return manage, manage_ok
+
+
+def _load_doc(d: oa.Doc) -> oa.Op:
+    manage, manage_ok = _manage_shapes()
+    return oa.Op({
+        "operationId": "load_model", "summary": "Start loading a model (answers at once)", "tags": ["llama-server"],
+        "requestBody": oa.body(manage, {"model": d.example_model}),
+        "responses": {"200": {"description": "Loading (or loaded): GET /models shows when it is loaded",
+                              "content": {oa.JSON: {"schema": manage_ok}}}},
+    }, (400, 404, 413, 507))
+
+
+@_route("/models/load", methods=("POST",), doc=_load_doc)
 def load_model() -> Any:
     """Start loading a model (a failed one tries again); answers at once: GET /models shows when
     it is loaded. Loading past --models-max first unloads the least recently used idle model."""
     return _manage(models().load)
 
 
-@_route("/models/unload", methods=("POST",))
+def _unload_doc(d: oa.Doc) -> oa.Op:
+    manage, manage_ok = _manage_shapes()
+    return oa.Op({
+        "operationId": "unload_model", "summary": "Unload a model once its requests in flight end",
+        "tags": ["llama-server"], "requestBody": oa.body(manage, {"model": d.example_model}),
+        "responses": {"200": {"description": "Unloaded: its memory is released (it loads again on its next "
+                              "request unless --no-models-autoload)",
+                              "content": {oa.JSON: {"schema": manage_ok}}}},
+    }, (400, 404, 413))
+
+
+@_route("/models/unload", methods=("POST",), doc=_unload_doc)
 def unload_model() -> Any:
     """Unload a model once its requests in flight have ended (it waits for them; new requests
     wait for the unload); answers when its memory is released."""
     return _manage(models().unload)
 
 
-@_route("/props")
+def _props_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "props", "summary": "Model name, template and default settings", "tags": ["llama-server"],
+        "parameters": [d.model_query(checked=True)],
+        "responses": {"200": {"description": "The model's properties",
+                              "content": {oa.JSON: {"schema": oa.ref("Props")}}},
+                      "503": oa.error(503, text="Code not_ready: the model is not loaded (or shutting_down)")},
+    }, (404,))
+
+
+@_route("/props", doc=_props_doc)
 def props() -> Any:
     if not models().is_router and request.args.get("model"):
         resolve_model({"model": request.args["model"]})  # checked, as it always was; the answer names the model
@@ -218,7 +286,21 @@ def props() -> Any:
 # --- slots and metrics --------------------------------------------------------------------
 
 
-@_route("/slots", "/v1/slots")
+def _slots_doc(d: oa.Doc) -> oa.Op:
+    slot_params = [d.model_query(),
+                   {"name": "fail_on_no_slot", "in": "query", "required": False, "schema": oa.STR,
+                    "description": "1 or true: a 503 no_slot_available when every slot is busy"}]
+    slot_responses: oa.Schema = {"200": {"description": "Every slot (none while the model is not loaded)",
+                                         "content": {oa.JSON: {"schema": oa.arr(oa.ref("Slot"))}}}}
+    if not d.config.slots_enabled:
+        slot_responses = {"501": oa.error(501, text="Code not_implemented: /slots is turned off (--no-slots)")}
+    return oa.Op({
+        "operationId": "slots", "summary": "The slots' state", "tags": ["llama-server"],
+        "parameters": slot_params, "responses": slot_responses,
+    }, (404,) if d.router else ())
+
+
+@_route("/slots", "/v1/slots", doc=_slots_doc)
 def slots() -> Any:
     if not config().slots_enabled:
         raise ApiError(501, "not_implemented", "the /slots endpoint is turned off (--no-slots)")
@@ -229,7 +311,16 @@ def slots() -> Any:
     return jsonify(out)
 
 
-@_route("/metrics", "/v1/metrics")
+def _metrics_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "metrics", "summary": "Prometheus metrics (llamacpp: names)", "tags": ["llama-server"],
+        "parameters": [d.model_query()],
+        "responses": {"200": oa.text_ok("The Prometheus text exposition; with several models and no ?model=, every "
+                                        "model's series with a model label", oa.METRICS_TYPE)},
+    }, (404,) if d.router else ())
+
+
+@_route("/metrics", "/v1/metrics", doc=_metrics_doc)
 def metrics() -> Any:
     """llama-server's metrics; with several models and no ?model=, every model's, labelled."""
     reg = models()
@@ -248,7 +339,24 @@ def _zero() -> EngineMetrics:
 # --- tokens and templates -----------------------------------------------------------------
 
 
-@_route("/tokenize", methods=("POST",))
+def _tokenize_doc(d: oa.Doc) -> oa.Op:
+    tok_req = oa.obj({"content": oa.STR, "add_special": oa.OPT_BOOL, "parse_special": oa.OPT_BOOL,
+                      "with_pieces": oa.OPT_BOOL,
+                      "model": d.optional_model_field()}, ["content"], closed=False)
+    piece = oa.obj({"id": oa.NAT, "piece": oa.desc({"anyOf": [oa.STR, oa.BYTES]},
+                                                   "the text, or the bytes of a partial UTF-8 "
+                                                   "character")}, ["id", "piece"])
+    return oa.Op({
+        "operationId": "tokenize", "summary": "Text to token ids", "tags": ["llama-server"],
+        "requestBody": oa.body(tok_req, {"content": "Hello world"}),
+        "responses": {"200": {"description": "The token ids (with with_pieces, each with its text)",
+                              "content": {oa.JSON: {"schema": oa.obj({"tokens": {"anyOf": [oa.arr(oa.NAT),
+                                                                                           oa.arr(piece)]}},
+                                                                     ["tokens"])}}}},
+    }, (400, 404, 413, 507) if d.router else (400, 413))
+
+
+@_route("/tokenize", methods=("POST",), doc=_tokenize_doc)
 def tokenize() -> Any:
     body = json_body()
     rt = runtime_of(use_model(optional_model(body)))
@@ -288,7 +396,18 @@ def _token_listing(rt: Runtime, ids: list[int], with_pieces: bool) -> Any:
     return jsonout.listing({}, "tokens", len(ids), pieces)
 
 
-@_route("/detokenize", methods=("POST",))
+def _detokenize_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "detokenize", "summary": "Token ids to text", "tags": ["llama-server"],
+        "requestBody": oa.body(oa.obj({"tokens": oa.arr(oa.NAT), "model": d.optional_model_field()}, ["tokens"],
+                                      closed=False),
+                               {"tokens": [1, 2, 3]}),
+        "responses": {"200": {"description": "The text",
+                              "content": {oa.JSON: {"schema": oa.obj({"content": oa.STR}, ["content"])}}}},
+    }, (400, 404, 413, 507) if d.router else (400, 413))
+
+
+@_route("/detokenize", methods=("POST",), doc=_detokenize_doc)
 def detokenize() -> Any:
     body = json_body()
     rt = runtime_of(use_model(optional_model(body)))
@@ -305,7 +424,23 @@ def _detokenized(rt: Runtime, ids: Any) -> Any:
     return jsonify(content=rt.tokenizer.decode(ids))
 
 
-@_route("/apply-template", methods=("POST",))
+def _apply_template_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "apply_template", "summary": "A chat request rendered into its prompt text",
+        "tags": ["llama-server"],
+        "requestBody": oa.body(oa.chat_request(d.optional_model_field(), model_required=False, speculative=False),
+                               {"messages": [{"role": "user", "content": "Say hi."}]}),
+        "responses": {"200": {"description": "The prompt exactly as /v1/chat/completions renders it (stream is "
+                              "ignored)",
+                              "content": {oa.JSON: {"schema": oa.obj({
+                                  "prompt": oa.STR,
+                                  "text_spans": oa.desc(oa.arr(oa.arr(oa.NAT, minItems=2, maxItems=2)),
+                                                        "[start, end) characters of control-token text from the "
+                                                        "request, tokenized as plain text")}, ["prompt"])}}}},
+    }, (400, 404, 413, 507) if d.router else (400, 413))
+
+
+@_route("/apply-template", methods=("POST",), doc=_apply_template_doc)
 def apply_template() -> Any:
     """The prompt text a chat body becomes, rendered by the same code as /v1/chat/completions
     (validation, content parts, tool-call arguments, chat_template_kwargs, prefill)."""
@@ -320,18 +455,44 @@ def apply_template() -> Any:
 # --- paths that exist but do nothing on a text model --------------------------------------
 
 
-def _not_implemented(rest: str = "") -> Any:
+def _not_implemented_doc(d: oa.Doc) -> dict[str, oa.Op]:
+    out = {}
+    for path in map(oa.openapi_path, NOT_IMPLEMENTED):
+        for method in ("get", "post"):
+            op: oa.Schema = {"operationId": f"not_implemented_{method}_{oa.slug(path)}",
+                             "summary": "Not implemented for a text model", "tags": ["bubo"],
+                             "responses": {"501": oa.error(501, text="Code not_implemented: not for a text model")}}
+            if "{rest}" in path:
+                op["parameters"] = [{"name": "rest", "in": "path", "required": True, "schema": oa.STR}]
+            out[f"{method} {path}"] = oa.Op(op)
+    return out
+
+
+@_route(*NOT_IMPLEMENTED, methods=("GET", "POST"), doc=_not_implemented_doc)
+def not_implemented(rest: str = "") -> Any:
     raise ApiError(501, "not_implemented", f"{request.path} is not implemented for a text model")
-
-
-for _p in NOT_IMPLEMENTED:
-    blueprint.add_url_rule(_p, "not_implemented" + _p, _not_implemented, methods=["GET", "POST"])
 
 
 # --- debug hooks --------------------------------------------------------------------------
 
 
-@debug_blueprint.route("/prompt", methods=["POST"])
+def _debug_prompt_doc(d: oa.Doc) -> oa.Op:
+    event = {"type": "object", "required": ["event"], "properties": {"event": oa.enum("token", "finish", "error")}}
+    prompt_req = oa.obj({"prompt": {"anyOf": [oa.STR, oa.arr(oa.NAT)]}, "max_tokens": {"type": ["integer", "null"],
+                                                                                       "minimum": 1},
+                         "temperature": oa.NUM, "seed": oa.INT, "stop": {"anyOf": [oa.arr(oa.STR), {"type": "null"}]},
+                         "n_probs": oa.NAT, "cache_prompt": oa.OPT_BOOL, "stream": oa.OPT_BOOL,
+                         "model": d.optional_model_field()}, ["prompt"], closed=False)
+    return oa.Op({
+        "operationId": "debug_prompt", "summary": "Generate from a raw prompt (--debug-hooks; not an API)",
+        "tags": ["debug"], "requestBody": oa.body(prompt_req, {"prompt": "Hello", "max_tokens": 4}),
+        "responses": {"200": oa.ok(oa.obj({"content": oa.STR, "events": oa.arr(event)}, ["content", "events"]),
+                                   "Every event of the generation.", oa.sse_data(event, done=True),
+                                   "each event, then [DONE].")},
+    }, (400, 404, 413, 500, 507) if d.router else (400, 413, 500, 507))
+
+
+@oa.route(debug_blueprint, "/debug/prompt", methods=("POST",), doc=_debug_prompt_doc)
 def debug_prompt() -> Any:
     """Generate from a raw prompt (text, or token ids) straight through Engine.submit; streams
     each event with "stream": true. For tests and diagnosis, not an API."""
@@ -387,7 +548,19 @@ def debug_prompt() -> Any:
     return jsonify(content="".join(e.get("text", "") for e in events if e["event"] == "token"), events=events)
 
 
-@debug_blueprint.route("/cache", methods=["GET"])
+def _debug_cache_doc(d: oa.Doc) -> oa.Op:
+    cache = oa.obj({"n_ctx": oa.NAT, "block_size": oa.NAT, "used_blocks": oa.NAT, "cached_blocks": oa.NAT,
+                    "slots": oa.arr(oa.obj({"id": oa.NAT, "n_tokens": oa.NAT, "tokens": oa.arr(oa.NAT)},
+                                           ["id", "n_tokens", "tokens"]))},
+                   ["n_ctx", "block_size", "used_blocks", "cached_blocks", "slots"])
+    return oa.Op({
+        "operationId": "debug_cache", "summary": "The KV cache's blocks and slots (--debug-hooks)", "tags": ["debug"],
+        "parameters": [d.model_query()],
+        "responses": {"200": {"description": "What the cache holds", "content": {oa.JSON: {"schema": cache}}}},
+    }, (404, 507) if d.router else ())
+
+
+@oa.route(debug_blueprint, "/debug/cache", doc=_debug_cache_doc)
 def debug_cache() -> Any:
     engine = use_model(optional_model())
     try:
@@ -399,7 +572,18 @@ def debug_cache() -> Any:
                    slots=[{"id": i, "n_tokens": len(toks), "tokens": toks} for i, toks in view.slots])
 
 
-@debug_blueprint.route("/settings", methods=["GET"])
+def _debug_settings_doc(d: oa.Doc) -> oa.Op:
+    settings = oa.obj({"config": oa.ANY_OBJECT, "model": oa.STR, "model_path": {"type": ["string", "null"]},
+                       "n_ctx": {"type": ["integer", "null"]}, "n_threads": {"type": ["integer", "null"]}},
+                      ["config", "model", "model_path", "n_ctx", "n_threads"])
+    return oa.Op({
+        "operationId": "debug_settings", "summary": "The server's settings (--debug-hooks)", "tags": ["debug"],
+        "parameters": [d.model_query()],
+        "responses": {"200": {"description": "The settings", "content": {oa.JSON: {"schema": settings}}}},
+    }, (404,) if d.router else ())
+
+
+@oa.route(debug_blueprint, "/debug/settings", doc=_debug_settings_doc)
 def debug_settings() -> Any:
     cfg = dataclasses.asdict(config())
     cfg["api_keys"] = [f"<{len(cfg['api_keys'])} keys>"] if cfg["api_keys"] else []

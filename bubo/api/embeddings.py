@@ -27,6 +27,7 @@ from flask import Blueprint
 
 from bubo import embed as embedding
 from bubo.api import errors, jsonout, offload
+from bubo.api import openapi as oa
 from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
 from bubo.api.request import json_body, optional_model, runtime_of, use_model
@@ -128,7 +129,37 @@ def _encode(vec: np.ndarray, fmt: str) -> Any:
     return [float(x) for x in vec]
 
 
-@blueprint.post("/v1/embeddings")
+def _embedding_shapes(d: oa.Doc) -> tuple[oa.Schema, oa.Schema, tuple[int, ...]]:
+    """(the input field, the 501 of a text model, the errors) of the embedding routes."""
+    ids = oa.arr(oa.NAT, minItems=1)
+    emb_input = oa.desc({"anyOf": [oa.STR, ids, oa.arr({"anyOf": [oa.STR, ids]}, minItems=1, maxItems=2048)]},
+                        "a text, token ids, or a list of texts and token id lists (at most 2048)")
+    not_embedding = oa.error(501, text="Code not_implemented: the model is a text-generation model")
+    emb_errors = (400, 404, 413, 500, 507) if d.router else (400, 413, 500, 507)
+    return emb_input, not_embedding, emb_errors
+
+
+def _openai_doc(d: oa.Doc) -> oa.Op:
+    emb_input, not_embedding, emb_errors = _embedding_shapes(d)
+    return oa.Op({
+        "operationId": "embeddings", "summary": "Embeddings of texts or token ids (OpenAI)", "tags": ["OpenAI"],
+        "requestBody": oa.body(oa.obj({"input": emb_input, "model": d.optional_model_field(),
+                                       "encoding_format": {"enum": ["float", "base64", None]},
+                                       "dimensions": {"type": ["integer", "null"],
+                                                      "minimum": 1}, "truncate": oa.OPT_BOOL,
+                                       "user": oa.STR}, ["input"], closed=False),
+                               {"input": ["Hello world", "Goodbye"]}),
+        "responses": {"200": oa.ok(oa.obj({
+            "object": oa.STR, "model": oa.STR,
+            "data": oa.arr(oa.obj({"object": oa.STR, "index": oa.NAT, "embedding": {"anyOf": [oa.arr(oa.NUM), oa.STR]},
+                                   "truncated": {"type": "boolean"}}, ["object", "index", "embedding"])),
+            "usage": oa.obj({"prompt_tokens": oa.NAT, "total_tokens": oa.NAT}, ["prompt_tokens", "total_tokens"]),
+        }, ["object", "data", "model", "usage"]), "One vector per input, L2-normalised (base64: little-endian "
+                                   "float32)"), "501": not_embedding},
+    }, emb_errors)
+
+
+@oa.route(blueprint, "/v1/embeddings", methods=("POST",), doc=_openai_doc)
 def openai_embeddings() -> Any:
     body = json_body()
     name = optional_model(body)
@@ -169,8 +200,21 @@ def _normalize_of(body: dict[str, Any]) -> bool:
     return v == 2
 
 
-@blueprint.post("/embedding")
-@blueprint.post("/embeddings")
+def _llama_doc(d: oa.Doc) -> oa.Op:
+    emb_input, not_embedding, emb_errors = _embedding_shapes(d)
+    return oa.Op({
+        "operationId": "embedding", "summary": "Embeddings (llama-server)", "tags": ["llama-server"],
+        "requestBody": oa.body(oa.obj({"content": emb_input, "input": emb_input, "model": d.optional_model_field(),
+                                       "embd_normalize": {"enum": [-1, 2]}, "truncate": oa.OPT_BOOL}, closed=False),
+                               {"content": "Hello world"}),
+        "responses": {"200": oa.ok(oa.arr(oa.obj({"index": oa.NAT, "embedding": oa.arr(oa.arr(oa.NUM))}, ["index",
+                                                                                                          "embedding"])),
+                                   "One entry per input: its pooled vector as a list of one row"),
+                      "501": not_embedding},
+    }, emb_errors)
+
+
+@oa.route(blueprint, "/embedding", "/embeddings", methods=("POST",), doc=_llama_doc)
 def llama_embeddings() -> Any:
     body = json_body()
     name = optional_model(body)

@@ -19,7 +19,6 @@ stop the server at start with an error naming the file, the section and the key.
 
 from __future__ import annotations
 
-import argparse
 import configparser
 import dataclasses
 import os
@@ -27,8 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bubo.api.options import ServeOptions
 from bubo.engine.draft import DEFAULT_DRAFT, REQUANT_TYPES, DraftConfig
-from bubo.engine.engine import check_cache_type
+from bubo.engine.memory import check_cache_type
 from bubo.engine.registry import DEFAULT_NAME, EngineSettings, ModelSpec
 
 GLOBAL_SECTION = "*"
@@ -176,17 +176,16 @@ def _store_models() -> list[tuple[str, str]]:
     """(name, source) of the stored models when there are several (the default model first, if
     stored); else the default model alone (pulled if need be)."""
     from bubo import store
-    from bubo.cli import DEFAULT_SERVE_MODEL
 
     stored = [(m.name, m.name) if m.name in store.CATALOG else (served_name(str(m.path)), str(m.path))
               for m in store.stored_models()]
     if len(stored) < 2:
-        return [(DEFAULT_SERVE_MODEL, DEFAULT_SERVE_MODEL)]
-    stored.sort(key=lambda m: m[0] != DEFAULT_SERVE_MODEL)
+        return [(store.DEFAULT_MODEL, store.DEFAULT_MODEL)]
+    stored.sort(key=lambda m: m[0] != store.DEFAULT_MODEL)
     return stored
 
 
-def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0,
+def cli_settings(args: ServeOptions, load_delay_s: float = 0.0,
                  load_mem_available: int | None = None) -> dict[str, Any]:
     """The engine settings given on the command line (or in BUBO_ARG_* variables)."""
     given: dict[str, Any] = {}
@@ -195,10 +194,11 @@ def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0,
                          ("queue_size", args.queue_size)):
         if value is not None:
             given[field] = value
-    for field, flag in (("cache_type_k", "--cache-type-k"), ("cache_type_v", "--cache-type-v")):
-        if (value := getattr(args, field, None)) is not None:
+    for field, flag, kind in (("cache_type_k", "--cache-type-k", args.cache_type_k),
+                              ("cache_type_v", "--cache-type-v", args.cache_type_v)):
+        if kind is not None:
             try:
-                given[field] = check_cache_type(value, flag, k=field == "cache_type_k")
+                given[field] = check_cache_type(kind, flag, k=field == "cache_type_k")
             except ValueError as e:
                 raise ModelsConfigError(str(e)) from None
     if args.chat_template_file:
@@ -210,9 +210,9 @@ def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0,
         given["load_delay_s"] = load_delay_s
     if load_mem_available is not None:
         given["load_mem_available"] = load_mem_available
-    if getattr(args, "embedding", False):
+    if args.embedding:
         given["embedding"] = True
-    if getattr(args, "pooling", None) is not None:
+    if args.pooling is not None:
         given["pooling"] = args.pooling
     draft = draft_config(args)
     if draft is not DEFAULT_DRAFT:
@@ -220,15 +220,15 @@ def cli_settings(args: argparse.Namespace, load_delay_s: float = 0.0,
     return given
 
 
-def draft_config(args: argparse.Namespace) -> DraftConfig | None:
+def draft_config(args: ServeOptions) -> DraftConfig | None:
     """Speculative decoding as --model-draft, --draft-max, --draft-min, --draft-p-min, --draft-requant, --spec-type
     and --no-draft say (None: off)."""
-    model = getattr(args, "model_draft", None)
-    if getattr(args, "no_draft", False):
+    model = args.model_draft
+    if args.no_draft:
         if model is not None:
             raise ModelsConfigError("--no-draft and --model-draft: give one")
         return None
-    spec = getattr(args, "spec_type", None)
+    spec = args.spec_type
     if spec is not None:
         types = [s.strip() for s in spec.split(",") if s.strip()]
         other = [s for s in types if s != "none" and not s.startswith(("ngram", "draft"))]
@@ -241,9 +241,8 @@ def draft_config(args: argparse.Namespace) -> DraftConfig | None:
             return None
         if any(s.startswith("draft") for s in types) and model is None:
             raise ModelsConfigError(f"--spec-type {spec}: a draft type needs a draft model (--model-draft)")
-    n_max, n_min, p_min = (getattr(args, "draft_max", None), getattr(args, "draft_min", None),
-                           getattr(args, "draft_p_min", None))
-    requant = getattr(args, "draft_requant", None)
+    n_max, n_min, p_min = args.draft_max, args.draft_min, args.draft_p_min
+    requant = args.draft_requant
     if requant is not None:
         requant = requant.strip().lower()
         if requant != "none" and requant not in REQUANT_TYPES:
@@ -261,8 +260,6 @@ def draft_config(args: argparse.Namespace) -> DraftConfig | None:
     if p_min is not None and not 0.0 <= p_min <= 1.0:
         raise ModelsConfigError(f"--draft-p-min {p_min}: give 0..1")
     if model is not None:
-        from bubo.api.serve import check_model
-
         try:
             check_model(model, "--model-draft")
         except (OSError, ValueError, LookupError) as e:
@@ -273,7 +270,7 @@ def draft_config(args: argparse.Namespace) -> DraftConfig | None:
                        requant=DEFAULT_DRAFT.requant if requant is None else None if requant == "none" else requant)
 
 
-def model_specs(args: argparse.Namespace, load_delay_s: float = 0.0,
+def model_specs(args: ServeOptions, load_delay_s: float = 0.0,
                 load_mem_available: int | None = None) -> list[ModelSpec]:
     """Every model `bubo serve` was asked to serve (see the module docstring)."""
     found: list[tuple[str, str, str]] = []  # (name, source, origin)
@@ -312,7 +309,7 @@ def model_specs(args: argparse.Namespace, load_delay_s: float = 0.0,
         aliases: tuple[str, ...] = sec.aliases if sec else ()
         if single:
             name = args.served_model_name or name
-            aliases = tuple(a.strip() for a in (args.alias or "").split(",") if a.strip()) + aliases
+            aliases = tuple(args.alias) + aliases
         startup = i == 0
         for s in (glob, sec):
             if s is not None and s.load_on_startup is not None:
@@ -325,3 +322,29 @@ def model_specs(args: argparse.Namespace, load_delay_s: float = 0.0,
         raise ModelsConfigError(f"--models-preset {args.models_preset}: [{unused[0]}] names no model: add "
                                 f"model = PATH to it, or name one of the served models ({names})")
     return specs
+
+
+def check_model(source: str, flag: str = "-m", embedding: bool = False) -> None:
+    """Raise, naming the problem, when `source` (a path or a catalog name) cannot be served: a
+    missing file, a file that is not GGUF or holds an architecture or block type bubo does not
+    run, an unknown catalog name. A catalog model not stored yet passes (its load pulls it)."""
+    from bubo import store
+    from bubo.gguf import GGUFFile, check_model_file
+
+    path = Path(source)
+    if path.is_dir():
+        raise ValueError(f"{flag} {source}: a folder, not a model file (serve every model in it with --models-dir)")
+    if not path.is_file():
+        if path.suffix == ".gguf" or os.sep in source:
+            raise FileNotFoundError(f"{flag} {source}: no such file")
+        store.catalog_entry(source)  # an unknown name raises, listing the catalog's
+        return
+    try:
+        with GGUFFile(path) as f:
+            check_model_file(f)
+            arch = f.metadata.get("general.architecture")
+    except OSError as e:
+        raise ValueError(f"{flag} {source}: cannot read it: {e.strerror or e}") from None
+    if embedding and arch != "bert":
+        raise ValueError(f"--embedding: {flag} {source} is a text-generation model ({arch}), not an embedding model; "
+                         "serve an encoder such as all-minilm:l6-v2, or drop --embedding to generate text with it")

@@ -1,47 +1,41 @@
-"""The server's own description: `GET /openapi.json` (OpenAPI 3.1) and `GET /` (what is running).
+"""The server's own description (OpenAPI 3.1, served at `GET /openapi.json` by bubo/api/about.py).
 
-The document is built here, in Python, from the same names and limits the validators use
-(bubo/api/fields.py, bubo.sampling.SamplingParams, bubo/api/errors.py), for one server: the
-routes it has (the /debug/* routes only with --debug-hooks on a loopback address), the model
-names its requests may use, and the 401 answers and security schemes only when it has API keys.
-tests/api/test_openapi.py checks it against the app's routes, validates it, and runs
-schemathesis against a real server with it.
+Each route declares its operation where it is registered: `route(blueprint, *paths, methods=...,
+doc=...)` registers the view and keeps its declaration, a function of the document being built
+(Doc: the config, the model names, router or not) that gives the operation (Op: the OpenAPI
+object, the errors the route answers, which error shape). document() assembles the routes an app
+has (the /debug/* routes only with --debug-hooks on a loopback address) with the shared
+component schemas below and each blueprint's own (components()). tests/api/test_openapi.py
+checks that every registered route is declared, validates the document, and runs schemathesis
+against a real server with it.
 
-Request bodies describe what the routes accept (a field the server ignores is allowed too: an
-unknown field is not an error); responses describe the shapes the routes return, exactly
-(`additionalProperties: false`), with every error status and the shape of each dialect's errors.
-A streamed answer (`"stream": true`) is `text/event-stream`: its `schema` describes one event
-(`event`, `data`), the data's JSON in `contentSchema`, as OpenAPI 3.2's `itemSchema` does.
-
-`GET /` needs no API key (as llama-server's and Ollama's `/`): a browser must be able to open it
-before it has a key. Without a valid key on a server that has keys, it says only that bubo is
-running, that a key is needed and where the description is; the model names are for clients
-with the key, as on every other route."""
+The schemas come from the same names and limits the validators use (bubo/api/fields.py,
+bubo.sampling.SamplingParams, bubo/api/errors.py). Request bodies describe what the routes accept
+(a field the server ignores is allowed too: an unknown field is not an error); responses describe
+the shapes the routes return, exactly (`additionalProperties: false`), with every error status and
+the shape of each dialect's errors. A streamed answer (`"stream": true`) is `text/event-stream`:
+its `schema` describes one event (`event`, `data`), the data's JSON in `contentSchema`, as OpenAPI
+3.2's `itemSchema` does."""
 
 from __future__ import annotations
 
-import html
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Flask
 
 import bubo
 from bubo import limits
 from bubo.api import errors
 from bubo.api import fields as f
-from bubo.api.auth import check_api_key
 from bubo.api.config import ServerConfig
 from bubo.api.openai.completions import DEFAULT_MAX_TOKENS
 from bubo.chat import request as rq
 from bubo.engine.draft import MAX_DRAFT_PER_REQUEST
 from bubo.engine.registry import DEFAULT_NAME, Registry
 from bubo.sampling import FLT_TRUE_MIN
-
-blueprint = Blueprint("openapi", __name__)
-
-# routes that answer without an API key (the app's auth hook skips them)
-PUBLIC_PATHS = frozenset({"/"})
 
 INT32_MAX = f.INT32_MAX
 FLT_MAX = f.FLT_MAX
@@ -769,7 +763,7 @@ _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying ag
                                 "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
 
 
-def _error(status: int, anthropic: bool = False, text: str | None = None, ollama: bool = False) -> Schema:
+def error(status: int, anthropic: bool = False, text: str | None = None, ollama: bool = False) -> Schema:
     shape = "AnthropicError" if anthropic else "OllamaError" if ollama else "Error"
     out: Schema = {"description": text or _STATUS_TEXT[status], "content": {JSON: {"schema": ref(shape)}}}
     if status == 503:
@@ -779,7 +773,7 @@ def _error(status: int, anthropic: bool = False, text: str | None = None, ollama
     return out
 
 
-def _ok(schema: Schema, text: str, stream: Schema | None = None, stream_text: str = "") -> Schema:
+def ok(schema: Schema, text: str, stream: Schema | None = None, stream_text: str = "") -> Schema:
     content: Schema = {JSON: {"schema": schema}}
     if stream is not None:
         content[SSE] = {"schema": stream}
@@ -787,7 +781,7 @@ def _ok(schema: Schema, text: str, stream: Schema | None = None, stream_text: st
             "content": content}
 
 
-def _sse_data(json_schema: Schema, done: bool = False, named: bool = False) -> Schema:
+def sse_data(json_schema: Schema, done: bool = False, named: bool = False) -> Schema:
     """One server-sent event whose data is JSON (or `[DONE]`, with done); named: each event has
     an `event:` line naming its type."""
     data = {"type": "string", "contentMediaType": JSON, "contentSchema": json_schema}
@@ -805,7 +799,7 @@ def _sse_data(json_schema: Schema, done: bool = False, named: bool = False) -> S
     return event
 
 
-def _text_ok(text: str, media: str, example: str | None = None) -> Schema:
+def text_ok(text: str, media: str, example: str | None = None) -> Schema:
     m: Schema = {"schema": STR}
     if example is not None:
         m["example"] = example
@@ -815,29 +809,34 @@ def _text_ok(text: str, media: str, example: str | None = None) -> Schema:
 # --- the document ---------------------------------------------------------------------------------
 
 
-class _Doc:
+class Doc:
+    """The document being assembled, for one server: its config, the model names its requests
+    may use, whether it is a router, and its paths so far. A route's declaration (route()) is a
+    function of it."""
+
     def __init__(self, config: ServerConfig, names: list[str], router: bool, debug: bool):
         self.config, self.names, self.router, self.debug = config, names, router, debug
         self.keys = bool(config.api_keys)
         self.paths: dict[str, dict[str, Schema]] = {}
+        self.example_model = DEFAULT_NAME if DEFAULT_NAME in names else names[0]
 
-    def add(self, paths: tuple[str, ...], method: str, op: Schema, statuses: tuple[int, ...] = (),
-            anthropic: bool = False, public: bool = False, ollama: bool = False) -> None:
+    def add(self, paths: tuple[str, ...], method: str, op: Op) -> None:
+        """op at each path (the later ones aliases of the first)."""
         for i, path in enumerate(paths):
-            o = dict(op)
-            o["operationId"] = op["operationId"] + ("" if i == 0 else "_" + _slug(path))
+            o = dict(op.spec)
+            o["operationId"] = op.spec["operationId"] + ("" if i == 0 else "_" + slug(path))
             if i:
-                o["summary"] = f"{op['summary']} (alias of {paths[0]})"
+                o["summary"] = f"{op.spec['summary']} (alias of {paths[0]})"
             responses = dict(o["responses"])
             # every route: 503 shutting_down while the server drains, 403 forbidden_host for a Host
             # the server does not answer to (and forbidden_origin for a web page of another origin)
-            wanted = set(statuses) | {403, 503}
-            if self.keys and not public:
+            wanted = set(op.errors) | {403, 503}
+            if self.keys and not op.public:
                 wanted.add(401)
             for status in sorted(wanted):
-                responses.setdefault(str(status), _error(status, anthropic, ollama=ollama))
+                responses.setdefault(str(status), error(status, op.anthropic, ollama=op.ollama))
             o["responses"] = responses
-            if public and self.keys:
+            if op.public and self.keys:
                 o["security"] = []
             self.paths.setdefault(path, {})[method] = o
 
@@ -861,12 +860,67 @@ class _Doc:
             text = "ignored: this server serves one model"
         return {"name": "model", "in": "query", "required": False, "schema": STR, "description": text}
 
+    def chat_example(self) -> Schema:
+        return {"model": self.example_model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
 
-def _slug(path: str) -> str:
+
+@dataclass(frozen=True)
+class Op:
+    """One operation: its OpenAPI object, and the error statuses it answers beyond those every
+    route answers (403 and 503; 401 with API keys), in which error shape."""
+
+    spec: Schema
+    errors: tuple[int, ...] = ()
+    anthropic: bool = False
+    public: bool = False  # answers without an API key
+    ollama: bool = False
+
+
+# a route's declaration: its operation for every method, or one per method ("post"), or one per
+# method and path ("post /api/create": that path's own operation, not an alias of the first)
+Build = Callable[[Doc], Op | dict[str, Op]]
+
+
+@dataclass(frozen=True)
+class Declared:
+    paths: tuple[str, ...]  # Flask's form (/sdapi/v1/<path:rest>)
+    methods: tuple[str, ...]
+    build: Build
+
+
+def route(blueprint: Blueprint, *paths: str, methods: tuple[str, ...] = ("GET",),
+          doc: Build) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the view at paths (the first is the route's name; the others are its aliases)
+    with its OpenAPI declaration, from which /openapi.json is assembled."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for p in paths:
+            blueprint.add_url_rule(p, fn.__name__, fn, methods=list(methods))
+        fn.openapi = Declared(paths, methods, doc)  # type: ignore[attr-defined]
+        return fn
+    return deco
+
+
+def declared(fn: Callable[..., Any]) -> Declared | None:
+    decl = getattr(fn, "openapi", None)
+    return decl if isinstance(decl, Declared) else None
+
+
+def components(blueprint: Blueprint, shapes: Callable[[], dict[str, Schema]]) -> None:
+    """The component schemas a blueprint's operations refer to beyond the shared ones."""
+    blueprint.openapi_components = shapes  # type: ignore[attr-defined]
+
+
+def openapi_path(rule: str) -> str:
+    """A Flask rule in OpenAPI's form: /sdapi/v1/<path:rest> -> /sdapi/v1/{rest}."""
+    return re.sub(r"<(?:[a-z]+:)?([a-z_]+)>", r"{\1}", rule)
+
+
+def slug(path: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in path).strip("_")
 
 
-def _body(schema: Schema, example: Schema | None = None) -> Schema:
+def body(schema: Schema, example: Schema | None = None) -> Schema:
     media: Schema = {"schema": schema}
     if example is not None:
         media["example"] = example
@@ -876,271 +930,43 @@ def _body(schema: Schema, example: Schema | None = None) -> Schema:
 GEN_ERRORS = (400, 404, 413, 500, 503, 507)
 
 
-def document(config: ServerConfig, registry: Registry | None = None, debug: bool | None = None) -> Schema:
-    """The OpenAPI 3.1 document of a server with this config (and these models)."""
+def document(app: Flask, config: ServerConfig, registry: Registry | None = None) -> Schema:
+    """The OpenAPI 3.1 document of this app's routes (each route's declaration, see route()),
+    for a server with this config (and these models)."""
     names = registry.names() if registry is not None else config.model_names
     router = registry.is_router if registry is not None else False
-    d = _Doc(config, names, router, config.debug_routes_enabled if debug is None else debug)
-    model = d.model_field()
-    example_model = DEFAULT_NAME if DEFAULT_NAME in names else names[0]
-
-    # --- about ---
-    d.add(("/",), "get", {
-        "operationId": "about", "summary": "What is running", "tags": ["bubo"],
-        "description": "Plain text for a client that does not ask for HTML (bubo is running, the models it "
-                       "serves and where this description is); for a browser (Accept: text/html) the chat page, "
-                       "or with --no-webui a small HTML page saying the same as the text. Needs no API key; "
-                       "without a valid key on a server that has keys, it names no model.",
-        "responses": {"200": {"description": "bubo is running",
-                              "content": {"text/plain": {"schema": STR}, "text/html": {"schema": STR}}}},
-    }, public=True)
-    d.add(("/openapi.json",), "get", {
-        "operationId": "openapi", "summary": "This description (OpenAPI 3.1)", "tags": ["bubo"],
-        "responses": {"200": {"description": "The OpenAPI document of this server",
-                              "content": {JSON: {"schema": ANY_OBJECT}}}},
-    })
-
-    # --- health, readiness, models ---
-    d.add(("/health", "/v1/health", "/healthz"), "get", {
-        "operationId": "health", "summary": "Liveness", "tags": ["bubo"],
-        "responses": {"200": {"description": "The server is up",
-                              "content": {JSON: {"schema": obj({"status": const("ok")}, ["status"])}}}},
-    })
-    ready_ok = obj({"status": const("ready"), "model": STR, "sleeping": const(True)}, ["status", "model"])
-    d.add(("/ready", "/v1/ready", "/readyz"), "get", {
-        "operationId": "ready", "summary": "Readiness: the model can answer now", "tags": ["bubo"],
-        "parameters": [d.model_query()],
-        "responses": {"200": {"description": "Loaded, or sleeping (it reloads on its next request)",
-                              "content": {JSON: {"schema": ready_ok}}},
-                      "503": _error(503, text="Code not_ready: loading, unloaded, or its load failed "
-                                              "(or shutting_down)")},
-    }, (404,) if router else ())
-    d.add(("/v1/models", "/models"), "get", {
-        "operationId": "list_models", "summary": "The served model names (ids, then aliases)",
-        "tags": ["OpenAI", "llama-server"],
-        "responses": {"200": {"description": "Every name a request may use",
-                              "content": {JSON: {"schema": ref("ModelList")}}}},
-    })
-    manage = obj({"model": desc({"type": "string", "minLength": 1}, "one of the names GET /models lists")},
-                 ["model"], closed=False)
-    manage_ok = obj({"success": const(True), "model": STR,
-                     "status": enum("unloaded", "loading", "loaded", "unloading", "sleeping", "failed")},
-                    ["success", "model", "status"])
-    d.add(("/models/load",), "post", {
-        "operationId": "load_model", "summary": "Start loading a model (answers at once)", "tags": ["llama-server"],
-        "requestBody": _body(manage, {"model": example_model}),
-        "responses": {"200": {"description": "Loading (or loaded): GET /models shows when it is loaded",
-                              "content": {JSON: {"schema": manage_ok}}}},
-    }, (400, 404, 413, 507))
-    d.add(("/models/unload",), "post", {
-        "operationId": "unload_model", "summary": "Unload a model once its requests in flight end",
-        "tags": ["llama-server"], "requestBody": _body(manage, {"model": example_model}),
-        "responses": {"200": {"description": "Unloaded: its memory is released (it loads again on its next "
-                                             "request unless --no-models-autoload)",
-                              "content": {JSON: {"schema": manage_ok}}}},
-    }, (400, 404, 413))
-
-    # --- llama-server's properties, slots, metrics ---
-    d.add(("/props",), "get", {
-        "operationId": "props", "summary": "Model name, template and default settings", "tags": ["llama-server"],
-        "parameters": [d.model_query(checked=True)],
-        "responses": {"200": {"description": "The model's properties",
-                              "content": {JSON: {"schema": ref("Props")}}},
-                      "503": _error(503, text="Code not_ready: the model is not loaded (or shutting_down)")},
-    }, (404,))
-    slot_params = [d.model_query(),
-                   {"name": "fail_on_no_slot", "in": "query", "required": False, "schema": STR,
-                    "description": "1 or true: a 503 no_slot_available when every slot is busy"}]
-    slot_responses: Schema = {"200": {"description": "Every slot (none while the model is not loaded)",
-                                      "content": {JSON: {"schema": arr(ref("Slot"))}}}}
-    if not config.slots_enabled:
-        slot_responses = {"501": _error(501, text="Code not_implemented: /slots is turned off (--no-slots)")}
-    d.add(("/slots", "/v1/slots"), "get", {
-        "operationId": "slots", "summary": "The slots' state", "tags": ["llama-server"],
-        "parameters": slot_params, "responses": slot_responses,
-    }, (404,) if router else ())
-    d.add(("/metrics", "/v1/metrics"), "get", {
-        "operationId": "metrics", "summary": "Prometheus metrics (llamacpp: names)", "tags": ["llama-server"],
-        "parameters": [d.model_query()],
-        "responses": {"200": _text_ok("The Prometheus text exposition; with several models and no ?model=, every "
-                                      "model's series with a model label", METRICS_TYPE)},
-    }, (404,) if router else ())
-
-    # --- tokens and templates ---
-    tok_req = obj({"content": STR, "add_special": OPT_BOOL, "parse_special": OPT_BOOL, "with_pieces": OPT_BOOL,
-                   "model": d.optional_model_field()}, ["content"], closed=False)
-    piece = obj({"id": NAT, "piece": desc({"anyOf": [STR, BYTES]}, "the text, or the bytes of a partial UTF-8 "
-                                                                    "character")}, ["id", "piece"])
-    d.add(("/tokenize",), "post", {
-        "operationId": "tokenize", "summary": "Text to token ids", "tags": ["llama-server"],
-        "requestBody": _body(tok_req, {"content": "Hello world"}),
-        "responses": {"200": {"description": "The token ids (with with_pieces, each with its text)",
-                              "content": {JSON: {"schema": obj({"tokens": {"anyOf": [arr(NAT), arr(piece)]}},
-                                                               ["tokens"])}}}},
-    }, (400, 404, 413, 507) if router else (400, 413))
-    d.add(("/detokenize",), "post", {
-        "operationId": "detokenize", "summary": "Token ids to text", "tags": ["llama-server"],
-        "requestBody": _body(obj({"tokens": arr(NAT), "model": d.optional_model_field()}, ["tokens"], closed=False),
-                             {"tokens": [1, 2, 3]}),
-        "responses": {"200": {"description": "The text",
-                              "content": {JSON: {"schema": obj({"content": STR}, ["content"])}}}},
-    }, (400, 404, 413, 507) if router else (400, 413))
-    chat_example = {"model": example_model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
-    d.add(("/apply-template",), "post", {
-        "operationId": "apply_template", "summary": "A chat request rendered into its prompt text",
-        "tags": ["llama-server"],
-        "requestBody": _body(chat_request(d.optional_model_field(), model_required=False, speculative=False),
-                             {"messages": [{"role": "user", "content": "Say hi."}]}),
-        "responses": {"200": {"description": "The prompt exactly as /v1/chat/completions renders it (stream is "
-                                             "ignored)",
-                              "content": {JSON: {"schema": obj({
-                                  "prompt": STR,
-                                  "text_spans": desc(arr(arr(NAT, minItems=2, maxItems=2)),
-                                                     "[start, end) characters of control-token text from the "
-                                                     "request, tokenized as plain text")}, ["prompt"])}}}},
-    }, (400, 404, 413, 507) if router else (400, 413))
-
-    # --- OpenAI ---
-    chat_stream = _sse_data({"anyOf": [ref("ChatCompletionChunk"), ref("Error")]}, done=True)
-    d.add(("/v1/chat/completions", "/chat/completions"), "post", {
-        "operationId": "chat_completions", "summary": "Chat (OpenAI)", "tags": ["OpenAI"],
-        "requestBody": _body(chat_request(model), chat_example),
-        "responses": {"200": _ok(ref("ChatCompletion"), "The answer.", chat_stream,
-                                 "chat.completion.chunk events, then `data: [DONE]`; an error after the 200 is an "
-                                 "event with the error object, then [DONE].")},
-    }, GEN_ERRORS)
-    d.add(("/v1/completions",), "post", {
-        "operationId": "completions", "summary": "Text completion (OpenAI)", "tags": ["OpenAI"],
-        "requestBody": _body(completions_request(model),
-                             {"model": example_model, "prompt": "The capital of France is", "max_tokens": 8}),
-        "responses": {"200": _ok(ref("TextCompletion"), "The completion.",
-                                 _sse_data({"anyOf": [ref("TextCompletionChunk"), ref("Error")]}, done=True),
-                                 "text_completion chunks, then `data: [DONE]`.")},
-    }, GEN_ERRORS)
-    d.add(("/v1/responses", "/responses"), "post", {
-        "operationId": "responses", "summary": "Responses (OpenAI), stateless", "tags": ["OpenAI"],
-        "requestBody": _body(responses_request(model),
-                             {"model": example_model, "input": "Say hi.", "max_output_tokens": 8}),
-        "responses": {"200": _ok(ref("Response"), "The response.",
-                                 _sse_data(ref("ResponseStreamEvent"), named=True),
-                                 "named events (response.created ... response.completed or response.incomplete); "
-                                 "an error after the 200 is an `error` event.")},
-    }, GEN_ERRORS)
-
-    # --- Anthropic ---
-    d.add(("/v1/messages",), "post", {
-        "operationId": "messages", "summary": "Messages (Anthropic)", "tags": ["Anthropic"],
-        "requestBody": _body(messages_request(model), {"model": example_model, "max_tokens": 8,
-                                                       "messages": [{"role": "user", "content": "Say hi."}]}),
-        "responses": {"200": _ok(ref("Message"), "The message.", _sse_data(ref("MessageStreamEvent"), named=True),
-                                 "named events: message_start, ping, content_block_start/delta/stop, "
-                                 "message_delta, message_stop; an error after the 200 is an `error` event.")},
-    }, GEN_ERRORS, anthropic=True)
-    d.add(("/v1/messages/count_tokens",), "post", {
-        "operationId": "count_tokens", "summary": "The prompt's tokens for a Messages request (Anthropic)",
-        "tags": ["Anthropic"],
-        "requestBody": _body(messages_request(model, count_only=True),
-                             {"model": example_model, "messages": [{"role": "user", "content": "Say hi."}]}),
-        "responses": {"200": {"description": "The token count of the rendered prompt (it may exceed the context)",
-                              "content": {JSON: {"schema": obj({"input_tokens": NAT}, ["input_tokens"])}}}},
-    }, (400, 404, 413, 507), anthropic=True)
-
-    # --- llama-server's completion ---
-    d.add(("/completion", "/completions"), "post", {
-        "operationId": "completion", "summary": "Text completion (llama-server)", "tags": ["llama-server"],
-        "requestBody": _body(native_completion_request(), {"prompt": "The capital of France is", "n_predict": 8}),
-        "responses": {"200": _ok(ref("Completion"), "The completion.",
-                                 _sse_data({"anyOf": [ref("CompletionChunk"), ref("Completion"), ref("Error")]}),
-                                 "a chunk per token, then the final object with \"stop\": true (no [DONE]).")},
-    }, GEN_ERRORS)
-
-    infill = obj({"input_prefix": STR, "input_suffix": STR,
-                  "input_extra": desc(arr(obj({"filename": STR, "text": STR}, ["text"], closed=False)),
-                                      "other files, written before the prefix (repository context)"),
-                  **{k: v for k, v in native_completion_request()["properties"].items() if k != "prompt"},
-                  "prompt": desc(STR, "text after the middle marker: the answer continues it")}, closed=False)
-    d.add(("/infill",), "post", {
-        "operationId": "infill", "summary": "Fill in the middle (llama-server)", "tags": ["llama-server"],
-        "requestBody": _body(infill, {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n",
-                                      "n_predict": 8}),
-        "responses": {"200": _ok(ref("Completion"), "The completion, as /completion gives it (a model without "
-                                                    "fill-in-the-middle tokens is a 400).",
-                                 _sse_data({"anyOf": [ref("CompletionChunk"), ref("Completion"), ref("Error")]}),
-                                 "as /completion streams.")},
-    }, GEN_ERRORS)
-
-    # --- the chat page's Markdown ---
-    if config.webui:
-        d.add(("/webui/render",), "post", {
-            "operationId": "webui_render", "summary": "Markdown to HTML, as the chat page at / shows answers",
-            "tags": ["bubo"],
-            "requestBody": _body(obj({"text": STR}, ["text"], closed=False), {"text": "# Hi\n\n`code`"}),
-            "responses": {"200": {"description": "The HTML (raw HTML in the text escaped, code highlighted). A "
-                                                 "rendering that takes longer than its budget (2 s) is stopped and "
-                                                 "made again without highlighting, then as the escaped text: "
-                                                 "`rendering` says which",
-                                  "content": {JSON: {"schema": obj({"html": STR, "rendering": {
-                                      "enum": ["highlighted", "plain_code", "text"]}}, ["html", "rendering"])}}}},
-        }, (400, 413))
-
-    # --- embeddings (an embedding model; 501 on a text model) ---
-    ids = arr(NAT, minItems=1)
-    emb_input = desc({"anyOf": [STR, ids, arr({"anyOf": [STR, ids]}, minItems=1, maxItems=2048)]},
-                     "a text, token ids, or a list of texts and token id lists (at most 2048)")
-    not_embedding = _error(501, text="Code not_implemented: the model is a text-generation model")
-    emb_errors = (400, 404, 413, 500, 507) if router else (400, 413, 500, 507)
-    d.add(("/v1/embeddings",), "post", {
-        "operationId": "embeddings", "summary": "Embeddings of texts or token ids (OpenAI)", "tags": ["OpenAI"],
-        "requestBody": _body(obj({"input": emb_input, "model": d.optional_model_field(),
-                                  "encoding_format": {"enum": ["float", "base64", None]},
-                                  "dimensions": {"type": ["integer", "null"], "minimum": 1}, "truncate": OPT_BOOL,
-                                  "user": STR}, ["input"], closed=False),
-                             {"input": ["Hello world", "Goodbye"]}),
-        "responses": {"200": _ok(obj({
-            "object": STR, "model": STR,
-            "data": arr(obj({"object": STR, "index": NAT, "embedding": {"anyOf": [arr(NUM), STR]},
-                             "truncated": {"type": "boolean"}}, ["object", "index", "embedding"])),
-            "usage": obj({"prompt_tokens": NAT, "total_tokens": NAT}, ["prompt_tokens", "total_tokens"]),
-        }, ["object", "data", "model", "usage"]), "One vector per input, L2-normalised (base64: little-endian "
-                                                 "float32)"), "501": not_embedding},
-    }, emb_errors)
-    d.add(("/embedding", "/embeddings"), "post", {
-        "operationId": "embedding", "summary": "Embeddings (llama-server)", "tags": ["llama-server"],
-        "requestBody": _body(obj({"content": emb_input, "input": emb_input, "model": d.optional_model_field(),
-                                  "embd_normalize": {"enum": [-1, 2]}, "truncate": OPT_BOOL}, closed=False),
-                             {"content": "Hello world"}),
-        "responses": {"200": _ok(arr(obj({"index": NAT, "embedding": arr(arr(NUM))}, ["index", "embedding"])),
-                                 "One entry per input: its pooled vector as a list of one row"),
-                      "501": not_embedding},
-    }, emb_errors)
-
-    # --- Ollama ---
-    from bubo.api.ollama.openapi import add_paths
-
-    ollama_shapes = add_paths(d, names, example_model)
-
-    # --- paths that exist but answer 501 on a text model ---
-    for path in ("/v1/rerank", "/v1/reranking", "/rerank", "/sdapi/v1/{rest}"):
-        for method in ("get", "post"):
-            op: Schema = {"operationId": "not_implemented", "summary": "Not implemented for a text model",
-                          "tags": ["bubo"],
-                          "responses": {"501": _error(501, text="Code not_implemented: not for a text model")}}
-            if "{rest}" in path:
-                op["parameters"] = [{"name": "rest", "in": "path", "required": True, "schema": STR}]
-            op["operationId"] = f"not_implemented_{method}_{_slug(path)}"
-            d.add((path,), method, op)
-
-    if d.debug:
-        _debug_paths(d)
-
+    d = Doc(config, names, router, config.debug_routes_enabled)
+    views: list[Callable[..., Any]] = []
+    for view in app.view_functions.values():
+        if declared(view) is not None and view not in views:
+            views.append(view)
+    for view in views:
+        decl = declared(view)
+        assert decl is not None
+        built = decl.build(d)
+        paths = tuple(openapi_path(p) for p in decl.paths)
+        for method in (m.lower() for m in decl.methods if m not in ("HEAD", "OPTIONS")):
+            if isinstance(built, Op):
+                d.add(paths, method, built)
+                continue
+            if method in built:
+                d.add(paths, method, built[method])
+            for path in paths:
+                if f"{method} {path}" in built:
+                    d.add((path,), method, built[f"{method} {path}"])
+    shapes = schemas()
+    for bp in app.blueprints.values():
+        extra = getattr(bp, "openapi_components", None)
+        if extra is not None:
+            shapes.update(extra())
     doc: Schema = {
         "openapi": "3.1.0",
-        "info": {"title": "bubo", "version": bubo.__version__, "description": _DESCRIPTION,
+        "info": {"title": "bubo", "version": bubo.__version__, "description": DESCRIPTION,
                  "license": {"name": "MIT", "identifier": "MIT"}},
         "tags": [{"name": "OpenAI"}, {"name": "Anthropic"}, {"name": "llama-server"}, {"name": "Ollama"},
                  {"name": "bubo"}],
         "paths": d.paths,
-        "components": {"schemas": {**schemas(), **ollama_shapes}},
+        "components": {"schemas": shapes},
     }
     if d.keys:
         doc["components"]["securitySchemes"] = {
@@ -1151,38 +977,20 @@ def document(config: ServerConfig, registry: Registry | None = None, debug: bool
     return doc
 
 
-def _debug_paths(d: _Doc) -> None:
-    event = {"type": "object", "required": ["event"], "properties": {"event": enum("token", "finish", "error")}}
-    prompt_req = obj({"prompt": {"anyOf": [STR, arr(NAT)]}, "max_tokens": {"type": ["integer", "null"], "minimum": 1},
-                      "temperature": NUM, "seed": INT, "stop": {"anyOf": [arr(STR), {"type": "null"}]},
-                      "n_probs": NAT, "cache_prompt": OPT_BOOL, "stream": OPT_BOOL,
-                      "model": d.optional_model_field()}, ["prompt"], closed=False)
-    d.add(("/debug/prompt",), "post", {
-        "operationId": "debug_prompt", "summary": "Generate from a raw prompt (--debug-hooks; not an API)",
-        "tags": ["debug"], "requestBody": _body(prompt_req, {"prompt": "Hello", "max_tokens": 4}),
-        "responses": {"200": _ok(obj({"content": STR, "events": arr(event)}, ["content", "events"]),
-                                 "Every event of the generation.", _sse_data(event, done=True),
-                                 "each event, then [DONE].")},
-    }, (400, 404, 413, 500, 507) if d.router else (400, 413, 500, 507))
-    cache = obj({"n_ctx": NAT, "block_size": NAT, "used_blocks": NAT, "cached_blocks": NAT,
-                 "slots": arr(obj({"id": NAT, "n_tokens": NAT, "tokens": arr(NAT)}, ["id", "n_tokens", "tokens"]))},
-                ["n_ctx", "block_size", "used_blocks", "cached_blocks", "slots"])
-    d.add(("/debug/cache",), "get", {
-        "operationId": "debug_cache", "summary": "The KV cache's blocks and slots (--debug-hooks)", "tags": ["debug"],
-        "parameters": [d.model_query()],
-        "responses": {"200": {"description": "What the cache holds", "content": {JSON: {"schema": cache}}}},
-    }, (404, 507) if d.router else ())
-    settings = obj({"config": ANY_OBJECT, "model": STR, "model_path": {"type": ["string", "null"]},
-                    "n_ctx": {"type": ["integer", "null"]}, "n_threads": {"type": ["integer", "null"]}},
-                   ["config", "model", "model_path", "n_ctx", "n_threads"])
-    d.add(("/debug/settings",), "get", {
-        "operationId": "debug_settings", "summary": "The server's settings (--debug-hooks)", "tags": ["debug"],
-        "parameters": [d.model_query()],
-        "responses": {"200": {"description": "The settings", "content": {JSON: {"schema": settings}}}},
-    }, (404,) if d.router else ())
+def undeclared(app: Flask) -> list[str]:
+    """The app's routes (METHOD path) that no declaration covers."""
+    out = []
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint == "static":
+            continue
+        decl = declared(app.view_functions[rule.endpoint])
+        for m in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            if decl is None or rule.rule not in decl.paths or m not in decl.methods:
+                out.append(f"{m} {rule.rule}")
+    return out
 
 
-_DESCRIPTION = """\
+DESCRIPTION = """\
 bubo, a local LLM inference server: OpenAI (chat completions, completions, Responses), Anthropic
 (Messages) and llama-server routes over the same engine.
 
@@ -1202,93 +1010,3 @@ path and close the connection.
 Request bodies are JSON objects (the Content-Type is not checked); unknown fields are ignored.
 Limits beyond types: depth 128, numbers of at most 100 characters, no lone surrogates (400).
 """
-
-
-# --- the routes -----------------------------------------------------------------------------------
-
-
-def _registry() -> Registry:
-    reg: Registry = current_app.config["BUBO_MODELS"]
-    return reg
-
-
-def _config() -> ServerConfig:
-    cfg: ServerConfig = current_app.config["BUBO_CONFIG"]
-    return cfg
-
-
-@blueprint.get("/openapi.json")
-def openapi_json() -> Any:
-    return jsonify(document(_config(), _registry()))
-
-
-def _has_key(cfg: ServerConfig) -> bool:
-    try:
-        check_api_key(cfg.api_keys)
-    except errors.ApiError:
-        return False
-    return True
-
-
-def about_lines(cfg: ServerConfig, reg: Registry,
-                show_models: bool) -> tuple[list[str], list[tuple[str, str]], str]:
-    """(the lines that say what runs, the routes as (method path, summary), the paths that answer
-    501)."""
-    lines = [f"bubo is running (version {bubo.__version__})."]
-    if not show_models:
-        lines.append("An API key is required: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY').")
-    elif reg.is_router:
-        lines.append("Models: " + ", ".join(f"{e.name} ({e.status.value})" for e in reg.entries)
-                     + f"; '{DEFAULT_NAME}' names {reg.default.name}.")
-    else:
-        e = reg.default
-        others = [n for n in reg.names() if n != e.name]
-        lines.append(f"Model: {e.name} ({e.status.value})" + (f", also named {', '.join(others)}." if others else "."))
-    lines.append("API description (OpenAPI 3.1): GET /openapi.json"
-                 + (" (with the key)." if cfg.api_keys else "."))
-    routes: dict[str, str] = {}  # "METHOD /path" -> summary
-    aliases: dict[str, list[str]] = {}
-    unimplemented: list[str] = []
-    for path, ops in document(cfg, reg)["paths"].items():
-        for method, op in ops.items():
-            summary: str = op["summary"]
-            if op["operationId"].startswith("not_implemented"):
-                if path not in unimplemented:
-                    unimplemented.append(path)
-                continue
-            alias = re.search(r" \(alias of (\S+)\)$", summary)
-            if alias:
-                aliases.setdefault(f"{method.upper()} {alias.group(1)}", []).append(path)
-            else:
-                routes[f"{method.upper()} {path}"] = summary
-    out = [(r, s + (f" (also {', '.join(aliases[r])})" if r in aliases else "")) for r, s in routes.items()]
-    return lines, out, "Not implemented for a text model (501): " + ", ".join(unimplemented)
-
-
-@blueprint.get("/")
-def about() -> Any:
-    """What is running, for a person: plain text, or a small page for a browser. No key needed."""
-    cfg, reg = _config(), _registry()
-    show = _has_key(cfg)
-    lines, routes, unimplemented = about_lines(cfg, reg, show)
-    browser = any(m == "text/html" and q > 0 for m, q in request.accept_mimetypes)
-    if browser and cfg.webui:
-        from bubo.webui import page
-
-        chat = page()
-        chat.headers["Vary"] = "Accept"
-        return chat
-    if browser:
-        items = "".join(f"<li><code>{html.escape(r)}</code> {html.escape(s)}</li>" for r, s in routes)
-        body = ("<!doctype html><html><head><meta charset=\"utf-8\"><title>bubo</title></head><body>"
-                + "".join(f"<p>{html.escape(line)}</p>" for line in lines)
-                + f"<p><a href=\"/openapi.json\">/openapi.json</a></p><h2>Routes</h2><ul>{items}</ul>"
-                + f"<p>{html.escape(unimplemented)}</p></body></html>")
-        resp = Response(body, mimetype="text/html")
-    else:
-        width = max(len(r) for r, _ in routes)
-        text = ("\n".join(lines) + "\n\nRoutes:\n" + "".join(f"  {r.ljust(width)}  {s}\n" for r, s in routes)
-                + "\n" + unimplemented + "\n")
-        resp = Response(text, mimetype="text/plain")
-    resp.headers["Vary"] = "Accept"
-    return resp

@@ -1,4 +1,5 @@
-"""`python -m bubo serve`: the models' engines, the app, gevent's WSGI server.
+"""serve(ServeOptions): the models' engines, the app, gevent's WSGI server (`bubo serve` fills
+the options from its flags: bubo/cli/serve.py).
 
 The HTTP server listens before any model is loaded (each engine loads its model on its own
 thread): /health answers at once, /ready says 503 not_ready until the default model is in memory.
@@ -8,17 +9,16 @@ loads, swaps and puts them to sleep."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import pathlib
 import signal
 import sys
 from typing import Any
 
 from bubo.api import http, logs
 from bubo.api.config import OLLAMA_PORT, ServerConfig, is_loopback
-from bubo.api.models_config import model_specs, served_name
+from bubo.api.models_config import check_model, model_specs, served_name
+from bubo.api.options import ServeOptions
 from bubo.engine.engine import Engine
 from bubo.engine.registry import ModelEntry, ModelStatus, Registry
 
@@ -29,25 +29,20 @@ log = logging.getLogger("bubo.serve")
 
 SWITCH_INTERVAL_S = 0.0005
 
-# kept for callers of the old name
-_served_name = served_name
-
-
-def config_from_args(args: argparse.Namespace, default_name: str | None = None) -> ServerConfig:
+def server_config(args: ServeOptions, default_name: str | None = None) -> ServerConfig:
     """The HTTP settings; the served name and aliases are the default model's (one model: -m's
     name or --served-model-name, and -a)."""
     from bubo.api.auth import load_key_file
-    from bubo.cli import _csv
     from bubo.webui import check_ui_config
 
-    keys = _csv(args.api_key)
+    keys = list(args.api_key)
     if args.api_key_file:
         keys += load_key_file(args.api_key_file)
     return ServerConfig(
         served_model_name=default_name or args.served_model_name or served_name(args.model),
-        aliases=_csv(args.alias) if default_name is None else [],
+        aliases=list(args.alias) if default_name is None else [],
         api_keys=keys,
-        cors_origins=_csv(args.cors_origins),
+        cors_origins=list(args.cors_origins),
         debug_hooks=args.debug_hooks,
         host=args.host,
         port=args.port,
@@ -58,7 +53,7 @@ def config_from_args(args: argparse.Namespace, default_name: str | None = None) 
         webui=not args.no_webui,
         ui_defaults=check_ui_config(args.ui_config) if args.ui_config else {},
         prepare_timeout_s=args.prepare_timeout,
-        host_allow=_csv(args.host_allow),
+        host_allow=list(args.host_allow),
         allow_copy=args.allow_copy,
     )
 
@@ -69,7 +64,7 @@ SAMPLING_FLAGS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "mi
                   "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed"}
 
 
-def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
+def sampling_defaults(args: ServeOptions) -> dict[str, Any]:
     """The sampling flags given (--temp, --top-k, ...) as SamplingParams fields, checked: a bad
     value names its flag."""
     from bubo.sampling import SamplingParams
@@ -86,14 +81,8 @@ def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
-def requested_models(args: argparse.Namespace) -> list[str]:
-    """The -m models (BUBO_ARG_MODEL counts as one -m)."""
-    if args.models:
-        return list(args.models)
-    return [args.model] if os.environ.get("BUBO_ARG_MODEL") else []
-
-
-def serve(args: argparse.Namespace) -> int:
+def serve(args: ServeOptions) -> int:
+    """Serve until SIGTERM or SIGINT (then drain); 1 when the one model cannot load."""
     import gevent
 
     from bubo.api.app import create_app
@@ -117,7 +106,7 @@ def serve(args: argparse.Namespace) -> int:
         raise ValueError(f"-t {args.threads}: give a positive number of threads")
     if args.n_predict is not None and (args.n_predict == 0 or args.n_predict < -1):
         raise ValueError(f"-n {args.n_predict}: give a positive number of tokens, or -1 for no limit")
-    for note in args.habit_notes:
+    for note in args.notes:
         log.info("%s", note)
     for flag, seconds in (("--timeout", args.timeout), ("--header-timeout", args.header_timeout),
                           ("--keepalive-timeout", args.keepalive_timeout), ("--prepare-timeout", args.prepare_timeout),
@@ -133,7 +122,6 @@ def serve(args: argparse.Namespace) -> int:
     debug = args.debug_hooks and is_loopback(args.host)
     # a debug hook: widen the loading window so tests can see /ready say not_ready
     delay = float(os.environ.get("BUBO_DEBUG_LOAD_DELAY_S", "0") or 0) if debug else 0.0
-    args.models = requested_models(args)
     # and pin "available now" at load too (BUBO_DEBUG_MEM_AVAILABLE): a cache is then not taken whole
     raw_mem = os.environ.get("BUBO_DEBUG_MEM_AVAILABLE", "").strip() if debug else ""
     specs = model_specs(args, delay, int(raw_mem) if raw_mem.isdigit() else None)
@@ -148,7 +136,7 @@ def serve(args: argparse.Namespace) -> int:
     router = registry.is_router
     if router:
         registry.check_files()  # a broken file shows as failed at once; one model fails its load as always
-    config = config_from_args(args, registry.default.name if router else None)
+    config = server_config(args, registry.default.name if router else None)
     if not router:
         config.served_model_name = specs[0].name
         config.aliases = list(specs[0].aliases)
@@ -222,32 +210,6 @@ def _ollama_listener(first: http.Server, host: str, app: Any, limits: http.Limit
         raise ValueError(f"--ollama: cannot listen on {host}:{OLLAMA_PORT} ({e.strerror or e}); is Ollama itself "
                          "running there? Stop it, or leave --ollama out and point the client at --port") from None
     return extra
-
-
-def check_model(source: str, flag: str = "-m", embedding: bool = False) -> None:
-    """Raise, naming the problem, when `source` (a path or a catalog name) cannot be served: a
-    missing file, a file that is not GGUF or holds an architecture or block type bubo does not
-    run, an unknown catalog name. A catalog model not stored yet passes (its load pulls it)."""
-    from bubo import store
-    from bubo.gguf import GGUFFile, check_model_file
-
-    path = pathlib.Path(source)
-    if path.is_dir():
-        raise ValueError(f"{flag} {source}: a folder, not a model file (serve every model in it with --models-dir)")
-    if not path.is_file():
-        if path.suffix == ".gguf" or os.sep in source:
-            raise FileNotFoundError(f"{flag} {source}: no such file")
-        store.catalog_entry(source)  # an unknown name raises, listing the catalog's
-        return
-    try:
-        with GGUFFile(path) as f:
-            check_model_file(f)
-            arch = f.metadata.get("general.architecture")
-    except OSError as e:
-        raise ValueError(f"{flag} {source}: cannot read it: {e.strerror or e}") from None
-    if embedding and arch != "bert":
-        raise ValueError(f"--embedding: {flag} {source} is a text-generation model ({arch}), not an embedding model; "
-                         "serve an encoder such as all-minilm:l6-v2, or drop --embedding to generate text with it")
 
 
 class Drain:

@@ -49,6 +49,14 @@ import numpy as np
 from gevent.monkey import get_original
 
 from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig, DraftModel
+from bubo.engine.memory import (
+    KV_TYPES,
+    check_cache_type,
+    context_size,
+    memory_budget,
+    memory_short,
+    reserve_small_cache,
+)
 from bubo.engine.types import (
     ContextLengthError,
     EngineMetrics,
@@ -78,30 +86,11 @@ log = logging.getLogger("bubo.engine")
 _start_new_thread, _allocate_lock, _get_ident = get_original(
     "_thread", ["start_new_thread", "allocate_lock", "get_ident"])
 
-# the KV cache may take at most this share of the memory available at start when -c is not given
-KV_MEMORY_SHARE = 0.5
-# the KV cache's storage types (-ctk/--cache-type-k, -ctv/--cache-type-v) and bytes per value
-KV_TYPES: dict[str, float] = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
-# q4_0 does not hold quality for K rows: against the f16 cache, a mean KL-divergence of 0.17
-# (smollm2:135m) and 1.9 (qwen2.5-coder:0.5b) on 2 x 512 tokens of text, where q8_0 K gives 0.006
-# and 0.017, and q4_0 V 0.020 and 0.010 (tests/native/test_kv_types.py prints them)
-KV_TYPES_K = ("f16", "f32", "q8_0")
 # an encoder's thread takes queued embeddings jobs together up to this many tokens (a job larger
 # than that runs alone): eight forward passes' worth, so a burst of small requests shares passes
 EMBED_BATCH_TOKENS = 4096
 
 
-def check_cache_type(name: str, flag: str, k: bool, given: str | None = None) -> str:
-    """name if the KV cache stores K (k) or V rows as it, else ValueError naming flag and the
-    choices (given: how the value was given, to say instead of "flag name")."""
-    given = given or f"{flag} {name}"
-    if k and name == "q4_0":
-        raise ValueError(f"{given}: K rows lose too much as q4_0 (the answers change: a mean KL-divergence "
-                         "of 0.2-1.9 against f16 on the catalog models); give f16, f32 or q8_0 (q4_0 is for V rows)")
-    if name not in (KV_TYPES_K if k else KV_TYPES):
-        raise ValueError(f"{given}: not a KV cache type here; give one of "
-                         f"{', '.join(KV_TYPES_K if k else KV_TYPES)}")
-    return name
 # slots: -np's default is as many as the context gives MIN_TOKENS_PER_SLOT each, at most
 # DEFAULT_MAX_PARALLEL on the CPU; a step (one forward pass) takes at most MAX_STEP_TOKENS
 DEFAULT_MAX_PARALLEL = 4
@@ -110,10 +99,6 @@ MIN_TOKENS_PER_SLOT = 512
 DEFAULT_N_BATCH = 2048  # llama-server's -b
 DEFAULT_N_UBATCH = 512  # llama-server's -ub
 MAX_STEP_TOKENS = 512  # the native decode's batch limit (BUBO_MODEL_MAX_BATCH)
-# memory the guard leaves to everything else (page cache, other processes, this one's buffers)
-MEM_SAFETY_MARGIN = 512 * 1024 * 1024
-# a cache at most this share of the memory free at load is taken whole then (_reserve_small_cache)
-KV_RESERVE_FRACTION = 0.25
 
 
 # a stream whose reader leaves this many events unread pauses its request (the scheduler gives it
@@ -392,7 +377,7 @@ class Engine:
         self._n_ctx_requested = n_ctx
         self._load_delay_s = load_delay_s  # a debug hook: makes the loading window observable
         self._load_mem_available = load_mem_available  # a debug hook: the memory free at load
-        self._lock = _allocate_lock()  # guards the scheduler's queue
+        self._lock = _allocate_lock()  # guards the open-stream count and the embeddings jobs
         self._work = _allocate_lock()  # released = "there is work"; the engine thread acquires it
         self._work.acquire()
         self._sched: Scheduler | None = None
@@ -481,7 +466,7 @@ class Engine:
         assert sched is not None
         while not self._stopping:
             try:
-                worked = sched.step(self._lock)
+                worked = sched.step()
             except Exception as e:  # noqa: BLE001 - a bug in one step must not end the engine
                 log.exception("engine step failed")
                 sched.fail_all(ErrorEvent(Reason.INTERNAL, f"generation failed: {type(e).__name__}: {e}"))
@@ -490,8 +475,7 @@ class Engine:
                 self._work.acquire()
         self.ready = False
         try:
-            with self._lock:
-                sched.fail_all(ErrorEvent(Reason.SHUTTING_DOWN, self._stop_why), queued=True)
+            sched.close(ErrorEvent(Reason.SHUTTING_DOWN, self._stop_why))
         finally:
             self._release()
 
@@ -627,7 +611,7 @@ class Engine:
                              "(such as all-minilm:l6-v2)")
         # the context is sized from the memory free after the load: prepacked weights are the
         # process's own memory, not page cache the kernel could give to the KV cache
-        self.n_ctx_train, self.n_ctx = _context_size(runtime.metadata, self._n_ctx_requested,
+        self.n_ctx_train, self.n_ctx = context_size(runtime.metadata, self._n_ctx_requested,
                                                      (KV_TYPES[self.cache_type_k] + KV_TYPES[self.cache_type_v]) / 2)
         if self.n_ctx > (self.n_ctx_train or self.n_ctx):
             # a server honours -c past the trained context, as llama-server does (quality past
@@ -641,13 +625,13 @@ class Engine:
         # request needs); it costs gemma3 the window layers' share of the context's memory
         self.kv = KVCache(runtime.native, self.n_ctx, n_seq_max=self.n_parallel, swa_full=True,
                           type=self.cache_type_k, type_v=self.cache_type_v)
-        _reserve_small_cache(self.kv, self.n_ctx, self._load_mem_available)
+        reserve_small_cache(self.kv, self.n_ctx, self._load_mem_available)
         draft_model = None
         if self.draft is not None and self.draft.model is not None:
             draft_model = DraftModel.load(self.draft, runtime, self.n_ctx, self.n_parallel, n_step)
             self.draft_weights_bytes = draft_model.weights_bytes
-        self._sched = Scheduler(runtime, self.kv, self.n_parallel, n_step, self.n_ctx, self._memory_short,
-                                draft=self.draft, draft_model=draft_model)
+        self._sched = Scheduler(runtime, self.kv, self.n_parallel, n_step, self.n_ctx, memory_short,
+                                draft=self.draft, draft_model=draft_model, lock=_allocate_lock())
         self.model_path = str(path)
         self.weights_bytes = os.path.getsize(path)
         self.kv_bytes = self.kv.nbytes
@@ -722,24 +706,20 @@ class Engine:
         except BaseException:
             stream.cancel()
             raise
-        with self._lock:
-            # checked under the lock the engine thread takes to fail what is queued when it
-            # stops: a request is either queued before that (and failed) or refused here
-            stopping = self._stopping
-            full = (self.queue_size is not None
-                    and sched.n_busy() + sched.n_waiting() >= self.n_parallel + self.queue_size)
-            if not (full or stopping):
-                sched.queue.append(task)
-                self._n_open += 1
-                stream.on_close(self._stream_closed)
-                stream.on_drain(self._signal)
-        if stopping:
+        # the scheduler refuses a task once the engine thread has closed it (failing what was
+        # queued): a request is either queued before that (and failed) or refused here
+        most = None if self.queue_size is None else self.n_parallel + self.queue_size
+        refused = "closed" if self._stopping else sched.add(task, most)
+        if refused is not None:
             stream.cancel()
+            if refused == "full":
+                assert self.queue_size is not None
+                raise QueueFullError(self.n_parallel, self.queue_size)
             raise NotReadyError(f"the model {self.model_name} is being unloaded")
-        if full:
-            assert self.queue_size is not None
-            stream.cancel()
-            raise QueueFullError(self.n_parallel, self.queue_size)
+        with self._lock:
+            self._n_open += 1
+        stream.on_close(self._stream_closed)
+        stream.on_drain(self._signal)
         self._signal()
         return stream
 
@@ -770,14 +750,6 @@ class Engine:
         if available is not None and need > available:
             raise InsufficientMemoryError(need, available, False, n)
 
-    @staticmethod
-    def _memory_short(need: int) -> bool:
-        """The cache would have to take need bytes from the OS and the memory available now is short."""
-        if need == 0:
-            return False
-        available = memory_budget(None)[1]
-        return available is not None and need > available
-
     def _signal(self) -> None:
         try:
             self._work.release()
@@ -797,8 +769,7 @@ class Engine:
         if sched is None or kv is None:
             return EngineMetrics()
         c = dict(sched.counters)
-        with self._lock:
-            deferred = sched.n_waiting()
+        deferred = sched.n_waiting()
         processing = sum(1 for s in sched.slots if s.task is not None)
         used, total = kv.blocks_in_use(), kv.pool_blocks()
         lookups = c.pop("prefix_cache_lookup_tokens_total")
@@ -875,123 +846,3 @@ def _spare_seq(sched: Scheduler) -> int:
         if s.task is None:
             return s.id
     return 0
-
-
-DEFAULT_N_CTX = 4096  # a model that does not say its trained context
-
-
-def _context_size(md: dict[str, Any], requested: int | None,
-                  bytes_per_value: float = KV_TYPES["f16"]) -> tuple[int | None, int]:
-    """(trained context, context to use): the request if given (even past the trained one, as
-    llama-server allows; memory is checked per request), else the trained context capped so the
-    KV cache (bytes_per_value, K and V on average) takes at most KV_MEMORY_SHARE of the memory
-    available now."""
-    arch = md.get("general.architecture", "")
-    train = md.get(f"{arch}.context_length")
-    train = int(train) if isinstance(train, int) and train > 0 else None
-    if requested == 0:  # llama-server's -c 0: the trained context, whatever the memory
-        return train, train or DEFAULT_N_CTX
-    if requested is not None:
-        return train, requested
-    n_ctx = train or DEFAULT_N_CTX
-    n_layer = int(md.get(f"{arch}.block_count") or 0)
-    n_head = int(md.get(f"{arch}.attention.head_count") or 0)
-    n_head_kv = md.get(f"{arch}.attention.head_count_kv") or n_head
-    n_head_kv = int(n_head_kv if isinstance(n_head_kv, int) else max(n_head_kv))
-    head_dim = md.get(f"{arch}.attention.key_length") or (
-        int(md.get(f"{arch}.embedding_length") or 0) // n_head if n_head else 0)
-    per_token = int(2 * n_layer * n_head_kv * int(head_dim) * bytes_per_value)
-    avail = _available_memory()
-    if per_token > 0 and avail:
-        fit = int(avail * KV_MEMORY_SHARE) // per_token
-        n_ctx = max(min(n_ctx, fit // 256 * 256), 256)
-    return train, n_ctx
-
-
-def _meminfo() -> dict[str, int]:
-    """/proc/meminfo in bytes ({} where there is none)."""
-    out: dict[str, int] = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                parts = rest.split()
-                if parts and parts[0].isdigit():
-                    out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
-    except OSError:
-        pass
-    return out
-
-
-def _cgroup_limit() -> tuple[int, int] | None:
-    """(memory.max, memory.current) of this process's cgroup v2, when it has a limit."""
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
-        with open("/sys/fs/cgroup/memory.current") as f:
-            current = int(f.read().strip())
-    except (OSError, ValueError):
-        return None
-    return (int(limit), current) if limit.isdigit() else None
-
-
-def _rss() -> int:
-    """Bytes this process holds in memory now."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _reserve_small_cache(kv: KVCache, n_ctx: int, available_override: int | None = None) -> None:
-    """A context whose whole cache is a small part of the memory free now is taken from the OS at
-    once: the prefix cache then keeps freed conversations until the context is in use, rather than
-    evicting one to make room for the next while the pool is still growing (several conversations
-    stay cached, as a router sending each to its replica expects). A larger one grows with use,
-    under the memory guard."""
-    available = memory_budget(available_override)[1]
-    if available is None or kv.nbytes > available * KV_RESERVE_FRACTION:
-        return
-    try:
-        kv.reserve(n_ctx)
-    except MemoryError:
-        log.info("KV cache: not taken ahead of use (the OS refused); it grows with use")
-
-
-def memory_budget(available_override: int | None = None) -> tuple[int | None, int | None]:
-    """(ceiling, available) in bytes for new KV cache: ceiling is the machine's total memory (or
-    its cgroup's limit, the smaller) less what this process holds, the most a request could ever
-    get; available is what the machine has free now (MemAvailable, or the cgroup's headroom) less
-    MEM_SAFETY_MARGIN. available_override replaces the free figure (a debug hook). None: unknown."""
-    info = _meminfo()
-    total = info.get("MemTotal")
-    if total is None:
-        try:
-            total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            total = None
-    free = available_override if available_override is not None else _available_memory()
-    cg = _cgroup_limit()
-    if cg is not None:
-        limit, current = cg
-        total = min(total, limit) if total is not None else limit
-        if available_override is None:
-            free = min(free, limit - current) if free is not None else limit - current
-    ceiling = max(total - _rss(), 0) if total is not None else None
-    available = max(free - MEM_SAFETY_MARGIN, 0) if free is not None else None
-    return ceiling, available
-
-
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None

@@ -37,7 +37,8 @@ import gevent
 import gevent.lock
 
 from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig
-from bubo.engine.engine import Engine, ModelInfo, memory_budget
+from bubo.engine.engine import Engine, ModelInfo
+from bubo.engine.memory import memory_budget
 from bubo.engine.types import EngineRefusal, InsufficientMemoryError, NotReadyError, Reason
 
 log = logging.getLogger("bubo.registry")

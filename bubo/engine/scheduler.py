@@ -39,6 +39,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -163,6 +164,10 @@ class Scheduler:
     figures, no crash: they read Python objects under the GIL and KV counters that are plain
     integers).
 
+    The queue is the scheduler's own: add() queues a task and close() ends the queued ones, each
+    under the scheduler's lock, which step() takes around admission (lock: the lock to use, an
+    unpatched one in a gevent process; a new threading.Lock by default).
+
     memory_short(bytes): whether committing that much more KV memory would overrun what the
     machine has free now (None: never asked). retain: an idle slot keeps its sequence for the
     next request to continue (the library's one slot). draft: how sequences draft (None: they
@@ -171,8 +176,11 @@ class Scheduler:
 
     def __init__(self, runtime: Runtime, kv: KVCache, n_slots: int, n_step: int, n_ctx: int,
                  memory_short: Callable[[int], bool] | None = None, retain: bool = False,
-                 draft: DraftConfig | None = None, draft_model: DraftModel | None = None):
+                 draft: DraftConfig | None = None, draft_model: DraftModel | None = None,
+                 lock: AbstractContextManager[Any] | None = None):
         self.runtime = runtime
+        self._lock: AbstractContextManager[Any] = lock if lock is not None else threading.Lock()
+        self._closed: ErrorEvent | None = None
         # drafting rolls the cache back past a refused draft: a sliding-window pool that has
         # already dropped the positions the rollback returns to cannot (swa_full=False)
         self.draft = draft if kv.sliding_window == 0 or kv.swa_full else None
@@ -184,7 +192,7 @@ class Scheduler:
         self.retain = retain
         self.block_size = kv.block_size
         self.slots = [Slot(i) for i in range(n_slots)]
-        self.queue: collections.deque[Task] = collections.deque()
+        self._queue: collections.deque[Task] = collections.deque()
         # requests whose readers left their events unread while others waited for a slot: out of
         # their slots (their blocks in the prefix cache) until read, then queued again at the head
         self.parked: list[Task] = []
@@ -203,7 +211,7 @@ class Scheduler:
         # what a forward pass of n rows costs and how drafts fare, for the draft lengths
         self.costs = Costs(MODEL_PRIOR if self.draft_model is not None else 0.5)
 
-    # --- the queue (submit runs on other threads; the engine holds the lock around these) ----
+    # --- the queue (add, close and the counts: any thread, under the scheduler's lock) -------
 
     def new_generation(self, req: GenerationRequest) -> Generation:
         """The request's sampler and grammar state (any thread: the costly part of a new task)."""
@@ -215,25 +223,48 @@ class Scheduler:
         self.n_task += 1
         return Task(sink, self.runtime, self.n_ctx, self.n_task, self.draft, self.draft_model is not None, gen)
 
+    def add(self, task: Task, most: int | None = None) -> ErrorEvent | str | None:
+        """Queue task: None when it is queued; "full" when most (busy slots and waiting tasks
+        together) are there already; the closing event when the scheduler is closed."""
+        with self._lock:
+            if self._closed is not None:
+                return self._closed
+            if most is not None and self.n_busy() + self._n_waiting() >= most:
+                return "full"
+            self._queue.append(task)
+            return None
+
+    def close(self, event: ErrorEvent) -> None:
+        """End every task, running, waiting or parked, with event; later adds are refused with it
+        (the engine stops). Only the stepping thread calls it, after its last step."""
+        with self._lock:
+            self._closed = event
+            self.fail_all(event, queued=True)
+
     def n_waiting(self) -> int:
-        return sum(1 for t in self.queue if not t.cancelled)
+        """Tasks waiting for a slot (any thread)."""
+        with self._lock:
+            return self._n_waiting()
+
+    def _n_waiting(self) -> int:
+        return sum(1 for t in self._queue if not t.cancelled)
 
     def n_busy(self) -> int:
         return sum(1 for s in self.slots if s.task is not None)
 
     def idle(self) -> bool:
-        return all(s.task is None for s in self.slots) and not self.queue and not self.parked
+        return all(s.task is None for s in self.slots) and not self._queue and not self.parked
 
     # --- one step ---------------------------------------------------------------------------
 
-    def step(self, lock: AbstractContextManager[Any]) -> bool:
+    def step(self) -> bool:
         """Run one forward pass over every active slot. False when there was nothing to do."""
         for s in self.slots:
             if s.task is not None and s.task.cancelled:
                 self._release(s)
             elif s.task is not None and s.task.n_gen and s.task.sink.ending:
                 self._finish(s, STOP)
-        with lock:
+        with self._lock:
             self._park_unread()
             self._admit()
         # a generating request whose reader is behind pauses: no token for it this step
@@ -256,8 +287,8 @@ class Scheduler:
                 self.parked.remove(t)
             elif not t.sink.backlogged:
                 self.parked.remove(t)
-                self.queue.appendleft(t)
-        if not self.n_waiting():
+                self._queue.appendleft(t)
+        if not self._n_waiting():
             return
         for s in self.slots:
             held = s.task
@@ -271,17 +302,17 @@ class Scheduler:
         try:
             self._admit_some(waiting)
         finally:
-            self.queue.extendleft(reversed(waiting))
+            self._queue.extendleft(reversed(waiting))
 
     def _admit_some(self, waiting: list[Task]) -> None:
         free = [s for s in self.slots if s.task is None]
-        while free and self.queue:
-            task = self.queue[0]
+        while free and self._queue:
+            task = self._queue[0]
             if task.cancelled:
-                self.queue.popleft()
+                self._queue.popleft()
                 continue
             if self._prefix_coming(task):
-                waiting.append(self.queue.popleft())
+                waiting.append(self._queue.popleft())
                 continue
             slot = self._pick(free, task)
             n_hit = self._reuse(slot, task)
@@ -292,7 +323,7 @@ class Scheduler:
                 # not enough room now beside the running slots: wait (first come, first served)
                 self._clear(slot)
                 return
-            self.queue.popleft()
+            self._queue.popleft()
             free.remove(slot)
             task.n_past = n_hit
             task.n_registered = n_hit // self.block_size
@@ -707,15 +738,15 @@ class Scheduler:
         for s in self.slots:
             if s.task is not None:
                 self._fail(s, event)
-        while queued and self.queue:
-            self.queue.popleft().sink.push(event)
+        while queued and self._queue:
+            self._queue.popleft().sink.push(event)
         while queued and self.parked:
             self.parked.pop().sink.push(event)
 
     def reset(self) -> None:
         """Forget every task and empty every sequence (after an exception the caller re-raises:
         what the cache holds is then unknown)."""
-        self.queue.clear()
+        self._queue.clear()
         self.parked.clear()
         for s in self.slots:
             s.task = None
@@ -725,7 +756,7 @@ class Scheduler:
         t = self._task(s)
         log.info("KV cache full: task %d gives back its slot and waits to resume", t.id)
         self._give_back(s)
-        self.queue.appendleft(t)
+        self._queue.appendleft(t)
 
     def _give_back(self, s: Slot) -> None:
         """Take s's task out of its slot, to be admitted again later (its full blocks stay in the

@@ -1,7 +1,7 @@
 """`bubo ray-serve`: bubo replicas on Ray Serve (pip install 'bubo[ray]').
 
 build_app() makes the Serve application (bubo.rayserve.app), deploy() checks the cluster can hold
-it and runs it, and `bubo ray-serve` (bubo.cli) calls them and waits for a signal. Ray is
+it and runs it, and `bubo ray-serve` (bubo/cli/ray_serve.py) calls them and waits for a signal. Ray is
 imported here and in app/router only, never by the rest of bubo."""
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def build_app(opts: Options) -> Any:
     replicas = deployment(BuboReplica, name="BuboReplica").options(**replica)
     ingress = deployment(BuboIngress, name="BuboIngress").options(
         num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096)
-    return ingress.bind(replicas.bind(opts.serve_argv, opts.threads, opts.ready_timeout_s))
+    return ingress.bind(replicas.bind(opts.serve_argv, opts.threads, opts.ready_timeout_s, api_keys=opts.api_keys,
+                                      api_key_file=opts.api_key_file))
 
 
 def check_resources(opts: Options) -> None:

@@ -55,9 +55,11 @@ ROUTE_ATTEMPTS = 3  # a request no replica took yet is sent this many times befo
 
 @dataclass
 class Options:
-    """What `bubo ray-serve` deploys (see bubo.cli's ray-serve flags)."""
+    """What `bubo ray-serve` deploys (its flags: bubo/cli/flags.py)."""
 
     serve_argv: list[str] = field(default_factory=list)  # `bubo serve` flags for each replica (-m, -c, ...)
+    api_keys: list[str] = field(default_factory=list)  # its servers' --api-key and --api-key-file
+    api_key_file: str | None = None
     replicas: int = 1
     threads: int = 1  # CPUs per replica: its -t and its Ray num_cpus
     min_replicas: int | None = None  # with max_replicas: autoscaling on ongoing requests
@@ -105,15 +107,12 @@ _DIE_WITH_PARENT = (
 )
 
 
-def _first_key(serve_argv: list[str]) -> str | None:
-    """A key the replica's own health checks can use, from the serve flags it was given."""
+def _first_key(keys: list[str], key_file: str | None) -> str | None:
+    """A key the replica's own health checks can use: the first of its server's keys (its
+    --api-key, then its --api-key-file as read on the replica's node)."""
     from bubo.api.auth import load_key_file
-    from bubo.cli import _parser
 
-    args = _parser().parse_args(["serve", *serve_argv])
-    keys = [k.strip() for k in (args.api_key or "").split(",") if k.strip()]
-    if args.api_key_file:
-        keys += load_key_file(args.api_key_file)
+    keys = list(keys) + (load_key_file(key_file) if key_file else [])
     return keys[0] if keys else None
 
 
@@ -124,7 +123,8 @@ class ServeProcessError(RuntimeError):
 class BuboReplica:
     """One `bubo serve` on this node, and the requests passed to it."""
 
-    def __init__(self, serve_argv: list[str], threads: int, ready_timeout_s: float) -> None:
+    def __init__(self, serve_argv: list[str], threads: int, ready_timeout_s: float, api_keys: list[str] | None = None,
+                 api_key_file: str | None = None) -> None:
         import ray
         from ray import serve
 
@@ -132,7 +132,7 @@ class BuboReplica:
         node = ray.get_runtime_context().get_node_id()
         # answers carry it (X-Bubo-Replica): which replica, on which node
         self.replica_id = f"{ctx.replica_id.unique_id if ctx is not None else os.getpid()}@{node[:12]}"
-        self.key = _first_key(serve_argv)
+        self.key = _first_key(api_keys or [], api_key_file)
         argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), "-m", "bubo", "serve", *serve_argv,
                 "-t", str(threads), "--host", "127.0.0.1", "--port", "0", "--no-webui"]
         self.url = ""

@@ -17,6 +17,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
+from bubo.api import openapi as oa
 from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
 from bubo.api.request import config, json_body
@@ -91,7 +92,21 @@ def page() -> Response:
     return resp
 
 
-@blueprint.post("/webui/render")
+def _render_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "webui_render", "summary": "Markdown to HTML, as the chat page at / shows answers",
+        "tags": ["bubo"],
+        "requestBody": oa.body(oa.obj({"text": oa.STR}, ["text"], closed=False), {"text": "# Hi\n\n`code`"}),
+        "responses": {"200": {"description": "The HTML (raw HTML in the text escaped, code highlighted). A "
+                              "rendering that takes longer than its budget (2 s) is stopped and "
+                              "made again without highlighting, then as the escaped text: "
+                              "`rendering` says which",
+                              "content": {oa.JSON: {"schema": oa.obj({"html": oa.STR, "rendering": {
+                                  "enum": ["highlighted", "plain_code", "text"]}}, ["html", "rendering"])}}}},
+    }, (400, 413))
+
+
+@oa.route(blueprint, "/webui/render", methods=("POST",), doc=_render_doc)
 def render_markdown() -> Any:
     """{"text": Markdown} -> {"html": ...}: what the chat page shows of an answer."""
     body = json_body()

@@ -8,10 +8,12 @@ import gevent
 import pytest
 from flask import Flask
 
-from bubo.api import ApiError, ServerConfig, create_app, resolve_model
-from bubo.api.errors import anthropic_error, api_error, error_response
+from bubo.api.app import create_app
+from bubo.api.config import ServerConfig
+from bubo.api.errors import ApiError, anthropic_error, api_error, error_response
+from bubo.api.request import resolve_model
 from bubo.api.sse import _events, format_event, format_line
-from bubo.engine import Engine
+from bubo.engine.engine import Engine
 
 
 @pytest.fixture

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from bubo.api import ServerConfig, create_app
+from bubo.api.app import create_app
 from bubo.api.auth import host_allowed, host_name
-from bubo.engine import Engine
+from bubo.api.config import ServerConfig
+from bubo.engine.engine import Engine
 
 REBOUND = "attacker.example:8080"
 

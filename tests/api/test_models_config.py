@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from bubo.api.models_config import ModelsConfigError, model_specs, read_preset
-from bubo.cli import _parser
+from bubo.cli.flags import build_parser
+from bubo.cli.serve import options
 from bubo.engine.registry import EngineSettings
 
 
 def specs(*argv: str):
-    args = _parser().parse_args(["serve", *argv])
-    return model_specs(args)
+    return model_specs(options(build_parser().parse_args(["serve", *argv])))
 
 
 def test_one_model_keeps_its_served_name_and_aliases():

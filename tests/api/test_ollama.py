@@ -328,8 +328,9 @@ def test_pull_streams_a_real_download(fake_catalog, tmp_path):
     total and completed, then success; the model is stored."""
     from flask import Flask
 
-    from bubo.api import ServerConfig, create_app
-    from bubo.engine import Engine
+    from bubo.api.app import create_app
+    from bubo.api.config import ServerConfig
+    from bubo.engine.engine import Engine
 
     model, content = fake_catalog
     app: Flask = create_app(Engine("smollm2:135m"), ServerConfig(served_model_name="m"))

@@ -9,8 +9,9 @@ import gevent
 import pytest
 
 import bubo
-from bubo.engine import Engine, FinishEvent, GenerationRequest, TokenEvent
+from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
 from bubo.engine import generation as gen_mod
+from bubo.engine.engine import Engine
 from bubo.engine.scheduler import Scheduler
 from bubo.sampling import SamplingParams
 

@@ -18,9 +18,12 @@ import schemathesis
 from flask import Flask
 from openapi_spec_validator import validate as validate_spec
 
-from bubo.api import ApiError, ServerConfig, create_app, openapi
+from bubo.api import about, openapi
 from bubo.api import fields as f
-from bubo.engine import Engine
+from bubo.api.app import create_app
+from bubo.api.config import ServerConfig
+from bubo.api.errors import ApiError
+from bubo.engine.engine import Engine
 from bubo.engine.registry import ModelSpec, Registry
 
 from .conftest import Server, start_server
@@ -165,6 +168,15 @@ def test_document_is_valid_openapi_and_names_every_route(name):
     assert len(ids) == len(set(ids))
 
 
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_route_is_declared_where_it_is_registered(name):
+    app = CONFIGS[name]()
+    assert openapi.undeclared(app) == []
+    # a route registered without its declaration is named
+    app.add_url_rule("/v1/undeclared", "undeclared", lambda: "", methods=["POST"])
+    assert openapi.undeclared(app) == ["POST /v1/undeclared"]
+
+
 def test_debug_routes_only_when_the_server_has_them():
     assert not any(p.startswith("/debug/") for p in _doc(_app())["paths"])
     assert {"/debug/prompt", "/debug/cache", "/debug/settings"} <= set(_doc(_app(debug_hooks=True))["paths"])
@@ -177,7 +189,7 @@ def test_401_and_security_only_with_keys():
     assert keyed["security"] == [{"bearer": []}, {"apiKey": []}]
     for path, ops in keyed["paths"].items():
         for method, op in ops.items():
-            if path in openapi.PUBLIC_PATHS:
+            if path in about.PUBLIC_PATHS:
                 assert op["security"] == [] and "401" not in op["responses"]
             else:
                 assert "401" in op["responses"], (method, path)
@@ -339,7 +351,7 @@ def test_every_operation_without_a_key_is_a_documented_401():
     for path, ops in doc["paths"].items():
         for method in ops:
             r = _call(c, path, method)
-            if path in openapi.PUBLIC_PATHS:
+            if path in about.PUBLIC_PATHS:
                 assert r.status_code == 200
                 continue
             assert r.status_code == 401, (method, path, r.status_code)

@@ -20,7 +20,7 @@ import pytest
 
 from bubo import store
 from bubo.api import logs
-from bubo.cli import HABIT_NOTES, HABIT_REFUSED
+from bubo.cli.flags import HABIT_NOTES, HABIT_REFUSED
 
 from .conftest import post_json as post
 from .conftest import start_server

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from bubo import store
-from bubo.api import ServerConfig, create_app
+from bubo.api.app import create_app
+from bubo.api.config import ServerConfig
 from bubo.engine.registry import ModelStatus
 
 from .conftest import Server

@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from bubo.api import ServerConfig, create_app
+from bubo.api.app import create_app
+from bubo.api.config import ServerConfig
 from bubo.engine.types import FinishEvent, TokenEvent
 
 from engines import start_engine

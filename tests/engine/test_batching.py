@@ -7,7 +7,8 @@ import gevent
 import pytest
 
 from bubo.api.llamacpp.shapes import slots_json, timings_json
-from bubo.engine import Engine, FinishEvent, GenerationRequest, QueueFullError, TokenEvent
+from bubo.engine import FinishEvent, GenerationRequest, QueueFullError, TokenEvent
+from bubo.engine.engine import Engine
 from bubo.sampling import SamplingParams
 
 from engines import start_engine

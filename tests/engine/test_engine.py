@@ -10,7 +10,6 @@ from bubo.api.errors import from_event
 from bubo.api.llamacpp.shapes import slots_json, timings_json
 from bubo.engine import (
     ContextLengthError,
-    Engine,
     ErrorEvent,
     FinishEvent,
     GenerationRequest,
@@ -19,6 +18,7 @@ from bubo.engine import (
     Reason,
     TokenEvent,
 )
+from bubo.engine.engine import Engine
 from bubo.sampling import SamplingParams
 
 from engines import start_engine, wait_ready
@@ -206,21 +206,21 @@ def test_waiting_does_not_block_the_hub(engine):
 
 
 def test_default_context_is_the_trained_one_capped_by_memory(monkeypatch):
-    from bubo.engine import engine as eng_mod
+    from bubo.engine import memory as mem
 
     md = {"general.architecture": "llama", "llama.context_length": 8192, "llama.block_count": 30,
           "llama.attention.head_count": 9, "llama.attention.head_count_kv": 3, "llama.embedding_length": 576}
-    per_token = 2 * 30 * 3 * 64 * int(eng_mod.KV_TYPES["f16"])  # K and V, f16
-    monkeypatch.setattr(eng_mod, "_available_memory", lambda: 1 << 40)
-    assert eng_mod._context_size(md, None) == (8192, 8192)
-    assert eng_mod._context_size(md, 1000) == (8192, 1000)
+    per_token = 2 * 30 * 3 * 64 * int(mem.KV_TYPES["f16"])  # K and V, f16
+    monkeypatch.setattr(mem, "available_memory", lambda info=None: 1 << 40)
+    assert mem.context_size(md, None) == (8192, 8192)
+    assert mem.context_size(md, 1000) == (8192, 1000)
     # past the trained context when asked (llama-server does too): the guard checks each request
-    assert eng_mod._context_size(md, 100000) == (8192, 100000)
+    assert mem.context_size(md, 100000) == (8192, 100000)
     # room for 3000 tokens in half the memory: rounded down to a multiple of 256
-    monkeypatch.setattr(eng_mod, "_available_memory", lambda: int(3000 * per_token / eng_mod.KV_MEMORY_SHARE))
-    assert eng_mod._context_size(md, None) == (8192, 2816)
+    monkeypatch.setattr(mem, "available_memory", lambda info=None: int(3000 * per_token / mem.KV_MEMORY_SHARE))
+    assert mem.context_size(md, None) == (8192, 2816)
     # a q8_0 cache (K and V) takes 34/32 bytes a value: 5647 tokens fit
-    assert eng_mod._context_size(md, None, eng_mod.KV_TYPES["q8_0"]) == (8192, 5632)
+    assert mem.context_size(md, None, mem.KV_TYPES["q8_0"]) == (8192, 5632)
 
 
 def test_cancel_from_another_greenlet_wakes_the_reader(engine):
@@ -290,10 +290,10 @@ def test_the_memory_guard_counts_what_the_cache_still_needs(engine):
 @pytest.fixture(scope="module")
 def roomy(catalog_model):
     """A fresh engine with a context its cache has not taken yet (not taken whole at load either)."""
-    from bubo.engine import engine as eng_mod
+    from bubo.engine import memory as mem
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(eng_mod, "KV_RESERVE_FRACTION", 0.0)
+        mp.setattr(mem, "KV_RESERVE_FRACTION", 0.0)
         e = start_engine(catalog_model("smollm2:135m"), n_ctx=8192)
     yield e
     e.stop()
@@ -322,50 +322,49 @@ def test_a_small_cache_is_taken_at_load_and_keeps_several_conversations(catalog_
 
 
 def test_the_memory_guard_refuses_now_or_forever(roomy, monkeypatch):
-    from bubo.engine import engine as eng_mod
+    from bubo.engine import memory as mem
 
     engine = roomy
     big = GenerationRequest(ids(engine, "Hi"), GREEDY, max_tokens=4096)
     n, need = engine.kv_bytes_needed(big)
     assert need > 0
     with pytest.raises(InsufficientMemoryError) as e:
-        engine.submit(big, mem_available=eng_mod.MEM_SAFETY_MARGIN + need - 1)
+        engine.submit(big, mem_available=mem.MEM_SAFETY_MARGIN + need - 1)
     assert not e.value.permanent and e.value.needed == need and e.value.n_tokens == n
     assert "send the request again" in str(e.value)
     # nothing was queued: a request that fits runs at once
-    stream = engine.submit(big, mem_available=eng_mod.MEM_SAFETY_MARGIN + need)
+    stream = engine.submit(big, mem_available=mem.MEM_SAFETY_MARGIN + need)
     stream.cancel()
     # a machine smaller than the request, whatever is free
-    monkeypatch.setattr(eng_mod, "_meminfo", lambda: {"MemTotal": eng_mod._rss() + need // 2})
-    monkeypatch.setattr(eng_mod, "_cgroup_limit", lambda: None)
+    monkeypatch.setattr(mem, "meminfo", lambda: {"MemTotal": mem.rss() + need // 2})
+    monkeypatch.setattr(mem, "cgroup_limit", lambda: None)
     with pytest.raises(InsufficientMemoryError) as e:
         engine.submit(big, mem_available=1 << 40)
     assert e.value.permanent and "at most" in str(e.value)
 
 
 def test_memory_budget_reads_the_machine(monkeypatch):
-    from bubo.engine import engine as eng_mod
+    from bubo.engine import memory as mem
 
-    monkeypatch.setattr(eng_mod, "_meminfo", lambda: {"MemTotal": 16 << 30})
-    monkeypatch.setattr(eng_mod, "_available_memory", lambda: 10 << 30)
-    monkeypatch.setattr(eng_mod, "_rss", lambda: 1 << 30)
-    monkeypatch.setattr(eng_mod, "_cgroup_limit", lambda: None)
-    assert eng_mod.memory_budget() == (15 << 30, (10 << 30) - eng_mod.MEM_SAFETY_MARGIN)
-    assert eng_mod.memory_budget(100) == (15 << 30, 0)
+    monkeypatch.setattr(mem, "meminfo", lambda: {"MemTotal": 16 << 30, "MemAvailable": 10 << 30})
+    monkeypatch.setattr(mem, "rss", lambda: 1 << 30)
+    monkeypatch.setattr(mem, "cgroup_limit", lambda: None)
+    assert mem.memory_budget() == (15 << 30, (10 << 30) - mem.MEM_SAFETY_MARGIN)
+    assert mem.memory_budget(100) == (15 << 30, 0)
     # a cgroup limit below the machine bounds both
-    monkeypatch.setattr(eng_mod, "_cgroup_limit", lambda: (4 << 30, 3 << 30))
-    assert eng_mod.memory_budget() == (3 << 30, (1 << 30) - eng_mod.MEM_SAFETY_MARGIN)
+    monkeypatch.setattr(mem, "cgroup_limit", lambda: (4 << 30, 3 << 30))
+    assert mem.memory_budget() == (3 << 30, (1 << 30) - mem.MEM_SAFETY_MARGIN)
     # and the real machine answers something plausible
     monkeypatch.undo()
-    ceiling, available = eng_mod.memory_budget()
-    assert ceiling is not None and available is not None and 0 <= available <= ceiling + eng_mod._rss()
+    ceiling, available = mem.memory_budget()
+    assert ceiling is not None and available is not None and 0 <= available <= ceiling + mem.rss()
 
 
 def test_an_answer_without_max_tokens_ends_where_memory_runs_short(catalog_model, monkeypatch):
-    from bubo.engine import engine as eng_mod
+    from bubo.engine import memory as mem
 
     # a cache that is small beside free memory is taken whole at load: keep this one growing with use
-    monkeypatch.setattr(eng_mod, "KV_RESERVE_FRACTION", 0.0)
+    monkeypatch.setattr(mem, "KV_RESERVE_FRACTION", 0.0)
     e = start_engine(catalog_model("smollm2:135m"), n_ctx=8192)
     try:
         tok = e.tokenizer
@@ -374,7 +373,7 @@ def test_an_answer_without_max_tokens_ends_where_memory_runs_short(catalog_model
         stream = e.submit(req, mem_available=1 << 40)
         first = next(stream)
         # the prompt took the first chunk of the cache; from now on nothing more is available
-        monkeypatch.setattr(eng_mod, "memory_budget", lambda override=None: (1 << 40, 0))
+        monkeypatch.setattr(mem, "memory_budget", lambda override=None: (1 << 40, 0))
         with gevent.Timeout(120):
             events = [first, *stream]
         assert isinstance(events[-1], FinishEvent) and events[-1].reason == "length"

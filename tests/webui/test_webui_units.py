@@ -9,8 +9,9 @@ import json
 import pytest
 from flask import Flask
 
-from bubo.api import ServerConfig, create_app
-from bubo.engine import Engine
+from bubo.api.app import create_app
+from bubo.api.config import ServerConfig
+from bubo.engine.engine import Engine
 from bubo.webui import check_ui_config
 from bubo.webui.render import MAX_TEXT, render
 

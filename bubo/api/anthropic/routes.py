@@ -10,6 +10,7 @@ from flask import Blueprint, jsonify
 
 from bubo.api import fields as f
 from bubo.api import offload, pipeline
+from bubo.api import openapi as oa
 from bubo.api.anthropic import messages as am
 from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.request import config, debug_mem_available, json_body, resolve_model, runtime_of, use_model
@@ -19,7 +20,20 @@ from bubo.engine.types import FinishEvent
 blueprint = Blueprint("anthropic", __name__)
 
 
-@blueprint.post("/v1/messages")
+def _messages_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "messages", "summary": "Messages (Anthropic)", "tags": ["Anthropic"],
+        "requestBody": oa.body(oa.messages_request(d.model_field()), {"model": d.example_model, "max_tokens": 8,
+                                                                      "messages": [{"role": "user",
+                                                                                    "content": "Say hi."}]}),
+        "responses": {"200": oa.ok(oa.ref("Message"), "The message.", oa.sse_data(oa.ref("MessageStreamEvent"),
+                                                                                  named=True),
+                                   "named events: message_start, ping, content_block_start/delta/stop, "
+                                   "message_delta, message_stop; an error after the 200 is an `error` event.")},
+    }, oa.GEN_ERRORS, anthropic=True)
+
+
+@oa.route(blueprint, "/v1/messages", methods=("POST",), doc=_messages_doc)
 def messages() -> Any:
     body = json_body()
     model = resolve_model(body)
@@ -45,7 +59,18 @@ def messages() -> Any:
     return sse_response(events(), stream=stream)
 
 
-@blueprint.post("/v1/messages/count_tokens")
+def _count_tokens_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "count_tokens", "summary": "The prompt's tokens for a Messages request (Anthropic)",
+        "tags": ["Anthropic"],
+        "requestBody": oa.body(oa.messages_request(d.model_field(), count_only=True),
+                               {"model": d.example_model, "messages": [{"role": "user", "content": "Say hi."}]}),
+        "responses": {"200": {"description": "The token count of the rendered prompt (it may exceed the context)",
+                              "content": {oa.JSON: {"schema": oa.obj({"input_tokens": oa.NAT}, ["input_tokens"])}}}},
+    }, (400, 404, 413, 507), anthropic=True)
+
+
+@oa.route(blueprint, "/v1/messages/count_tokens", methods=("POST",), doc=_count_tokens_doc)
 def count_tokens() -> Any:
     body = json_body()
     model = resolve_model(body)

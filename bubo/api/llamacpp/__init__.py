@@ -1,5 +1,2 @@
-"""llama-server's native generating route: /completion."""
-
-from bubo.api.llamacpp.routes import blueprint
-
-__all__ = ["blueprint"]
+"""llama-server's native generating routes: /completion and /infill. Their blueprint: routes.py
+(bubo/api/app.py registers it)."""

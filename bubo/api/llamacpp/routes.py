@@ -10,6 +10,7 @@ from flask import Blueprint
 
 from bubo.api import fields as f
 from bubo.api import jsonout, offload, pipeline
+from bubo.api import openapi as oa
 from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.fields import invalid
 from bubo.api.llamacpp import completion as nc
@@ -44,8 +45,19 @@ def _mixed_tokens(rt: Runtime, prompt: list[Any]) -> list[int]:
     return ids
 
 
-@blueprint.post("/completion")
-@blueprint.post("/completions")  # llama-server's alias; /v1/completions is OpenAI's
+def _completion_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "completion", "summary": "Text completion (llama-server)", "tags": ["llama-server"],
+        "requestBody": oa.body(oa.native_completion_request(), {"prompt": "The capital of France is", "n_predict": 8}),
+        "responses": {"200": oa.ok(oa.ref("Completion"), "The completion.",
+                                   oa.sse_data({"anyOf": [oa.ref("CompletionChunk"), oa.ref("Completion"),
+                                                          oa.ref("Error")]}),
+                                   "a chunk per token, then the final object with \"stop\": true (no [DONE]).")},
+    }, oa.GEN_ERRORS)
+
+
+# /completions: llama-server's alias; /v1/completions is OpenAI's
+@oa.route(blueprint, "/completion", "/completions", methods=("POST",), doc=_completion_doc)
 def completion() -> Any:
     body = json_body()
     req = offload.run(nc.parse_native_request, body, what="reading the request's fields")
@@ -58,7 +70,26 @@ def completion() -> Any:
     return _answer(req, model, engine, rt, tokens, req.prompt if isinstance(req.prompt, str) else None, draft_max)
 
 
-@blueprint.post("/infill")
+def _infill_doc(d: oa.Doc) -> oa.Op:
+    infill = oa.obj({"input_prefix": oa.STR, "input_suffix": oa.STR,
+                     "input_extra": oa.desc(oa.arr(oa.obj({"filename": oa.STR, "text": oa.STR}, ["text"],
+                                                          closed=False)),
+                                            "other files, written before the prefix (repository context)"),
+                     **{k: v for k, v in oa.native_completion_request()["properties"].items() if k != "prompt"},
+                     "prompt": oa.desc(oa.STR, "text after the middle marker: the answer continues it")}, closed=False)
+    return oa.Op({
+        "operationId": "infill", "summary": "Fill in the middle (llama-server)", "tags": ["llama-server"],
+        "requestBody": oa.body(infill, {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n",
+                                        "n_predict": 8}),
+        "responses": {"200": oa.ok(oa.ref("Completion"), "The completion, as /completion gives it (a model without "
+                                   "fill-in-the-middle tokens is a 400).",
+                                   oa.sse_data({"anyOf": [oa.ref("CompletionChunk"), oa.ref("Completion"),
+                                                          oa.ref("Error")]}),
+                                   "as /completion streams.")},
+    }, oa.GEN_ERRORS)
+
+
+@oa.route(blueprint, "/infill", methods=("POST",), doc=_infill_doc)
 def infill() -> Any:
     """llama-server's fill-in-the-middle: input_prefix, input_suffix, input_extra (other files,
     [{"filename", "text"}]) and prompt (text after the middle marker, which the answer continues),

@@ -20,10 +20,12 @@ from bubo._grammar import Grammar
 from bubo.api import embeddings as emb
 from bubo.api import fields as f
 from bubo.api import jsonout, offload, pipeline
+from bubo.api import openapi as oa
 from bubo.api.config import is_loopback
 from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.fields import invalid
 from bubo.api.ollama import models as om
+from bubo.api.ollama import openapi as od
 from bubo.api.ollama import shapes as sh
 from bubo.api.openai.chat import logprob_entry
 from bubo.api.pipeline import Conversation, Output
@@ -40,6 +42,7 @@ from bubo.sampling import SamplingParams
 
 log = logging.getLogger("bubo.api")
 blueprint = Blueprint("ollama", __name__)
+oa.components(blueprint, od.shapes)
 
 
 def served(name: str) -> str:
@@ -210,7 +213,19 @@ def _engine(name: str, keep_alive: float | None, t0: float) -> tuple[ServingEngi
     return engine, runtime_of(engine), load_s
 
 
-@blueprint.post("/api/chat")
+def _chat_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "ollama_chat", "summary": "Chat (Ollama)", "tags": [od.TAG],
+        "requestBody": oa.body(od.chat_request(d), {"model": d.example_model, "stream": False,
+                                                    "messages": [{"role": "user", "content": "Say hi."}],
+                                                    "options": {"num_predict": 8}}),
+        "responses": {"200": od.ok("OllamaChat", "The answer; NDJSON lines unless stream is false, the last with "
+                                   "\"done\": true and the counts; an error after the 200 is an "
+                                   "{\"error\"} line.")},
+    }, od.GEN_ERRORS, ollama=True)
+
+
+@oa.route(blueprint, "/api/chat", methods=("POST",), doc=_chat_doc)
 def chat() -> Any:
     t0 = time.monotonic()
     body = json_body()
@@ -226,7 +241,16 @@ def chat() -> Any:
     return _respond(stream, prep.parser, lines, req.stream)
 
 
-@blueprint.post("/api/generate")
+def _generate_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "ollama_generate", "summary": "Generate from a prompt (Ollama)", "tags": [od.TAG],
+        "requestBody": oa.body(od.generate_request(d), {"model": d.example_model, "prompt": "Say hi.", "stream": False,
+                                                        "options": {"num_predict": 8}}),
+        "responses": {"200": od.ok("OllamaGenerate", "The answer, as /api/chat's but under response.")},
+    }, od.GEN_ERRORS, ollama=True)
+
+
+@oa.route(blueprint, "/api/generate", methods=("POST",), doc=_generate_doc)
 def generate() -> Any:
     t0 = time.monotonic()
     body = json_body()
@@ -263,24 +287,58 @@ def generate() -> Any:
 # --- models --------------------------------------------------------------------------------
 
 
-@blueprint.get("/api/version")
+def _version_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "ollama_version", "summary": "bubo's version (Ollama)", "tags": [od.TAG],
+        "responses": {"200": {"description": "The version",
+                              "content": {oa.JSON: {"schema": oa.obj({"version": oa.STR}, ["version"])}}}},
+    }, ollama=True)
+
+
+@oa.route(blueprint, "/api/version", doc=_version_doc)
 def version() -> Any:
     return jsonify(version=bubo.__version__)
 
 
-@blueprint.get("/api/tags")
+def _tags_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "ollama_tags", "summary": "The served models (Ollama)", "tags": [od.TAG],
+        "responses": {"200": {"description": "Every name a request may use, tagged",
+                              "content": {oa.JSON: {"schema": oa.ref("OllamaTags")}}}},
+    }, ollama=True)
+
+
+@oa.route(blueprint, "/api/tags", doc=_tags_doc)
 def tags() -> Any:
     return jsonify(om.tags(models()))
 
 
-@blueprint.post("/api/show")
+def _show_doc(d: oa.Doc) -> oa.Op:
+    named = oa.obj({"model": od.model_field(d), "name": oa.desc(oa.STR, "older clients' name for model")}, closed=False)
+    return oa.Op({
+        "operationId": "ollama_show", "summary": "A model's details, template and metadata (Ollama)", "tags": [od.TAG],
+        "requestBody": oa.body(named, {"model": d.example_model}),
+        "responses": {"200": {"description": "What the model's GGUF file says",
+                              "content": {oa.JSON: {"schema": oa.ref("OllamaShow")}}}},
+    }, (400, 404, 413), ollama=True)
+
+
+@oa.route(blueprint, "/api/show", methods=("POST",), doc=_show_doc)
 def show() -> Any:
     body = json_body()
     name = served(sh.model_name(body))
     return jsonify(om.show(models().lookup(name), config().sampling_defaults))
 
 
-@blueprint.get("/api/ps")
+def _ps_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "ollama_ps", "summary": "The loaded models (Ollama)", "tags": [od.TAG],
+        "responses": {"200": {"description": "Loaded models, with when they unload",
+                              "content": {oa.JSON: {"schema": oa.ref("OllamaRunning")}}}},
+    }, ollama=True)
+
+
+@oa.route(blueprint, "/api/ps", doc=_ps_doc)
 def ps() -> Any:
     return jsonify(om.ps(models()))
 
@@ -300,7 +358,19 @@ def _catalog(name: str) -> store.CatalogModel:
     return store.CATALOG[canonical]
 
 
-@blueprint.post("/api/pull")
+def _pull_doc(d: oa.Doc) -> oa.Op:
+    store_name = oa.obj({"model": oa.desc(oa.STR, "a catalog name (bubo list --catalog)"), "name": oa.STR,
+                         "stream": oa.BOOL,
+                         "insecure": oa.BOOL}, closed=False)
+    return oa.Op({
+        "operationId": "ollama_pull", "summary": "Download a catalog model into the store (Ollama)", "tags": [od.TAG],
+        "requestBody": oa.body(store_name, {"model": "smollm2:135m", "stream": False}),
+        "responses": {"200": od.ok("OllamaProgress", "Progress lines, the last {\"status\": \"success\"}; "
+                                   "stream false: that last one")},
+    }, (400, 404, 413, 500), ollama=True)
+
+
+@oa.route(blueprint, "/api/pull", methods=("POST",), doc=_pull_doc)
 def pull() -> Any:
     body = json_body()
     model = _catalog(sh.model_name(body))
@@ -360,7 +430,15 @@ def _served_paths() -> set[str]:
     return out
 
 
-@blueprint.delete("/api/delete")
+def _delete_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "ollama_delete", "summary": "Delete a stored model (Ollama)", "tags": [od.TAG],
+        "requestBody": oa.body(oa.obj({"model": oa.STR, "name": oa.STR}, closed=False), {"model": "nothing:here"}),
+        "responses": {"200": {"description": "Deleted (no body)"}},
+    }, (400, 404, 413), ollama=True)
+
+
+@oa.route(blueprint, "/api/delete", methods=("DELETE",), doc=_delete_doc)
 def delete() -> Any:
     body = json_body()
     name = sh.model_name(body)
@@ -377,7 +455,21 @@ def delete() -> Any:
     return Response(status=200)
 
 
-@blueprint.post("/api/copy")
+def _copy_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "ollama_copy", "summary": "A stored model under another name (Ollama)", "tags": [od.TAG],
+        "description": "A hard link in the store: no bytes are written. Where none can be made (the model's file "
+        "is on another filesystem) the copy is refused (400) unless the server was started with "
+        "--allow-copy; then the file is copied if the store's disk has room for it and 1 GiB more "
+        "(507 insufficient_storage otherwise).",
+        "requestBody": oa.body(oa.obj({"source": oa.STR, "destination": oa.STR}, ["source", "destination"],
+                                      closed=False),
+                               {"source": "nothing:here", "destination": "copy:latest"}),
+        "responses": {"200": {"description": "Copied (no body)"}},
+    }, (400, 404, 413, 507), ollama=True)
+
+
+@oa.route(blueprint, "/api/copy", methods=("POST",), doc=_copy_doc)
 def copy() -> Any:
     body = json_body()
     source = body.get("source")
@@ -412,7 +504,27 @@ def copy() -> Any:
 # --- not here --------------------------------------------------------------------------------
 
 
-@blueprint.post("/api/embed")
+def _embed_doc(d: oa.Doc) -> oa.Op:
+    emb_in = {"anyOf": [oa.STR, oa.arr({"anyOf": [oa.STR, oa.arr(oa.NAT, minItems=1)]},
+                                       maxItems=2048)]}  # "" or []: none
+    return oa.Op({
+        "operationId": "ollama_embed", "summary": "Embeddings (Ollama; 501 for a text-generation model)",
+        "tags": [od.TAG],
+        "requestBody": oa.body(oa.obj({"model": od.model_field(d), "input": emb_in, "truncate": oa.OPT_BOOL,
+                                       "keep_alive": {},
+                                       "dimensions": {"type": ["integer", "null"], "minimum": 1}, "options": {}},
+                                      ["model", "input"], closed=False),
+                               {"model": d.example_model, "input": ["hello", "world"]}),
+        "responses": {"200": oa.ok(oa.obj({"model": oa.STR, "embeddings": oa.arr(oa.arr(oa.NUM)),
+                                           "total_duration": oa.NAT,
+                                           "load_duration": oa.NAT, "prompt_eval_count": oa.NAT}, ["model",
+                                                                                                   "embeddings"]),
+                                   "One L2-normalised vector per input"),
+                      "501": oa.error(501, text="The model makes no embeddings", ollama=True)},
+    }, (400, 404, 413, 500), ollama=True)
+
+
+@oa.route(blueprint, "/api/embed", methods=("POST",), doc=_embed_doc)
 def embed() -> Any:
     t0 = time.monotonic()
     body = json_body()
@@ -421,7 +533,19 @@ def embed() -> Any:
     return emb.ollama_embed(body, sh.tagged(name), t0, load_s, engine, rt)
 
 
-@blueprint.post("/api/embeddings")
+def _embeddings_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "ollama_embeddings", "summary": "One embedding, not normalised (Ollama's older route)",
+        "tags": [od.TAG],
+        "requestBody": oa.body(oa.obj({"model": od.model_field(d), "prompt": oa.STR, "keep_alive": {}, "options": {}},
+                                      ["model", "prompt"], closed=False), {"model": d.example_model,
+                                                                           "prompt": "hello"}),
+        "responses": {"200": oa.ok(oa.obj({"embedding": oa.arr(oa.NUM)}, ["embedding"]), "The vector"),
+                      "501": oa.error(501, text="The model makes no embeddings", ollama=True)},
+    }, (400, 404, 413, 500), ollama=True)
+
+
+@oa.route(blueprint, "/api/embeddings", methods=("POST",), doc=_embeddings_doc)
 def embeddings_legacy() -> Any:
     """Ollama's older route: `prompt` (one string) -> `embedding`, not normalised."""
     t0 = time.monotonic()
@@ -452,9 +576,19 @@ def _embedder(name: str, body: dict[str, Any], t0: float) -> tuple[ServingEngine
     return engine, rt, load_s
 
 
-@blueprint.post("/api/create")
-@blueprint.post("/api/push")
-@blueprint.route("/api/blobs/<digest>", methods=["HEAD", "POST"])
+def _not_here_doc(d: oa.Doc) -> dict[str, oa.Op]:
+    out = {}
+    for path, op_id in (("/api/create", "ollama_create"), ("/api/push", "ollama_push"),
+                        ("/api/blobs/{digest}", "ollama_blobs")):
+        op: oa.Schema = {"operationId": op_id, "summary": "Not implemented: bubo creates and publishes no models",
+                         "tags": [od.TAG], "responses": {"501": oa.error(501, text="Not implemented", ollama=True)}}
+        if "{digest}" in path:
+            op["parameters"] = [{"name": "digest", "in": "path", "required": True, "schema": oa.STR}]
+        out[f"post {path}"] = oa.Op(op, ollama=True)
+    return out
+
+
+@oa.route(blueprint, "/api/create", "/api/push", "/api/blobs/<digest>", methods=("HEAD", "POST"), doc=_not_here_doc)
 def not_here(digest: str | None = None) -> Any:
     raise ApiError(501, "not_implemented", "bubo does not create or publish models (no Modelfile parser, no "
                                            "registry to push to): pull catalog models with /api/pull, or serve a "

@@ -10,6 +10,7 @@ from flask import Blueprint, jsonify
 
 from bubo.api import fields as f
 from bubo.api import jsonout, offload, pipeline
+from bubo.api import openapi as oa
 from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.openai import chat as ch
 from bubo.api.openai import completions as cm
@@ -24,8 +25,18 @@ blueprint = Blueprint("openai", __name__)
 # --- chat ----------------------------------------------------------------------------------
 
 
-@blueprint.post("/v1/chat/completions")
-@blueprint.post("/chat/completions")
+def _chat_doc(d: oa.Doc) -> oa.Op:
+    chat_stream = oa.sse_data({"anyOf": [oa.ref("ChatCompletionChunk"), oa.ref("Error")]}, done=True)
+    return oa.Op({
+        "operationId": "chat_completions", "summary": "Chat (OpenAI)", "tags": ["OpenAI"],
+        "requestBody": oa.body(oa.chat_request(d.model_field()), d.chat_example()),
+        "responses": {"200": oa.ok(oa.ref("ChatCompletion"), "The answer.", chat_stream,
+                                   "chat.completion.chunk events, then `data: [DONE]`; an error after the 200 is an "
+                                   "event with the error object, then [DONE].")},
+    }, oa.GEN_ERRORS)
+
+
+@oa.route(blueprint, "/v1/chat/completions", "/chat/completions", methods=("POST",), doc=_chat_doc)
 def chat_completions() -> Any:
     body = json_body()
     model = resolve_model(body)
@@ -68,7 +79,18 @@ def chat_completions() -> Any:
 # --- completions ---------------------------------------------------------------------------
 
 
-@blueprint.post("/v1/completions")
+def _completions_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "completions", "summary": "Text completion (OpenAI)", "tags": ["OpenAI"],
+        "requestBody": oa.body(oa.completions_request(d.model_field()),
+                               {"model": d.example_model, "prompt": "The capital of France is", "max_tokens": 8}),
+        "responses": {"200": oa.ok(oa.ref("TextCompletion"), "The completion.",
+                                   oa.sse_data({"anyOf": [oa.ref("TextCompletionChunk"), oa.ref("Error")]}, done=True),
+                                   "text_completion chunks, then `data: [DONE]`.")},
+    }, oa.GEN_ERRORS)
+
+
+@oa.route(blueprint, "/v1/completions", methods=("POST",), doc=_completions_doc)
 def completions() -> Any:
     body = json_body()
     model = resolve_model(body)
@@ -133,8 +155,19 @@ def completions() -> Any:
 # --- responses -----------------------------------------------------------------------------
 
 
-@blueprint.post("/v1/responses")
-@blueprint.post("/responses")
+def _responses_doc(d: oa.Doc) -> oa.Op:
+    return oa.Op({
+        "operationId": "responses", "summary": "Responses (OpenAI), stateless", "tags": ["OpenAI"],
+        "requestBody": oa.body(oa.responses_request(d.model_field()),
+                               {"model": d.example_model, "input": "Say hi.", "max_output_tokens": 8}),
+        "responses": {"200": oa.ok(oa.ref("Response"), "The response.",
+                                   oa.sse_data(oa.ref("ResponseStreamEvent"), named=True),
+                                   "named events (response.created ... response.completed or response.incomplete); "
+                                   "an error after the 200 is an `error` event.")},
+    }, oa.GEN_ERRORS)
+
+
+@oa.route(blueprint, "/v1/responses", "/responses", methods=("POST",), doc=_responses_doc)
 def responses() -> Any:
     body = json_body()
     model = resolve_model(body)

@@ -10,6 +10,7 @@ import sys
 import threading
 import types
 
+from bubo.cli.serve import options as serve_options
 from bubo.rayserve import DeployError, Options, check_resources, deploy, require_ray
 
 
@@ -30,7 +31,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise ValueError(f"--port {args.port}: give 1..65535")
     if not args.ready_timeout > 0:
         raise ValueError(f"--ready-timeout {args.ready_timeout}: give a positive number of seconds")
-    return Options(serve_argv=list(args.serve_argv), replicas=args.replicas, threads=args.threads,
+    replica = serve_options(args.serve_args)  # each replica's `bubo serve`, for its own health checks' key
+    return Options(serve_argv=list(args.serve_argv), api_keys=replica.api_key, api_key_file=replica.api_key_file,
+                   replicas=args.replicas, threads=args.threads,
                    min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                    target_ongoing_requests=args.target_ongoing_requests,
                    max_ongoing_requests=args.max_ongoing_requests, router=args.router,
