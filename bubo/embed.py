@@ -33,9 +33,9 @@ POOLINGS = ("mean", "cls", "last")
 class EncoderOnlyError(InvalidRequestError):
     """Text generation asked of an encoder, which only embeds."""
 
-    def __init__(self, name: str, arch: str):
+    def __init__(self, name: str, arch: str, hint: str = ""):
         super().__init__(f"the model {name} is an embedding model ({arch}): it does not generate text; "
-                         "ask it for embeddings (POST /v1/embeddings, /embedding or /api/embed; bubo.Model.embed)")
+                         f"ask it for embeddings{hint}")
 
 
 class TooLongError(InvalidRequestError):

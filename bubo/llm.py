@@ -406,14 +406,14 @@ class Model:
     def _sched(self) -> Scheduler:
         sched = self._live().sched
         if sched is None:
-            raise embedding.EncoderOnlyError(self.name, str(self.hparams.get("arch")))
+            raise embedding.EncoderOnlyError(self.name, str(self.hparams.get("arch")), " (Model.embed)")
         return sched
 
     @property
     def _kv(self) -> KVCache:
         kv = self._live().kv
         if kv is None:
-            raise embedding.EncoderOnlyError(self.name, str(self.hparams.get("arch")))
+            raise embedding.EncoderOnlyError(self.name, str(self.hparams.get("arch")), " (Model.embed)")
         return kv
 
     # --- embeddings ----------------------------------------------------------------------
@@ -652,7 +652,7 @@ class Model:
     def _generative(self) -> None:
         """EncoderOnlyError for an embedding model, before anything reads a chat template."""
         if self._live().sched is None:
-            raise embedding.EncoderOnlyError(self.name, str(self.hparams.get("arch")))
+            raise embedding.EncoderOnlyError(self.name, str(self.hparams.get("arch")), " (Model.embed)")
 
     def _chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams, *,
               tools: Sequence[dict[str, Any]] | None, tool_choice: Any, parallel_tool_calls: bool,

@@ -61,13 +61,11 @@ def _info(entry: ModelEntry) -> ModelInfo | None:
 
 def _not_ready(entry: ModelEntry) -> ApiError:
     status = entry.status
-    if status is ModelStatus.FAILED:  # trying again does not help: no Retry-After
-        return ApiError(503, "not_ready", f"the model {entry.name} failed to load: {entry.failure}")
-    retry = {"Retry-After": str(errors.LOADING_RETRY_AFTER_SECONDS)}
+    if status is ModelStatus.FAILED:
+        return errors.not_ready(f"the model {entry.name} failed to load: {entry.failure}", failed=True)
     if status is ModelStatus.LOADING:
-        return ApiError(503, "not_ready", f"the model {entry.name} is loading; try again when /ready says ready",
-                        headers=retry)
-    return ApiError(503, "not_ready", f"the model {entry.name} is {status.value}", headers=retry)
+        return errors.not_ready(f"the model {entry.name} is loading; try again when /ready says ready")
+    return errors.not_ready(f"the model {entry.name} is {status.value}")
 
 
 # --- health and readiness ----------------------------------------------------------------

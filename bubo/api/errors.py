@@ -22,7 +22,9 @@ from typing import Any
 
 from flask import Response
 
-from bubo.engine.types import EngineRefusal, ErrorEvent, Reason
+from bubo.embed import EncoderOnlyError
+from bubo.engine.registry import ModelNotLoadedError
+from bubo.engine.types import EngineRefusal, ErrorEvent, NotReadyError, QueueFullError, Reason
 
 # the reference's table: the OpenAI type of each status
 _OPENAI_TYPE = {
@@ -96,7 +98,28 @@ def from_reason(reason: Reason, message: str) -> ApiError:
 
 
 def from_refusal(e: EngineRefusal) -> ApiError:
-    return from_reason(e.reason, e.message)
+    """The API error of an engine refusal: the engine's words, and the flag or route to use."""
+    return from_reason(e.reason, e.message + _hint(e))
+
+
+def _hint(e: EngineRefusal) -> str:
+    if isinstance(e, QueueFullError):
+        return f" (the server's --queue-size is {e.queue_size})"
+    if isinstance(e, ModelNotLoadedError):
+        return f' (--no-models-autoload): POST /models/load {{"model": "{e.name}"}} first'
+    if isinstance(e, NotReadyError) and e.loading:
+        return "; try again when /ready says ready"
+    if isinstance(e, EncoderOnlyError):
+        return " (POST /v1/embeddings, /embedding or /api/embed)"
+    return ""
+
+
+def not_ready(message: str, failed: bool = False) -> ApiError:
+    """503 not_ready: the model is loading, unloaded or asleep (Retry-After, as every not_ready the
+    engine reports), or its load failed (failed: trying again does not help, no Retry-After)."""
+    if failed:
+        return ApiError(503, "not_ready", message)
+    return from_reason(Reason.NOT_READY, message)
 
 
 def from_event(ev: ErrorEvent) -> ApiError:

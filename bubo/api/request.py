@@ -165,7 +165,7 @@ def release_models() -> None:
 def runtime_of(engine: ServingEngine) -> Runtime:
     rt = engine.runtime
     if rt is None:
-        raise ApiError(503, "not_ready", f"the model {engine.model_name} is not loaded")
+        raise errors.not_ready(f"the model {engine.model_name} is not loaded")
     return rt
 
 

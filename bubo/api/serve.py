@@ -20,7 +20,7 @@ from bubo.api.config import OLLAMA_PORT, ServerConfig, is_loopback
 from bubo.api.models_config import check_model, model_specs, served_name
 from bubo.api.options import ServeOptions
 from bubo.engine.engine import Engine
-from bubo.engine.registry import ModelEntry, ModelStatus, Registry
+from bubo.engine.registry import ModelEntry, ModelStatus, Registry, TooManyAtStartError
 
 say = logs.say
 
@@ -131,8 +131,12 @@ def serve(args: ServeOptions) -> int:
     # the default model: the first one given by -m or defined by the preset; with models found in
     # a folder or the store only, the first that loads (the registry decides)
     named = next((s.name for s in specs if s.origin == "-m" or s.origin.startswith("--models-preset")), None)
-    registry = Registry(specs, models_max=args.models_max, autoload=not args.no_models_autoload,
-                        sleep_idle_s=args.sleep_idle_seconds, default=named)
+    try:
+        registry = Registry(specs, models_max=args.models_max, autoload=not args.no_models_autoload,
+                            sleep_idle_s=args.sleep_idle_seconds, default=named)
+    except TooManyAtStartError as e:
+        raise ValueError(f"{e} (--models-max {e.models_max}): raise it, or set load-on-startup = false for "
+                         "some") from None
     router = registry.is_router
     if router:
         registry.check_files()  # a broken file shows as failed at once; one model fails its load as always

@@ -31,7 +31,7 @@ import gevent.event
 import gevent.queue
 from flask import Response, request
 
-from bubo.api.errors import dumps
+from bubo.api.errors import ApiError, StreamShape, dumps, stream_error
 from bubo.engine.protocol import Stream
 
 log = logging.getLogger("bubo.api")
@@ -49,12 +49,15 @@ def format_event(item: Any) -> str:
     return f"{head}data: {data}\n\n"
 
 
-def sse_response(gen: Iterator[Any], stream: Stream | None = None, ping_seconds: float | None = None) -> Response:
+def sse_response(gen: Iterator[Any], stream: Stream | None = None, ping_seconds: float | None = None,
+                 shape: StreamShape = StreamShape.OPENAI) -> Response:
+    """gen's items as server-sent events; a generator that fails ends the stream with an error
+    event in its dialect's shape."""
     from bubo.api.request import config
 
     ping = ping_seconds if ping_seconds is not None else config().sse_ping_seconds
     sock = request.environ.get("bubo.socket")
-    resp = Response(_events(gen, stream, ping, sock), mimetype="text/event-stream")
+    resp = Response(_events(gen, stream, ping, sock, format_event, shape), mimetype="text/event-stream")
     resp.headers["Cache-Control"] = "no-cache"
     resp.headers["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
     return resp
@@ -71,24 +74,14 @@ def ndjson_response(gen: Iterator[Any], stream: Stream | None = None) -> Respons
     (no keep-alive comment); the client going away cancels `stream` as with SSE, and a generator
     that fails ends the stream with an {"error": ...} line, Ollama's in-band error."""
     sock = request.environ.get("bubo.socket")
-    resp = Response(_events(gen, stream, None, sock, format_line, {"error": ""}), mimetype="application/x-ndjson")
+    resp = Response(_events(gen, stream, None, sock, format_line, StreamShape.OLLAMA), mimetype="application/x-ndjson")
     resp.headers["Cache-Control"] = "no-cache"
     resp.headers["X-Accel-Buffering"] = "no"
     return resp
 
 
-def _failure(template: dict[str, Any], message: str) -> dict[str, Any]:
-    """The in-band error object of a stream's shape (template), with message filled in."""
-    if isinstance(template.get("error"), dict):
-        return {"error": {**template["error"], "message": message}}
-    return {"error": message}
-
-
-_SSE_FAILED = {"error": {"message": "", "type": "server_error", "code": "internal_error"}}
-
-
 def _events(gen: Iterator[Any], stream: Stream | None, ping: float | None, sock: socket.socket | None,
-            fmt: Callable[[Any], str] = format_event, failed: dict[str, Any] = _SSE_FAILED) -> Iterator[bytes]:
+            fmt: Callable[[Any], str], shape: StreamShape) -> Iterator[bytes]:
     q = _Buffered(BUFFER_BYTES)
     if sock is not None:
         # the kernel's buffer for this stream, fixed (autotuning lets it grow to megabytes a
@@ -104,7 +97,8 @@ def _events(gen: Iterator[Any], stream: Stream | None, ping: float | None, sock:
             raise
         except Exception as e:  # noqa: BLE001 - the stream is already 200: report in-band
             log.exception("a streamed response's generator failed")
-            q.put(fmt(_failure(failed, f"internal error: {type(e).__name__}: {e}")).encode())
+            failed = ApiError(500, "internal_error", f"internal error: {type(e).__name__}: {e}")
+            q.put(fmt(stream_error(shape, failed)).encode())
         finally:
             q.put(_END, force=True)
 

@@ -92,6 +92,12 @@ def vocab_has_fim(meta: Mapping[str, Any], tokens: Sequence[str]) -> bool:
     return True
 
 
+def no_fim(name: str) -> str:
+    """What a model without fill-in-the-middle tokens cannot do."""
+    return (f"the model {name} has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|> "
+            "or the like): it cannot fill in code between a prefix and a suffix")
+
+
 def fim_prompt(rt: Runtime, prefix: str, suffix: str, *, files: Sequence[tuple[str, str]] | None = None,
                middle: str = "", name: str = "model") -> list[int]:
     """The token ids of a fill-in-the-middle prompt (see the module's docstring). files None: the
@@ -101,9 +107,7 @@ def fim_prompt(rt: Runtime, prefix: str, suffix: str, *, files: Sequence[tuple[s
     RequestError naming it."""
     fim = fim_tokens(rt)
     if fim is None:
-        raise RequestError("invalid_value", f"the model {name} has no fill-in-the-middle tokens "
-                                            "(<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|> or the like): it cannot "
-                                            "fill in code between a prefix and a suffix")
+        raise RequestError("invalid_value", no_fim(name))
 
     def text(s: str) -> list[int]:
         try:

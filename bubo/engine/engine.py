@@ -567,7 +567,7 @@ class Engine:
         if self._stopping or self.stopped:
             raise NotReadyError(f"the model {self.model_name} is being unloaded")
         if not self.ready or self.runtime is None:
-            raise NotReadyError(self.load_error or f"the model {self.model_name} is loading")
+            raise self._not_ready()
         if not self.encoder:
             raise InvalidRequestError(f"the model {self.model_name} is not an embedding model")
         job = EmbedJob(seqs, pooling, normalize)
@@ -675,6 +675,12 @@ class Engine:
                                       f"0..{n_vocab - 1}")
         return Checked(self, req, sched.new_generation(req))
 
+    def _not_ready(self) -> NotReadyError:
+        """Why a request cannot run yet: the load failed, or it is still loading."""
+        if self.load_error:
+            return NotReadyError(self.load_error)
+        return NotReadyError(f"the model {self.model_name} is loading", loading=True)
+
     def _ready_parts(self) -> tuple[Scheduler, Runtime]:
         sched = self._sched
         rt = self.runtime
@@ -683,7 +689,7 @@ class Engine:
 
             raise EncoderOnlyError(self.model_name, str(rt.hparams.get("arch")))
         if not self.ready or sched is None or rt is None:
-            raise NotReadyError(self.load_error or f"the model {self.model_name} is loading")
+            raise self._not_ready()
         return sched, rt
 
     def submit(self, req: GenerationRequest, *, mem_available: int | None = None,

@@ -59,7 +59,7 @@ class ModelStatus(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class EngineSettings:
-    """What an Engine is made with (llama-server's -c, -t, -np, -b, -ub, --queue-size, ...)."""
+    """What an Engine is made with (the server's -c, -t, -np, -b, -ub, --queue-size, ...)."""
 
     n_ctx: int | None = None
     n_threads: int | None = None
@@ -101,7 +101,23 @@ class UnknownModelError(EngineRefusal, LookupError):
 
 
 class ModelNotLoadedError(EngineRefusal, RuntimeError):
+    """The model is not loaded and the registry loads models only when asked (autoload off)."""
+
     reason = Reason.MODEL_NOT_LOADED
+
+    def __init__(self, name: str):
+        super().__init__(f"the model {name} is not loaded and this server loads models only when asked")
+        self.name = name
+
+
+class TooManyAtStartError(ValueError):
+    """More models load at start than may be loaded at once."""
+
+    def __init__(self, names: list[str], models_max: int):
+        super().__init__(f"{len(names)} models load at start ({', '.join(names)}) but at most {models_max} may be "
+                         "loaded at once")
+        self.names = names
+        self.models_max = models_max
 
 
 class ModelEntry:
@@ -209,9 +225,7 @@ class Registry:
         self._chosen: ModelEntry | None = None
         at_start = [e.name for e in self.entries if e.spec.load_on_startup]
         if 0 < models_max < len(at_start):
-            raise ValueError(f"{len(at_start)} models load at start ({', '.join(at_start)}) but at most {models_max} "
-                             "may be loaded at once (--models-max): raise it, or set load-on-startup = false for "
-                             "some")
+            raise TooManyAtStartError(at_start, models_max)
         self._swap = gevent.lock.Semaphore()  # one load decision at a time
         self.stopped = False
         self._watchers: list[gevent.Greenlet] = []
@@ -356,13 +370,11 @@ class Registry:
                 entry.last_used = entry.last_busy = time.monotonic()
                 return entry.engine
             if status is ModelStatus.LOADING and entry.startup:
-                raise NotReadyError(f"the model {entry.name} is loading; try again when /ready says ready")
+                raise NotReadyError(f"the model {entry.name} is loading", loading=True)
             if status is ModelStatus.FAILED:
                 raise NotReadyError(f"the model {entry.name} failed to load: {entry.failure}")
             if status is ModelStatus.UNLOADED and not self.autoload:
-                raise ModelNotLoadedError(f"the model {entry.name} is not loaded and this server loads models only "
-                                          f"when asked (--no-models-autoload): POST /models/load "
-                                          f'{{"model": "{entry.name}"}} first')
+                raise ModelNotLoadedError(entry.name)
             if status in (ModelStatus.UNLOADED, ModelStatus.SLEEPING):
                 self._begin_load(entry)
                 continue

@@ -244,9 +244,13 @@ class NoTokenError(EngineRefusal, ValueError):
 
 
 class NotReadyError(EngineRefusal, RuntimeError):
-    """The model is still loading, failed to load, or was unloaded."""
+    """The model is still loading (loading), failed to load, or was unloaded."""
 
     reason = Reason.NOT_READY
+
+    def __init__(self, message: str, loading: bool = False):
+        super().__init__(message)
+        self.loading = loading
 
 
 class InsufficientMemoryError(EngineRefusal, RuntimeError):
@@ -287,7 +291,7 @@ class QueueFullError(EngineRefusal, RuntimeError):
         self.n_slots = n_slots
         self.queue_size = queue_size
         super().__init__(f"the server is busy: all {n_slots} slots are generating and {queue_size} "
-                         f"requests are waiting (--queue-size {queue_size}); try again shortly")
+                         "requests are waiting, as many as may; try again shortly")
 
 
 class GenerationError(EngineRefusal, RuntimeError):

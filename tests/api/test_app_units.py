@@ -10,7 +10,7 @@ from flask import Flask
 
 from bubo.api.app import create_app
 from bubo.api.config import ServerConfig
-from bubo.api.errors import ApiError, anthropic_error, api_error, error_response
+from bubo.api.errors import ApiError, StreamShape, anthropic_error, api_error, error_response
 from bubo.api.request import resolve_model
 from bubo.api.sse import _events, format_event, format_line
 from bubo.engine.engine import Engine
@@ -112,7 +112,7 @@ def test_sse_pings_during_silence_and_cancels_at_the_end():
         yield "[DONE]"
 
     stream = _Stream()
-    out = list(_events(slow(), stream, 0.1, None))
+    out = list(_events(slow(), stream, 0.1, None, format_event, StreamShape.OPENAI))
     assert out[:2] == [b": ping\n\n", b": ping\n\n"]
     assert out[-2:] == [b'data: {"n":1}\n\n', b"data: [DONE]\n\n"]
     assert stream.cancelled  # harmless once finished; frees the slot when the client left early
@@ -123,7 +123,7 @@ def test_ndjson_lines_and_an_in_band_error():
         yield {"text": "a\nb", "done": False}
         raise RuntimeError("boom")
 
-    out = list(_events(failing(), _Stream(), None, None, format_line, {"error": ""}))
+    out = list(_events(failing(), _Stream(), None, None, format_line, StreamShape.OLLAMA))
     assert out[0] == b'{"text":"a\\nb","done":false}\n'  # the newline travels escaped: one object a line
     assert json.loads(out[1]) == {"error": "internal error: RuntimeError: boom"} and out[1].endswith(b"\n")
 
@@ -140,7 +140,7 @@ def test_sse_closing_kills_the_producer():
             finished.append(True)
 
     stream = _Stream()
-    it = _events(endless(), stream, 1.0, None)
+    it = _events(endless(), stream, 1.0, None, format_event, StreamShape.OPENAI)
     assert next(it) == b'data: {"x":1}\n\n'
     it.close()  # what the WSGI server does when a write to the client fails
     gevent.sleep(0.05)
@@ -152,8 +152,14 @@ def test_sse_reports_a_failing_generator_in_band():
         yield {"ok": 1}
         raise KeyError("x")
 
-    out = list(_events(bad(), None, 1.0, None))
+    out = list(_events(bad(), None, 1.0, None, format_event, StreamShape.OPENAI))
     assert out[0] == b'data: {"ok":1}\n\n' and b'"code":"internal_error"' in out[1]
+    # each dialect's stream ends in its own error shape: Anthropic's is a named error event
+    out = list(_events(bad(), None, 1.0, None, format_event, StreamShape.ANTHROPIC))
+    name, data = out[1].decode().split("\n")[:2]
+    assert name == "event: error"
+    err = json.loads(data.removeprefix("data: "))
+    assert err["type"] == "error" and err["error"]["type"] == "api_error" and "KeyError" in err["error"]["message"]
 
 
 def test_cors_only_for_configured_origins():

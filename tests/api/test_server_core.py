@@ -209,10 +209,11 @@ def test_not_implemented_paths(base_url, path):
     assert_error(status, body, 501, "not_implemented", "server_error")
 
 
-def test_infill_on_a_model_without_fim_tokens_is_a_400(base_url):
-    """smollm2 has no fill-in-the-middle tokens (test_ollama.py fills in on qwen2.5-coder)."""
+def test_infill_on_a_model_without_fim_tokens_is_a_501(base_url):
+    """smollm2 has no fill-in-the-middle tokens (test_ollama.py fills in on qwen2.5-coder): the
+    route is there and the model cannot do it, 501 not_implemented as in llama-server."""
     status, body = call_json(base_url + "/infill", "POST", {"input_prefix": "def f(", "input_suffix": ")"})
-    assert_error(status, body, 400, "invalid_value", "invalid_request_error")
+    assert_error(status, body, 501, "not_implemented", "server_error")
     assert "fill-in-the-middle" in body["error"]["message"]
 
 

@@ -8,6 +8,7 @@ import contextlib
 import gevent
 import pytest
 
+from bubo.api import errors
 from bubo.engine import FinishEvent, GenerationRequest, NotReadyError, TokenEvent
 from bubo.engine.registry import (
     EngineSettings,
@@ -154,8 +155,12 @@ def test_an_idle_model_sleeps_and_its_next_request_wakes_it(tiny):
 def test_autoload_off_loads_only_when_asked(tiny):
     reg = registry(tiny, autoload=False)
     with started(reg):
-        with pytest.raises(ModelNotLoadedError, match="POST /models/load"):
+        with pytest.raises(ModelNotLoadedError, match="not loaded") as refused:
             reg.acquire("b")
+        # the engine says what happened; the API adds the route to use
+        answer_400 = errors.from_refusal(refused.value)
+        assert (answer_400.status, answer_400.code) == (400, "model_not_loaded")
+        assert 'POST /models/load {"model": "b"}' in answer_400.message
         reg.load("b")
         wait_for(lambda: reg.lookup("b").status is ModelStatus.LOADED, "b to load")
         assert len(answer(reg, "b")) == 8

@@ -56,7 +56,7 @@ def messages() -> Any:
         except ApiError as e:
             yield stream_error(StreamShape.ANTHROPIC, e)
 
-    return sse_response(events(), stream=stream)
+    return sse_response(events(), stream=stream, shape=StreamShape.ANTHROPIC)
 
 
 def _count_tokens_doc(d: oa.Doc) -> oa.Op:

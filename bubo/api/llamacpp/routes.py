@@ -16,7 +16,7 @@ from bubo.api.fields import invalid
 from bubo.api.llamacpp import completion as nc
 from bubo.api.request import debug_mem_available, json_body, optional_model, runtime_of, use_model
 from bubo.api.sse import sse_response
-from bubo.chat.fim import fim_prompt
+from bubo.chat.fim import fim_prompt, fim_tokens, no_fim
 from bubo.engine.protocol import ServingEngine
 from bubo.engine.types import FinishEvent, GenerationRequest, TokenEvent
 from bubo.runtime import Runtime
@@ -81,11 +81,11 @@ def _infill_doc(d: oa.Doc) -> oa.Op:
         "operationId": "infill", "summary": "Fill in the middle (llama-server)", "tags": ["llama-server"],
         "requestBody": oa.body(infill, {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n",
                                         "n_predict": 8}),
-        "responses": {"200": oa.ok(oa.ref("Completion"), "The completion, as /completion gives it (a model without "
-                                   "fill-in-the-middle tokens is a 400).",
+        "responses": {"200": oa.ok(oa.ref("Completion"), "The completion, as /completion gives it.",
                                    oa.sse_data({"anyOf": [oa.ref("CompletionChunk"), oa.ref("Completion"),
                                                           oa.ref("Error")]}),
-                                   "as /completion streams.")},
+                                   "as /completion streams."),
+                      "501": oa.error(501, text="Code not_implemented: the model has no fill-in-the-middle tokens")},
     }, oa.GEN_ERRORS)
 
 
@@ -94,7 +94,7 @@ def infill() -> Any:
     """llama-server's fill-in-the-middle: input_prefix, input_suffix, input_extra (other files,
     [{"filename", "text"}]) and prompt (text after the middle marker, which the answer continues),
     with every /completion field; answered as /completion answers. A model without
-    fill-in-the-middle tokens is a 400 naming it."""
+    fill-in-the-middle tokens is a 501 not_implemented naming it."""
     body = json_body()
     texts = {}
     for key in ("input_prefix", "input_suffix", "prompt"):
@@ -117,6 +117,8 @@ def infill() -> Any:
     model = optional_model(body)
     engine = use_model(model)
     rt = runtime_of(engine)
+    if fim_tokens(rt) is None:  # as llama-server: the route is there, the model cannot do it
+        raise ApiError(501, "not_implemented", no_fim(model))
     tokens = pipeline.offloaded(fim_prompt, rt, texts["input_prefix"], texts["input_suffix"], files=files,
                                 middle=texts["prompt"], name=model, what="tokenizing the prompt")
     return _answer(req, model, engine, rt, tokens, texts["prompt"], draft_max)

@@ -197,4 +197,4 @@ def responses() -> Any:
         except ApiError as e:
             yield stream_error(StreamShape.RESPONSES, e, r.seq)
 
-    return sse_response(events(), stream=stream)
+    return sse_response(events(), stream=stream, shape=StreamShape.RESPONSES)
