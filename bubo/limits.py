@@ -21,6 +21,11 @@ MAX_DRY_BREAKERS = 64  # dry_sequence_breakers
 MAX_LOGIT_BIAS = 65_536  # logit_bias entries (OpenAI takes 300)
 MAX_TOOLS = 128  # tools (functions) a request offers: OpenAI's limit
 MAX_MESSAGES = 10_000  # messages of a conversation (a prompt of that many turns fills any context here)
+# the most alternatives a token's answer may carry: each one is a JSON entry per generated token,
+# so the answer grows with their product
+MAX_N_PROBS = 100  # n_probs (llama-server)
+MAX_TOP_LOGPROBS = 20  # top_logprobs (OpenAI's chat and Ollama's): OpenAI's limit
+MAX_COMPLETION_LOGPROBS = 5  # logprobs of /v1/completions: OpenAI's limit
 
 
 def check_count(items: Any, name: str, most: int, what: str = "items") -> None:

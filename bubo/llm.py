@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import sys
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +56,12 @@ from bubo.engine.types import (
     refusal_of,
 )
 from bubo.runtime import Runtime
-from bubo.sampling import SamplingParams
+from bubo.sampling import SamplingOptions, SamplingParams
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # pragma: no cover - Python 3.10
+    from typing_extensions import Unpack
 
 if TYPE_CHECKING:
     from bubo._model import KVCache
@@ -72,8 +78,8 @@ PREFILL_CHUNK = 512
 # the token stream -> text pieces rule the generation core follows (bubo.engine.generation)
 _text_stream = text_pieces
 
-# every SamplingParams field is a keyword of generate(), complete(), chat() and chat_stream()
-# (tests/test_llm_parity.py checks that the four signatures list them all)
+# every SamplingParams field is a keyword of generate(), complete(), chat() and chat_stream(),
+# typed once in bubo.sampling.SamplingOptions (tests/test_fields.py checks them)
 SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 
 # the OpenAI shape of a named tool_choice, for the error message
@@ -291,13 +297,11 @@ class Model:
     A Model is a context manager: `with bubo.Model(...) as m:` closes it at the end of the
     block (close(): the native model and its KV cache are let go; later calls raise).
 
-    Sampling keywords of generate(), complete(), chat() and chat_stream(): every field of
-    bubo.sampling.SamplingParams (temperature, top_k, top_p, min_p, typical_p, min_keep,
-    dynatemp_range/_exponent, top_n_sigma, xtc_probability/_threshold, repeat_penalty,
-    repeat_last_n, presence_penalty, frequency_penalty, dry_multiplier/_base/_allowed_length/
-    _penalty_last_n/_sequence_breakers, mirostat/_tau/_eta, seed, n_probs, logit_bias), with
-    the server's meaning; None (the default) takes SamplingParams' default (llama.cpp's).
-    temperature <= 0 is greedy; seed None or -1 draws a random seed."""
+    Sampling, in generate(), complete(), chat() and chat_stream(): sampling= a
+    bubo.sampling.SamplingParams, and/or its fields as keywords (bubo.sampling.SamplingOptions:
+    temperature, top_k, top_p, min_p, ..., seed, n_probs, logit_bias) over it, with the server's
+    meaning; a keyword left out or None takes the default (llama.cpp's). temperature <= 0 is
+    greedy; seed None or -1 draws a random seed."""
 
     def __init__(self, name_or_path: str | os.PathLike[str], *, n_ctx: int = 4096,
                  n_threads: int | None = None, chat_template: str | None = None,
@@ -455,18 +459,8 @@ class Model:
                  stop: str | Iterable[str] = (), grammar: str | Grammar | None = None,
                  json_schema: dict[str, Any] | bool | None = None, response_format: dict[str, Any] | None = None,
                  ignore_eos: bool = False, add_special: bool = True, parse_special: bool = False,
-                 temperature: float | None = None, dynatemp_range: float | None = None,
-                 dynatemp_exponent: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                 min_p: float | None = None, typical_p: float | None = None, top_n_sigma: float | None = None,
-                 min_keep: int | None = None, xtc_probability: float | None = None,
-                 xtc_threshold: float | None = None, repeat_penalty: float | None = None,
-                 repeat_last_n: int | None = None, presence_penalty: float | None = None,
-                 frequency_penalty: float | None = None, dry_multiplier: float | None = None,
-                 dry_base: float | None = None, dry_allowed_length: int | None = None,
-                 dry_penalty_last_n: int | None = None, dry_sequence_breakers: Sequence[str] | None = None,
-                 mirostat: int | None = None, mirostat_tau: float | None = None, mirostat_eta: float | None = None,
-                 seed: int | None = None, n_probs: int | None = None,
-                 logit_bias: Mapping[int, float] | None = None, draft_max: int | None = None) -> TextStream:
+                 draft_max: int | None = None, sampling: SamplingParams | None = None,
+                 **options: Unpack[SamplingOptions]) -> TextStream:
         """Stream the continuation of `prompt` (text, or token ids used as they are) as text
         pieces. Stops at an end-of-generation token, at a stop string (which is not yielded,
         nor anything after it) or after max_tokens (None: until the context is full).
@@ -481,7 +475,8 @@ class Model:
         ignore_eos: generate past end-of-generation tokens (until max_tokens or a stop string).
         add_special / parse_special: how text is tokenized (BOS; special-token text as tokens).
         Sampling keywords: see Model (None: SamplingParams' default)."""
-        params = _sampling_params(locals())
+        params = _sampling_params(sampling, options)
+        n_probs = params.n_probs
         grammar = self._raw_grammar(grammar, json_schema, response_format)
         ids = self._prompt_ids(prompt, add_special, parse_special)
         return TextStream(self, self._start(self._request(ids, params, max_tokens, stop, n_probs, grammar, ignore_eos,
@@ -491,20 +486,11 @@ class Model:
                  stop: str | Iterable[str] = (), grammar: str | Grammar | None = None,
                  json_schema: dict[str, Any] | bool | None = None, response_format: dict[str, Any] | None = None,
                  ignore_eos: bool = False, add_special: bool = True, parse_special: bool = False,
-                 temperature: float | None = None, dynatemp_range: float | None = None,
-                 dynatemp_exponent: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                 min_p: float | None = None, typical_p: float | None = None, top_n_sigma: float | None = None,
-                 min_keep: int | None = None, xtc_probability: float | None = None,
-                 xtc_threshold: float | None = None, repeat_penalty: float | None = None,
-                 repeat_last_n: int | None = None, presence_penalty: float | None = None,
-                 frequency_penalty: float | None = None, dry_multiplier: float | None = None,
-                 dry_base: float | None = None, dry_allowed_length: int | None = None,
-                 dry_penalty_last_n: int | None = None, dry_sequence_breakers: Sequence[str] | None = None,
-                 mirostat: int | None = None, mirostat_tau: float | None = None, mirostat_eta: float | None = None,
-                 seed: int | None = None, n_probs: int | None = None,
-                 logit_bias: Mapping[int, float] | None = None, draft_max: int | None = None) -> Completion:
+                 draft_max: int | None = None, sampling: SamplingParams | None = None,
+                 **options: Unpack[SamplingOptions]) -> Completion:
         """generate(), collected: the text with why it ended (a Completion). The same keywords."""
-        params = _sampling_params(locals())
+        params = _sampling_params(sampling, options)
+        n_probs = params.n_probs
         grammar = self._raw_grammar(grammar, json_schema, response_format)
         ids = self._prompt_ids(prompt, add_special, parse_special)
         stream = TextStream(self, self._start(self._request(ids, params, max_tokens, stop, n_probs, grammar,
@@ -519,18 +505,8 @@ class Model:
              chat_template_kwargs: Mapping[str, Any] | None = None,
              max_tokens: int | None = 256, stop: str | Iterable[str] = (), grammar: str | None = None,
              json_schema: dict[str, Any] | bool | None = None, response_format: dict[str, Any] | None = None,
-             temperature: float | None = None, dynatemp_range: float | None = None,
-             dynatemp_exponent: float | None = None, top_k: int | None = None, top_p: float | None = None,
-             min_p: float | None = None, typical_p: float | None = None, top_n_sigma: float | None = None,
-             min_keep: int | None = None, xtc_probability: float | None = None,
-             xtc_threshold: float | None = None, repeat_penalty: float | None = None,
-             repeat_last_n: int | None = None, presence_penalty: float | None = None,
-             frequency_penalty: float | None = None, dry_multiplier: float | None = None,
-             dry_base: float | None = None, dry_allowed_length: int | None = None,
-             dry_penalty_last_n: int | None = None, dry_sequence_breakers: Sequence[str] | None = None,
-             mirostat: int | None = None, mirostat_tau: float | None = None, mirostat_eta: float | None = None,
-             seed: int | None = None, n_probs: int | None = None,
-             logit_bias: Mapping[int, float] | None = None, draft_max: int | None = None) -> ChatCompletion:
+             draft_max: int | None = None, sampling: SamplingParams | None = None,
+             **options: Unpack[SamplingOptions]) -> ChatCompletion:
         """Answer `messages` with the model's chat template, as POST /v1/chat/completions does.
 
         messages: OpenAI's ([{"role": "user", "content": "..."}, ...]; roles system, developer,
@@ -552,7 +528,8 @@ class Model:
         Sampling keywords: see Model. Returns a ChatCompletion (text is the raw answer;
         content, reasoning_content and tool_calls its parsed parts; message its OpenAI
         assistant message)."""
-        params = _sampling_params(locals())
+        params = _sampling_params(sampling, options)
+        n_probs = params.n_probs
         stream = self._chat(messages, params, tools=tools, tool_choice=tool_choice,
                             parallel_tool_calls=parallel_tool_calls, thinking=thinking,
                             chat_template_kwargs=chat_template_kwargs, max_tokens=max_tokens, stop=stop,
@@ -568,25 +545,16 @@ class Model:
                     chat_template_kwargs: Mapping[str, Any] | None = None,
                     max_tokens: int | None = 256, stop: str | Iterable[str] = (), grammar: str | None = None,
                     json_schema: dict[str, Any] | bool | None = None, response_format: dict[str, Any] | None = None,
-                    temperature: float | None = None, dynatemp_range: float | None = None,
-                    dynatemp_exponent: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                    min_p: float | None = None, typical_p: float | None = None, top_n_sigma: float | None = None,
-                    min_keep: int | None = None, xtc_probability: float | None = None,
-                    xtc_threshold: float | None = None, repeat_penalty: float | None = None,
-                    repeat_last_n: int | None = None, presence_penalty: float | None = None,
-                    frequency_penalty: float | None = None, dry_multiplier: float | None = None,
-                    dry_base: float | None = None, dry_allowed_length: int | None = None,
-                    dry_penalty_last_n: int | None = None, dry_sequence_breakers: Sequence[str] | None = None,
-                    mirostat: int | None = None, mirostat_tau: float | None = None,
-                    mirostat_eta: float | None = None, seed: int | None = None, n_probs: int | None = None,
-                    logit_bias: Mapping[int, float] | None = None, draft_max: int | None = None) -> ChatStream:
+                    draft_max: int | None = None, sampling: SamplingParams | None = None,
+                    **options: Unpack[SamplingOptions]) -> ChatStream:
         """chat(), streamed: a ChatStream, whose iteration yields the answer's content as text
         pieces (no reasoning, no tool-call markup; text that could still become a call is held
         back until it is decided, as the server's stream holds it). stream.parts() yields the
         parsed parts instead (reasoning, content and each tool call once it is whole). Once the
         stream is exhausted, stream.completion() is the ChatCompletion chat() would return,
         tool_calls included. The same keywords as chat()."""
-        params = _sampling_params(locals())
+        params = _sampling_params(sampling, options)
+        n_probs = params.n_probs
         return self._chat(messages, params, tools=tools, tool_choice=tool_choice,
                           parallel_tool_calls=parallel_tool_calls, thinking=thinking,
                           chat_template_kwargs=chat_template_kwargs, max_tokens=max_tokens, stop=stop,
@@ -749,13 +717,14 @@ class Model:
                 raise RuntimeError("the generation stalled: the scheduler had no work for it")  # a bug
 
 
-def _sampling_params(args: Mapping[str, Any]) -> SamplingParams:
-    """SamplingParams from a call's keywords (its locals()): the sampling fields given (not
-    None); SamplingParams checks them (ValueError naming the field)."""
-    from bubo.sampling import SamplingParams  # (looked up at the call: tests put a fake in its place)
+def _sampling_params(sampling: SamplingParams | None, options: Mapping[str, Any]) -> SamplingParams:
+    """A call's sampling: its SamplingParams (or the defaults) with the keyword options given
+    over it (None: left as is); TypeError for an unknown keyword, ValueError for a bad value."""
+    from bubo import sampling as sp  # (looked up at the call: tests put a fake SamplingParams in its place)
 
-    given = {k: args[k] for k in SAMPLING_FIELDS if args.get(k) is not None}
-    return SamplingParams(**given)
+    if sampling is not None and not isinstance(sampling, sp.SamplingParams):
+        raise TypeError(f"sampling must be a bubo.sampling.SamplingParams, not {type(sampling).__name__}")
+    return sp.from_options(options, sampling)
 
 
 def _stop_list(stop: str | Iterable[str]) -> list[str]:

@@ -14,19 +14,36 @@ import math
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from bubo.limits import MAX_DRY_BREAKERS, MAX_LOGIT_BIAS
 
 if TYPE_CHECKING:
     from bubo._tokenizer import Tokenizer
 
-__all__ = ["SamplingParams", "vocab_pieces"]
+__all__ = ["SamplingOptions", "SamplingParams", "vocab_pieces"]
 
 # the smallest positive C float (the native sampler's floats): a smaller positive double is 0 there
 FLT_TRUE_MIN = 1.401298464324817e-45
 # llama.cpp truncates longer breakers to this many bytes
 DRY_MAX_BREAKER_LEN = 40
+
+
+I32 = 2**31 - 1
+U64 = 2**64 - 1
+
+
+def _field(default: Any, doc: str = "", lo: float | None = None, hi: float | None = None, flag: str | None = None,
+           short: str | None = None, positive: bool = False) -> Any:
+    """A sampling field's declaration: its default, its one-line doc, its bounds (None: none; the
+    native sampler's C float or int32 range beyond them), llama.cpp's command-line flag for it
+    (None: no flag) and its short form; positive: more than 0 as a C float (at least FLT_TRUE_MIN).
+    The validator, the OpenAPI document, the command line's flags and the library's keywords are
+    derived from these (tests/test_fields.py checks that they agree)."""
+    meta = {"doc": doc, "lo": lo, "hi": hi, "flag": flag, "short": short, "positive": positive}
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -43,32 +60,48 @@ class SamplingParams:
     -1 for repeat_last_n / dry_penalty_last_n means the context size (to_native(n_ctx=...)).
     temperature <= 0 is greedy. seed -1 draws a random seed in to_native()."""
 
-    temperature: float = 0.8
-    dynatemp_range: float = 0.0
-    dynatemp_exponent: float = 1.0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    typical_p: float = 1.0
-    top_n_sigma: float = -1.0
-    min_keep: int = 0
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1
-    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
-    mirostat: int = 0
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    seed: int = -1
-    n_probs: int = 0
-    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    temperature: float = _field(0.8, "randomness; <= 0 is greedy", flag="--temp")
+    dynatemp_range: float = _field(0.0, "the temperature varies in [temperature - range, temperature + range]",
+                                   0.0, flag="--dynatemp-range")
+    dynatemp_exponent: float = _field(1.0, "how the dynamic temperature follows the entropy", 0.0,
+                                      flag="--dynatemp-exp")
+    top_k: int = _field(40, "keep the k likeliest tokens; <= 0 keeps every token", -I32, I32, flag="--top-k")
+    top_p: float = _field(0.95, "keep the likeliest tokens that make up this probability; 1 is off", 0.0, 1.0,
+                          flag="--top-p")
+    min_p: float = _field(0.05, "drop tokens less likely than this fraction of the likeliest; 0 is off", 0.0, 1.0,
+                          flag="--min-p")
+    typical_p: float = _field(1.0, "locally typical sampling's probability mass; 1 is off", 0.0, 1.0,
+                              flag="--typical")
+    top_n_sigma: float = _field(-1.0, "keep tokens within n standard deviations of the best logit; <= 0 is off",
+                                flag="--top-nsigma")
+    min_keep: int = _field(0, "the fewest tokens each filter keeps", 0, I32)
+    xtc_probability: float = _field(0.0, "the chance that XTC acts at a step; 0 is off", 0.0, 1.0,
+                                    flag="--xtc-probability")
+    xtc_threshold: float = _field(0.1, "XTC removes the likeliest tokens above this probability; above 0.5 XTC is "
+                                       "off", 0.0, 1.0, flag="--xtc-threshold")
+    repeat_penalty: float = _field(1.0, "a repeated token's logit is divided (or multiplied) by it; 1 is off", 0.0,
+                                   flag="--repeat-penalty", positive=True)
+    repeat_last_n: int = _field(64, "tokens the penalties look back on; -1 is the context size, 0 is off", -1, I32,
+                                flag="--repeat-last-n")
+    presence_penalty: float = _field(0.0, "subtracted from a token's logit once it is present; 0 is off",
+                                     flag="--presence-penalty")
+    frequency_penalty: float = _field(0.0, "subtracted from a token's logit per time it is present; 0 is off",
+                                      flag="--frequency-penalty")
+    dry_multiplier: float = _field(0.0, "DRY's strength against repeated sequences; 0 is off", 0.0,
+                                   flag="--dry-multiplier")
+    dry_base: float = _field(1.75, "the DRY penalty grows as dry_base ** (repeat length - dry_allowed_length)", 1.0,
+                             flag="--dry-base")
+    dry_allowed_length: int = _field(2, "repeats this long or shorter are not penalised by DRY", 0, I32,
+                                     flag="--dry-allowed-length")
+    dry_penalty_last_n: int = _field(-1, "tokens DRY looks back on; -1 is the context size, 0 is off", -1, I32,
+                                     flag="--dry-penalty-last-n")
+    dry_sequence_breakers: tuple[str, ...] = _field(("\n", ":", '"', "*"), "texts that end a sequence DRY matches")
+    mirostat: int = _field(0, "0 is off, 1 is Mirostat, 2 is Mirostat 2.0", 0, 2, flag="--mirostat")
+    mirostat_tau: float = _field(5.0, "Mirostat's target surprise in bits", 0.0, flag="--mirostat-ent")
+    mirostat_eta: float = _field(0.1, "Mirostat's learning rate", 0.0, flag="--mirostat-lr")
+    seed: int = _field(-1, "the random seed; -1 is a random seed", -1, U64, flag="--seed", short="-s")
+    n_probs: int = _field(0, "the most likely tokens reported with each generated token", 0, I32)
+    logit_bias: Mapping[int, float] = _field({}, "added to token ids' logits; -inf bans a token")
 
     def __post_init__(self) -> None:
         # a list is accepted and kept as a tuple, a mapping as a dict copy: the params do not change
@@ -88,58 +121,15 @@ class SamplingParams:
     # ---- validation ------------------------------------------------------------------------
 
     def _validate(self) -> None:
-        def number(name: str, lo: float | None = None, hi: float | None = None, why: str = "") -> float:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"{name} must be a finite number, got {v!r}")
-            if (lo is not None and v < lo) or (hi is not None and v > hi):
-                rng = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
-                raise ValueError(f"{name} must be in {rng}, got {v!r}{': ' + why if why else ''}")
-            return v
-
-        def integer(name: str, lo: int | None = None, hi: int | None = None, why: str = "") -> int:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ValueError(f"{name} must be an integer, got {v!r}")
-            if (lo is not None and v < lo) or (hi is not None and v > hi):
-                rng = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
-                raise ValueError(f"{name} must be in {rng}, got {v!r}{': ' + why if why else ''}")
-            return v
-
-        i32 = 2**31 - 1
-        number("temperature", why="<= 0 is greedy")
-        number("dynatemp_range", 0.0, why="the temperature varies in [temperature - range, temperature + range]")
-        number("dynatemp_exponent", 0.0)
-        integer("top_k", -i32, i32, why="<= 0 keeps every token")
-        number("top_p", 0.0, 1.0, why="a probability mass; 1 is off")
-        number("min_p", 0.0, 1.0, why="a fraction of the best token's probability; 0 is off")
-        number("typical_p", 0.0, 1.0, why="a probability mass; 1 is off")
-        number("top_n_sigma", why="<= 0 is off")
-        integer("min_keep", 0, i32)
-        number("xtc_probability", 0.0, 1.0, why="the chance that XTC acts at a step")
-        number("xtc_threshold", 0.0, 1.0, why="a probability; above 0.5 XTC is off")
-        number("repeat_penalty", 0.0, why="the logit of a repeated token is divided (or multiplied) by it; 1 is off")
-        if self.repeat_penalty < FLT_TRUE_MIN:  # smaller is 0 as the native sampler's C float
-            raise ValueError(f"repeat_penalty must be > 0 (at least {FLT_TRUE_MIN:.4g}, the smallest C float): "
-                             "a logit is divided by it (1 is off)")
-        integer("repeat_last_n", -1, i32, why="-1 is the context size, 0 is off")
-        number("presence_penalty")
-        number("frequency_penalty")
-        number("dry_multiplier", 0.0, why="0 is off")
-        number("dry_base", 1.0, why="the penalty grows as dry_base ** (repeat length - dry_allowed_length)")
-        integer("dry_allowed_length", 0, i32)
-        integer("dry_penalty_last_n", -1, i32, why="-1 is the context size, 0 is off")
+        for f in dataclasses.fields(self):
+            if f.type in ("float", "int"):
+                self._check_number(f)
         if len(self.dry_sequence_breakers) > MAX_DRY_BREAKERS:
             raise ValueError(f"dry_sequence_breakers has {len(self.dry_sequence_breakers):,} strings; at most "
                              f"{MAX_DRY_BREAKERS} are accepted")
         for b in self.dry_sequence_breakers:
             if not isinstance(b, str) or not b:
                 raise ValueError(f"dry_sequence_breakers must be non-empty strings, got {b!r}")
-        integer("mirostat", 0, 2, why="0 is off, 1 is Mirostat, 2 is Mirostat 2.0")
-        number("mirostat_tau", 0.0, why="the target surprise in bits")
-        number("mirostat_eta", 0.0, why="the learning rate")
-        integer("seed", -1, 2**64 - 1, why="-1 is a random seed")
-        integer("n_probs", 0, i32)
         if len(self.logit_bias) > MAX_LOGIT_BIAS:
             raise ValueError(f"logit_bias has {len(self.logit_bias):,} entries; at most {MAX_LOGIT_BIAS:,} "
                              "are accepted")
@@ -148,6 +138,20 @@ class SamplingParams:
                 raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {tok!r}")
             if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias) or bias == math.inf:
                 raise ValueError(f"logit_bias[{tok}] must be a finite number or -inf (a ban), got {bias!r}")
+
+    def _check_number(self, f: dataclasses.Field[Any]) -> None:
+        """A numeric field within its declared bounds (see _field)."""
+        name, v, meta = f.name, getattr(self, f.name), f.metadata
+        if f.type == "int" and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ValueError(f"{name} must be an integer, got {v!r}")
+        if f.type == "float" and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise ValueError(f"{name} must be a finite number, got {v!r}")
+        lo, hi, why = meta["lo"], meta["hi"], meta["doc"]
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            rng = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+            raise ValueError(f"{name} must be in {rng}, got {v!r}{': ' + why if why else ''}")
+        if meta["positive"] and v < FLT_TRUE_MIN:  # smaller is 0 as the native sampler's C float
+            raise ValueError(f"{name} must be > 0 (at least {FLT_TRUE_MIN:.4g}, the smallest C float): {why}")
 
     # ---- the native form -------------------------------------------------------------------
 
@@ -200,6 +204,57 @@ class SamplingParams:
             "n_probs": int(self.n_probs),
             "logit_bias": {int(t): float(b) for t, b in self.logit_bias.items()},
         }
+
+
+class SamplingOptions(TypedDict, total=False):
+    """SamplingParams' fields as keyword arguments (bubo.Model's generate, complete, chat and
+    chat_stream take them as **options): absent or None takes the field's default. Its keys and
+    types are the dataclass's (tests/test_fields.py checks them)."""
+
+    temperature: float | None
+    dynatemp_range: float | None
+    dynatemp_exponent: float | None
+    top_k: int | None
+    top_p: float | None
+    min_p: float | None
+    typical_p: float | None
+    top_n_sigma: float | None
+    min_keep: int | None
+    xtc_probability: float | None
+    xtc_threshold: float | None
+    repeat_penalty: float | None
+    repeat_last_n: int | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    dry_multiplier: float | None
+    dry_base: float | None
+    dry_allowed_length: int | None
+    dry_penalty_last_n: int | None
+    dry_sequence_breakers: Sequence[str] | None
+    mirostat: int | None
+    mirostat_tau: float | None
+    mirostat_eta: float | None
+    seed: int | None
+    n_probs: int | None
+    logit_bias: Mapping[int, float] | None
+
+
+def flagged() -> list[dataclasses.Field[Any]]:
+    """The fields with a command-line flag (llama.cpp's names: --temp, --top-k, ...)."""
+    return [f for f in dataclasses.fields(SamplingParams) if f.metadata["flag"]]
+
+
+def from_options(options: Mapping[str, Any], base: SamplingParams | None = None) -> SamplingParams:
+    """SamplingParams from keyword options (SamplingOptions; None values are left out) over base
+    (None: the defaults). TypeError for a name that is not a field, ValueError for a value out of
+    range, both naming it."""
+    names = SamplingParams.__dataclass_fields__
+    unknown = [k for k in options if k not in names]
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}: the sampling keywords are SamplingParams' "
+                        f"fields ({', '.join(names)})")
+    given = {k: v for k, v in options.items() if v is not None}
+    return base.replace(**given) if base is not None else SamplingParams(**given)
 
 
 def vocab_pieces(tokenizer: Tokenizer) -> list[bytes]:

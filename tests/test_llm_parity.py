@@ -125,18 +125,17 @@ def assert_same_answer(c: ChatCompletion, r: dict, parallel: bool = False) -> No
 
 
 @pytest.mark.parametrize("method", ["generate", "complete", "chat", "chat_stream"])
-def test_every_parameter_is_an_explicit_typed_keyword(method):
+def test_every_parameter_is_a_typed_keyword(method):
+    """Every parameter but the prompt is keyword-only and typed; the sampling keywords are typed
+    once, in SamplingOptions (tests/test_fields.py checks them against SamplingParams)."""
     fn = getattr(Model, method)
     sig = inspect.signature(fn)
     kinds = {p.kind for p in sig.parameters.values()}
-    assert inspect.Parameter.VAR_KEYWORD not in kinds and inspect.Parameter.VAR_POSITIONAL not in kinds
-    hints = typing.get_type_hints(fn)  # every annotation resolves (what an IDE shows)
+    assert inspect.Parameter.VAR_POSITIONAL not in kinds
+    hints = typing.get_type_hints(fn, include_extras=True)  # every annotation resolves (what an IDE shows)
     assert SAMPLING_FIELDS == tuple(f.name for f in dataclasses.fields(SamplingParams))
-    for name in SAMPLING_FIELDS:
-        p = sig.parameters[name]
-        assert p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is None, name
-        assert type(None) in typing.get_args(hints[name]), name  # None: SamplingParams' default
-    for name in ("max_tokens", "stop", "grammar", "json_schema", "response_format"):
+    assert list(typing.get_type_hints(typing.get_args(hints["options"])[0])) == list(SAMPLING_FIELDS)
+    for name in ("max_tokens", "stop", "grammar", "json_schema", "response_format", "sampling"):
         assert sig.parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
     if method.startswith("chat"):
         for name in ("tools", "tool_choice", "parallel_tool_calls", "thinking", "chat_template_kwargs"):
@@ -145,7 +144,7 @@ def test_every_parameter_is_an_explicit_typed_keyword(method):
     # generate and complete take the same keywords, chat and chat_stream too
     twin = {"generate": "complete", "complete": "generate", "chat": "chat_stream", "chat_stream": "chat"}[method]
     assert list(sig.parameters) == list(inspect.signature(getattr(Model, twin)).parameters)
-    twin_hints = typing.get_type_hints(getattr(Model, twin))
+    twin_hints = typing.get_type_hints(getattr(Model, twin), include_extras=True)
     assert {k: v for k, v in hints.items() if k != "return"} == {k: v for k, v in twin_hints.items() if k != "return"}
 
 
@@ -156,6 +155,11 @@ def test_sampling_keywords_reach_the_sampler(smollm2):
     banned = smollm2.complete("The capital of France is", max_tokens=4, logit_bias={plain.tokens[0]: float("-inf")},
                               **GREEDY)
     assert banned.tokens[0] != plain.tokens[0]
+    # a SamplingParams does the same, and keywords given beside it win
+    given = SamplingParams(logit_bias={plain.tokens[0]: float("-inf")}, **GREEDY)
+    assert smollm2.complete("The capital of France is", max_tokens=4, sampling=given).tokens == banned.tokens
+    assert smollm2.complete("The capital of France is", max_tokens=4, sampling=given, logit_bias={}).tokens == \
+        plain.tokens
     probs = smollm2.complete("The capital of France is", max_tokens=3, n_probs=5, **GREEDY)
     assert len(probs.top_logprobs) == 3 and all(len(t) == 5 for t in probs.top_logprobs)
     assert probs.top_logprobs[0][0][0] == plain.tokens[0]

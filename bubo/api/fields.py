@@ -32,6 +32,7 @@ INT32_MAX = 2**31 - 1
 
 # every SamplingParams field is read from the request under its own name (llama-server's names)
 _SAMPLING_FIELDS = [f for f in SamplingParams.__dataclass_fields__ if f not in ("n_probs",)]
+_INT_FIELDS = [f.name for f in SamplingParams.__dataclass_fields__.values() if f.type == "int"]
 
 
 def invalid(message: str) -> ApiError:
@@ -127,7 +128,7 @@ def sampling_params(body: Mapping[str, Any], n_probs: int = 0) -> SamplingParams
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) > FLT_MAX:
             raise invalid(f"{name} = {v!r} is out of range (at most {FLT_MAX:.3g} in magnitude)")
     # integers sent as floats (1.0) are accepted where an integer is meant
-    for name in ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n", "mirostat", "min_keep", "seed"):
+    for name in _INT_FIELDS:
         v = given.get(name)
         if isinstance(v, float) and v.is_integer():
             given[name] = int(v)
@@ -201,19 +202,14 @@ def check_n(body: Mapping[str, Any]) -> None:
         raise ApiError(400, "unsupported_n", f"only n = 1 is supported, got n = {n!r}")
 
 
-# The most top probabilities a token may carry (n_probs, top_logprobs): each one is a JSON entry
-# per generated token, so the response grows with their product.
-MAX_N_PROBS = 100
-
-
 def n_probs_of(body: Mapping[str, Any], name: str = "n_probs") -> int:
     v = body.get(name)
     if v is None:
         return 0
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise invalid(f"{name} must be a non-negative integer, got {v!r}")
-    if v > MAX_N_PROBS:
-        raise invalid(f"{name} must be at most {MAX_N_PROBS}, got {v}")
+    if v > limits.MAX_N_PROBS:
+        raise invalid(f"{name} must be at most {limits.MAX_N_PROBS}, got {v}")
     return v
 
 

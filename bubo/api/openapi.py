@@ -19,6 +19,7 @@ its `schema` describes one event (`event`, `data`), the data's JSON in `contentS
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,13 +36,11 @@ from bubo.api.openai.completions import DEFAULT_MAX_TOKENS
 from bubo.chat import request as rq
 from bubo.engine.draft import MAX_DRAFT_PER_REQUEST
 from bubo.engine.registry import DEFAULT_NAME, Registry
-from bubo.sampling import FLT_TRUE_MIN
+from bubo.sampling import FLT_TRUE_MIN, SamplingParams
 
 INT32_MAX = f.INT32_MAX
 FLT_MAX = f.FLT_MAX
 UINT64_MAX = 2**64 - 1
-MAX_TOP_LOGPROBS = 20  # bubo/api/openai/chat.py
-MAX_COMPLETION_LOGPROBS = 5  # bubo/api/openai/completions.py
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -110,47 +109,43 @@ def integer(lo: int, hi: int) -> Schema:
 
 # --- request fields (bubo/api/fields.py, bubo.sampling.SamplingParams) -----------------------
 
-# every SamplingParams field a request may set, under llama-server's names, with the bounds
-# SamplingParams._validate (and fields.sampling_params: |x| <= FLT_MAX) enforces; absent or null:
-# the server's default (its --temp, --top-k, ... flags, else llama-server's; GET /props lists them)
+# every SamplingParams field a request may set, under llama-server's names, with the bounds its
+# declaration gives (bubo.sampling: SamplingParams._validate checks them; fields.sampling_params
+# also |x| <= FLT_MAX); absent or null: the server's default (its --temp, --top-k, ... flags,
+# else llama-server's; GET /props lists them)
 BIAS: Schema = {"anyOf": [{"type": "number", "minimum": -FLT_MAX, "maximum": FLT_MAX}, const(False)]}
-SAMPLING: dict[str, Schema] = {
-    "temperature": desc(number(), "<= 0 is greedy"),
-    "dynatemp_range": number(0.0),
-    "dynatemp_exponent": number(0.0),
-    "top_k": desc(integer(-INT32_MAX, INT32_MAX), "<= 0 keeps every token"),
-    "top_p": desc(number(0.0, 1.0), "1 is off"),
-    "min_p": desc(number(0.0, 1.0), "0 is off"),
-    "typical_p": number(0.0, 1.0),
-    "top_n_sigma": desc(number(), "<= 0 is off"),
-    "min_keep": integer(0, INT32_MAX),
-    "xtc_probability": number(0.0, 1.0),
-    "xtc_threshold": number(0.0, 1.0),
-    "repeat_penalty": desc(number(FLT_TRUE_MIN), "> 0 (at least the smallest C float); 1 is off"),
-    "repeat_last_n": desc(integer(-1, INT32_MAX), "-1: the context size, 0: off"),
-    "presence_penalty": number(),
-    "frequency_penalty": number(),
-    "dry_multiplier": number(0.0),
-    "dry_base": number(1.0),
-    "dry_allowed_length": integer(0, INT32_MAX),
-    "dry_penalty_last_n": desc(integer(-1, INT32_MAX), "-1: the context size, 0: off"),
+# the fields that are not numbers: their shapes
+_SAMPLING_SHAPES: dict[str, Schema] = {
     "dry_sequence_breakers": {"type": ["array", "null"], "items": {"type": "string", "minLength": 1},
                               "maxItems": limits.MAX_DRY_BREAKERS},
-    "mirostat": desc(integer(0, 2), "0 off, 1 Mirostat, 2 Mirostat 2.0"),
-    "mirostat_tau": number(0.0),
-    "mirostat_eta": number(0.0),
-    "seed": desc(integer(-1, UINT64_MAX), "-1: a random seed"),
-    "logit_bias": desc(
-        {"anyOf": [
-            {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
-             "additionalProperties": BIAS, "maxProperties": limits.MAX_LOGIT_BIAS},
-            arr({"type": "array", "prefixItems": [NAT, BIAS], "minItems": 2,
-                 "maxItems": 2}, maxItems=limits.MAX_LOGIT_BIAS),
-            {"type": "null"},
-        ]},
-        "{token id: bias} (OpenAI) or [[token id, bias], ...] (llama-server); a bias of false bans the token. "
-        "A token id outside the vocabulary is a 400."),
+    "logit_bias": {"anyOf": [
+        {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+         "additionalProperties": BIAS, "maxProperties": limits.MAX_LOGIT_BIAS},
+        arr({"type": "array", "prefixItems": [NAT, BIAS], "minItems": 2,
+             "maxItems": 2}, maxItems=limits.MAX_LOGIT_BIAS),
+        {"type": "null"},
+    ]},
 }
+_SAMPLING_NOTES = {"logit_bias": "{token id: bias} (OpenAI) or [[token id, bias], ...] (llama-server); a bias of "
+                                 "false bans the token. A token id outside the vocabulary is a 400."}
+
+
+def _sampling_field(fld: dataclasses.Field[Any]) -> Schema:
+    """A SamplingParams field's schema, from its declaration."""
+    meta = fld.metadata
+    if fld.name in _SAMPLING_SHAPES:
+        schema = _SAMPLING_SHAPES[fld.name]
+    elif fld.type == "int":
+        schema = integer(meta["lo"], meta["hi"])
+    else:
+        lo = FLT_TRUE_MIN if meta["positive"] else meta["lo"]
+        schema = number(-FLT_MAX if lo is None else lo, FLT_MAX if meta["hi"] is None else meta["hi"])
+    text = _SAMPLING_NOTES.get(fld.name, meta["doc"])
+    return desc(schema, text) if text else schema
+
+
+SAMPLING: dict[str, Schema] = {fld.name: _sampling_field(fld) for fld in dataclasses.fields(SamplingParams)
+                               if fld.name != "n_probs"}  # n_probs: its own field (n_probs_of)
 
 MAX_TOKENS: Schema = desc(
     {"anyOf": [{"type": "integer", "minimum": 1, "maximum": INT32_MAX}, const(-1), {"type": "null"}]},
@@ -252,7 +247,7 @@ def chat_request(model: Schema, model_required: bool = True, speculative: bool =
         "stop": STOP,
         "n": desc({"enum": [1, None]}, "only 1 (else 400 unsupported_n)"),
         "logprobs": OPT_BOOL,
-        "top_logprobs": integer(0, MAX_TOP_LOGPROBS),
+        "top_logprobs": integer(0, limits.MAX_TOP_LOGPROBS),
         "n_probs": integer(0, INT32_MAX),
         "tools": desc({"anyOf": [arr(FUNCTION_TOOL, maxItems=limits.MAX_TOOLS), {"type": "null"}]}, TOOLS_NOTE),
         "tool_choice": desc(tool_choice, "required or a named function force a call (not beside an output "
@@ -281,7 +276,7 @@ def completions_request(model: Schema) -> Schema:
         "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {}}},
         "stop": STOP,
         "n": desc({"enum": [1, None]}, "only 1"),
-        "logprobs": desc(integer(0, MAX_COMPLETION_LOGPROBS), "alternatives per token"),
+        "logprobs": desc(integer(0, limits.MAX_COMPLETION_LOGPROBS), "alternatives per token"),
         "n_probs": integer(0, INT32_MAX),
         "echo": OPT_BOOL,
         "cache_prompt": OPT_BOOL,

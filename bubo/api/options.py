@@ -50,16 +50,8 @@ class ServeOptions:
     draft_requant: str | None = None
     no_draft: bool = False
     spec_type: str | None = None
-    # requests' defaults (SamplingParams' own where None)
-    temp: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
+    # requests' defaults: SamplingParams fields (--temp, --top-k, ...: the rest are SamplingParams')
+    sampling: dict[str, Any] = field(default_factory=dict)
     n_predict: int | None = None
     # HTTP
     host: str = DEFAULT_HOST

@@ -58,27 +58,18 @@ def server_config(args: ServeOptions, default_name: str | None = None) -> Server
     )
 
 
-# the sampling flags and the SamplingParams fields they set
-SAMPLING_FLAGS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-                  "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
-                  "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed"}
-
-
 def sampling_defaults(args: ServeOptions) -> dict[str, Any]:
-    """The sampling flags given (--temp, --top-k, ...) as SamplingParams fields, checked: a bad
+    """The sampling defaults given (--temp, --top-k, ...: SamplingParams fields), checked: a bad
     value names its flag."""
     from bubo.sampling import SamplingParams
 
-    given = {field: getattr(args, dest) for dest, field in SAMPLING_FLAGS.items()
-             if getattr(args, dest, None) is not None}
-    for dest, field in SAMPLING_FLAGS.items():
-        if field in given:
-            try:
-                SamplingParams(**{field: given[field]})
-            except (ValueError, TypeError) as e:
-                flag = "--" + dest.replace("_", "-")
-                raise ValueError(f"{flag} {given[field]}: {e}") from None
-    return given
+    for name, value in args.sampling.items():
+        try:
+            SamplingParams(**{name: value})
+        except (ValueError, TypeError) as e:
+            flag = SamplingParams.__dataclass_fields__[name].metadata["flag"] or name
+            raise ValueError(f"{flag} {value}: {e}") from None
+    return dict(args.sampling)
 
 
 def serve(args: ServeOptions) -> int:

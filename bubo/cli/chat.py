@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from bubo import sampling
+
 if TYPE_CHECKING:
     from bubo.llm import Model, TextStream
 
@@ -45,34 +47,14 @@ MULTILINE = '"""'
 EXIT_HINT = "Use Ctrl + d or /bye to exit."
 HISTORY_LENGTH = 1000
 
-# the options /set takes (Ollama's names), their types, and the bubo.sampling field each sets
-# (num_predict is generate()'s max_tokens: -1 for no limit)
-OPTIONS: dict[str, type] = {
-    "temperature": float,
-    "top_k": int,
-    "top_p": float,
-    "min_p": float,
-    "repeat_penalty": float,
-    "repeat_last_n": int,
-    "presence_penalty": float,
-    "frequency_penalty": float,
-    "seed": int,
-    "num_predict": int,
-}
+# the options a session sets (/set parameter, --temp ...): every SamplingParams field with a flag,
+# under its name (Ollama's), and num_predict; their help is the field's doc
+OPTIONS: dict[str, type] = {f.name: int if f.type == "int" else float for f in sampling.flagged()}
+OPTIONS["num_predict"] = int
 OPTION_ALIASES = {"temp": "temperature", "n_predict": "num_predict", "n": "num_predict",
                   "max_tokens": "num_predict"}
-OPTION_HELP = {
-    "temperature": "randomness; 0 is greedy",
-    "top_k": "sample from the k likeliest tokens (0: all)",
-    "top_p": "sample from the likeliest tokens that make up this probability (1: all)",
-    "min_p": "drop tokens less likely than this fraction of the likeliest (0: none)",
-    "repeat_penalty": "how strongly to penalise repeated tokens (1: not at all)",
-    "repeat_last_n": "how far back repeats are looked for (0: off, -1: the whole context)",
-    "presence_penalty": "penalise tokens already present (0: off)",
-    "frequency_penalty": "penalise tokens by how often they appeared (0: off)",
-    "seed": "random seed (-1: a new one each answer)",
-    "num_predict": "most tokens in an answer (-1: until the model stops or the context is full)",
-}
+OPTION_HELP = {f.name: f.metadata["doc"] for f in sampling.flagged()}
+OPTION_HELP["num_predict"] = "most tokens in an answer (-1: until the model stops or the context is full)"
 DEFAULT_NUM_PREDICT = -1
 
 

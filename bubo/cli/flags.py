@@ -8,6 +8,7 @@ import argparse
 import os
 from typing import Any, NoReturn
 
+from bubo import sampling
 from bubo.api.options import LOG_FORMATS, POOLINGS, ServeOptions
 from bubo.engine.memory import KV_TYPES, KV_TYPES_K, check_cache_type
 
@@ -328,15 +329,10 @@ def add_sampling_flags(p: ArgParser, *, server: bool) -> None:
     """llama.cpp's sampling flags. On `serve` they are the defaults of requests that do not set
     the field (as llama-server's are); on `run`, the answer's settings."""
     who = "default for requests that do not set it" if server else "default: llama.cpp's"
-    p.add_flag("--temp", type=float, default=None, help=f"temperature; <= 0 is greedy ({who}: 0.8)")
-    p.add_flag("--top-k", type=int, default=None, help=f"top-k, 0: off ({who}: 40)")
-    p.add_flag("--top-p", type=float, default=None, help=f"top-p, 1: off ({who}: 0.95)")
-    p.add_flag("--min-p", type=float, default=None, help=f"min-p, 0: off ({who}: 0.05)")
-    p.add_flag("--repeat-penalty", type=float, default=None, help=f"repetition penalty, 1: off ({who}: 1)")
-    p.add_flag("--repeat-last-n", type=int, default=None, help=f"tokens the penalties look back on ({who}: 64)")
-    p.add_flag("--presence-penalty", type=float, default=None, help=f"presence penalty ({who}: 0)")
-    p.add_flag("--frequency-penalty", type=float, default=None, help=f"frequency penalty ({who}: 0)")
-    p.add_flag("-s", "--seed", type=int, default=None, help="random seed (-1: a random one)")
+    for f in sampling.flagged():  # each SamplingParams field's flag, under the field's name
+        names = [f.metadata["short"], f.metadata["flag"]] if f.metadata["short"] else [f.metadata["flag"]]
+        p.add_flag(*names, dest=f.name, type=int if f.type == "int" else float, default=None,
+                   help=f"{f.metadata['doc']} ({who}: {f.default})")
     if server:
         p.add_flag("-n", "--n-predict", type=int, default=None,
                    help="most tokens an answer generates when the request does not say (-1 or unset: until the "

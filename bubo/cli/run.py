@@ -8,18 +8,16 @@ import sys
 import time
 from typing import Any
 
-from bubo import store
+from bubo import sampling, store
 from bubo.cli.chat import Session, check_option
 from bubo.cli.flags import EXIT_INTERRUPTED, EXIT_USAGE, check_cache_flags, given_as
 from bubo.gguf import GGUFFile
 from bubo.llm import Model
 
-_RUN_OPTIONS = (("temp", "--temp", "temperature"), ("top_k", "--top-k", "top_k"), ("top_p", "--top-p", "top_p"),
-                ("min_p", "--min-p", "min_p"), ("repeat_penalty", "--repeat-penalty", "repeat_penalty"),
-                ("repeat_last_n", "--repeat-last-n", "repeat_last_n"),
-                ("presence_penalty", "--presence-penalty", "presence_penalty"),
-                ("frequency_penalty", "--frequency-penalty", "frequency_penalty"),
-                ("seed", "--seed", "seed"), ("n_predict", "--n-predict", "num_predict"))
+# the flags that set the session's options (bubo.cli.chat.OPTIONS, Ollama's names): (dest, flag,
+# option): every sampling field's flag, under the field's name, and -n as num_predict
+_RUN_OPTIONS = [(f.name, f.metadata["flag"], f.name) for f in sampling.flagged()] + [
+    ("n_predict", "--n-predict", "num_predict")]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import os
 
+from bubo import sampling
 from bubo.api.options import ServeOptions
 from bubo.api.serve import serve as run_server
 from bubo.cli.flags import csv
@@ -25,6 +26,8 @@ def options(args: argparse.Namespace) -> ServeOptions:
         models = [args.model]
     given["models"] = models
     given["notes"] = list(getattr(args, "habit_notes", None) or [])
+    given["sampling"] = {f.name: getattr(args, f.name) for f in sampling.flagged()
+                         if getattr(args, f.name, None) is not None}
     return ServeOptions(**given)
 
 

@@ -80,7 +80,8 @@ def page() -> Response:
     """The chat page, with this server's defaults; a fresh nonce lets only its own script run."""
     html, css, js = _parts()
     nonce = secrets.token_urlsafe(16)
-    cfg = {"defaults": config().ui_defaults, "limits": IMPORT_LIMITS, "render_max": MAX_TEXT}
+    cfg = {"defaults": config().ui_defaults, "settings": list(SETTINGS), "limits": IMPORT_LIMITS,
+           "render_max": MAX_TEXT}
     body = (html.replace("{{CSS}}", css + "\n" + code_css()).replace("{{NONCE}}", nonce)
             .replace("{{CONFIG}}", _script_json(cfg)).replace("{{JS}}", js))
     resp = Response(body, mimetype="text/html")

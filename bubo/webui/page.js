@@ -9,7 +9,7 @@
   const KEY = "bubo.key";
   const LIMITS = CFG.limits;  // import bounds: bytes, conversations, messages
   const RENDER_EVERY_MS = 1000;  // Markdown of a streaming answer, at most this often
-  const SETTINGS = ["system", "temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "json_schema", "tools"];
+  const SETTINGS = CFG.settings;  // a conversation's settings (bubo/webui/__init__.py: SETTINGS)
   const $ = (id) => document.getElementById(id);
 
   let convs = {};        // id -> conversation

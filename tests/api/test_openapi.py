@@ -18,6 +18,7 @@ import schemathesis
 from flask import Flask
 from openapi_spec_validator import validate as validate_spec
 
+from bubo import limits
 from bubo.api import about, openapi
 from bubo.api import fields as f
 from bubo.api.app import create_app
@@ -318,11 +319,11 @@ def test_other_bounds_are_the_validators():
     from bubo.api.openai.completions import parse_completion_request
 
     chat = {"messages": [{"role": "user", "content": "hi"}]}
-    top = openapi.MAX_TOP_LOGPROBS
+    top = limits.MAX_TOP_LOGPROBS
     parse_chat_request({**chat, "logprobs": True, "top_logprobs": top})
     with pytest.raises(ApiError):
         parse_chat_request({**chat, "logprobs": True, "top_logprobs": top + 1})
-    lp = openapi.MAX_COMPLETION_LOGPROBS
+    lp = limits.MAX_COMPLETION_LOGPROBS
     parse_completion_request({"prompt": "x", "logprobs": lp})
     with pytest.raises(ApiError):
         parse_completion_request({"prompt": "x", "logprobs": lp + 1})

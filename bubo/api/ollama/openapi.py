@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bubo import limits
 from bubo.api import openapi as oa
-from bubo.api.ollama.shapes import LOAD_OPTIONS, MAX_TOP_LOGPROBS
+from bubo.api.ollama.shapes import LOAD_OPTIONS
 from bubo.api.openapi import (
     ANY_OBJECT,
     BOOL,
@@ -59,7 +59,7 @@ def common(model: Schema) -> dict[str, Schema]:
         "think": desc({"anyOf": [BOOL, enum("low", "medium", "high"), {"type": "null"}]},
                       "true on a model whose template does not think is a 400"),
         "logprobs": BOOL,
-        "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+        "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": limits.MAX_TOP_LOGPROBS},
     }
 
 

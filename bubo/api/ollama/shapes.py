@@ -34,7 +34,6 @@ LOAD_OPTIONS = {"numa": bool, "num_batch": int, "num_gpu": int, "main_gpu": int,
                 "tfs_z": float}
 # Ollama's sampling options, and the SamplingParams fields bubo also reads there (llama-server's)
 _SAMPLING = [n for n in SamplingParams.__dataclass_fields__ if n not in ("n_probs",)]
-MAX_TOP_LOGPROBS = 20
 KEEP_ALIVE_FOREVER_S = 1e9  # a keep_alive this long (31 years) or longer is "for good"
 MAX_NAME_CHARS = 200  # the store's file is NAME.gguf, written as .NAME.gguf.partial first: 255 bytes at most
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(:[A-Za-z0-9._-]+)?")  # fullmatch ("$" matches before a newline)
@@ -211,8 +210,8 @@ def think_of(body: dict[str, Any], template_thinks: bool, model: str) -> tuple[b
 def logprobs_of(body: dict[str, Any]) -> tuple[bool, int]:
     logprobs = f.bool_field(body, "logprobs", False)
     top = f.n_probs_of(body, "top_logprobs")
-    if top > MAX_TOP_LOGPROBS:
-        raise invalid(f"top_logprobs must be at most {MAX_TOP_LOGPROBS}, got {top}")
+    if top > limits.MAX_TOP_LOGPROBS:
+        raise invalid(f"top_logprobs must be at most {limits.MAX_TOP_LOGPROBS}, got {top}")
     return logprobs, top if logprobs else 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from bubo import limits
 from bubo.api import fields as f
 from bubo.api.fields import invalid
 from bubo.api.llamacpp.shapes import timings_json
@@ -43,8 +44,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
     tools, forced = f.openai_tool_choice(choice, tools, named, '{"type": "function", "function": {"name": ...}}')
     logprobs = f.bool_field(body, "logprobs", False)
     top_logprobs = f.n_probs_of(body, "top_logprobs")
-    if top_logprobs > 20:
-        raise invalid(f"top_logprobs must be at most 20, got {top_logprobs}")
+    if top_logprobs > limits.MAX_TOP_LOGPROBS:
+        raise invalid(f"top_logprobs must be at most {limits.MAX_TOP_LOGPROBS}, got {top_logprobs}")
     n_probs = max(top_logprobs if logprobs else 0, f.n_probs_of(body))
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):

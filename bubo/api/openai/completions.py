@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bubo import limits
 from bubo.api import fields as f
 from bubo.api.fields import invalid
 from bubo.api.llamacpp.shapes import timings_json
@@ -55,8 +56,9 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     else:
         max_tokens = f.server_defaults()[1] or DEFAULT_MAX_TOKENS
     lp = body.get("logprobs")
-    if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 5):
-        raise invalid(f"logprobs must be an integer from 0 to 5, got {lp!r}")
+    if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int)
+                           or not 0 <= lp <= limits.MAX_COMPLETION_LOGPROBS):
+        raise invalid(f"logprobs must be an integer from 0 to {limits.MAX_COMPLETION_LOGPROBS}, got {lp!r}")
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
         raise invalid("stream_options must be an object")
