@@ -5,7 +5,7 @@ kernel table can be called by name, so tests compare each SIMD variant with the 
 import numpy as np
 
 from libc.stdint cimport int64_t, uint8_t, uint16_t
-from cpu cimport (bubo_isa, bubo_cpu_supports, bubo_cpu_best_isa, bubo_isa_name,
+from cpu cimport (bubo_isa, bubo_config_reload, bubo_cpu_supports, bubo_cpu_best_isa, bubo_isa_name,
                   BUBO_ISA_SCALAR, BUBO_ISA_COUNT)
 from quants cimport *
 
@@ -39,6 +39,13 @@ def supported_isas():
 def best_isa():
     """The level the kernel table picks (BUBO_FORCE_ISA caps it)."""
     return bubo_isa_name(bubo_cpu_best_isa()).decode()
+
+
+def reload_config():
+    """Read BUBO_FORCE_ISA and BUBO_NO_PREPACK again (the C core reads them once, when first
+    needed): for tests that change them between calls. The op tables, picked once, keep their
+    level."""
+    bubo_config_reload()
 
 
 def type_ids():

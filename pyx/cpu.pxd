@@ -10,3 +10,10 @@ cdef extern from "bubo/cpu.h" nogil:
     int bubo_cpu_supports(bubo_isa isa)
     bubo_isa bubo_cpu_best_isa()
     const char *bubo_isa_name(bubo_isa isa)
+
+    ctypedef struct bubo_config:
+        int force_isa
+        int no_prepack
+
+    const bubo_config *bubo_config_get()
+    void bubo_config_reload()

@@ -81,3 +81,27 @@ def minilm_source():
 def minilm_gguf():
     """The stored GGUF of all-minilm:l6-v2 (converted on first use)."""
     return store.pull(EMBEDDING_MODEL)
+
+
+class NativeEnv:
+    """monkeypatch, whose setenv also has the C core read its environment again (bubo_config:
+    BUBO_FORCE_ISA, BUBO_NO_PREPACK are read once, when first needed)."""
+
+    def __init__(self, mp: pytest.MonkeyPatch):
+        self.mp = mp
+
+    def setenv(self, name: str, value: str) -> None:
+        from bubo import _kernels
+
+        self.mp.setenv(name, value)
+        _kernels.reload_config()
+
+
+@pytest.fixture
+def native_env(monkeypatch):
+    """Set the C core's environment variables for one test (read again now, and after it)."""
+    from bubo import _kernels
+
+    yield NativeEnv(monkeypatch)
+    monkeypatch.undo()
+    _kernels.reload_config()

@@ -2,6 +2,7 @@
  * once; the kernel tables are filled from its answer, so hot loops never test features. */
 #include "bubo/cpu.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,15 +61,31 @@ const char *bubo_isa_name(bubo_isa isa) {
     }
 }
 
+static bubo_config config;
+static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+
+void bubo_config_reload(void) {
+    static const bubo_isa levels[] = {BUBO_ISA_SCALAR, BUBO_ISA_AVX2, BUBO_ISA_AVX512, BUBO_ISA_NEON};
+    const char *force = getenv("BUBO_FORCE_ISA");
+    const char *no_prepack = getenv("BUBO_NO_PREPACK");
+    config.force_isa = -1;
+    for (int i = 0; force && i < 4; i++)
+        if (strcmp(force, bubo_isa_name(levels[i])) == 0) config.force_isa = (int)levels[i];
+    config.no_prepack = no_prepack && *no_prepack && strcmp(no_prepack, "0") != 0;
+}
+
+const bubo_config *bubo_config_get(void) {
+    pthread_once(&config_once, bubo_config_reload);
+    return &config;
+}
+
 bubo_isa bubo_cpu_best_isa(void) {
     static const bubo_isa order[] = {BUBO_ISA_AVX512, BUBO_ISA_AVX2, BUBO_ISA_NEON, BUBO_ISA_SCALAR};
-    const char *force = getenv("BUBO_FORCE_ISA");
-    int cap = -1; /* index into order from which we may pick */
-    if (force) {
-        for (int i = 0; i < 4; i++)
-            if (strcmp(force, bubo_isa_name(order[i])) == 0) cap = i;
-    }
-    for (int i = cap < 0 ? 0 : cap; i < 4; i++)
+    const int force = bubo_config_get()->force_isa;
+    int cap = 0; /* index into order from which we may pick */
+    for (int i = 0; i < 4; i++)
+        if ((int)order[i] == force) cap = i;
+    for (int i = cap; i < 4; i++)
         if (bubo_cpu_supports(order[i])) return order[i];
     return BUBO_ISA_SCALAR;
 }

@@ -459,8 +459,7 @@ static bubo_status prepack_mat(bubo_model *m, bubo_mat *w, bubo_err *err) {
 }
 
 static bubo_status prepack_weights(bubo_model *m, bubo_err *err) {
-    const char *off = getenv("BUBO_NO_PREPACK");
-    if (off && *off && strcmp(off, "0") != 0) return BUBO_OK;
+    if (bubo_config_get()->no_prepack) return BUBO_OK;
     bubo_status st = BUBO_OK;
     for (int il = 0; il < m->hp.n_layer && !st; il++) {
         bubo_layer_weights *l = &m->w.layers[il];

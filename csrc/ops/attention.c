@@ -49,6 +49,10 @@
 #include "quants/reduce16.h"
 
 #define G BUBO_ATTEND_GROUP
+/* the kernels hold a group's positions in the 16 lanes of one register (an AVX-512 vector, two
+ * AVX2 ones, four NEON ones), reduced in sum16_tree's order, and chunks are whole groups */
+_Static_assert(G == 16, "the attention kernels assume groups of 16 positions");
+_Static_assert(BUBO_ATTEND_CHUNK % G == 0, "a chunk is a whole number of groups");
 /* rows (tokens x heads) of a call from which a level with a two-half group step runs it in phases */
 #define ATTEND_ROWS_SPLIT 8
 /* how many groups ahead attend_range asks for a group's rows (1, 2 and 4 measured within noise of
@@ -296,7 +300,7 @@ BUBO_TARGET_AVX2 static void group_avx2(const attend_group *g) {
         _mm256_storeu_ps(g->p, p0);
         _mm256_storeu_ps(g->p + 8, p8);
         const float c = group_rescale(g, h, m_new);
-        g->l[h] = fmaf(g->l[h], c, vm_hsum_avx2(_mm256_add_ps(p0, p8)));
+        g->l[h] = fmaf(g->l[h], c, bubo_hsum_f32x8(_mm256_add_ps(p0, p8)));
         float *out = g->out + (size_t)h * g->out_stride;
         const __m256 cv = _mm256_set1_ps(c);
         int j = 0;
@@ -504,7 +508,7 @@ BUBO_TARGET_AVX512 static void group_avx512(const attend_group *g) {
             const float c = group_rescale(g, h, m_new);
             /* the tree order of sum16_tree: halves, then quarters, then pairs */
             __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(p), _mm512_extractf32x8_ps(p, 1));
-            g->l[h] = fmaf(g->l[h], c, vm_hsum_avx2(s8));
+            g->l[h] = fmaf(g->l[h], c, bubo_hsum_f32x8(s8));
             cv[b] = _mm512_set1_ps(c);
         }
         if (nb == 3) vsum_avx512(g, w, h0, 3, cv);
@@ -595,7 +599,7 @@ typedef void (*vsum_fn)(const attend_group *g, const float *c);
  * scores for every token, then the softmax of all their rows, 16 at a time, then every token's V
  * sums, so that each phase has many independent rows instead of one token's chain of dependent
  * steps. Both give each row the same operations, so the same bits. */
-typedef struct {
+typedef struct bubo_attend_level {
     group_fn group;
     softmax_fn softmax;
     vsum_fn vsum;
@@ -603,15 +607,30 @@ typedef struct {
     bubo_isa isa; /* the kernel table's level for the rows' conversions and vec_dot */
 } attend_level;
 
-static attend_level level_for_isa(bubo_isa isa) {
+/* Each level's kernels, registered in the op tables (bubo_ops.attend) that ops.c fills once. */
+static const attend_level level_scalar = {group_scalar, NULL, NULL, scores_scalar, scores_q8_scalar, BUBO_ISA_SCALAR};
 #if defined(BUBO_X86)
-    if (isa == BUBO_ISA_AVX512)
-        return (attend_level){group_avx512, softmax16_avx512, vsum_heads_avx512, scores_avx512, scores_q8_avx512, isa};
-    if (isa == BUBO_ISA_AVX2) return (attend_level){group_avx2, NULL, NULL, scores_avx2, scores_q8_avx2, isa};
+static const attend_level level_avx2 = {group_avx2, NULL, NULL, scores_avx2, scores_q8_avx2, BUBO_ISA_AVX2};
+static const attend_level level_avx512 = {group_avx512, softmax16_avx512, vsum_heads_avx512, scores_avx512,
+                                          scores_q8_avx512, BUBO_ISA_AVX512};
 #elif defined(BUBO_ARM64)
-    if (isa == BUBO_ISA_NEON) return (attend_level){group_neon, NULL, NULL, scores_neon, scores_q8_scalar, isa};
+static const attend_level level_neon = {group_neon, NULL, NULL, scores_neon, scores_q8_scalar, BUBO_ISA_NEON};
 #endif
-    return (attend_level){group_scalar, NULL, NULL, scores_scalar, scores_q8_scalar, BUBO_ISA_SCALAR};
+
+void bubo_register_attention(bubo_ops *tables) {
+    tables[BUBO_ISA_SCALAR].attend = &level_scalar;
+#if defined(BUBO_X86)
+    tables[BUBO_ISA_AVX2].attend = &level_avx2;
+    tables[BUBO_ISA_AVX512].attend = &level_avx512;
+#elif defined(BUBO_ARM64)
+    tables[BUBO_ISA_NEON].attend = &level_neon;
+#endif
+}
+
+/* The kernels of a level (a level this build or CPU lacks: the scalar ones). */
+static const attend_level *level_for_isa(bubo_isa isa) {
+    const bubo_ops *ops = bubo_ops_for_isa(isa);
+    return ops && ops->attend ? ops->attend : &level_scalar;
 }
 
 /* How a cache's K rows meet the queries: widened (f16, f32), as q8_0 blocks, or one vec_dot per
@@ -844,15 +863,14 @@ void bubo_attend_partial_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head
                              int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int32_t chunk, int n_q,
                              const void *q, size_t q_stride, float kq_scale, float *m, float *l, float *out,
                              size_t out_tok_stride, float *scratch) {
-    const attend_level level = level_for_isa(isa);
-    attend_range(&level, view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, chunk * BUBO_ATTEND_CHUNK,
+    attend_range(level_for_isa(isa), view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, chunk * BUBO_ATTEND_CHUNK,
                  (chunk + 1) * BUBO_ATTEND_CHUNK, n_q, q, q_stride, kq_scale, m, l, out, out_tok_stride, scratch);
 }
 
-void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v,
-                           int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q,
-                           size_t q_stride, float kq_scale, float *out, size_t out_tok_stride, float *scratch) {
-    const attend_level level = level_for_isa(isa);
+static void attend_paged(const attend_level *level, const bubo_kv_view *view, int kv_head, int head_dim_k,
+                         int head_dim_v, int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int n_q,
+                         const void *q, size_t q_stride, float kq_scale, float *out, size_t out_tok_stride,
+                         float *scratch) {
     const int n_rows = n_tok * n_q;
     float *m = scratch + (size_t)G * head_dim_v + (size_t)n_rows * G, *l = m + n_rows; /* the running max and sum */
     float *part = scratch + bubo_attend_scratch_floats(n_tok, n_q, head_dim_k, head_dim_v) -
@@ -865,12 +883,12 @@ void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, 
     }
     const int32_t c0 = first / BUBO_ATTEND_CHUNK, c1 = (last - 1) / BUBO_ATTEND_CHUNK;
     if (c0 == c1) { /* one chunk: its partial is the result, before normalizing */
-        attend_range(&level, view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, c0 * BUBO_ATTEND_CHUNK,
+        attend_range(level, view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, c0 * BUBO_ATTEND_CHUNK,
                      (c0 + 1) * BUBO_ATTEND_CHUNK, n_q, q, q_stride, kq_scale, m, l, out, out_tok_stride, scratch);
     } else {
         for (int r = 0; r < n_rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
         for (int32_t c = c0; c <= c1; c++) {
-            attend_range(&level, view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, c * BUBO_ATTEND_CHUNK,
+            attend_range(level, view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, c * BUBO_ATTEND_CHUNK,
                          (c + 1) * BUBO_ATTEND_CHUNK, n_q, q, q_stride, kq_scale, pm, pl, part,
                          (size_t)n_q * head_dim_v, scratch);
             bubo_attend_merge(n_tok, n_q, head_dim_v, m, l, out, out_tok_stride, pm, pl, part, (size_t)n_q * head_dim_v);
@@ -879,23 +897,26 @@ void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, 
     bubo_attend_normalize(n_tok, n_q, head_dim_v, l, out, out_tok_stride);
 }
 
-static bubo_isa attend_best(void) {
-    static bubo_isa best = BUBO_ISA_COUNT; /* a benign race: every thread stores the same value */
-    if (best == BUBO_ISA_COUNT) best = bubo_cpu_best_isa();
-    return best;
+void bubo_attend_paged_isa(bubo_isa isa, const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v,
+                           int n_tok, const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q,
+                           size_t q_stride, float kq_scale, float *out, size_t out_tok_stride, float *scratch) {
+    attend_paged(level_for_isa(isa), view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, n_q, q, q_stride,
+                 kq_scale, out, out_tok_stride, scratch);
 }
 
+/* The best level's kernels: the op table picked once (bubo_ops_best). */
 void bubo_attend_paged(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int n_tok,
                        const int32_t *kv_begin, const int32_t *kv_end, int n_q, const void *q, size_t q_stride,
                        float kq_scale, float *out, size_t out_tok_stride, float *scratch) {
-    bubo_attend_paged_isa(attend_best(), view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, n_q, q,
-                          q_stride, kq_scale, out, out_tok_stride, scratch);
+    attend_paged(bubo_ops_best()->attend, view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, n_q, q,
+                 q_stride, kq_scale, out, out_tok_stride, scratch);
 }
 
 void bubo_attend_partial(const bubo_kv_view *view, int kv_head, int head_dim_k, int head_dim_v, int n_tok,
                          const int32_t *kv_begin, const int32_t *kv_end, int32_t chunk, int n_q, const void *q,
                          size_t q_stride, float kq_scale, float *m, float *l, float *out, size_t out_tok_stride,
                          float *scratch) {
-    bubo_attend_partial_isa(attend_best(), view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end, chunk, n_q,
-                            q, q_stride, kq_scale, m, l, out, out_tok_stride, scratch);
+    attend_range(bubo_ops_best()->attend, view, kv_head, head_dim_k, head_dim_v, n_tok, kv_begin, kv_end,
+                 chunk * BUBO_ATTEND_CHUNK, (chunk + 1) * BUBO_ATTEND_CHUNK, n_q, q, q_stride, kq_scale, m, l, out,
+                 out_tok_stride, scratch);
 }

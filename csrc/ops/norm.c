@@ -24,7 +24,7 @@ BUBO_TARGET_AVX2 static void rms_norm_avx2(int64_t n, float *y, const float *x, 
         acc0 = _mm256_fmadd_ps(a, a, acc0);
         acc1 = _mm256_fmadd_ps(b, b, acc1);
     }
-    float sum = vm_hsum_avx2(_mm256_add_ps(acc0, acc1));
+    float sum = bubo_hsum_f32x8(_mm256_add_ps(acc0, acc1));
     for (; i < n; i++) sum += x[i] * x[i];
     const float scale = 1.0f / sqrtf(sum / (float)n + eps);
 

@@ -58,7 +58,7 @@ BUBO_TARGET_AVX2 static void softmax_avx2(int64_t n, float *x, float scale, cons
         _mm256_storeu_ps(x + i, e);
         vsum = _mm256_add_ps(vsum, e);
     }
-    float sum = vm_hsum_avx2(vsum);
+    float sum = bubo_hsum_f32x8(vsum);
     for (; i < n; i++) {
         x[i] = expf(x[i] - max);
         sum += x[i];

@@ -81,13 +81,6 @@ static inline float vm_exp_lanewise(float x) {
 /* ---- AVX2 ----------------------------------------------------------------------------------- */
 #if defined(BUBO_X86)
 
-BUBO_TARGET_AVX2 static inline float vm_hsum_avx2(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 BUBO_TARGET_AVX2 static inline float vm_hmax_avx2(__m256 v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));

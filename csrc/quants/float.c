@@ -130,13 +130,6 @@ static void vec_dot_bf16_f32_scalar(int n, float *restrict s, const void *restri
  * other's latency; each loop falls through to a scalar tail. */
 #if defined(BUBO_X86)
 
-BUBO_TARGET_AVX2 static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* Widen 8 bf16 to f32: the bf16 bits are the f32's top half. */
 BUBO_TARGET_AVX2 static inline __m256 load_bf16x8(const bubo_bf16 *p) {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
@@ -167,7 +160,7 @@ BUBO_TARGET_AVX2 static void vec_dot_f32_f32_avx2(int n, float *restrict s, cons
         for (int k = 0; k < 4; k++)
             acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
     for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc[0]);
-    float sum = hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    float sum = bubo_hsum_f32x8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (; i < n; i++) sum += x[i] * y[i];
     *s = sum;
 }
@@ -197,7 +190,7 @@ BUBO_TARGET_AVX2 static inline __m256 load_f16x8(const bubo_f16 *p) {
 }
 
 BUBO_TARGET_AVX2 static inline float f16_f32_finish(__m256 acc, int i, int n, const bubo_f16 *x, const float *y) {
-    float sum = hsum256(acc);
+    float sum = bubo_hsum_f32x8(acc);
     for (; i < n; i++) sum += bubo_f16_to_f32(x[i]) * y[i];
     return sum;
 }
@@ -305,7 +298,7 @@ BUBO_TARGET_AVX2 static void vec_dot_bf16_f32_avx2(int n, float *restrict s, con
         for (int k = 0; k < 4; k++)
             acc[k] = _mm256_fmadd_ps(load_bf16x8(x + i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
     for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_bf16x8(x + i), _mm256_loadu_ps(y + i), acc[0]);
-    float sum = hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    float sum = bubo_hsum_f32x8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (; i < n; i++) sum += bubo_bf16_to_f32(x[i]) * y[i];
     *s = sum;
 }

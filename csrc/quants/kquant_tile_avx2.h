@@ -73,13 +73,6 @@ BUBO_TARGET_AVX2 static inline __m128 kq_chain_step_avx2(__m128 acc, int32_t isu
     return _mm_fnmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), msum), _mm_set_ss(dm * dy), acc);
 }
 
-BUBO_TARGET_AVX2 static inline int32_t kq_hsum_epi32_avx2(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* Keeps v in a register as computed here: GCC reassociates a chain of integer adds into a tree
  * whose leaves (every vpmaddubsw of a micro tile) are all live at once, and spills them; after
  * this, each add waits for the one before, as written. */

@@ -87,14 +87,6 @@ static inline __m256i kq_mins_dot_bsums_avx2(__m256i scales_mins, const int16_t 
     return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), mins);
 }
 
-BUBO_TARGET_AVX2
-static inline float kq_hsum_ps_avx2(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* y[0..15] = dl * q - ml for 16 signed bytes q. */
 BUBO_TARGET_AVX2
 static inline void kq_store16_avx2(float *y, __m128i q, float dl, float ml) {

@@ -26,20 +26,6 @@ static inline float inverse_scale(float d) {
 
 /* ---- AVX2 ------------------------------------------------------------------------------- */
 
-BUBO_TARGET_AVX2 static inline float hsum_f32x8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-BUBO_TARGET_AVX2 static inline int hsum_i32x8(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* One block's 16 bytes of nibbles -> 32 bytes 0..15 in element order. */
 BUBO_TARGET_AVX2 static inline __m256i nibbles_avx2(const uint8_t *qs) {
     const __m128i packed = _mm_loadu_si128((const __m128i *)qs);

@@ -370,7 +370,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) float vec_dot_lega
                                                 dot(x + (size_t)(k0 + 3) * x_size, y + (size_t)(k0 + 3) * y_size));
             _mm_store_si128((__m128i *)sums, _mm_add_epi32(_mm256_castsi256_si128(f), _mm256_extracti128_si256(f, 1)));
         } else {
-            for (int j = 0; j < kb; j++) sums[j] = hsum_i32x8(dot(x + (size_t)(k0 + j) * x_size, y + (size_t)(k0 + j) * y_size));
+            for (int j = 0; j < kb; j++) sums[j] = bubo_hsum_i32x8(dot(x + (size_t)(k0 + j) * x_size, y + (size_t)(k0 + j) * y_size));
         }
         for (int j = 0; j < kb; j++) {
             const uint8_t *xb = x + (size_t)(k0 + j) * x_size, *yb = y + (size_t)(k0 + j) * y_size;

@@ -104,7 +104,7 @@ static void vec_dot_q2_K_q8_K_avx2(int n, float *restrict s, const void *restric
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * _cvtsh_ss(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
         acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dy * _cvtsh_ss(x[i].dmin)), _mm256_cvtepi32_ps(summ), acc_m);
     }
-    *s = kq_hsum_ps_avx2(_mm256_sub_ps(acc, acc_m));
+    *s = bubo_hsum_f32x8(_mm256_sub_ps(acc, acc_m));
 }
 
 /* Elements 64k .. 64k + 63 (k = 0..3): the 32 qs bytes of half k / 2 in both 256-bit halves,
@@ -152,7 +152,7 @@ static void vec_dot_q2_K_q8_K_avx512(int n, float *restrict s, const void *restr
         acc = _mm512_fmadd_ps(_mm512_set1_ps(dy * _cvtsh_ss(x[i].d)), _mm512_cvtepi32_ps(sumi), acc);
         acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dy * _cvtsh_ss(x[i].dmin)), _mm256_cvtepi32_ps(summ), acc_m);
     }
-    *s = _mm512_reduce_add_ps(acc) - kq_hsum_ps_avx2(acc_m);
+    *s = _mm512_reduce_add_ps(acc) - bubo_hsum_f32x8(acc_m);
 }
 
 #endif /* BUBO_X86 */

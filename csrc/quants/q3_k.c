@@ -134,7 +134,7 @@ static void vec_dot_q3_K_q8_K_avx2(int n, float *restrict s, const void *restric
         const __m256 dd = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
         acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, offset)), acc);
     }
-    *s = kq_hsum_ps_avx2(acc);
+    *s = bubo_hsum_f32x8(acc);
 }
 
 /* Elements 64k .. 64k + 63 (k = 0..3) as u = q + 4: the 32 qs bytes of half k / 2 in both

@@ -93,7 +93,7 @@ static void vec_dot_q4_K_q8_K_avx2(int n, float *restrict s, const void *restric
             sumi = kq_dot32_scaled_avx2(sumi, lo, a, s0);
             sumi = kq_dot32_scaled_avx2(sumi, hi, a + 32, s1);
         }
-        acc = kq_chain_step_avx2(acc, kq_hsum_epi32_avx2(sumi), kq_hsum_epi32_avx2(summ), _cvtsh_ss(x[i].d),
+        acc = kq_chain_step_avx2(acc, bubo_hsum_i32x8(sumi), bubo_hsum_i32x8(summ), _cvtsh_ss(x[i].d),
                                  _cvtsh_ss(x[i].dmin), y[i].d);
     }
     *s = _mm_cvtss_f32(acc);

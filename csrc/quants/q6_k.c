@@ -121,7 +121,7 @@ static void vec_dot_q6_K_q8_K_avx2(int n, float *restrict s, const void *restric
                 sumi = kq_dot32_scaled_avx2(sumi, q[m], a, kq_group16_scales_avx2(halves[h], m));
         }
         const float d = _cvtsh_ss(x[i].d);
-        acc = kq_chain_step_avx2(acc, kq_hsum_epi32_avx2(sumi), kq_hsum_epi32_avx2(offset), d, d, y[i].d);
+        acc = kq_chain_step_avx2(acc, bubo_hsum_i32x8(sumi), bubo_hsum_i32x8(offset), d, d, y[i].d);
     }
     *s = _mm_cvtss_f32(acc);
 }

@@ -100,7 +100,7 @@ BUBO_TARGET_AVX2 static inline int quantize_block_avx2(const float *x, float *d_
     const __m256 id = _mm256_set1_ps(inverse_scale(d));
     __m256i i[4];
     for (int k = 0; k < 4; k++) i[k] = _mm256_cvtps_epi32(round_half_away_avx2(_mm256_mul_ps(v[k], id)));
-    const int sum = hsum_i32x8(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+    const int sum = bubo_hsum_i32x8(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
     /* The packs work per 128-bit lane, leaving 4-element groups in the order 0 2 4 6 1 3 5 7. */
     const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
     _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));

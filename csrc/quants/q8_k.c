@@ -52,14 +52,6 @@ static void dequantize_row_q8_K_scalar(const void *restrict vx, float *restrict 
 #if defined(BUBO_X86)
 
 BUBO_TARGET_AVX2
-static inline int hsum_epi32_avx2(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(s);
-}
-
-BUBO_TARGET_AVX2
 static void quantize_row_q8_K_avx2(const float *restrict x, void *restrict vy, int64_t n) {
     block_q8_K *restrict y = vy;
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -84,8 +76,8 @@ static void quantize_row_q8_K_avx2(const float *restrict x, void *restrict vy, i
             const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8), vs));
             const __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 16), vs));
             const __m256i q3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 24), vs));
-            y[i].bsums[j / 16 + 0] = (int16_t)hsum_epi32_avx2(_mm256_add_epi32(q0, q1));
-            y[i].bsums[j / 16 + 1] = (int16_t)hsum_epi32_avx2(_mm256_add_epi32(q2, q3));
+            y[i].bsums[j / 16 + 0] = (int16_t)bubo_hsum_i32x8(_mm256_add_epi32(q0, q1));
+            y[i].bsums[j / 16 + 1] = (int16_t)bubo_hsum_i32x8(_mm256_add_epi32(q2, q3));
             const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
             _mm256_storeu_si256((__m256i *)(y[i].qs + j), _mm256_permutevar8x32_epi32(bytes, unshuffle));
         }

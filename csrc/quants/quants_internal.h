@@ -17,6 +17,23 @@
     __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
 #endif
 
+#if defined(BUBO_X86)
+/* The horizontal sums of an AVX2 register, one per width (AVX-512 has _mm512_reduce_add_*). */
+BUBO_TARGET_AVX2 static inline float bubo_hsum_f32x8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+BUBO_TARGET_AVX2 static inline int32_t bubo_hsum_i32x8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+#endif
+
 #if defined(__aarch64__)
 #define BUBO_ARM64 1
 #include <arm_neon.h>

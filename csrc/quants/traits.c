@@ -15,21 +15,22 @@ static void set_layout(bubo_type t, const char *name, int64_t blck, size_t size)
 
 static void init_table(void) {
     /* Every type GGUF defines, so that a file with tensors bubo does not run still parses and
-     * the error can name the type. */
-    set_layout(BUBO_TYPE_F32, "f32", 1, 4);
-    set_layout(BUBO_TYPE_F16, "f16", 1, 2);
-    set_layout(BUBO_TYPE_Q4_0, "q4_0", 32, 18);
-    set_layout(BUBO_TYPE_Q4_1, "q4_1", 32, 20);
-    set_layout(BUBO_TYPE_Q5_0, "q5_0", 32, 22);
-    set_layout(BUBO_TYPE_Q5_1, "q5_1", 32, 24);
-    set_layout(BUBO_TYPE_Q8_0, "q8_0", 32, 34);
-    set_layout(BUBO_TYPE_Q8_1, "q8_1", 32, 40);
-    set_layout(BUBO_TYPE_Q2_K, "q2_K", 256, 84);
-    set_layout(BUBO_TYPE_Q3_K, "q3_K", 256, 110);
-    set_layout(BUBO_TYPE_Q4_K, "q4_K", 256, 144);
-    set_layout(BUBO_TYPE_Q5_K, "q5_K", 256, 176);
-    set_layout(BUBO_TYPE_Q6_K, "q6_K", 256, 210);
-    set_layout(BUBO_TYPE_Q8_K, "q8_K", 256, 292);
+     * the error can name the type: the types bubo runs from their block structs (bubo/quants.h),
+     * the others from GGUF's sizes (they have no struct here). */
+    set_layout(BUBO_TYPE_F32, "f32", 1, sizeof(float));
+    set_layout(BUBO_TYPE_F16, "f16", 1, sizeof(bubo_f16));
+    set_layout(BUBO_TYPE_Q4_0, "q4_0", QK4_0, sizeof(block_q4_0));
+    set_layout(BUBO_TYPE_Q4_1, "q4_1", QK4_1, sizeof(block_q4_1));
+    set_layout(BUBO_TYPE_Q5_0, "q5_0", QK5_0, sizeof(block_q5_0));
+    set_layout(BUBO_TYPE_Q5_1, "q5_1", QK5_1, sizeof(block_q5_1));
+    set_layout(BUBO_TYPE_Q8_0, "q8_0", QK8_0, sizeof(block_q8_0));
+    set_layout(BUBO_TYPE_Q8_1, "q8_1", QK8_1, sizeof(block_q8_1));
+    set_layout(BUBO_TYPE_Q2_K, "q2_K", QK_K, sizeof(block_q2_K));
+    set_layout(BUBO_TYPE_Q3_K, "q3_K", QK_K, sizeof(block_q3_K));
+    set_layout(BUBO_TYPE_Q4_K, "q4_K", QK_K, sizeof(block_q4_K));
+    set_layout(BUBO_TYPE_Q5_K, "q5_K", QK_K, sizeof(block_q5_K));
+    set_layout(BUBO_TYPE_Q6_K, "q6_K", QK_K, sizeof(block_q6_K));
+    set_layout(BUBO_TYPE_Q8_K, "q8_K", QK_K, sizeof(block_q8_K));
     set_layout(BUBO_TYPE_IQ2_XXS, "iq2_xxs", 256, 66);
     set_layout(BUBO_TYPE_IQ2_XS, "iq2_xs", 256, 74);
     set_layout(BUBO_TYPE_IQ3_XXS, "iq3_xxs", 256, 98);
@@ -44,7 +45,7 @@ static void init_table(void) {
     set_layout(BUBO_TYPE_I64, "i64", 1, 8);
     set_layout(BUBO_TYPE_F64, "f64", 1, 8);
     set_layout(BUBO_TYPE_IQ1_M, "iq1_m", 256, 56);
-    set_layout(BUBO_TYPE_BF16, "bf16", 1, 2);
+    set_layout(BUBO_TYPE_BF16, "bf16", 1, sizeof(bubo_bf16));
     set_layout(BUBO_TYPE_TQ1_0, "tq1_0", 256, 54);
     set_layout(BUBO_TYPE_TQ2_0, "tq2_0", 256, 66);
     set_layout(BUBO_TYPE_MXFP4, "mxfp4", 32, 17);

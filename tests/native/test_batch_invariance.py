@@ -35,10 +35,10 @@ def block_of(type_id):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("type_id", SUPPORTED_TYPES, ids=lambda t: TYPE_NAMES[t])
-def test_matmul_row_does_not_depend_on_its_batch(type_id, isa, monkeypatch):
+def test_matmul_row_does_not_depend_on_its_batch(type_id, isa, native_env):
     """Every token of every sub-batch (random members, random order, sizes in BATCH_SIZES) gets
     exactly the outputs it gets alone, for one block, an odd block count and longer rows."""
-    monkeypatch.setenv("BUBO_FORCE_ISA", isa)
+    native_env.setenv("BUBO_FORCE_ISA", isa)
     rng = np.random.default_rng(type_id * 31 + ISAS.index(isa))
     pool = _ops.ThreadPool(2)
     blck = block_of(type_id)

@@ -99,7 +99,7 @@ def test_matmul_vs_float64(type_id, n_tokens, rows):
 
 
 @pytest.mark.parametrize("type_id", SUPPORTED_TYPES, ids=lambda t: K.type_info(t)["name"])
-def test_matmul_every_level(type_id, monkeypatch):
+def test_matmul_every_level(type_id, native_env):
     """BUBO_FORCE_ISA caps the level the driver's kernels come from; each stays within the bound."""
     rng = np.random.default_rng(type_id)
     rows, cols = 45, cols_for(type_id)
@@ -107,7 +107,7 @@ def test_matmul_every_level(type_id, monkeypatch):
     x = rng.standard_normal((5, cols)).astype(np.float32)
     pool = _ops.ThreadPool(2)
     for isa in ISAS:
-        monkeypatch.setenv("BUBO_FORCE_ISA", isa)
+        native_env.setenv("BUBO_FORCE_ISA", isa)
         want, bound = reference(type_id, w_exact, x)
         got = _ops.matmul(pool, type_id, data, rows, cols, x)
         assert np.all(np.abs(got - want) <= bound), isa

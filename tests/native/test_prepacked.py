@@ -29,11 +29,11 @@ def bits(a):
     return np.ascontiguousarray(a, np.float32).view(np.uint32)
 
 
-def assert_same_in_place(monkeypatch, logits):
+def assert_same_in_place(native_env, logits):
     """logits() (a fresh model each call) gives the same bits prepacked (as loaded now) and with
     BUBO_NO_PREPACK=1."""
     first = logits()
-    monkeypatch.setenv("BUBO_NO_PREPACK", "1")
+    native_env.setenv("BUBO_NO_PREPACK", "1")
     second = logits()
     for a, b in zip(first, second) if isinstance(first, tuple) else [(first, second)]:
         assert np.array_equal(bits(a), bits(b))
@@ -45,8 +45,8 @@ PACKING_LEVELS = [isa for isa in K.supported_isas() if PACKED_AT.get(isa)] or [K
 
 @pytest.mark.parametrize("isa", PACKING_LEVELS)
 @pytest.mark.parametrize("type_id", PREPACKED, ids=lambda t: t.name)
-def test_prepacked_matmul_is_the_same_bits(type_id, isa, monkeypatch):
-    monkeypatch.setenv("BUBO_FORCE_ISA", isa)
+def test_prepacked_matmul_is_the_same_bits(type_id, isa, native_env):
+    native_env.setenv("BUBO_FORCE_ISA", isa)
     blck = K.type_info(int(type_id))["blck_size"]
     packs = type_id in PACKED_AT.get(isa, set())
     assert packs == (_ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), blck), np.uint8), 1, blck)
@@ -86,8 +86,8 @@ def test_prepacked_matmul_is_the_same_bits(type_id, isa, monkeypatch):
         _ops.prepack(int(type_id), w[:-1], rows, cols)
 
 
-def test_a_lower_forced_level_packs_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv("BUBO_FORCE_ISA", "scalar")
+def test_a_lower_forced_level_packs_nothing(tmp_path, native_env):
+    native_env.setenv("BUBO_FORCE_ISA", "scalar")
     for type_id in PREPACKED:
         blck = K.type_info(int(type_id))["blck_size"]
         assert _ops.prepack(int(type_id), np.zeros(K.row_size(int(type_id), blck), np.uint8), 1, blck) is None
@@ -99,10 +99,10 @@ def test_a_lower_forced_level_packs_nothing(tmp_path, monkeypatch):
         model = Model(path, n_threads=2)
         return model.decode(KVCache(model, n_ctx=64), tokens, np.arange(40), np.zeros(40), np.ones(40, bool))
 
-    assert_same_in_place(monkeypatch, logits)
+    assert_same_in_place(native_env, logits)
 
 
-def test_packed_weights_keep_their_level(tmp_path, monkeypatch):
+def test_packed_weights_keep_their_level(tmp_path, native_env):
     """A model packed for this CPU's level keeps those kernels when BUBO_FORCE_ISA lowers the level
     later (the packed layout is that level's): it goes on decoding, every packed matmul as before
     (AVX-512: a Q8_0 model, then AVX2; AVX2: Q4_K beside Q6_K, then the scalar level)."""
@@ -115,7 +115,7 @@ def test_packed_weights_keep_their_level(tmp_path, monkeypatch):
     tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:8])
     model = Model(path, n_threads=2)
     before = model.decode(KVCache(model, n_ctx=64), tokens, np.arange(8), np.zeros(8), np.ones(8, bool))
-    monkeypatch.setenv("BUBO_FORCE_ISA", lower)
+    native_env.setenv("BUBO_FORCE_ISA", lower)
     after = model.decode(KVCache(model, n_ctx=64), tokens, np.arange(8), np.zeros(8), np.ones(8, bool))
     assert np.isfinite(after).all() and np.argmax(after, -1).tolist() == np.argmax(before, -1).tolist()
 
@@ -130,7 +130,7 @@ PROMPT = ("The owl turned its head and watched the river, where small fish rose 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("types", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "kquant"])
-def test_tiny_model_logits_prepacked_or_not(tmp_path, monkeypatch, arch, types):
+def test_tiny_model_logits_prepacked_or_not(tmp_path, native_env, arch, types):
     """A 40-token prompt in one batch and then token by token: the same logits, bit for bit, with
     the weights prepacked at load and in place ("kquant": Q4_K beside Q6_K)."""
     kw = KQUANT_MODEL if types == "kquant" else dict(types=types)
@@ -145,11 +145,11 @@ def test_tiny_model_logits_prepacked_or_not(tmp_path, monkeypatch, arch, types):
                                 for i in range(40)])
         return whole, steps
 
-    assert_same_in_place(monkeypatch, logits)
+    assert_same_in_place(native_env, logits)
 
 
 @pytest.mark.parametrize("name", ["smollm2:135m", "qwen2.5-coder:0.5b", "gemma3:270m"])
-def test_catalog_logits_prepacked_or_not(monkeypatch, name):
+def test_catalog_logits_prepacked_or_not(native_env, name):
     """The real models (smollm2: Q4_1 layers and a tied Q8_0 token_embd, packed for the output and
     rebuilt row by row for the lookups; qwen2.5-coder: Q5_0 and Q4_K layers and a Q8_0 output;
     gemma3: Q5_0 and Q4_K layers and a tied Q8_0 token_embd of 262,144 rows):
@@ -169,10 +169,10 @@ def test_catalog_logits_prepacked_or_not(monkeypatch, name):
             out.append(model.decode(kv, t, np.array([64, 63, 62, 61]) + i, np.arange(4), np.ones(4, bool)))
         return np.concatenate(out)
 
-    assert_same_in_place(monkeypatch, logits)
+    assert_same_in_place(native_env, logits)
 
 
-def test_a_long_prompt_through_a_tied_embedding(monkeypatch):
+def test_a_long_prompt_through_a_tied_embedding(native_env):
     """smollm2's token_embd is tied and packed: 400 prompt tokens in one batch, their lookups split
     over both threads (each into its own row of scratch), against the rows in place."""
     from bubo import store
@@ -184,7 +184,7 @@ def test_a_long_prompt_through_a_tied_embedding(monkeypatch):
         model = Model(path, n_threads=2)
         return model.decode(KVCache(model, n_ctx=512), tokens, np.arange(400), np.zeros(400), np.ones(400, bool))
 
-    assert_same_in_place(monkeypatch, logits)
+    assert_same_in_place(native_env, logits)
 
 
 @pytest.mark.parametrize("type_id", PREPACKED, ids=lambda t: t.name)

@@ -89,9 +89,9 @@ def test_a_type_weights_cannot_be_requantized_to_is_refused(tmp_path):
             Model(src, n_threads=1, requant=bad)
 
 
-def test_requantized_weights_left_unpacked_are_the_same(tmp_path, monkeypatch):
+def test_requantized_weights_left_unpacked_are_the_same(tmp_path, native_env):
     """BUBO_NO_PREPACK=1: the requantized copies are multiplied in place (and freed with the model)."""
     src = write_tiny_model(tmp_path / "m.gguf", "qwen2", types=KQUANT_TYPES, **KQUANT_DIMS)
     packed = logits(src, "q4_0")
-    monkeypatch.setenv("BUBO_NO_PREPACK", "1")
+    native_env.setenv("BUBO_NO_PREPACK", "1")
     assert np.array_equal(logits(src, "q4_0"), packed)

@@ -80,9 +80,9 @@ def smollm2_rows(catalog_model):
 
 
 @pytest.fixture(params=levels())
-def level(request, monkeypatch):
+def level(request, native_env):
     """Samplers created under this fixture use the given instruction-set level (read at creation)."""
-    monkeypatch.setenv("BUBO_FORCE_ISA", request.param)
+    native_env.setenv("BUBO_FORCE_ISA", request.param)
     return request.param
 
 
@@ -115,11 +115,11 @@ def test_log_softmax_matches_float64_on_smollm2_logits(level, smollm2_rows):
         check_log_softmax(row)
 
 
-def test_levels_give_the_same_bits(monkeypatch, smollm2_rows):
+def test_levels_give_the_same_bits(native_env, smollm2_rows):
     rows = random_rows()[::3] + smollm2_rows[:3]
     results = {}
     for name in levels():
-        monkeypatch.setenv("BUBO_FORCE_ISA", name)
+        native_env.setenv("BUBO_FORCE_ISA", name)
         out = []
         for row in rows:
             s = Sampler(len(row), native(seed=3, n_probs=8))

@@ -16,9 +16,22 @@ typedef enum {
 
 /* Whether this CPU (and OS, for AVX state) can run kernels of the given level. */
 int bubo_cpu_supports(bubo_isa isa);
-/* The best level this CPU runs; BUBO_FORCE_ISA=scalar|avx2|avx512|neon in the environment caps it. */
+/* The best level this CPU runs; BUBO_FORCE_ISA=scalar|avx2|avx512|neon (bubo_config) caps it. */
 bubo_isa bubo_cpu_best_isa(void);
 const char *bubo_isa_name(bubo_isa isa);
+
+/* What bubo takes from the environment, read in one place (csrc/cpu/cpu.c) when first asked for:
+ * BUBO_FORCE_ISA caps the kernels' level (scalar, avx2, avx512, neon; another value: no cap) and
+ * BUBO_NO_PREPACK (set, and not "0") keeps a model's weights as stored rather than prepacked.
+ * Nothing else in the C core calls getenv. bubo_config_reload() reads them again: for tests,
+ * between models, never while another thread runs bubo code. */
+typedef struct {
+    int force_isa;  /* a bubo_isa, or -1: no cap */
+    int no_prepack;
+} bubo_config;
+
+const bubo_config *bubo_config_get(void);
+void bubo_config_reload(void);
 
 #ifdef __cplusplus
 }

@@ -77,6 +77,9 @@ typedef struct {
     void (*add)(int64_t n, float *z, const float *x, const float *y); /* z = x + y */
     void (*mul)(int64_t n, float *z, const float *x, const float *y); /* z = x * y */
     void (*scale)(int64_t n, float *y, const float *x, float s);      /* y = x * s */
+
+    /* the paged attention's kernels of this level (csrc/ops/attention.c; bubo_attend_paged) */
+    const struct bubo_attend_level *attend;
 } bubo_ops;
 
 /* The table of one level; NULL if this build or this CPU lacks it. */
