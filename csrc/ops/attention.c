@@ -828,8 +828,6 @@ __attribute__((always_inline)) static inline void attend_merge(int n_tok, int n_
         }
 }
 
-static bubo_isa attend_best(void);
-
 #if defined(BUBO_X86)
 /* The same steps with the FMA unit doing fmaf (the same IEEE operation, libm's software fmaf
  * otherwise: a call per element). */
@@ -843,7 +841,7 @@ BUBO_TARGET_AVX2 static void attend_merge_fma(int n_tok, int n_q, int head_dim_v
 void bubo_attend_merge(int n_tok, int n_q, int head_dim_v, float *m, float *l, float *out, size_t out_tok_stride,
                        const float *pm, const float *pl, const float *pout, size_t pout_tok_stride) {
 #if defined(BUBO_X86)
-    if (attend_best() != BUBO_ISA_SCALAR) {
+    if (bubo_ops_best()->isa != BUBO_ISA_SCALAR) {
         attend_merge_fma(n_tok, n_q, head_dim_v, m, l, out, out_tok_stride, pm, pl, pout, pout_tok_stride);
         return;
     }
