@@ -22,7 +22,27 @@ def _use_installed_build() -> None:
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(
             f"bubo's native modules are not built in {checkout}: install bubo first (pip install .)")
-    __path__[:] = list(spec.submodule_search_locations)
+    installed = list(spec.submodule_search_locations)
+    if _sources_differ(os.path.join(checkout, "bubo"), installed[0]):
+        print(f"bubo: this checkout's Python sources ({checkout}) differ from the installed copy's "
+              f"({installed[0]}), which is what runs: reinstall (pip install .), or use an editable "
+              "install (docs/development.md)", file=sys.stderr)
+    __path__[:] = installed
+
+
+def _sources_differ(here: str, there: str) -> bool:
+    """Whether the .py files under here and there differ (names or bytes)."""
+    import filecmp
+    import os
+
+    def sources(root: str) -> set[str]:
+        return {os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root) for f in files
+                if f.endswith(".py")}
+
+    mine, theirs = sources(here), sources(there)
+    if mine != theirs:
+        return True
+    return not all(filecmp.cmp(os.path.join(here, f), os.path.join(there, f), shallow=False) for f in mine)
 
 
 _use_installed_build()
