@@ -104,6 +104,8 @@ def command(who: str, args: argparse.Namespace, model: Path, port: int) -> list[
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--save", action="store_true",
+                    help="also write the tables to benchmarks/results/ (benchmarks/report.py makes docs/benchmarks.md)")
     ap.add_argument("--model", default="all-minilm:l6-v2", help="catalog name or GGUF path")
     ap.add_argument("--llama-server", default=DEFAULT_LLAMA_SERVER)
     ap.add_argument("--sentences", type=int, default=256)
@@ -148,4 +150,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import results
+
+    with results.saving("bench_embed", "--save" in sys.argv[1:]):
+        code = main()
+    raise SystemExit(code)

@@ -120,6 +120,8 @@ def pooled(rounds: list[list[dict]]) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--save", action="store_true",
+                    help="also write the tables to benchmarks/results/ (benchmarks/report.py makes docs/benchmarks.md)")
     ap.add_argument("-m", "--models", default=",".join(store.CATALOG),
                     help="comma-separated catalog names or GGUF paths")
     ap.add_argument("-t", "--threads", type=int, default=2)
@@ -170,4 +172,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import results
+
+    with results.saving("bench_llamacpp", "--save" in sys.argv[1:]):
+        code = main()
+    raise SystemExit(code)

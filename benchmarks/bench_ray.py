@@ -86,6 +86,8 @@ def conversations(port: int) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--save", action="store_true",
+                    help="also write the tables to benchmarks/results/ (benchmarks/report.py makes docs/benchmarks.md)")
     ap.add_argument("--model", default="smollm2:135m")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--n-predict", type=int, default=64)
@@ -143,4 +145,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import results
+
+    with results.saving("bench_ray", "--save" in sys.argv[1:]):
+        code = main()
+    raise SystemExit(code)

@@ -241,6 +241,8 @@ def _positive_int(value: str) -> int:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--save", action="store_true",
+                    help="also write the tables to benchmarks/results/ (benchmarks/report.py makes docs/benchmarks.md)")
     ap.add_argument("-m", "--model", default="smollm2:135m", help="catalog name or GGUF path")
     ap.add_argument("--llama-server", default=DEFAULT_LLAMA_SERVER, help="the llama-server executable")
     ap.add_argument("-np", "--parallel", type=_positive_int, default=4, help="server slots")
@@ -622,8 +624,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    import results
+
     try:
-        raise SystemExit(main())
+        with results.saving("bench_serve", "--save" in sys.argv[1:]):
+            code = main()
     except KeyboardInterrupt:
         print("\nbench_serve: interrupted (servers stopped)", file=sys.stderr)
         raise SystemExit(130) from None
+    raise SystemExit(code)

@@ -137,6 +137,8 @@ def summary(rows: list[dict[str, Any]]) -> tuple[float, int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--save", action="store_true",
+                    help="also write the tables to benchmarks/results/ (benchmarks/report.py makes docs/benchmarks.md)")
     ap.add_argument("--model", default="qwen2.5-coder:0.5b")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=1)
@@ -206,4 +208,8 @@ def _cpu() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import results
+
+    with results.saving("bench_spec", "--save" in sys.argv[1:]):
+        code = main()
+    raise SystemExit(code)

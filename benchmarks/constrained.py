@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 
 import gevent
 
@@ -45,6 +46,8 @@ def run(engine: Engine, prompt: list[int], n: int, grammar: Grammar | None) -> t
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--save", action="store_true",
+                    help="also write the tables to benchmarks/results/ (benchmarks/report.py makes docs/benchmarks.md)")
     ap.add_argument("-m", "--model", default="qwen2.5-coder:0.5b")
     ap.add_argument("-n", "--n-predict", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
@@ -78,4 +81,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import results
+
+    with results.saving("grammar", "--save" in sys.argv[1:]):
+        code = main()
+    raise SystemExit(code)

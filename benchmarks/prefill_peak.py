@@ -265,6 +265,8 @@ def llama_pp(exe: Path, model: Path, threads: int, reps: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--save", action="store_true",
+                    help="also write the tables to benchmarks/results/ (benchmarks/report.py makes docs/benchmarks.md)")
     ap.add_argument("-m", "--model", default="smollm2:135m", help="catalog name or GGUF path")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--repetitions", type=int, default=3)
@@ -348,4 +350,8 @@ def print_ceiling(macs: int, attn: int, with_min: int, peak: float, mix: float, 
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import results
+
+    with results.saving("prefill_peak", "--save" in sys.argv[1:]):
+        code = main()
+    raise SystemExit(code)

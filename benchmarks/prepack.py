@@ -152,6 +152,8 @@ def servers(names: list[str], seconds: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--save", action="store_true",
+                    help="also write the tables to benchmarks/results/ (benchmarks/report.py makes docs/benchmarks.md)")
     ap.add_argument("--rows", type=int, default=2048)
     ap.add_argument("--cols", type=int, default=640)
     ap.add_argument("--mib", type=int, default=96, help="weights per type, so that they come from DRAM")
@@ -171,4 +173,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import results
+
+    with results.saving("prepack", "--save" in sys.argv[1:]):
+        code = main()
+    raise SystemExit(code)

@@ -208,6 +208,8 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about owls.", "Exp
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--save", action="store_true",
+                    help="also write the tables to benchmarks/results/ (benchmarks/report.py makes docs/benchmarks.md)")
     ap.add_argument("-m", "--model", default="smollm2:135m")
     ap.add_argument("--minutes", type=float, default=30)
     ap.add_argument("--rate", type=float, default=4.0, help="new client requests per second")
@@ -282,4 +284,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import results
+
+    with results.saving("soak", "--save" in sys.argv[1:]):
+        code = main()
+    raise SystemExit(code)

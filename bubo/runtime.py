@@ -137,7 +137,7 @@ class Runtime:
             from bubo.chat import NoChatTemplateError
             from bubo.embed import EncoderOnlyError
 
-            raise NoChatTemplateError(str(EncoderOnlyError(self.name, str(self.hparams.get("arch")))))
+            raise NoChatTemplateError(str(EncoderOnlyError(self.name, str(self.hparams.get("arch")))), encoder=True)
         if self._template is None:
             tok = self.tokenizer
 

@@ -105,3 +105,48 @@ def native_env(monkeypatch):
     yield NativeEnv(monkeypatch)
     monkeypatch.undo()
     _kernels.reload_config()
+
+
+# single tests (or cases of one) that are sweeps: the whole suite runs them, the quick tier
+# (`pytest -m "not slow"`) does not; each behaviour they check keeps a quick test (on smollm2, or
+# a smaller case). Whole files that are sweeps, builds or clusters say so in their pytestmark.
+SLOW = (
+    "tests/api/test_openapi.py::test_schemathesis",  # every route fuzzed; test_openapi's others check the document
+    "tests/engine/test_draft.py::test_drafting_never_changes_an_answer[greedy-qwen2.5-coder:0.5b]",
+    "tests/engine/test_draft.py::test_drafting_never_changes_an_answer[seeded-qwen2.5-coder:0.5b]",
+    "tests/native/test_reference.py::test_last_prompt_position_matches_llamacpp[gemma3:270m",
+    "tests/native/test_reference.py::test_last_prompt_position_matches_llamacpp[qwen2.5-coder:0.5b",
+    "tests/engine/test_batching.py::test_a_shared_history_sent_at_once_is_read_once",
+    "tests/engine/test_batching.py::test_a_shared_system_prompt_is_read_once_for_twenty_questions",
+    "tests/native/test_bert.py::test_agrees_with_float64_reference",
+    "tests/api/test_hostile.py::test_a_generated_sweep_of_odd_values_in_every_field_never_gives_500",
+    "tests/native/test_grammar.py::test_masks_match_brute_force_on_catalog_vocabularies[gemma3:270m]",
+    "tests/native/test_grammar.py::test_masks_match_brute_force_on_catalog_vocabularies[qwen2.5-coder:0.5b]",
+    "tests/native/test_gguf.py::test_real_model_matches_reader[gemma3:270m]",
+    "tests/native/test_gguf.py::test_real_model_matches_reader[qwen2.5-coder:0.5b]",
+    "tests/native/test_quants.py::test_real_tensors[gemma3:270m]",
+    "tests/native/test_quants.py::test_real_tensors[qwen2.5-coder:0.5b]",
+    "tests/test_llm_parity.py::test_qwen_chat_equals_the_servers",
+    "tests/api/test_parallel_server.py::test_fifty_clients_that_vanish_leave_every_slot_idle_and_no_block_held",
+    "tests/api/test_openai_tools.py::test_tool_choice_none_hides_the_tools_and_never_calls",
+    "tests/api/test_openai_tools.py::test_a_streamed_required_call_rebuilds_to_the_non_streamed_one",
+    "tests/api/test_draft_api.py::test_a_server_with_a_draft_model_reports_its_drafts",
+    "tests/native/test_kv_prefix.py::test_random_walk_under_sanitizers",
+    "tests/api/test_ollama.py::test_structured_output_with_a_pydantic_schema",
+    "tests/api/test_hostile.py::test_idle_and_half_sent_sockets_are_closed_after_their_deadlines",
+    "tests/api/test_hostile.py::test_a_large_body_sent_steadily_is_read",
+    "tests/api/test_router.py::test_an_idle_model_sleeps_its_memory_away_and_wakes_on_request",
+    "tests/native/test_grammar_shortest.py::test_schema_prefixes",
+    "tests/native/test_sampler_scan.py::test_scan_levels_neon",
+    "tests/native/test_gguf_fuzz.py::test_fuzz_gguf_from_bytes",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+        # the quick tier (`pytest -m quick`): every layer, without the sweeps and without the
+        # tests that run the larger catalog models
+        if item.get_closest_marker("slow") is None and item.get_closest_marker("models") is None:
+            item.add_marker(pytest.mark.quick)

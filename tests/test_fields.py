@@ -158,3 +158,18 @@ def test_keywords_are_checked():
         sampling.from_options({"top_p": 2})
     base = SamplingParams(temperature=0.1, seed=5)
     assert sampling.from_options({"seed": None, "top_k": 3}, base) == base.replace(top_k=3)
+
+
+def test_the_docs_table_is_written_from_the_declarations():
+    """docs/sampling.md's table is scripts/docs.py's rendering of the declarations."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    p = subprocess.run([sys.executable, str(root / "scripts" / "docs.py"), "--check"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    text = (root / "docs" / "sampling.md").read_text()
+    for f in FIELDS:
+        assert f"| `{f.name}` |" in text and f.metadata["doc"] in text

@@ -13,13 +13,12 @@ import gc
 import inspect
 import json
 import typing
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import jsonschema
 import pytest
 from api.conftest import start_server
+from client import post_json
 
 import bubo
 from bubo.llm import SAMPLING_FIELDS, ChatCompletion, ChatStream, Model
@@ -85,13 +84,8 @@ def tiny(tmp_path_factory):
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
+    status, _, answer = post_json(url, body)
+    return status, answer
 
 def server_chat(url: str, **body) -> dict:
     status, r = post(url + "/v1/chat/completions", {"model": "bubo", **body})

@@ -50,7 +50,8 @@ with tempfile.TemporaryDirectory() as tmp:
         dot = _kernels.vec_dot(8, rows[0].tobytes(), act.tobytes())
         assert abs(dot - deq[:32].sum()) < 1e-3, (dot, deq[:32].sum())
 # the server's packages are in the wheel, with their dependencies: the app answers without a model
-from bubo.api import ServerConfig, create_app  # noqa: E402
+from bubo.api.app import create_app  # noqa: E402
+from bubo.api.config import ServerConfig  # noqa: E402
 from bubo.engine import Engine  # noqa: E402
 
 client = create_app(Engine("smollm2:135m"), ServerConfig()).test_client()

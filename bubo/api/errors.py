@@ -110,8 +110,12 @@ def _hint(e: EngineRefusal) -> str:
     if isinstance(e, NotReadyError) and e.loading:
         return "; try again when /ready says ready"
     if isinstance(e, EncoderOnlyError):
-        return " (POST /v1/embeddings, /embedding or /api/embed)"
+        return EMBEDDING_ROUTES
     return ""
+
+
+# where an embedding model's vectors are asked for (the hint of a generation asked of one)
+EMBEDDING_ROUTES = " (POST /v1/embeddings, /embedding or /api/embed)"
 
 
 def not_ready(message: str, failed: bool = False) -> ApiError:

@@ -106,8 +106,10 @@ class _PrepareErrors(RequestErrors):
     template that fails (or a model without one) as 400 invalid_value."""
 
     def __exit__(self, kind: object, e: BaseException | None, tb: object) -> None:
-        from bubo.chat import ChatTemplateError
+        from bubo.chat import ChatTemplateError, NoChatTemplateError
 
+        if isinstance(e, NoChatTemplateError) and e.encoder:
+            raise invalid(str(e) + errors.EMBEDDING_ROUTES) from None
         if isinstance(e, ChatTemplateError):
             raise invalid(str(e)) from None
         super().__exit__(kind, e, tb)

@@ -28,7 +28,11 @@ class ChatTemplateError(BuboError, ValueError):
 
 
 class NoChatTemplateError(ChatTemplateError):
-    """The model has no chat template (a base model)."""
+    """The model has no chat template (a base model, or an embedding model: encoder)."""
+
+    def __init__(self, message: str, encoder: bool = False):
+        super().__init__(message)
+        self.encoder = encoder
 
 
 def _raise_exception(message: str) -> None:

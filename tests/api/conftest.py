@@ -9,7 +9,6 @@ port chosen by the test."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -117,17 +116,6 @@ class Server(Process):
             time.sleep(0.05)
         self.stop()
         raise RuntimeError("the server did not become ready:\n" + "".join(self.log))
-
-
-def post_json(url: str, body: dict, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], dict]:
-    """POST body as JSON: (status, headers, the JSON answer), error statuses included."""
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, dict(r.headers), json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), json.loads(e.read())
 
 
 def start_server(*flags: str, env: dict[str, str] | None = None, **kw) -> Server:

@@ -7,6 +7,7 @@ import urllib.request
 
 import anthropic
 import pytest
+from client import call
 
 pytestmark = pytest.mark.models
 
@@ -21,14 +22,8 @@ def client(base_url):
 
 
 def post(base_url, path, body):
-    req = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
+    status, _, data = call(base_url + path, "POST", body)
+    return status, data.decode()
 
 def test_message_and_its_stream_agree(client):
     msg = client.messages.create(model="bubo", max_tokens=24, messages=MSGS, extra_body=GREEDY,

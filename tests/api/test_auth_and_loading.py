@@ -6,9 +6,10 @@ import json
 import time
 
 import pytest
+from client import call, call_json
 
 from .conftest import start_server
-from .test_server_core import assert_error, call, call_json
+from .test_server_core import assert_error
 
 KEY_FLAG, KEY_FILE = "k-from-variable", "k-from-file"
 LOAD_DELAY_S = 3  # the debug hook widens the loading window so /ready can be seen saying not_ready

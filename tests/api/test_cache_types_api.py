@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 
 import pytest
+from client import post_json
 
-from .conftest import post_json, start_server
+from .conftest import start_server
 
 pytestmark = pytest.mark.models
 

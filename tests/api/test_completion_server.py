@@ -5,8 +5,7 @@ import re
 import urllib.request
 
 import pytest
-
-from .test_server_core import call_json
+from client import call, call_json
 
 pytestmark = pytest.mark.models
 
@@ -14,14 +13,12 @@ PROMPT = "The capital of France is"
 
 
 def post(base_url, body, stream=False):
-    req = urllib.request.Request(base_url + "/completion", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        raw = r.read().decode()
+    status, _, data = call(base_url + "/completion", "POST", body)
+    assert status == 200, data[:500]
+    raw = data.decode()
     if not stream:
         return json.loads(raw)
     return [json.loads(line[len("data: "):]) for line in raw.split("\n\n") if line.startswith("data: ")]
-
 
 def test_completion_shape_and_stream(base_url):
     r = post(base_url, {"prompt": PROMPT, "n_predict": 8, "temperature": 0, "return_tokens": True})

@@ -9,6 +9,7 @@ the server reports."""
 from __future__ import annotations
 
 import pytest
+from client import call_json
 
 from bubo.api import pipeline
 from bubo.api.anthropic.messages import parse_messages_request
@@ -17,7 +18,6 @@ from bubo.api.openai.responses import parse_responses_request
 from bubo.runtime import Runtime
 
 from .conftest import Server
-from .test_server_core import call_json
 
 pytestmark = pytest.mark.models
 

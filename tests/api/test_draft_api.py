@@ -14,8 +14,9 @@ import urllib.error
 import urllib.request
 
 import pytest
+from client import post_json
 
-from .conftest import post_json, start_server
+from .conftest import start_server
 
 pytestmark = pytest.mark.models
 

@@ -15,10 +15,11 @@ import numpy as np
 import ollama
 import openai
 import pytest
+from client import post_json
 
 import bubo
 
-from .conftest import Server, post_json
+from .conftest import Server
 
 pytestmark = pytest.mark.models
 

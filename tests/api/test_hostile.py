@@ -17,9 +17,9 @@ import urllib.parse
 import urllib.request
 
 import pytest
+from client import call, call_json
 
 from .conftest import Server
-from .test_server_core import call, call_json
 
 pytestmark = pytest.mark.models
 

@@ -24,11 +24,11 @@ import time
 import urllib.parse
 
 import pytest
+from client import call_json
 
 from .conftest import Server
-from .test_server_core import call_json
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 KEY = "isolation-key"
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}

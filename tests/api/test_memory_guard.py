@@ -8,10 +8,10 @@ import urllib.error
 import urllib.request
 
 import pytest
+from client import post_json as post
 
-from bubo.engine.engine import MEM_SAFETY_MARGIN, memory_budget
+from bubo.engine.memory import MEM_SAFETY_MARGIN, memory_budget
 
-from .conftest import post_json as post
 from .conftest import start_server
 
 pytestmark = pytest.mark.models

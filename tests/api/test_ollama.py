@@ -19,6 +19,7 @@ from typing import Any
 
 import ollama
 import pytest
+from client import call
 from pydantic import BaseModel
 
 from bubo import store
@@ -66,14 +67,8 @@ def client(srv: Server) -> ollama.Client:
 
 
 def post(srv: Server, path: str, body: Any, method: str = "POST") -> tuple[int, str, bytes]:
-    req = urllib.request.Request(srv.url + path, data=json.dumps(body).encode(), method=method,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, r.headers.get("Content-Type", ""), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers.get("Content-Type", ""), e.read()
-
+    status, headers, data = call(srv.url + path, method, body)
+    return status, headers.get("Content-Type", ""), data
 
 HELLO = [{"role": "user", "content": "Write a haiku about the sea."}]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gevent
 import pytest
+from client import call_json
 
 import bubo
 from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
@@ -15,7 +16,6 @@ from bubo.engine.engine import Engine
 from bubo.engine.scheduler import Scheduler
 from bubo.sampling import SamplingParams
 
-from .test_server_core import call_json
 from reference.tiny import write_tiny_model
 
 pytestmark = pytest.mark.models

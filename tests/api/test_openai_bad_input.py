@@ -2,10 +2,9 @@
 the wrong type or range, gets a 4xx in its route's error shape (or is ignored, when unknown)."""
 
 import json
-import urllib.error
-import urllib.request
 
 import pytest
+from client import call
 
 pytestmark = pytest.mark.models
 
@@ -25,14 +24,8 @@ VALUES = ["x", [1], {"type": 5}, 1e300, [{"role": "user", "content": [5]}]]
 
 
 def post(url, body):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            r.read()
-            return r.status, None
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
+    status, _, data = call(url, "POST", body, timeout=60)
+    return status, (json.loads(data) if status >= 400 else None)
 
 @pytest.mark.parametrize("path", list(BASES))
 def test_wrong_types_are_client_errors(base_url, path):

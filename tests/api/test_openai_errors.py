@@ -1,13 +1,11 @@
 """Errors of the generating routes that need a server of their own: 503 not_ready while the
 model loads, and the API key through both SDKs (Bearer for openai, x-api-key for anthropic)."""
 
-import json
-import urllib.error
-import urllib.request
 
 import anthropic
 import openai
 import pytest
+from client import call_json
 
 from .conftest import start_server
 
@@ -25,14 +23,7 @@ ROUTES = [
 
 
 def post(url, body, headers=None):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
+    return call_json(url, "POST", body, headers=headers, timeout=30)
 
 def test_not_ready_while_the_model_loads():
     # a debug hook holds the model back, so every route is asked while it loads

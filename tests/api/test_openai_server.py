@@ -7,6 +7,7 @@ import urllib.request
 
 import openai
 import pytest
+from client import call
 
 pytestmark = pytest.mark.models
 
@@ -22,14 +23,8 @@ def client(base_url):
 
 
 def post(base_url, path, body):
-    req = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, r.headers, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers, e.read().decode()
-
+    status, headers, data = call(base_url + path, "POST", body)
+    return status, headers, data.decode()
 
 def test_chat_streamed_equals_non_streamed(client):
     full = client.chat.completions.create(model="bubo", messages=MSGS, max_tokens=24, temperature=0)

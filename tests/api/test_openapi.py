@@ -15,6 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 import schemathesis
+from client import call
 from flask import Flask
 from openapi_spec_validator import validate as validate_spec
 
@@ -542,14 +543,8 @@ def test_schemathesis(case: Any) -> None:
 
 def _post(server: Server, path: str, body: dict[str, Any] | None = None) -> tuple[int, str, bytes]:
     """(status, Content-Type, body) of a POST (a GET without body)."""
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(server.url + path, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, r.headers["Content-Type"], r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers["Content-Type"], e.read()
-
+    status, headers, data = call(server.url + path, "POST" if body is not None else "GET", body, timeout=60)
+    return status, headers["Content-Type"], data
 
 CHAT = {"model": "bubo", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 6, "seed": 1}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

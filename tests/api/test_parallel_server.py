@@ -14,9 +14,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from client import call, call_json
 
 from .conftest import MODEL, start_server
-from .test_server_core import FAST_ANSWER_S, assert_error, call, call_json
+from .test_server_core import FAST_ANSWER_S, assert_error
 
 QUESTIONS = [
     "What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis briefly.",

@@ -16,9 +16,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from client import call, call_json
 
 from .conftest import Server
-from .test_server_core import assert_error, call, call_json
+from .test_server_core import assert_error
 
 pytestmark = pytest.mark.models
 

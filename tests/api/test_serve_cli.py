@@ -17,12 +17,13 @@ import urllib.error
 import urllib.request
 
 import pytest
+from client import get_json
+from client import post_json as post
 
 from bubo import store
 from bubo.api import logs
 from bubo.cli.flags import HABIT_NOTES, HABIT_REFUSED
 
-from .conftest import post_json as post
 from .conftest import start_server
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -34,9 +35,7 @@ def bubo(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 
 def get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return json.loads(r.read())
-
+    return get_json(url)
 
 # --- models that cannot be served --------------------------------------------------------
 

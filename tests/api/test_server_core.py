@@ -6,33 +6,16 @@ import http.client
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from client import call, call_json
 
 from .conftest import MODEL
 
 # the latency bound the issue sets for /health and /metrics while a generation runs
 FAST_ANSWER_S = 0.100
-
-
-def call(url: str, method: str = "GET", body: Any = None, headers: dict[str, str] | None = None,
-         raw: bytes | None = None, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
-
-
-def call_json(url: str, method: str = "GET", body: Any = None, **kw: Any) -> tuple[int, Any]:
-    status, _, data = call(url, method, body, **kw)
-    return status, json.loads(data)
 
 
 def assert_error(status: int, body: Any, want_status: int, code: str, type_: str) -> None:

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+from client import call
 
 from bubo import store
 from bubo.api.app import create_app
@@ -18,7 +19,6 @@ from bubo.api.config import ServerConfig
 from bubo.engine.registry import ModelStatus
 
 from .conftest import Server
-from .test_server_core import call
 from engines import start_engine
 
 pytestmark = pytest.mark.models

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import json
 import pathlib
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pytest
+from client import call_json
 
 from .conftest import start_server
 from engines import sweep
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 SCHEMAS = json.loads((pathlib.Path(__file__).parent / "testdata" / "real_schemas.json").read_text())
 SEEDS = sweep(range(5), 2)
@@ -28,10 +28,9 @@ MAX_TOKENS = 64
 
 
 def post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        return json.loads(r.read())
-
+    status, answer = call_json(url, "POST", body, timeout=300)
+    assert status == 200, answer
+    return answer
 
 @pytest.fixture(scope="module")
 def qwen():

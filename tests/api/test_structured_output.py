@@ -11,9 +11,8 @@ from typing import Literal
 import jsonschema
 import openai
 import pytest
+from client import call_json
 from pydantic import BaseModel, Field
-
-from .test_server_core import call_json
 
 pytestmark = pytest.mark.models
 

@@ -2,11 +2,11 @@
 every request, as a hostile or broken GGUF template might) is a 400 in each route's error shape
 with the template's own message, never a 500, and the server keeps serving."""
 
-import json
 import urllib.error
 import urllib.request
 
 import pytest
+from client import call_json
 
 from .conftest import start_server
 
@@ -18,13 +18,7 @@ MSGS = [{"role": "user", "content": "Say hi."}]
 
 
 def post(url, body):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
+    return call_json(url, "POST", body, timeout=60)
 
 @pytest.mark.parametrize("template,needle", [(REFUSING, "refuses every request"), (ESCAPING, "")])
 def test_template_failure_is_a_400(tmp_path, template, needle):

@@ -3,11 +3,8 @@ with one name, parameters that are not the schema of an object."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 import pytest
+from client import call_json
 
 pytestmark = pytest.mark.models
 
@@ -15,13 +12,7 @@ OBJ = {"type": "object", "properties": {"city": {"type": "string"}}}
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
+    return call_json(url, "POST", body, timeout=60)
 
 def bodies(tools: list[dict]) -> list[tuple[str, dict]]:
     """One request per dialect with these tools ({"name", "parameters"} each, None: left out)."""

@@ -14,18 +14,18 @@
 from __future__ import annotations
 
 import json
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
 import jsonschema
 import openai
 import pytest
+from client import call_json
 
 from .conftest import start_server
 from engines import sweep
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
@@ -49,10 +49,9 @@ GREEDY = {"temperature": 0}
 
 
 def post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
-
+    status, answer = call_json(url, "POST", body)
+    assert status == 200, answer
+    return answer
 
 @pytest.fixture(scope="module")
 def qwen():

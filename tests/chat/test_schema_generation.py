@@ -22,7 +22,7 @@ from engines import start_engine, sweep
 CASES = json.loads((Path(__file__).parent / "testdata" / "schemas.json").read_text())
 SEEDS = sweep([11, 22, 33, 44, 55], 2)
 MAX_TOKENS = 200  # every test schema has instances far shorter: running out is the model's ramble, a failure
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 TEMPERATURE = 0.8  # seeds that differ should give answers that differ
 FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER  # 2020-12 formats (RFC 3339 time), checked

@@ -20,7 +20,7 @@ from bubo.sampling import SamplingParams
 
 from engines import start_engine, sweep
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 N_RUNS = 50
 N_PARALLEL = 5

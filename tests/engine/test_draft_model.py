@@ -37,6 +37,8 @@ from .test_draft import (  # noqa: F401 (drafts_at_their_cap: the module's autou
 )
 from engines import start_engine
 
+pytestmark = pytest.mark.slow  # a sweep or a build: the whole suite runs it, the quick tier does not
+
 TARGET, DRAFT = "qwen2.5-coder:1.5b", "qwen2.5-coder:0.5b"
 
 

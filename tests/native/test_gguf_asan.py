@@ -17,6 +17,8 @@ import pytest
 
 import ggufbuild as gb
 
+pytestmark = pytest.mark.slow  # a sweep or a build: the whole suite runs it, the quick tier does not
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "tests" / "native" / "c" / "fuzz_gguf.c"
 RANDOM_CASES = 1_000_000

@@ -18,7 +18,7 @@ import pytest
 from bubo._model import KVCache, Model
 from bubo._tokenizer import Tokenizer
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 TEXT = (pathlib.Path(__file__).resolve().parents[1] / "data" / "kv_text.md").read_text(encoding="utf-8")
 CHUNK = 512

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a sweep or a build: the whole suite runs it, the quick tier does not
+
 ROOT = Path(__file__).resolve().parents[2]
 CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"

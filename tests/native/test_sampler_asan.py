@@ -7,6 +7,8 @@ import subprocess
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a sweep or a build: the whole suite runs it, the quick tier does not
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 

@@ -34,12 +34,13 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from api.conftest import Process, Server, post_json
+from api.conftest import Process, Server
+from client import post_json
 
 from bubo import store
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'bubo[ray]'")
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 MODEL = "smollm2:135m"
 KEY = "ray-test-key"

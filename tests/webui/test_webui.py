@@ -25,7 +25,7 @@ from api.conftest import Server
 
 from bubo import store
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(os.environ.get("BUBO_TEST_OUTPUT") or ROOT / "test-output") / "webui"
