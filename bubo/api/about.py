@@ -19,22 +19,13 @@ from bubo.api import errors
 from bubo.api import openapi as oa
 from bubo.api.auth import check_api_key
 from bubo.api.config import ServerConfig
+from bubo.api.request import config, models
 from bubo.engine.registry import DEFAULT_NAME, Registry
 
 blueprint = Blueprint("about", __name__)
 
 # routes that answer without an API key (the app's auth hook skips them)
 PUBLIC_PATHS = frozenset({"/"})
-
-
-def _registry() -> Registry:
-    reg: Registry = current_app.config["BUBO_MODELS"]
-    return reg
-
-
-def _config() -> ServerConfig:
-    cfg: ServerConfig = current_app.config["BUBO_CONFIG"]
-    return cfg
 
 
 def _openapi_doc(d: oa.Doc) -> oa.Op:
@@ -47,7 +38,7 @@ def _openapi_doc(d: oa.Doc) -> oa.Op:
 
 @oa.route(blueprint, "/openapi.json", doc=_openapi_doc)
 def openapi_json() -> Any:
-    return jsonify(oa.document(current_app, _config(), _registry()))
+    return jsonify(oa.document(current_app, config(), models()))
 
 
 def _has_key(cfg: ServerConfig) -> bool:
@@ -108,7 +99,7 @@ def _about_doc(d: oa.Doc) -> oa.Op:
 @oa.route(blueprint, "/", doc=_about_doc)
 def about() -> Any:
     """What is running, for a person: plain text, or a small page for a browser. No key needed."""
-    cfg, reg = _config(), _registry()
+    cfg, reg = config(), models()
     show = _has_key(cfg)
     lines, routes, unimplemented = about_lines(cfg, reg, show)
     browser = any(m == "text/html" and q > 0 for m, q in request.accept_mimetypes)
