@@ -52,7 +52,7 @@ with tempfile.TemporaryDirectory() as tmp:
 # the server's packages are in the wheel, with their dependencies: the app answers without a model
 from bubo.api.app import create_app  # noqa: E402
 from bubo.api.config import ServerConfig  # noqa: E402
-from bubo.engine import Engine  # noqa: E402
+from bubo.engine.engine import Engine  # noqa: E402
 
 client = create_app(Engine("smollm2:135m"), ServerConfig()).test_client()
 assert client.get("/health").json == {"status": "ok"}
