@@ -9,7 +9,7 @@ import pytest
 
 from bubo._grammar import Grammar
 from bubo.engine import ErrorEvent, FinishEvent, GenerationRequest, Reason, TokenEvent
-from bubo.engine.engine import MAX_UNREAD_EVENTS
+from bubo.engine.streams import MAX_UNREAD_EVENTS
 from bubo.engine.types import NoTokenError
 from bubo.sampling import SamplingParams
 
