@@ -21,8 +21,10 @@ POOLINGS = ("mean", "cls", "last")
 @dataclass
 class ServeOptions:
     # the models
-    model: str = store.DEFAULT_MODEL  # the default model's name (the first of models)
-    models: list[str] = field(default_factory=list)  # every -m given; none: the store's models
+    # the models to serve (every -m; a program serving one model gives models=[name]); none: the
+    # store's models, the default one first. model is the first of them (or the default's name)
+    model: str = store.DEFAULT_MODEL
+    models: list[str] = field(default_factory=list)
     models_dir: str | None = None
     models_preset: str | None = None
     models_max: int = DEFAULT_MODELS_MAX

@@ -63,11 +63,14 @@ def sampling_defaults(args: ServeOptions) -> dict[str, Any]:
     value names its flag."""
     from bubo.sampling import SamplingParams
 
+    fields = SamplingParams.__dataclass_fields__
     for name, value in args.sampling.items():
+        if name not in fields:
+            raise ValueError(f"sampling default {name!r}: not a sampling field (they are {', '.join(fields)})")
         try:
             SamplingParams(**{name: value})
         except (ValueError, TypeError) as e:
-            flag = SamplingParams.__dataclass_fields__[name].metadata["flag"] or name
+            flag = fields[name].metadata["flag"] or name
             raise ValueError(f"{flag} {value}: {e}") from None
     return dict(args.sampling)
 

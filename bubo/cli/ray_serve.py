@@ -10,7 +10,7 @@ import sys
 import threading
 import types
 
-from bubo.cli.serve import options as serve_options
+from bubo.cli.flags import csv
 from bubo.rayserve import DeployError, Options, check_resources, deploy, require_ray
 
 
@@ -31,14 +31,25 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise ValueError(f"--port {args.port}: give 1..65535")
     if not args.ready_timeout > 0:
         raise ValueError(f"--ready-timeout {args.ready_timeout}: give a positive number of seconds")
-    replica = serve_options(args.serve_args)  # each replica's `bubo serve`, for its own health checks' key
-    return Options(serve_argv=list(args.serve_argv), api_keys=replica.api_key, api_key_file=replica.api_key_file,
+    keys, key_file = _key_flags(args.serve_argv)
+    return Options(serve_argv=list(args.serve_argv), api_keys=keys, api_key_file=key_file,
                    replicas=args.replicas, threads=args.threads,
                    min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                    target_ongoing_requests=args.target_ongoing_requests,
                    max_ongoing_requests=args.max_ongoing_requests, router=args.router,
                    busy_threshold=args.busy_threshold, one_per_node=args.one_per_node,
                    ready_timeout_s=args.ready_timeout, name=args.app_name)
+
+
+def _key_flags(serve_argv: list[str]) -> tuple[list[str], str | None]:
+    """The replicas' --api-key and --api-key-file as given on this command line (the variables
+    BUBO_ARG_API_KEY and BUBO_ARG_API_KEY_FILE are each replica's node's own: it reads them there,
+    as its `bubo serve` does)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--api-key-file", default=None)
+    given, _ = p.parse_known_args(serve_argv)
+    return csv(given.api_key), given.api_key_file
 
 
 def ray_serve(args: argparse.Namespace) -> int:

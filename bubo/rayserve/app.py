@@ -108,10 +108,14 @@ _DIE_WITH_PARENT = (
 
 
 def _first_key(keys: list[str], key_file: str | None) -> str | None:
-    """A key the replica's own health checks can use: the first of its server's keys (its
-    --api-key, then its --api-key-file as read on the replica's node)."""
+    """A key the replica's own health checks can use: the first of its server's keys, as its
+    `bubo serve` finds them on this node: --api-key, else BUBO_ARG_API_KEY; then --api-key-file,
+    else BUBO_ARG_API_KEY_FILE (a flag wins over its variable)."""
     from bubo.api.auth import load_key_file
 
+    if not keys:
+        keys = [k.strip() for k in os.environ.get("BUBO_ARG_API_KEY", "").split(",") if k.strip()]
+    key_file = key_file or os.environ.get("BUBO_ARG_API_KEY_FILE") or None
     keys = list(keys) + (load_key_file(key_file) if key_file else [])
     return keys[0] if keys else None
 

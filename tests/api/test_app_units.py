@@ -197,3 +197,12 @@ def test_requests_from_foreign_web_pages_are_refused():
     for headers in ({"Origin": "http://localhost"}, {"Origin": "http://ok.example"}, {}):
         assert c.post("/tokenize", data=hi, headers=headers).status_code == 503
     assert c.get("/health", headers={"Origin": "http://evil.example"}).status_code == 200
+
+
+def test_only_the_blob_route_takes_head():
+    """Ollama's HEAD /api/blobs/<digest> asks whether a blob is there (501: none ever is); its other
+    routes of model creation take POST only."""
+    c = create_app(Engine("smollm2:135m"), ServerConfig()).test_client()
+    assert c.head("/api/create").status_code == 405 and c.head("/api/push").status_code == 405
+    assert c.head("/api/blobs/sha256-00").status_code == 501 and c.post("/api/blobs/sha256-00").status_code == 501
+    assert c.post("/api/create", json={}).status_code == 501

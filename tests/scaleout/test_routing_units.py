@@ -270,3 +270,26 @@ def test_the_application_carries_the_flags():
     auto = rep._deployment_config.autoscaling_config
     assert (auto.min_replicas, auto.initial_replicas, auto.max_replicas, auto.target_ongoing_requests) == (2, 2, 5, 3)
     assert "PrefixAware" not in str(rep._deployment_config.request_router_config.request_router_class)
+
+
+def test_a_replicas_key_comes_from_the_command_line_or_its_own_node(monkeypatch, tmp_path):
+    """The replicas' health checks use their server's first key as that server finds it: the
+    command line's --api-key / --api-key-file (the driver passes only those), else the variables
+    of the replica's own node; the driver's environment stays on the driver."""
+    from bubo.cli.ray_serve import _key_flags
+    from bubo.rayserve.app import _first_key
+
+    monkeypatch.delenv("BUBO_ARG_API_KEY", raising=False)
+    monkeypatch.delenv("BUBO_ARG_API_KEY_FILE", raising=False)
+    assert _key_flags(["-m", "x", "--api-key", "k1, k2", "-c", "512"]) == (["k1", "k2"], None)
+    monkeypatch.setenv("BUBO_ARG_API_KEY", "driver")
+    assert _key_flags(["-m", "x"]) == ([], None)
+    monkeypatch.setenv("BUBO_ARG_API_KEY", "node")  # now as the replica's node sees it
+    assert _first_key([], None) == "node" and _first_key(["k1"], None) == "k1"
+    keys = tmp_path / "keys"
+    keys.write_text("# the keys\nfromfile\n")
+    monkeypatch.delenv("BUBO_ARG_API_KEY")
+    monkeypatch.setenv("BUBO_ARG_API_KEY_FILE", str(keys))
+    assert _first_key([], None) == "fromfile" and _first_key([], str(keys)) == "fromfile"
+    monkeypatch.delenv("BUBO_ARG_API_KEY_FILE")
+    assert _first_key([], None) is None

@@ -588,9 +588,15 @@ def _not_here_doc(d: oa.Doc) -> dict[str, oa.Op]:
     return out
 
 
-@oa.route(blueprint, "/api/create", "/api/push", "/api/blobs/<digest>", methods=("HEAD", "POST"), doc=_not_here_doc)
-def not_here(digest: str | None = None) -> Any:
+@oa.route(blueprint, "/api/create", "/api/push", methods=("POST",), doc=_not_here_doc)
+def not_here() -> Any:
     raise ApiError(501, "not_implemented", "bubo does not create or publish models (no Modelfile parser, no "
                                            "registry to push to): pull catalog models with /api/pull, or serve a "
                                            "GGUF file with bubo serve -m FILE")
+
+
+@oa.route(blueprint, "/api/blobs/<digest>", methods=("HEAD", "POST"), doc=_not_here_doc)
+def blobs(digest: str) -> Any:
+    """Ollama's blob upload (HEAD asks whether one is there): none is, as nothing is created."""
+    return not_here()
 
