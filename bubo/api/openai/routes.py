@@ -3,6 +3,7 @@ pipeline (bubo/api/pipeline.py) and shape the events."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ from bubo.api.sse import sse_response
 from bubo.engine.types import FinishEvent, GenerationRequest, TokenEvent
 
 blueprint = Blueprint("openai", __name__)
+log = logging.getLogger("bubo.api")
 
 
 # --- chat ----------------------------------------------------------------------------------
@@ -196,5 +198,9 @@ def responses() -> Any:
                     yield from r.end(ev, reasoning_tokens(reasoning))
         except ApiError as e:
             yield stream_error(StreamShape.RESPONSES, e, r.seq)
+        except Exception as e:  # noqa: BLE001 - a bug: still the next sequence number (sse's fallback has none)
+            log.exception("a Responses stream failed")
+            yield stream_error(StreamShape.RESPONSES, ApiError(500, "internal_error",
+                                                               f"internal error: {type(e).__name__}: {e}"), r.seq)
 
     return sse_response(events(), stream=stream, shape=StreamShape.RESPONSES)
