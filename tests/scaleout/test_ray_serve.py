@@ -140,6 +140,117 @@ def test_two_replicas_on_two_nodes_answer_as_one_server(app):
     assert status == 401 and body["type"] == "error" and body["error"]["type"] == "authentication_error", body
 
 
+# --- a replica killed under load ----------------------------------------------------------------
+
+
+def _replica_pids(app_name: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"ray::ServeReplica:{app_name}:BuboReplica"], capture_output=True,
+                         text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_killed_replica_fails_only_its_requests_and_is_replaced(app):
+    """On the module's application (the routing test after this one starts from its replacement
+    replica's empty cache as well as from the other's)."""
+    stop = threading.Event()
+    results: list[dict] = []
+    lock = threading.Lock()
+
+    def client(k: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            body = {"model": MODEL, "messages": [{"role": "user", "content": f"Client {k}, request {n}: count on."}],
+                    "max_tokens": 24, "temperature": 0, "stream": k < 2}
+            req = urllib.request.Request(app.url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+            t0 = time.monotonic()
+            r: dict = {"client": k, "t0": t0, "stream": k < 2}
+            try:
+                with urllib.request.urlopen(req, timeout=90) as resp:
+                    r["status"] = resp.status
+                    r["replica"] = resp.headers.get("X-Bubo-Replica")
+                    text = resp.read().decode()
+                    r["in_band_error"] = k < 2 and '"replica_lost"' in text
+                    r["done"] = (not k < 2) or "[DONE]" in text
+            except urllib.error.HTTPError as e:
+                r["status"] = e.code
+                r["retry_after"] = e.headers.get("Retry-After")
+                r["body"] = json.loads(e.read())
+            except Exception as e:  # noqa: BLE001 - a hang or a dropped connection is a failure here
+                r["status"] = None
+                r["exception"] = repr(e)
+            r["t1"] = time.monotonic()
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(4)
+    pids = _replica_pids("bubo")
+    assert len(pids) == 2, pids
+    victim = pids[0]
+    servers = _children(victim)
+    with lock:
+        before = {r["replica"] for r in results if r.get("replica")}
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    # wait for an answer from a replica that was not there before the kill
+    replaced_at = None
+    while time.monotonic() - killed_at < 60:
+        with lock:
+            new = [r for r in results if r.get("status") == 200 and r.get("replica") and r["replica"] not in before
+                   and r["t1"] > killed_at]
+        if new:
+            replaced_at = min(r["t1"] for r in new)
+            break
+        time.sleep(0.5)
+    time.sleep(2)
+    stop.set()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a client hung"
+    # the killed replica's bubo serve went with it (PR_SET_PDEATHSIG)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in servers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert servers and not any(_alive(p) for p in servers), servers
+
+    failed = [r for r in results if r.get("status") != 200 or r.get("in_band_error")]
+    ok = [r for r in results if r.get("status") == 200 and r.get("done") and not r.get("in_band_error")]
+    print(f"\n{len(results)} requests: {len(ok)} answered, {len(failed)} failed with the replica "
+          f"(replacement answering {replaced_at - killed_at:.1f} s after the kill)" if replaced_at else "")
+    assert replaced_at is not None and replaced_at - killed_at <= 30, "no answer from a new replica within 30 s"
+    assert len(ok) + len(failed) == len(results)
+    for r in failed:
+        if r.get("in_band_error"):
+            continue  # a stream whose 200 had gone out ends with the dialect's error event
+        assert r["status"] == 503 and r.get("retry_after"), r
+        assert r["body"]["error"]["code"] == "replica_lost", r
+        # only requests that were under way on the killed replica fail
+        assert r["t0"] <= killed_at + 1.0, r
+    assert len(failed) <= 8, failed
+    assert any(r["t0"] > killed_at for r in ok), "no request after the kill was answered"
+
+
 # --- prefix-aware routing against Ray Serve's default ------------------------------------------
 
 TOPICS = ["a lighthouse keeper", "a spice merchant", "a glacier survey team", "a violin workshop"]
@@ -197,123 +308,6 @@ def test_prefix_aware_routing_caches_more_than_rays_default(cluster, app):
     assert prefix["prompt"] == default["prompt"]
     assert prefix["cached"] >= 0.75 * prefix["prompt"], (prefix, default)
     assert prefix["cached"] >= 1.5 * default["cached"], (prefix, default)
-
-
-# --- a replica killed under load ----------------------------------------------------------------
-
-
-def _replica_pids(app_name: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"ray::ServeReplica:{app_name}:BuboReplica"], capture_output=True,
-                         text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def test_a_killed_replica_fails_only_its_requests_and_is_replaced(cluster):
-    app = RayServe(cluster.address, "--replicas", "2", "-t", "1", "-c", str(CTX), "--app-name", "bubo-faults")
-    try:
-        _killed_replica_under_load(app)
-    finally:
-        app.stop()
-
-
-def _killed_replica_under_load(app: RayServe) -> None:
-    stop = threading.Event()
-    results: list[dict] = []
-    lock = threading.Lock()
-
-    def client(k: int) -> None:
-        n = 0
-        while not stop.is_set():
-            n += 1
-            body = {"model": MODEL, "messages": [{"role": "user", "content": f"Client {k}, request {n}: count on."}],
-                    "max_tokens": 24, "temperature": 0, "stream": k < 2}
-            req = urllib.request.Request(app.url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-            t0 = time.monotonic()
-            r: dict = {"client": k, "t0": t0, "stream": k < 2}
-            try:
-                with urllib.request.urlopen(req, timeout=90) as resp:
-                    r["status"] = resp.status
-                    r["replica"] = resp.headers.get("X-Bubo-Replica")
-                    text = resp.read().decode()
-                    r["in_band_error"] = k < 2 and '"replica_lost"' in text
-                    r["done"] = (not k < 2) or "[DONE]" in text
-            except urllib.error.HTTPError as e:
-                r["status"] = e.code
-                r["retry_after"] = e.headers.get("Retry-After")
-                r["body"] = json.loads(e.read())
-            except Exception as e:  # noqa: BLE001 - a hang or a dropped connection is a failure here
-                r["status"] = None
-                r["exception"] = repr(e)
-            r["t1"] = time.monotonic()
-            with lock:
-                results.append(r)
-
-    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(8)]
-    for t in threads:
-        t.start()
-    time.sleep(4)
-    pids = _replica_pids("bubo-faults")
-    assert len(pids) == 2, pids
-    victim = pids[0]
-    servers = _children(victim)
-    with lock:
-        before = {r["replica"] for r in results if r.get("replica")}
-    os.kill(victim, signal.SIGKILL)
-    killed_at = time.monotonic()
-    # wait for an answer from a replica that was not there before the kill
-    replaced_at = None
-    while time.monotonic() - killed_at < 60:
-        with lock:
-            new = [r for r in results if r.get("status") == 200 and r.get("replica") and r["replica"] not in before
-                   and r["t1"] > killed_at]
-        if new:
-            replaced_at = min(r["t1"] for r in new)
-            break
-        time.sleep(0.5)
-    time.sleep(2)
-    stop.set()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a client hung"
-    # the killed replica's bubo serve went with it (PR_SET_PDEATHSIG)
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in servers) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert servers and not any(_alive(p) for p in servers), servers
-
-    failed = [r for r in results if r.get("status") != 200 or r.get("in_band_error")]
-    ok = [r for r in results if r.get("status") == 200 and r.get("done") and not r.get("in_band_error")]
-    print(f"\n{len(results)} requests: {len(ok)} answered, {len(failed)} failed with the replica "
-          f"(replacement answering {replaced_at - killed_at:.1f} s after the kill)" if replaced_at else "")
-    assert replaced_at is not None and replaced_at - killed_at <= 30, "no answer from a new replica within 30 s"
-    assert len(ok) + len(failed) == len(results)
-    for r in failed:
-        if r.get("in_band_error"):
-            continue  # a stream whose 200 had gone out ends with the dialect's error event
-        assert r["status"] == 503 and r.get("retry_after"), r
-        assert r["body"]["error"]["code"] == "replica_lost", r
-        # only requests that were under way on the killed replica fail
-        assert r["t0"] <= killed_at + 1.0, r
-    assert len(failed) <= 8, failed
-    assert any(r["t0"] > killed_at for r in ok), "no request after the kill was answered"
 
 
 def test_too_few_cpus_for_the_replicas_is_a_clear_error(cluster):
