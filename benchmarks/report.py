@@ -27,6 +27,11 @@ BENCHMARKS: list[tuple[str, str, str]] = [
      "and thread count, alternating round by round: `pp512` decodes a 512-token prompt as one batch, `tg128` "
      "generates 128 tokens one at a time (`@ dN`: after N tokens already in the cache), both from random "
      "tokens as llama-bench does. The ratio is bubo's tokens per second over llama.cpp's."),
+    ("kl", "Quality against llama.cpp",
+     "`benchmarks/kl.py`: each catalog model's mean KL-divergence to its exact model (every tensor dequantized "
+     "to F32), llama-perplexity's measure over the same chunks of the same text, bubo's runs of the two files "
+     "beside llama.cpp's. The ratio is bubo's over llama.cpp's: at most 1.02 after any change to a kernel, "
+     "to attention or to the forward pass."),
     ("prepack", "Prepacked weights",
      "`benchmarks/prepack.py`: matrices packed at load into the tiles' layout, against the rows in place "
      "(`BUBO_NO_PREPACK=1`): the kernels alone, whole models under `bubo bench`, and the server under steady "

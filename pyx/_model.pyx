@@ -6,6 +6,8 @@ import os
 
 import numpy as np
 
+from bubo import cpus
+
 from libc.stdint cimport int32_t, uint8_t, uint64_t
 
 from common cimport *
@@ -35,7 +37,8 @@ _POOLING_NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last"}
 
 
 cdef class Model:
-    """A GGUF model on the native forward pass. n_threads 0 means os.cpu_count()."""
+    """A GGUF model on the native forward pass. n_threads 0 means every CPU this process may run on
+    (bubo.cpus.usable)."""
     cdef bubo_model *m
     cdef readonly str path
     cdef readonly dict hparams
@@ -48,7 +51,7 @@ cdef class Model:
         if b"\0" in bpath:
             raise ValueError("path contains a NUL byte")
         if n_threads == 0:
-            n_threads = os.cpu_count() or 1
+            n_threads = cpus.usable()
         cdef int rq = BUBO_TYPE_COUNT
         if requant is not None:
             if requant not in REQUANT_TYPES:

@@ -1,7 +1,11 @@
+import contextlib
+import fcntl
 import hashlib
+import os
 import pathlib
 import random
 import sys
+import tempfile
 import zipfile
 
 import pytest
@@ -10,6 +14,76 @@ from bubo import store
 
 # tests/reference is a package the test folders import as `reference`
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+
+def pytest_configure(config):
+    """Each pytest-xdist worker runs on its own share of the CPUs (the servers and engines it starts
+    inherit it, and take its size as their thread count: tests/engines.THREADS), so that two
+    workers' models never fight over one core."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... in a worker
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")) if worker else _workers(config)
+    if not count:
+        return
+    share = max(1, len(cpus) // count)
+    if not worker:
+        # numpy's BLAS starts a thread per CPU of the machine, not of the mask, when it is loaded
+        # (before this hook, in a worker): the workers are told their share as they start
+        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[name] = str(share)
+        return
+    k = int(worker.removeprefix("gw"))
+    os.sched_setaffinity(0, cpus[k * share:(k + 1) * share] or [cpus[k % len(cpus)]])
+
+
+def _workers(config) -> int:
+    n = getattr(config.option, "numprocesses", None)  # pytest-xdist's -n
+    return n if isinstance(n, int) else 0
+
+
+class RunLock:
+    """The workers' readers-writer lock (flock on two files shared by one run's workers): every
+    test holds it shared, an `exclusive` test (one that measures latencies against a bound) holds
+    it alone, so that nothing else runs beside it. A writer waiting on the main lock holds the
+    turnstile, which every reader passes first: readers cannot starve it."""
+
+    def __init__(self, run_id: str):
+        base = pathlib.Path(tempfile.gettempdir()) / f"bubo-tests-{run_id}"
+        self.turnstile = open(f"{base}.turnstile", "a")  # noqa: SIM115 - held for the run
+        self.main = open(f"{base}.lock", "a")  # noqa: SIM115
+
+    @contextlib.contextmanager
+    def held(self, exclusive: bool):
+        fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.main, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            if not exclusive:
+                fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.main, fcntl.LOCK_UN)
+            if exclusive:
+                fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+
+
+_run_lock: RunLock | None = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    global _run_lock
+    run_id = getattr(item.config, "workerinput", {}).get("testrunuid")  # in a pytest-xdist worker
+    if run_id is None:
+        yield
+        return
+    if _run_lock is None:
+        _run_lock = RunLock(run_id)
+    with _run_lock.held(item.get_closest_marker("exclusive") is not None):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,13 @@ import os
 
 import gevent
 
+from bubo import cpus
 from bubo.engine.engine import Engine
 
 READY_TIMEOUT_S = 120
+# the threads of the tests' models, engines and servers: 2, or 1 where this test worker has one CPU
+# (tests/conftest.py gives each of pytest-xdist's workers its share of the CPUs)
+THREADS = min(2, cpus.usable())
 
 
 def wait_ready(e: Engine) -> Engine:
@@ -21,8 +25,8 @@ def wait_ready(e: Engine) -> Engine:
 
 
 def start_engine(path, **kw) -> Engine:
-    """An Engine on the model at path (n_threads 2 unless given), started and ready."""
-    kw.setdefault("n_threads", 2)
+    """An Engine on the model at path (n_threads THREADS unless given), started and ready."""
+    kw.setdefault("n_threads", THREADS)
     e = Engine(str(path), **kw)
     e.start()
     return wait_ready(e)

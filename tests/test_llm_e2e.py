@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from engines import THREADS
+
 pytestmark = pytest.mark.models
 
 ORACLE = json.loads((Path(__file__).parent / "data" / "oracle" / "llamacpp.json").read_text())
@@ -31,7 +33,7 @@ def _agreed_prefix(case):
 def smollm2(catalog_model):
     import bubo
 
-    return bubo.Model("smollm2:135m", n_ctx=256, n_threads=2)
+    return bubo.Model("smollm2:135m", n_ctx=256, n_threads=THREADS)
 
 
 # three prompts whose first 16 greedy steps hold no near tie
@@ -56,9 +58,9 @@ def test_quantized_cache_types_in_the_library(catalog_model):
     import bubo
 
     prompt = CASES[0]["prompt"]
-    want = bubo.Model("smollm2:135m", n_ctx=256, n_threads=2).complete(prompt, max_tokens=8, temperature=0).tokens
+    want = bubo.Model("smollm2:135m", n_ctx=256, n_threads=THREADS).complete(prompt, max_tokens=8, temperature=0).tokens
     for k, v in (("q8_0", "q8_0"), ("f16", "q4_0")):
-        with bubo.Model("smollm2:135m", n_ctx=256, n_threads=2, cache_type_k=k, cache_type_v=v) as m:
+        with bubo.Model("smollm2:135m", n_ctx=256, n_threads=THREADS, cache_type_k=k, cache_type_v=v) as m:
             got = m.complete(prompt, max_tokens=8, temperature=0).tokens
         assert got[:4] == want[:4], (k, v, got, want)
     with pytest.raises(ValueError, match="cache_type_k q4_0: K rows lose too much"):
@@ -102,7 +104,7 @@ def test_gemma_base_model_has_no_chat(catalog_model):
     import bubo
     from bubo.chat import NoChatTemplateError
 
-    m = bubo.Model("gemma3:270m", n_ctx=64, n_threads=2)
+    m = bubo.Model("gemma3:270m", n_ctx=64, n_threads=THREADS)
     with pytest.raises(NoChatTemplateError, match="no chat template"):
         m.chat([{"role": "user", "content": "hi"}])
 

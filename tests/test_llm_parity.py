@@ -24,6 +24,7 @@ import bubo
 from bubo.llm import SAMPLING_FIELDS, ChatCompletion, ChatStream, Model
 from bubo.sampling import SamplingParams
 
+from engines import THREADS
 from reference.tiny import write_tiny_model
 
 pytestmark = pytest.mark.models
@@ -57,20 +58,20 @@ SUM = {"type": "object", "additionalProperties": False, "required": ["answer"],
 
 @pytest.fixture(scope="module")
 def smollm2():
-    with bubo.Model("smollm2:135m", n_ctx=2048, n_threads=2) as m:
+    with bubo.Model("smollm2:135m", n_ctx=2048, n_threads=THREADS) as m:
         yield m
 
 
 @pytest.fixture(scope="module")
 def qwen():
-    with bubo.Model("qwen2.5-coder:0.5b", n_ctx=2048, n_threads=2) as m:
+    with bubo.Model("qwen2.5-coder:0.5b", n_ctx=2048, n_threads=THREADS) as m:
         yield m
 
 
 @pytest.fixture(scope="module")
 def thinker():
     """smollm2 under a template that thinks (the server's tests/api/testdata one)."""
-    with bubo.Model("smollm2:135m", n_ctx=2048, n_threads=2, chat_template=THINKING_TEMPLATE.read_text()) as m:
+    with bubo.Model("smollm2:135m", n_ctx=2048, n_threads=THREADS, chat_template=THINKING_TEMPLATE.read_text()) as m:
         yield m
 
 

@@ -15,6 +15,7 @@ import signal
 import sys
 from typing import Any
 
+from bubo import cpus
 from bubo.api import http, logs
 from bubo.api.config import OLLAMA_PORT, ServerConfig, is_loopback
 from bubo.api.models_config import check_model, model_specs, served_name
@@ -158,7 +159,7 @@ def serve(args: ServeOptions) -> int:
         extra.start()
         xhost, xport = extra.address[:2]
         say(f"also listening on http://{xhost if ':' not in xhost else '[' + xhost + ']'}:{xport} (Ollama's port)")
-    threads = specs[0].settings.n_threads or os.cpu_count() or 1
+    threads = specs[0].settings.n_threads or cpus.usable()
     if router:
         say(f"{len(specs)} models (router mode; at most {args.models_max or 'any number of'} loaded "
             f"at once{', loaded on request' if not args.no_models_autoload else ''}): "

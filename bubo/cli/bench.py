@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from typing import Any
 
+from bubo import cpus
 from bubo.cli.flags import check_cache_flags
 
 
@@ -44,7 +44,7 @@ def bench(path: Any, n_prompt: int, n_gen: int, n_threads: int | None, reps: int
         raise ValueError(f"-d {n_depth}: the depth and the test ({n_ctx} tokens) pass the model's context "
                          f"({n_ctx_train})")
     model = NativeModel(str(path), n_threads or 0)
-    threads = n_threads or os.cpu_count() or 1
+    threads = n_threads or cpus.usable()
     kv = KVCache(model, n_ctx, type=type_k, type_v=type_v)
     rng = np.random.default_rng(0)
     n_vocab = model.n_vocab
@@ -137,7 +137,7 @@ def bench_draft(path: Any, draft: str, n_gen: int, n_threads: int | None, reps: 
                 n_drafted += b.timings.draft_n
                 n_kept += b.timings.draft_n_accepted
     plain_ts, drafted_ts = (sums[k][0] / sums[k][1] if sums[k][1] else 0.0 for k in ("plain", "drafted"))
-    return [{"model": str(path.name), "draft": draft, "n_threads": n_threads or os.cpu_count() or 1,
+    return [{"model": str(path.name), "draft": draft, "n_threads": n_threads or cpus.usable(),
              "test": f"tg{n_gen} x{len(prompts)}", "plain_ts": plain_ts, "drafted_ts": drafted_ts,
              "speedup": drafted_ts / plain_ts if plain_ts else 0.0, "draft_n": n_drafted,
              "draft_n_accepted": n_kept, "same_answers": same}]

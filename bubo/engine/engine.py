@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bubo import cpus
 from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig, DraftModel
 from bubo.engine.memory import (
     KV_TYPES,
@@ -174,7 +175,7 @@ class Engine:
         self.model_path: str | None = None
         self.n_ctx: int | None = None
         self.n_ctx_train: int | None = None
-        self.n_threads = n_threads or os.cpu_count() or 1
+        self.n_threads = n_threads or cpus.usable()
         self.n_parallel: int | None = n_parallel  # resolved at load
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch

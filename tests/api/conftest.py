@@ -23,6 +23,8 @@ import pytest
 
 from bubo import store
 
+from engines import THREADS
+
 MODEL = "smollm2:135m"
 START_TIMEOUT_S = 120.0  # a cold start may rebuild the editable install first
 _URL = re.compile(r"listening on (http://[^\s\"]+)")
@@ -84,7 +86,7 @@ class Process:
 
 class Server(Process):
     def __init__(self, *flags: str, env: dict[str, str] | None = None, model: str | None = MODEL,
-                 ctx: int = 2048, threads: int = 2):
+                 ctx: int = 2048, threads: int = THREADS):
         """model None: the flags name the models (router mode: several -m, --models-dir, ...)."""
         models: list[str] = []
         if model is not None:
@@ -124,7 +126,7 @@ def start_server(*flags: str, env: dict[str, str] | None = None, **kw) -> Server
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
-    """The shared server: smollm2:135m, -c 2048, -t 2, one slot (-np 1), --debug-hooks (loopback), ready."""
+    """The shared server: smollm2:135m, -c 2048, -t THREADS, one slot (-np 1), --debug-hooks (loopback), ready."""
     s = Server("--debug-hooks", "-np", "1")
     try:
         yield s.wait_ready()

@@ -10,6 +10,7 @@ from client import call, call_json
 
 from .conftest import start_server
 from .test_server_core import assert_error
+from engines import THREADS
 
 KEY_FLAG, KEY_FILE = "k-from-variable", "k-from-file"
 LOAD_DELAY_S = 3  # the debug hook widens the loading window so /ready can be seen saying not_ready
@@ -85,7 +86,7 @@ def test_startup_log_says_address_model_context_threads_docs(keyed):
     log = "".join(keyed.log)
     assert f"listening on {keyed.url}" in log
     assert "as 'smollm2:135m' (also: bubo)" in log
-    assert "threads 2" in log and "context 2048 tokens (trained 8192)" in log
+    assert f"threads {THREADS}" in log and "context 2048 tokens (trained 8192)" in log
     assert "API key required" in log
     assert f"the routes: {keyed.url}/openapi.json" in log
 

@@ -20,6 +20,7 @@ from client import post_json
 import bubo
 
 from .conftest import Server
+from engines import THREADS
 
 pytestmark = pytest.mark.models
 
@@ -43,7 +44,7 @@ def client(srv: Server) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def library(minilm_gguf) -> Iterator[bubo.Model]:
-    with bubo.Model(minilm_gguf, n_threads=2) as m:
+    with bubo.Model(minilm_gguf, n_threads=THREADS) as m:
         yield m
 
 

@@ -26,15 +26,19 @@ import urllib.parse
 import pytest
 from client import call_json
 
+from bubo import cpus
+
 from .conftest import Server
 
-pytestmark = [pytest.mark.slow, pytest.mark.models]
+pytestmark = [pytest.mark.slow, pytest.mark.models, pytest.mark.exclusive]  # latencies against bounds
 
 KEY = "isolation-key"
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 PREPARE_S = 2.0
 WRITE_S = 3.0
-HEALTH_LIMIT_S = 0.1
+# /health answers within this while costly work runs: on one core (a pinned test worker) the
+# event loop shares it with that work's thread, and waits out the OS's time slices as well
+HEALTH_LIMIT_S = 0.1 if cpus.usable() >= 2 else 0.25
 DEADLINE_SLACK_S = 1.5  # a deadline is met within this much more (a shared, noisy machine)
 
 

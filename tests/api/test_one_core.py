@@ -16,6 +16,7 @@ from bubo.engine.engine import Engine
 from bubo.engine.scheduler import Scheduler
 from bubo.sampling import SamplingParams
 
+from engines import THREADS
 from reference.tiny import write_tiny_model
 
 pytestmark = pytest.mark.models
@@ -33,7 +34,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def library():
-    return bubo.Model("smollm2:135m", n_ctx=2048, n_threads=2)
+    return bubo.Model("smollm2:135m", n_ctx=2048, n_threads=THREADS)
 
 
 def server_tokens(url, **body):

@@ -25,6 +25,7 @@ from bubo.api import logs
 from bubo.cli.flags import HABIT_NOTES, HABIT_REFUSED
 
 from .conftest import start_server
+from engines import THREADS
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -179,7 +180,7 @@ def wait_for(server, text: str, timeout: float = 10.0) -> str:
 def test_start_up_lines_and_one_line_per_request(habits):
     log = "".join(habits.log)
     ready = next(line for line in habits.log if line.startswith("bubo serve: ready:"))
-    for part in ("weights ", " MiB", "KV cache ", "context 8192 tokens", "1 slots", "2 threads", " s;"):
+    for part in ("weights ", " MiB", "KV cache ", "context 8192 tokens", "1 slots", f"{THREADS} threads", " s;"):
         assert part in ready, ready
     post(habits.url + "/v1/chat/completions", {"model": "bubo", "messages": [{"role": "user", "content": "hi"}]})
     log = wait_for(habits, "POST /v1/chat/completions 200")

@@ -17,7 +17,7 @@ from bubo.engine import scheduler as scheduler_module
 from bubo.engine.draft import FOLLOW, Costs, DraftConfig, NgramDrafter, Pacing, choose_lengths
 from bubo.sampling import SamplingParams
 
-from engines import start_engine
+from engines import THREADS, start_engine
 
 GREEDY = SamplingParams(temperature=0)
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, repeat_penalty=1.1, presence_penalty=0.2, seed=4242)
@@ -175,8 +175,8 @@ def answers(model, params, grammar=None, max_tokens=96):
 @pytest.mark.parametrize("name", ["smollm2:135m", "qwen2.5-coder:0.5b"])
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_drafting_never_changes_an_answer(catalog_model, name, params):
-    plain = bubo.Model(catalog_model(name), n_ctx=2048, n_threads=2, draft=False)
-    drafted = bubo.Model(catalog_model(name), n_ctx=2048, n_threads=2, draft=DraftConfig(n_max=8))
+    plain = bubo.Model(catalog_model(name), n_ctx=2048, n_threads=THREADS, draft=False)
+    drafted = bubo.Model(catalog_model(name), n_ctx=2048, n_threads=THREADS, draft=DraftConfig(n_max=8))
     a, b = answers(plain, params), answers(drafted, params)
     for (ta, la, tma), (tb, lb, _) in zip(a, b):
         assert tb == ta
@@ -195,7 +195,7 @@ def test_gemma3_a_sliding_window_model_drafts_in_the_server_and_not_in_the_libra
     """The library's gemma3 cache keeps only the window's blocks, which a rollback could need:
     it does not draft there; the server's (swa_full) does, with the same tokens."""
     path = catalog_model("gemma3:270m")
-    m = bubo.Model(path, n_ctx=1024, n_threads=2)
+    m = bubo.Model(path, n_ctx=1024, n_threads=THREADS)
     prompt = "Copy: " + POEM + "\n\nCopy: " + POEM.split("\n")[0]
     c = m.complete(prompt, max_tokens=48, temperature=0)
     assert c.timings.draft_n == 0

@@ -35,7 +35,7 @@ from .test_draft import (  # noqa: F401 (drafts_at_their_cap: the module's autou
     drafts_at_their_cap,
     prompt_ids,
 )
-from engines import start_engine
+from engines import THREADS, start_engine
 
 pytestmark = pytest.mark.slow  # a sweep or a build: the whole suite runs it, the quick tier does not
 
@@ -82,8 +82,8 @@ def test_a_draft_model_that_cannot_draft_is_refused(catalog_model, tmp_path):
 @pytest.fixture(scope="module")
 def pair(catalog_model):
     target, draft = catalog_model(TARGET), catalog_model(DRAFT)
-    plain = bubo.Model(target, n_ctx=2048, n_threads=2, draft=False)
-    drafted = bubo.Model(target, n_ctx=2048, n_threads=2, draft=draft)
+    plain = bubo.Model(target, n_ctx=2048, n_threads=THREADS, draft=False)
+    drafted = bubo.Model(target, n_ctx=2048, n_threads=THREADS, draft=draft)
     yield plain, drafted
     plain.close()
     drafted.close()

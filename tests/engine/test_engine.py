@@ -21,7 +21,7 @@ from bubo.engine import (
 from bubo.engine.engine import Engine
 from bubo.sampling import SamplingParams
 
-from engines import start_engine, wait_ready
+from engines import THREADS, start_engine, wait_ready
 
 N_CTX = 512
 GREEDY = SamplingParams(temperature=0)
@@ -29,7 +29,7 @@ GREEDY = SamplingParams(temperature=0)
 
 @pytest.fixture(scope="module")
 def engine(catalog_model):
-    e = Engine(str(catalog_model("smollm2:135m")), n_ctx=N_CTX, n_threads=2)
+    e = Engine(str(catalog_model("smollm2:135m")), n_ctx=N_CTX, n_threads=THREADS)
     with pytest.raises(NotReadyError):
         e.submit(GenerationRequest([1, 2, 3]))
     e.start()
@@ -58,7 +58,7 @@ def wait_idle(engine):
 def test_events_are_tokens_then_one_finish_and_match_the_python_api(engine):
     prompt = "The capital of France is"
     toks, fin = run(engine, GenerationRequest(ids(engine, prompt), GREEDY, max_tokens=12, n_probs=3))
-    want = bubo.Model(engine.model_path, n_ctx=N_CTX, n_threads=2).complete(prompt, max_tokens=12, temperature=0)
+    want = bubo.Model(engine.model_path, n_ctx=N_CTX, n_threads=THREADS).complete(prompt, max_tokens=12, temperature=0)
     assert "".join(t.text for t in toks) == want.text
     assert [t.token for t in toks] == want.tokens
     assert fin.reason == "length" and fin.stop_string is None

@@ -14,6 +14,7 @@ from bubo._model import KVCache, Model
 from bubo._tokenizer import Tokenizer
 
 from blocks import realistic_rows
+from engines import THREADS
 from reference.tiny import KQUANT_DIMS, write_tiny_model
 
 ISAS = K.supported_isas()
@@ -104,7 +105,7 @@ def test_tiny_model_logits_do_not_depend_on_batching(tmp_path, arch, types):
                                             "ffn_up", "ffn_down", "output")}) if types == "kquant" else dict(
         types=types)
     path = write_tiny_model(tmp_path / f"{arch}-{types}.gguf", arch, **kw)
-    model = Model(path, n_threads=2)
+    model = Model(path, n_threads=THREADS)
     text = Tokenizer(path).encode(PROMPT, add_special=False)
     assert len(text) >= N_PROMPT, len(text)
     tokens = np.array(text[:N_PROMPT])
@@ -133,7 +134,7 @@ def test_smollm2_logits_do_not_depend_on_chunking():
     """The real Q4_1 model: a 100-token prompt in one chunk, one token at a time, in chunks of 37."""
     from bubo import store
     path = str(store.pull("smollm2:135m"))
-    model = Model(path, n_threads=2)
+    model = Model(path, n_threads=THREADS)
     text = "Owls are birds of prey with large eyes and silent flight. " * 12
     tokens = np.array(Tokenizer(path).encode(text, add_special=False)[:100])
     assert len(tokens) == 100

@@ -13,6 +13,7 @@ from bubo import embed as embedding
 from bubo._model import KVCache
 from bubo._model import Model as NativeModel
 
+from engines import THREADS
 from reference.bert import BertReference
 from reference.tiny import write_tiny_model
 
@@ -89,7 +90,7 @@ PARAPHRASES = [
 
 @pytest.fixture(scope="module")
 def minilm(minilm_gguf):
-    m = bubo.Model(minilm_gguf, n_threads=2)
+    m = bubo.Model(minilm_gguf, n_threads=THREADS)
     yield m
     m.close()
 
@@ -251,7 +252,7 @@ def test_decoder_hidden_rows_are_what_the_output_multiplies(tmp_path, arch):
     m.output_hidden = True
     hidden16 = m.decode(KVCache(m, n_ctx=n, type="f16"), tokens, pos, seq, np.ones(n, bool))
     m.output_hidden = False
-    with bubo.Model(path, n_threads=2, draft=False) as lib:
+    with bubo.Model(path, n_threads=THREADS, draft=False) as lib:
         ids = [int(x) for x in tokens]
         np.testing.assert_allclose(lib.embed([ids], pooling="last", normalize=False)[0], hidden16[-1], atol=1e-6)
         np.testing.assert_allclose(lib.embed([ids], pooling="mean", normalize=False)[0], hidden16.mean(0),

@@ -13,6 +13,8 @@ import pytest
 
 from bubo._model import KVCache, Model
 
+from engines import THREADS
+
 pytestmark = pytest.mark.models
 
 GROW_MIN_TOKENS = 256  # csrc/kv/kv.c KV_GROW_MIN_TOKENS
@@ -23,7 +25,7 @@ N_PROMPT = 600  # crosses two chunk boundaries
 
 @pytest.fixture(scope="module")
 def smollm(catalog_model):
-    return Model(catalog_model("smollm2:135m"), n_threads=2)
+    return Model(catalog_model("smollm2:135m"), n_threads=THREADS)
 
 
 def _prompt(model, n):

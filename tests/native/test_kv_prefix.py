@@ -15,6 +15,7 @@ import pytest
 
 from bubo._model import KVCache, Model
 
+from engines import THREADS
 from reference.tiny import write_tiny_model
 
 BLOCK = 8
@@ -24,7 +25,7 @@ CHUNK = 16
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     path = write_tiny_model(tmp_path_factory.mktemp("prefix") / "llama.gguf", "llama", types="F32")
-    return Model(path, n_threads=2)
+    return Model(path, n_threads=THREADS)
 
 
 def _cache(model, n_ctx=128, n_seq_max=4, block_size=BLOCK, **kw):
@@ -308,7 +309,7 @@ def test_used_blocks_return_to_baseline_after_requests(llama):
 
 def test_a_sliding_window_pool_shares_no_prefix(tmp_path):
     path = write_tiny_model(tmp_path / "gemma3.gguf", "gemma3", types="F32", sliding_window=BLOCK)
-    model = Model(path, n_threads=2)
+    model = Model(path, n_threads=THREADS)
     prompt = list(range(3, 3 + 3 * BLOCK + 1))
     kv = _cache(model, swa_full=False)
     assert not kv.prefix_enabled

@@ -18,6 +18,8 @@ import pytest
 from bubo._model import KVCache, Model
 from bubo._tokenizer import Tokenizer
 
+from engines import THREADS
+
 pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 TEXT = (pathlib.Path(__file__).resolve().parents[1] / "data" / "kv_text.md").read_text(encoding="utf-8")
@@ -53,7 +55,7 @@ def test_cache_types_against_f16(catalog_model, capsys, name):
     path = str(catalog_model(name))
     tokens = np.array(Tokenizer(path).encode(TEXT, add_special=False), np.int32)
     assert len(tokens) >= 2 * CHUNK, len(tokens)
-    model = Model(path, n_threads=2)
+    model = Model(path, n_threads=THREADS)
 
     def logits(chunk, type_k, type_v):
         kv = KVCache(model, CHUNK, type=type_k, type_v=type_v)

@@ -24,6 +24,8 @@ import pytest
 
 from bubo._model import KVCache, Model
 
+from engines import THREADS
+
 ORACLE = json.loads((Path(__file__).parent.parent / "data" / "oracle" / "llamacpp.json").read_text())["models"]
 
 NEAR_TIE_NATS = 0.15
@@ -36,7 +38,7 @@ MAX_LOGPROB_NATS = 1.75
 
 @pytest.fixture(scope="module")
 def smollm(catalog_model):
-    return Model(catalog_model("smollm2:135m"), n_threads=2)
+    return Model(catalog_model("smollm2:135m"), n_threads=THREADS)
 
 
 def _log_softmax(row):
@@ -86,7 +88,7 @@ def _check_against_llamacpp(name, model, prompts):
 
 @pytest.mark.parametrize("name,n_prompts", [("smollm2:135m", 8), ("gemma3:270m", 4), ("qwen2.5-coder:0.5b", 3)])
 def test_greedy_matches_llamacpp(catalog_model, name, n_prompts):
-    model = Model(catalog_model(name), n_threads=2)
+    model = Model(catalog_model(name), n_threads=THREADS)
     accepted = _check_against_llamacpp(name, model, ORACLE[name]["greedy"][:n_prompts])
     print(f"{name}: near-tie divergences accepted (prompt, step, gap): {accepted}")
 

@@ -11,6 +11,7 @@ import numpy as np
 from bubo._model import KVCache, Model
 from bubo._tokenizer import Tokenizer
 
+from engines import THREADS
 from reference import load
 
 # the largest |C - reference| allowed, as a fraction of each row's logit spread (max - min);
@@ -50,5 +51,5 @@ def test_smollm2_64_tokens(catalog_model):
     path = catalog_model("smollm2:135m")
     tokens = np.array(Tokenizer(path).encode(TEXT)[:64], dtype=np.int32)
     assert len(tokens) == 64
-    worst, agree = _compare(Model(path, n_threads=2), load(path), tokens)
+    worst, agree = _compare(Model(path, n_threads=THREADS), load(path), tokens)
     print(f"smollm2:135m 64 tokens: max |diff| / spread {worst:.4f}, argmax agreement {agree:.3f}")

@@ -12,6 +12,7 @@ import pytest
 from bubo._model import KVCache, Model
 from bubo._tokenizer import Tokenizer
 
+from engines import THREADS
 from reference import load
 from reference.tiny import write_tiny_model
 
@@ -31,7 +32,7 @@ def gemma(tmp_path_factory):
                             sliding_window=WINDOW)
     tokens = Tokenizer(path).encode(PROMPT, add_special=False)
     assert len(tokens) >= 64, len(tokens)
-    return path, Model(path, n_threads=2), tokens, load(path)
+    return path, Model(path, n_threads=THREADS), tokens, load(path)
 
 
 def _close(ours, theirs):

@@ -13,6 +13,7 @@ import pytest
 from bubo._model import KVCache, Model
 from bubo._tokenizer import Tokenizer
 
+from engines import THREADS
 from reference import load
 from reference.tiny import KQUANT_DIMS, KQUANT_TYPES, write_tiny_model
 
@@ -28,7 +29,7 @@ QUANT_SPREAD_FRACTION = 0.04
 MAX_ARGMAX_SWAPS = 0.1
 
 
-def _run(path, n_threads=2, kv_type="f32", batch=None):
+def _run(path, n_threads=THREADS, kv_type="f32", batch=None):
     model = Model(path, n_threads=n_threads)
     tokens = Tokenizer(path).encode(PROMPT, add_special=False)
     n = len(tokens)
@@ -103,7 +104,7 @@ def test_an_output_vocabulary_gives_the_first_columns_bit_for_bit(tmp_path, arch
     kw = {"F32": dict(types="F32"), "mixed": {}, "kquant": dict(KQUANT_DIMS, types=KQUANT_TYPES)}[variant]
     path = write_tiny_model(tmp_path / f"{arch}-{variant}.gguf", arch, **kw)
     tokens, full = _run(path)
-    model = Model(path, n_threads=2)
+    model = Model(path, n_threads=THREADS)
     n_vocab = model.n_vocab
     for asked, got in ((1, 16), (17, 32), (n_vocab - 1, n_vocab), (0, n_vocab)):
         model.out_vocab = asked
@@ -125,7 +126,7 @@ def test_two_models_on_one_thread_pool_give_their_own_logits(tmp_path):
     tokens, a_alone = _run(a_path)
     b_tokens, b_alone = _run(b_path)
     assert list(b_tokens) == list(tokens)  # the tiny models share a vocabulary
-    a, b = Model(a_path, n_threads=2), Model(b_path, n_threads=2)
+    a, b = Model(a_path, n_threads=2), Model(b_path, n_threads=2)  # two: a pool of another size is refused
     b.share_pool(a)
     n = len(tokens)
     kv_a, kv_b = KVCache(a, n_ctx=n, type="f32"), KVCache(b, n_ctx=n, type="f32")

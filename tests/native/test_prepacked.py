@@ -15,6 +15,7 @@ from bubo._model import KVCache, Model
 from bubo._tokenizer import Tokenizer
 
 from blocks import realistic_rows
+from engines import THREADS
 from reference.tiny import KQUANT_DIMS, write_tiny_model
 
 LEGACY = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0]  # their rows can be rebuilt (a tied token_embd)
@@ -96,7 +97,7 @@ def test_a_lower_forced_level_packs_nothing(tmp_path, native_env):
     tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:40])
 
     def logits():
-        model = Model(path, n_threads=2)
+        model = Model(path, n_threads=THREADS)
         return model.decode(KVCache(model, n_ctx=64), tokens, np.arange(40), np.zeros(40), np.ones(40, bool))
 
     assert_same_in_place(native_env, logits)
@@ -113,7 +114,7 @@ def test_packed_weights_keep_their_level(tmp_path, native_env):
     else:
         path, lower = write_tiny_model(tmp_path / "kquant.gguf", "llama", **KQUANT_MODEL), "scalar"
     tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:8])
-    model = Model(path, n_threads=2)
+    model = Model(path, n_threads=THREADS)
     before = model.decode(KVCache(model, n_ctx=64), tokens, np.arange(8), np.zeros(8), np.ones(8, bool))
     native_env.setenv("BUBO_FORCE_ISA", lower)
     after = model.decode(KVCache(model, n_ctx=64), tokens, np.arange(8), np.zeros(8), np.ones(8, bool))
@@ -138,7 +139,7 @@ def test_tiny_model_logits_prepacked_or_not(tmp_path, native_env, arch, types):
     tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:40])
 
     def logits():
-        model = Model(path, n_threads=2)
+        model = Model(path, n_threads=THREADS)
         whole = model.decode(KVCache(model, n_ctx=64), tokens, np.arange(40), np.zeros(40), np.ones(40, bool))
         kv = KVCache(model, n_ctx=64)
         steps = np.concatenate([model.decode(kv, tokens[i:i + 1], np.array([i]), np.zeros(1), np.ones(1, bool))
@@ -159,7 +160,7 @@ def test_catalog_logits_prepacked_or_not(native_env, name):
     tokens = np.array(Tokenizer(path).encode(PROMPT, add_special=False)[:64])
 
     def logits():
-        model = Model(path, n_threads=2)
+        model = Model(path, n_threads=THREADS)
         kv = KVCache(model, n_ctx=512, n_seq_max=4)
         out = [model.decode(kv, tokens, np.arange(64), np.zeros(64), np.ones(64, bool))]
         for s in range(1, 4):  # 3 more sequences with the prompt's tail
@@ -181,7 +182,7 @@ def test_a_long_prompt_through_a_tied_embedding(native_env):
     assert len(tokens) == 400
 
     def logits():
-        model = Model(path, n_threads=2)
+        model = Model(path, n_threads=THREADS)
         return model.decode(KVCache(model, n_ctx=512), tokens, np.arange(400), np.zeros(400), np.ones(400, bool))
 
     assert_same_in_place(native_env, logits)

@@ -13,6 +13,7 @@ from gguf.quants import dequantize, quantize
 
 from bubo._model import REQUANT_TYPES, KVCache, Model
 
+from engines import THREADS
 from reference.tiny import KQUANT_DIMS, KQUANT_TYPES, write_tiny_model
 
 LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -55,7 +56,7 @@ def requantized_copy(src: str, dst: str, qtype: QT) -> list[str]:
 
 
 def logits(path: str, requant: str | None = None) -> np.ndarray:
-    m = Model(path, n_threads=2, requant=requant)
+    m = Model(path, n_threads=THREADS, requant=requant)
     n = 40
     toks = (np.arange(n) * 7 + 3) % m.n_vocab
     return m.decode(KVCache(m, 64), toks, np.arange(n), np.zeros(n), np.ones(n, bool))

@@ -20,6 +20,8 @@ from bubo._model import KVCache, Model
 from bubo._sampler import Sampler
 from bubo.sampling import SamplingParams
 
+from engines import THREADS
+
 # what a reported log-probability promises against a float64 log-softmax
 LOGPROB_ATOL = 1e-5
 # top-n-sigma threshold max - n * std far below any logit: keeps every candidate, but makes the
@@ -73,7 +75,7 @@ def smollm2_rows(catalog_model):
     oracle = json.loads((Path(__file__).parent.parent / "data" / "oracle" / "llamacpp.json").read_text())
     g = oracle["models"]["smollm2:135m"]["greedy"][0]
     prompt = (g["prompt_ids"] + g["ids"])[:12]
-    model = Model(catalog_model("smollm2:135m"), n_threads=2)
+    model = Model(catalog_model("smollm2:135m"), n_threads=THREADS)
     kv = KVCache(model, n_ctx=len(prompt))
     n = len(prompt)
     return list(model.decode(kv, prompt, np.arange(n), [0] * n, [True] * n))
