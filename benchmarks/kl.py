@@ -20,7 +20,7 @@ Exits 1 where bubo's KL-divergence exceeds llama.cpp's by more than --max-ratio 
 from __future__ import annotations
 
 import argparse
-import os
+import hashlib
 import re
 import subprocess
 import sys
@@ -31,7 +31,7 @@ import numpy as np
 import results
 from bench_llamacpp import build_llama_tool
 
-from bubo import store
+from bubo import cpus, store
 
 CATALOG = ["smollm2:135m", "gemma3:270m", "qwen2.5-coder:0.5b"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,9 @@ def f32_copy(path: Path) -> Path:
     its metadata as it is; written once."""
     import gguf
 
-    out = store.home() / "peers" / "f32" / (path.stem + "-f32.gguf")
+    st = path.stat()
+    tag = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:8]  # a changed file: a new copy
+    out = store.home() / "peers" / "f32" / f"{path.stem}-{tag}-f32.gguf"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -64,7 +66,8 @@ def f32_copy(path: Path) -> Path:
             continue
         vtype = field.types[0]
         sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
+        value = 0 if key == "general.file_type" else field.contents()  # 0: every tensor F32
+        writer.add_key_value(key, value, vtype, sub_type=sub)
     for t in reader.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         writer.add_tensor(t.name, data.reshape([int(n) for n in reversed(t.shape)]))
@@ -103,20 +106,17 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 def bubo_kl(quant: Path, exact: Path, pieces: list[np.ndarray], threads: int) -> tuple[float, int]:
     """bubo's mean KL-divergence of quant from exact over the chunks' second halves, and the number
-    of positions it is over."""
+    of positions it is over. Chunk by chunk, both models loaded, logits for the scored rows only
+    (a whole chunk's are 512 x vocabulary floats)."""
     from bubo._model import KVCache, Model
 
-    def logits(path: Path) -> list[np.ndarray]:
-        model = Model(str(path), n_threads=threads)
-        out = []
-        for c in pieces:
-            n = len(c)
-            lg = model.decode(KVCache(model, n), c, np.arange(n), np.zeros(n), np.ones(n, bool))
-            out.append(lg[n // 2:n - 1])  # the second half, as llama-perplexity scores it
-        return out
-
+    models = [Model(str(exact), n_threads=threads), Model(str(quant), n_threads=threads)]
     kl = []
-    for a, b in zip(logits(exact), logits(quant)):
+    for c in pieces:
+        n = len(c)
+        rows = np.zeros(n, bool)
+        rows[n // 2:n - 1] = True  # the second half, as llama-perplexity scores it
+        a, b = (m.decode(KVCache(m, n), c, np.arange(n), np.zeros(n), rows) for m in models)
         for i in range(0, len(a), 32):  # a few rows at a time: float64 copies of whole chunks are large
             la, lb = _log_softmax(a[i:i + 32]), _log_softmax(b[i:i + 32])
             kl.append((np.exp(la) * (la - lb)).sum(-1))
@@ -128,7 +128,8 @@ def llama_kl(exe: Path, quant: Path, exact: Path, text: str, n_ctx: int, n_chunk
     with tempfile.TemporaryDirectory() as tmp:
         base, text_file = Path(tmp) / "base.kld", Path(tmp) / "text.txt"
         text_file.write_text(text, encoding="utf-8")
-        common = ["-c", str(n_ctx), "-t", str(threads), "-b", str(n_ctx), "--chunks", str(n_chunks)]
+        common = ["-c", str(n_ctx), "-t", str(threads), "-b", str(n_ctx),
+                  "--chunks", str(n_chunks if n_chunks > 0 else -1)]  # llama-perplexity's -1: all
         subprocess.run([str(exe), "-m", str(exact), "-f", str(text_file), *common, "--kl-divergence-base", str(base)],
                        check=True, capture_output=True, text=True)
         proc = subprocess.run([str(exe), "-m", str(quant), *common, "--kl-divergence-base", str(base),
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", action="append", help="a catalog model (repeatable; default: all three)")
     ap.add_argument("-c", "--ctx", type=int, default=512, help="tokens per chunk (default 512)")
-    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("-t", "--threads", type=int, default=cpus.usable())
     ap.add_argument("--chunks", type=int, default=16, help="chunks to score, at most (default 16; 0: all)")
     ap.add_argument("--text", type=Path, help="the text (default: tests/data/kv_text.md, README.md, docs/*.md)")
     ap.add_argument("--llama-perplexity", type=Path, help="an already built llama-perplexity")

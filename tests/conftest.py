@@ -16,31 +16,36 @@ from bubo import store
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 
-def pytest_configure(config):
+def _pin_this_worker() -> None:
     """Each pytest-xdist worker runs on its own share of the CPUs (the servers and engines it starts
     inherit it, and take its size as their thread count: tests/engines.THREADS), so that two
-    workers' models never fight over one core."""
-    if not hasattr(os, "sched_setaffinity"):
+    workers' models never fight over one core. Done as this file is imported, before any test
+    module or deeper conftest reads the share; every thread of the process is moved (numpy's BLAS
+    threads already run)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... (set before the worker reads conftests)
+    if not worker or not hasattr(os, "sched_setaffinity"):
         return
-    cpus = sorted(os.sched_getaffinity(0))
-    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... in a worker
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")) if worker else _workers(config)
-    if not count:
-        return
-    share = max(1, len(cpus) // count)
-    if not worker:
-        # numpy's BLAS starts a thread per CPU of the machine, not of the mask, when it is loaded
-        # (before this hook, in a worker): the workers are told their share as they start
-        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[name] = str(share)
-        return
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     k = int(worker.removeprefix("gw"))
-    os.sched_setaffinity(0, cpus[k * share:(k + 1) * share] or [cpus[k % len(cpus)]])
+    cpus = sorted(os.sched_getaffinity(0))
+    mine = cpus[k * len(cpus) // count:(k + 1) * len(cpus) // count] or [cpus[k % len(cpus)]]
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), mine)
 
 
-def _workers(config) -> int:
-    n = getattr(config.option, "numprocesses", None)  # pytest-xdist's -n
-    return n if isinstance(n, int) else 0
+_pin_this_worker()
+
+
+def pytest_configure(config):
+    n = getattr(config.option, "numprocesses", None)  # pytest-xdist's -n, in the controller
+    if os.environ.get("PYTEST_XDIST_WORKER") or not isinstance(n, int) or n <= 0:
+        return
+    # numpy's BLAS starts a thread per CPU of the machine, not of the mask, when it is loaded (in a
+    # worker, before any conftest): the workers are told their share in their environment
+    share = max(1, len(os.sched_getaffinity(0)) // n) if hasattr(os, "sched_getaffinity") else 1
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(share)
 
 
 class RunLock:
@@ -59,9 +64,11 @@ class RunLock:
         fcntl.flock(self.turnstile, fcntl.LOCK_EX)
         try:
             fcntl.flock(self.main, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        finally:
-            if not exclusive:
-                fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+        except BaseException:  # Ctrl-C while waiting: never leave the turnstile shut
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+            raise
+        if not exclusive:
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
         try:
             yield
         finally:
