@@ -16,25 +16,34 @@ from bubo import store
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 
-def _pin_this_worker() -> None:
+MACHINE_CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+def _set_affinity(cpus: list[int]) -> None:
+    """Move every thread of this process (numpy's BLAS threads, execnet's) onto cpus."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cpus)
+
+
+def _pin_this_worker() -> list[int]:
     """Each pytest-xdist worker runs on its own share of the CPUs (the servers and engines it starts
     inherit it, and take its size as their thread count: tests/engines.THREADS), so that two
     workers' models never fight over one core. Done as this file is imported, before any test
     module or deeper conftest reads the share; every thread of the process is moved (numpy's BLAS
     threads already run)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... (set before the worker reads conftests)
-    if not worker or not hasattr(os, "sched_setaffinity"):
-        return
+    if not worker or not MACHINE_CPUS:
+        return MACHINE_CPUS
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     k = int(worker.removeprefix("gw"))
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = MACHINE_CPUS
     mine = cpus[k * len(cpus) // count:(k + 1) * len(cpus) // count] or [cpus[k % len(cpus)]]
-    for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            os.sched_setaffinity(int(tid), mine)
+    _set_affinity(mine)
+    return mine
 
 
-_pin_this_worker()
+WORKER_CPUS = _pin_this_worker()
 
 
 def pytest_configure(config):
@@ -51,8 +60,10 @@ def pytest_configure(config):
 class RunLock:
     """The workers' readers-writer lock (flock on two files shared by one run's workers): every
     test holds it shared, an `exclusive` test (one that measures latencies against a bound) holds
-    it alone, so that nothing else runs beside it. A writer waiting on the main lock holds the
-    turnstile, which every reader passes first: readers cannot starve it."""
+    it alone, so that nothing else runs beside it, and has the whole machine meanwhile: its worker
+    (and what it starts then, its module's server say) runs on every CPU, as without workers. A
+    writer waiting on the main lock holds the turnstile, which every reader passes first: readers
+    cannot starve it."""
 
     def __init__(self, run_id: str):
         base = pathlib.Path(tempfile.gettempdir()) / f"bubo-tests-{run_id}"
@@ -69,9 +80,13 @@ class RunLock:
             raise
         if not exclusive:
             fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+        else:
+            _set_affinity(MACHINE_CPUS)
         try:
             yield
         finally:
+            if exclusive:
+                _set_affinity(WORKER_CPUS)
             fcntl.flock(self.main, fcntl.LOCK_UN)
             if exclusive:
                 fcntl.flock(self.turnstile, fcntl.LOCK_UN)
