@@ -70,8 +70,7 @@ class RunLock:
         self.turnstile = open(f"{base}.turnstile", "a")  # noqa: SIM115 - held for the run
         self.main = open(f"{base}.lock", "a")  # noqa: SIM115
 
-    @contextlib.contextmanager
-    def held(self, exclusive: bool):
+    def acquire(self, exclusive: bool) -> None:
         fcntl.flock(self.turnstile, fcntl.LOCK_EX)
         try:
             fcntl.flock(self.main, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
@@ -82,30 +81,44 @@ class RunLock:
             fcntl.flock(self.turnstile, fcntl.LOCK_UN)
         else:
             _set_affinity(MACHINE_CPUS)
-        try:
-            yield
-        finally:
-            if exclusive:
-                _set_affinity(WORKER_CPUS)
-            fcntl.flock(self.main, fcntl.LOCK_UN)
-            if exclusive:
-                fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+
+    def release(self, exclusive: bool) -> None:
+        if exclusive:
+            _set_affinity(WORKER_CPUS)
+        fcntl.flock(self.main, fcntl.LOCK_UN)
+        if exclusive:
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
 
 
 _run_lock: RunLock | None = None
+_holding_exclusive = False
+
+
+def _exclusive(item) -> bool:
+    return item is not None and item.get_closest_marker("exclusive") is not None
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    global _run_lock
+    """Under the run's lock; a module's exclusive tests that follow one another hold it throughout
+    (one wait for the other worker, not one per test)."""
+    global _run_lock, _holding_exclusive
     run_id = getattr(item.config, "workerinput", {}).get("testrunuid")  # in a pytest-xdist worker
     if run_id is None:
         yield
         return
     if _run_lock is None:
         _run_lock = RunLock(run_id)
-    with _run_lock.held(item.get_closest_marker("exclusive") is not None):
+    exclusive = _exclusive(item)
+    if not (exclusive and _holding_exclusive):
+        _run_lock.acquire(exclusive)
+        _holding_exclusive = exclusive
+    try:
         yield
+    finally:
+        if not (exclusive and _exclusive(nextitem) and nextitem.module is item.module):
+            _run_lock.release(exclusive)
+            _holding_exclusive = False
 
 
 @pytest.fixture(scope="session")
