@@ -37,8 +37,8 @@ def _pin_this_worker() -> list[int]:
         return MACHINE_CPUS
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     k = int(worker.removeprefix("gw"))
-    cpus = MACHINE_CPUS
-    mine = cpus[k * len(cpus) // count:(k + 1) * len(cpus) // count] or [cpus[k % len(cpus)]]
+    n = len(MACHINE_CPUS)
+    mine = MACHINE_CPUS[k * n // count:(k + 1) * n // count] or [MACHINE_CPUS[k % n]]
     _set_affinity(mine)
     return mine
 
@@ -52,7 +52,7 @@ def pytest_configure(config):
         return
     # numpy's BLAS starts a thread per CPU of the machine, not of the mask, when it is loaded (in a
     # worker, before any conftest): the workers are told their share in their environment
-    share = max(1, len(os.sched_getaffinity(0)) // n) if hasattr(os, "sched_getaffinity") else 1
+    share = max(1, len(MACHINE_CPUS) // n)  # the smallest of the workers' shares
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[name] = str(share)
 
