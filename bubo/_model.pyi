@@ -14,10 +14,13 @@ class Model:
 
     path: str
     hparams: dict[str, Any]
-    def __init__(self, path: str | bytes, n_threads: int = 0, requant: str | None = None) -> None:
+    def __init__(self, path: str | bytes, n_threads: int = 0, requant: str | None = None,
+                 n_threads_batch: int = 0) -> None:
         """requant: the layers' matrices (and an untied output) whose rows are wider in their own
         type are rewritten in this one at load (one of REQUANT_TYPES; None: as in the file): for
         a draft model, whose weights only guess what the target checks."""
+    @property
+    def active_threads(self) -> int: ...
     @property
     def n_vocab(self) -> int: ...
     def share_pool(self, other: Model) -> None:

@@ -74,18 +74,21 @@ def _replace(value: Any, pattern: re.Pattern[str], repl: Callable[[re.Match[str]
 
 class Runtime:
     """One GGUF model in memory. path: the file (resolve catalog names with bubo.store first);
-    n_threads None or 0: every CPU; chat_template: Jinja source that replaces the file's own;
+    n_threads None or 0: every CPU; n_threads_batch: the threads of a step of several tokens, a
+    prompt's (None or 0: n_threads; llama.cpp's -tb); chat_template: Jinja source that replaces the file's own;
     requant: rewrite the wider matrices in this type at load (a draft model's; see bubo._model.Model)."""
 
     def __init__(self, path: str | os.PathLike[str], *, n_threads: int | None = None,
-                 chat_template: str | None = None, name: str | None = None, requant: str | None = None):
+                 chat_template: str | None = None, name: str | None = None, requant: str | None = None,
+                 n_threads_batch: int | None = None):
         from bubo._model import Model as NativeModel
 
         self.path = str(path)
         self.name = name or self.path
         with GGUFFile(self.path) as f:
             self.metadata: dict[str, Any] = f.metadata
-        self.native: NativeModel = NativeModel(self.path, n_threads or 0, requant=requant)
+        self.native: NativeModel = NativeModel(self.path, n_threads or 0, requant=requant,
+                                               n_threads_batch=n_threads_batch or 0)
         self.hparams: dict[str, Any] = dict(self.native.hparams)
         self.tokenizer = Tokenizer(self.path)
         own = self.metadata.get("tokenizer.chat_template")

@@ -221,7 +221,12 @@ def family_of(name: str) -> str:
 
 
 def _unknown(name: str, why: str = "not a file and not in the catalog") -> UnknownModelError:
-    return UnknownModelError(f"unknown model {name!r}: {why}; known names: {', '.join(CATALOG)}")
+    import difflib
+
+    names = [*CATALOG] if ":" in name else [*dict.fromkeys(m.family for m in CATALOG.values()), *CATALOG]
+    close = difflib.get_close_matches(name.casefold(), names, n=1, cutoff=0.75)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return UnknownModelError(f"unknown model {name!r}: {why}{hint}; known names: {', '.join(CATALOG)}")
 
 
 def catalog_name(name: str) -> str | None:

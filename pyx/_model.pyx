@@ -38,20 +38,25 @@ _POOLING_NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last"}
 
 cdef class Model:
     """A GGUF model on the native forward pass. n_threads 0 means every CPU this process may run on
-    (bubo.cpus.usable)."""
+    (bubo.cpus.usable); n_threads_batch (0: n_threads) the threads of a step of several tokens, a
+    prompt's (llama.cpp's -tb): the pool has the larger of the two, a one-token step uses n_threads."""
     cdef bubo_model *m
     cdef readonly str path
     cdef readonly dict hparams
     cdef object _pool_owner  # the model whose thread pool this one runs on (share_pool)
     cdef bint _hidden
 
-    def __cinit__(self, path, int n_threads=0, requant=None):
+    def __cinit__(self, path, int n_threads=0, requant=None, int n_threads_batch=0):
         self.path = os.fsdecode(os.fspath(path))
         cdef bytes bpath = os.fsencode(self.path)
         if b"\0" in bpath:
             raise ValueError("path contains a NUL byte")
         if n_threads == 0:
             n_threads = cpus.usable()
+        if n_threads_batch == 0:
+            n_threads_batch = n_threads
+        if n_threads < 1 or n_threads_batch < 1:
+            raise ValueError(f"threads must be at least 1, got {n_threads} and {n_threads_batch} for batches")
         cdef int rq = BUBO_TYPE_COUNT
         if requant is not None:
             if requant not in REQUANT_TYPES:
@@ -61,8 +66,9 @@ cdef class Model:
         cdef const char *cpath = bpath
         cdef bubo_status st
         with nogil:
-            st = bubo_model_load_as(cpath, n_threads, rq, &self.m, &err)
+            st = bubo_model_load_as(cpath, max(n_threads, n_threads_batch), rq, &self.m, &err)
         check_status(st, &err, None)
+        check_status(bubo_model_set_threads(self.m, n_threads, n_threads_batch, &err), &err, None)
         cdef const bubo_hparams *hp = bubo_model_hparams(self.m)
         self.hparams = {
             "arch": hp.arch_name.decode(),
@@ -90,6 +96,7 @@ cdef class Model:
             "n_token_types": hp.n_token_types,
             "pooling": _POOLING_NAMES.get(<int>hp.pooling),
             "n_threads": bubo_model_n_threads(self.m),
+            "n_threads_batch": bubo_model_n_threads_batch(self.m),
         }
 
     def __dealloc__(self):
@@ -101,6 +108,11 @@ cdef class Model:
 
     def __repr__(self):
         return f"Model({self.path!r}, arch={self.hparams['arch']!r}, n_layer={self.hparams['n_layer']})"
+
+    @property
+    def active_threads(self):
+        """The threads the last step ran on: n_threads for one token, n_threads_batch for more."""
+        return bubo_model_active_threads(self.m)
 
     def share_pool(self, Model other not None):
         """Run on other's thread pool from now on (this model's own is let go): for a draft model

@@ -11,7 +11,7 @@ from cpu cimport bubo_isa, bubo_cpu_supports, bubo_cpu_best_isa, bubo_isa_name, 
 from quants cimport (bubo_type, bubo_type_traits, bubo_type_get_traits, bubo_row_size, bubo_prepacked_size,
                      bubo_prepack_isa, BUBO_TYPE_F32, BUBO_TYPE_F16)
 from threadpool cimport (bubo_pool, bubo_pool_create, bubo_pool_free, bubo_pool_n_threads,
-                         bubo_pool_run, bubo_pool_barrier)
+                         bubo_pool_run, bubo_pool_barrier, bubo_pool_capacity, bubo_pool_set_active)
 from ops cimport (bubo_ops, bubo_ops_for_isa, bubo_ops_best, bubo_rope_params, BUBO_ROPE_NORMAL,
                   BUBO_ROPE_NEOX, bubo_matmul_scratch_size, bubo_matmul, bubo_matmul_prepack, bubo_matmul_prepacked,
                   bubo_prepacked_row,
@@ -235,7 +235,16 @@ cdef class ThreadPool:
 
     @property
     def n_threads(self):
+        """The threads a run uses now (set_active), counting the caller."""
         return bubo_pool_n_threads(self.pool)
+
+    @property
+    def capacity(self):
+        return bubo_pool_capacity(self.pool)
+
+    def set_active(self, int n):
+        """Let the next runs use n threads (clamped to 1..capacity)."""
+        bubo_pool_set_active(self.pool, n)
 
 
 ctypedef struct _probe_ctx:
@@ -261,8 +270,9 @@ cdef void _probe_share(void *vctx, int ith, int nth) noexcept nogil:
 
 def pool_probe(ThreadPool pool, int64_t n_runs):
     """Run a two-phase probe n_runs times: each thread stamps its slot, crosses a barrier and
-    checks every slot. Returns (calls per thread index, stamp errors per thread index)."""
-    cdef int nth = bubo_pool_n_threads(pool.pool)
+    checks every slot. Returns (calls per thread index, stamp errors per thread index), one entry
+    per thread the pool has (those a run leaves idle: 0 calls)."""
+    cdef int nth = bubo_pool_capacity(pool.pool)
     calls = np.zeros(nth, dtype=np.int64)
     stamps = np.full(nth, -1, dtype=np.int64)
     errors = np.zeros(nth, dtype=np.int64)

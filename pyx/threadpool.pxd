@@ -11,5 +11,7 @@ cdef extern from "bubo/threadpool.h" nogil:
     bubo_status bubo_pool_create(int n_threads, bubo_pool **out, bubo_err *err)
     void bubo_pool_free(bubo_pool *pool)
     int bubo_pool_n_threads(const bubo_pool *pool)
+    int bubo_pool_capacity(const bubo_pool *pool)
+    void bubo_pool_set_active(bubo_pool *pool, int n)
     void bubo_pool_run(bubo_pool *pool, bubo_pool_fn fn, void *ctx)
     void bubo_pool_barrier(bubo_pool *pool)

@@ -18,7 +18,7 @@ from bubo.api.auth import check_api_key, check_host
 from bubo.api.config import ServerConfig
 from bubo.api.errors import ApiError, error_response
 from bubo.api.offload import PreparePool
-from bubo.api.request import release_models
+from bubo.api.request import ignored_fields, release_models
 from bubo.engine.engine import Engine
 from bubo.engine.registry import Registry
 
@@ -98,6 +98,17 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
     @app.teardown_request
     def _release(_: BaseException | None) -> None:
         release_models()
+
+    @app.after_request
+    def _ignored(resp: Any) -> Any:
+        """A request's fields that no lookup of its route read (a typo, or a field bubo does not
+        take): named in X-Bubo-Ignored-Fields and, with -v, in the log. Only on success: a
+        refused request stops reading at its first error."""
+        unread = ignored_fields() if resp.status_code < 400 else []
+        if unread:
+            resp.headers["X-Bubo-Ignored-Fields"] = ", ".join(unread)
+            log.debug("%s %s: fields no route reads: %s", request.method, request.path, ", ".join(unread))
+        return resp
 
     @app.after_request
     def _cors(resp: Any) -> Any:

@@ -13,6 +13,10 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 # an SSE comment this often keeps a silent stream (a long prompt) alive through proxies
 SSE_PING_SECONDS = 15.0
 ALWAYS_SERVED_NAME = "bubo"
+# llama-server's reasoning_format (--reasoning-format, or a request's field): none leaves a thinking
+# model's <think> block in the content; deepseek (auto, the default, and deepseek-legacy alike)
+# puts it in reasoning_content
+REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
 
 
 @dataclass
@@ -38,6 +42,7 @@ class ServerConfig:
     prepare_timeout_s: float = 5.0  # --prepare-timeout: a request's work before it is generated (bubo.api.offload)
     host_allow: list[str] = field(default_factory=list)  # --host-allow: more names the Host header may give
     allow_copy: bool = False  # --allow-copy: /api/copy may copy a file where it cannot hard-link it
+    reasoning_format: str = "auto"  # --reasoning-format: none leaves a model's <think> block in the content
 
     @property
     def model_names(self) -> list[str]:

@@ -33,7 +33,7 @@ from bubo.api.request import (
 )
 from bubo.api.sse import cancel_on_disconnect, sse_response
 from bubo.engine.engine import ModelInfo
-from bubo.engine.registry import ModelEntry, ModelStatus
+from bubo.engine.registry import DEFAULT_NAME, ModelEntry, ModelStatus
 from bubo.engine.types import EngineMetrics, EngineRefusal, FinishEvent, GenerationRequest, TokenEvent
 from bubo.runtime import Runtime
 
@@ -120,13 +120,13 @@ def _status_json(entry: ModelEntry) -> dict[str, Any]:
     return out
 
 
-def _model_json(name: str, entry: ModelEntry) -> dict[str, Any]:
+def _model_json(entry: ModelEntry, default: bool) -> dict[str, Any]:
     info = _info(entry)
     eng = entry.engine
     n_ctx = info.n_ctx if info is not None else (eng.n_ctx if eng is not None else entry.spec.settings.n_ctx)
     n_ctx_train = info.n_ctx_train if info is not None else None
     out: dict[str, Any] = {
-        "id": name,
+        "id": entry.name,
         "object": "model",
         "created": STARTED,
         "owned_by": "bubo",
@@ -135,30 +135,29 @@ def _model_json(name: str, entry: ModelEntry) -> dict[str, Any]:
         "meta": {"n_ctx": n_ctx, "n_ctx_train": n_ctx_train},
         "architecture": {"input_modalities": ["text"]},
         "status": _status_json(entry),
+        "aliases": list(dict.fromkeys([*entry.spec.aliases, *([DEFAULT_NAME] if default else [])])),
+        "path": entry.spec.source,
     }
-    if name != entry.name:
-        out["alias_of"] = entry.name
-    else:
-        out["aliases"] = list(entry.spec.aliases)
-        out["path"] = entry.spec.source
     return out
 
 
 def _models_doc(d: oa.Doc) -> oa.Op:
     return oa.Op({
-        "operationId": "list_models", "summary": "The served model names (ids, then aliases)",
+        "operationId": "list_models", "summary": "The served models, each once with its aliases",
         "tags": ["OpenAI", "llama-server"],
-        "responses": {"200": {"description": "Every name a request may use",
+        "responses": {"200": {"description": "Every model, with the names a request may use for it",
                               "content": {oa.JSON: {"schema": oa.ref("ModelList")}}}},
     })
 
 
 @_route("/v1/models", "/models", doc=_models_doc)
 def list_models() -> Any:
-    """Every name a request may use (model ids first, then aliases), each with its model's
-    context and status (unloaded, loading, loaded, unloading, sleeping, failed)."""
+    """Every model once (its id, its aliases: "bubo" on the default one), with its context and
+    status (unloaded, loading, loaded, unloading, sleeping, failed). A request may also use the
+    names a model implies (its catalog name, short name, :latest, file name: registry.implied_names)."""
     reg = models()
-    return jsonify(object="list", data=[_model_json(n, reg.lookup(n)) for n in reg.names()])
+    default = reg.default
+    return jsonify(object="list", data=[_model_json(e, e is default) for e in reg.entries])
 
 
 def _model_field(body: dict[str, Any]) -> str:

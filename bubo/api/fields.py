@@ -19,6 +19,7 @@ from typing import Any
 
 from bubo import limits
 from bubo.api import jsonin
+from bubo.api.config import REASONING_FORMATS
 from bubo.api.errors import ApiError
 from bubo.chat import request as rq
 from bubo.chat.constrain import OutputSpec, schema_spec
@@ -261,6 +262,16 @@ def response_format_spec(value: Any, name: str = "response_format", flat: bool =
 
 
 # --- thinking ------------------------------------------------------------------------------
+
+
+def reasoning_format_of(body: Mapping[str, Any]) -> str | None:
+    """llama-server's reasoning_format (none: the reasoning stays in the content); None: unset."""
+    value = body.get("reasoning_format")
+    if value is None:
+        return None
+    if value not in REASONING_FORMATS:
+        raise invalid(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {value!r}")
+    return str(value)
 
 
 def thinking_of(body: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:

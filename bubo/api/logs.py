@@ -30,7 +30,18 @@ class _State:
     disabled = False
 
 
-def setup(*, verbose: bool = False, disabled: bool = False, fmt: str = "text") -> None:
+def level_of(verbose: bool, verbosity: int | None) -> int:
+    """The log's level: -v is DEBUG; llama.cpp's --log-verbosity N is a threshold (0 or 1: errors,
+    2: warnings, 3: the usual INFO lines, 4 or more: DEBUG). The start-up lines on stdout (`say`)
+    are llama.cpp's level 0, "generic output": always shown (but with --log-disable)."""
+    if verbose or (verbosity is not None and verbosity >= 4):
+        return logging.DEBUG
+    if verbosity is None or verbosity == 3:
+        return logging.INFO
+    return logging.WARNING if verbosity == 2 else logging.ERROR
+
+
+def setup(*, verbose: bool = False, disabled: bool = False, fmt: str = "text", verbosity: int | None = None) -> None:
     """Configure the process's logging (once, at start)."""
     if fmt not in ("text", "json"):
         raise ValueError(f"--log-format {fmt}: give text or json")
@@ -42,7 +53,7 @@ def setup(*, verbose: bool = False, disabled: bool = False, fmt: str = "text") -
     for h in list(root.handlers):
         root.removeHandler(h)
     root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.setLevel(level_of(verbose, verbosity))
     for noisy in ("werkzeug", "geventwebsocket"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.disable(logging.CRITICAL if disabled else logging.NOTSET)
@@ -63,6 +74,11 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False)
+
+
+def plural(n: int, word: str) -> str:
+    """"1 thread", "2 threads", "0 slots": a count and its noun, as a person writes them."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def say(msg: str, **fields: Any) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bubo.api.options import ServeOptions
+from bubo.chat.builtin import builtin_template
 from bubo.engine.draft import DEFAULT_DRAFT, REQUANT_TYPES, DraftConfig
 from bubo.engine.memory import check_cache_type
 from bubo.engine.registry import DEFAULT_NAME, EngineSettings, ModelSpec
@@ -86,11 +87,13 @@ def _template(path: str) -> str:
 _SETTING_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "c": ("n_ctx", _int(1)), "ctx-size": ("n_ctx", _int(1)),
     "t": ("n_threads", _int(1)), "threads": ("n_threads", _int(1)),
+    "tb": ("n_threads_batch", _int(1)), "threads-batch": ("n_threads_batch", _int(1)),
     "np": ("n_parallel", _int(1)), "parallel": ("n_parallel", _int(1)),
     "b": ("n_batch", _int(1)), "batch-size": ("n_batch", _int(1)),
     "ub": ("n_ubatch", _int(1)), "ubatch-size": ("n_ubatch", _int(1)),
     "queue-size": ("queue_size", _int(0)),
     "chat-template-file": ("chat_template", _template),
+    "chat-template": ("chat_template", builtin_template),
     "ctk": ("cache_type_k", _cache_type_k), "cache-type-k": ("cache_type_k", _cache_type_k),
     "ctv": ("cache_type_v", _cache_type_v), "cache-type-v": ("cache_type_v", _cache_type_v),
 }
@@ -189,7 +192,8 @@ def cli_settings(args: ServeOptions, load_delay_s: float = 0.0,
                  load_mem_available: int | None = None) -> dict[str, Any]:
     """The engine settings given on the command line (or in BUBO_ARG_* variables)."""
     given: dict[str, Any] = {}
-    for field, value in (("n_ctx", args.ctx_size), ("n_threads", args.threads), ("n_parallel", args.parallel),
+    for field, value in (("n_ctx", args.ctx_size), ("n_threads", args.threads),
+                         ("n_threads_batch", args.threads_batch), ("n_parallel", args.parallel),
                          ("n_batch", args.batch_size), ("n_ubatch", args.ubatch_size),
                          ("queue_size", args.queue_size)):
         if value is not None:
@@ -201,11 +205,19 @@ def cli_settings(args: ServeOptions, load_delay_s: float = 0.0,
                 given[field] = check_cache_type(kind, flag, k=field == "cache_type_k")
             except ValueError as e:
                 raise ModelsConfigError(str(e)) from None
+    if args.chat_template_file and args.chat_template:
+        raise ModelsConfigError(f"--chat-template {args.chat_template} and --chat-template-file "
+                                f"{args.chat_template_file}: give one of them")
     if args.chat_template_file:
         try:
             given["chat_template"] = _template(args.chat_template_file)
         except ValueError as e:
             raise ModelsConfigError(f"--chat-template-file {args.chat_template_file}: {e}") from None
+    if args.chat_template:
+        try:
+            given["chat_template"] = builtin_template(args.chat_template)
+        except ValueError as e:
+            raise ModelsConfigError(f"--chat-template {args.chat_template}: {e}") from None
     if load_delay_s:
         given["load_delay_s"] = load_delay_s
     if load_mem_available is not None:

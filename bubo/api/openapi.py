@@ -31,7 +31,7 @@ import bubo
 from bubo import limits
 from bubo.api import errors
 from bubo.api import fields as f
-from bubo.api.config import ServerConfig
+from bubo.api.config import REASONING_FORMATS, ServerConfig
 from bubo.api.openai.completions import DEFAULT_MAX_TOKENS
 from bubo.chat import request as rq
 from bubo.engine.draft import MAX_DRAFT_PER_REQUEST
@@ -257,6 +257,9 @@ def chat_request(model: Schema, model_required: bool = True, speculative: bool =
         **OUTPUT_FIELDS,
         "reasoning_effort": REASONING_EFFORT,
         "thinking": THINKING,
+        "reasoning_format": desc({"enum": [*REASONING_FORMATS, None]},
+                                 "none: a thinking model's <think> block stays in the content; the others put it in "
+                                 "reasoning_content (default: the server's --reasoning-format)"),
         "chat_template_kwargs": TEMPLATE_KWARGS,
         "cache_prompt": desc(OPT_BOOL, "default true: reuse the cached prefix"),
         **sampling_props(),
@@ -651,10 +654,10 @@ def _core_shapes() -> dict[str, Schema]:
                     ["n_ctx", "n_ctx_train"]),
         "architecture": obj({"input_modalities": arr(const("text"))}, ["input_modalities"]),
         "status": status,
-        "alias_of": desc(STR, "an alias: the model id it names"),
-        "aliases": desc(arr(STR), "a model id: its aliases"),
-        "path": desc(STR, "a model id: its file or catalog name"),
-    }, ["id", "object", "created", "owned_by", "context_length", "max_model_len", "meta", "architecture", "status"])
+        "aliases": desc(arr(STR), "the model's other names (\"bubo\" on the default model)"),
+        "path": desc(STR, "its file or catalog name"),
+    }, ["id", "object", "created", "owned_by", "context_length", "max_model_len", "meta", "architecture", "status",
+        "aliases", "path"])
     sampling_out: dict[str, Schema] = {}
     for name, s in SAMPLING.items():
         t = s.get("type")

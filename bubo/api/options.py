@@ -35,9 +35,11 @@ class ServeOptions:
     embedding: bool = False
     pooling: str | None = None
     chat_template_file: str | None = None
+    chat_template: str | None = None  # one of llama.cpp's built-in template names (bubo.chat.builtin)
     # the engine (None: the engine's default)
     ctx_size: int | None = None
     threads: int | None = None
+    threads_batch: int | None = None
     parallel: int | None = None
     batch_size: int | None = None
     ubatch_size: int | None = None
@@ -55,6 +57,8 @@ class ServeOptions:
     # requests' defaults: SamplingParams fields (--temp, --top-k, ...: the rest are SamplingParams')
     sampling: dict[str, Any] = field(default_factory=dict)
     n_predict: int | None = None
+    reasoning_format: str = "auto"  # bubo.api.config.REASONING_FORMATS: where a thinking model's reasoning goes
+    cache_reuse: int = 0  # llama-server's --cache-reuse: accepted (the prefix cache does the reuse bubo does)
     # HTTP
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
@@ -80,6 +84,7 @@ class ServeOptions:
     verbose: bool = False
     log_disable: bool = False
     log_format: str = "text"
+    log_verbosity: int | None = None  # llama.cpp's threshold: 0-1 errors, 2 warnings, 3 info, 4+ debug
     notes: list[str] = field(default_factory=list)  # lines to log at start (flags accepted and ignored)
 
     @classmethod

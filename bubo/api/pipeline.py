@@ -52,6 +52,7 @@ class Conversation:
     tool_choice: str | None = None  # REQUIRED or a function name: the answer must be a call
     parallel_tool_calls: bool = False  # one call at most: the answer ends after it
     output: OutputSpec | None = None  # the answer's own constraint (grammar, response_format, text.format)
+    reasoning_format: str | None = None  # the request's (llama-server's field); None: the server's
 
 
 # --- prepare (bubo.chat.prepare, shared with the library; its errors become 400s here) -------
@@ -67,11 +68,18 @@ def render_chat(runtime: Runtime, messages: list[dict[str, Any]], tools: list[di
 
 
 def prepare(runtime: Runtime, conv: Conversation, specials_in_content: bool = False) -> Prepared:
-    """Render, constrain, tokenize: a Conversation made ready to submit."""
+    """Render, constrain, tokenize: a Conversation made ready to submit. Its reasoning goes apart
+    from the content unless the request's reasoning_format, else the server's, is "none"."""
+    fmt = conv.reasoning_format
+    if fmt is None and has_request_context():
+        from bubo.api.request import config
+
+        fmt = config().reasoning_format
     return offloaded(prep.prepare_chat, runtime, conv.messages, prefill=conv.prefill, tools=conv.tools,
                      template_kwargs=conv.template_kwargs, output=conv.output, tool_choice=conv.tool_choice,
                      parallel_tool_calls=conv.parallel_tool_calls, thinking=conv.thinking,
-                     specials_in_content=specials_in_content, what="rendering the chat template")
+                     specials_in_content=specials_in_content, split_reasoning=fmt != "none",
+                     what="rendering the chat template")
 
 
 def completion_grammar(spec: OutputSpec | None, runtime: Runtime | None = None) -> Grammar | None:

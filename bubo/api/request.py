@@ -18,7 +18,7 @@ from bubo.api import errors, jsonin, offload
 from bubo.api.config import ServerConfig
 from bubo.api.errors import ApiError
 from bubo.engine.protocol import ServingEngine
-from bubo.engine.registry import DEFAULT_NAME, ModelEntry, Registry, UnknownModelError
+from bubo.engine.registry import DEFAULT_NAME, ModelEntry, Registry, UnknownModelError, did_you_mean
 from bubo.engine.types import EngineRefusal
 from bubo.runtime import Runtime
 
@@ -37,14 +37,64 @@ def models() -> Registry:
     return reg
 
 
+class Body(dict[str, Any]):
+    """A request's JSON object that notes which of its fields the route read (get, [], in, pop),
+    so that the fields no route reads (a typo: "max_token", "temprature") can be named: the
+    X-Bubo-Ignored-Fields header and a -v log line (app.py). Only lookups count: a copy made with
+    with_fields shares the notes; a copy made otherwise is read unnoted."""
+
+    def __init__(self, fields: dict[str, Any], read: set[str] | None = None):
+        super().__init__(fields)
+        self.read: set[str] = read if read is not None else set()
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self.read.add(key)
+        return super().__contains__(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self.read.add(key)
+        return super().pop(key, *default)
+
+    def unread(self) -> list[str]:
+        return [k for k in self if k not in self.read]
+
+
+def with_fields(body: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """body with some fields set, as a copy whose lookups count as the original's (Body)."""
+    copy = {**body, **changes}
+    return Body(copy, body.read) if isinstance(body, Body) else copy
+
+
 def json_body() -> dict[str, Any]:
     """The request's JSON object. 413 over the size limit (Flask's MAX_CONTENT_LENGTH), 400
     parse_error for invalid UTF-8, malformed JSON or a body that is not an object. The
     Content-Type is not checked: curl's default form type is common."""
     raw = _body_bytes()
     if len(raw) > INLINE_JSON_BYTES:
-        return offload.run(_json_object, raw, what="reading the request's JSON")
-    return _json_object(raw)
+        parsed = offload.run(_json_object, raw, what="reading the request's JSON")
+    else:
+        parsed = _json_object(raw)
+    body = Body(parsed)
+    g.setdefault("bubo_bodies", []).append(body)
+    return body
+
+
+def ignored_fields() -> list[str]:
+    """The request body's fields that no lookup of the route read (in the body's order)."""
+    bodies: list[Body] = g.get("bubo_bodies") or []
+    if not bodies:
+        return []
+    read = set().union(*(b.read for b in bodies))
+    return [k for k in bodies[0] if k not in read]
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
@@ -93,13 +143,14 @@ def _body_bytes() -> bytes:
 
 def _unknown(name: str) -> ApiError:
     reg = models()
+    hint = did_you_mean(reg.close_names(name))
     if not reg.is_router:
         served = reg.default.name
         others = ", ".join(f"'{n}'" for n in reg.names()[1:])
         return ApiError(404, "model_not_found",
-                        f"model '{name}' is not served by this process; it serves '{served}' (also {others})")
+                        f"model '{name}' is not served by this process{hint}; it serves '{served}' (also {others})")
     ids = ", ".join(f"'{e.name}'" for e in reg.entries)
-    return ApiError(404, "model_not_found", f"model '{name}' is not served by this process; it serves {ids} "
+    return ApiError(404, "model_not_found", f"model '{name}' is not served by this process{hint}; it serves {ids} "
                                             f"('{DEFAULT_NAME}' names '{reg.default.name}')")
 
 

@@ -24,6 +24,7 @@ from bubo.engine.engine import Engine
 from bubo.engine.registry import ModelEntry, ModelStatus, Registry, TooManyAtStartError
 
 say = logs.say
+plural = logs.plural
 
 log = logging.getLogger("bubo.serve")
 
@@ -56,6 +57,7 @@ def server_config(args: ServeOptions, default_name: str | None = None) -> Server
         prepare_timeout_s=args.prepare_timeout,
         host_allow=list(args.host_allow),
         allow_copy=args.allow_copy,
+        reasoning_format=args.reasoning_format,
     )
 
 
@@ -82,7 +84,9 @@ def serve(args: ServeOptions) -> int:
 
     from bubo.api.app import create_app
 
-    logs.setup(verbose=args.verbose, disabled=args.log_disable, fmt=args.log_format)
+    if args.log_verbosity is not None and args.log_verbosity < 0:
+        raise ValueError(f"--log-verbosity {args.log_verbosity}: give 0 or more (3: the usual lines, 4: debug)")
+    logs.setup(verbose=args.verbose, disabled=args.log_disable, fmt=args.log_format, verbosity=args.log_verbosity)
     # the engine thread, the event loop and the preparation pool's workers share one GIL: a thread
     # that wants it back (the engine after a forward pass, the loop after a socket call) waits
     # for the holder's switch interval, 5 ms by default; at 0.5 ms a request being prepared slows
@@ -99,10 +103,17 @@ def serve(args: ServeOptions) -> int:
         raise ValueError(f"-c {args.ctx_size}: give 0 (the trained context) or a positive number of tokens")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"-t {args.threads}: give a positive number of threads")
+    if args.threads_batch is not None and args.threads_batch < 1:
+        raise ValueError(f"-tb {args.threads_batch}: give a positive number of threads")
     if args.n_predict is not None and (args.n_predict == 0 or args.n_predict < -1):
         raise ValueError(f"-n {args.n_predict}: give a positive number of tokens, or -1 for no limit")
+    if args.cache_reuse < 0:
+        raise ValueError(f"--cache-reuse {args.cache_reuse}: give 0 or more tokens")
     for note in args.notes:
         log.info("%s", note)
+    if args.cache_reuse:
+        log.info("--cache-reuse %d: accepted; bubo reuses the longest cached prefix of each prompt (in any slot) and "
+                 "computes what follows the first difference again, without shifting cached chunks", args.cache_reuse)
     for flag, seconds in (("--timeout", args.timeout), ("--header-timeout", args.header_timeout),
                           ("--keepalive-timeout", args.keepalive_timeout), ("--prepare-timeout", args.prepare_timeout),
                           ("--write-timeout", args.write_timeout)):
@@ -146,7 +157,10 @@ def serve(args: ServeOptions) -> int:
                          write_s=args.write_timeout)
     server = http.Server((args.host, args.port), app, limits=limits, log=None,
                          error_log=logging.getLogger("bubo.http"))
-    server.init_socket()
+    try:
+        server.init_socket()
+    except OSError as e:
+        raise ValueError(_cannot_listen(args.host, args.port, e)) from None
     host, port = server.address[:2]
     config.port = port
     servers = [server]
@@ -155,11 +169,13 @@ def serve(args: ServeOptions) -> int:
     registry.start()
     url = f"http://{host if ':' not in host else '[' + host + ']'}:{port}"
     say(f"listening on {url}", url=url)
+    if config.webui:
+        say(f"chat page: {url}/ (open it in a browser)", chat_page=f"{url}/")
     for extra in servers[1:]:
         extra.start()
         xhost, xport = extra.address[:2]
         say(f"also listening on http://{xhost if ':' not in xhost else '[' + xhost + ']'}:{xport} (Ollama's port)")
-    threads = specs[0].settings.n_threads or cpus.usable()
+    threads = threads_said(specs[0].settings.n_threads or cpus.usable(), specs[0].settings.n_threads_batch)
     if router:
         say(f"{len(specs)} models (router mode; at most {args.models_max or 'any number of'} loaded "
             f"at once{', loaded on request' if not args.no_models_autoload else ''}): "
@@ -168,7 +184,7 @@ def serve(args: ServeOptions) -> int:
         say(f"model {specs[0].source} as '{config.served_model_name}' (also: "
             f"{', '.join(config.model_names[1:])}), loading", model=config.served_model_name)
     ctx = {None: "the trained context, capped by memory", 0: "the trained context"}.get(args.ctx_size, args.ctx_size)
-    say(f"threads {threads}; context {ctx}"
+    say(f"{threads}; context {ctx}"
         f"{'; API key required' if config.api_keys else ''}; at most {limits.max_connections} connections")
     routes = sorted({r.rule for r in app.url_map.iter_rules() if r.endpoint != "static"})
     log.debug("routes %s", " ".join(routes))
@@ -197,6 +213,21 @@ def serve(args: ServeOptions) -> int:
         return 1
     say("stopped")
     return 0
+
+
+def _cannot_listen(host: str, port: int, e: OSError) -> str:
+    """Why the server cannot listen, in one line, with what to do."""
+    import errno
+
+    if e.errno == errno.EADDRINUSE:
+        return (f"port {port} on {host} is already in use (another bubo serve, or another server?): stop that one, "
+                f"or give another port with --port N (--port 0 picks a free one)")
+    if e.errno == errno.EACCES:
+        return f"no permission to listen on port {port}: ports below 1024 need root; give --port 8080 or above"
+    if e.errno == errno.EADDRNOTAVAIL:
+        return (f"cannot listen on {host}: no network interface here has that address (--host 127.0.0.1, or "
+                "0.0.0.0 for every interface)")
+    return f"cannot listen on {host}:{port}: {e.strerror or e}"
 
 
 def _ollama_listener(first: http.Server, host: str, app: Any, limits: http.Limits) -> http.Server:
@@ -254,14 +285,14 @@ class Drain:
         for s in self.servers:
             s.stop_accepting()  # no new connections (serve_forever goes on until stop) ...
             s.socket.close()  # ... and none waiting in the backlog: a new client is refused at once
-        say(f"draining: {self._busy()} requests in flight, up to {self.timeout_s:g} s")
+        say(f"draining: {plural(self._busy(), 'request')} in flight, up to {self.timeout_s:g} s")
         deadline = time.monotonic() + self.timeout_s
         while self._busy() and self.phase == "draining" and time.monotonic() < deadline:
             self._drop_idle()
             gevent.sleep(0.05)
         left = self._busy()
         if left:
-            say(f"ending {left} requests in flight")
+            say(f"ending {plural(left, 'request')} in flight")
         self.registry.stop()  # the engines end what is left: an error event in every stream
         deadline = time.monotonic() + self.FLUSH_S
         while self._busy() and time.monotonic() < deadline:
@@ -305,6 +336,11 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
+def threads_said(n: int, n_batch: int | None) -> str:
+    """"1 thread", "4 threads", "2 threads (4 for prompts)" (-t, and -tb when it differs)."""
+    return plural(n, "thread") + (f" ({n_batch} for prompts)" if n_batch and n_batch != n else "")
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
@@ -322,7 +358,8 @@ def _report(e: ModelEntry, router: bool) -> None:
         took = f" in {eng.load_s:.1f} s" if eng.load_s is not None else ""
         arch = eng.runtime.hparams.get("arch") if eng.runtime is not None else "?"
         say(f"ready{who}: {eng.model_path}{took}; weights {_mib(eng.weights_bytes)}; an embedding model ({arch}): "
-            f"inputs of up to {eng.n_ctx} tokens; {eng.n_threads} threads", model=e.name, load_s=eng.load_s,
+            f"inputs of up to {eng.n_ctx} tokens; {threads_said(eng.n_threads, eng.n_threads_batch)}",
+            model=e.name, load_s=eng.load_s,
             weights_bytes=eng.weights_bytes, n_ctx=eng.n_ctx, n_threads=eng.n_threads, embedding=True)
     elif e.status is ModelStatus.LOADED and eng is not None:
         took = f" in {eng.load_s:.1f} s" if eng.load_s is not None else ""
@@ -332,9 +369,10 @@ def _report(e: ModelEntry, router: bool) -> None:
                   if d is not None and d.model is not None else "; drafts by prompt lookup" if d is not None else "")
         say(f"ready{who}: {eng.model_path}{took}; weights {_mib(eng.weights_bytes)}, "
             f"KV cache {_mib(eng.kv_bytes)}{_cache_types(eng)}{drafts}; "
-            f"context {eng.n_ctx} tokens (trained {eng.n_ctx_train}) shared by {eng.n_parallel} slots; "
-            f"{eng.n_threads} threads", model=e.name, load_s=eng.load_s, weights_bytes=eng.weights_bytes,
-            kv_bytes=eng.kv_bytes, n_ctx=eng.n_ctx, n_parallel=eng.n_parallel, n_threads=eng.n_threads)
+            f"context {eng.n_ctx} tokens (trained {eng.n_ctx_train}) shared by {plural(eng.n_parallel or 1, 'slot')}; "
+            f"{threads_said(eng.n_threads, eng.n_threads_batch)}", model=e.name, load_s=eng.load_s,
+            weights_bytes=eng.weights_bytes, kv_bytes=eng.kv_bytes, n_ctx=eng.n_ctx, n_parallel=eng.n_parallel,
+            n_threads=eng.n_threads, n_threads_batch=eng.n_threads_batch)
     elif e.status is ModelStatus.FAILED and eng is not None:
         say(f"the model{who} failed to load: {e.failure}")
     elif router and e.status in (ModelStatus.SLEEPING, ModelStatus.UNLOADED) and e.n_loads:

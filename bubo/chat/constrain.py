@@ -88,13 +88,15 @@ def in_think_after(prompt: str) -> bool:
 
 def constrain(template_source: str | None, *, spec: OutputSpec | None = None,
               tools: list[dict[str, Any]] | None = None, choice: str | None = None, parallel: bool = True,
-              thinking: bool = False, in_think: bool = False, chat: bool = True) -> Constrained:
+              thinking: bool = False, in_think: bool = False, chat: bool = True,
+              split_reasoning: bool = True) -> Constrained:
     """The grammar and parser of an answer.
 
     spec: the request's own constraint; tools and choice (None: the model decides, REQUIRED: a
     call to any of tools, a name: a call to that function) with parallel (False: one call at
     most, the answer ends after it); thinking: reasoning is on; in_think: the prompt ends inside
-    <think>; chat False: a raw completion (the grammar as given, no parser). A forced call and
+    <think>; chat False: a raw completion (the grammar as given, no parser); split_reasoning False:
+    the parser leaves the reasoning in the content, tags and all. A forced call and
     a spec together cannot both hold: the caller refuses that before."""
     if not chat:
         return Constrained(_compile(spec.gbnf, spec) if spec is not None else None, None)
@@ -127,7 +129,8 @@ def constrain(template_source: str | None, *, spec: OutputSpec | None = None,
     # too (small models drop the template's markers); a template whose whole answer is the call
     # (llama3) reads its own format
     book = ToolBook(tools) if tools and not forced and tool_format != "llama3" else None
-    parser = OutputParser(reasoning=thinking or in_think or thinks, tool_format=tool_format, in_think=in_think,
+    parser = OutputParser(reasoning=split_reasoning and (thinking or in_think or thinks), tool_format=tool_format,
+                          in_think=in_think,
                           max_calls=None if parallel else 1, tools=book)
     return Constrained(grammar, parser)
 

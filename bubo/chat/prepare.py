@@ -85,15 +85,17 @@ def prepare_chat(runtime: Runtime, messages: list[dict[str, Any]], *, prefill: s
                  tools: list[dict[str, Any]] | None = None, template_kwargs: Mapping[str, Any] | None = None,
                  output: OutputSpec | None = None, tool_choice: str | None = None,
                  parallel_tool_calls: bool = False, thinking: bool = True,
-                 specials_in_content: bool = False) -> Prepared:
+                 specials_in_content: bool = False, split_reasoning: bool = True) -> Prepared:
     """Render, constrain, tokenize. messages and prefill as bubo.chat.request.chat_messages
     makes them, tools checked (chat_tools), tool_choice None / REQUIRED / a function's name,
     output the answer's own constraint (output_spec; not beside a forced call), thinking and
-    template_kwargs as thinking_of makes them."""
+    template_kwargs as thinking_of makes them. split_reasoning False: a <think> block stays in the
+    content as the model wrote it (llama-server's reasoning_format none)."""
     prompt = render_chat(runtime, messages, tools, template_kwargs or {}, prefill, specials_in_content)
     deadline.doing("building the answer's grammar")
     c = constrain(runtime.chat_template_source, spec=output, tools=tools, choice=tool_choice,
-                  parallel=parallel_tool_calls, thinking=thinking, in_think=prompt.in_think)
+                  parallel=parallel_tool_calls, thinking=thinking, in_think=prompt.in_think,
+                  split_reasoning=split_reasoning)
     if c.grammar is not None:
         check_first_tokens(c.grammar, runtime.grammar_vocab(), output if tool_choice is None else None)
     return Prepared(prompt, c.grammar, c.parser)

@@ -5,10 +5,13 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 from typing import Any, NoReturn
 
 from bubo import sampling
+from bubo.api.config import REASONING_FORMATS
 from bubo.api.options import LOG_FORMATS, POOLINGS, ServeOptions
 from bubo.engine.memory import KV_TYPES, KV_TYPES_K, check_cache_type
 
@@ -22,8 +25,35 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 
 class ArgParser(argparse.ArgumentParser):
+    """argparse's parser without its prefix matching (`--chat-template` is never taken for
+    `--chat-template-file`), with a "did you mean" for a mistyped flag or command."""
+
     intermixed = False  # positionals may come between flags (bubo run MODEL -n 8 PROMPT)
     _mixing = False
+
+    def __init__(self, *args: Any, **kw: Any):
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kw)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As argparse's, but an unknown flag is reported by the command's parser that saw it,
+        with the flag of that command it is closest to."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            target = self._command_parser(getattr(ns, "command", None)) or self
+            flag = next((e for e in extras if e.startswith("-")), None)
+            close = difflib.get_close_matches(flag.split("=", 1)[0], target._option_string_actions, n=1,
+                                              cutoff=0.6) if flag else []
+            hint = f"; did you mean {close[0]}?" if close else ""
+            target.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return ns
+
+    def _command_parser(self, command: str | None) -> ArgParser | None:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+                found = action.choices[command]
+                return found if isinstance(found, ArgParser) else None
+        return None
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[Any, list[str]]:
         if not self.intermixed or self._mixing:
@@ -35,7 +65,13 @@ class ArgParser(argparse.ArgumentParser):
             self._mixing = False
 
     def error(self, message: str) -> NoReturn:
-        """One line naming the flag as typed, and where the help is (argparse prints the usage too)."""
+        """One line naming the flag as typed, and where the help is (argparse prints the usage too);
+        a mistyped command or choice gets the one it is closest to."""
+        bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if bad:
+            close = difflib.get_close_matches(bad.group(1), re.findall(r"'([^']*)'", bad.group(2)), n=1, cutoff=0.6)
+            if close:
+                message += f"; did you mean {close[0]}?"
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def add_flag(self, *flags: str, **kw: Any) -> argparse.Action:
@@ -130,6 +166,9 @@ def build_parser() -> ArgParser:
     p.add_flag("-c", "--ctx-size", type=int, default=None,
                help="context size in tokens (default: the trained context, capped by memory)")
     p.add_flag("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.add_flag("-tb", "--threads-batch", type=int, default=None,
+               help="CPU threads for prompt processing, any step of several tokens (default: as -t); a one-token "
+                    "step uses -t")
     p.add_flag("-np", "--parallel", type=int, default=None,
                help="slots: requests generated at once, sharing the context (default: up to 4, 512+ tokens each)")
     p.add_flag("-b", "--batch-size", type=int, default=None, help="most tokens one engine step takes (logical "
@@ -172,6 +211,16 @@ def build_parser() -> ArgParser:
     p.add_flag("--api-key", default=None, help="require this key (several: comma-separated)")
     p.add_flag("--api-key-file", default=None, help="file of keys, one per line (# comments)")
     p.add_flag("--chat-template-file", default=None, help="a Jinja chat template to use instead of the model's own")
+    p.add_flag("--chat-template", default=None, metavar="NAME",
+               help="one of llama.cpp's built-in chat templates by name instead of the model's own: chatml, llama3, "
+                    "gemma, mistral-v7, phi3, ... (a wrong name lists them all)")
+    p.add_flag("--reasoning-format", choices=REASONING_FORMATS, default=SERVE["reasoning_format"],
+               help="a thinking model's reasoning: in reasoning_content (deepseek; auto, the default, likewise), or "
+                    "left in the answer's content as the model wrote it, <think> tags and all (none); a request's "
+                    "own reasoning_format wins")
+    p.add_flag("--cache-reuse", type=int, default=SERVE["cache_reuse"], metavar="N",
+               help="accepted for llama-server's sake: bubo reuses the longest cached prefix of a prompt in any "
+                    "slot; chunks after the first difference are computed again (not shifted)")
     p.add_flag("--debug-hooks", action="store_true", help="serve /debug/* (only on a loopback address)")
     p.add_flag("--cors-origins", default=None, help="origins allowed by CORS, comma-separated (* for any)")
     add_sampling_flags(p, server=True)
@@ -198,6 +247,9 @@ def build_parser() -> ArgParser:
                help="log more: every request, polled routes (/health, /metrics, ...) included, and debug lines")
     p.add_flag("--log-disable", action="store_true",
                help="print nothing but a fatal error (no start-up lines, no request log)")
+    p.add_flag("-lv", "--log-verbosity", "--verbosity", type=int, default=None, metavar="N",
+               help="llama.cpp's log threshold: 0 or 1 errors only, 2 warnings too, 3 the usual lines (the "
+                    "default), 4 or more debug lines as -v")
     p.add_flag("--log-format", choices=LOG_FORMATS, default=SERVE["log_format"],
                help="the log's lines as text or as JSON objects, one per line (default text)")
     add_habit_flags(p)

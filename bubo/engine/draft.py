@@ -376,7 +376,8 @@ class DraftModel:
             raise DraftModelError(
                 f"the draft model {config.model} ({size / 2**20:.0f} MiB) is larger than the target {target.name} "
                 f"({target_size / 2**20:.0f} MiB): a draft model must be smaller than the model it drafts for")
-        runtime = Runtime(path, n_threads=int(target.hparams["n_threads"]), name=config.model, requant=config.requant)
+        runtime = Runtime(path, n_threads=int(target.hparams["n_threads"]), name=config.model, requant=config.requant,
+                          n_threads_batch=int(target.hparams["n_threads_batch"]))  # one pool: the same threads
         check_vocabulary(target, runtime)
         runtime.native.share_pool(target.native)  # one set of workers, warm for both models
         kv = KVCache(runtime.native, n_ctx, n_seq_max=n_seq, swa_full=True)

@@ -142,7 +142,7 @@ class Engine:
     one after another, each a batch of its inputs; submit() refuses it text generation."""
 
     def __init__(self, model: str, *, n_ctx: int | None = None, n_threads: int | None = None,
-                 chat_template: str | None = None, load_delay_s: float = 0.0,
+                 n_threads_batch: int | None = None, chat_template: str | None = None, load_delay_s: float = 0.0,
                  load_mem_available: int | None = None,
                  n_parallel: int | None = None, n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
                  queue_size: int | None = None, draft: DraftConfig | None = DEFAULT_DRAFT,
@@ -152,6 +152,8 @@ class Engine:
             raise ValueError(f"n_ctx must be 0 (the trained context) or positive, got {n_ctx}")
         if n_threads is not None and n_threads <= 0:
             raise ValueError(f"n_threads must be positive, got {n_threads}")
+        if n_threads_batch is not None and n_threads_batch <= 0:
+            raise ValueError(f"n_threads_batch must be positive, got {n_threads_batch}")
         if n_parallel is not None and not 1 <= n_parallel <= MAX_PARALLEL:
             raise ValueError(f"n_parallel must be 1..{MAX_PARALLEL}, got {n_parallel}")
         if n_batch <= 0 or n_ubatch <= 0:
@@ -161,7 +163,8 @@ class Engine:
         self.cache_type_k = check_cache_type(cache_type_k, "cache_type_k", k=True)
         self.cache_type_v = check_cache_type(cache_type_v, "cache_type_v", k=False)
         self._settings: dict[str, Any] = dict(
-            n_ctx=n_ctx, n_threads=n_threads, chat_template=chat_template, load_delay_s=load_delay_s,
+            n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, chat_template=chat_template,
+            load_delay_s=load_delay_s,
             load_mem_available=load_mem_available,
             n_parallel=n_parallel, n_batch=n_batch, n_ubatch=n_ubatch, queue_size=queue_size, draft=draft,
             cache_type_k=cache_type_k, cache_type_v=cache_type_v, embedding=embedding, pooling=pooling)
@@ -176,6 +179,7 @@ class Engine:
         self.n_ctx: int | None = None
         self.n_ctx_train: int | None = None
         self.n_threads = n_threads or cpus.usable()
+        self.n_threads_batch = n_threads_batch or self.n_threads  # a prompt's steps (llama.cpp's -tb)
         self.n_parallel: int | None = n_parallel  # resolved at load
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
@@ -416,8 +420,8 @@ class Engine:
             time.sleep(self._load_delay_s)
         t0 = time.monotonic()
         path = store.resolve(self.model_name)
-        runtime = Runtime(path, n_threads=self.n_threads, chat_template=self._chat_template_override,
-                          name=self.model_name)
+        runtime = Runtime(path, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
+                          chat_template=self._chat_template_override, name=self.model_name)
         if not runtime.hparams.get("causal", True):
             self._load_encoder(runtime, path, t0)
             return

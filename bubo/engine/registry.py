@@ -63,6 +63,7 @@ class EngineSettings:
 
     n_ctx: int | None = None
     n_threads: int | None = None
+    n_threads_batch: int | None = None  # -tb: a prompt's steps (None: n_threads)
     n_parallel: int | None = None
     n_batch: int = 2048
     n_ubatch: int = 512
@@ -93,11 +94,48 @@ class ModelSpec:
 class UnknownModelError(EngineRefusal, LookupError):
     reason = Reason.MODEL_UNKNOWN
 
-    def __init__(self, name: str, available: list[str]):
+    def __init__(self, name: str, available: list[str], close: list[str] | None = None):
         self.name = name
         self.available = available
+        self.close = close or []  # served names close to `name` (a typo's likely meaning)
         listed = ", ".join(f"'{n}'" for n in available)
-        super().__init__(f"model '{name}' is not served here; the models are {listed}")
+        super().__init__(f"model '{name}' is not served here{did_you_mean(self.close)}; the models are {listed}")
+
+
+def did_you_mean(close: list[str]) -> str:
+    """" (did you mean 'a' or 'b'?)" for the names close to a mistyped one; "" for none."""
+    if not close:
+        return ""
+    return f" (did you mean '{close[0]}'" + "".join(f" or '{n}'" for n in close[1:]) + "?)"
+
+
+def implied_names(spec: ModelSpec) -> list[str]:
+    """The other names a model answers to beyond its id and aliases, as people and clients spell
+    them: a name's Ollama `:latest` (and a `:latest` name without it), a tagged name's short name
+    (qwen2.5-coder:0.5b -> qwen2.5-coder), a catalog model's full name, short name and store file
+    name without .gguf, and a file's name without .gguf."""
+    from bubo import store
+
+    out: list[str] = []
+    for n in (spec.name, *spec.aliases, spec.source):
+        if os.sep in n or n.endswith(".gguf"):
+            out.append(os.path.basename(n).removesuffix(".gguf"))
+            continue
+        base, colon, tag = n.rpartition(":") if ":" in n else (n, "", "")
+        if colon and tag != "latest":
+            out += [base, f"{base}:latest", f"{n}:latest"]  # Ollama's clients may add it to any name
+        elif colon:
+            out.append(base)
+        else:
+            out.append(f"{n}:latest")
+        try:
+            canonical = store.catalog_name(n)
+        except store.UnknownModelError:
+            canonical = None
+        if canonical is not None:
+            entry = store.CATALOG[canonical]
+            out += [canonical, entry.family, f"{entry.family}:latest", entry.filename.removesuffix(".gguf")]
+    return list(dict.fromkeys(out))
 
 
 class ModelNotLoadedError(EngineRefusal, RuntimeError):
@@ -186,7 +224,8 @@ class ModelEntry:
 
 def _never_loaded(spec: ModelSpec) -> Engine:
     s = spec.settings
-    return Engine(spec.source, n_ctx=s.n_ctx, n_threads=s.n_threads, chat_template=s.chat_template,
+    return Engine(spec.source, n_ctx=s.n_ctx, n_threads=s.n_threads, n_threads_batch=s.n_threads_batch,
+                  chat_template=s.chat_template,
                   load_delay_s=s.load_delay_s, load_mem_available=s.load_mem_available,
                   n_parallel=s.n_parallel, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
                   queue_size=s.queue_size, draft=s.draft, cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v,
@@ -219,6 +258,13 @@ class Registry:
                     raise ValueError(f"two models are named '{n}': {other.spec.source} ({other.spec.origin}) and "
                                      f"{e.spec.source} ({e.spec.origin}); give one of them another name")
                 self._names[n] = e
+        # the names models answer to beyond their ids and aliases (implied_names); one that two
+        # models imply means the one the catalog says it means (qwen2.5-coder: the 0.5b), else neither
+        self._implied: dict[str, list[ModelEntry]] = {}
+        for e in self.entries:
+            for n in implied_names(e.spec):
+                if n not in self._names and e not in self._implied.setdefault(n, []):
+                    self._implied[n].append(e)
         # the default model: the one named (-m, a preset), while it can be served; else the first
         # that loads (kept once chosen), or until one has, the first that has not failed
         self._designated = self._names[default] if default is not None else None
@@ -272,12 +318,51 @@ class Registry:
         return out + ([DEFAULT_NAME] if DEFAULT_NAME not in out else [])
 
     def lookup(self, name: str) -> ModelEntry:
-        entry = self._names.get(name)
-        if entry is None and name == DEFAULT_NAME:
+        """The model `name` means: an id or alias, "bubo" (the default model), or a name it
+        implies (implied_names); failing those, any of these spelled in other letter case when
+        only one model answers to it. UnknownModelError, with the close names, when none does."""
+        entry = self._names.get(name) or self._implied_one(name)
+        if entry is None and name in (DEFAULT_NAME, f"{DEFAULT_NAME}:latest"):
             return self.default
         if entry is None:
-            raise UnknownModelError(name, self.names())
+            folded = {e for n, e in self._every_name() if n.casefold() == name.casefold()}
+            if len(folded) == 1:
+                return folded.pop()
+            raise UnknownModelError(name, self.names(), self.close_names(name))
         return entry
+
+    def _implied_one(self, name: str) -> ModelEntry | None:
+        claims = self._implied.get(name)
+        if not claims:
+            return None
+        if len(claims) == 1:
+            return claims[0]
+        from bubo import store
+
+        try:
+            meant = store.catalog_name(name)
+        except store.UnknownModelError:
+            return None
+        return next((e for e in claims if meant is not None and meant in implied_names(e.spec)), None)
+
+    def _every_name(self) -> list[tuple[str, ModelEntry]]:
+        out = list(self._names.items())
+        out += [(n, e) for n, claims in self._implied.items() for e in claims]
+        return out + [(DEFAULT_NAME, self.default), (f"{DEFAULT_NAME}:latest", self.default)]
+
+    def close_names(self, name: str) -> list[str]:
+        """The ids and aliases close to a name that matches none (a typo's likely meaning), the
+        closest first: the ones of the models that the close spellings of any of their names mean."""
+        import difflib
+
+        every = self._every_name()
+        close = difflib.get_close_matches(name.casefold(), [n.casefold() for n, _ in every], n=5, cutoff=0.75)
+        out: list[str] = []
+        for c in close:
+            for n, e in every:
+                if n.casefold() == c and e.name not in out:
+                    out.append(e.name)
+        return out[:3]
 
     def check_files(self) -> None:
         """Read the header of every model that is a file: one that cannot be served (missing,

@@ -512,7 +512,7 @@
     try {
       const r = await fetch("/v1/models", {headers: headers()});
       if (!r.ok) throw new Error(r.status === 401 ? "this server needs an API key: set it in Settings" : "GET /v1/models: " + r.status);
-      const data = (await r.json()).data.filter((m) => !m.alias_of);
+      const data = (await r.json()).data;
       sel.replaceChildren();
       for (const m of data) {
         const o = el("option", null, m.id + (m.status && m.status.value !== "loaded" ? " (" + m.status.value + ")" : ""));

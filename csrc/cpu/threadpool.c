@@ -46,7 +46,8 @@ typedef struct {
 } pool_event;
 
 struct bubo_pool {
-    int n_threads;
+    int n_threads;             /* the capacity: the caller and n_threads - 1 workers */
+    _Atomic int n_active;      /* threads a run uses (bubo_pool_set_active), written between runs */
     pthread_t *workers; /* [n_threads - 1] */
     pthread_mutex_t run_lock;  /* serializes bubo_pool_run callers */
     pthread_mutex_t park_lock; /* guards every sleep; see the comment at the top */
@@ -119,7 +120,9 @@ static void *worker_main(void *varg) {
         event_wait(pool, &pool->start, seen);
         seen++; /* runs never overlap: the caller waits for every worker before the next bump */
         if (pool->stop) break;
-        pool->fn(pool->ctx, ith, pool->n_threads);
+        const int nth = atomic_load_explicit(&pool->n_active, memory_order_relaxed); /* set before the bump */
+        if (ith < nth) pool->fn(pool->ctx, ith, nth);
+        /* every worker reports every run, active or not: none falls behind the run count */
         if (atomic_fetch_sub(&pool->n_running, 1) == 1) event_signal(pool, &pool->done);
     }
     return NULL;
@@ -138,6 +141,7 @@ bubo_status bubo_pool_create(int n_threads, bubo_pool **out, bubo_err *err) {
     bubo_pool *pool = calloc(1, sizeof *pool);
     if (!pool) return bubo_set_err(err, BUBO_ERR_NOMEM, "thread pool: out of memory");
     pool->n_threads = n_threads;
+    atomic_init(&pool->n_active, n_threads);
     pool->workers = calloc((size_t)n_threads, sizeof *pool->workers);
     if (!pool->workers) {
         free(pool);
@@ -197,26 +201,38 @@ void bubo_pool_free(bubo_pool *pool) {
     free(pool);
 }
 
-int bubo_pool_n_threads(const bubo_pool *pool) { return pool->n_threads; }
+int bubo_pool_n_threads(const bubo_pool *pool) { return atomic_load(&pool->n_active); }
+
+int bubo_pool_capacity(const bubo_pool *pool) { return pool->n_threads; }
+
+void bubo_pool_set_active(bubo_pool *pool, int n) {
+    if (n < 1) n = 1;
+    if (n > pool->n_threads) n = pool->n_threads;
+    if (atomic_load(&pool->n_active) == n) return;
+    pthread_mutex_lock(&pool->run_lock); /* never during a run */
+    atomic_store(&pool->n_active, n);
+    pthread_mutex_unlock(&pool->run_lock);
+}
 
 void bubo_pool_run(bubo_pool *pool, bubo_pool_fn fn, void *ctx) {
-    if (pool->n_threads == 1) {
+    if (atomic_load(&pool->n_active) == 1) {
         fn(ctx, 0, 1);
         return;
     }
     pthread_mutex_lock(&pool->run_lock);
+    const int nth = atomic_load(&pool->n_active);
     pool->fn = fn;
     pool->ctx = ctx;
     atomic_store(&pool->n_running, pool->n_threads - 1);
     const uint32_t done_seen = atomic_load(&pool->done.gen);
-    event_signal(pool, &pool->start); /* publishes fn and ctx: the bump is a release */
-    fn(ctx, 0, pool->n_threads);
+    event_signal(pool, &pool->start); /* publishes fn, ctx and n_active: the bump is a release */
+    fn(ctx, 0, nth);
     event_wait(pool, &pool->done, done_seen);
     pthread_mutex_unlock(&pool->run_lock);
 }
 
 void bubo_pool_barrier(bubo_pool *pool) {
-    const int nth = pool->n_threads;
+    const int nth = atomic_load(&pool->n_active); /* fixed for the run */
     if (nth == 1) return;
     /* Read before arriving: the generation cannot move until this thread has arrived. */
     const uint32_t seen = atomic_load(&pool->barrier.gen);

@@ -183,6 +183,7 @@ bubo_status bubo_model_encode(bubo_model *m, int64_t n_tokens, const int32_t *to
         if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
             return bubo_set_err(err, BUBO_ERR_INVALID, "token %lld: id %d is out of range: the vocabulary has %d tokens",
                                 (long long)t, (int)tokens[t], hp->n_vocab);
+    bubo_pool_set_active(m->pool, bubo_model_n_threads_batch(m)); /* an encode is a batch (-tb) */
     int32_t pos[BUBO_MODEL_MAX_BATCH], beg[BUBO_MODEL_MAX_BATCH], len[BUBO_MODEL_MAX_BATCH];
     int64_t done = 0;
     for (int32_t i = 0; i < n_seqs;) {

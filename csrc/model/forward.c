@@ -522,6 +522,8 @@ bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, cons
      * chunk per sequence); a chunk's append cannot fail once the batch passed */
     bubo_status st = bubo_kv_check_batch(kv, n_tokens, seq_ids, pos, err);
     if (st) return st;
+    /* llama.cpp's rule: a one-token step runs on -t threads, anything larger on -tb */
+    bubo_pool_set_active(m->pool, n_tokens == 1 ? bubo_model_n_threads(m) : bubo_model_n_threads_batch(m));
 
     /* the wanted rows of a chunk, as chunk-relative indices; the logits rows run in batch order */
     int32_t out_rows[BUBO_MODEL_MAX_BATCH];

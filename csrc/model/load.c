@@ -366,7 +366,7 @@ static bubo_status alloc_state(bubo_model *m, bubo_err *err) {
     const bubo_hparams *hp = &m->hp;
     bubo_run_state *s = &m->s;
     const size_t B = BUBO_MODEL_MAX_BATCH;
-    const int n_threads = bubo_pool_n_threads(m->pool);
+    const int n_threads = bubo_pool_capacity(m->pool); /* every thread a run may use: scratch for each */
     size_t mm = mat_scratch(&m->w.output);
     for (int il = 0; il < hp->n_layer; il++) {
         const bubo_layer_weights *l = &m->w.layers[il];
@@ -634,9 +634,9 @@ int32_t bubo_model_out_width(const bubo_model *m) { return m->out_hidden ? m->hp
 
 bubo_status bubo_model_share_pool(bubo_model *m, bubo_model *other, bubo_err *err) {
     if (m == other || m->pool == other->pool) return BUBO_OK;
-    if (bubo_pool_n_threads(m->pool) != bubo_pool_n_threads(other->pool))
-        return bubo_set_err(err, BUBO_ERR_INVALID, "share_pool: %d threads against %d", bubo_pool_n_threads(m->pool),
-                            bubo_pool_n_threads(other->pool));
+    if (bubo_pool_capacity(m->pool) != bubo_pool_capacity(other->pool))
+        return bubo_set_err(err, BUBO_ERR_INVALID, "share_pool: %d threads against %d", bubo_pool_capacity(m->pool),
+                            bubo_pool_capacity(other->pool));
     if (m->owns_pool) bubo_pool_free(m->pool);
     m->pool = other->pool;
     m->owns_pool = 0;
@@ -650,7 +650,22 @@ bubo_status bubo_model_set_out_vocab(bubo_model *m, int32_t n_out_vocab, bubo_er
     m->n_out_vocab = n == 0 || n >= m->hp.n_vocab ? 0 : n;
     return BUBO_OK;
 }
-int bubo_model_n_threads(const bubo_model *m) { return bubo_pool_n_threads(m->pool); }
+int bubo_model_n_threads(const bubo_model *m) { return m->n_threads_gen ? m->n_threads_gen : bubo_pool_capacity(m->pool); }
+int bubo_model_n_threads_batch(const bubo_model *m) {
+    return m->n_threads_batch ? m->n_threads_batch : bubo_pool_capacity(m->pool);
+}
+
+int bubo_model_active_threads(const bubo_model *m) { return bubo_pool_n_threads(m->pool); }
+
+bubo_status bubo_model_set_threads(bubo_model *m, int n_gen, int n_batch, bubo_err *err) {
+    const int cap = bubo_pool_capacity(m->pool);
+    if (n_gen < 1 || n_gen > cap || n_batch < 1 || n_batch > cap)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "threads %d (decode) and %d (batch): give 1..%d, the threads the "
+                            "model was loaded with", n_gen, n_batch, cap);
+    m->n_threads_gen = n_gen;
+    m->n_threads_batch = n_batch;
+    return BUBO_OK;
+}
 
 void bubo_model_kv_params(const bubo_model *m, bubo_kv_params *p) {
     memset(p, 0, sizeof *p);

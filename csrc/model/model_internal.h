@@ -95,6 +95,8 @@ struct bubo_model {
     int32_t n_out_vocab; /* logits for tokens [0, n_out_vocab) (bubo_model_set_out_vocab) */
     int owns_pool;       /* 0 once it runs on another model's pool (bubo_model_share_pool) */
     int out_hidden;      /* decode writes normed hidden states, not logits (bubo_model_set_output_hidden) */
+    int n_threads_gen;   /* threads of a one-token decode step, and of a batch (bubo_model_set_threads) */
+    int n_threads_batch;
 };
 
 /* ---- shared by forward.c (decoders) and encoder.c ------------------------------------------- */

@@ -8,6 +8,8 @@ import time
 import pytest
 from client import call, call_json
 
+from bubo.api.logs import plural
+
 from .conftest import start_server
 from .test_server_core import assert_error
 from engines import THREADS
@@ -65,7 +67,7 @@ def test_every_route_needs_the_key(keyed, method, path):
 def test_both_headers_and_every_key_are_accepted(keyed, headers):
     assert call_json(keyed.url + "/health", headers=headers) == (200, {"status": "ok"})
     status, body = call_json(keyed.url + "/v1/models", headers=headers)
-    assert status == 200 and body["data"][1]["id"] == "bubo"
+    assert status == 200 and body["data"][0]["aliases"] == ["bubo"]
     assert call_json(keyed.url + "/nope", headers=headers)[0] == 404
 
 
@@ -86,7 +88,7 @@ def test_startup_log_says_address_model_context_threads_docs(keyed):
     log = "".join(keyed.log)
     assert f"listening on {keyed.url}" in log
     assert "as 'smollm2:135m' (also: bubo)" in log
-    assert f"threads {THREADS}" in log and "context 2048 tokens (trained 8192)" in log
+    assert f"{plural(THREADS, 'thread')}; context 2048;" in log and "context 2048 tokens (trained 8192)" in log
     assert "API key required" in log
     assert f"the routes: {keyed.url}/openapi.json" in log
 

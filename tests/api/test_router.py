@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from client import call, call_json
 
+from bubo import store
+
 from .conftest import Server
 from .test_server_core import assert_error
 
@@ -110,11 +112,22 @@ def router(catalog_model):
 
 def test_the_router_lists_every_model_and_its_status(router):
     status, r = call_json(router.url + "/v1/models")
-    assert status == 200 and [m["id"] for m in r["data"]] == [SMOL, GEMMA, "bubo"]
+    assert status == 200 and [m["id"] for m in r["data"]] == [SMOL, GEMMA]  # each model once
     ms = models(router.url)
     assert ms[SMOL]["status"]["value"] == "loaded"  # the default model loads at start
-    assert ms["bubo"]["alias_of"] == SMOL
+    assert (ms[SMOL]["aliases"], ms[GEMMA]["aliases"]) == (["bubo"], [])
     assert call_json(router.url + "/ready")[1] == {"status": "ready", "model": SMOL}
+
+
+def test_every_spelling_of_each_model_answers_from_that_model(router):
+    from .test_model_names import answers_as, is_refused, spellings
+
+    for name in (SMOL, GEMMA):
+        for spelling in spellings(name):
+            assert answers_as(router.url, spelling) == str(store.model_path(name)), spelling
+    assert answers_as(router.url, "bubo:latest") == str(store.model_path(SMOL))
+    is_refused(router.url, "gemma3:27b", close=GEMMA, router=True)
+    is_refused(router.url, "llama3", close=None, router=True)
 
 
 def test_each_request_answers_from_the_model_it_names(router, singles):
@@ -238,7 +251,7 @@ def test_a_broken_file_in_the_models_dir_fails_while_the_others_serve(catalog_mo
     with Server("--models-dir", str(d), model=None, ctx=1024) as s:
         s.wait_ready()
         ms = models(s.url)
-        assert set(ms) == {"a-smol", "broken", "bubo"}
+        assert set(ms) == {"a-smol", "broken"} and ms["a-smol"]["aliases"] == ["bubo"]
         assert ms["broken"]["status"]["value"] == "failed" and ms["broken"]["status"]["failed"] is True
         assert "broken.gguf" in ms["broken"]["status"]["error"]
         status, r = call_json(s.url + "/completion", "POST", {"model": "broken", "prompt": "x"})
@@ -263,7 +276,7 @@ def test_a_model_that_cannot_load_is_never_the_default(catalog_model, tmp_path):
             assert complete(s.url, "bubo", PROMPTS[0])["tokens"] == complete(s.url, "a-smol", PROMPTS[0])["tokens"]
             ms = models(s.url)
             assert ms["0-broken"]["status"]["value"] == "failed"
-            assert ms["bubo"]["alias_of"] == "a-smol", ms["bubo"]
+            assert ms["a-smol"]["aliases"] == ["bubo"], ms
 
 
 def start_error(*args: str) -> str:
@@ -304,9 +317,11 @@ def test_a_preset_sets_names_and_settings_and_the_command_line_wins(catalog_mode
     with Server("-m", GEMMA, "--models-preset", str(preset), "-np", "2", model=None, ctx=1024) as s:
         s.wait_ready()
         ms = models(s.url)
-        assert list(ms) == [GEMMA, "owl", "hoot", "smol", "bubo"]
-        assert ms["owl"]["aliases"] == ["hoot", "smol"]
+        assert list(ms) == [GEMMA, "owl"]
+        assert (ms["owl"]["aliases"], ms[GEMMA]["aliases"]) == (["hoot", "smol"], ["bubo"])
         complete(s.url, "hoot", "Hi", 2)
+        for name in ("owl:latest", "hoot:latest", "OWL", "smollm2-135m-instruct-q4_1"):  # the file's name too
+            assert complete(s.url, name, "Hi", 1)["model"] == name
         # -c 1024 and -np 2 on the command line win over [owl] c = 768 and [*] np = 3
         props = call_json(s.url + "/props?model=owl")[1]
         assert (props["n_ctx"], props["total_slots"]) == (1024, 2)

@@ -8,6 +8,7 @@ routes only with -v, nothing with --log-disable; 503 while loading carries Retry
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 import socket
 import subprocess
@@ -22,6 +23,7 @@ from client import post_json as post
 
 from bubo import store
 from bubo.api import logs
+from bubo.api.logs import plural
 from bubo.cli.flags import HABIT_NOTES, HABIT_REFUSED
 
 from .conftest import start_server
@@ -113,6 +115,46 @@ def test_unknown_flags_are_one_line():
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--no-such-flag" in r.stderr
 
 
+@pytest.mark.parametrize("args,rc,hint", [
+    (["serve", "--prot", "8080"], 2, "did you mean --port?"),
+    (["serve", "--temprature", "0.5"], 2, "did you mean --temp?"),
+    (["serv"], 2, "did you mean serve?"),
+    (["serve", "-m", "smolm2"], 1, "did you mean smollm2?"),
+    (["run", "qwen2.5-coder:0.5c", "hi"], 1, "did you mean qwen2.5-coder:0.5b?"),
+    (["pull", "gemma:270m"], 1, "did you mean gemma3:270m?"),
+])
+def test_a_mistyped_flag_command_or_model_gets_did_you_mean(args, rc, hint):
+    r = bubo(*args)
+    assert r.returncode == rc and r.stderr.count("\n") == 1 and hint in r.stderr, r.stderr
+
+
+def test_long_flags_are_never_taken_by_a_prefix():
+    # argparse would take --chat-templ for --chat-template-file, and --thread for --threads
+    for flag in ("--chat-templ", "--thread", "--n-gpu"):
+        r = bubo("serve", flag, "1")
+        assert r.returncode == 2 and "unrecognized arguments" in r.stderr, (flag, r.stderr)
+
+
+def test_chat_template_names_a_built_in_template():
+    r = bubo("serve", "-m", "smollm2:135m", "--chat-template", "lama3")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "--chat-template lama3: no built-in chat template named 'lama3': did you mean llama3?" in r.stderr
+    assert "chatml, command-r," in r.stderr and "mistral-v7" in r.stderr  # every name, in order
+    r = bubo("serve", "-m", "smollm2:135m", "--chat-template", "chatml", "--chat-template-file", "t.jinja")
+    assert r.returncode == 1 and "give one of them" in r.stderr, r.stderr
+
+
+def test_a_port_in_use_is_one_line_naming_it():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = bubo("serve", "-m", str(store.pull("smollm2:135m")), "--port", str(port), "-c", "512")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"bubo serve: error: port {port} on 127.0.0.1 is already in use"), r.stderr
+    assert "--port" in r.stderr and "Errno" not in r.stderr
+
+
 def test_version_and_help():
     r = bubo("--version")
     assert r.returncode == 0 and r.stdout.startswith("bubo ") and r.stdout.split()[1][0].isdigit()
@@ -127,6 +169,7 @@ def habits():
     for flags, value, _ in HABIT_NOTES:
         accepted += [flags[0], "99"] if value else [flags[0]]
     accepted += ["-fa", "on"]  # llama-server's newer form takes a value
+    accepted += ["--cache-reuse", "256", "-lv", "3", "--chat-template", "llama3", "-tb", "2"]
     with start_server(*accepted, "--temp", "0", "--top-k", "1", "-n", "7", "-np", "1", ctx=0) as s:
         yield s.wait_ready()
 
@@ -136,7 +179,33 @@ def test_habit_flags_are_accepted_with_a_note_each(habits):
     log = "".join(habits.log)
     for flags, _, note in HABIT_NOTES:
         assert f"{flags[0]}: accepted, {note}" in log
+    assert "--cache-reuse 256: accepted; bubo reuses the longest cached prefix" in log
     assert habits.alive()
+
+
+@pytest.mark.models
+def test_chat_template_name_renders_as_llama_cpp_does(habits):
+    oracle = json.loads((REPO / "tests" / "data" / "oracle" / "chat_templates.json").read_text())
+    conv = oracle["conversations"][0]
+    _, _, r = post(habits.url + "/apply-template", {"messages": conv["messages"]})
+    assert r["prompt"] == oracle["renderings"]["llama3"][0]
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"model": "bubo", "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/completions", {"model": "bubo", "prompt": "hi"}),
+    ("/completion", {"prompt": "hi"}),
+    ("/v1/messages", {"model": "bubo", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/responses", {"model": "bubo", "input": "hi", "max_output_tokens": 2}),
+    ("/api/chat", {"model": "bubo", "messages": [{"role": "user", "content": "hi"}], "stream": False}),
+    ("/api/generate", {"model": "bubo", "prompt": "hi", "stream": False}),
+])
+def test_request_fields_no_route_reads_are_named(habits, path, body):
+    status, headers, _ = post(habits.url + path, {**body, "max_token": 5, "temprature": 0})
+    assert status == 200 and headers.get("X-Bubo-Ignored-Fields") == "max_token, temprature", headers
+    status, headers, _ = post(habits.url + path, body)
+    assert status == 200 and "X-Bubo-Ignored-Fields" not in headers, headers
 
 
 @pytest.mark.models
@@ -179,8 +248,10 @@ def wait_for(server, text: str, timeout: float = 10.0) -> str:
 @pytest.mark.models
 def test_start_up_lines_and_one_line_per_request(habits):
     log = "".join(habits.log)
+    assert f"bubo serve: chat page: {habits.url}/ (open it in a browser)" in log
     ready = next(line for line in habits.log if line.startswith("bubo serve: ready:"))
-    for part in ("weights ", " MiB", "KV cache ", "context 8192 tokens", "1 slots", f"{THREADS} threads", " s;"):
+    threads = plural(THREADS, "thread") + (" (2 for prompts)" if THREADS != 2 else "")  # -tb 2
+    for part in ("weights ", " MiB", "KV cache ", "context 8192 tokens", "1 slot;", threads, " s;"):
         assert part in ready, ready
     post(habits.url + "/v1/chat/completions", {"model": "bubo", "messages": [{"role": "user", "content": "hi"}]})
     log = wait_for(habits, "POST /v1/chat/completions 200")
@@ -196,11 +267,12 @@ def test_start_up_lines_and_one_line_per_request(habits):
 
 @pytest.mark.models
 def test_json_log_format_verbose_and_log_disable():
-    with start_server("--log-format", "json", "-v", "-np", "1") as s:
+    with start_server("--log-format", "json", "--log-verbosity", "4", "-np", "1") as s:  # as -v
         s.wait_ready()
-        post(s.url + "/v1/chat/completions", {"model": "bubo", "max_tokens": 3,
+        post(s.url + "/v1/chat/completions", {"model": "bubo", "max_tokens": 3, "temprature": 0,
                                               "messages": [{"role": "user", "content": "hi"}]})
         wait_for(s, '"path": "/v1/chat/completions"')
+        wait_for(s, "POST /v1/chat/completions: fields no route reads: temprature")  # -v names a typo
         wait_for(s, '"path": "/ready"')  # -v: polled routes too
         wait_for(s, '"weights_bytes"')  # the ready line: said by a watcher that polls, maybe after /ready
         records = [json.loads(line) for line in s.log if line.strip()]
@@ -209,6 +281,25 @@ def test_json_log_format_verbose_and_log_disable():
     assert req["generated_tokens"] == 3 and req["prompt_tokens"] > 0 and req["ms"] > 0 and req["level"] == "info"
     assert any(r["msg"].startswith("listening on http://") and r.get("url") for r in records)
     assert any(r.get("weights_bytes", 0) > 0 and r.get("kv_bytes", 0) > 0 for r in records)
+
+
+def test_log_verbosity_is_llama_cpps_threshold():
+    levels = [logs.level_of(False, n) for n in (0, 1, 2, 3, 4, 9)]
+    assert levels == [logging.ERROR, logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG, logging.DEBUG]
+    assert logs.level_of(False, None) == logging.INFO and logs.level_of(True, None) == logging.DEBUG
+    assert logs.level_of(True, 1) == logging.DEBUG  # -v wins
+
+
+@pytest.mark.models
+def test_log_verbosity_1_keeps_the_start_up_lines_and_drops_the_request_lines():
+    with start_server("-lv", "1", "-np", "1") as s:
+        s.wait_ready()
+        post(s.url + "/v1/chat/completions", {"model": "bubo", "max_tokens": 2, "max_token": 1,
+                                              "messages": [{"role": "user", "content": "hi"}]})
+        wait_for(s, "bubo serve: ready:")
+        time.sleep(0.3)
+        log = "".join(s.log)
+    assert "listening on http://" in log and "POST /v1/chat/completions" not in log and " INFO " not in log
 
 
 def test_a_startup_line_is_one_write(monkeypatch):

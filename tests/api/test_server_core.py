@@ -40,10 +40,10 @@ def test_ready(base_url, path):
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/models"])
-def test_models_lists_served_id_and_bubo(base_url, path):
+def test_models_lists_the_model_once_with_bubo_among_its_aliases(base_url, path):
     status, body = call_json(base_url + path)
     assert status == 200 and body["object"] == "list"
-    assert [m["id"] for m in body["data"]] == [MODEL, "bubo"]
+    assert [(m["id"], m["aliases"]) for m in body["data"]] == [(MODEL, ["bubo"])]
     for m in body["data"]:
         assert m["object"] == "model" and m["owned_by"] == "bubo"
         assert m["context_length"] == m["max_model_len"] == m["meta"]["n_ctx"] == 2048

@@ -155,3 +155,22 @@ def test_responses_reasoning_effort_none_closes_the_block(client):
     assert [i.type for i in on.output][0] == "reasoning"
     off = client.responses.create(reasoning={"effort": "none"}, **args)
     assert all(i.type != "reasoning" for i in off.output)
+
+
+def test_reasoning_format_none_leaves_the_block_in_the_content(client, server):
+    """llama-server's reasoning_format: none (the request's field, or the server's flag that a
+    request's own value overrides) gives the answer as the model wrote it, <think> block and all."""
+    _, reasoning, content, _ = chat(client)
+    args = dict(model="bubo", messages=FEW_SHOT, max_tokens=60, temperature=0)
+    m = client.chat.completions.create(extra_body={"reasoning_format": "none"}, **args).choices[0].message
+    assert (m.model_extra or {}).get("reasoning_content") is None
+    assert m.content.startswith("<think>") and reasoning.strip() in m.content and m.content.endswith(content)
+    bad = client.chat.completions.with_raw_response.create
+    with pytest.raises(openai.BadRequestError, match="reasoning_format must be one of none, deepseek"):
+        bad(extra_body={"reasoning_format": "xml"}, **args)
+    with start_server("--chat-template-file", str(TEMPLATE), "-np", "1", "--reasoning-format", "none") as s:
+        flagged = openai.OpenAI(base_url=s.wait_ready().url + "/v1", api_key="none", max_retries=0)
+        assert flagged.chat.completions.create(**args).choices[0].message.content == m.content
+        split = flagged.chat.completions.create(extra_body={"reasoning_format": "deepseek"}, **args).choices[0]
+        assert (split.message.model_extra or {}).get("reasoning_content") == reasoning
+        assert split.message.content == content

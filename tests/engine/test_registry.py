@@ -17,6 +17,7 @@ from bubo.engine.registry import (
     ModelStatus,
     Registry,
     UnknownModelError,
+    implied_names,
 )
 from bubo.sampling import SamplingParams
 
@@ -76,6 +77,49 @@ def test_names_aliases_and_unknown_models(tiny):
         reg.lookup("nope")
     with pytest.raises(ValueError, match="two models are named 'a'"):
         Registry([ModelSpec("a", tiny["a"]), ModelSpec("b", tiny["b"], ("a",))])
+
+
+def test_the_names_a_model_implies(tiny):
+    """Catalog names, short names, :latest and file names answer; nothing is loaded to find them."""
+    qwen = ModelSpec("qwen2.5-coder:0.5b", "qwen2.5-coder:0.5b")
+    assert implied_names(qwen) == ["qwen2.5-coder", "qwen2.5-coder:latest", "qwen2.5-coder:0.5b:latest",
+                                   "qwen2.5-coder:0.5b", "qwen2.5-coder-0.5b-q4_k_m"]
+    # -m smollm2 (a family name): the full catalog name and the store's file name answer too
+    assert implied_names(ModelSpec("smollm2", "smollm2")) == [
+        "smollm2:latest", "smollm2:135m", "smollm2", "smollm2-135m-instruct-q4_1"]
+    # a file: its name without .gguf; a name ending :latest: the name without it
+    assert implied_names(ModelSpec("owl:latest", "/m/Owl-7B.Q4_K_M.gguf")) == ["owl", "Owl-7B.Q4_K_M"]
+    reg = registry(tiny)
+    for name in ("a:latest", "alpha:latest", "A", "ALPHA", "bubo:latest", "Bubo"):
+        assert reg.lookup(name) is reg.lookup("a"), name
+    assert reg.lookup("b:latest") is reg.lookup("b")
+
+
+def test_two_models_implying_one_name(tiny):
+    small = ModelSpec("qwen2.5-coder:0.5b", "qwen2.5-coder:0.5b")
+    large = ModelSpec("qwen2.5-coder:1.5b", "qwen2.5-coder:1.5b")
+    reg = Registry([large, small])
+    # the short name means what the catalog says (the 0.5b), whichever model is first
+    assert reg.lookup("qwen2.5-coder").name == reg.lookup("qwen2.5-coder:latest").name == "qwen2.5-coder:0.5b"
+    assert reg.lookup("qwen2.5-coder-1.5b-q4_k_m").name == "qwen2.5-coder:1.5b"
+    # a file name two models imply (the same name in two folders) means neither
+    reg = Registry([ModelSpec("one", "/x/m.gguf"), ModelSpec("two", "/y/m.gguf")])
+    with pytest.raises(UnknownModelError):
+        reg.lookup("m")
+    # an id or alias wins over a name another model implies
+    reg = Registry([ModelSpec("x", "smollm2:135m"), ModelSpec("smollm2", tiny["a"])])
+    assert reg.lookup("smollm2").name == "smollm2" and reg.lookup("smollm2:135m").name == "x"
+
+
+def test_a_name_close_to_a_served_one_gets_did_you_mean(tiny):
+    reg = Registry([ModelSpec("smollm2:135m", "smollm2:135m"), ModelSpec("gemma3:270m", "gemma3:270m")])
+    with pytest.raises(UnknownModelError, match=r"'smolm2' is not served here \(did you mean 'smollm2:135m'\?\)"):
+        reg.lookup("smolm2")
+    assert reg.close_names("gemma:270m") == ["gemma3:270m"]
+    assert reg.close_names("llama3") == []
+    with pytest.raises(UnknownModelError) as e:
+        reg.lookup("llama3")
+    assert "did you mean" not in str(e.value)
 
 
 def test_models_load_on_their_first_request_and_answer_like_a_lone_engine(tiny):

@@ -142,3 +142,23 @@ def test_two_models_on_one_thread_pool_give_their_own_logits(tmp_path):
     del a  # b keeps its pool's owner alive
     kv_b2 = KVCache(b, n_ctx=n, type="f32")
     assert np.array_equal(b.decode(kv_b2, tokens, np.arange(n), np.zeros(n), np.ones(n, bool)), b_alone)
+
+
+def test_a_prompt_runs_on_the_batch_threads_and_a_token_on_the_others(tmp_path):
+    """n_threads_batch (llama.cpp's -tb): a step of several tokens runs on that many threads, a
+    one-token step on n_threads, out of one pool of the larger count; the logits are the same
+    bits as on either count alone (the products do not depend on the thread count)."""
+    path = write_tiny_model(tmp_path / "m.gguf", "qwen2")
+    tokens, alone = _run(path, n_threads=1)
+    assert np.array_equal(_run(path, n_threads=2)[1], alone)
+    model = Model(path, n_threads=1, n_threads_batch=2)
+    assert (model.hparams["n_threads"], model.hparams["n_threads_batch"]) == (1, 2)
+    n = len(tokens)
+    kv = KVCache(model, n_ctx=n, type="f32")
+    head = model.decode(kv, tokens[:-1], np.arange(n - 1), np.zeros(n - 1), np.ones(n - 1, bool))
+    assert model.active_threads == 2
+    last = model.decode(kv, tokens[-1:], [n - 1], [0], [True])
+    assert model.active_threads == 1
+    assert np.array_equal(np.concatenate([head, last]), alone)
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        Model(path, n_threads=1, n_threads_batch=-1)

@@ -55,3 +55,20 @@ def test_create_and_free_repeatedly():
 def test_rejects_bad_thread_counts(n_threads):
     with pytest.raises(ValueError):
         _ops.ThreadPool(n_threads)
+
+
+def test_runs_on_fewer_threads_than_the_pool_has():
+    """set_active (llama.cpp's -t against -tb): a run uses the first n threads; the others stay
+    idle. Switching the count between runs, many times over, loses no run and runs none twice."""
+    pool = _ops.ThreadPool(4)
+    assert (pool.capacity, pool.n_threads) == (4, 4)
+    for n in [1, 3, 2, 4, 2, 1, 4, 3] * 50:
+        pool.set_active(n)
+        assert pool.n_threads == n
+        calls, errors = _ops.pool_probe(pool, 7)
+        assert errors.tolist() == [0, 0, 0, 0]
+        assert calls.tolist() == [7 if i < n else 0 for i in range(4)], n
+    pool.set_active(0)
+    assert pool.n_threads == 1  # clamped
+    pool.set_active(99)
+    assert pool.n_threads == 4

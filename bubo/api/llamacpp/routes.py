@@ -14,7 +14,7 @@ from bubo.api import openapi as oa
 from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.fields import invalid
 from bubo.api.llamacpp import completion as nc
-from bubo.api.request import debug_mem_available, json_body, optional_model, runtime_of, use_model
+from bubo.api.request import debug_mem_available, json_body, optional_model, runtime_of, use_model, with_fields
 from bubo.api.sse import sse_response
 from bubo.chat.fim import fim_prompt, fim_tokens, no_fim
 from bubo.engine.protocol import ServingEngine
@@ -112,7 +112,8 @@ def infill() -> Any:
                     or not isinstance(chunk.get("filename", ""), str):
                 raise invalid(f'input_extra[{i}] must be {{"filename": "...", "text": "..."}}')
             files.append((chunk.get("filename") or "", chunk["text"]))
-    req = offload.run(nc.parse_native_request, {**body, "prompt": texts["prompt"]}, what="reading the request's fields")
+    req = offload.run(nc.parse_native_request, with_fields(body, prompt=texts["prompt"]),
+                      what="reading the request's fields")
     draft_max = f.draft_max_of(body)
     model = optional_model(body)
     engine = use_model(model)

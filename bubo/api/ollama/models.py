@@ -102,19 +102,13 @@ def _mtime(path: Path | None) -> str:
         return timestamp(0)
 
 
-def tag_names(reg: Registry, entry: ModelEntry) -> list[str]:
-    """The names an entry is listed under: its id, its aliases (and "bubo" for the default)."""
-    return [n for n in reg.names() if reg.lookup(n) is entry]
-
-
 def tags(reg: Registry) -> dict[str, Any]:
     models = []
     for e in reg.entries:
         path = entry_path(e)
         meta = metadata(path)
-        for n in tag_names(reg, e):
-            models.append({"name": tagged(n), "model": tagged(n), "modified_at": _mtime(path), "size": _size(path),
-                           "digest": digest(e, path), "details": details(meta)})
+        models.append({"name": tagged(e.name), "model": tagged(e.name), "modified_at": _mtime(path),
+                       "size": _size(path), "digest": digest(e, path), "details": details(meta)})
     return {"models": models}
 
 

@@ -35,7 +35,7 @@ from bubo.chat import fim
 from bubo.chat.parsers import OutputParser, Part
 from bubo.chat.thinking import template_thinks
 from bubo.engine.protocol import ServingEngine, Stream
-from bubo.engine.registry import UnknownModelError
+from bubo.engine.registry import UnknownModelError, did_you_mean
 from bubo.engine.types import FinishEvent, GenerationRequest, TokenEvent
 from bubo.runtime import Runtime
 from bubo.sampling import SamplingParams
@@ -46,18 +46,16 @@ oa.components(blueprint, od.shapes)
 
 
 def served(name: str) -> str:
-    """The registry's name for a request's model: as given, or without Ollama's ":latest"
-    (a name without a tag means it). 404 in Ollama's words when no model is called that."""
+    """The registry's name for a request's model (any name it answers to: the registry's
+    lookup). 404 in Ollama's words when no model is called that."""
     reg = models()
-    for n in (name, name[: -len(":latest")] if name.endswith(":latest") else None):
-        if n:
-            try:
-                reg.lookup(n)
-                return n
-            except UnknownModelError:
-                pass
-    listed = ", ".join(f"'{sh.tagged(n)}'" for n in reg.names())
-    raise ApiError(404, "model_not_found", f"model '{name}' not found; this server serves {listed}")
+    try:
+        reg.lookup(name)
+        return name
+    except UnknownModelError as e:
+        listed = ", ".join(f"'{sh.tagged(n)}'" for n in reg.names())
+        raise ApiError(404, "model_not_found",
+                       f"model '{name}' not found{did_you_mean(e.close)}; this server serves {listed}") from None
 
 
 def _keep_alive(name: str, seconds: float | None) -> None:

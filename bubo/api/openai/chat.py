@@ -58,6 +58,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         include_usage=bool((opts or {}).get("include_usage")), logprobs=logprobs, top_logprobs=top_logprobs,
         cache_prompt=f.bool_field(body, "cache_prompt", True),
         parallel_tool_calls=f.bool_field(body, "parallel_tool_calls", False), tool_choice=forced, output=output,
+        reasoning_format=f.reasoning_format_of(body),
     )
 
 

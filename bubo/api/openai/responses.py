@@ -13,6 +13,7 @@ from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
 from bubo.api.openai.chat import cache_details, draft_details
 from bubo.api.pipeline import Conversation, Output, steered
+from bubo.api.request import with_fields
 from bubo.chat.parsers import Part, ToolCall
 from bubo.engine.types import FinishEvent
 
@@ -93,7 +94,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     text = body.get("text")
     output = f.response_format_spec(text.get("format"), "text.format", flat=True) if isinstance(text, dict) else None
     reasoning = body.get("reasoning")
-    fields = dict(body)
+    fields = with_fields(body)  # its lookups count as the body's (X-Bubo-Ignored-Fields)
     if reasoning is not None:
         if not isinstance(reasoning, dict):
             raise invalid("reasoning must be an object like {\"effort\": \"low\"}")

@@ -82,7 +82,16 @@ bubo_status bubo_model_load(const char *path, int n_threads, bubo_model **out, b
 bubo_status bubo_model_load_as(const char *path, int n_threads, int requant, bubo_model **out, bubo_err *err);
 void bubo_model_free(bubo_model *m);
 const bubo_hparams *bubo_model_hparams(const bubo_model *m);
+/* The threads of a one-token decode step (llama.cpp's -t). */
 int bubo_model_n_threads(const bubo_model *m);
+/* The threads of a decode step of several tokens, prompts included, and of an encode (-tb). */
+int bubo_model_n_threads_batch(const bubo_model *m);
+/* Decode steps of one token use n_gen threads, larger ones n_batch (llama.cpp's -t and -tb), both
+ * within the thread count the model was loaded with (its pool's); by default both are that count.
+ * BUBO_ERR_INVALID outside 1..that count. */
+bubo_status bubo_model_set_threads(bubo_model *m, int n_gen, int n_batch, bubo_err *err);
+/* The threads the model's pool runs on now: those of its last step (or its pool's whole count). */
+int bubo_model_active_threads(const bubo_model *m);
 
 /* Logits for the first n_out_vocab tokens only (0: every token): the output product reads only
  * their rows of the output matrix, and decode writes [n_out][n_out_vocab]. For a draft model,

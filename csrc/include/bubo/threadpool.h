@@ -6,7 +6,11 @@
  * pool costs no CPU. A run allocates nothing.
  *
  * Inside fn, bubo_pool_barrier(pool) waits until all nth threads of the run reach it: one run
- * can hold several dependent phases (quantize the activations, then multiply). */
+ * can hold several dependent phases (quantize the activations, then multiply).
+ *
+ * bubo_pool_set_active(pool, n) makes the next runs use n of the threads (llama.cpp's -t for a
+ * decode step against -tb for a prompt): fn sees nth = n; the other workers still wake for each
+ * run, do nothing and report done, so that every worker keeps counting the same runs. */
 #ifndef BUBO_THREADPOOL_H
 #define BUBO_THREADPOOL_H
 
@@ -23,11 +27,16 @@ typedef void (*bubo_pool_fn)(void *ctx, int ith, int nth);
 
 #define BUBO_POOL_MAX_THREADS 512
 
-/* Start n_threads - 1 workers (1 <= n_threads <= BUBO_POOL_MAX_THREADS). */
+/* Start n_threads - 1 workers (1 <= n_threads <= BUBO_POOL_MAX_THREADS); all of them active. */
 bubo_status bubo_pool_create(int n_threads, bubo_pool **out, bubo_err *err);
 /* Stop and join the workers. NULL is fine. */
 void bubo_pool_free(bubo_pool *pool);
+/* The threads the runs use now (the nth fn sees), counting the caller. */
 int bubo_pool_n_threads(const bubo_pool *pool);
+/* The threads the pool has: the most bubo_pool_set_active may ask for. */
+int bubo_pool_capacity(const bubo_pool *pool);
+/* Use n threads (clamped to 1..capacity) from the next run on. Not from inside fn. */
+void bubo_pool_set_active(bubo_pool *pool, int n);
 
 /* Run fn on all threads and wait for them. Calls from several threads are serialized. fn must
  * not call bubo_pool_run on the same pool. */
