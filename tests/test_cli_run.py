@@ -20,6 +20,8 @@ import pytest
 
 from bubo import store
 
+from reference.tiny import write_tiny_model
+
 MODEL = "smollm2:135m"
 PROMPT = ">>> "
 THREADS = "2"
@@ -232,7 +234,7 @@ def test_show_a_model_not_stored(tmp_path):
 
 
 @pytest.mark.models
-def test_show(catalog_model):
+def test_show(catalog_model, tmp_path):
     from bubo import GGUFFile
 
     path = catalog_model(MODEL)
@@ -258,7 +260,12 @@ def test_show(catalog_model):
     assert "architecture        gemma3" in text and "none: a base model" in text
     assert re.search(r"  Capabilities\n    completion\n\n", text)
     assert "has no chat template" in one_error_line(bubo("show", "gemma3", "--template"), "show")
-    assert "names no license" in one_error_line(bubo("show", "qwen2.5-coder:0.5b", "--license"), "show")
+    # qwen's file names no license: the catalog's is shown; a file the catalog does not know has none
+    catalog_model("qwen2.5-coder:0.5b")
+    assert bubo("show", "qwen2.5-coder:0.5b", "--license").stdout == store.CATALOG["qwen2.5-coder:0.5b"].license + "\n"
+    assert store.CATALOG["qwen2.5-coder:0.5b"].license.startswith("apache-2.0 (https://")
+    tiny = write_tiny_model(tmp_path / "tiny.gguf", "llama")
+    assert "names no license" in one_error_line(bubo("show", str(tiny), "--license"), "show")
 
 
 # --- ps ----------------------------------------------------------------------------------------
@@ -378,6 +385,14 @@ def test_verbose_prints_timings(fresh_model):
         assert re.fullmatch(r"\d+\.\d\d tokens/s", stats[key].strip()), stats[key]
     for key in ("total duration", "load duration", "prompt eval duration", "eval duration"):
         assert re.fullmatch(r"\d+\.\d+m?s", stats[key].strip()), stats[key]
+
+    def seconds(key: str) -> float:
+        v = stats[key].strip()
+        return float(v[:-2]) / 1000 if v.endswith("ms") else float(v[:-1])
+
+    # the parts add up: the load is part of the total, as in Ollama's (2 ms of rounding)
+    parts = seconds("load duration") + seconds("prompt eval duration") + seconds("eval duration")
+    assert parts <= seconds("total duration") + 0.002, p.stderr
 
 
 # --- the interactive chat ----------------------------------------------------------------------

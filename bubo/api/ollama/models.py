@@ -142,7 +142,8 @@ def show(entry: ModelEntry, sampling_defaults: dict[str, Any]) -> dict[str, Any]
     template = meta.get("tokenizer.chat_template")
     params = "\n".join(f"{k:<16}{v}" for k, v in sampling_defaults.items())
     return {
-        "license": meta.get("general.license") or "",
+        "license": meta.get("general.license") or store.catalog_license(entry.spec.source)
+        or (store.catalog_license(str(path)) if path is not None else None) or "",
         "modelfile": f"# bubo serves {entry.name} from this file\nFROM {path or entry.spec.source}\n",
         "parameters": params,
         "template": template if isinstance(template, str) else "",
