@@ -27,6 +27,11 @@ BENCHMARKS: list[tuple[str, str, str]] = [
      "and thread count, alternating round by round: `pp512` decodes a 512-token prompt as one batch, `tg128` "
      "generates 128 tokens one at a time (`@ dN`: after N tokens already in the cache), both from random "
      "tokens as llama-bench does. The ratio is bubo's tokens per second over llama.cpp's."),
+    ("default_model", "The default model",
+     "`benchmarks/default_model.py`: every chat model of the catalog on factual questions whose answer is a "
+     "word or a number and on chat openers whose answer must end on its own, greedy; a right answer holds "
+     "the expected word and does not loop. The default model is the one that answers them all; "
+     "tests/test_default_model.py holds it to that."),
     ("kl", "Quality against llama.cpp",
      "`benchmarks/kl.py`: each catalog model's mean KL-divergence to its exact model (every tensor dequantized "
      "to F32), llama-perplexity's measure over the same chunks of the same text, bubo's runs of the two files "

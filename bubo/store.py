@@ -161,7 +161,10 @@ CATALOG: dict[str, CatalogModel] = {
     )
 }
 
-DEFAULT_MODEL = "smollm2:135m"
+# what `bubo serve` starts on without -m: the catalog's chat model that answers plain questions
+# right (benchmarks/default_model.py: 13 of 13, against 10 for the 0.5b and 6 for smollm2, which
+# loops; docs/benchmarks.md)
+DEFAULT_MODEL = "qwen2.5-coder:1.5b"
 
 # general.file_type values (llama.cpp's llama_ftype) -> the names llama.cpp prints
 FILE_TYPE_NAMES = {

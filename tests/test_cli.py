@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from bubo import store
 from bubo.cli.bench import markdown_table
 
 
@@ -55,7 +56,7 @@ def test_pull_unknown_name_lists_the_catalog(tmp_path):
 def test_list_empty_store(tmp_path):
     p = bubo("list", home=tmp_path)
     assert p.returncode == 0 and p.stdout == ""
-    assert "bubo pull smollm2:135m" in p.stderr
+    assert f"bubo pull {store.DEFAULT_MODEL}" in p.stderr
 
 
 @pytest.mark.models
@@ -157,7 +158,7 @@ def test_serve_flags_and_variables():
     from bubo.cli.serve import options
 
     args = _parser().parse_args(["serve"])
-    assert args.model == "smollm2:135m" and args.port == 8080 and args.host == "127.0.0.1"
+    assert args.model == store.DEFAULT_MODEL == "qwen2.5-coder:1.5b" and args.port == 8080 and args.host == "127.0.0.1"
     assert args.ctx_size is None and args.debug_hooks is False
     os.environ["BUBO_ARG_ALIAS"] = "a1, a2"
     os.environ["BUBO_ARG_CTX_SIZE"] = "1024"

@@ -138,7 +138,8 @@ def test_unparsable_value_is_one_line_naming_the_flag(tmp_path):
 def test_no_model_is_a_usage_error():
     p = bubo("run")
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert p.stderr.strip() == "bubo run: error: no model: give one, as in `bubo run smollm2 [PROMPT]` (or -m MODEL)"
+    assert p.stderr.strip() == (f"bubo run: error: no model: give one, as in `bubo run {store.DEFAULT_MODEL} [PROMPT]` "
+                                "(or -m MODEL)")
 
 
 def test_prompt_given_twice(tmp_path):

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         model_name = args.model_arg if args.model_arg is not None else args.model
     if not model_name:
-        print("bubo run: error: no model: give one, as in `bubo run smollm2 [PROMPT]` (or -m MODEL)",
+        print(f"bubo run: error: no model: give one, as in `bubo run {store.DEFAULT_MODEL} [PROMPT]` (or -m MODEL)",
               file=sys.stderr)
         return EXIT_USAGE
     options: dict[str, Any] = {}
