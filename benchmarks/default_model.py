@@ -85,7 +85,7 @@ def main() -> int:
     ap.add_argument("models", nargs="*", help="catalog names (default: every chat model of the catalog)")
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("-v", "--verbose", action="store_true", help="print every answer (after the table)")
-    results.add_save_flag(ap)
+    ap.add_argument("--save", action="store_true", help="also write the table to benchmarks/results/default_model/")
     args = ap.parse_args()
     names = args.models or ["smollm2:135m", "qwen2.5-coder:0.5b", "qwen2.5-coder:1.5b"]
     rows, said = [], []

@@ -94,10 +94,11 @@ def test_no_model_serves_the_store(monkeypatch, tmp_path):
     def stored(*names):
         return lambda: [store.StoredModel(n, tmp_path / (n if n.endswith(".gguf") else "x.gguf"), 1) for n in names]
 
+    default = store.DEFAULT_MODEL
     monkeypatch.setattr(store, "stored_models", stored("gemma3:270m"))
-    assert [(s.name, s.source) for s in specs()] == [("smollm2:135m", "smollm2:135m")]  # as always: the default
-    monkeypatch.setattr(store, "stored_models", stored("gemma3:270m", "mine.gguf", "smollm2:135m"))
+    assert [(s.name, s.source) for s in specs()] == [(default, default)]  # as always: the default
+    monkeypatch.setattr(store, "stored_models", stored("gemma3:270m", "mine.gguf", default))
     got = specs()
     assert [(s.name, s.source, s.load_on_startup) for s in got] == [
-        ("smollm2:135m", "smollm2:135m", True), ("gemma3:270m", "gemma3:270m", False),
+        (default, default, True), ("gemma3:270m", "gemma3:270m", False),
         ("mine", str(tmp_path / "mine.gguf"), False)]
