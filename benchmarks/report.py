@@ -61,8 +61,9 @@ BENCHMARKS: list[tuple[str, str, str]] = [
      "prefix-aware routing against Ray Serve's default, on a local cluster."),
     ("soak", "A soak under hostile traffic",
      "`benchmarks/soak.py --hostile 0.3`: normal clients beside hostile ones (schemas that once expanded "
-     "exponentially, backtracking Markdown, 16 MB bodies, clients that do not read) for the whole run, with "
-     "/health probed throughout."),
+     "exponentially, 16 MB bodies, clients that do not read; the saved run also sent Markdown whose highlighter "
+     "backtracked, to the server-side rendering the chat page no longer uses) for the whole run, with /health "
+     "probed throughout."),
     ("grammar", "Grammar masks",
      "`benchmarks/grammar.py`: the time to compute a token mask for JSON Schema grammars over a catalog "
      "vocabulary."),

@@ -8,7 +8,7 @@ answer): streamed chat (read to the end), non-streamed chat, streamed /completio
 (the client closes the socket), a slow reader (reads its stream a chunk every 100 ms), a grammar
 request (JSON Schema), a /v1/messages request, a /tokenize. Hostile (--hostile, the share of them;
 each is answered with its 4xx, or cut off): a schema that used to expand exponentially, a
-Markdown fence whose lexer backtracks, a logit_bias that bans every token, 100,000 stop strings,
+logit_bias that bans every token, 100,000 stop strings,
 a rebound Host name, a client that pipelines requests and never reads, a stream nobody reads,
 a 16 MB /tokenize. Plus a /health probe every 0.25 s.
 
@@ -151,10 +151,6 @@ class Soak:
             {"role": "user", "content": "Hi"}], "response_format": {"type": "json_schema", "json_schema": {
                 "name": "x", "schema": {"$defs": defs, "$ref": "#/$defs/d40"}}}}, kind="hostile ")
 
-    def backtracking_fence(self) -> None:
-        text = random.choice(["```mcfunction\n" + "1" * 300 + "x\n```", "```zeek\nx = " + "1" * 1000 + "a\n```"])
-        self.post("/webui/render", {"text": text}, kind="hostile ")
-
     def banned_everything(self) -> None:
         self.post("/completion", {"prompt": "x", "n_predict": 4, "logit_bias": [[t, False] for t in range(49152)]},
                   kind="hostile ")
@@ -223,7 +219,7 @@ def main() -> int:
     kinds = [lambda: soak.chat(True), lambda: soak.chat(False), soak.cancelled, soak.slow_reader, soak.grammar,
              soak.messages, soak.tokenize]
     # the hostile kinds, by weight (a 16 MB /tokenize is a second of a core: rarer)
-    hostile = [(soak.costly_schema, 3), (soak.backtracking_fence, 2), (soak.banned_everything, 2), (soak.many_stops, 2),
+    hostile = [(soak.costly_schema, 3), (soak.banned_everything, 2), (soak.many_stops, 2),
                (soak.rebound_host, 2), (soak.pipelined_non_reader, 2), (soak.unread_stream, 2), (soak.huge_tokenize, 1)]
     stop = threading.Event()
     threading.Thread(target=soak.probe, args=(stop,), daemon=True).start()

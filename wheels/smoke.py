@@ -57,8 +57,8 @@ from bubo.engine.engine import Engine  # noqa: E402
 client = create_app(Engine("smollm2:135m"), ServerConfig()).test_client()
 assert client.get("/health").json == {"status": "ok"}
 assert client.get("/ready").status_code == 503
-# the chat page's files are in the wheel, and its Markdown rendering has its dependencies
+# the chat page's files are in the wheel: its scripts too
 page = client.get("/", headers={"Accept": "text/html"})
-assert page.status_code == 200 and 'id="bubo-config"' in page.get_data(as_text=True), page.status_code
-assert "<strong>" in client.post("/webui/render", json={"text": "**x**"}).json["html"]
+html = page.get_data(as_text=True)
+assert page.status_code == 200 and 'id="bubo-config"' in html and "BuboMarkdown" in html, page.status_code
 print("smoke test passed on", sys.platform)

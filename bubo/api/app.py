@@ -68,10 +68,7 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
     app.register_blueprint(about.blueprint)  # GET / and GET /openapi.json
     if config.debug_routes_enabled:
         app.register_blueprint(core.debug_blueprint)
-    if config.webui:
-        from bubo import webui
 
-        app.register_blueprint(webui.blueprint)  # POST /webui/render (the page itself is GET /)
     for name in DIALECTS:
         try:
             module = importlib.import_module(name)

@@ -1,8 +1,7 @@
 """The chat page bubo serves at `/` to browsers (`--no-webui` turns it off): one HTML document
-with its style and script inline, built from page.html, page.css and page.js beside this file
-(no build step, nothing fetched from elsewhere: it works offline), and POST /webui/render, the
-Markdown rendering it asks the server for (render.py, in worker processes under a time budget:
-workers.py).
+with its style and script inline, built from page.html, page.css and the scripts beside this file
+(highlight.js and markdown.js, which draw answers as Markdown in the browser as they stream, and
+page.js): no build step, nothing fetched from elsewhere, no request to the server per render.
 
 `--ui-config` gives the page's defaults for new conversations (system prompt, sampling settings,
 a JSON schema, tools)."""
@@ -15,16 +14,9 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from flask import Blueprint, Response, jsonify
+from flask import Response
 
-from bubo.api import openapi as oa
-from bubo.api.errors import ApiError
-from bubo.api.fields import invalid
-from bubo.api.request import config, json_body
-from bubo.webui.render import MAX_TEXT, code_css
-from bubo.webui.workers import renderer
-
-blueprint = Blueprint("webui", __name__)
+from bubo.api.request import config
 
 HERE = Path(__file__).parent
 # the settings a conversation has, and what --ui-config may set for new ones
@@ -65,10 +57,13 @@ def check_ui_config(raw: Any) -> dict[str, Any]:
     return out
 
 
+SCRIPTS = ("highlight.js", "markdown.js", "page.js")  # in this order: page.js uses the other two
+
+
 @functools.lru_cache(maxsize=1)
 def _parts() -> tuple[str, str, str]:
-    return ((HERE / "page.html").read_text(encoding="utf-8"), (HERE / "page.css").read_text(encoding="utf-8"),
-            (HERE / "page.js").read_text(encoding="utf-8"))
+    js = "\n".join((HERE / name).read_text(encoding="utf-8") for name in SCRIPTS)
+    return (HERE / "page.html").read_text(encoding="utf-8"), (HERE / "page.css").read_text(encoding="utf-8"), js
 
 
 def _script_json(value: Any) -> str:
@@ -80,9 +75,8 @@ def page() -> Response:
     """The chat page, with this server's defaults; a fresh nonce lets only its own script run."""
     html, css, js = _parts()
     nonce = secrets.token_urlsafe(16)
-    cfg = {"defaults": config().ui_defaults, "settings": list(SETTINGS), "limits": IMPORT_LIMITS,
-           "render_max": MAX_TEXT}
-    body = (html.replace("{{CSS}}", css + "\n" + code_css()).replace("{{NONCE}}", nonce)
+    cfg = {"defaults": config().ui_defaults, "settings": list(SETTINGS), "limits": IMPORT_LIMITS}
+    body = (html.replace("{{CSS}}", css).replace("{{NONCE}}", nonce)
             .replace("{{CONFIG}}", _script_json(cfg)).replace("{{JS}}", js))
     resp = Response(body, mimetype="text/html")
     resp.headers["Content-Security-Policy"] = (
@@ -91,30 +85,3 @@ def page() -> Response:
     resp.headers["X-Content-Type-Options"] = "nosniff"
     resp.headers["Cache-Control"] = "no-cache"
     return resp
-
-
-def _render_doc(d: oa.Doc) -> oa.Op:
-    return oa.Op({
-        "operationId": "webui_render", "summary": "Markdown to HTML, as the chat page at / shows answers",
-        "tags": ["bubo"],
-        "requestBody": oa.body(oa.obj({"text": oa.STR}, ["text"], closed=False), {"text": "# Hi\n\n`code`"}),
-        "responses": {"200": {"description": "The HTML (raw HTML in the text escaped, code highlighted). A "
-                              "rendering that takes longer than its budget (2 s) is stopped and "
-                              "made again without highlighting, then as the escaped text: "
-                              "`rendering` says which",
-                              "content": {oa.JSON: {"schema": oa.obj({"html": oa.STR, "rendering": {
-                                  "enum": ["highlighted", "plain_code", "text"]}}, ["html", "rendering"])}}}},
-    }, (400, 413))
-
-
-@oa.route(blueprint, "/webui/render", methods=("POST",), doc=_render_doc)
-def render_markdown() -> Any:
-    """{"text": Markdown} -> {"html": ...}: what the chat page shows of an answer."""
-    body = json_body()
-    text = body.get("text")
-    if not isinstance(text, str):
-        raise invalid("text must be a string")
-    if len(text) > MAX_TEXT:
-        raise ApiError(413, "request_too_large", f"text is {len(text)} characters; a render takes at most {MAX_TEXT}")
-    html, how = renderer().render(text)
-    return jsonify(html=html, rendering=how)

@@ -1,20 +1,29 @@
 "use strict";
 // bubo's chat page: conversations as trees of messages kept in localStorage, answers streamed from
-// /v1/chat/completions, Markdown rendered by the server (/webui/render: raw HTML escaped, code
-// highlighted). Every text that comes from a person or a model is put in the page as text, or as
-// that server-escaped HTML: never as markup of its own.
+// /v1/chat/completions and drawn as Markdown here as they arrive (markdown.js, highlight.js). Every
+// text that comes from a person or a model is put in the page as text nodes: never as markup.
 (function () {
   const CFG = JSON.parse(document.getElementById("bubo-config").textContent);
   const STORE = "bubo.conversations";
   const KEY = "bubo.key";
+  const THEME = "bubo.theme";
   const LIMITS = CFG.limits;  // import bounds: bytes, conversations, messages
-  const RENDER_EVERY_MS = 1000;  // Markdown of a streaming answer, at most this often
   const SETTINGS = CFG.settings;  // a conversation's settings (bubo/webui/__init__.py: SETTINGS)
+  const ATTACH_MAX = 512 * 1024;  // the most text one attached file may put in a message
+  const FOLLOW_SLACK = 48;  // px from the bottom that still counts as "at the end": the view follows
+  const EXAMPLES = ["Explain what a hash table is, with a short Python example.",
+                    "Write a haiku about owls.",
+                    "What are three tips for writing clear emails?",
+                    "Summarise the plot of Romeo and Juliet in two sentences."];
   const $ = (id) => document.getElementById(id);
 
   let convs = {};        // id -> conversation
   let current = null;    // the open conversation's id
   let streaming = null;  // {controller, node} while an answer streams
+  let follow = true;     // the view keeps to the end of a streaming answer until the reader scrolls up
+  let attached = [];     // [{name, text}] waiting to go with the next message
+  let models = [];       // GET /v1/models's data
+  let serverDefaults = {};  // the selected model's sampling defaults (GET /props), for the settings' placeholders
 
   // --- storage ---------------------------------------------------------------------------------
 
@@ -39,6 +48,10 @@
 
   function uid() {
     return Date.now().toString(36) + Math.random().toString(36).slice(2, 10);
+  }
+
+  function isEmpty(c) {
+    return !c.roots.length;
   }
 
   function newConv() {
@@ -86,12 +99,12 @@
     return n.id;
   }
 
-  // --- rendering ---------------------------------------------------------------------------------
+  // --- small helpers -----------------------------------------------------------------------------
 
   function showError(text) {
-    const el = $("error");
-    el.textContent = text;
-    el.hidden = !text;
+    const e = $("error");
+    e.textContent = text;
+    e.hidden = !text;
   }
 
   function headers() {
@@ -101,25 +114,6 @@
     return h;
   }
 
-  const rendered = new Map();  // text -> html, for the answers on screen
-
-  async function markdown(el, text) {
-    if (rendered.has(text)) {
-      el.innerHTML = rendered.get(text);  // the server's escaped HTML
-      return;
-    }
-    el.textContent = text;  // until the server's rendering comes (or for good, past its limit)
-    if (text.length > CFG.render_max) return;
-    try {
-      const r = await fetch("/webui/render", {method: "POST", headers: headers(), body: JSON.stringify({text: text})});
-      if (!r.ok) return;
-      const html = (await r.json()).html;
-      if (rendered.size > 500) rendered.clear();
-      rendered.set(text, html);
-      if (el.dataset.text === text) el.innerHTML = html;
-    } catch (e) { /* the text stays */ }
-  }
-
   function el(tag, cls, text) {
     const e = document.createElement(tag);
     if (cls) e.className = cls;
@@ -127,42 +121,125 @@
     return e;
   }
 
-  function button(label, cls, onclick, title) {
+  function button(label, cls, onclick, aria) {
     const b = el("button", cls, label);
     b.type = "button";
-    if (title) b.title = title;
+    if (aria) { b.title = aria; b.setAttribute("aria-label", aria); }
     b.addEventListener("click", onclick);
     return b;
   }
 
-  function fillBody(box, n, plain) {
-    box.replaceChildren();
-    if (n.reasoning) {
-      const d = el("details", "reasoning");
-      d.appendChild(el("summary", null, "Reasoning"));
-      d.appendChild(el("pre", null, n.reasoning));
-      box.appendChild(d);
+  async function copyText(text, b) {
+    let ok = false;
+    try {
+      await navigator.clipboard.writeText(text);
+      ok = true;
+    } catch (e) {
+      const ta = el("textarea");
+      ta.value = text;
+      ta.setAttribute("aria-hidden", "true");
+      ta.style.position = "fixed";
+      ta.style.opacity = "0";
+      document.body.appendChild(ta);
+      ta.select();
+      try { ok = document.execCommand("copy"); } catch (e2) { ok = false; }
+      ta.remove();
     }
-    const content = el("div", "content");
-    box.appendChild(content);
+    if (b) {
+      const was = b.textContent;
+      b.textContent = ok ? "Copied" : "Copy failed";
+      b.dataset.copied = ok ? "1" : "0";
+      setTimeout(() => { b.textContent = was; }, 1500);
+    }
+  }
+
+  // --- the theme and the drawer --------------------------------------------------------------------
+
+  const darkQuery = window.matchMedia ? window.matchMedia("(prefers-color-scheme: dark)") : null;
+
+  function applyTheme() {
+    const chosen = localStorage.getItem(THEME);
+    const dark = chosen ? chosen === "dark" : !!(darkQuery && darkQuery.matches);
+    document.documentElement.dataset.theme = dark ? "dark" : "light";
+    const t = $("theme");
+    t.setAttribute("aria-pressed", dark ? "true" : "false");
+    t.title = dark ? "Light theme" : "Dark theme";
+  }
+
+  function toggleTheme() {
+    localStorage.setItem(THEME, document.documentElement.dataset.theme === "dark" ? "light" : "dark");
+    applyTheme();
+  }
+
+  const narrow = () => window.matchMedia("(max-width: 760px)").matches;
+
+  function drawer(open) {
+    $("sidebar").classList.toggle("open", open);
+    $("scrim").hidden = !open;
+    $("open-drawer").setAttribute("aria-expanded", open ? "true" : "false");
+    if (open) $("new-chat").focus();
+  }
+
+  // --- Markdown and code -------------------------------------------------------------------------
+
+  const HOOKS = {
+    code(b) {
+      const box = el("div", "codeblock");
+      const head = el("div", "code-head");
+      const lang = b.lang || "text";
+      head.appendChild(el("span", "lang", lang));
+      const code = el("code", b.lang ? "language-" + b.lang : null);
+      head.appendChild(button("Copy", "copy-code", (e) => copyText(code.textContent, e.currentTarget), "Copy the " + lang + " code"));
+      const pre = el("pre");
+      code.appendChild(BuboHighlight.highlight(b.code, b.lang));
+      pre.appendChild(code);
+      box.append(head, pre);
+      return box;
+    },
+  };
+
+  function drawContent(content, text) {
+    content.dataset.text = text;
+    BuboMarkdown.update(content, text, HOOKS);
+  }
+
+  // --- drawing -----------------------------------------------------------------------------------
+
+  function fillBody(box, n) {
+    // the reasoning, the answer's content (its nodes kept from the last call where its text
+    // only grew: Markdown drawn block by block), the calls, the error
+    let reasoning = box.querySelector(":scope > details.reasoning");
+    if (n.reasoning) {
+      if (!reasoning) {
+        reasoning = el("details", "reasoning");
+        reasoning.appendChild(el("summary", null, "Reasoning"));
+        reasoning.appendChild(el("pre"));
+        box.prepend(reasoning);
+      }
+      reasoning.lastChild.textContent = n.reasoning;
+    } else if (reasoning) reasoning.remove();
+    let content = box.querySelector(":scope > .content");
+    if (!content) { content = el("div", "content"); box.appendChild(content); }
     if (n.role === "user") {
       content.textContent = n.content;
-    } else if (n.content) {
-      content.dataset.text = n.content;
-      if (plain) content.textContent = n.content; else markdown(content, n.content);
+    } else {
+      drawContent(content, n.content || "");
     }
+    for (const old of box.querySelectorAll(":scope > .tool-call, :scope > .failed, :scope > .waiting")) old.remove();
     for (const call of n.tool_calls || []) {
       const t = el("div", "tool-call");
       t.appendChild(el("b", "tool-name", "Tool call: " + call.name));
       t.appendChild(el("pre", "tool-args", call.arguments));
       box.appendChild(t);
     }
+    if (n.waiting && !n.content && !n.reasoning) box.appendChild(el("div", "waiting", n.waiting));
     if (n.error) box.appendChild(el("div", "failed", n.error));
   }
 
   function renderMessage(c, n) {
-    const m = el("div", "msg " + n.role);
+    const m = el("article", "msg " + n.role);
     m.dataset.id = n.id;
+    m.setAttribute("aria-label", n.role === "user" ? "Your message" : "Answer");
     const body = el("div", "body");
     m.appendChild(body);
     fillBody(body, n);
@@ -171,35 +248,47 @@
     if (sibs.length > 1) {
       const i = sibs.indexOf(n.id);
       const b = el("span", "branch");
-      const prev = button("<", "prev", () => switchTo(c, sibs[i - 1]), "previous version");
-      const next = button(">", "next", () => switchTo(c, sibs[i + 1]), "next version");
+      const prev = button("\u2039", "prev", () => switchTo(c, sibs[i - 1]), "Previous version");
+      const next = button("\u203a", "next", () => switchTo(c, sibs[i + 1]), "Next version");
       prev.disabled = i === 0;
       next.disabled = i === sibs.length - 1;
       b.append(prev, el("span", "count", (i + 1) + "/" + sibs.length), next);
       meta.appendChild(b);
     }
     if (n.role === "user") {
-      meta.appendChild(button("Edit", "edit", () => startEdit(c, n, m)));
+      meta.appendChild(button("Edit", "edit", () => startEdit(c, n, m), "Edit this message"));
     } else {
       if (n.stats) meta.appendChild(el("span", "stats", n.stats.tokens + " tokens \u00b7 " + n.stats.tps.toFixed(1) + " tokens/s"));
-      meta.appendChild(button("Regenerate", "regen", () => regenerate(c, n)));
+      meta.appendChild(button("Copy", "copy-answer", (e) => copyText(n.content || "", e.currentTarget), "Copy the answer"));
+      meta.appendChild(button("Regenerate", "regen", () => regenerate(c, n), "Regenerate the answer"));
     }
     m.appendChild(meta);
     return m;
+  }
+
+  function modelLabel() {
+    const sel = $("model");
+    return sel.value || (models[0] && models[0].id) || "the model";
+  }
+
+  function renderEmpty(show) {
+    $("empty").hidden = !show;
+    if (!show) return;
+    $("empty-model").textContent = "Talking to " + modelLabel() + ". Ask anything, or start from an example:";
+    const box = $("examples");
+    if (!box.children.length) {
+      for (const text of EXAMPLES) box.appendChild(button(text, "example", () => { if (!streaming) send(text); }));
+    }
   }
 
   function renderConv() {
     const box = $("messages");
     box.replaceChildren();
     const c = conv();
-    const s = (c ? c.settings : CFG.defaults) || {};
-    for (const k of SETTINGS) {
-      const v = s[k];
-      $("set-" + k).value = v === undefined || v === null ? "" : (typeof v === "string" ? v : JSON.stringify(v));
-    }
+    renderEmpty(!c || isEmpty(c));
     if (!c) return;
     for (const n of path(c)) box.appendChild(renderMessage(c, n));
-    box.scrollTop = box.scrollHeight;
+    scrollToEnd();
     if (c.model && [...$("model").options].some((o) => o.value === c.model)) $("model").value = c.model;
   }
 
@@ -212,9 +301,11 @@
       if (q && !matches(c, q)) continue;
       const li = el("li", c.id === current ? "active" : "");
       li.dataset.id = c.id;
-      li.appendChild(el("span", "title", c.title || "Untitled"));
-      li.appendChild(button("\u00d7", "delete", (e) => { e.stopPropagation(); remove(c.id); }, "delete"));
-      li.addEventListener("click", () => open(c.id));
+      const t = button(c.title || "Untitled", "title", () => open(c.id));
+      if (c.id === current) t.setAttribute("aria-current", "true");
+      li.appendChild(t);
+      li.appendChild(button("\u00d7", "delete", (e) => { e.stopPropagation(); remove(c.id); },
+                            "Delete the conversation " + (c.title || "Untitled")));
       list.appendChild(li);
     }
   }
@@ -227,8 +318,10 @@
   function open(id) {
     if (streaming) return;
     current = id;
+    follow = true;
     renderList();
     renderConv();
+    if (narrow()) drawer(false);
   }
 
   function remove(id) {
@@ -245,6 +338,29 @@
     c.leaf = deepest(c, id);
     save();
     renderConv();
+  }
+
+  // --- following the answer ----------------------------------------------------------------------
+
+  function atEnd() {
+    const s = $("scroller");
+    return s.scrollHeight - s.scrollTop - s.clientHeight <= FOLLOW_SLACK;
+  }
+
+  function scrollToEnd() {
+    const s = $("scroller");
+    s.scrollTop = s.scrollHeight;
+    $("jump").hidden = true;
+  }
+
+  function onScroll() {
+    if (!streaming) { $("jump").hidden = atEnd(); return; }
+    follow = atEnd();
+    $("jump").hidden = follow;
+  }
+
+  function afterPaint() {
+    if (follow) scrollToEnd(); else $("jump").hidden = false;
   }
 
   // --- asking the server -------------------------------------------------------------------------
@@ -286,6 +402,52 @@
     $("stop").hidden = !on;
   }
 
+  const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
+
+  function statusOf(name) {
+    const m = models.find((x) => x.id === name || (x.aliases || []).includes(name));
+    return m && m.status ? m.status.value : null;
+  }
+
+  // POST /v1/chat/completions; while the model loads (503 not_ready, or a request that waits on a
+  // load), the answer says so, and the request is tried again until the model is ready
+  async function post(body, assistant, signal, repaint) {
+    for (let attempt = 0; ; attempt++) {
+      const poll = setInterval(async () => {
+        await loadModels();
+        const state = statusOf(body.model);
+        const was = assistant.waiting;
+        assistant.waiting = state === "loading" ? "Loading " + body.model : "Thinking";
+        if (assistant.waiting !== was) repaint();
+      }, 700);
+      let r;
+      try {
+        r = await fetch("/v1/chat/completions", {method: "POST", headers: headers(), body: JSON.stringify(body), signal: signal});
+      } finally {
+        clearInterval(poll);
+      }
+      if (r.status === 503 && attempt < 300) {
+        let err = {};
+        try { err = (await r.json()).error || {}; } catch (e) { /* keep trying */ }
+        if (err.code === "not_ready") {
+          assistant.waiting = "Loading " + body.model;
+          repaint();
+          loadModels();
+          await sleep(1000 * Math.min(Number(r.headers.get("Retry-After")) || 1, 2));
+          continue;
+        }
+        throw new Error(err.message || "503 " + r.statusText);
+      }
+      if (!r.ok) {
+        let msg = r.status + " " + r.statusText;
+        try { msg = (await r.json()).error.message; } catch (e) { /* keep the status */ }
+        if (r.status === 401) msg += " (set the API key in Settings)";
+        throw new Error(msg);
+      }
+      return r;
+    }
+  }
+
   async function generate(c, assistant) {
     const upTo = path(c).filter((n) => n.id !== assistant.id);
     let body;
@@ -296,35 +458,28 @@
     }
     const controller = new AbortController();
     streaming = {controller: controller, node: assistant};
+    follow = true;
     setBusy(true);
+    assistant.waiting = statusOf(body.model) === "loading" ? "Loading " + body.model : "Thinking";
     renderConv();
     const view = () => document.querySelector('.msg[data-id="' + assistant.id + '"] .body');
     const calls = [];
     let pending = false;
-    let rendered_at = 0;
     const paint = () => {
-      // the text shows at once; its Markdown (a request to the server) at most once a second
+      // at most once per frame: the Markdown of the blocks that changed, then the view follows
       if (pending) return;
       pending = true;
-      setTimeout(() => {
+      requestAnimationFrame(() => {
         pending = false;
         if (!streaming || streaming.node !== assistant) return;  // ended: finish() drew it whole
         const v = view();
-        if (!v) return;
-        const now = Date.now();
-        fillBody(v, assistant, now - rendered_at < RENDER_EVERY_MS);
-        if (now - rendered_at >= RENDER_EVERY_MS) rendered_at = now;
-      }, 80);
+        if (v) fillBody(v, assistant);
+        afterPaint();
+      });
     };
     try {
-      const r = await fetch("/v1/chat/completions", {method: "POST", headers: headers(), body: JSON.stringify(body),
-                                                      signal: controller.signal});
-      if (!r.ok) {
-        let msg = r.status + " " + r.statusText;
-        try { msg = (await r.json()).error.message; } catch (e) { /* keep the status */ }
-        if (r.status === 401) msg += " (set the API key in Settings)";
-        throw new Error(msg);
-      }
+      const r = await post(body, assistant, controller.signal, paint);
+      assistant.waiting = null;
       const reader = r.body.getReader();
       const decoder = new TextDecoder();
       let buf = "";
@@ -364,6 +519,7 @@
       if (e.name === "AbortError") assistant.error = "Stopped.";
       else assistant.error = e.message;
     }
+    assistant.waiting = null;
     finish(c, assistant);
   }
 
@@ -372,21 +528,65 @@
     setBusy(false);
     c.updated = Date.now();
     save();
+    const keep = follow;
+    const top = $("scroller").scrollTop;
     renderConv();
+    if (!keep) { $("scroller").scrollTop = top; $("jump").hidden = atEnd(); }  // the reader stays where they were
     renderList();
     loadModels();  // their status (a model loaded for this answer)
   }
 
+  // --- attachments -----------------------------------------------------------------------------
+
+  const FENCE_LANG = {py: "python", js: "javascript", ts: "typescript", sh: "bash", md: "markdown", rb: "ruby",
+                      rs: "rust", yml: "yaml", h: "c", hpp: "cpp", cc: "cpp"};
+
+  function fenced(file) {
+    // the file as a fenced block under its name, the fence longer than any run of backticks in it
+    const ext = (file.name.split(".").pop() || "").toLowerCase();
+    const lang = FENCE_LANG[ext] || (/^[a-z0-9+#-]{1,12}$/.test(ext) && ext !== file.name.toLowerCase() ? ext : "");
+    const longest = Math.max(2, ...(file.text.match(/`+/g) || []).map((r) => r.length));
+    const fence = "`".repeat(longest + 1);
+    return file.name + ":\n" + fence + lang + "\n" + file.text.replace(/\n$/, "") + "\n" + fence;
+  }
+
+  function renderAttachments() {
+    const box = $("attachments");
+    box.replaceChildren();
+    attached.forEach((f, i) => {
+      const chip = el("span", "chip");
+      chip.appendChild(el("span", null, f.name + " (" + Math.ceil(f.text.length / 1024) + " KB)"));
+      chip.appendChild(button("\u00d7", "remove-file", () => { attached.splice(i, 1); renderAttachments(); },
+                              "Remove " + f.name));
+      box.appendChild(chip);
+    });
+  }
+
+  async function attach(files) {
+    for (const file of files) {
+      if (file.size > ATTACH_MAX) { showError(file.name + " is " + file.size + " bytes: a message takes files of up to " + ATTACH_MAX + " bytes"); continue; }
+      const text = await file.text();
+      if (text.includes("\u0000") || text.includes("\ufffd")) { showError(file.name + " is not a text file: attach text (.txt, .md, .py, ...)"); continue; }
+      attached.push({name: file.name, text: text});
+    }
+    renderAttachments();
+  }
+
   function send(text) {
-    if (streaming || !text.trim()) return;
+    if (streaming) return;
+    const files = attached.map(fenced);
+    const full = [text.trim() ? text : "", ...files].filter(Boolean).join("\n\n");
+    if (!full.trim()) return;
     showError("");
+    attached = [];
+    renderAttachments();
     let c = conv();
     if (!c) {
       c = newConv();
       current = c.id;
     }
-    if (!path(c).length) c.title = text.trim().slice(0, 60);
-    const user = addNode(c, c.leaf, {role: "user", content: text});
+    if (!path(c).length) c.title = (text.trim() || files[0] || "").split("\n")[0].slice(0, 60);
+    const user = addNode(c, c.leaf, {role: "user", content: full});
     const assistant = addNode(c, user.id, {role: "assistant"});
     save();
     renderList();
@@ -403,22 +603,112 @@
   function startEdit(c, n, m) {
     if (streaming) return;
     const body = m.querySelector(".body");
+    m.classList.add("editing");
     const box = el("div", "editor");
     const ta = el("textarea", "edit-text");
+    ta.setAttribute("aria-label", "Edit the message");
     ta.value = n.content;
-    ta.rows = Math.min(12, n.content.split("\n").length + 1);
-    const ok = button("Save and send", "save-edit", () => {
+    ta.rows = Math.min(16, n.content.split("\n").length + 2);
+    const submit = () => {
       const user = addNode(c, n.parent, {role: "user", content: ta.value});
       const assistant = addNode(c, user.id, {role: "assistant"});
       save();
       generate(c, assistant);
+    };
+    ta.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); submit(); }
+      if (e.key === "Escape") { e.preventDefault(); renderConv(); }
     });
-    const cancel = button("Cancel", "cancel-edit", () => renderConv());
-    box.append(ta, ok, cancel);
+    const actions = el("div", "actions");
+    actions.append(button("Cancel", "cancel-edit", () => renderConv()), button("Save and send", "save-edit primary", submit));
+    box.append(ta, actions);
     body.replaceChildren(box);
     ta.focus();
   }
+  // --- settings ------------------------------------------------------------------------------------
 
+  // what an empty field means: the server's --ui-config default, else the model's (GET /props)
+  function effective(k) {
+    if (CFG.defaults[k] !== undefined && CFG.defaults[k] !== null && CFG.defaults[k] !== "") return String(CFG.defaults[k]);
+    const p = serverDefaults;
+    if (k === "max_tokens") return p.n_predict === undefined ? "" : (p.n_predict < 0 ? "no limit" : String(p.n_predict));
+    if (k === "seed") return p.seed === undefined || p.seed === 4294967295 || p.seed < 0 ? "random" : String(p.seed);
+    if (k === "system") return "none";
+    if (k === "json_schema") return "none: free text";
+    if (k === "tools") return "none";
+    return p[k] === undefined ? "" : String(Math.round(p[k] * 1000) / 1000);
+  }
+
+  function fillSettings() {
+    const c = conv();
+    const s = (c ? c.settings : CFG.defaults) || {};
+    for (const k of SETTINGS) {
+      const v = s[k];
+      const f = $("set-" + k);
+      f.value = v === undefined || v === null ? "" : (typeof v === "string" ? v : JSON.stringify(v));
+      const d = effective(k);
+      f.placeholder = d ? d + (CFG.defaults[k] !== undefined ? " (this server's default)" : " (the model's default)") : "";
+    }
+    $("set-key").value = localStorage.getItem(KEY) || "";
+    $("set-key").placeholder = "only if the server has one";
+  }
+
+  async function loadDefaults() {
+    try {
+      const name = $("model").value;
+      const r = await fetch("/props" + (name ? "?model=" + encodeURIComponent(name) : ""), {headers: headers()});
+      if (!r.ok) return;
+      const p = (await r.json()).default_generation_settings || {};
+      serverDefaults = Object.assign({n_predict: p.n_predict}, p.params || {});
+    } catch (e) { /* the placeholders stay as they are */ }
+  }
+
+  async function openSettings() {
+    await loadDefaults();
+    fillSettings();
+    $("settings").showModal();
+  }
+
+  // --- models ------------------------------------------------------------------------------------
+
+  async function loadModels() {
+    const sel = $("model");
+    try {
+      const r = await fetch("/v1/models", {headers: headers()});
+      if (!r.ok) throw new Error(r.status === 401 ? "this server needs an API key: set it in Settings" : "GET /v1/models: " + r.status);
+      models = (await r.json()).data;
+      const keep = sel.value;
+      sel.replaceChildren();
+      for (const m of models) {
+        const state = m.status ? m.status.value : "loaded";
+        const o = el("option", null, m.id + (state !== "loaded" ? " (" + state + ")" : ""));
+        o.value = m.id;
+        sel.appendChild(o);
+      }
+      const c = conv();
+      if (c && c.model && models.some((m) => m.id === c.model)) sel.value = c.model;
+      else if (keep && models.some((m) => m.id === keep)) sel.value = keep;
+      showModelState();
+      if ($("error").textContent.includes("API key")) showError("");
+    } catch (e) {
+      showError(e.message);
+    }
+  }
+
+  function showModelState() {
+    const state = statusOf($("model").value);
+    const s = $("model-state");
+    const words = {loading: "loading\u2026", failed: "failed to load", sleeping: "asleep: loads on the next message",
+                   unloaded: "loads on the first message", unloading: "unloading\u2026"};
+    s.textContent = words[state] || "";
+    s.className = state === "loading" || state === "unloading" ? "loading" : "";
+    if (state === "failed") {
+      const m = models.find((x) => x.id === $("model").value);
+      s.title = (m && m.status && m.status.error) || "";
+    }
+    renderEmpty(!conv() || isEmpty(conv()));
+    if (state === "loading" || state === "unloading") setTimeout(() => { if (!streaming) loadModels(); }, 1000);
+  }
   // --- import and export -------------------------------------------------------------------------
 
   function exportAll() {
@@ -505,58 +795,84 @@
     }
   }
 
-  // --- models ------------------------------------------------------------------------------------
-
-  async function loadModels() {
-    const sel = $("model");
-    try {
-      const r = await fetch("/v1/models", {headers: headers()});
-      if (!r.ok) throw new Error(r.status === 401 ? "this server needs an API key: set it in Settings" : "GET /v1/models: " + r.status);
-      const data = (await r.json()).data;
-      sel.replaceChildren();
-      for (const m of data) {
-        const o = el("option", null, m.id + (m.status && m.status.value !== "loaded" ? " (" + m.status.value + ")" : ""));
-        o.value = m.id;
-        sel.appendChild(o);
-      }
-      const c = conv();
-      if (c && c.model && data.some((m) => m.id === c.model)) sel.value = c.model;
-    } catch (e) {
-      showError(e.message);
-    }
-  }
 
   // --- wiring ------------------------------------------------------------------------------------
 
+  function startNewChat() {
+    if (streaming) return;
+    // an empty conversation is reused, not added again
+    const empty = Object.values(convs).find(isEmpty);
+    current = empty ? empty.id : newConv().id;
+    if (empty) { empty.model = $("model").value || empty.model; empty.updated = Date.now(); }
+    save();
+    renderList();
+    renderConv();
+    if (narrow()) drawer(false);
+    $("input").focus();
+  }
+
+  function grow() {
+    const t = $("input");
+    t.style.height = "auto";
+    const most = window.innerHeight * 0.4;
+    t.style.height = Math.min(t.scrollHeight + 2, most) + "px";
+    t.style.overflowY = t.scrollHeight + 2 > most ? "auto" : "hidden";
+  }
+
   function init() {
+    applyTheme();
+    if (darkQuery && darkQuery.addEventListener) darkQuery.addEventListener("change", applyTheme);
     load();
     const last = Object.values(convs).sort((a, b) => b.updated - a.updated)[0];
     current = last ? last.id : null;
     $("composer").addEventListener("submit", (e) => {
       e.preventDefault();
       const text = $("input").value;
+      if (!text.trim() && !attached.length) return;
       $("input").value = "";
+      grow();
       send(text);
     });
     $("input").addEventListener("keydown", (e) => {
-      if (e.key === "Enter" && !e.shiftKey) {
+      if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
         e.preventDefault();
         $("composer").requestSubmit();
       }
     });
-    $("stop").addEventListener("click", () => { if (streaming) streaming.controller.abort(); });
-    $("new-chat").addEventListener("click", () => {
-      if (streaming) return;
-      current = newConv().id;
-      save();
-      renderList();
-      renderConv();
-      $("input").focus();
+    $("input").addEventListener("input", grow);
+    document.addEventListener("keydown", (e) => {
+      if (e.key !== "Escape") return;
+      if (streaming) { e.preventDefault(); streaming.controller.abort(); }
+      else if ($("sidebar").classList.contains("open")) { drawer(false); $("open-drawer").focus(); }
     });
+    $("stop").addEventListener("click", () => { if (streaming) streaming.controller.abort(); });
+    $("new-chat").addEventListener("click", startNewChat);
     $("search").addEventListener("input", renderList);
     $("export").addEventListener("click", exportAll);
+    $("import-button").addEventListener("click", () => $("import").click());
     $("import").addEventListener("change", (e) => { if (e.target.files[0]) importFile(e.target.files[0]); e.target.value = ""; });
-    $("model").addEventListener("change", () => { const c = conv(); if (c) { c.model = $("model").value; save(); } });
+    $("attach-button").addEventListener("click", () => $("attach").click());
+    $("attach").addEventListener("change", (e) => { attach([...e.target.files]); e.target.value = ""; });
+    const composer = $("composer");
+    composer.addEventListener("dragover", (e) => { e.preventDefault(); composer.classList.add("dragging"); });
+    composer.addEventListener("dragleave", () => composer.classList.remove("dragging"));
+    composer.addEventListener("drop", (e) => {
+      e.preventDefault();
+      composer.classList.remove("dragging");
+      if (e.dataTransfer && e.dataTransfer.files.length) attach([...e.dataTransfer.files]);
+    });
+    $("model").addEventListener("change", () => {
+      const c = conv();
+      if (c) { c.model = $("model").value; save(); }
+      showModelState();
+    });
+    $("theme").addEventListener("click", toggleTheme);
+    $("open-drawer").addEventListener("click", () => drawer(true));
+    $("close-drawer").addEventListener("click", () => { drawer(false); $("open-drawer").focus(); });
+    $("scrim").addEventListener("click", () => drawer(false));
+    $("scroller").addEventListener("scroll", onScroll, {passive: true});
+    $("jump").addEventListener("click", () => { follow = true; scrollToEnd(); });
+    $("open-settings").addEventListener("click", openSettings);
     for (const k of SETTINGS) {
       $("set-" + k).addEventListener("change", (e) => {
         let c = conv();
@@ -566,7 +882,6 @@
         save();
       });
     }
-    $("set-key").value = localStorage.getItem(KEY) || "";
     $("set-key").addEventListener("change", (e) => {
       if (e.target.value) localStorage.setItem(KEY, e.target.value); else localStorage.removeItem(KEY);
       loadModels();

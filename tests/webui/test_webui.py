@@ -1,150 +1,42 @@
-"""The chat page at / in a real headless Chromium (Debian's chromium and chromium-driver, driven by
-Selenium), against a real `bubo serve` in router mode: qwen2.5-coder:0.5b, and "thinker", smollm2
-under a template whose prompt opens a <think> block. Each test leaves a screenshot of the state
-it checked in the output folder ($BUBO_TEST_OUTPUT, else test-output/ in the repository).
-
-What is checked: a message and its streamed answer (Markdown, highlighted code, tokens/s, the
-same tokens as the API gives), stopping a generation, editing and regenerating into branches
-that stay reachable, switching the model, a reasoning block, conversations found again after a
-reload and by search, import and export (a bounded import: clear errors), HTML and script in
-messages shown as text and never run, and a page that loads nothing from anywhere but the server."""
+"""The chat page's conversations in a real headless Chromium against a real `bubo serve` (the
+fixtures and helpers: conftest.py): a message and its streamed answer (Markdown drawn in the page,
+highlighted code, tokens/s, the same tokens as the API gives), stopping a generation, editing and
+regenerating into branches that stay reachable, switching the model (the model loading, then a
+reasoning block), settings (a JSON schema, tools), conversations found again after a reload and by
+search, import and export (a bounded import: clear errors), HTML and script in messages shown as
+text and never run, and a page that loads nothing from anywhere but the server. The page's layout,
+themes, streaming, copying, attachments and accessibility: test_webui_layout.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from api.conftest import Server
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
 
-from bubo import store
+from .conftest import (
+    LOAD_DELAY_S,
+    NO_BROWSER,
+    QWEN,
+    THINKER,
+    answer_text,
+    api_chat,
+    busy,
+    idle,
+    messages,
+    send,
+    setting,
+    shot,
+    wait,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.models]
-
-ROOT = Path(__file__).resolve().parents[2]
-OUT = Path(os.environ.get("BUBO_TEST_OUTPUT") or ROOT / "test-output") / "webui"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
-QWEN = "qwen2.5-coder:0.5b"
-THINKER = "thinker"
-MAX_TOKENS = 48
-THINKING = (ROOT / "tests" / "api" / "testdata" / "thinking_template.jinja").read_text()
-
-if CHROMIUM is None or DRIVER is None:
-    pytest.skip("no chromium and chromedriver on this machine (apt-get install chromium chromium-driver: "
-                "ci/system-deps.sh installs them)", allow_module_level=True)
-
-from selenium import webdriver  # noqa: E402 - only where a browser exists
-from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    d = tmp_path_factory.mktemp("webui")
-    template = d / "think.jinja"
-    template.write_text("{%- set open_think = true -%}\n" + THINKING)  # the prompt opens <think>
-    preset = d / "models.ini"
-    preset.write_text(f"[{THINKER}]\nmodel = {store.pull('smollm2:135m')}\nchat-template-file = {template}\n")
-    ui = json.dumps({"temperature": 0, "max_tokens": MAX_TOKENS})
-    s = Server("-m", QWEN, "--models-preset", str(preset), "--ui-config", ui, "-np", "2", model=None, ctx=2048)
-    try:
-        yield s.wait_ready()
-    finally:
-        s.stop()
-
-
-@pytest.fixture(scope="module")
-def downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("downloads")
-
-
-@pytest.fixture(scope="module")
-def browser(downloads: Path) -> Iterator[WebDriver]:
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900",
-              "--disable-gpu", "--no-first-run", "--disable-extensions"):
-        opts.add_argument(a)
-    opts.add_experimental_option("prefs", {"download.default_directory": str(downloads),
-                                           "download.prompt_for_download": False})
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    d = webdriver.Chrome(service=Service(DRIVER), options=opts)
-    d.set_page_load_timeout(60)
-    try:
-        yield d
-    finally:
-        d.quit()
-
-
-@pytest.fixture
-def page(browser: WebDriver, srv: Server) -> WebDriver:
-    """The page, opened fresh with no saved conversations."""
-    browser.get(srv.url + "/")
-    browser.execute_script("localStorage.clear()")
-    browser.get(srv.url + "/")
-    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#model option"))
-    return browser
-
-
-def wait(d: WebDriver, cond: Callable[[WebDriver], Any], timeout: float = 120) -> Any:
-    """cond's first truthy value; an element the page re-rendered meanwhile is looked up again."""
-    return WebDriverWait(d, timeout, poll_frequency=0.05,
-                         ignored_exceptions=(StaleElementReferenceException,)).until(cond)
-
-
-def shot(d: WebDriver, name: str) -> Path:
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"{name}.png"
-    d.save_screenshot(str(path))
-    return path
-
-
-def busy(d: WebDriver) -> bool:
-    return d.find_element(By.TAG_NAME, "body").get_attribute("data-busy") == "1"
-
-
-def send(d: WebDriver, text: str, finish: bool = True) -> None:
-    box = d.find_element(By.ID, "input")
-    box.clear()
-    d.execute_script("arguments[0].value = arguments[1]", box, text)
-    d.find_element(By.ID, "send").click()
-    if finish:
-        idle(d)
-
-
-def idle(d: WebDriver) -> None:
-    wait(d, lambda d: not busy(d))
-    time.sleep(0.3)  # the last render
-
-
-def messages(d: WebDriver) -> list[Any]:
-    return d.find_elements(By.CSS_SELECTOR, "#messages .msg")
-
-
-def answer_text(d: WebDriver) -> str:
-    """The last answer's Markdown source, as it streamed in."""
-    content = d.find_elements(By.CSS_SELECTOR, "#messages .msg.assistant .content")[-1]
-    return content.get_attribute("data-text") or ""
-
-
-def api_chat(srv: Server, model: str, text: str, max_tokens: int = MAX_TOKENS) -> tuple[str, int]:
-    body = {"model": model, "messages": [{"role": "user", "content": text}], "temperature": 0,
-            "max_tokens": max_tokens}
-    req = urllib.request.Request(srv.url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        out = json.loads(r.read())
-    return str(out["choices"][0]["message"]["content"]), int(out["usage"]["completion_tokens"])
+if NO_BROWSER:
+    pytest.skip(NO_BROWSER, allow_module_level=True)
 
 
 CODE = "Reply with only a Python code block defining add(a, b)."
@@ -159,21 +51,19 @@ def test_a_message_streams_its_answer_with_highlighted_code(page, srv):
     assert user.find_element(By.CSS_SELECTOR, ".content").text == CODE
     text, n_tokens = api_chat(srv, QWEN, CODE)
     assert answer_text(page) == text  # the page's request is the API's, greedy
-    code = wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.assistant pre.hl code[data-highlighted]"))
-    assert code[0].get_attribute("class") == "language-python"
-    keyword = code[0].find_element(By.CSS_SELECTOR, "span.k")  # `def`, coloured by Pygments' classes
-    assert keyword.text == "def" and keyword.value_of_css_property("color") != code[0].value_of_css_property("color")
+    block = assistant.find_element(By.CSS_SELECTOR, ".content .codeblock")
+    assert block.find_element(By.CSS_SELECTOR, ".code-head .lang").text == "python"
+    code = block.find_element(By.CSS_SELECTOR, "pre code.language-python")
+    keyword = code.find_element(By.CSS_SELECTOR, "span.tok-keyword")  # `def`, coloured in the page
+    assert keyword.text == "def" and keyword.value_of_css_property("color") != code.value_of_css_property("color")
+    assert "```" not in assistant.find_element(By.CSS_SELECTOR, ".content").text  # drawn, not raw
     stats = assistant.find_element(By.CSS_SELECTOR, ".stats").text
     assert stats.startswith(f"{n_tokens} tokens \u00b7 ") and stats.endswith(" tokens/s")
     shot(page, "1-answer-with-code")
 
 
 def test_stop_ends_the_generation(page):
-    page.find_element(By.CSS_SELECTOR, "#settings summary").click()
-    limit = page.find_element(By.ID, "set-max_tokens")
-    limit.clear()
-    limit.send_keys("400\t")
-    page.find_element(By.CSS_SELECTOR, "#settings summary").click()
+    setting(page, "max_tokens", "400")
     send(page, "Write a long story about a lighthouse keeper.", finish=False)
     wait(page, lambda d: len(answer_text(d)) > 20)
     page.find_element(By.ID, "stop").click()
@@ -193,6 +83,12 @@ def test_edit_and_regenerate_make_branches_that_stay_reachable(page):
     first_answer = answer_text(page)
     page.find_element(By.CSS_SELECTOR, ".msg.user .edit").click()
     editor = page.find_element(By.CSS_SELECTOR, ".msg.user textarea.edit-text")
+    # edited in place at the conversation's full width, its Edit button gone meanwhile
+    editing = page.find_element(By.CSS_SELECTOR, ".msg.user.editing")
+    column = page.find_element(By.ID, "messages")
+    assert editing.size["width"] >= column.size["width"] - 40, (editing.size, column.size)
+    assert not editing.find_element(By.CSS_SELECTOR, ".edit").is_displayed()
+    shot(page, "3a-editing")
     editor.clear()
     editor.send_keys("Say bye.")
     page.find_element(By.CSS_SELECTOR, ".msg.user .save-edit").click()
@@ -220,9 +116,16 @@ def test_edit_and_regenerate_make_branches_that_stay_reachable(page):
     shot(page, "5-regenerated")
 
 
-def test_switching_the_model_and_a_reasoning_block(page):
+def test_switching_the_model_it_loading_and_a_reasoning_block(page):
     Select(page.find_element(By.ID, "model")).select_by_value(THINKER)
-    send(page, "What is 2 + 3?")
+    send(page, "What is 2 + 3?", finish=False)
+    # the model is not loaded: the answer and the model's state say it loads ({LOAD_DELAY_S} s and more)
+    wait(page, lambda d: any("Loading thinker" in e.text for e in d.find_elements(By.CSS_SELECTOR, ".msg.assistant "
+                                                                                 ".waiting")), timeout=LOAD_DELAY_S + 3)
+    assert "loading" in page.find_element(By.ID, "model-state").text
+    shot(page, "6a-model-loading")
+    idle(page)
+    assert not page.find_elements(By.CSS_SELECTOR, ".msg.assistant .waiting")
     reasoning = wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.assistant details.reasoning"))[0]
     assert reasoning.find_element(By.TAG_NAME, "summary").text == "Reasoning"
     assert reasoning.get_attribute("open") is None  # collapsed
@@ -231,12 +134,6 @@ def test_switching_the_model_and_a_reasoning_block(page):
     saved = page.execute_script("return Object.values(JSON.parse(localStorage.getItem('bubo.conversations')))")
     assert saved[0]["model"] == THINKER
     shot(page, "6-reasoning")
-
-
-def setting(d: WebDriver, name: str, value: str) -> None:
-    """A conversation setting, as typing it and leaving the field does."""
-    d.execute_script("const e = document.getElementById('set-' + arguments[0]); e.value = arguments[1];"
-                     "e.dispatchEvent(new Event('change'))", name, value)
 
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
@@ -255,7 +152,9 @@ def test_a_json_schema_setting_and_tool_calls_shown(page):
     assert json.loads(saved[0]["settings"]["json_schema"]) == PERSON  # kept with the conversation
     shot(page, "11-json-schema")
     page.find_element(By.ID, "new-chat").click()
+    page.find_element(By.ID, "open-settings").click()
     assert page.find_element(By.ID, "set-json_schema").get_attribute("value") == ""  # a new chat starts fresh
+    page.find_element(By.ID, "settings-done").click()
     setting(page, "tools", json.dumps(ADD))
     send(page, "What is 3 + 4? Use the tool.")
     call = wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.assistant .tool-call"))[0]
@@ -275,7 +174,7 @@ def test_conversations_survive_a_reload_and_are_found_by_search(page):
     search = page.find_element(By.ID, "search")
     search.send_keys("owls")
     (hit,) = page.find_elements(By.CSS_SELECTOR, "#conv-list li")
-    hit.click()
+    hit.find_element(By.CSS_SELECTOR, ".title").click()
     assert page.find_element(By.CSS_SELECTOR, ".msg.user .content").text == "Say hello to the owls."
     shot(page, "7-reloaded-and-searched")
 
@@ -334,7 +233,7 @@ def test_export_and_import_round_trip_and_bounds(page, downloads, tmp_path):
     assert not page.find_elements(By.CSS_SELECTOR, "#conv-list li")
     page.find_element(By.ID, "import").send_keys(str(exported))
     wait(page, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#conv-list li")) == 1)
-    page.find_element(By.CSS_SELECTOR, "#conv-list li").click()
+    page.find_element(By.CSS_SELECTOR, "#conv-list li .title").click()
     assert page.find_element(By.CSS_SELECTOR, ".msg.user .content").text == "Say one word."
     shot(page, "9-imported")
     # a huge import is refused with a clear message, and nothing changes

@@ -1,6 +1,6 @@
-"""The chat page's server side without a browser: the page and its headers, --no-webui,
---ui-config's checks, and the Markdown rendering (raw HTML escaped, links checked, code
-highlighted, bounded)."""
+"""The chat page's server side without a browser: the page and its headers (its scripts inline,
+under a nonce), --no-webui, --ui-config's checks. The page's Markdown is drawn in the browser:
+test_webui.py checks it in Chromium."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from bubo.api.app import create_app
 from bubo.api.config import ServerConfig
 from bubo.engine.engine import Engine
 from bubo.webui import check_ui_config
-from bubo.webui.render import MAX_TEXT, render
 
 HTML = {"Accept": "text/html,application/xhtml+xml"}
 
@@ -29,6 +28,9 @@ def test_browsers_get_the_chat_page_with_a_strict_policy():
     nonce = csp.split("'nonce-")[1].split("'")[0]
     page = r.data.decode()
     assert f'<script nonce="{nonce}">' in page and page.count("<script") == 2  # the config (JSON) and the code
+    for name in ("const BuboHighlight", "const BuboMarkdown", "bubo's chat page"):  # every script, inline
+        assert name in page, name
+    assert "/webui/render" not in page  # nothing asked of the server per render
     assert "default-src 'none'" in csp and "connect-src 'self'" in csp
     config = page.split('id="bubo-config">')[1].split("</script>")[0]
     assert "</script>" not in config and json.loads(config)["defaults"]["system"] == "</script><b>x</b>"
@@ -37,40 +39,12 @@ def test_browsers_get_the_chat_page_with_a_strict_policy():
     assert again != csp  # a fresh nonce each time
 
 
-def test_no_webui_gives_browsers_the_short_page_and_no_render_route():
+def test_no_webui_gives_browsers_the_short_page():
     c = _app(webui=False).test_client()
     r = c.get("/", headers=HTML)
     assert r.status_code == 200 and "bubo is running" in r.data.decode() and "bubo-config" not in r.data.decode()
-    assert c.post("/webui/render", data=json.dumps({"text": "x"})).status_code == 404
     plain = _app().test_client().get("/")  # a client that does not ask for HTML: the text, as Ollama answers
     assert plain.content_type.startswith("text/plain") and plain.data.decode().startswith("bubo is running")
-
-
-def test_render_route_and_its_bounds():
-    c = _app().test_client()
-    r = c.post("/webui/render", data=json.dumps({"text": "**hi** <b>x</b>"}))
-    assert r.json == {"html": "<p><strong>hi</strong> &lt;b&gt;x&lt;/b&gt;</p>\n", "rendering": "highlighted"}
-    assert c.post("/webui/render", data=json.dumps({"text": 5})).status_code == 400
-    assert c.post("/webui/render", data=json.dumps({"text": "x" * (MAX_TEXT + 1)})).status_code == 413
-
-
-@pytest.mark.parametrize("text,present,absent", [
-    ("<script>alert(1)</script>", ["&lt;script&gt;"], ["<script"]),
-    ('<img src=x onerror="alert(1)">', ["&lt;img"], ["<img"]),
-    ("[a](javascript:alert(1))", ["[a](javascript:alert(1))"], ["<a "]),
-    ("[a](https://example.org)", ['<a href="https://example.org" target="_blank" rel="noopener noreferrer">'], []),
-    ("```python\ndef f(): pass\n```", ['class="language-python" data-highlighted="pygments"', '<span class="k">def'],
-     []),
-    ("```nosuchlanguage\n<b>\n```", ['class="language-nosuchlanguage"', "&lt;b&gt;"], ["data-highlighted", "<b>"]),
-    ("```\nplain\n```", ["<pre class=\"hl\"><code>plain"], []),
-    ("| a |\n|---|\n| 1 |", ["<table>"], []),
-])
-def test_markdown_is_rendered_and_markup_is_text(text, present, absent):
-    out = render(text)
-    for p in present:
-        assert p in out, out
-    for a in absent:
-        assert a not in out, out
 
 
 def test_ui_config_checks(tmp_path):
