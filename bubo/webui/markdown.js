@@ -11,6 +11,7 @@ const BuboMarkdown = (function () {
   const QUOTE = /^ {0,3}> ?/;
   const ITEM = /^( {0,3})([-*+]|\d{1,9}[.)])(\s+|$)(.*)$/;
   const TABLE_SEP = /^\s*\|?\s*:?-{1,}:?\s*(\|\s*:?-{1,}:?\s*)*\|?\s*$/;
+  const MAX_DEPTH = 16;  // quotes, lists and emphasis nested deeper than this are drawn as text
 
   function el(tag, cls, text) {
     const e = document.createElement(tag);
@@ -147,19 +148,33 @@ const BuboMarkdown = (function () {
   const TICKS = /`+/y;
   const REACH = 1000;  // how far an emphasis looks for its closing mark: every search is bounded
 
-  // the closing `mark` for an opening at i, within REACH and the same line; -1 when there is none
-  function closing(text, mark, from) {
-    const stop = Math.min(text.length, from + REACH);
-    const eol = text.indexOf("\n", from);
-    const end = text.indexOf(mark, from);
-    return end >= 0 && end < stop && (eol < 0 || end < eol) ? end : -1;
+  // finder(mark, from, valid): the first p >= from where mark is and valid(p) holds (-1: none).
+  // Whether a mark can close depends on the mark's own place, not on the opening, so each
+  // mark's answer is kept and a later opening (they come in order) scans only past it: a text
+  // is scanned about once per mark, however many openings fail to close.
+  function closers(text) {
+    const memo = new Map();
+    return function (mark, from, valid) {
+      const m = memo.get(mark);
+      if (m && from >= m.from && (m.at < 0 || from <= m.at)) return m.at;
+      let p = text.indexOf(mark, from);
+      while (p >= 0 && !valid(p)) p = text.indexOf(mark, p + 1);
+      memo.set(mark, {from: from, at: p});
+      return p;
+    };
   }
 
+  // an opening at i closes at end: near enough, and on the same line
+  const near = (text, i, end) => end > i && end - i <= REACH && text.lastIndexOf("\n", end) < i;
+
   // text with **strong**, *em*, ~~del~~, `code`, [links](url), bare URLs and line breaks, as nodes
-  function inline(text, parent) {
+  function inline(text, parent, depth) {
+    depth = depth || 0;
+    if (depth > MAX_DEPTH) { parent.appendChild(document.createTextNode(text)); return parent; }
     let i = 0, plain = "";
     const flush = () => { if (plain) { parent.appendChild(document.createTextNode(plain)); plain = ""; } };
     const at = (re) => { re.lastIndex = i; return re.exec(text); };
+    const find = closers(text);
     while (i < text.length) {
       const c = text[i];
       if (c === "\\" && i + 1 < text.length && /[\\`*_{}[\]()#+\-.!|~<>]/.test(text[i + 1])) {
@@ -175,7 +190,7 @@ const BuboMarkdown = (function () {
       }
       if (c === "`") {
         const run = at(TICKS)[0];
-        const end = text.indexOf(run, i + run.length);
+        const end = find(run, i + run.length, (p) => text[p - 1] !== "`" && text[p + run.length] !== "`");
         if (end > 0 && end - i < 20 * REACH) {
           flush();
           parent.appendChild(el("code", null, text.slice(i + run.length, end).replace(/^ (.+) $/, "$1")));
@@ -190,13 +205,12 @@ const BuboMarkdown = (function () {
         const mark = c + c;
         // opens where it does not follow a space (nor, for "__", a letter); closes where it follows
         // no space (and, for "__", is followed by no letter)
-        let end = text[i + 2] !== " " && (c !== "_" || !/\w/.test(text[i - 1] || "")) ? closing(text, mark, i + 2) : -1;
-        while (end > 0 && end - i <= REACH && (text[end - 1] === " " || (c === "_" && /\w/.test(text[end + 2] || ""))))
-          end = closing(text, mark, end + 1);
-        if (end > i + 2 && end - i <= REACH) {
+        const end = text[i + 2] !== " " && (c !== "_" || !/\w/.test(text[i - 1] || "")) ?
+          find(mark, i + 3, (p) => text[p - 1] !== " " && !(c === "_" && /\w/.test(text[p + 2] || ""))) : -1;
+        if (near(text, i, end)) {
           flush();
           const node = el(c === "~" ? "del" : "strong");
-          inline(text.slice(i + 2, end), node);
+          inline(text.slice(i + 2, end), node, depth + 1);
           parent.appendChild(node);
           i = end + 2;
           continue;
@@ -207,15 +221,13 @@ const BuboMarkdown = (function () {
       }
       if ((c === "*" || c === "_") && text[i + 1] !== undefined && text[i + 1] !== " " &&
           (c !== "_" || !/\w/.test(text[i - 1] || ""))) {
-        let end = closing(text, c, i + 1);
-        // not the start of a double mark, not after a space; "_" only at a word's edge
-        while (end > 0 && end - i <= REACH &&
-               (text[end - 1] === " " || text[end + 1] === c || (c === "_" && /\w/.test(text[end + 1] || ""))))
-          end = closing(text, c, end + (text[end + 1] === c ? 2 : 1));
-        if (end > i + 1 && end - i <= REACH) {
+        // a closing mark: not after a space, not one of a pair; "_" only at a word's edge
+        const end = find(c, i + 2, (p) => text[p - 1] !== " " && text[p + 1] !== c && text[p - 1] !== c &&
+                                        !(c === "_" && /\w/.test(text[p + 1] || "")));
+        if (near(text, i, end)) {
           flush();
           const node = el("em");
-          inline(text.slice(i + 1, end), node);
+          inline(text.slice(i + 1, end), node, depth + 1);
           parent.appendChild(node);
           i = end + 1;
           continue;
@@ -235,7 +247,7 @@ const BuboMarkdown = (function () {
         if (m) {
           const url = m[0].replace(/[.,;:!?)\]]+$/, "");
           flush();
-          parent.appendChild(link(url, url));
+          parent.appendChild(link(url, null));
           i += url.length;
           continue;
         }
@@ -247,13 +259,15 @@ const BuboMarkdown = (function () {
     return parent;
   }
 
+  // an <a> to url (http, https or mailto only, else the text as written); label null: the address
+  // itself, as text
   function link(url, label) {
-    if (!SAFE_URL.test(url)) return document.createTextNode("[" + label + "](" + url + ")");
+    if (!SAFE_URL.test(url)) return document.createTextNode(label === null ? url : "[" + label + "](" + url + ")");
     const a = el("a");
     a.href = url;
     a.rel = "noopener noreferrer";
     a.target = "_blank";
-    inline(label, a);
+    if (label === null) a.textContent = url; else inline(label, a);
     return a;
   }
 
@@ -261,20 +275,26 @@ const BuboMarkdown = (function () {
 
   // the node of one block; hooks.code(block) makes a code block's node (the page adds its label,
   // highlighting and copy button)
-  function draw(b, hooks) {
+  function draw(b, hooks, depth) {
+    depth = depth || 0;
     switch (b.type) {
       case "code": return hooks.code(b);
       case "heading": return inline(b.text, el("h" + Math.min(b.level + 1, 6)));
       case "rule": return el("hr");
-      case "quote": return fill(el("blockquote"), b.text, hooks);
+      case "quote":
+        return depth < MAX_DEPTH ? fill(el("blockquote"), b.text, hooks, depth + 1) : inline(b.text, el("blockquote"));
       case "list": {
         const l = el(b.ordered ? "ol" : "ul");
         if (b.ordered && b.start !== 1) l.start = b.start;
         for (const item of b.items) {
           const li = el("li");
-          const inner = blocks(item);
-          if (inner.length === 1 && inner[0].type === "para") inline(inner[0].text, li);
-          else for (const ib of inner) li.appendChild(draw(ib, hooks));
+          // a tight item (no blank line in it) has its paragraphs' text without <p>
+          const tight = !/\n\s*\n/.test(item);
+          if (depth >= MAX_DEPTH) inline(item, li);
+          else for (const ib of blocks(item)) {
+            if (tight && ib.type === "para") inline(ib.text, li);
+            else li.appendChild(draw(ib, hooks, depth + 1));
+          }
           l.appendChild(li);
         }
         return l;
@@ -298,8 +318,8 @@ const BuboMarkdown = (function () {
     }
   }
 
-  function fill(parent, text, hooks) {
-    for (const b of blocks(text)) parent.appendChild(draw(b, hooks));
+  function fill(parent, text, hooks, depth) {
+    for (const b of blocks(text)) parent.appendChild(draw(b, hooks, depth));
     return parent;
   }
 

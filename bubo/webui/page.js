@@ -257,7 +257,7 @@
     }
     if (n.role === "user") {
       meta.appendChild(button("Edit", "edit", () => startEdit(c, n, m), "Edit this message"));
-    } else {
+    } else if (!(streaming && streaming.node === n)) {  // an answer still coming has nothing to copy or redo yet
       if (n.stats) meta.appendChild(el("span", "stats", n.stats.tokens + " tokens \u00b7 " + n.stats.tps.toFixed(1) + " tokens/s"));
       meta.appendChild(button("Copy", "copy-answer", (e) => copyText(n.content || "", e.currentTarget), "Copy the answer"));
       meta.appendChild(button("Regenerate", "regen", () => regenerate(c, n), "Regenerate the answer"));
@@ -647,7 +647,8 @@
       const f = $("set-" + k);
       f.value = v === undefined || v === null ? "" : (typeof v === "string" ? v : JSON.stringify(v));
       const d = effective(k);
-      f.placeholder = d ? d + (CFG.defaults[k] !== undefined ? " (this server's default)" : " (the model's default)") : "";
+      f.placeholder = d ? "default: " + d : "";
+      f.title = CFG.defaults[k] !== undefined ? "this server's default for new conversations" : "the model's default";
     }
     $("set-key").value = localStorage.getItem(KEY) || "";
     $("set-key").placeholder = "only if the server has one";
