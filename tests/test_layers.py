@@ -116,10 +116,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_imports_inside_functions():
     graph = import_graph()
-    # bubo/cli/__init__.py imports its commands by name; bubo/api/app.py imports the chat page in
+    # bubo/cli/__init__.py imports its commands by name; bubo/api/about.py imports the chat page in
     # a function: both are edges
     assert "bubo.cli.flags" in graph["bubo.cli"]
-    assert "bubo.webui" in graph["bubo.api.app"]
+    assert "bubo.webui" in graph["bubo.api.about"]
     assert "bubo.engine.memory" in graph["bubo.llm"]
 
 
