@@ -66,7 +66,7 @@ def test_the_readme_terminal_examples_answer_sensibly():
     assert runs, "the README shows `bubo run MODEL \"PROMPT\"`"
     for model, prompt in runs:
         assert prompt in README_ANSWERS, f"add what a sensible answer to {prompt!r} holds to README_ANSWERS"
-        p = subprocess.run([sys.executable, "-m", "bubo", "run", model, prompt, "-n", "80", "--temp", "0",
+        p = subprocess.run([sys.executable, "-m", "bubo", "run", model, prompt, "-n", "40", "--temp", "0",
                             "-c", "1024"], capture_output=True, text=True, timeout=600, cwd=ROOT)
         assert p.returncode == 0, p.stderr
         low = p.stdout.lower()

@@ -115,7 +115,7 @@ class FakeNative:
     script: list[int] = []
     eog = 2
 
-    def __init__(self, path, n_threads=0, requant=None):
+    def __init__(self, path, n_threads=0, requant=None, n_threads_batch=0):
         from bubo import Tokenizer
 
         self.n_vocab = Tokenizer(path).n_vocab

@@ -8,6 +8,7 @@ JSON, an unexpected exception: never a bare 500 page)."""
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 from typing import Any
 
@@ -43,6 +44,22 @@ def _foreign_origin(config: ServerConfig) -> bool:
     if "*" in config.cors_origins or origin in config.cors_origins:
         return False
     return origin != f"{request.scheme}://{request.host}"  # the server's own pages (the chat page)
+
+
+MAX_NAMED_FIELDS = 20  # X-Bubo-Ignored-Fields names at most this many, each cut to NAME_CHARS
+NAME_CHARS = 64
+
+
+def header_names(names: list[str]) -> str:
+    """Field names for a header: printable ASCII, anything else escaped as JSON escapes it (a
+    name is any text a client sent, control characters and lone surrogates included), a bounded
+    number of bounded names."""
+    shown = []
+    for n in names[:MAX_NAMED_FIELDS]:
+        text = json.dumps(n[:NAME_CHARS], ensure_ascii=True)[1:-1].replace("\x7f", "\\u007f")
+        shown.append(text + ("..." if len(n) > NAME_CHARS else ""))
+    more = len(names) - MAX_NAMED_FIELDS
+    return ", ".join(shown) + (f" (and {more} more)" if more > 0 else "")
 
 
 def create_app(models: Engine | Registry, config: ServerConfig | None = None) -> Flask:
@@ -103,8 +120,9 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
         refused request stops reading at its first error."""
         unread = ignored_fields() if resp.status_code < 400 else []
         if unread:
-            resp.headers["X-Bubo-Ignored-Fields"] = ", ".join(unread)
-            log.debug("%s %s: fields no route reads: %s", request.method, request.path, ", ".join(unread))
+            named = header_names(unread)
+            resp.headers["X-Bubo-Ignored-Fields"] = named
+            log.debug("%s %s: fields no route reads: %s", request.method, request.path, named)
         return resp
 
     @app.after_request

@@ -83,7 +83,8 @@ def check_resources(opts: Options) -> None:
                               f"replicas")
     fit = sum(int(c // opts.threads) for c in cpus)
     if fit < need:
-        raise DeployError(f"{need} replicas of {opts.threads} threads need {need * opts.threads} CPUs, "
+        threads = f"{opts.threads} thread{'s' if opts.threads != 1 else ''}"
+        raise DeployError(f"{need} replicas of {threads} need {need * opts.threads} CPUs, "
                           f"{opts.threads} on one node each; the cluster's {len(nodes)} node(s) have "
                           f"{', '.join(f'{c:g}' for c in cpus)} CPUs, room for {fit}: add nodes, or ask for "
                           f"fewer replicas (--replicas) or threads (-t)")
@@ -104,7 +105,11 @@ def deploy(opts: Options, timeout_s: float) -> None:
         if status.endswith("RUNNING"):
             return
         messages = [d.message for d in (app.deployments.values() if app is not None else []) if d.message]
-        if status.endswith("DEPLOY_FAILED") or status.endswith("UNHEALTHY"):
+        # a replica whose constructor failed (its server could not start: a model that cannot be
+        # served, a bad flag) fails again the same way: said at the first failure, not after Serve's
+        # retries (tens of seconds)
+        if status.endswith("DEPLOY_FAILED") or status.endswith("UNHEALTHY") or any(
+                "failed to start" in m for m in messages):
             _give_up(opts.name, "; ".join(messages) or app.message if app is not None else status)
         if any("resources" in m.lower() and ("pending" in m.lower() or "scheduled" in m.lower()) for m in messages):
             pending_since = pending_since or time.monotonic()

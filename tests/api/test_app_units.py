@@ -206,3 +206,14 @@ def test_only_the_blob_route_takes_head():
     assert c.head("/api/create").status_code == 405 and c.head("/api/push").status_code == 405
     assert c.head("/api/blobs/sha256-00").status_code == 501 and c.post("/api/blobs/sha256-00").status_code == 501
     assert c.post("/api/create", json={}).status_code == 501
+
+
+def test_ignored_field_names_in_a_header_are_printable_and_bounded():
+    from bubo.api.app import MAX_NAMED_FIELDS, header_names
+
+    assert header_names(["max_token", "temprature"]) == "max_token, temprature"
+    odd = header_names(["\u00c6\x1d", "d\udb1d\udf65", "a\r\nX-Evil: 1", "\x7f", "x" * 100])
+    assert odd.isascii() and all(32 <= ord(c) < 127 for c in odd), odd  # no control character, no CR/LF
+    assert odd.startswith("\\u00c6\\u001d, d\\udb1d\\udf65, a\\r\\nX-Evil: 1, \\u007f, " + "x" * 64 + "...")
+    many = header_names([f"f{i}" for i in range(MAX_NAMED_FIELDS + 5)])
+    assert many.endswith(f"f{MAX_NAMED_FIELDS - 1} (and 5 more)")

@@ -20,6 +20,7 @@ import gevent
 import pytest
 
 import bubo
+from bubo._grammar import Grammar
 from bubo.chat.schema import schema_to_gbnf
 from bubo.engine import FinishEvent, GenerationRequest
 from bubo.engine.draft import DraftConfig, DraftModelError, check_vocabulary
@@ -79,34 +80,49 @@ def test_a_draft_model_that_cannot_draft_is_refused(catalog_model, tmp_path):
 # --- the real pair: the same answers ---------------------------------------------------------
 
 
+PLAIN = {"greedy": (GREEDY, True, 40), "grammar": (GREEDY, False, 32), "seeded": (SEEDED, True, 40)}
+
+
 @pytest.fixture(scope="module")
-def pair(catalog_model):
-    target, draft = catalog_model(TARGET), catalog_model(DRAFT)
-    plain = bubo.Model(target, n_ctx=2048, n_threads=THREADS, draft=False)
-    drafted = bubo.Model(target, n_ctx=2048, n_threads=THREADS, draft=draft)
-    yield plain, drafted
-    plain.close()
-    drafted.close()
+def plain(catalog_model):
+    """The target's answers without drafting (tokens, log-probabilities) to every request the pair
+    is asked below, by kind: all at once, as one batch of an engine (the same bits as one by one:
+    tests/native/test_batch_invariance.py), instead of one after another."""
+    e = start_engine(catalog_model(TARGET), n_ctx=len(PLAIN) * len(PROMPTS) * 512,
+                     n_parallel=len(PLAIN) * len(PROMPTS), draft=None)
+    person = Grammar(schema_to_gbnf(PERSON))
+    try:
+        jobs = {(kind, i): gevent.spawn(collect, e.submit(GenerationRequest(
+                    prompt_ids(e, text), params, n, grammar=None if free else person)))
+                for kind, (params, free, n) in PLAIN.items() for i, text in enumerate(PROMPTS)}
+        gevent.joinall(list(jobs.values()), raise_error=True, timeout=600)
+    finally:
+        e.stop()
+    return {kind: [tuple(jobs[(kind, i)].value[:2]) for i in range(len(PROMPTS))] for kind in PLAIN}
+
+
+@pytest.fixture(scope="module")
+def drafted(catalog_model):
+    m = bubo.Model(catalog_model(TARGET), n_ctx=2048, n_threads=THREADS, draft=catalog_model(DRAFT))
+    yield m
+    m.close()
 
 
 @pytest.mark.models
-def test_greedy_answers_drafted_by_a_draft_model_are_the_plain_ones(pair):
-    plain, drafted = pair
-    a, b = answers(plain, GREEDY, max_tokens=40), answers(drafted, GREEDY, max_tokens=40)
-    assert [x[:2] for x in b] == [x[:2] for x in a]
+def test_greedy_answers_drafted_by_a_draft_model_are_the_plain_ones(plain, drafted):
+    b = answers(drafted, GREEDY, max_tokens=PLAIN["greedy"][2])
+    assert [tuple(x[:2]) for x in b] == plain["greedy"]
     assert sum(t.draft_n_accepted for _, _, t in b) > 20  # drafts were checked and kept
     assert sum(t.draft_n - t.draft_n_accepted for _, _, t in b) > 0  # ... and some refused
-    g = schema_to_gbnf(PERSON)
-    a, b = (answers(m, GREEDY, grammar=g, max_tokens=32) for m in (plain, drafted))
-    assert [x[:2] for x in b] == [x[:2] for x in a]
+    b = answers(drafted, GREEDY, grammar=schema_to_gbnf(PERSON), max_tokens=PLAIN["grammar"][2])
+    assert [tuple(x[:2]) for x in b] == plain["grammar"]
     assert sum(t.draft_n for _, _, t in b) > 0
 
 
 @pytest.mark.models
-def test_seeded_answers_drafted_by_a_draft_model_keep_tokens_and_logprobs(pair):
-    plain, drafted = pair
-    a, b = answers(plain, SEEDED, max_tokens=40), answers(drafted, SEEDED, max_tokens=40)
-    for (ta, la, _), (tb, lb, _) in zip(a, b):
+def test_seeded_answers_drafted_by_a_draft_model_keep_tokens_and_logprobs(plain, drafted):
+    b = answers(drafted, SEEDED, max_tokens=PLAIN["seeded"][2])
+    for (ta, la), (tb, lb, _) in zip(plain["seeded"], b):
         assert tb == ta
         assert lb == la  # bit for bit
     assert sum(t.draft_n_accepted for _, _, t in b) > 0
@@ -114,8 +130,7 @@ def test_seeded_answers_drafted_by_a_draft_model_keep_tokens_and_logprobs(pair):
 
 
 @pytest.mark.models
-def test_per_call_draft_max(pair):
-    _, drafted = pair
+def test_per_call_draft_max(drafted):
     c = drafted.complete("def add(a, b):\n", max_tokens=24, temperature=0, draft_max=0)
     assert c.timings.draft_n == 0
     with pytest.raises(ValueError, match="draft_max must be an integer from 0"):

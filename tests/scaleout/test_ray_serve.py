@@ -315,7 +315,7 @@ def test_too_few_cpus_for_the_replicas_is_a_clear_error(cluster):
                            str(free_port()), "--replicas", "3", "-t", "1", "-m", MODEL],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "3 replicas of 1 threads need 3 CPUs" in proc.stderr and "room for 2" in proc.stderr, proc.stderr
+    assert "3 replicas of 1 thread need 3 CPUs" in proc.stderr and "room for 2" in proc.stderr, proc.stderr
 
 
 def test_a_model_the_replicas_cannot_load_is_a_clear_error(cluster, tmp_path):
