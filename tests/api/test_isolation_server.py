@@ -359,7 +359,7 @@ def test_non_readers_cannot_hold_the_server_or_its_memory(srv):
         for s in socks:
             s.close()
     bound = before + (kv_mib + 48) * 2**20
-    assert served >= 10
+    assert served >= 10, served
     assert peak <= bound, (before, peak, bound)
     deadline = time.monotonic() + 30
     while any(s["is_processing"] for s in call_json(srv.url + "/slots", headers=AUTH)[1]):

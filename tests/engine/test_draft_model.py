@@ -20,7 +20,6 @@ import gevent
 import pytest
 
 import bubo
-from bubo._grammar import Grammar
 from bubo.chat.schema import schema_to_gbnf
 from bubo.engine import FinishEvent, GenerationRequest
 from bubo.engine.draft import DraftConfig, DraftModelError, check_vocabulary
@@ -34,6 +33,7 @@ from .test_draft import (  # noqa: F401 (drafts_at_their_cap: the module's autou
     cancel_after,
     collect,
     drafts_at_their_cap,
+    plain_answers,
     prompt_ids,
 )
 from engines import THREADS, start_engine
@@ -80,25 +80,14 @@ def test_a_draft_model_that_cannot_draft_is_refused(catalog_model, tmp_path):
 # --- the real pair: the same answers ---------------------------------------------------------
 
 
-PLAIN = {"greedy": (GREEDY, True, 40), "grammar": (GREEDY, False, 32), "seeded": (SEEDED, True, 40)}
+PLAIN = {"greedy": (GREEDY, None, 40), "grammar": (GREEDY, schema_to_gbnf(PERSON), 32), "seeded": (SEEDED, None, 40)}
 
 
 @pytest.fixture(scope="module")
 def plain(catalog_model):
     """The target's answers without drafting (tokens, log-probabilities) to every request the pair
-    is asked below, by kind: all at once, as one batch of an engine (the same bits as one by one:
-    tests/native/test_batch_invariance.py), instead of one after another."""
-    e = start_engine(catalog_model(TARGET), n_ctx=len(PLAIN) * len(PROMPTS) * 512,
-                     n_parallel=len(PLAIN) * len(PROMPTS), draft=None)
-    person = Grammar(schema_to_gbnf(PERSON))
-    try:
-        jobs = {(kind, i): gevent.spawn(collect, e.submit(GenerationRequest(
-                    prompt_ids(e, text), params, n, grammar=None if free else person)))
-                for kind, (params, free, n) in PLAIN.items() for i, text in enumerate(PROMPTS)}
-        gevent.joinall(list(jobs.values()), raise_error=True, timeout=600)
-    finally:
-        e.stop()
-    return {kind: [tuple(jobs[(kind, i)].value[:2]) for i in range(len(PROMPTS))] for kind in PLAIN}
+    is asked below, by kind, made at once (test_draft.plain_answers)."""
+    return dict(zip(PLAIN, plain_answers(catalog_model(TARGET), list(PLAIN.values()))))
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +103,7 @@ def test_greedy_answers_drafted_by_a_draft_model_are_the_plain_ones(plain, draft
     assert [tuple(x[:2]) for x in b] == plain["greedy"]
     assert sum(t.draft_n_accepted for _, _, t in b) > 20  # drafts were checked and kept
     assert sum(t.draft_n - t.draft_n_accepted for _, _, t in b) > 0  # ... and some refused
-    b = answers(drafted, GREEDY, grammar=schema_to_gbnf(PERSON), max_tokens=PLAIN["grammar"][2])
+    b = answers(drafted, GREEDY, grammar=PLAIN["grammar"][1], max_tokens=PLAIN["grammar"][2])
     assert [tuple(x[:2]) for x in b] == plain["grammar"]
     assert sum(t.draft_n for _, _, t in b) > 0
 
