@@ -106,9 +106,10 @@ def assert_same_answer(c: ChatCompletion, r: dict, parallel: bool = False) -> No
         (t["function"]["name"], t["function"]["arguments"]) for t in msg.get("tool_calls") or []]
     assert c.finish_reason == choice["finish_reason"]
     if c.tool_calls and not parallel:
-        # the answer ends once its call is whole: the library at its next step, the server when its
-        # engine thread sees the reader's end(), which may be a step or two later
-        assert len(c.tokens) <= r["usage"]["completion_tokens"]
+        # the answer ends once its call is whole: each side at the step where its reader's end()
+        # reaches the engine thread, a step or two after the call on either side (a loaded
+        # machine delays either reader); the answers above are the same
+        assert abs(len(c.tokens) - r["usage"]["completion_tokens"]) <= 3, (len(c.tokens), r["usage"])
     else:
         assert len(c.tokens) == r["usage"]["completion_tokens"]
     assert c.prompt_tokens == r["usage"]["prompt_tokens"]
