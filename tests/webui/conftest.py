@@ -173,3 +173,17 @@ def no_sideways_scroll(d: WebDriver) -> bool:
     return bool(d.execute_script(
         "const e = document.documentElement, b = document.body;"
         "return e.scrollWidth <= e.clientWidth && b.scrollWidth <= e.clientWidth && window.scrollX === 0"))
+
+
+def conversation(title: str, turns: list[tuple[str, str]]) -> dict[str, Any]:
+    """A conversation as the page stores and exports it: the turns (role, text) one after another."""
+    nodes: dict[str, Any] = {}
+    parent = None
+    for i, (role, content) in enumerate(turns):
+        nid = f"n{i}"
+        nodes[nid] = {"id": nid, "parent": parent, "role": role, "content": content, "children": []}
+        if parent:
+            nodes[parent]["children"].append(nid)
+        parent = nid
+    return {"id": "c-" + title, "title": title, "created": 1, "updated": 2, "model": QWEN, "settings": {},
+            "nodes": nodes, "roots": ["n0"], "leaf": parent}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from typing import Any
 
 import pytest
 from selenium.webdriver.common.by import By
@@ -26,6 +25,7 @@ from .conftest import (
     answer_text,
     api_chat,
     busy,
+    conversation,
     idle,
     messages,
     send,
@@ -177,18 +177,6 @@ def test_conversations_survive_a_reload_and_are_found_by_search(page):
     hit.find_element(By.CSS_SELECTOR, ".title").click()
     assert page.find_element(By.CSS_SELECTOR, ".msg.user .content").text == "Say hello to the owls."
     shot(page, "7-reloaded-and-searched")
-
-
-def conversation(title: str, turns: list[tuple[str, str]]) -> dict[str, Any]:
-    nodes, parent = {}, None
-    for i, (role, content) in enumerate(turns):
-        nid = f"n{i}"
-        nodes[nid] = {"id": nid, "parent": parent, "role": role, "content": content, "children": []}
-        if parent:
-            nodes[parent]["children"].append(nid)
-        parent = nid
-    return {"id": "imported-" + title, "title": title, "created": 1, "updated": 2, "model": QWEN,
-            "settings": {}, "nodes": nodes, "roots": ["n0"], "leaf": parent}
 
 
 HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'

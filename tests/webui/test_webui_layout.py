@@ -33,6 +33,7 @@ from .conftest import (
     WIDE,
     answer_text,
     busy,
+    conversation,
     idle,
     no_sideways_scroll,
     open_page,
@@ -51,19 +52,6 @@ CODE = "def add(a, b):\n    # a long line, wider than a phone: " + "x + " * 60 +
 ANSWER = ("Here is **the function**, with a table:\n\n- it adds\n- it returns\n\n```python\n" + CODE + "\n```\n\n"
           "| name | what it does with its two arguments, at some length |\n|---|---|\n| add | "
           + "sums " * 40 + "|\n\nA long address: https://example.org/" + "a" * 200)
-
-
-def conversation(title: str, turns: list[tuple[str, str]]) -> dict[str, Any]:
-    nodes: dict[str, Any] = {}
-    parent = None
-    for i, (role, content) in enumerate(turns):
-        nid = f"n{i}"
-        nodes[nid] = {"id": nid, "parent": parent, "role": role, "content": content, "children": []}
-        if parent:
-            nodes[parent]["children"].append(nid)
-        parent = nid
-    return {"id": "c-" + title, "title": title, "created": 1, "updated": 2, "model": QWEN, "settings": {},
-            "nodes": nodes, "roots": ["n0"], "leaf": parent}
 
 
 def with_conversation(d: WebDriver, url: str, conv: dict[str, Any]) -> None:
