@@ -272,8 +272,10 @@ class Engine:
         try:
             self._load()
         except BaseException as e:  # noqa: BLE001 - reported by /ready, logged
-            self.load_error = f"{type(e).__name__}: {e}"
-            log.error("loading %s failed: %s", self.model_name, self.load_error)
+            why = f"{type(e).__name__}: {e}"
+            # logged before it is set: whoever waits on load_error (serve's last line) comes after
+            log.error("loading %s failed: %s", self.model_name, why)
+            self.load_error = why
             self._release()
             return
         self.ready = True
