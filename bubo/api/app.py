@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from flask import Flask, request
@@ -19,6 +20,7 @@ from bubo.api.auth import check_api_key, check_host
 from bubo.api.config import ServerConfig
 from bubo.api.errors import ApiError, error_response
 from bubo.api.offload import PreparePool
+from bubo.api.openai.stored import ResponseStore
 from bubo.api.request import ignored_fields, release_models
 from bubo.engine.engine import Engine
 from bubo.engine.registry import Registry
@@ -78,6 +80,8 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
     app.config["BUBO_CONFIG"] = config
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.config["BUBO_PREPARE"] = PreparePool(config.prepare_timeout_s)  # bubo.api.offload
+    app.config["BUBO_RESPONSES"] = ResponseStore(Path(config.responses_path) if config.responses_path else None,
+                                                  config.responses_max)
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
     app.json.sort_keys = False  # type: ignore[attr-defined]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from bubo.api.openai.stored import DEFAULT_MAX_RECORDS
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 OLLAMA_PORT = 11434  # serve --ollama also listens here
@@ -43,6 +45,8 @@ class ServerConfig:
     host_allow: list[str] = field(default_factory=list)  # --host-allow: more names the Host header may give
     allow_copy: bool = False  # --allow-copy: /api/copy may copy a file where it cannot hard-link it
     reasoning_format: str = "auto"  # --reasoning-format: none leaves a model's <think> block in the content
+    responses_max: int = DEFAULT_MAX_RECORDS  # --responses-max: stored responses kept at most
+    responses_path: str | None = None  # their SQLite file (bubo serve: $BUBO_HOME's); None: in memory
 
     @property
     def model_names(self) -> list[str]:

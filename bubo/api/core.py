@@ -28,6 +28,7 @@ from bubo.api.request import (
     models,
     optional_model,
     resolve_model,
+    response_store,
     runtime_of,
     use_model,
 )
@@ -74,14 +75,19 @@ def _not_ready(entry: ModelEntry) -> ApiError:
 def _health_doc(d: oa.Doc) -> oa.Op:
     return oa.Op({
         "operationId": "health", "summary": "Liveness", "tags": ["bubo"],
-        "responses": {"200": {"description": "The server is up",
-                              "content": {oa.JSON: {"schema": oa.obj({"status": oa.const("ok")}, ["status"])}}}},
+        "responses": {"200": {"description": "The server is up (details: what works in a lesser way)",
+                              "content": {oa.JSON: {"schema": oa.obj({
+                                  "status": oa.const("ok"),
+                                  "details": oa.obj({"responses_store": oa.desc(oa.STR, "why stored responses are "
+                                                                                "kept in memory only")})},
+                                  ["status"])}}}},
     })
 
 
 @_route("/health", "/v1/health", "/healthz", doc=_health_doc)
 def health() -> Any:
-    return jsonify(status="ok")
+    problem = response_store().problem
+    return jsonify(status="ok", details={"responses_store": problem}) if problem else jsonify(status="ok")
 
 
 def _ready_doc(d: oa.Doc) -> oa.Op:

@@ -324,7 +324,10 @@ def responses_request(model: Schema) -> Schema:
                                   obj({"type": const("function"), "name": STR}, ["type", "name"], closed=False),
                                   {"type": "null"}]},
         "parallel_tool_calls": OPT_BOOL,
-        "previous_response_id": desc({"type": "null"}, "not supported: this server stores no responses (400)"),
+        "previous_response_id": desc({"type": ["string", "null"]},
+                                     "continue from this stored response: its conversation and output come "
+                                     "before input (its instructions do not); unknown: 404"),
+        "store": desc(OPT_BOOL, "keep the response (default true): GET /v1/responses/{id}, previous_response_id"),
         "metadata": desc({"type": ["object", "null"]}, "echoed in the response"),
         **sampling_props(),
     }, ["model", "input"], closed=False)
@@ -512,7 +515,13 @@ def _response_items() -> dict[str, Schema]:
     call = obj({"type": const("function_call"), "id": {"type": "string", "pattern": "^fc_"}, "call_id": STR,
                 "name": STR, "arguments": STR, "status": status},
                ["type", "id", "call_id", "name", "arguments", "status"])
-    return {"ReasoningItem": reasoning, "OutputTextPart": text_part, "MessageItem": message, "FunctionCallItem": call}
+    listed = obj({"id": STR, "type": enum("message", "function_call", "function_call_output", "reasoning")},
+                 ["id", "type"], closed=False)
+    items = obj({"object": const("list"), "data": arr(listed), "first_id": {"type": ["string", "null"]},
+                 "last_id": {"type": ["string", "null"]}, "has_more": BOOL},
+                ["object", "data", "first_id", "last_id", "has_more"])
+    return {"ReasoningItem": reasoning, "OutputTextPart": text_part, "MessageItem": message, "FunctionCallItem": call,
+            "ResponseItemList": items}
 
 
 def _response() -> Schema:
@@ -532,6 +541,7 @@ def _response() -> Schema:
         "tools": desc({"type": "array"}, "the request's tools, as sent"),
         "temperature": {"type": ["number", "null"]}, "top_p": {"type": ["number", "null"]},
         "metadata": desc({"type": "object"}, "the request's metadata, as sent"),
+        "store": BOOL, "previous_response_id": {"type": ["string", "null"]},
         "usage": desc(nullable(usage), "null while in progress"), "steered_to_fit": STEERED,
     }
     return obj(props, [k for k in props if k != "steered_to_fit"])
@@ -795,6 +805,19 @@ def sse_data(json_schema: Schema, done: bool = False, named: bool = False) -> Sc
                  "then": {"properties": {"event": const("message")}},
                  "else": event}
     return event
+
+
+def path_param(name: str, text: str) -> Schema:
+    return {"name": name, "in": "path", "required": True, "schema": STR, "description": text}
+
+
+def item_list_params() -> list[Schema]:
+    """A cursor list's query: limit, order, after."""
+    return [{"name": "limit", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1,
+                                                                            "maximum": 100, "default": 20}},
+            {"name": "order", "in": "query", "required": False, "schema": {**enum("asc", "desc"), "default": "desc"}},
+            {"name": "after", "in": "query", "required": False, "schema": STR,
+             "description": "the page after this item's id"}]
 
 
 def text_ok(text: str, media: str, example: str | None = None) -> Schema:

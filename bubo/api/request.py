@@ -17,6 +17,7 @@ from werkzeug.exceptions import ClientDisconnected
 from bubo.api import errors, jsonin, offload
 from bubo.api.config import ServerConfig
 from bubo.api.errors import ApiError
+from bubo.api.openai.stored import ResponseStore
 from bubo.engine.protocol import ServingEngine
 from bubo.engine.registry import DEFAULT_NAME, ModelEntry, Registry, UnknownModelError, did_you_mean
 from bubo.engine.types import EngineRefusal
@@ -30,6 +31,12 @@ INLINE_JSON_BYTES = 64 * 1024
 def config() -> ServerConfig:
     cfg: ServerConfig = current_app.config["BUBO_CONFIG"]
     return cfg
+
+
+def response_store() -> ResponseStore:
+    """The Responses API's stored responses (bubo/api/openai/stored.py)."""
+    rs: ResponseStore = current_app.config["BUBO_RESPONSES"]
+    return rs
 
 
 def models() -> Registry:

@@ -15,10 +15,11 @@ import signal
 import sys
 from typing import Any
 
-from bubo import cpus
+from bubo import cpus, store
 from bubo.api import http, logs
 from bubo.api.config import OLLAMA_PORT, ServerConfig, is_loopback
 from bubo.api.models_config import check_model, model_specs, served_name
+from bubo.api.openai.stored import FILE_NAME
 from bubo.api.options import ServeOptions
 from bubo.engine.engine import Engine
 from bubo.engine.registry import ModelEntry, ModelStatus, Registry, TooManyAtStartError
@@ -58,6 +59,8 @@ def server_config(args: ServeOptions, default_name: str | None = None) -> Server
         host_allow=list(args.host_allow),
         allow_copy=args.allow_copy,
         reasoning_format=args.reasoning_format,
+        responses_max=args.responses_max,
+        responses_path=str(store.home() / FILE_NAME),
     )
 
 
@@ -96,7 +99,8 @@ def serve(args: ServeOptions) -> int:
         raise ValueError(f"--port {args.port}: give 0..65535")
     for flag, value, least in (("--parallel", args.parallel, 1), ("--batch-size", args.batch_size, 1),
                                ("--ubatch-size", args.ubatch_size, 1), ("--queue-size", args.queue_size, 0),
-                               ("--models-max", args.models_max, 0), ("--max-connections", args.max_connections, 1)):
+                               ("--models-max", args.models_max, 0), ("--max-connections", args.max_connections, 1),
+                               ("--responses-max", args.responses_max, 0)):
         if value is not None and value < least:
             raise ValueError(f"{flag} {value}: give at least {least}")
     if args.ctx_size is not None and args.ctx_size < 0:

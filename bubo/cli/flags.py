@@ -202,6 +202,9 @@ def build_parser() -> ArgParser:
                help="more host names clients may reach this server by (the Host header), comma-separated "
                     "(.example.com: it and every name under it; *: any); loopback names and IP addresses are "
                     "always allowed, and any name when the server has an API key")
+    p.add_flag("--responses-max", type=int, default=SERVE["responses_max"], metavar="N",
+               help="stored responses (POST /v1/responses with store, the default) kept at most, in "
+                    "$BUBO_HOME/responses.sqlite3; past it the least recently used go (0: store none)")
     p.add_flag("--allow-copy", action="store_true",
                help="let POST /api/copy copy a model's file where it cannot make a hard link (another "
                     "filesystem), within the disk space a pull would check")

@@ -103,7 +103,7 @@ def test_responses_input_items():
                                                            "parameters": {"type": "object"}}}]
     assert (req.max_tokens, req.thinking, req.template_kwargs["reasoning_effort"]) == (50, True, "low")
     for bad, code in (({"input": []}, "missing_messages"),
-                      ({"input": "x", "previous_response_id": "r"}, "invalid_value"),
+                      ({"input": "x", "previous_response_id": 5}, "invalid_value"),
                       ({"input": "x", "tools": [{"type": "web_search"}]}, "invalid_value"),
                       ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "invalid_value"),
                       ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n",

@@ -1,5 +1,6 @@
-"""POST /v1/responses: OpenAI's Responses API (pure functions), stateless: no stored responses,
-so previous_response_id is refused; the conversation comes in `input`."""
+"""POST /v1/responses: OpenAI's Responses API (pure functions). A response is stored (unless
+`store` is false: bubo/api/openai/stored.py) with its conversation's items, and
+previous_response_id continues from it: its items, then the new input, are the conversation."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from bubo.api import fields as f
 from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
 from bubo.api.openai.chat import cache_details, draft_details
+from bubo.api.openai.stored import Stored
 from bubo.api.pipeline import Conversation, Output, steered
 from bubo.api.request import with_fields
 from bubo.chat.parsers import Part, ToolCall
@@ -21,46 +23,73 @@ from bubo.engine.types import FinishEvent
 @dataclass
 class ResponsesRequest(Conversation):
     echo: dict[str, Any]  # request fields the response repeats (instructions, tools, ...)
+    items: list[dict[str, Any]]  # the conversation's items: a previous response's, then input's
+    store: bool  # keep the response (GET /v1/responses/{id}, previous_response_id)
 
 
-def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """`instructions` and `input` as OpenAI chat messages (chat_messages validates them)."""
-    msgs: list[dict[str, Any]] = []
-    instructions = body.get("instructions")
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise invalid("instructions must be a string")
-        msgs.append({"role": "system", "content": instructions})
+_ITEM_ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
+
+
+def input_items(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """`input` as items (a string is one user message), each with an id (its own, or a new one),
+    as a stored response and GET /v1/responses/{id}/input_items keep them. Shapes only: the
+    messages they make are checked by chat_messages."""
     items = body.get("input")
     if items is None or items == "" or items == []:
         raise ApiError(400, "missing_messages", "input is required: a string or a non-empty array of items")
     if isinstance(items, str):
-        return msgs + [{"role": "user", "content": items}]
+        return [{"type": "message", "id": f.new_id("msg_"), "role": "user",
+                 "content": [{"type": "input_text", "text": items}]}]
     if not isinstance(items, list):
         raise invalid("input must be a string or an array of items")
     f.counted(items, "input", limits.MAX_MESSAGES, "items")
+    out = []
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise invalid(f"input[{i}] must be an object")
         kind = item.get("type", "message")
+        if not isinstance(kind, str) or kind not in _ITEM_ID_PREFIX:
+            raise invalid(f"input[{i}] has an unsupported type {kind!r}")
+        given = item.get("id")
+        item = {**item, "type": kind,
+                "id": given if isinstance(given, str) and given else f.new_id(_ITEM_ID_PREFIX[kind])}
+        if kind == "message" and isinstance(item.get("content"), str):  # as OpenAI lists it: one text part
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": part, "text": item["content"]}]
+        out.append(item)
+    return out
+
+
+def items_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Items (input_items') as OpenAI chat messages: a function call joins the assistant turn
+    before it (its text, or the calls made beside it); earlier reasoning is not shown again."""
+    msgs: list[dict[str, Any]] = []
+    for item in items:
+        kind = item["type"]
         if kind == "message":
             msgs.append({"role": item.get("role"), "content": item.get("content")})
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}
-            if msgs and msgs[-1]["role"] == "assistant" and msgs[-1].get("tool_calls") is not None:
-                msgs[-1]["tool_calls"].append(call)  # parallel calls: one assistant turn
+            if msgs and msgs[-1]["role"] == "assistant":
+                msgs[-1].setdefault("tool_calls", []).append(call)  # one assistant turn
             else:
                 msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             out = item.get("output")
             msgs.append({"role": "tool", "tool_call_id": item.get("call_id"),
                          "content": out if isinstance(out, (str, list)) else json.dumps(out)})
-        elif kind == "reasoning":
-            continue  # earlier reasoning is not shown to the model again
-        else:
-            raise invalid(f"input[{i}] has an unsupported type {kind!r}")
     return msgs
+
+
+def previous_id(body: dict[str, Any]) -> str | None:
+    """previous_response_id: None, or the id of the response to continue."""
+    prev = body.get("previous_response_id")
+    if prev is None:
+        return None
+    if not isinstance(prev, str) or not prev:
+        raise invalid("previous_response_id must be the id of a stored response (\"resp_...\")")
+    return prev
 
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:
@@ -84,12 +113,17 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
     return out or None
 
 
-def parse_responses_request(body: Any) -> ResponsesRequest:
+def parse_responses_request(body: Any, previous: Stored | None = None) -> ResponsesRequest:
+    """The request; previous: the stored response it continues (previous_response_id), whose
+    conversation and output come before `input` (its instructions do not: they are the request's own)."""
     body = f.require_object(body)
-    if body.get("previous_response_id"):
-        raise invalid("previous_response_id is not supported: this server stores no responses; "
-                      "send the whole conversation in input")
-    messages, prefill = f.chat_messages(_input_messages(body))
+    previous_id(body)  # checked (the route looked it up)
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise invalid("instructions must be a string")
+    items = (previous.history() if previous is not None else []) + input_items(body)
+    system = [{"role": "system", "content": instructions}] if instructions is not None else []
+    messages, prefill = f.chat_messages(system + items_messages(items))
     max_tokens = f.max_tokens_of(body, "max_output_tokens")
     text = body.get("text")
     output = f.response_format_spec(text.get("format"), "text.format", flat=True) if isinstance(text, dict) else None
@@ -115,7 +149,9 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         messages=messages, prefill=prefill, tools=tools, thinking=thinking, template_kwargs=kwargs,
         params=f.sampling_params(body), max_tokens=max_tokens, stream=f.bool_field(body, "stream", False),
         tool_choice=forced, parallel_tool_calls=f.bool_field(body, "parallel_tool_calls", False), output=output,
-        echo={"instructions": body.get("instructions"), "max_output_tokens": max_tokens,
+        items=items, store=f.bool_field(body, "store", True),
+        echo={"instructions": instructions, "max_output_tokens": max_tokens,
+              "previous_response_id": previous.id if previous is not None else None,
               "tools": body.get("tools") or [], "temperature": body.get("temperature"),
               "top_p": body.get("top_p"), "metadata": body.get("metadata") or {}},
     )
@@ -159,6 +195,7 @@ def response_object(*, id: str, created: int, model: str, req: ResponsesRequest,
         "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "model": model, "output": output, "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": "auto",
+        "store": req.store,
         "text": {"format": {"type": "text"}},
         **req.echo,
         "usage": usage(fin, reasoning_tokens) if fin is not None else None,
@@ -271,3 +308,33 @@ class ResponseEvents:
         resp = self._response(fin, reasoning_tokens)
         kind = "response.incomplete" if resp["status"] == "incomplete" else "response.completed"
         return evs + [self._ev(kind, response=resp)]
+
+
+# --- stored responses ----------------------------------------------------------------------
+
+MAX_LIST_LIMIT = 100
+
+
+def item_list(items: list[dict[str, Any]], args: dict[str, str]) -> dict[str, Any]:
+    """GET /v1/responses/{id}/input_items: a page of items (?limit=1..100, default 20; ?order=desc,
+    the default, or asc; ?after=ITEM_ID, the page after that item) as OpenAI's cursor list."""
+    order = args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid(f"order must be asc or desc; got {order!r}")
+    raw = args.get("limit", "20")
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise invalid(f"limit must be an integer from 1 to {MAX_LIST_LIMIT}; got {raw!r}") from None
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise invalid(f"limit must be an integer from 1 to {MAX_LIST_LIMIT}; got {limit}")
+    seq = items[::-1] if order == "desc" else list(items)
+    ids = [it.get("id") for it in seq]
+    after = args.get("after")
+    if after is not None:
+        if after not in ids:
+            raise invalid(f"after: no item {after!r} among this response's input items")
+        seq = seq[ids.index(after) + 1:]
+    page = seq[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(seq) > len(page)}

@@ -4,10 +4,10 @@ pipeline (bubo/api/pipeline.py) and shape the events."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from flask import Blueprint, jsonify
+from flask import Blueprint, jsonify, request
 
 from bubo.api import fields as f
 from bubo.api import jsonout, offload, pipeline
@@ -16,7 +16,16 @@ from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.openai import chat as ch
 from bubo.api.openai import completions as cm
 from bubo.api.openai import responses as rs
-from bubo.api.request import config, debug_mem_available, json_body, resolve_model, runtime_of, use_model
+from bubo.api.openai.stored import Stored
+from bubo.api.request import (
+    config,
+    debug_mem_available,
+    json_body,
+    resolve_model,
+    response_store,
+    runtime_of,
+    use_model,
+)
 from bubo.api.sse import sse_response
 from bubo.engine.types import FinishEvent, GenerationRequest, TokenEvent
 
@@ -159,7 +168,7 @@ def completions() -> Any:
 
 def _responses_doc(d: oa.Doc) -> oa.Op:
     return oa.Op({
-        "operationId": "responses", "summary": "Responses (OpenAI), stateless", "tags": ["OpenAI"],
+        "operationId": "responses", "summary": "Responses (OpenAI); stored unless store is false", "tags": ["OpenAI"],
         "requestBody": oa.body(oa.responses_request(d.model_field()),
                                {"model": d.example_model, "input": "Say hi.", "max_output_tokens": 8}),
         "responses": {"200": oa.ok(oa.ref("Response"), "The response.",
@@ -173,18 +182,27 @@ def _responses_doc(d: oa.Doc) -> oa.Op:
 def responses() -> Any:
     body = json_body()
     model = resolve_model(body)
-    req = offload.run(rs.parse_responses_request, body, what="reading the request's fields")
+    prev_id = rs.previous_id(body)
+    previous = _stored(prev_id) if prev_id is not None else None
+    req = offload.run(rs.parse_responses_request, body, previous, what="reading the request's fields")
     rt, prep, stream = pipeline.start_chat(use_model(model), req, mem_available=debug_mem_available(),
                                            specials_in_content=config().allow_special_in_content)
     id, created = f.new_id("resp_"), f.now()
+    store = response_store() if req.store else None
 
     def reasoning_tokens(text: str) -> int:
         return len(rt.tokenizer.encode(text, add_special=False)) if text else 0
 
+    def keep(resp: dict[str, Any]) -> None:
+        if store is not None:
+            store.put(Stored(resp, req.items))
+
     if not req.stream:
         out = pipeline.collect(stream, prep.parser)
-        return jsonify(rs.response_object(id=id, created=created, model=model, req=req, output=rs.output_items(out),
-                                          fin=out.finish, reasoning_tokens=reasoning_tokens(out.reasoning)))
+        resp = rs.response_object(id=id, created=created, model=model, req=req, output=rs.output_items(out),
+                                  fin=out.finish, reasoning_tokens=reasoning_tokens(out.reasoning))
+        keep(resp)
+        return jsonify(resp)
 
     def events() -> Iterator[Any]:
         r = rs.ResponseEvents(id, created, model, req)
@@ -195,7 +213,9 @@ def responses() -> Any:
                 reasoning += "".join(p.text for p in parts if p.kind == "reasoning")
                 yield from r.parts(parts)
                 if isinstance(ev, FinishEvent):
-                    yield from r.end(ev, reasoning_tokens(reasoning))
+                    end = r.end(ev, reasoning_tokens(reasoning))
+                    keep(end[-1][1]["response"])  # stored before the client reads that it is done
+                    yield from end
         except ApiError as e:
             yield stream_error(StreamShape.RESPONSES, e, r.seq)
         except Exception as e:  # noqa: BLE001 - a bug: still the next sequence number (sse's fallback has none)
@@ -204,3 +224,50 @@ def responses() -> Any:
                                                                f"internal error: {type(e).__name__}: {e}"), r.seq)
 
     return sse_response(events(), stream=stream, shape=StreamShape.RESPONSES)
+
+
+# --- stored responses ----------------------------------------------------------------------
+
+
+def _stored(id: str) -> Stored:
+    rec = response_store().get(id)
+    if rec is None:
+        raise ApiError(404, "response_not_found", f"no stored response with id {id!r}: it was never stored "
+                                                  "(store: false), was deleted, or was dropped as the least "
+                                                  "recently used (--responses-max)")
+    return rec
+
+
+def _stored_doc(summary: str, operation: str, schema: oa.Schema, query: list[oa.Schema] | None = None
+                ) -> Callable[[oa.Doc], oa.Op]:
+    def doc(d: oa.Doc) -> oa.Op:
+        return oa.Op({
+            "operationId": operation, "summary": summary, "tags": ["OpenAI"],
+            "parameters": [oa.path_param("response_id", "a stored response's id (resp_...)"), *(query or [])],
+            "responses": {"200": {"description": summary, "content": {oa.JSON: {"schema": schema}}},
+                          "404": oa.error(404, text="Code response_not_found: never stored, deleted, or dropped")},
+        }, (400,) if query else ())
+    return doc
+
+
+@oa.route(blueprint, "/v1/responses/<response_id>", "/responses/<response_id>",
+          doc=_stored_doc("A stored response", "get_response", oa.ref("Response")))
+def get_response(response_id: str) -> Any:
+    return jsonify(_stored(response_id).response)
+
+
+@oa.route(blueprint, "/v1/responses/<response_id>", "/responses/<response_id>", methods=("DELETE",),
+          doc=_stored_doc("Delete a stored response", "delete_response",
+                          oa.obj({"id": oa.STR, "object": oa.const("response"), "deleted": oa.const(True)},
+                                 ["id", "object", "deleted"])))
+def delete_response(response_id: str) -> Any:
+    if not response_store().delete(response_id):
+        _stored(response_id)  # the 404
+    return jsonify(id=response_id, object="response", deleted=True)
+
+
+@oa.route(blueprint, "/v1/responses/<response_id>/input_items", "/responses/<response_id>/input_items",
+          doc=_stored_doc("A stored response's input items: its conversation up to it", "response_input_items",
+                          oa.ref("ResponseItemList"), oa.item_list_params()))
+def response_input_items(response_id: str) -> Any:
+    return jsonify(rs.item_list(_stored(response_id).items, request.args.to_dict()))
