@@ -52,6 +52,7 @@ _ANTHROPIC_TYPE = {
 }
 ANTHROPIC_PATHS = ("/v1/messages",)  # and everything under it (count_tokens)
 OLLAMA_PREFIX = "/api/"  # Ollama's routes
+OLLAMA_PATHS = ("/v1/systemone",)  # Ollama's outside /api/: its decision API
 RETRY_AFTER_SECONDS = 5
 # a full queue drains at the speed of generation: seconds, not the memory guard's minutes
 QUEUE_RETRY_AFTER_SECONDS = 1
@@ -183,7 +184,7 @@ def is_anthropic_path(path: str) -> bool:
 
 
 def is_ollama_path(path: str) -> bool:
-    return path.startswith(OLLAMA_PREFIX)
+    return path.startswith(OLLAMA_PREFIX) or path in OLLAMA_PATHS
 
 
 def body_for(path: str | None, status: int, code: str, message: str, type: str | None = None) -> dict[str, Any]:

@@ -495,6 +495,9 @@ class Engine:
         if bad:
             raise InvalidRequestError(f"logit_bias token {bad[0]} is out of range: this model's ids are "
                                       f"0..{n_vocab - 1}")
+        bad = [t for t in req.probs_of if not 0 <= int(t) < n_vocab]
+        if bad:
+            raise InvalidRequestError(f"probs_of token {bad[0]} is out of range: this model's ids are 0..{n_vocab - 1}")
         return Checked(self, req, sched.new_generation(req))
 
     def _not_ready(self) -> NotReadyError:

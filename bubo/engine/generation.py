@@ -275,7 +275,19 @@ class Generation:
                 reason = LENGTH
             if out.stopped is not None:
                 reason = STOP
-        return TokenEvent(int(token), text, float(logprob), [(int(i), float(p)) for i, p in top]), reason
+        return TokenEvent(int(token), text, float(logprob), [(int(i), float(p)) for i, p in top],
+                          self._logprobs_of(logits)), reason
+
+    def _logprobs_of(self, logits: npt.NDArray[np.float32]) -> tuple[float, ...]:
+        """The request's probs_of tokens' log-probabilities under the raw logits (log-softmax in
+        float64, as n_probs' alternatives are without a bias or temperature)."""
+        ids = self.req.probs_of
+        if not ids:
+            return ()
+        row = logits.astype(np.float64)
+        top = float(row.max())
+        lse = top + float(np.log(np.exp(row - top).sum()))
+        return tuple(float(row[i]) - lse for i in ids)
 
     def _sample_fitting(self, logits: npt.NDArray[np.float32], mask: npt.NDArray[np.uint8],
                         left: int) -> tuple[int, float, list[tuple[int, float]]]:

@@ -56,6 +56,9 @@ class GenerationRequest:
     ignore_eos: bool = False  # end-of-generation tokens get a -inf bias (llama-server's ignore_eos)
     grammar: Grammar | None = None  # every token keeps the text in this grammar's language
     draft_max: int | None = None  # most drafted tokens per pass (0: no drafting; None: the engine's)
+    # these tokens' log-probabilities at each step (TokenEvent.probs_of): the raw distribution's, as
+    # n_probs' (the decision API reads the next token's over its options' letters)
+    probs_of: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class TokenEvent:
     text: str
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    probs_of: tuple[float, ...] = ()  # GenerationRequest.probs_of's log-probabilities, in its order
 
 
 @dataclass
