@@ -265,6 +265,7 @@ class Scheduler:
             elif s.task is not None and s.task.n_gen and s.task.sink.ending:
                 self._finish(s, STOP)
         with self._lock:
+            self._end_prefills()
             self._park_unread()
             self._admit()
         # a generating request whose reader is behind pauses: no token for it this step
@@ -297,6 +298,37 @@ class Scheduler:
                 self._give_back(s)
                 self.parked.append(held)
 
+    def _end_prefills(self) -> None:
+        """A prefill yields: every one ends when another request waits for a slot, and all but the
+        newest when there are several. Each answers with what it read so far."""
+        prefills = [t for t in self._queue if t.req.prefill and not t.cancelled]
+        prefills += [s.task for s in self.slots if s.task is not None and s.task.req.prefill]
+        if not prefills:
+            return
+        other = any(not t.req.prefill and not t.cancelled for t in self._queue)
+        newest = max(t.id for t in prefills)
+        for t in prefills:
+            if not (other or t.id != newest):
+                continue
+            slot = next((s for s in self.slots if s.task is t), None)
+            if slot is not None:
+                self._finish_prefill(slot)
+            else:
+                self._queue.remove(t)
+                t.sink.push(FinishEvent(STOP, None, t.n_prompt, 0, 0, Timings()))
+
+    def _finish_prefill(self, s: Slot) -> None:
+        """A prefill's end: its full blocks are in the prefix cache (the slot gives them back)."""
+        t = self._task(s)
+        n_cached = t.n_cached or 0
+        end = time.perf_counter()
+        timings = Timings(cached_n=n_cached, prompt_n=max(t.n_past - n_cached, 0),
+                          prompt_s=max(end - t.t_admit, 0.0), queue_s=max(t.t_admit - t.t_submit, 0.0),
+                          cache_miss=t.cache_miss)
+        t.sink.push(FinishEvent(STOP, None, t.n_prompt, n_cached, 0, timings,
+                                prefilled=t.n_registered * self.block_size))
+        self._release(s, keep=False)
+
     def _admit(self) -> None:
         waiting: list[Task] = []  # tasks that wait for a running slot's prompt: back at the head after
         try:
@@ -314,6 +346,14 @@ class Scheduler:
             if self._prefix_coming(task):
                 waiting.append(self._queue.popleft())
                 continue
+            if task.req.prefill and task.n_cached is None:
+                # only whole blocks outlive the slot: a prefill reads up to the last one
+                task.n_prompt = len(task.tokens) // self.block_size * self.block_size
+                del task.tokens[task.n_prompt:]
+                if task.n_prompt == 0:
+                    self._queue.popleft()
+                    task.sink.push(FinishEvent(STOP, None, 0, 0, 0, Timings()))
+                    continue
             slot = self._pick(free, task)
             n_hit = self._reuse(slot, task)
             need = len(task.tokens) - n_hit
@@ -575,7 +615,7 @@ class Scheduler:
                 sampled.append(s)
             else:
                 toks[i:i + n] = t.tokens[t.n_past:t.n_past + n]
-                if t.n_past + n == len(t.tokens):
+                if t.n_past + n == len(t.tokens) and not t.req.prefill:
                     want[i + n - 1] = True
                     sampled.append(s)
             pos[i:i + n] = np.arange(t.n_past, t.n_past + n, dtype=np.int32)
@@ -610,6 +650,9 @@ class Scheduler:
         if self.draft_model is not None:  # the draft model's sequences read the prompts too
             self.draft_model.follow([(s.id, t.tokens, t.n_past) for s, _ in plan
                                      if (t := self._task(s)).drafter is not None and t.n_gen == 0])
+        for s, _ in plan:
+            if (t := self._task(s)).req.prefill and t.n_past == len(t.tokens):
+                self._finish_prefill(s)  # read: its blocks go to the prefix cache
         row = 0
         for s in sampled:
             t = self._task(s)

@@ -59,6 +59,10 @@ class GenerationRequest:
     # these tokens' log-probabilities at each step (TokenEvent.probs_of): the raw distribution's, as
     # n_probs' (the decision API reads the next token's over its options' letters)
     probs_of: tuple[int, ...] = ()
+    # read the prompt into the prefix cache and generate nothing (POST /v1/prefill): its whole KV
+    # blocks only; it yields to every other request (ended, with a FinishEvent, at the next step
+    # after one is queued) and to a newer prefill
+    prefill: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,7 @@ class FinishEvent:
     completion_tokens: int
     timings: Timings = field(default_factory=Timings)
     steered: bool = False
+    prefilled: int = 0  # a prefill's: its prompt's tokens the prefix cache holds, in whole blocks, as far as it read
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,24 @@ class ChatRequest(Conversation):
     top_logprobs: int
     cache_prompt: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def cut_last_word(text: str) -> str:
+    """text up to the whitespace before its last word (which may still grow)."""
+    body = text.rstrip()
+    i = max(body.rfind(" "), body.rfind("\n"), body.rfind("\t"))
+    return body[:i] if i > 0 else ""
+
+
+def without_last_word(conv: ChatRequest) -> ChatRequest:
+    """conv with its last message (or its assistant prefill) cut before its last word: the part
+    of a prompt still being typed that its next keystrokes cannot change."""
+    if conv.prefill is not None:
+        return dataclasses.replace(conv, prefill=cut_last_word(conv.prefill))
+    last = dict(conv.messages[-1])
+    if isinstance(last.get("content"), str):
+        last["content"] = cut_last_word(last["content"])
+    return dataclasses.replace(conv, messages=[*conv.messages[:-1], last])
 
 
 def parse_chat_request(body: Any) -> ChatRequest:

@@ -13,6 +13,7 @@ from bubo.api import fields as f
 from bubo.api import jsonout, offload, pipeline
 from bubo.api import openapi as oa
 from bubo.api.errors import ApiError, StreamShape, stream_error
+from bubo.api.llamacpp.shapes import timings_json
 from bubo.api.openai import chat as ch
 from bubo.api.openai import completions as cm
 from bubo.api.openai import responses as rs
@@ -21,6 +22,7 @@ from bubo.api.request import (
     config,
     debug_mem_available,
     json_body,
+    optional_model,
     resolve_model,
     response_store,
     runtime_of,
@@ -85,6 +87,45 @@ def chat_completions() -> Any:
         yield "[DONE]"
 
     return sse_response(chunks(), stream=stream)
+
+
+# --- prefill -------------------------------------------------------------------------------
+
+
+def _prefill_doc(d: oa.Doc) -> oa.Op:
+    ok = oa.obj({"object": oa.const("prefill"), "cached_tokens": oa.NAT, "timings": oa.ref("Timings")},
+                ["object", "cached_tokens", "timings"])
+    return oa.Op({
+        "operationId": "prefill", "summary": "Read a conversation into the cache while its last message is typed",
+        "tags": ["OpenAI"],
+        "requestBody": oa.body(oa.chat_request(d.model_field(), model_required=False), d.chat_example()),
+        "responses": {"200": {"description": "Done, or ended by a newer prefill or by a request; cached_tokens: "
+                                             "the conversation's tokens the cache now holds, as far as it read",
+                              "content": {oa.JSON: {"schema": ok}}}},
+    }, oa.GEN_ERRORS)
+
+
+@oa.route(blueprint, "/v1/prefill", "/prefill", methods=("POST",), doc=_prefill_doc)
+def prefill() -> Any:
+    """The body of the chat completion that will follow, its last message still being typed: the
+    prompt up to just before that message's last word is read into the prefix cache (whole blocks,
+    on a free slot), so that the completion reads only what is new. It answers once read, or as
+    soon as a newer prefill or any other request comes in (at the end of the batch it is in)."""
+    body = json_body()
+    model = optional_model(body)
+    req = offload.run(ch.parse_chat_request, body, what="reading the request's fields")
+    engine = use_model(model)
+    rt = runtime_of(engine)
+    specials = config().allow_special_in_content
+    full = pipeline.prepare(rt, req, specials).prompt.tokens
+    cut = pipeline.prepare(rt, ch.without_last_word(req), specials).prompt.tokens
+    n = 0  # what the last word, whatever it grows into, cannot change
+    while n < min(len(full), len(cut)) and full[n] == cut[n]:
+        n += 1
+    out = pipeline.collect(pipeline.submit(engine, GenerationRequest(full[:n], prefill=True),
+                                           debug_mem_available()), None)
+    fin = out.finished
+    return jsonify(object="prefill", cached_tokens=fin.prefilled, timings=timings_json(fin.timings))
 
 
 # --- completions ---------------------------------------------------------------------------
