@@ -11,7 +11,8 @@ from client import call_json
 pytestmark = pytest.mark.models
 
 BLOCK = 32
-DOC = " ".join(f"Line {i}: the river ferryman works near the old mill and sells bread to travellers." for i in range(40))
+DOC = " ".join(f"Line {i}: the river ferryman works near the old mill and sells bread to travellers."
+               for i in range(40))
 
 
 def chat(base_url, messages, **kw):
