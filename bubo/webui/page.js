@@ -812,6 +812,23 @@
     $("input").focus();
   }
 
+  // While the user types, the conversation so far is read into the server's cache (POST
+  // /v1/prefill, 600 ms after the last keystroke): the answer then reads only what is new. The
+  // body is the one send() will make; the server stops a prefill as soon as a request comes.
+  let prefillTimer = null;
+  function prefillSoon() {
+    clearTimeout(prefillTimer);
+    prefillTimer = setTimeout(() => {
+      const text = $("input").value;
+      if (streaming || text.trim().split(/\s+/).length < 3) return;
+      const c = conv() || {model: $("model").value || null, settings: Object.assign({}, CFG.defaults), leaf: null};
+      const full = [text, ...attached.map(fenced)].filter(Boolean).join("\n\n");
+      let body;
+      try { body = requestBody(c, [...(c.leaf ? path(c) : []), {role: "user", content: full}]); } catch (e) { return; }
+      fetch("/v1/prefill", {method: "POST", headers: headers(), body: JSON.stringify(body)}).catch(() => {});
+    }, 600);
+  }
+
   function grow() {
     const t = $("input");
     t.style.height = "auto";
@@ -841,6 +858,7 @@
       }
     });
     $("input").addEventListener("input", grow);
+    $("input").addEventListener("input", prefillSoon);
     document.addEventListener("keydown", (e) => {
       if (e.key !== "Escape") return;
       if (streaming) { e.preventDefault(); streaming.controller.abort(); }

@@ -263,3 +263,12 @@ def test_the_page_loads_nothing_but_from_the_server(page, srv):
     assert '"temperature": 0' in html and '"max_tokens": 48' in html  # --ui-config's defaults
     severe = [e for e in page.get_log("browser") if e["level"] == "SEVERE"]
     assert not severe, severe
+
+
+def test_typing_reads_the_conversation_into_the_servers_cache(page, srv):
+    before = len(srv.log)
+    page.find_element(By.ID, "input").send_keys("Tell me three short facts about the river ferryman who sells")
+    # 600 ms after the last keystroke the page sends POST /v1/prefill (the request log's line)
+    wait(page, lambda d: any("POST /v1/prefill 200" in line for line in srv.log[before:]), timeout=15)
+    line = next(line for line in srv.log[before:] if "POST /v1/prefill" in line)
+    assert "generated=0" in line and f"model={QWEN}" in line
