@@ -124,6 +124,14 @@ class KVCache:
         """Keep the first n tokens; ValueError when the sliding-window layers already dropped a
         position the next token would attend to (n = 0 always works)."""
     def fork(self, src: int, dst: int) -> None: ...
+    def seq_bytes(self, n: int) -> int:
+        """Bytes export_rows gives for n tokens (whole blocks of every layer's K and V)."""
+    def export_rows(self, seq: int, n: int) -> bytes:
+        """The K and V rows of seq's first n tokens (slot files). ValueError for a cache with
+        sliding-window layers."""
+    def import_rows(self, seq: int, n: int, data: bytes) -> None:
+        """Fill the empty sequence seq with n tokens' rows from export_rows' bytes. ValueError for
+        the wrong size or a sequence not empty, MemoryError without room; nothing changes then."""
     def free(self, seq: int) -> None: ...
     def prefix_attach(self, seq: int, tokens: npt.ArrayLike) -> int:
         """Start the empty sequence seq with the longest run of cached full blocks that begins

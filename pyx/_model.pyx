@@ -337,6 +337,35 @@ cdef class KVCache:
         cdef bubo_err err
         check_status(bubo_kv_fork(self.kv, src, dst, &err), &err, None)
 
+    def seq_bytes(self, int n):
+        """Bytes export_rows gives for n tokens (whole blocks of every layer's K and V)."""
+        return bubo_kv_seq_bytes(self.kv, n)
+
+    def export_rows(self, int seq, int n):
+        """The K and V rows of seq's first n tokens, as bytes (slot files). ValueError for a
+        cache with sliding-window layers (they keep only their window)."""
+        cdef size_t size = bubo_kv_seq_bytes(self.kv, n) if n > 0 else 0
+        out = bytearray(size)
+        cdef unsigned char[::1] view = out if size else bytearray(1)
+        cdef bubo_err err
+        cdef bubo_status st
+        with nogil:
+            st = bubo_kv_seq_export(self.kv, seq, n, &view[0], size, &err)
+        check_status(st, &err, None)
+        return bytes(out)
+
+    def import_rows(self, int seq, int n, const unsigned char[::1] data):
+        """Fill the empty sequence seq with n tokens' rows from export_rows' bytes (of a cache of
+        the same model and types). ValueError for the wrong size or a sequence not empty,
+        MemoryError without room; nothing changes then."""
+        cdef size_t size = data.shape[0]
+        cdef const unsigned char *p = &data[0] if size else NULL
+        cdef bubo_err err
+        cdef bubo_status st
+        with nogil:
+            st = bubo_kv_seq_import(self.kv, seq, n, p, size, &err)
+        check_status(st, &err, None)
+
     def free(self, int seq):
         """Drop every token of seq."""
         cdef bubo_err err

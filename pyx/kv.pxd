@@ -55,6 +55,9 @@ cdef extern from "bubo/kv.h" nogil:
     int32_t bubo_kv_seq_n_blocks(const bubo_kv *kv, int seq, int swa)
     bubo_status bubo_kv_truncate(bubo_kv *kv, int seq, int32_t n, bubo_err *err)
     bubo_status bubo_kv_fork(bubo_kv *kv, int src, int dst, bubo_err *err)
+    size_t bubo_kv_seq_bytes(const bubo_kv *kv, int32_t n)
+    bubo_status bubo_kv_seq_export(const bubo_kv *kv, int seq, int32_t n, uint8_t *out, size_t cap, bubo_err *err)
+    bubo_status bubo_kv_seq_import(bubo_kv *kv, int seq, int32_t n, const uint8_t *inp, size_t len, bubo_err *err)
     bubo_status bubo_kv_clear(bubo_kv *kv, int seq, bubo_err *err)
     bubo_status bubo_kv_append_batch(bubo_kv *kv, int32_t n_tokens, const int32_t *seq_ids, const int32_t *pos,
                                      bubo_err *err)

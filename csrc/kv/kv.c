@@ -554,6 +554,74 @@ bubo_status bubo_kv_fork(bubo_kv *kv, int src, int dst, bubo_err *err) {
     return BUBO_OK;
 }
 
+/* --- a sequence's rows, out and in ------------------------------------------------------- */
+
+size_t bubo_kv_seq_bytes(const bubo_kv *kv, int32_t n) {
+    const kv_pool *pl = &kv->pools[POOL_GLOBAL];
+    return n <= 0 ? 0 : (size_t)blocks_for(kv, n) * pl->n_layer * (kv->block_bytes_k + kv->block_bytes_v);
+}
+
+static bubo_status check_rows(const bubo_kv *kv, int seq, int32_t n, bubo_err *err) {
+    if (check_seq(kv, seq, err)) return BUBO_ERR_INVALID;
+    if (has_swa(kv))
+        return bubo_set_err(err, BUBO_ERR_UNSUPPORTED,
+                            "a cache with sliding-window layers keeps only their window: its rows cannot be saved");
+    if (n <= 0 || n > kv->p.n_ctx)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "%d tokens: give 1 to %d", (int)n, (int)kv->p.n_ctx);
+    return BUBO_OK;
+}
+
+bubo_status bubo_kv_seq_export(const bubo_kv *kv, int seq, int32_t n, uint8_t *out, size_t cap, bubo_err *err) {
+    const bubo_status checked = check_rows(kv, seq, n, err);
+    if (checked) return checked;
+    if (n > kv->lens[seq])
+        return bubo_set_err(err, BUBO_ERR_INVALID, "sequence %d holds %d tokens, not %d", seq, (int)kv->lens[seq],
+                            (int)n);
+    if (cap < bubo_kv_seq_bytes(kv, n))
+        return bubo_set_err(err, BUBO_ERR_INVALID, "%zu bytes of room for %zu", cap, bubo_kv_seq_bytes(kv, n));
+    const kv_pool *pl = &kv->pools[POOL_GLOBAL];
+    const int32_t *table = table_of(kv, pl, seq);
+    const int32_t nb = blocks_for(kv, n);
+    for (int kind = 0; kind < 2; kind++) {
+        const size_t bb = kind ? kv->block_bytes_v : kv->block_bytes_k;
+        for (int il = 0; il < pl->n_layer; il++) {
+            const uint8_t *base = (kind ? pl->v : pl->k) + (size_t)il * pl->n_blocks * bb;
+            for (int32_t b = 0; b < nb; b++, out += bb) memcpy(out, base + (size_t)table[b] * bb, bb);
+        }
+    }
+    return BUBO_OK;
+}
+
+bubo_status bubo_kv_seq_import(bubo_kv *kv, int seq, int32_t n, const uint8_t *in, size_t len, bubo_err *err) {
+    const bubo_status checked = check_rows(kv, seq, n, err);
+    if (checked) return checked;
+    if (kv->lens[seq] != 0)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "sequence %d is not empty (%d tokens)", seq, (int)kv->lens[seq]);
+    if (len != bubo_kv_seq_bytes(kv, n))
+        return bubo_set_err(err, BUBO_ERR_INVALID, "%zu bytes for %d tokens: this cache's rows take %zu", len, (int)n,
+                            bubo_kv_seq_bytes(kv, n));
+    kv_pool *pl = &kv->pools[POOL_GLOBAL];
+    const int32_t nb = blocks_for(kv, n);
+    if (nb > free_capacity(kv, pl))
+        return bubo_set_err(err, BUBO_ERR_NOMEM, "KV cache: %d blocks needed, %lld free", (int)nb,
+                            (long long)free_capacity(kv, pl));
+    bubo_status st = commit(kv, pl, nb, err);
+    if (st) return st;
+    int32_t *table = table_of(kv, pl, seq);
+    for (int32_t b = 0; b < nb; b++) table[b] = take_block(kv, pl);
+    for (int kind = 0; kind < 2; kind++) {
+        const size_t bb = kind ? kv->block_bytes_v : kv->block_bytes_k;
+        for (int il = 0; il < pl->n_layer; il++) {
+            uint8_t *base = (kind ? pl->v : pl->k) + (size_t)il * pl->n_blocks * bb;
+            for (int32_t b = 0; b < nb; b++, in += bb) memcpy(base + (size_t)table[b] * bb, in, bb);
+        }
+    }
+    pl->first[seq] = 0;
+    kv->lens[seq] = n;
+    if (kv->px.on) prefix_seq_reset(kv, seq);
+    return BUBO_OK;
+}
+
 /* Blocks pool pl needs to add n_new[s] tokens to every sequence s (new blocks, plus a copy of a
  * shared, partly filled last block that will be written). */
 static int64_t blocks_needed(const bubo_kv *kv, const kv_pool *pl, const int32_t *n_new) {

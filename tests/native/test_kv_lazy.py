@@ -143,3 +143,34 @@ def test_reserve_takes_the_pool_ahead_of_use_up_to_the_context(smollm):
     grown = KVCache(smollm, 1000)
     np.testing.assert_array_equal(_decode_all(smollm, kv, p, 64), _decode_all(smollm, grown, p, 64))
 
+
+
+def test_rows_exported_and_imported_continue_as_the_original(smollm):
+    # a sequence's rows to bytes and back into another cache (slot files): the continuation's
+    # logits are the original's, bit for bit; the bytes are whole blocks of every layer's K and V
+    prompt = _prompt(smollm, 300)
+    kv = KVCache(smollm, 2048, n_seq_max=2)
+    smollm.decode(kv, prompt[:250], np.arange(250), [0] * 250, [False] * 250)
+    rows = kv.export_rows(0, 250)
+    assert len(rows) == kv.seq_bytes(250) == 8 * 32 * SMOLLM2_TOKEN_BYTES  # 250 tokens: 8 blocks
+    want = smollm.decode(kv, prompt[250:], np.arange(250, 300), [0] * 50, [True] * 50)
+
+    other = KVCache(smollm, 2048, n_seq_max=2)
+    other.import_rows(1, 250, rows)
+    assert other.seq_len(1) == 250 and other.blocks_in_use() == 8
+    assert other.export_rows(1, 250) == rows
+    got = smollm.decode(other, prompt[250:], np.arange(250, 300), [1] * 50, [True] * 50)
+    np.testing.assert_array_equal(got, want)
+    other._check()
+
+    # refused, changing nothing: a sequence not empty, bytes of the wrong size, a cache too small
+    with pytest.raises(ValueError, match="not empty"):
+        other.import_rows(1, 250, rows)
+    with pytest.raises(ValueError, match="bytes for 250 tokens"):
+        other.import_rows(0, 250, rows[:-1])
+    with pytest.raises(ValueError, match="holds 300 tokens"):
+        other.export_rows(1, 301)
+    small = KVCache(smollm, 128)
+    with pytest.raises(ValueError):
+        small.import_rows(0, 250, rows)
+    assert small.seq_len(0) == 0 and small.blocks_in_use() == 0

@@ -117,6 +117,15 @@ int32_t bubo_kv_seq_n_blocks(const bubo_kv *kv, int seq, int swa);
 bubo_status bubo_kv_truncate(bubo_kv *kv, int seq, int32_t n, bubo_err *err);
 /* dst becomes a copy of src sharing its blocks (dst's previous contents are released). */
 bubo_status bubo_kv_fork(bubo_kv *kv, int src, int dst, bubo_err *err);
+
+/* A sequence's rows, out and in (slot files). The bytes of the first n tokens: every layer's K
+ * blocks, then every layer's V blocks, whole blocks (blocks_for(n) per layer). Only a cache
+ * without a sliding-window pool (BUBO_ERR_UNSUPPORTED otherwise). Import fills an empty sequence
+ * (fresh blocks, its prefix registration started over) and fails, changing nothing, when the
+ * pool has no room or the bytes are not exactly seq_bytes(n). */
+size_t bubo_kv_seq_bytes(const bubo_kv *kv, int32_t n);
+bubo_status bubo_kv_seq_export(const bubo_kv *kv, int seq, int32_t n, uint8_t *out, size_t cap, bubo_err *err);
+bubo_status bubo_kv_seq_import(bubo_kv *kv, int seq, int32_t n, const uint8_t *in, size_t len, bubo_err *err);
 /* Release every block of seq. */
 bubo_status bubo_kv_clear(bubo_kv *kv, int seq, bubo_err *err);
 
