@@ -153,3 +153,16 @@ def run(fn: Callable[..., T], *args: Any, what: str, answer: bool = False, **kwa
     account = "bubo_answer_spent" if answer else "bubo_prepare_spent"
     spent: list[float] = g.setdefault(account, [0.0]) if has_request_context() else [0.0]
     return pool.run(fn, *args, what=what, spent=spent, **kwargs)
+
+
+def blocking(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) in gevent's thread pool when called from a greenlet of a monkey-patched process
+    (the server: the event loop must not wait for a disk); inline otherwise. Not charged to any
+    budget: for file I/O (stored responses, slot files), not for work a request's size makes costly."""
+    from gevent import monkey
+
+    hub = gevent.get_hub()
+    if gevent.getcurrent() is hub or not monkey.is_module_patched("socket"):
+        return fn(*args)
+    result: T = hub.threadpool.apply(fn, args)
+    return result

@@ -60,8 +60,23 @@ def server_config(args: ServeOptions, default_name: str | None = None) -> Server
         allow_copy=args.allow_copy,
         reasoning_format=args.reasoning_format,
         responses_max=args.responses_max,
+        slot_save_path=_slot_folder(args.slot_save_path),
         responses_path=str(store.home() / FILE_NAME),
     )
+
+
+def _slot_folder(path: str | None) -> str | None:
+    """--slot-save-path, made if missing; a path that cannot be a writable folder stops serve."""
+    if path is None:
+        return None
+    folder = os.path.abspath(path)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--slot-save-path {path}: cannot make that folder: {e.strerror or e}") from None
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--slot-save-path {path}: the folder is not writable")
+    return folder
 
 
 def sampling_defaults(args: ServeOptions) -> dict[str, Any]:

@@ -202,6 +202,9 @@ def build_parser() -> ArgParser:
                help="more host names clients may reach this server by (the Host header), comma-separated "
                     "(.example.com: it and every name under it; *: any); loopback names and IP addresses are "
                     "always allowed, and any name when the server has an API key")
+    p.add_flag("--slot-save-path", default=None, metavar="DIR",
+               help="the folder POST /slots/{id}?action=save writes slot files to, and action=restore reads them "
+                    "from (without it, slot actions are off)")
     p.add_flag("--responses-max", type=int, default=SERVE["responses_max"], metavar="N",
                help="stored responses (POST /v1/responses with store, the default) kept at most, in "
                     "$BUBO_HOME/responses.sqlite3; past it the least recently used go (0: store none)")

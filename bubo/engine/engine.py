@@ -41,7 +41,8 @@ import dataclasses
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
@@ -55,7 +56,7 @@ from bubo.engine.memory import (
     memory_short,
     reserve_small_cache,
 )
-from bubo.engine.streams import EmbedJob, EventStream, allocate_lock, start_new_thread
+from bubo.engine.streams import Call, EmbedJob, EventStream, allocate_lock, start_new_thread
 from bubo.engine.types import (
     ContextLengthError,
     EngineMetrics,
@@ -79,6 +80,7 @@ if TYPE_CHECKING:
     from bubo.runtime import Runtime
 
 log = logging.getLogger("bubo.engine")
+T = TypeVar("T")
 
 
 # an encoder's thread takes queued embeddings jobs together up to this many tokens (a job larger
@@ -203,6 +205,8 @@ class Engine:
         self._sched: Scheduler | None = None
         self.encoder = False  # an embedding model (known once loaded)
         self._jobs: collections.deque[EmbedJob] = collections.deque()
+        self._calls: collections.deque[Call] = collections.deque()  # run on the thread between steps
+        self._calls_closed = False  # the thread has ended: a call is refused
         self._started = False
         self._stopping = False
         self._n_open = 0  # streams submitted and not yet read to their end or cancelled
@@ -287,19 +291,54 @@ class Engine:
         sched = self._sched
         assert sched is not None
         while not self._stopping:
+            self._run_calls(sched)
             try:
                 worked = sched.step()
             except Exception as e:  # noqa: BLE001 - a bug in one step must not end the engine
                 log.exception("engine step failed")
                 sched.fail_all(ErrorEvent(Reason.INTERNAL, f"generation failed: {type(e).__name__}: {e}"))
                 worked = True
-            if not worked:
+            if not worked and not self._calls:
                 self._work.acquire()
         self.ready = False
         try:
             sched.close(ErrorEvent(Reason.SHUTTING_DOWN, self._stop_why))
         finally:
+            with self._lock:
+                calls = list(self._calls)
+                self._calls.clear()
+                self._calls_closed = True
+            for call in calls:
+                call.finish(error=NotReadyError(self._stop_why))
             self._release()
+
+    def _run_calls(self, sched: Scheduler) -> None:
+        with self._lock:
+            calls = list(self._calls)
+            self._calls.clear()
+        for call in calls:
+            try:
+                call.finish(call.fn(sched))
+            except Exception as e:  # noqa: BLE001 - the call's failure is its caller's answer
+                call.finish(error=e)
+
+    def call(self, fn: Callable[[Scheduler], T]) -> T:
+        """fn(scheduler) on the engine's thread between two steps (what the KV cache holds may
+        change only there): its value, or its exception raised here. The caller's greenlet waits
+        without blocking the hub. NotReadyError while loading or stopping."""
+        if self._stopping or self.stopped:
+            raise NotReadyError(f"the model {self.model_name} is being unloaded")
+        if not self.ready or self._sched is None:
+            raise self._not_ready()
+        job = Call(fn)
+        with self._lock:
+            closed = self._calls_closed
+            if not closed:
+                self._calls.append(job)
+        if closed:
+            job.finish(error=NotReadyError(self._stop_why))
+        self._signal()
+        return cast(T, job.result())
 
     def _serve_embeddings(self) -> None:
         """An encoder's thread: the queued embeddings jobs until stopped. Whatever is queued when

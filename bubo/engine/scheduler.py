@@ -147,6 +147,15 @@ class Slot:
     last: Task | None = None  # what the slot served last (shown while idle)
     held: list[int] = dataclasses.field(default_factory=list)  # what an idle slot's sequence holds (retain)
     used: float = 0.0  # when it last ended a request: the oldest held sequence goes first
+    kept: list[int] | None = None  # what a slot file restored into it (until its next request)
+
+
+class SlotError(ValueError):
+    """A slot file's operation that cannot be done: no such slot, or it is busy (busy True)."""
+
+    def __init__(self, message: str, busy: bool = False):
+        super().__init__(message)
+        self.busy = busy
 
 
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:
@@ -355,6 +364,7 @@ class Scheduler:
                     task.sink.push(FinishEvent(STOP, None, 0, 0, 0, Timings()))
                     continue
             slot = self._pick(free, task)
+            slot.kept = None
             n_hit = self._reuse(slot, task)
             need = len(task.tokens) - n_hit
             if need > self.kv.n_free_tokens:
@@ -822,6 +832,66 @@ class Scheduler:
             s.held = t.tokens[: t.n_past]  # exactly what the sequence holds
         else:
             self._clear(s)  # its indexed blocks stay in the prefix cache
+
+    # --- slot files (llama-server's POST /slots/{id}?action=...; on the stepping thread) ------
+
+    def _idle_slot(self, slot_id: int) -> Slot:
+        if not 0 <= slot_id < len(self.slots):
+            raise SlotError(f"there is no slot {slot_id}: this server has {len(self.slots)} "
+                            f"(0 to {len(self.slots) - 1})")
+        s = self.slots[slot_id]
+        if s.task is not None:
+            raise SlotError(f"slot {slot_id} is serving a request: try again once it is idle", busy=True)
+        return s
+
+    @staticmethod
+    def _slot_tokens(s: Slot) -> list[int]:
+        """What an idle slot holds for a client: what was restored into it, else its last
+        request's prompt and answer."""
+        if s.kept is not None:
+            return list(s.kept)
+        if s.held:
+            return list(s.held)
+        return list(s.last.tokens[: s.last.n_past]) if s.last is not None else []
+
+    def save_slot(self, slot_id: int) -> tuple[list[int], bytes]:
+        """(tokens, their K and V rows) of what the idle slot holds, as far as the KV cache holds
+        it: a server slot's sequence went to the prefix cache when its request ended, so its whole
+        blocks (what outlives a request) are what is saved."""
+        s = self._idle_slot(slot_id)
+        tokens = self._slot_tokens(s)
+        n = len(s.held) if s.held else self.kv.prefix_attach(s.id, tokens)
+        try:
+            rows = self.kv.export_rows(s.id, n) if n else b""
+        finally:
+            if not s.held:
+                self.kv.free(s.id)
+        return tokens[:n], rows
+
+    def restore_slot(self, slot_id: int, tokens: list[int], rows: bytes) -> int:
+        """Put tokens and their rows (save_slot's, of this model and cache) into the idle slot:
+        its whole blocks are indexed in the prefix cache, so a prompt that starts with them reads
+        only what follows. Returns how many tokens. Nothing changes when the rows are refused."""
+        s = self._idle_slot(slot_id)
+        self._clear(s)
+        if tokens:
+            self.kv.import_rows(s.id, len(tokens), rows)
+            self.kv.prefix_register(s.id, tokens)
+        if self.retain:
+            s.held = list(tokens)
+        else:
+            self.kv.free(s.id)  # its indexed blocks stay in the prefix cache
+        s.kept = list(tokens)
+        return len(tokens)
+
+    def erase_slot(self, slot_id: int) -> int:
+        """Forget what the idle slot holds; returns how many tokens that was (blocks other
+        requests share stay in the prefix cache)."""
+        s = self._idle_slot(slot_id)
+        n = len(self._slot_tokens(s))
+        self._clear(s)
+        s.kept, s.last = [], None
+        return n
 
     # --- introspection (any thread) ---------------------------------------------------------
 

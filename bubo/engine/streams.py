@@ -201,3 +201,47 @@ class EmbedJob:
             raise self._error
         assert self._vectors is not None
         return self._vectors
+
+
+class Call:
+    """A function to run on an engine's thread between two steps (a slot saved to or restored
+    from a file): the thread runs it with the scheduler and wakes the greenlet waiting in
+    result(), which returns its value or raises its exception."""
+
+    def __init__(self, fn: Callable[..., object]):
+        self.fn = fn
+        self._value: object = None
+        self._error: BaseException | None = None
+        self._done = False
+        self._closed = False
+        self._lock = allocate_lock()
+        self._wake = gevent.event.Event()
+        self._watcher = gevent.get_hub().loop.async_()
+        self._watcher.start(self._wake.set)
+
+    def finish(self, value: object = None, error: BaseException | None = None) -> None:
+        """The engine's side (the first one counts)."""
+        with self._lock:
+            if self._done:
+                return
+            self._value, self._error, self._done = value, error, True
+            if not self._closed:
+                self._watcher.send()
+
+    def result(self) -> object:
+        """The caller's side: wait (without blocking the hub) for the value, or raise the error."""
+        try:
+            while True:
+                self._wake.clear()
+                with self._lock:
+                    if self._done:
+                        break
+                self._wake.wait()
+        finally:
+            with self._lock:
+                if not self._closed:
+                    self._closed = True
+                    self._watcher.close()
+        if self._error is not None:
+            raise self._error
+        return self._value

@@ -4,6 +4,7 @@ models, `model` picks one and the default model answers without it)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from flask import Blueprint
@@ -168,3 +169,92 @@ def _answer(req: nc.NativeRequest, model: str, engine: ServingEngine, rt: Runtim
             yield stream_error(StreamShape.OPENAI, e)
 
     return sse_response(chunks(), stream=stream)
+
+
+# --- slot files ------------------------------------------------------------------------------
+
+
+def _slot_action_doc(d: oa.Doc) -> oa.Op:
+    done = oa.obj({"id_slot": oa.NAT, "filename": oa.STR, "n_saved": oa.NAT, "n_written": oa.NAT,
+                   "n_restored": oa.NAT, "n_read": oa.NAT, "n_erased": oa.NAT,
+                   "timings": oa.obj({"save_ms": oa.number(0), "restore_ms": oa.number(0)})}, ["id_slot"])
+    errors: tuple[int, ...] = (400, 404, 409, 501, 503, 507)
+    return oa.Op({
+        "operationId": "slot_action", "summary": "Save a slot to a file, restore it, or erase it (llama-server)",
+        "tags": ["llama-server"],
+        "parameters": [{"name": "id_slot", "in": "path", "required": True, "schema": {"type": "integer"}},
+                       {"name": "action", "in": "query", "required": True,
+                        "schema": oa.enum("save", "restore", "erase")}, d.model_query()],
+        "requestBody": oa.body(oa.obj({"filename": oa.STR}, closed=False), {"filename": "chat.bin"}),
+        "responses": {"200": {"description": "n_saved and n_written; n_restored and n_read; or n_erased",
+                              "content": {oa.JSON: {"schema": done}}}},
+    }, errors)
+
+
+@oa.route(blueprint, "/slots/<int:id_slot>", "/v1/slots/<int:id_slot>", methods=("POST",), doc=_slot_action_doc)
+def slot_action(id_slot: int) -> Any:
+    """save: what the idle slot holds (its whole KV blocks) to FILENAME in --slot-save-path;
+    restore: a saved file's tokens and rows into the idle slot (and the prefix cache, so that a
+    prompt starting with them reads only what follows); erase: forget what the slot holds."""
+    import time
+
+    from flask import jsonify, request
+
+    from bubo.api.llamacpp import slotfile
+    from bubo.api.request import config
+    from bubo.engine.engine import Engine
+    from bubo.engine.scheduler import Scheduler, SlotError
+
+    folder = config().slot_save_path
+    if folder is None:
+        raise ApiError(501, "not_implemented", "slot files are off: start the server with --slot-save-path DIR")
+    action = request.args.get("action")
+    if action not in ("save", "restore", "erase"):
+        raise invalid(f"action must be save, restore or erase; got {action!r}")
+    body = json_body() if action != "erase" else {}
+    try:
+        name = slotfile.check_name(body.get("filename")) if action != "erase" else ""
+    except slotfile.SlotFileError as e:
+        raise invalid(str(e)) from None
+    engine = use_model(optional_model(body))
+    if not isinstance(engine, Engine) or engine.kv is None:
+        raise ApiError(501, "not_implemented", "slot files need the model's engine in this process")
+    kv = engine.kv
+
+    def on_engine(fn: Any) -> Any:
+        try:
+            return engine.call(fn)
+        except SlotError as e:
+            raise ApiError(409 if e.busy else 400, "slot_busy" if e.busy else "invalid_value", str(e)) from None
+
+    t0 = time.perf_counter()
+    if action == "erase":
+        n = on_engine(lambda s: s.erase_slot(id_slot))
+        return jsonify(id_slot=id_slot, n_erased=n)
+    path = Path(folder) / name
+    rt = runtime_of(engine)
+    layout = slotfile.Layout(offload.blocking(slotfile.model_sha256, rt.path), kv.block_size, kv.type, kv.type_v)
+    if action == "save":
+        def save(s: Scheduler) -> tuple[list[int], bytes]:
+            return s.save_slot(id_slot)
+        tokens, rows = on_engine(save)
+        try:
+            n_written = offload.blocking(slotfile.write, path, layout, tokens, rows)
+        except OSError as e:
+            raise ApiError(507 if e.errno == 28 else 500, "cannot_write",
+                           f"slot file {name!r} cannot be written: {e.strerror or e}") from None
+        return jsonify(id_slot=id_slot, filename=name, n_saved=len(tokens), n_written=n_written,
+                       timings={"save_ms": (time.perf_counter() - t0) * 1e3})
+    try:
+        tokens, rows, n_read = offload.blocking(slotfile.read, path, layout, kv.seq_bytes, kv.n_ctx)
+    except slotfile.SlotFileError as e:
+        raise ApiError(400, "invalid_slot_file", str(e)) from None
+    try:
+        n = on_engine(lambda s: s.restore_slot(id_slot, tokens, rows))
+    except MemoryError as e:
+        raise ApiError(507, "insufficient_memory",
+                       f"slot file {name!r} does not fit in the KV cache now: {e}") from None
+    except ValueError as e:
+        raise ApiError(400, "invalid_slot_file", f"slot file {name!r}: {e}") from None
+    return jsonify(id_slot=id_slot, filename=name, n_restored=n, n_read=n_read,
+                   timings={"restore_ms": (time.perf_counter() - t0) * 1e3})

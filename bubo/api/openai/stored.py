@@ -32,6 +32,8 @@ from typing import Any, TypeVar
 
 from gevent.monkey import get_original
 
+from bubo.api.offload import blocking
+
 log = logging.getLogger("bubo.api")
 T = TypeVar("T")
 
@@ -121,7 +123,7 @@ class ResponseStore:
                         raise
                     self._to_memory(e)
                     return fn(self._conn)
-        return _off_loop(locked)
+        return blocking(locked)
 
     # --- the records --------------------------------------------------------------------
 
@@ -173,21 +175,3 @@ class ResponseStore:
         with self._lock:
             self._conn.close()
 
-
-def _off_loop(fn: Callable[[], T]) -> T:
-    """fn in gevent's thread pool when called from a greenlet of a running hub (the server's
-    event loop must not wait for a disk); inline otherwise."""
-    import gevent
-
-    hub = gevent.get_hub()
-    if gevent.getcurrent() is hub or not _in_server():
-        return fn()
-    result: T = hub.threadpool.apply(fn)
-    return result
-
-
-def _in_server() -> bool:
-    """Whether this process serves on gevent's loop (monkey-patched: bubo serve)."""
-    from gevent import monkey
-
-    return bool(monkey.is_module_patched("socket"))
