@@ -53,6 +53,12 @@ BENCHMARKS: list[tuple[str, str, str]] = [
      "`benchmarks/bench_serve.py`: clients streaming from bubo and llama-server with the same slots, context "
      "and threads: aggregate tokens per second and time to first token, and prompts that share a long history "
      "or system prompt."),
+    ("bench_responses", "Continued conversations",
+     "`benchmarks/bench_responses.py`: a 10-turn conversation, time to first token per turn: bubo continuing "
+     "each turn with `previous_response_id` (only the new message is sent), bubo with the whole conversation "
+     "resent, and llama-server with it resent (its prefix cache on). One slot, the same GGUF, context and "
+     "threads; each server started afresh for its conversation. The ratio is llama-server's time over bubo's "
+     "with `previous_response_id`."),
     ("bench_embed", "Embeddings",
      "`benchmarks/bench_embed.py`: varied sentences through `/v1/embeddings`, bubo and llama-server "
      "`--embedding` on the same F16 GGUF and threads, one server at a time, alternating rounds."),

@@ -757,6 +757,7 @@ _STATUS_TEXT = {
          "bind address, loopback names, IP addresses and --host-allow), forbidden_origin (a request that changes "
          "something from a web page of another origin, its Origin header, that --cors does not allow).",
     404: "Code model_not_found: the model is not served here (the message names the served ones).",
+    409: "Code slot_busy: the slot is serving a request; try again once it is idle.",
     413: "Code request_too_large: the body is larger than the server's limit; the connection closes.",
     500: "Code internal_error: a bug (the message says which exception).",
     501: "Code not_implemented.",
@@ -765,7 +766,8 @@ _STATUS_TEXT = {
          "queue_full (Retry-After: 1), shutting_down (Retry-After: 5, Connection: close), no_slot_available, "
          "cancelled.",
     507: "Code insufficient_memory_permanent: the request needs more memory than this machine has "
-         "(insufficient_storage on /api/copy: the store's disk has no room for the copy).",
+         "(insufficient_storage on /api/copy: the store's disk has no room for the copy; cannot_write: a slot "
+         "file's disk is full).",
 }
 _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying again (memory, queue, shutdown)",
                                 "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
