@@ -124,6 +124,8 @@ class KVCache:
         """Keep the first n tokens; ValueError when the sliding-window layers already dropped a
         position the next token would attend to (n = 0 always works)."""
     def fork(self, src: int, dst: int) -> None: ...
+    def seq_shared_blocks(self, seq: int) -> int:
+        """seq's blocks that another sequence holds too (shared by a fork, copied when written)."""
     def seq_bytes(self, n: int) -> int:
         """Bytes export_rows gives for n tokens (whole blocks of every layer's K and V)."""
     def export_rows(self, seq: int, n: int) -> bytes:

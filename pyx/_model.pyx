@@ -337,6 +337,10 @@ cdef class KVCache:
         cdef bubo_err err
         check_status(bubo_kv_fork(self.kv, src, dst, &err), &err, None)
 
+    def seq_shared_blocks(self, int seq):
+        """seq's blocks that another sequence holds too (shared by a fork, copied when written)."""
+        return bubo_kv_seq_n_shared(self.kv, seq)
+
     def seq_bytes(self, int n):
         """Bytes export_rows gives for n tokens (whole blocks of every layer's K and V)."""
         return bubo_kv_seq_bytes(self.kv, n)

@@ -46,6 +46,7 @@ class ServerConfig:
     allow_copy: bool = False  # --allow-copy: /api/copy may copy a file where it cannot hard-link it
     reasoning_format: str = "auto"  # --reasoning-format: none leaves a model's <think> block in the content
     responses_max: int = DEFAULT_MAX_RECORDS  # --responses-max: stored responses kept at most
+    contexts_path: str | None = None  # where context snapshots go (bubo serve: $BUBO_HOME/contexts)
     slot_save_path: str | None = None  # --slot-save-path: the folder of slot files (None: slot actions are off)
     responses_path: str | None = None  # their SQLite file (bubo serve: $BUBO_HOME's); None: in memory
 

@@ -61,6 +61,7 @@ def server_config(args: ServeOptions, default_name: str | None = None) -> Server
         reasoning_format=args.reasoning_format,
         responses_max=args.responses_max,
         slot_save_path=_slot_folder(args.slot_save_path),
+        contexts_path=str(store.home() / "contexts"),
         responses_path=str(store.home() / FILE_NAME),
     )
 

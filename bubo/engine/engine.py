@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import numpy as np
 
 from bubo import cpus
+from bubo.engine.contexts import MAX_CONTEXTS
 from bubo.engine.draft import DEFAULT_DRAFT, DraftConfig, DraftModel
 from bubo.engine.memory import (
     KV_TYPES,
@@ -484,7 +485,8 @@ class Engine:
         # swa_full: every layer keeps every block, so that a cached prefix is whole for the
         # sliding-window layers too (their window pool would have released the blocks a later
         # request needs); it costs gemma3 the window layers' share of the context's memory
-        self.kv = KVCache(runtime.native, self.n_ctx, n_seq_max=self.n_parallel, swa_full=True,
+        # the sequences past the slots' are contexts (bubo.engine.contexts): a block table each
+        self.kv = KVCache(runtime.native, self.n_ctx, n_seq_max=self.n_parallel + MAX_CONTEXTS, swa_full=True,
                           type=self.cache_type_k, type_v=self.cache_type_v)
         reserve_small_cache(self.kv, self.n_ctx, self._load_mem_available)
         draft_model = None

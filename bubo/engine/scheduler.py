@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from bubo.engine.contexts import Contexts
 from bubo.engine.draft import (
     MODEL_PRIOR,
     PROBE_EVERY,
@@ -201,6 +202,8 @@ class Scheduler:
         self.retain = retain
         self.block_size = kv.block_size
         self.slots = [Slot(i) for i in range(n_slots)]
+        # the cache's sequences past the slots' are contexts (bubo.engine.contexts)
+        self.contexts = Contexts(kv, n_slots) if kv.n_seq_max > n_slots else None
         self._queue: collections.deque[Task] = collections.deque()
         # requests whose readers left their events unread while others waited for a slot: out of
         # their slots (their blocks in the prefix cache) until read, then queued again at the head
@@ -295,6 +298,7 @@ class Scheduler:
         for t in list(self.parked):
             if t.cancelled:
                 self.parked.remove(t)
+                self._ended(t)
             elif not t.sink.backlogged:
                 self.parked.remove(t)
                 self._queue.appendleft(t)
@@ -334,6 +338,7 @@ class Scheduler:
         timings = Timings(cached_n=n_cached, prompt_n=max(t.n_past - n_cached, 0),
                           prompt_s=max(end - t.t_admit, 0.0), queue_s=max(t.t_admit - t.t_submit, 0.0),
                           cache_miss=t.cache_miss)
+        self._keep(s, t)
         t.sink.push(FinishEvent(STOP, None, t.n_prompt, n_cached, 0, timings,
                                 prefilled=t.n_registered * self.block_size))
         self._release(s, keep=False)
@@ -350,7 +355,7 @@ class Scheduler:
         while free and self._queue:
             task = self._queue[0]
             if task.cancelled:
-                self._queue.popleft()
+                self._ended(self._queue.popleft())
                 continue
             if self._prefix_coming(task):
                 waiting.append(self._queue.popleft())
@@ -365,6 +370,7 @@ class Scheduler:
                     continue
             slot = self._pick(free, task)
             slot.kept = None
+            self._start_from_context(slot, task)
             n_hit = self._reuse(slot, task)
             need = len(task.tokens) - n_hit
             if need > self.kv.n_free_tokens:
@@ -445,6 +451,17 @@ class Scheduler:
                     pass
             self._clear(slot)
         return self.kv.prefix_attach(slot.id, task.tokens[:last])
+
+    def _start_from_context(self, slot: Slot, task: Task) -> None:
+        """A request that starts from a context: its slot's sequence becomes the context's (shared
+        blocks), held so that _reuse keeps what agrees with the prompt."""
+        seq = task.req.context
+        ctx = self.contexts.by_seq(seq) if seq is not None and self.contexts is not None else None
+        if ctx is None or ctx.spilled is not None or not ctx.tokens or task.n_cached is not None:
+            return
+        self._clear(slot)
+        self.kv.fork(ctx.seq, slot.id)
+        slot.held = list(ctx.tokens)
 
     def _clear(self, slot: Slot) -> None:
         """Empty slot's sequence: its indexed blocks stay in the prefix cache."""
@@ -625,7 +642,7 @@ class Scheduler:
                 sampled.append(s)
             else:
                 toks[i:i + n] = t.tokens[t.n_past:t.n_past + n]
-                if t.n_past + n == len(t.tokens) and not t.req.prefill:
+                if t.n_past + n == len(t.tokens) and not (t.req.prefill or t.req.read_only):
                     want[i + n - 1] = True
                     sampled.append(s)
             pos[i:i + n] = np.arange(t.n_past, t.n_past + n, dtype=np.int32)
@@ -661,7 +678,7 @@ class Scheduler:
             self.draft_model.follow([(s.id, t.tokens, t.n_past) for s, _ in plan
                                      if (t := self._task(s)).drafter is not None and t.n_gen == 0])
         for s, _ in plan:
-            if (t := self._task(s)).req.prefill and t.n_past == len(t.tokens):
+            if ((t := self._task(s)).req.prefill or t.req.read_only) and t.n_past == len(t.tokens):
                 self._finish_prefill(s)  # read: its blocks go to the prefix cache
         row = 0
         for s in sampled:
@@ -758,9 +775,15 @@ class Scheduler:
         c = self.counters
         c["tokens_predicted_total"] += t.n_gen
         c["tokens_predicted_seconds_total"] += timings.predicted_s
+        self._keep(s, t)
         t.sink.push(FinishEvent(reason, t.gen.stop_string, t.n_prompt, t.n_cached or 0, t.n_gen, timings,
                                  steered=t.gen.steered))
         self._release(s)
+
+    def _keep(self, s: Slot, t: Task) -> None:
+        """A request with keep: its context becomes what its sequence holds now."""
+        if t.req.keep is not None and self.contexts is not None:
+            self.contexts.kept(t.req.keep, t.tokens[: t.n_past], s.id)
 
     def _finish_full(self, s: Slot) -> None:
         """The cache cannot hold this sequence's next tokens even alone."""
@@ -792,9 +815,13 @@ class Scheduler:
             if s.task is not None:
                 self._fail(s, event)
         while queued and self._queue:
-            self._queue.popleft().sink.push(event)
+            t = self._queue.popleft()
+            self._ended(t)
+            t.sink.push(event)
         while queued and self.parked:
-            self.parked.pop().sink.push(event)
+            t = self.parked.pop()
+            self._ended(t)
+            t.sink.push(event)
 
     def reset(self) -> None:
         """Forget every task and empty every sequence (after an exception the caller re-raises:
@@ -823,8 +850,16 @@ class Scheduler:
         t.draft = []
         s.task = None
 
+    def _ended(self, t: Task) -> None:
+        """A task is over, whichever way: the context it was writing (keep) is free again."""
+        if t.req.keep is not None and self.contexts is not None:
+            ctx = self.contexts.by_seq(t.req.keep)
+            if ctx is not None:
+                ctx.writer = False
+
     def _release(self, s: Slot, keep: bool = True) -> None:
         t = self._task(s)
+        self._ended(t)
         s.last = t
         s.used = time.perf_counter()
         s.task = None

@@ -63,6 +63,11 @@ class GenerationRequest:
     # blocks only; it yields to every other request (ended, with a FinishEvent, at the next step
     # after one is queued) and to a newer prefill
     prefill: bool = False
+    read_only: bool = False  # read the prompt (all of it) and generate nothing: a context's making
+    # a context's KV sequence (bubo.engine.contexts) the request starts from: its prompt begins
+    # with the context's tokens, whose rows are shared rather than read again
+    context: int | None = None
+    keep: int | None = None  # the context sequence this request's sequence becomes when it ends
 
 
 @dataclass(frozen=True)

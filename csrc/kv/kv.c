@@ -561,6 +561,15 @@ size_t bubo_kv_seq_bytes(const bubo_kv *kv, int32_t n) {
     return n <= 0 ? 0 : (size_t)blocks_for(kv, n) * pl->n_layer * (kv->block_bytes_k + kv->block_bytes_v);
 }
 
+int32_t bubo_kv_seq_n_shared(const bubo_kv *kv, int seq) {
+    if (seq < 0 || seq >= kv->p.n_seq_max) return 0;
+    const kv_pool *pl = &kv->pools[POOL_GLOBAL];
+    const int32_t *table = table_of(kv, pl, seq);
+    int32_t n = 0;
+    for (int32_t b = pl->first[seq]; b < blocks_for(kv, kv->lens[seq]); b++) n += pl->refs[table[b]] > 1;
+    return n;
+}
+
 static bubo_status check_rows(const bubo_kv *kv, int seq, int32_t n, bubo_err *err) {
     if (check_seq(kv, seq, err)) return BUBO_ERR_INVALID;
     if (has_swa(kv))

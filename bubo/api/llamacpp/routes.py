@@ -9,13 +9,13 @@ from typing import Any
 
 from flask import Blueprint
 
+from bubo.api import contexts, jsonout, offload, pipeline
 from bubo.api import fields as f
-from bubo.api import jsonout, offload, pipeline
 from bubo.api import openapi as oa
 from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.fields import invalid
 from bubo.api.llamacpp import completion as nc
-from bubo.api.request import debug_mem_available, json_body, optional_model, runtime_of, use_model, with_fields
+from bubo.api.request import json_body, optional_model, runtime_of, use_model, with_fields
 from bubo.api.sse import sse_response
 from bubo.chat.fim import fim_prompt, fim_tokens, no_fim
 from bubo.engine.protocol import ServingEngine
@@ -66,9 +66,10 @@ def completion() -> Any:
     model = optional_model(body)
     engine = use_model(model)
     rt = runtime_of(engine)
-    tokens = _tokens(rt, req.prompt)
+    tokens, ctx, claimed = contexts.continued(engine, rt, body, req.prompt, _tokens)
     # token ids are decoded for the answer once the engine has taken them (it checks them)
-    return _answer(req, model, engine, rt, tokens, req.prompt if isinstance(req.prompt, str) else None, draft_max)
+    return _answer(req, model, engine, rt, tokens, req.prompt if isinstance(req.prompt, str) else None, draft_max,
+                   ctx, claimed)
 
 
 def _infill_doc(d: oa.Doc) -> oa.Op:
@@ -127,12 +128,14 @@ def infill() -> Any:
 
 
 def _answer(req: nc.NativeRequest, model: str, engine: ServingEngine, rt: Runtime, tokens: list[int],
-            prompt_text: str | None, draft_max: int | None) -> Any:
-    """Generate from tokens and answer in /completion's shape (one object, or SSE chunks)."""
+            prompt_text: str | None, draft_max: int | None, ctx: dict[str, Any] | None = None,
+            claimed: str | None = None) -> Any:
+    """Generate from tokens and answer in /completion's shape (one object, or SSE chunks); ctx:
+    the request's context fields (bubo.api.contexts.continued)."""
     gen = GenerationRequest(tokens, req.params, req.n_predict, req.stop, req.n_probs, req.cache_prompt,
                             req.ignore_eos, pipeline.completion_grammar(req.output, rt),
-                            draft_max=draft_max)
-    stream = pipeline.submit(engine, gen, debug_mem_available())
+                            draft_max=draft_max, **(ctx or {}))
+    stream = contexts.submit(engine, gen, claimed)
     n_ctx = engine.n_ctx or 0
 
     def probs_of(ev: TokenEvent) -> dict[str, Any]:

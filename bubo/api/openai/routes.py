@@ -9,8 +9,8 @@ from typing import Any
 
 from flask import Blueprint, jsonify, request
 
+from bubo.api import contexts, jsonout, offload, pipeline
 from bubo.api import fields as f
-from bubo.api import jsonout, offload, pipeline
 from bubo.api import openapi as oa
 from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.llamacpp.shapes import timings_json
@@ -150,10 +150,10 @@ def completions() -> Any:
     draft_max = f.draft_max_of(body)
     engine = use_model(model)
     rt = runtime_of(engine)
-    tokens = pipeline.prompt_tokens(rt, req.prompt)
+    tokens, ctx, claimed = contexts.continued(engine, rt, body, req.prompt, pipeline.prompt_tokens)
     gen = GenerationRequest(tokens, req.params, req.max_tokens, req.stop, req.params.n_probs, req.cache_prompt,
-                            grammar=pipeline.completion_grammar(req.output, rt), draft_max=draft_max)
-    stream = pipeline.submit(engine, gen, debug_mem_available())
+                            grammar=pipeline.completion_grammar(req.output, rt), draft_max=draft_max, **ctx)
+    stream = contexts.submit(engine, gen, claimed)
     id, created = f.new_id("cmpl-"), f.now()
     try:  # token ids are decoded once the engine has checked them; a failure here frees the slot
         echo = (req.prompt if isinstance(req.prompt, str)

@@ -124,6 +124,8 @@ bubo_status bubo_kv_fork(bubo_kv *kv, int src, int dst, bubo_err *err);
  * (fresh blocks, its prefix registration started over) and fails, changing nothing, when the
  * pool has no room or the bytes are not exactly seq_bytes(n). */
 size_t bubo_kv_seq_bytes(const bubo_kv *kv, int32_t n);
+/* Global-pool blocks of seq that another sequence holds too (a fork's shared pages). */
+int32_t bubo_kv_seq_n_shared(const bubo_kv *kv, int seq);
 bubo_status bubo_kv_seq_export(const bubo_kv *kv, int seq, int32_t n, uint8_t *out, size_t cap, bubo_err *err);
 bubo_status bubo_kv_seq_import(bubo_kv *kv, int seq, int32_t n, const uint8_t *in, size_t len, bubo_err *err);
 /* Release every block of seq. */

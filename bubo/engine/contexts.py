@@ -1,0 +1,157 @@
+"""Contexts: KV sequences a model keeps between requests (POST /v1/contexts), named by id.
+
+The KV cache has more sequences than slots: a slot's are 0..n_slots-1, the contexts' the ones
+after. A context is made by a request that reads its prompt in a slot and forks the slot's
+sequence into the context's when it ends (GenerationRequest.keep); a request that starts from
+a context forks the context's sequence into its slot (GenerationRequest.context), so both hold
+the same blocks and only what either writes past them is new (kv.c copies a shared, partly
+filled last block when it is written). Forking a context is the same fork into another context's
+sequence: no block is copied. A context can be written to a file and its memory freed (spilled),
+and read back.
+
+Everything here runs on the engine's thread (the scheduler calls it at admission and at a
+request's end; the server through Engine.call)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from bubo._model import KVCache
+
+MAX_CONTEXTS = 64  # per model: each is one more sequence of the KV cache (a block table, no memory)
+
+
+class ContextError(ValueError):
+    """A context operation that cannot be done: unknown id (missing), in use by a request that
+    writes it (busy), or none left (full)."""
+
+    def __init__(self, message: str, *, missing: bool = False, busy: bool = False):
+        super().__init__(message)
+        self.missing, self.busy = missing, busy
+
+
+@dataclass
+class Context:
+    id: str
+    seq: int
+    created: int
+    parent: str | None = None
+    tokens: list[int] = field(default_factory=list)
+    writer: bool = False  # a request is making it, or moving it forward (save): not to be read or forked
+    spilled: str | None = None  # the file it was written to; its memory is free until read back
+
+
+class Contexts:
+    def __init__(self, kv: KVCache, first_seq: int):
+        self.kv = kv
+        self.by_id: dict[str, Context] = {}
+        self._free = list(range(kv.n_seq_max - 1, first_seq - 1, -1))  # a stack: the lowest first
+
+    def get(self, id: str) -> Context:
+        ctx = self.by_id.get(id)
+        if ctx is None:
+            raise ContextError(f"no context {id!r} on this model (deleted, or never made here)", missing=True)
+        return ctx
+
+    def new(self, parent: str | None = None) -> Context:
+        if not self._free:
+            raise ContextError(f"this model holds {MAX_CONTEXTS} contexts already: delete one first")
+        ctx = Context("ctx_" + uuid.uuid4().hex[:24], self._free.pop(), int(time.time()), parent)
+        self.by_id[ctx.id] = ctx
+        return ctx
+
+    def readable(self, id: str) -> Context:
+        """The context, in memory and not being written (to start from, fork or snapshot)."""
+        ctx = self.get(id)
+        if ctx.writer:
+            raise ContextError(f"context {id} is in use by a request that writes it: try again when it ends",
+                               busy=True)
+        if ctx.spilled is not None:
+            raise ContextError(f"context {id} is spilled to disk: read it back first", missing=False)
+        return ctx
+
+    def claim(self, id: str) -> Context:
+        """Mark the context as being written (a request with save); busy if it already is."""
+        ctx = self.readable(id)
+        ctx.writer = True
+        return ctx
+
+    def release(self, id: str) -> None:
+        ctx = self.by_id.get(id)
+        if ctx is not None:
+            ctx.writer = False
+
+    def fork(self, id: str, n: int) -> tuple[list[Context], float]:
+        """n children sharing the context's blocks; (them, the seconds the forks took)."""
+        parent = self.readable(id)
+        if n > len(self._free):
+            raise ContextError(f"{n} forks: this model has room for {len(self._free)} more contexts "
+                               f"(at most {MAX_CONTEXTS})")
+        t0 = time.perf_counter()
+        out = []
+        for _ in range(n):
+            child = self.new(parent.id)
+            self.kv.fork(parent.seq, child.seq)
+            child.tokens = list(parent.tokens)
+            out.append(child)
+        return out, time.perf_counter() - t0
+
+    def delete(self, id: str) -> Context:
+        ctx = self.get(id)
+        if ctx.writer:
+            raise ContextError(f"context {id} is in use by a request that writes it", busy=True)
+        self.kv.free(ctx.seq)
+        del self.by_id[id]
+        self._free.append(ctx.seq)
+        return ctx
+
+    def discard(self, id: str) -> None:
+        """Forget a context whose making failed (whether or not its request has ended)."""
+        ctx = self.by_id.pop(id, None)
+        if ctx is not None:
+            self.kv.free(ctx.seq)
+            self._free.append(ctx.seq)
+
+    def kept(self, seq: int, tokens: list[int], slot_seq: int) -> None:
+        """A request's end with keep: the context's sequence becomes the slot's (shared blocks)."""
+        ctx = next((c for c in self.by_id.values() if c.seq == seq), None)
+        if ctx is None:  # deleted meanwhile: nothing to keep
+            return
+        self.kv.fork(slot_seq, seq)
+        ctx.tokens = list(tokens)
+        ctx.spilled = None
+
+    def by_seq(self, seq: int) -> Context | None:
+        return next((c for c in self.by_id.values() if c.seq == seq), None)
+
+    def export(self, id: str) -> tuple[list[int], bytes]:
+        ctx = self.readable(id)
+        rows = self.kv.export_rows(ctx.seq, len(ctx.tokens)) if ctx.tokens else b""
+        return list(ctx.tokens), rows
+
+    def spill(self, id: str, path: str) -> None:
+        ctx = self.readable(id)
+        self.kv.free(ctx.seq)
+        ctx.spilled = path
+
+    def unspill(self, id: str, tokens: list[int], rows: bytes) -> Context:
+        ctx = self.get(id)
+        if ctx.spilled is None:
+            return ctx
+        if tokens:
+            self.kv.import_rows(ctx.seq, len(tokens), rows)
+        ctx.tokens, ctx.spilled = list(tokens), None
+        return ctx
+
+    def describe(self, ctx: Context) -> dict[str, Any]:
+        """llamay's context object."""
+        spilled = ctx.spilled is not None
+        return {"id": ctx.id, "object": "context", "parent": ctx.parent, "created": ctx.created,
+                "tokens": len(ctx.tokens), "pages": 0 if spilled else self.kv.seq_blocks(ctx.seq),
+                "shared_pages": 0 if spilled else self.kv.seq_shared_blocks(ctx.seq), "spilled": spilled}
+
+    def all(self) -> list[dict[str, Any]]:
+        return [self.describe(c) for c in sorted(self.by_id.values(), key=lambda c: (c.created, c.id))]
