@@ -50,7 +50,7 @@ _use_installed_build()
 from bubo._tokenizer import Detokenizer, Tokenizer
 from bubo.errors import BuboError, GGUFError, RequestError, UnsupportedError
 from bubo.gguf import GGUFFile, TensorInfo
-from bubo.llm import ChatCompletion, Completion, Model, ToolCall
+from bubo.llm import ChatCompletion, Completion, Context, Model, ToolCall
 
 __version__ = "0.1.0"
 
@@ -58,6 +58,7 @@ __all__ = [
     "BuboError",
     "ChatCompletion",
     "Completion",
+    "Context",
     "Detokenizer",
     "GGUFError",
     "GGUFFile",

@@ -43,6 +43,7 @@ from bubo._tokenizer import Tokenizer
 from bubo.chat import ChatTemplate
 from bubo.chat.parsers import Part, ToolCall
 from bubo.chat.request import assistant_message, chat_finish_reason
+from bubo.engine.contexts import Contexts
 from bubo.engine.draft import DEFAULT_DRAFT, MAX_DRAFT_PER_REQUEST, DraftConfig, DraftModel
 from bubo.engine.generation import LENGTH, StopMatcher, text_pieces
 from bubo.engine.types import (
@@ -74,6 +75,7 @@ __all__ = ["ChatCompletion", "ChatStream", "Completion", "Model", "StopMatcher",
 # prompt tokens per forward pass: large enough for the matrix-matrix kernels to pay off, small
 # enough that the activations stay modest (the server's -ub default)
 PREFILL_CHUNK = 512
+LIBRARY_CONTEXTS = 16  # Model.context: the KV cache's sequences after the slot's
 
 # the token stream -> text pieces rule the generation core follows (bubo.engine.generation)
 _text_stream = text_pieces
@@ -280,6 +282,46 @@ class _Loaded:
     sched: Scheduler | None
 
 
+class Context:
+    """A prompt read once and kept by its Model (Model.context, Model.load_context):
+    generate(..., context=c) continues it without reading it again. fork() makes another that
+    shares its KV rows (copied only where one of them writes); save(path) writes it to a file
+    Model.load_context reads back; close() frees it."""
+
+    def __init__(self, model: Model, id: str):
+        self.model = model
+        self.id = id
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self.model._contexts().get(self.id).tokens)
+
+    def __len__(self) -> int:
+        return len(self.model._contexts().get(self.id).tokens)
+
+    def fork(self) -> Context:
+        (child,), _ = self.model._contexts().fork(self.id, 1)
+        return Context(self.model, child.id)
+
+    def save(self, path: str | os.PathLike[str]) -> int:
+        """Write the context to path (a temporary name, then renamed); returns the bytes written."""
+        from pathlib import Path
+
+        from bubo.engine import slotfile
+
+        tokens, rows = self.model._contexts().export(self.id)
+        return slotfile.write(Path(path), self.model._layout(), tokens, rows)
+
+    def close(self) -> None:
+        """Free the context's memory (its forks keep theirs)."""
+        contexts = self.model._sched.contexts if not self.model.closed else None
+        if contexts is not None and self.id in contexts.by_id:
+            contexts.delete(self.id)
+
+    def __repr__(self) -> str:
+        return f"<bubo.Context {self.id} of {self.model.name}>"
+
+
 class Model:
     """A GGUF model ready to generate: `Model("smollm2:135m")` or `Model("/path/to/x.gguf")`.
 
@@ -333,7 +375,11 @@ class Model:
             self._loaded: _Loaded | None = _Loaded(runtime, None, None)
             return
         # swa_full=False: sliding-window layers (gemma3) keep only their window's blocks
-        kv = KVCache(runtime.native, self.n_ctx, swa_full=False, type=cache_type_k, type_v=cache_type_v)
+        # contexts (Model.context) are the cache's sequences after the slot's; a sliding-window cache
+        # commits its window pool per sequence, so it keeps none
+        n_seq = 1 if runtime.hparams.get("sliding_window") else 1 + LIBRARY_CONTEXTS
+        kv = KVCache(runtime.native, self.n_ctx, n_seq_max=n_seq, swa_full=False, type=cache_type_k,
+                     type_v=cache_type_v)
         if isinstance(draft, (str, os.PathLike)):
             draft = DraftConfig(model=str(draft))
         if not isinstance(draft, (bool, DraftConfig)):
@@ -459,11 +505,14 @@ class Model:
                  stop: str | Iterable[str] = (), grammar: str | Grammar | None = None,
                  json_schema: dict[str, Any] | bool | None = None, response_format: dict[str, Any] | None = None,
                  ignore_eos: bool = False, add_special: bool = True, parse_special: bool = False,
-                 draft_max: int | None = None, sampling: SamplingParams | None = None,
-                 **options: Unpack[SamplingOptions]) -> TextStream:
+                 draft_max: int | None = None, context: Context | None = None, save: bool = False,
+                 sampling: SamplingParams | None = None, **options: Unpack[SamplingOptions]) -> TextStream:
         """Stream the continuation of `prompt` (text, or token ids used as they are) as text
-        pieces. Stops at an end-of-generation token, at a stop string (which is not yielded,
-        nor anything after it) or after max_tokens (None: until the context is full).
+        pieces. context: a Context of this Model (Model.context) that the prompt continues (its
+        tokens first, their rows shared, not read again; text is then tokenized without BOS);
+        save: the context moves forward to the end of the answer. Stops at an end-of-generation
+        token, at a stop string (which is not yielded, nor anything after it) or after max_tokens
+        (None: until the context is full).
 
         Output constraints, one at most (as the server's /completion and /v1/completions):
         grammar (GBNF text, or a compiled bubo._grammar.Grammar), json_schema (a JSON Schema:
@@ -478,23 +527,31 @@ class Model:
         params = _sampling_params(sampling, options)
         n_probs = params.n_probs
         grammar = self._raw_grammar(grammar, json_schema, response_format)
-        ids = self._prompt_ids(prompt, add_special, parse_special)
-        return TextStream(self, self._start(self._request(ids, params, max_tokens, stop, n_probs, grammar, ignore_eos,
-                                                                 draft_max)))
+        if context is None:
+            if save:
+                raise ValueError("save=True needs a context to move forward")
+            ids = self._prompt_ids(prompt, add_special, parse_special)
+            return TextStream(self, self._start(self._request(ids, params, max_tokens, stop, n_probs, grammar,
+                                                              ignore_eos, draft_max)))
+        ctx = self._context_of(context)
+        ids = ctx.tokens + (self._prompt_ids(prompt, False, parse_special) if prompt else [])
+        req = self._request(ids, params, max_tokens, stop, n_probs, grammar, ignore_eos, draft_max)
+        req = dataclasses.replace(req, context=ctx.seq, keep=ctx.seq if save else None)
+        if save:
+            self._contexts().claim(ctx.id)
+        return TextStream(self, self._start(req))
 
     def complete(self, prompt: str | Sequence[int], *, max_tokens: int | None = 256,
                  stop: str | Iterable[str] = (), grammar: str | Grammar | None = None,
                  json_schema: dict[str, Any] | bool | None = None, response_format: dict[str, Any] | None = None,
                  ignore_eos: bool = False, add_special: bool = True, parse_special: bool = False,
-                 draft_max: int | None = None, sampling: SamplingParams | None = None,
-                 **options: Unpack[SamplingOptions]) -> Completion:
+                 draft_max: int | None = None, context: Context | None = None, save: bool = False,
+                 sampling: SamplingParams | None = None, **options: Unpack[SamplingOptions]) -> Completion:
         """generate(), collected: the text with why it ended (a Completion). The same keywords."""
-        params = _sampling_params(sampling, options)
-        n_probs = params.n_probs
-        grammar = self._raw_grammar(grammar, json_schema, response_format)
-        ids = self._prompt_ids(prompt, add_special, parse_special)
-        stream = TextStream(self, self._start(self._request(ids, params, max_tokens, stop, n_probs, grammar,
-                                                             ignore_eos, draft_max)))
+        stream = self.generate(prompt, max_tokens=max_tokens, stop=stop, grammar=grammar, json_schema=json_schema,
+                               response_format=response_format, ignore_eos=ignore_eos, add_special=add_special,
+                               parse_special=parse_special, draft_max=draft_max, context=context, save=save,
+                               sampling=sampling, **options)
         for _ in stream:
             pass
         return stream.completion()
@@ -666,6 +723,67 @@ class Model:
         assert prep.parser is not None  # a chat answer always has one
         req = self._request(prep.prompt.tokens, params, max_tokens, stop, n_probs, prep.grammar, draft_max=draft_max)
         return ChatStream(self, self._start(req), prep.parser)
+
+    # --- contexts ----------------------------------------------------------------------------
+
+    def context(self, prompt: str | Sequence[int], *, add_special: bool = True,
+                parse_special: bool = False) -> Context:
+        """Read prompt (text, or token ids) once and keep it: a Context that generate(...,
+        context=) continues without reading it again, that fork() shares, and that save() writes.
+        A Model keeps at most 16 (close() frees one); a model with sliding-window layers none."""
+        ids = self._prompt_ids(prompt, add_special, parse_special)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty: give some text or token ids")
+        contexts = self._contexts()
+        ctx = contexts.new()
+        ctx.writer = True
+        try:
+            stream = TextStream(self, self._start(GenerationRequest(ids, read_only=True, keep=ctx.seq)))
+            for _ in stream:
+                pass
+            stream.completion()
+        except BaseException:
+            contexts.discard(ctx.id)
+            raise
+        return Context(self, ctx.id)
+
+    def load_context(self, path: str | os.PathLike[str]) -> Context:
+        """A Context from a file Context.save() wrote (for this model and cache types); ValueError
+        naming what is wrong with any other file (another model, damaged, truncated)."""
+        from pathlib import Path
+
+        from bubo.engine import slotfile
+
+        kv = self._kv
+        tokens, rows, _ = slotfile.read(Path(path), self._layout(), kv.seq_bytes, self.n_ctx)
+        contexts = self._contexts()
+        ctx = contexts.new()
+        try:
+            if tokens:
+                kv.import_rows(ctx.seq, len(tokens), rows)
+        except BaseException:
+            contexts.discard(ctx.id)
+            raise
+        ctx.tokens = tokens
+        return Context(self, ctx.id)
+
+    def _contexts(self) -> Contexts:
+        self._generative()
+        contexts = self._sched.contexts
+        if contexts is None:
+            raise ValueError(f"{self.name} has sliding-window layers: its cache keeps no contexts")
+        return contexts
+
+    def _context_of(self, context: Context) -> Any:
+        if not isinstance(context, Context) or context.model is not self:
+            raise TypeError("context must be a Context of this Model (Model.context)")
+        return self._contexts().readable(context.id)
+
+    def _layout(self) -> Any:
+        from bubo.engine import slotfile
+
+        kv = self._kv
+        return slotfile.Layout(slotfile.model_sha256(str(self.path)), kv.block_size, kv.type, kv.type_v)
 
     # --- the one slot ----------------------------------------------------------------------
 

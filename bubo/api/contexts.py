@@ -27,8 +27,8 @@ from bubo.api import offload, pipeline
 from bubo.api import openapi as oa
 from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
-from bubo.api.llamacpp import slotfile
 from bubo.api.request import config, debug_mem_available, json_body, optional_model, runtime_of, use_model
+from bubo.engine import slotfile
 from bubo.engine.contexts import MAX_CONTEXTS, Context, ContextError, Contexts
 from bubo.engine.engine import Engine
 from bubo.engine.protocol import ServingEngine

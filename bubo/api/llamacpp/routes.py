@@ -203,8 +203,8 @@ def slot_action(id_slot: int) -> Any:
 
     from flask import jsonify, request
 
-    from bubo.api.llamacpp import slotfile
     from bubo.api.request import config
+    from bubo.engine import slotfile
     from bubo.engine.engine import Engine
     from bubo.engine.scheduler import Scheduler, SlotError
 

@@ -1,5 +1,6 @@
-"""Slot files (llama-server's POST /slots/{id}?action=save|restore): what a slot holds, its tokens
-and their K and V rows, in a file of the --slot-save-path folder.
+"""Slot files: a KV sequence's tokens and their K and V rows in a file (llama-server's POST
+/slots/{id}?action=save|restore in the --slot-save-path folder, context snapshots, and the
+library's Context.save / Model.load_context).
 
     BUBOSLOT | version (u32 LE) | header length (u32 LE) | header (UTF-8 JSON) | tokens (i32 LE) | rows
 
