@@ -143,6 +143,7 @@ class FakeKV:
     block_size = 32
     sliding_window = 0  # no sliding-window layers: a rollback (speculative decoding) always works
     swa_full = True
+    n_seq_max = 1  # one sequence, whatever it is asked for: no contexts
 
     def __init__(self, model, n_ctx, n_seq_max=1, block_size=32, type="f16", n_batch=512, swa_full=True,
                  type_v=None):
