@@ -17,6 +17,7 @@ forward is in use: reading, forking or snapshotting it then is a 409. Errors are
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from bubo.engine.engine import Engine
 from bubo.engine.protocol import ServingEngine
 from bubo.engine.scheduler import Scheduler
 from bubo.engine.types import GenerationRequest
+from bubo.runtime import Runtime
 
 blueprint = Blueprint("contexts", __name__)
 
@@ -114,8 +116,8 @@ def start(engine: ServingEngine, body: dict[str, Any]) -> tuple[list[int], int, 
     return tokens, seq, save
 
 
-def continued(engine: ServingEngine, rt: Any, body: dict[str, Any], prompt: str | list[int],
-              plain: Any) -> tuple[list[int], dict[str, Any], str | None]:
+def continued(engine: ServingEngine, rt: Runtime, body: dict[str, Any], prompt: str | list[int],
+              plain: Callable[[Runtime, Any], list[int]]) -> tuple[list[int], dict[str, Any], str | None]:
     """A raw completion's prompt tokens and its GenerationRequest's context fields: plain(rt,
     prompt) without a context_id; with one, the context's tokens, then the prompt's (text without
     BOS). The third item: the claimed context's id (save), to release if the request is refused."""
@@ -140,6 +142,15 @@ def submit(engine: ServingEngine, req: GenerationRequest, claimed: str | None) -
         if claimed is not None:
             release(engine, claimed)
         raise
+
+
+def not_on_chat(body: dict[str, Any]) -> None:
+    """A chat-shaped request with context_id: refused (a conversation's rendered prompt cannot
+    be split at a context), rather than ignored."""
+    if body.get("context_id") is not None:
+        raise invalid("context_id continues a context with raw text: send it to /v1/completions or /completion "
+                      "(make the context from messages with POST /v1/contexts, then continue it with an empty "
+                      "prompt)")
 
 
 def release(engine: ServingEngine, id: str) -> None:

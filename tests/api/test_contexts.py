@@ -128,3 +128,12 @@ def test_a_context_in_use_is_a_409_and_an_unknown_one_a_404(srv):
         assert status == 400, bad
     status, out = post(srv, "/v1/completions", {"model": "bubo", "prompt": "x", "context_id": 5})
     assert status == 400
+
+
+def test_chat_routes_refuse_a_context_id(srv):
+    msgs = [{"role": "user", "content": "Hi"}]
+    for path, body in (("/v1/chat/completions", {"model": "bubo", "messages": msgs}),
+                       ("/v1/responses", {"model": "bubo", "input": "Hi"}),
+                       ("/v1/messages", {"model": "bubo", "max_tokens": 4, "messages": msgs})):
+        status, out = post(srv, path, {**body, "context_id": "ctx_x"})
+        assert status == 400 and "/v1/completions" in json.dumps(out), path

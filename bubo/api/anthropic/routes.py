@@ -8,8 +8,8 @@ from typing import Any
 
 from flask import Blueprint, jsonify
 
+from bubo.api import contexts, offload, pipeline
 from bubo.api import fields as f
-from bubo.api import offload, pipeline
 from bubo.api import openapi as oa
 from bubo.api.anthropic import messages as am
 from bubo.api.errors import ApiError, StreamShape, stream_error
@@ -37,6 +37,7 @@ def _messages_doc(d: oa.Doc) -> oa.Op:
 def messages() -> Any:
     body = json_body()
     model = resolve_model(body)
+    contexts.not_on_chat(body)
     req = offload.run(am.parse_messages_request, body, what="reading the request's fields")
     _, prep, stream = pipeline.start_chat(use_model(model), req, stop=req.stop, mem_available=debug_mem_available(),
                                           specials_in_content=config().allow_special_in_content)

@@ -53,6 +53,7 @@ def _chat_doc(d: oa.Doc) -> oa.Op:
 def chat_completions() -> Any:
     body = json_body()
     model = resolve_model(body)
+    contexts.not_on_chat(body)
     req = offload.run(ch.parse_chat_request, body, what="reading the request's fields")
     draft_max = f.draft_max_of(body)
     rt, prep, stream = pipeline.start_chat(use_model(model), req, stop=req.stop, n_probs=req.params.n_probs,
@@ -223,6 +224,7 @@ def _responses_doc(d: oa.Doc) -> oa.Op:
 def responses() -> Any:
     body = json_body()
     model = resolve_model(body)
+    contexts.not_on_chat(body)
     prev_id = rs.previous_id(body)
     previous = _stored(prev_id) if prev_id is not None else None
     req = offload.run(rs.parse_responses_request, body, previous, what="reading the request's fields")
