@@ -318,6 +318,7 @@ class Engine:
             calls = list(self._calls)
             self._calls.clear()
         for call in calls:
+            assert call.fn is not None
             try:
                 call.finish(call.fn(sched))
             except Exception as e:  # noqa: BLE001 - the call's failure is its caller's answer

@@ -151,15 +151,16 @@ class EventStream:
             self._watcher.close()
 
 
-class EmbedJob:
-    """One embeddings request on its way through an encoder's engine thread: the thread runs it
-    and wakes the greenlet waiting in result(). A reader that stops waiting (its client went
-    away) cancels it: the thread skips it, or drops it between passes."""
+class Call:
+    """Work handed to an engine's thread, whose result a greenlet waits for without blocking the
+    hub: the thread calls finish() (a value, or the error), which wakes the greenlet waiting in
+    result(). A reader that stops waiting (its client went away) leaves it cancelled: the
+    thread may skip it. fn: a function of the scheduler to run between two steps (a slot saved
+    to or restored from a file); None for work the thread knows how to do (EmbedJob)."""
 
-    def __init__(self, seqs: list[list[int]], pooling: str | None, normalize: bool):
-        self.seqs, self.pooling, self.normalize = seqs, pooling, normalize
-        self.n_tokens = sum(len(s) for s in seqs)
-        self._vectors: np.ndarray | None = None
+    def __init__(self, fn: Callable[..., object] | None = None):
+        self.fn = fn
+        self._value: object = None
         self._error: BaseException | None = None
         self._done = False
         self._closed = False
@@ -173,17 +174,17 @@ class EmbedJob:
     def done(self) -> bool:
         return self._done
 
-    def finish(self, vectors: np.ndarray | None = None, error: BaseException | None = None) -> None:
+    def finish(self, value: object = None, error: BaseException | None = None) -> None:
         """The engine's side: the result, or why there is none (the first one counts)."""
         with self._lock:
             if self._done:
                 return
-            self._vectors, self._error, self._done = vectors, error, True
+            self._value, self._error, self._done = value, error, True
             if not self._closed:
                 self._watcher.send()
 
-    def result(self) -> np.ndarray:
-        """The reader's side: wait (without blocking the hub) for the vectors, or raise the error."""
+    def result(self) -> object:
+        """The reader's side: wait (without blocking the hub) for the value, or raise the error."""
         try:
             while True:
                 self._wake.clear()
@@ -199,49 +200,20 @@ class EmbedJob:
                     self._watcher.close()
         if self._error is not None:
             raise self._error
-        assert self._vectors is not None
-        return self._vectors
-
-
-class Call:
-    """A function to run on an engine's thread between two steps (a slot saved to or restored
-    from a file): the thread runs it with the scheduler and wakes the greenlet waiting in
-    result(), which returns its value or raises its exception."""
-
-    def __init__(self, fn: Callable[..., object]):
-        self.fn = fn
-        self._value: object = None
-        self._error: BaseException | None = None
-        self._done = False
-        self._closed = False
-        self._lock = allocate_lock()
-        self._wake = gevent.event.Event()
-        self._watcher = gevent.get_hub().loop.async_()
-        self._watcher.start(self._wake.set)
-
-    def finish(self, value: object = None, error: BaseException | None = None) -> None:
-        """The engine's side (the first one counts)."""
-        with self._lock:
-            if self._done:
-                return
-            self._value, self._error, self._done = value, error, True
-            if not self._closed:
-                self._watcher.send()
-
-    def result(self) -> object:
-        """The caller's side: wait (without blocking the hub) for the value, or raise the error."""
-        try:
-            while True:
-                self._wake.clear()
-                with self._lock:
-                    if self._done:
-                        break
-                self._wake.wait()
-        finally:
-            with self._lock:
-                if not self._closed:
-                    self._closed = True
-                    self._watcher.close()
-        if self._error is not None:
-            raise self._error
         return self._value
+
+
+class EmbedJob(Call):
+    """One embeddings request on its way through an encoder's engine thread: the thread runs it
+    and wakes the greenlet waiting in result(). A reader that stops waiting (its client went
+    away) cancels it: the thread skips it, or drops it between passes."""
+
+    def __init__(self, seqs: list[list[int]], pooling: str | None, normalize: bool):
+        super().__init__()
+        self.seqs, self.pooling, self.normalize = seqs, pooling, normalize
+        self.n_tokens = sum(len(s) for s in seqs)
+
+    def result(self) -> np.ndarray:
+        vectors = super().result()
+        assert isinstance(vectors, np.ndarray)
+        return vectors
