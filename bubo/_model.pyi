@@ -126,6 +126,8 @@ class KVCache:
     def fork(self, src: int, dst: int) -> None: ...
     def seq_shared_blocks(self, seq: int) -> int:
         """seq's blocks that another sequence holds too (shared by a fork, copied when written)."""
+    def seq_last_shared(self, seq: int) -> bool:
+        """Whether seq's last block is partly filled and shared (its next append copies it)."""
     def seq_bytes(self, n: int) -> int:
         """Bytes export_rows gives for n tokens (whole blocks of every layer's K and V)."""
     def export_rows(self, seq: int, n: int) -> bytes:

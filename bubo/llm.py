@@ -536,9 +536,8 @@ class Model:
         ctx = self._context_of(context)
         ids = ctx.tokens + (self._prompt_ids(prompt, False, parse_special) if prompt else [])
         req = self._request(ids, params, max_tokens, stop, n_probs, grammar, ignore_eos, draft_max)
+        # no claim: a Model runs one generation at a time, in the caller's thread
         req = dataclasses.replace(req, context=ctx.seq, keep=ctx.seq if save else None)
-        if save:
-            self._contexts().claim(ctx.id)
         return TextStream(self, self._start(req))
 
     def complete(self, prompt: str | Sequence[int], *, max_tokens: int | None = 256,

@@ -341,6 +341,10 @@ cdef class KVCache:
         """seq's blocks that another sequence holds too (shared by a fork, copied when written)."""
         return bubo_kv_seq_n_shared(self.kv, seq)
 
+    def seq_last_shared(self, int seq):
+        """Whether seq's last block is partly filled and shared (its next append copies it)."""
+        return bool(bubo_kv_seq_last_shared(self.kv, seq))
+
     def seq_bytes(self, int n):
         """Bytes export_rows gives for n tokens (whole blocks of every layer's K and V)."""
         return bubo_kv_seq_bytes(self.kv, n)

@@ -57,6 +57,7 @@ cdef extern from "bubo/kv.h" nogil:
     bubo_status bubo_kv_fork(bubo_kv *kv, int src, int dst, bubo_err *err)
     size_t bubo_kv_seq_bytes(const bubo_kv *kv, int32_t n)
     int32_t bubo_kv_seq_n_shared(const bubo_kv *kv, int seq)
+    int bubo_kv_seq_last_shared(const bubo_kv *kv, int seq)
     bubo_status bubo_kv_seq_export(const bubo_kv *kv, int seq, int32_t n, uint8_t *out, size_t cap, bubo_err *err)
     bubo_status bubo_kv_seq_import(bubo_kv *kv, int seq, int32_t n, const uint8_t *inp, size_t len, bubo_err *err)
     bubo_status bubo_kv_clear(bubo_kv *kv, int seq, bubo_err *err)

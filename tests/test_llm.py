@@ -150,6 +150,9 @@ class FakeKV:
         self.n_ctx = n_ctx
         self.tokens = []
 
+    def seq_last_shared(self, seq):
+        return False
+
     def seq_len(self, seq):
         return len(self.tokens)
 

@@ -85,11 +85,14 @@ def read_back(engine: Engine, id: str) -> None:
     try:
         tokens, rows, _ = offload.blocking(slotfile.read, Path(path), _layout(engine), kv.seq_bytes, kv.n_ctx)
     except slotfile.SlotFileError as e:
+        if on_contexts(engine, lambda c: c.get(id).spilled) is None:
+            return  # another request read it back meanwhile (and removed the file)
         raise ApiError(500, "internal_error", f"context {id} cannot be read back from disk: {e}") from None
     try:
         on_contexts(engine, lambda c: c.unspill(id, tokens, rows))
     except MemoryError as e:
         raise ApiError(507, "insufficient_memory", f"context {id} does not fit in the KV cache now: {e}") from None
+    Path(path).unlink(missing_ok=True)  # in memory again: a later snapshot writes a new file
 
 
 # --- generation from a context (/v1/completions, /completion) ------------------------------
@@ -97,8 +100,8 @@ def read_back(engine: Engine, id: str) -> None:
 
 def start(engine: ServingEngine, body: dict[str, Any]) -> tuple[list[int], int, bool] | None:
     """A request's context_id and save: None without one; else (the context's tokens, its
-    sequence, save). With save the context is claimed (a 409 if it is in use) until the request
-    ends (the engine frees it)."""
+    sequence, save); a 409 if a request is writing it. The claim that save needs is taken by
+    submit(), once the request is ready to go."""
     id = body.get("context_id")
     if id is None:
         return None
@@ -110,7 +113,7 @@ def start(engine: ServingEngine, body: dict[str, Any]) -> tuple[list[int], int, 
     read_back(engine, id)
 
     def take(c: Contexts) -> tuple[list[int], int]:
-        ctx = c.claim(id) if save else c.readable(id)
+        ctx = c.readable(id)
         return list(ctx.tokens), ctx.seq
     tokens, seq = on_contexts(engine, take)
     return tokens, seq, save
@@ -125,6 +128,8 @@ def continued(engine: ServingEngine, rt: Runtime, body: dict[str, Any], prompt: 
     if got is None:
         return plain(rt, prompt), {}, None
     prefix, seq, save = got
+    if isinstance(prompt, list) and not all(isinstance(t, int) for t in prompt):
+        raise invalid("with context_id, prompt is text or token ids (not a mix)")
     more = pipeline.encode(rt, prompt, add_special=False) if isinstance(prompt, str) else list(prompt)
     if not prefix + more:
         raise invalid("the context is empty and so is the prompt: there is nothing to continue")
@@ -135,7 +140,19 @@ def continued(engine: ServingEngine, rt: Runtime, body: dict[str, Any], prompt: 
 
 
 def submit(engine: ServingEngine, req: GenerationRequest, claimed: str | None) -> Any:
-    """pipeline.submit; a refused request gives back the context it claimed."""
+    """pipeline.submit; with save (claimed: the context's id) the context is claimed first (a 409
+    if a request is writing it, or wrote it since this one read it) and given back if the
+    request is refused; the engine frees it when the request ends."""
+    if claimed is not None:
+        assert isinstance(engine, Engine)  # start() said so
+
+        def claim(c: Contexts) -> None:
+            ctx = c.readable(claimed)
+            if ctx.seq != req.keep or req.prompt[:len(ctx.tokens)] != ctx.tokens:
+                raise ContextError(f"context {claimed} moved on since this request read it: send it again",
+                                   busy=True)
+            c.claim(claimed)
+        on_contexts(engine, claim)
     try:
         return pipeline.submit(engine, req, debug_mem_available())
     except BaseException:
@@ -274,13 +291,17 @@ def fork_context(context_id: str) -> Any:
 def snapshot_context(context_id: str) -> Any:
     engine = _engine(optional_model())
     folder = _folder()
-    tokens, rows = on_contexts(engine, lambda c: c.export(context_id))
+    # claimed from the export to the spill: no request moves it forward meanwhile
+    tokens, rows = on_contexts(engine, lambda c: c.export(context_id, claim=True))
     path = folder / f"{context_id}.slot"
     try:
         offload.blocking(_write, path, _layout(engine), tokens, rows)
-    except OSError as e:
-        raise ApiError(507 if e.errno == 28 else 500, "cannot_write",
-                       f"context {context_id} cannot be written to disk: {e.strerror or e}") from None
+    except BaseException as e:
+        release(engine, context_id)
+        if isinstance(e, OSError):
+            raise ApiError(507 if e.errno == 28 else 500, "cannot_write",
+                           f"context {context_id} cannot be written to disk: {e.strerror or e}") from None
+        raise
     return jsonify(on_contexts(engine, lambda c: (c.spill(context_id, str(path)), c.describe(c.get(context_id)))[1]))
 
 

@@ -204,8 +204,14 @@ def systemone() -> Any:
 
     # the first reads the state (its full blocks go to the prefix cache); the others start from them
     outs = [pipeline.collect(submit(0), None)]
-    rest = [submit(i) for i in range(1, len(questions))]
-    outs += [pipeline.collect(s, None) for s in rest]
+    rest: list[Stream] = []
+    try:
+        for i in range(1, len(questions)):
+            rest.append(submit(i))
+        outs += [pipeline.collect(s, None) for s in rest]
+    finally:
+        for s in rest:  # a failure leaves none of them running for nobody (done ones: nothing)
+            s.cancel()
     answers = {q.name: answer(q, out.tokens[0].probs_of) for q, out in zip(questions, outs, strict=True)}
     evaluated = sum(out.finished.timings.prompt_n for out in outs)
     resp = jsonify(model=model, answers=answers,

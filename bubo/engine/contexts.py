@@ -49,6 +49,9 @@ class Contexts:
         self.kv = kv
         self.by_id: dict[str, Context] = {}
         self._free = list(range(kv.n_seq_max - 1, first_seq - 1, -1))  # a stack: the lowest first
+        self.capacity = len(self._free)
+        # contexts discarded while a request was writing them: their sequence is freed when it ends
+        self._dying: dict[int, Context] = {}
 
     def get(self, id: str) -> Context:
         ctx = self.by_id.get(id)
@@ -58,7 +61,7 @@ class Contexts:
 
     def new(self, parent: str | None = None) -> Context:
         if not self._free:
-            raise ContextError(f"this model holds {MAX_CONTEXTS} contexts already: delete one first")
+            raise ContextError(f"this model holds {self.capacity} contexts already: delete one first")
         ctx = Context("ctx_" + uuid.uuid4().hex[:24], self._free.pop(), int(time.time()), parent)
         self.by_id[ctx.id] = ctx
         return ctx
@@ -89,7 +92,7 @@ class Contexts:
         parent = self.readable(id)
         if n > len(self._free):
             raise ContextError(f"{n} forks: this model has room for {len(self._free)} more contexts "
-                               f"(at most {MAX_CONTEXTS})")
+                               f"(at most {self.capacity})")
         t0 = time.perf_counter()
         out = []
         for _ in range(n):
@@ -109,11 +112,28 @@ class Contexts:
         return ctx
 
     def discard(self, id: str) -> None:
-        """Forget a context whose making failed (whether or not its request has ended)."""
+        """Forget a context whose making failed. While its request may still run (writer), its
+        sequence is freed only once that request ends (ended()), so that no new context gets it
+        meanwhile."""
         ctx = self.by_id.pop(id, None)
-        if ctx is not None:
+        if ctx is None:
+            return
+        if ctx.writer:
+            self._dying[ctx.seq] = ctx
+        else:
             self.kv.free(ctx.seq)
             self._free.append(ctx.seq)
+
+    def ended(self, seq: int) -> None:
+        """The request writing seq's context is over (the scheduler's word, however it ended)."""
+        dying = self._dying.pop(seq, None)
+        if dying is not None:
+            self.kv.free(seq)
+            self._free.append(seq)
+            return
+        ctx = self.by_seq(seq)
+        if ctx is not None:
+            ctx.writer = False
 
     def kept(self, seq: int, tokens: list[int], slot_seq: int) -> None:
         """A request's end with keep: the context's sequence becomes the slot's (shared blocks)."""
@@ -127,15 +147,17 @@ class Contexts:
     def by_seq(self, seq: int) -> Context | None:
         return next((c for c in self.by_id.values() if c.seq == seq), None)
 
-    def export(self, id: str) -> tuple[list[int], bytes]:
-        ctx = self.readable(id)
+    def export(self, id: str, claim: bool = False) -> tuple[list[int], bytes]:
+        """(tokens, rows); claim: the context stays claimed (a snapshot, until spill or release)."""
+        ctx = self.claim(id) if claim else self.readable(id)
         rows = self.kv.export_rows(ctx.seq, len(ctx.tokens)) if ctx.tokens else b""
         return list(ctx.tokens), rows
 
     def spill(self, id: str, path: str) -> None:
-        ctx = self.readable(id)
+        """The claimed context's memory freed: it lives in the file at path now."""
+        ctx = self.get(id)
         self.kv.free(ctx.seq)
-        ctx.spilled = path
+        ctx.spilled, ctx.writer = path, False
 
     def unspill(self, id: str, tokens: list[int], rows: bytes) -> Context:
         ctx = self.get(id)

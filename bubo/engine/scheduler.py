@@ -372,7 +372,7 @@ class Scheduler:
             slot.kept = None
             self._start_from_context(slot, task)
             n_hit = self._reuse(slot, task)
-            need = len(task.tokens) - n_hit
+            need = len(task.tokens) - n_hit + (self.block_size if self.kv.seq_last_shared(slot.id) else 0)
             if need > self.kv.n_free_tokens:
                 self._drop_held(keep=slot)
             if need > self.kv.n_free_tokens and any(s.task is not None for s in self.slots):
@@ -513,7 +513,7 @@ class Scheduler:
                     take = min(n, budget)
                     plan.append((s, take))
                     budget -= take
-            need = sum(self._new_blocks(self._task(s), n) for s, n in plan) * self.block_size
+            need = sum(self._new_blocks(s, n) for s, n in plan) * self.block_size
             if need <= self.kv.n_free_tokens:
                 break
             if self._drop_held():
@@ -544,7 +544,9 @@ class Scheduler:
         model's, as long as choose_lengths finds it pays, within the step's budget, the answer's
         max_tokens and the context (the pending token and the draft must fit, and one more token
         after them)."""
-        gen = [self._task(s) for s in active if self._task(s).n_pending == 1]
+        # generating tasks (a prompt's last token is no draft's place: a prefill or a context's
+        # making generates nothing)
+        gen = [t for s in active if (t := self._task(s)).n_pending == 1 and not (t.req.prefill or t.req.read_only)]
         for t in gen:
             t.draft = []
         drafting = [t for t in gen if t.drafter is not None]
@@ -612,11 +614,12 @@ class Scheduler:
         assert s.task is not None
         return s.task
 
-    def _new_blocks(self, task: Task, n: int) -> int:
+    def _new_blocks(self, s: Slot, n: int) -> int:
+        """Blocks s's sequence takes to add n tokens: those it crosses into, and a copy of its
+        partly filled last block when a context shares it (kv.c copies it on write)."""
         bs = self.block_size
-        # +1 on a block boundary crossing is exact; a shared partial last block copied on write
-        # is not counted here (a fork never happens in the server) and would show as an error
-        return -(-(task.n_past + n) // bs) - (-(-task.n_past // bs))
+        past = self._task(s).n_past
+        return -(-(past + n) // bs) - (-(-past // bs)) + int(self.kv.seq_last_shared(s.id))
 
     def _short(self, n_bytes: int) -> bool:
         return n_bytes > 0 and self._memory_short is not None and self._memory_short(n_bytes)
@@ -681,7 +684,7 @@ class Scheduler:
             if ((t := self._task(s)).req.prefill or t.req.read_only) and t.n_past == len(t.tokens):
                 self._finish_prefill(s)  # read: its blocks go to the prefix cache
         row = 0
-        for s in sampled:
+        for s in sampled:  # (a prefill or a context's making is never among them: no logits, no draft)
             t = self._task(s)
             n = 1 + len(t.draft) if t.draft else 1
             try:
@@ -853,9 +856,7 @@ class Scheduler:
     def _ended(self, t: Task) -> None:
         """A task is over, whichever way: the context it was writing (keep) is free again."""
         if t.req.keep is not None and self.contexts is not None:
-            ctx = self.contexts.by_seq(t.req.keep)
-            if ctx is not None:
-                ctx.writer = False
+            self.contexts.ended(t.req.keep)
 
     def _release(self, s: Slot, keep: bool = True) -> None:
         t = self._task(s)

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import struct
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,9 +70,12 @@ def write(path: Path, layout: Layout, tokens: list[int], rows: bytes) -> int:
     header = json.dumps({"model_sha256": layout.model_sha256, "block_size": layout.block_size,
                          "type_k": layout.type_k, "type_v": layout.type_v, "n_tokens": len(tokens),
                          "rows_bytes": len(rows), "sha256": _digest(tok, rows)}).encode()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # a name of its own in the same folder (two saves of one file at once each write their own),
+    # renamed over the file when whole
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(_PREFIX.pack(MAGIC, VERSION, len(header)))
             f.write(header)
             f.write(tok)

@@ -564,10 +564,18 @@ size_t bubo_kv_seq_bytes(const bubo_kv *kv, int32_t n) {
 int32_t bubo_kv_seq_n_shared(const bubo_kv *kv, int seq) {
     if (seq < 0 || seq >= kv->p.n_seq_max) return 0;
     const kv_pool *pl = &kv->pools[POOL_GLOBAL];
+    if (pl->n_layer == 0) return 0;
     const int32_t *table = table_of(kv, pl, seq);
     int32_t n = 0;
     for (int32_t b = pl->first[seq]; b < blocks_for(kv, kv->lens[seq]); b++) n += pl->refs[table[b]] > 1;
     return n;
+}
+
+int bubo_kv_seq_last_shared(const bubo_kv *kv, int seq) {
+    if (seq < 0 || seq >= kv->p.n_seq_max || kv->lens[seq] % kv->p.block_size == 0) return 0;
+    const kv_pool *pl = &kv->pools[POOL_GLOBAL];
+    if (pl->n_layer == 0) return 0;
+    return pl->refs[table_of(kv, pl, seq)[blocks_for(kv, kv->lens[seq]) - 1]] > 1;
 }
 
 static bubo_status check_rows(const bubo_kv *kv, int seq, int32_t n, bubo_err *err) {

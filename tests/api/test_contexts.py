@@ -137,3 +137,21 @@ def test_chat_routes_refuse_a_context_id(srv):
                        ("/v1/messages", {"model": "bubo", "max_tokens": 4, "messages": msgs})):
         status, out = post(srv, path, {**body, "context_id": "ctx_x"})
         assert status == 400 and "/v1/completions" in json.dumps(out), path
+
+
+def test_a_context_made_twice_from_a_cached_prompt_and_a_refused_save_leave_no_trace(srv):
+    # 33 tokens of a repeating text: made again, all but its last token come from the prefix cache,
+    # so one token is left to read (where a generating request would draft from the repetition)
+    ids = (tokens(srv, " one two three four", special=True) * 20)[:33]
+    made = [post(srv, "/v1/contexts", {"prompt": ids}) for _ in range(2)]
+    assert [status for status, _ in made] == [200, 200] and made[1][1]["tokens"] == 33
+    ctx = made[1][1]
+    # a request with save that is refused (a grammar that does not parse) gives the context back
+    status, out = post(srv, "/v1/completions", {"model": "bubo", "prompt": " five", "context_id": ctx["id"],
+                                                "save": True, "grammar": "root ::= (", "max_tokens": 2})
+    assert status == 400, out
+    status, out = post(srv, f"/v1/contexts/{ctx['id']}/fork")
+    assert status == 200, out
+    status, out = post(srv, "/v1/completions", {"model": "bubo", "prompt": " five", "context_id": ctx["id"],
+                                                "save": True, "max_tokens": 2, "temperature": 0})
+    assert status == 200 and out["usage"]["prompt_tokens_details"]["cached_tokens"] == 33

@@ -65,7 +65,8 @@ def test_a_prefill_yields_to_a_request_within_one_batch_and_to_a_newer_prefill(b
     t = got["timings"]
     # ended early: it had read part of its prompt, in whole blocks (read alone, it reads all of it)
     prefill("whole", typed)
-    assert got["cached_tokens"] % BLOCK == 0 and got["cached_tokens"] < answers["whole"]["cached_tokens"]
+    len_whole = answers["whole"]["cached_tokens"]
+    assert got["cached_tokens"] % BLOCK == 0 and got["cached_tokens"] < len_whole
     batches = max(-(-t["prompt_n"] // step), 1)
     per_batch_ms = t["prompt_ms"] / batches
     # the request waited for the batch in progress at most (engine timings: admitted after its queue time)
@@ -73,19 +74,22 @@ def test_a_prefill_yields_to_a_request_within_one_batch_and_to_a_newer_prefill(b
     alone = chat(base_url, other, cache_prompt=False)
     assert real["choices"][0]["message"] == alone["choices"][0]["message"]
 
-    # a newer prefill ends the older one, which answers with what it read
-    a = threading.Thread(target=prefill, args=("a", typed))
+    # a newer prefill ends the older one, which answers with what it read (a text of its own)
+    fresh = [{"role": "user", "content": long_doc.replace("Entry", "Item") + "\n\nWho borrowed"}]
+    a = threading.Thread(target=prefill, args=("a", fresh))
     a.start()
     time.sleep(0.05)
     prefill("b", [{"role": "user", "content": long_doc + "\n\nWhat was"}])
     a.join(60)
     assert answers["a"]["object"] == answers["b"]["object"] == "prefill"
     assert answers["b"]["cached_tokens"] > 0
+    prefill("a, alone", fresh)
+    assert answers["a"]["cached_tokens"] < answers["a, alone"]["cached_tokens"]
 
 
 def test_a_prefill_shorter_than_a_block_keeps_nothing_and_bad_bodies_are_400s(base_url):
     status, out = call_json(base_url + "/v1/prefill", "POST", {"messages": [{"role": "user", "content": "Hi"}]})
-    assert status == 200 and out["cached_tokens"] % BLOCK == 0
+    assert status == 200 and out["cached_tokens"] == 0  # under one whole block before the last word
     for body in ({}, {"messages": []}, {"messages": [{"role": "robot", "content": "x"}]}):
         status, out = call_json(base_url + "/v1/prefill", "POST", body)
         assert status == 400 and out["error"]["type"] == "invalid_request_error", body

@@ -171,6 +171,13 @@ def test_rows_exported_and_imported_continue_as_the_original(smollm):
     with pytest.raises(ValueError, match="holds 300 tokens"):
         other.export_rows(1, 301)
     small = KVCache(smollm, 128)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # more tokens than its context
         small.import_rows(0, 250, rows)
     assert small.seq_len(0) == 0 and small.blocks_in_use() == 0
+    full = KVCache(smollm, 512, n_seq_max=2)  # 16 blocks, 13 of them taken by another sequence
+    long = _prompt(smollm, 400)
+    smollm.decode(full, long, np.arange(400), [0] * 400, [False] * 400)
+    with pytest.raises(MemoryError):
+        full.import_rows(1, 250, rows)
+    assert full.seq_len(1) == 0 and full.blocks_in_use() == 13
+    full._check()

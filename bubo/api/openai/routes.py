@@ -29,7 +29,7 @@ from bubo.api.request import (
     use_model,
 )
 from bubo.api.sse import sse_response
-from bubo.engine.types import FinishEvent, GenerationRequest, TokenEvent
+from bubo.engine.types import FinishEvent, GenerationRequest, Timings, TokenEvent
 
 blueprint = Blueprint("openai", __name__)
 log = logging.getLogger("bubo.api")
@@ -123,6 +123,8 @@ def prefill() -> Any:
     n = 0  # what the last word, whatever it grows into, cannot change
     while n < min(len(full), len(cut)) and full[n] == cut[n]:
         n += 1
+    if n == 0:
+        return jsonify(object="prefill", cached_tokens=0, timings=timings_json(Timings()))
     out = pipeline.collect(pipeline.submit(engine, GenerationRequest(full[:n], prefill=True),
                                            debug_mem_available()), None)
     fin = out.finished

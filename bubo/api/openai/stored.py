@@ -14,10 +14,11 @@ what it had, and says why in the log and in `problem` (/health shows it). Every 
 gevent's thread pool when the caller is on the event loop (a commit may wait for the disk), one
 at a time.
 
-The KV context a response ended in is not held here: the slot that answered keeps its sequence,
-and the prefix cache keeps the full blocks of every prompt and answer (least recently used first
-out), so a continuation whose conversation is still cached reads only its new tokens; one that was
-evicted (or comes after a restart) is read again from the stored items, with the same answer."""
+The KV context a response ended in is not held here: the prefix cache keeps the full blocks of
+every prompt and answer (least recently used first out), so a continuation whose conversation is
+still cached reads only its new tokens (and the last, partly filled block of the turn before);
+one that was evicted (or comes after a restart) is read again from the stored items, with the
+same answer."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ T = TypeVar("T")
 
 DEFAULT_MAX_RECORDS = 256
 FILE_NAME = "responses.sqlite3"
+BUSY_TRIES = 3  # a file another server holds locked: each try waits up to 5 s (sqlite's timeout)
 _SCHEMA = "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, used REAL NOT NULL, record TEXT NOT NULL)"
 
 
@@ -116,13 +118,24 @@ class ResponseStore:
         event loop. A write the file refuses moves the store to memory, and is done there."""
         def locked() -> T:
             with self._lock:
-                try:
-                    return fn(self._conn)
-                except sqlite3.Error as e:
-                    if not write or self.path is None or self.problem is not None:
-                        raise
-                    self._to_memory(e)
-                    return fn(self._conn)
+                for attempt in range(BUSY_TRIES):
+                    try:
+                        return fn(self._conn)
+                    except sqlite3.OperationalError as e:
+                        # another server on the same file holds its lock (past the 5 s wait): try
+                        # again, then give up on this call; the file stays in use
+                        if _busy(e) and attempt + 1 < BUSY_TRIES:
+                            continue
+                        if _busy(e) or not write or self.path is None or self.problem is not None:
+                            raise
+                        self._to_memory(e)
+                        return fn(self._conn)
+                    except sqlite3.Error as e:
+                        if not write or self.path is None or self.problem is not None:
+                            raise
+                        self._to_memory(e)
+                        return fn(self._conn)
+                raise AssertionError("unreachable")
         return blocking(locked)
 
     # --- the records --------------------------------------------------------------------
@@ -134,7 +147,7 @@ class ResponseStore:
         text = json.dumps({"response": rec.response, "items": rec.items}, ensure_ascii=False)
 
         def put(conn: sqlite3.Connection) -> None:
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN IMMEDIATE")  # a refusal here leaves no transaction open
             try:
                 conn.execute("INSERT OR REPLACE INTO responses (id, used, record) VALUES (?, ?, ?)",
                              (rec.id, time.time(), text))
@@ -143,7 +156,10 @@ class ResponseStore:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-        self._run(put, write=True)
+        try:
+            self._run(put, write=True)
+        except sqlite3.Error as e:  # the file is busy with another server: this one record is not kept
+            log.warning("responses store: response %s was not stored: %s", rec.id, e)
 
     def get(self, id: str) -> Stored | None:
         """The record (now the most recently used), or None."""
@@ -175,3 +191,7 @@ class ResponseStore:
         with self._lock:
             self._conn.close()
 
+
+def _busy(e: sqlite3.Error) -> bool:
+    text = str(e).lower()
+    return "locked" in text or "busy" in text

@@ -126,6 +126,9 @@ bubo_status bubo_kv_fork(bubo_kv *kv, int src, int dst, bubo_err *err);
 size_t bubo_kv_seq_bytes(const bubo_kv *kv, int32_t n);
 /* Global-pool blocks of seq that another sequence holds too (a fork's shared pages). */
 int32_t bubo_kv_seq_n_shared(const bubo_kv *kv, int seq);
+/* Whether seq's last block is partly filled and held by another sequence too (its next append
+ * copies it: one more block). */
+int bubo_kv_seq_last_shared(const bubo_kv *kv, int seq);
 bubo_status bubo_kv_seq_export(const bubo_kv *kv, int seq, int32_t n, uint8_t *out, size_t cap, bubo_err *err);
 bubo_status bubo_kv_seq_import(bubo_kv *kv, int seq, int32_t n, const uint8_t *in, size_t len, bubo_err *err);
 /* Release every block of seq. */
