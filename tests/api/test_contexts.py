@@ -69,8 +69,10 @@ def test_eight_forks_answer_as_eight_whole_prompts_and_hold_only_their_own_token
     for i, child in enumerate(forks["data"]):
         out = answers[i]
         assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == N_CONTEXT, out  # not read again
+        # the whole prompt as one request (its full blocks from the prefix cache: the engine's
+        # decode is batch-invariant, so cached rows are the rows it would compute)
         whole = post(srv, "/v1/completions", {"model": "bubo", "prompt": prompt + tokens(srv, ENDINGS[i]),
-                                              "max_tokens": 8, "temperature": 0, "cache_prompt": False})[1]
+                                              "max_tokens": 8, "temperature": 0})[1]
         assert out["choices"][0]["text"] == whole["choices"][0]["text"], i
         status, now = call_json(srv.url + f"/v1/contexts/{child['id']}")
         assert now["tokens"] > N_CONTEXT and now["shared_pages"] == N_CONTEXT // BLOCK

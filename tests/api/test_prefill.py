@@ -43,7 +43,7 @@ def test_a_prefill_yields_to_a_request_within_one_batch_and_to_a_newer_prefill(b
     status, props = call_json(base_url + "/props")
     step = min(props["n_batch"], props["n_ubatch"], 512)
     long_doc = " ".join(f"Entry {i}: a blue bicycle was borrowed from the museum guard on a windy {i % 7}th day."
-                        for i in range(90))
+                        for i in range(64))
     typed = [{"role": "user", "content": long_doc + "\n\nWho borrowed"}]
     answers: dict[str, dict] = {}
 
