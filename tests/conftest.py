@@ -251,7 +251,20 @@ SLOW = (
 )
 
 
+# the longest modules first: with `--dist loadscope` a worker takes the next module when it is free,
+# so a long module taken last runs alone while the other worker idles (a longest-first schedule)
+FIRST = (
+    "tests/scaleout/test_ray_serve.py", "tests/api/test_openapi.py", "tests/engine/test_draft_model.py",
+    "tests/engine/test_batching.py", "tests/engine/test_draft.py", "tests/test_cli_run.py",
+    "tests/api/test_structured_fit.py", "tests/api/test_hostile.py", "tests/webui/test_webui.py",
+    "tests/webui/test_webui_layout.py", "tests/native/test_kv_types.py", "tests/api/test_tool_recovery_server.py",
+    "tests/test_wheel.py", "tests/chat/test_schema_generation.py", "tests/native/test_reference.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(FIRST)))  # stable: the rest keep their order
     for item in items:
         if item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)

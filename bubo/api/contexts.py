@@ -139,16 +139,17 @@ def continued(engine: ServingEngine, rt: Runtime, body: dict[str, Any], prompt: 
     return prefix + more, fields, str(body["context_id"]) if save else None
 
 
-def submit(engine: ServingEngine, req: GenerationRequest, claimed: str | None) -> Any:
+def submit(engine: ServingEngine, req: GenerationRequest, claimed: str | None, exact: bool = True) -> Any:
     """pipeline.submit; with save (claimed: the context's id) the context is claimed first (a 409
-    if a request is writing it, or wrote it since this one read it) and given back if the
-    request is refused; the engine frees it when the request ends."""
+    if a request is writing it, or, exact, wrote it since this one read it: its prompt no longer
+    starts with the context) and given back if the request is refused; the engine frees it when
+    the request ends."""
     if claimed is not None:
         assert isinstance(engine, Engine)  # start() said so
 
         def claim(c: Contexts) -> None:
             ctx = c.readable(claimed)
-            if ctx.seq != req.keep or req.prompt[:len(ctx.tokens)] != ctx.tokens:
+            if ctx.seq != req.keep or (exact and req.prompt[:len(ctx.tokens)] != ctx.tokens):
                 raise ContextError(f"context {claimed} moved on since this request read it: send it again",
                                    busy=True)
             c.claim(claimed)
@@ -161,13 +162,20 @@ def submit(engine: ServingEngine, req: GenerationRequest, claimed: str | None) -
         raise
 
 
-def not_on_chat(body: dict[str, Any]) -> None:
-    """A chat-shaped request with context_id: refused (a conversation's rendered prompt cannot
-    be split at a context), rather than ignored."""
-    if body.get("context_id") is not None:
-        raise invalid("context_id continues a context with raw text: send it to /v1/completions or /completion "
-                      "(make the context from messages with POST /v1/contexts, then continue it with an empty "
-                      "prompt)")
+def for_chat(engine: ServingEngine, body: dict[str, Any]
+             ) -> tuple[dict[str, Any], Callable[[GenerationRequest], Any]] | None:
+    """A chat-shaped request's context_id (chat completions, Responses, messages): the whole
+    conversation is rendered as always, and the context's rows serve the part of the prompt that
+    agrees with its tokens (a context made from the conversation's first messages, or moved
+    forward by an earlier turn's save); save: the context becomes this answer's end.
+    None without a context_id: (the GenerationRequest's fields, its submitter) with one."""
+    got = start(engine, body)
+    if got is None:
+        return None
+    _, seq, save = got
+    claimed = str(body["context_id"]) if save else None
+    fields: dict[str, Any] = {"context": seq, **({"keep": seq} if save else {})}
+    return fields, lambda req: submit(engine, req, claimed, exact=False)
 
 
 def release(engine: ServingEngine, id: str) -> None:

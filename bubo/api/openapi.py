@@ -230,13 +230,16 @@ def chat_message() -> Schema:
     }, ["role"], closed=False)
 
 
-# a chat-shaped route's answer to context_id: contexts are continued with raw text
-NO_CONTEXT = desc({"type": "null"}, "contexts are continued on /v1/completions and /completion: any other value "
-                                    "is a 400 here")
 CONTEXT_FIELDS: dict[str, Schema] = {
     "context_id": desc(STR, "a context of this model (POST /v1/contexts) that the prompt continues (its tokens "
                             "first, not read again); unknown: 404, in use: 409"),
     "save": desc(OPT_BOOL, "with context_id: the context moves forward to the end of the answer"),
+}
+# on a chat-shaped route the conversation is rendered whole; the context serves what agrees with it
+CHAT_CONTEXT_FIELDS: dict[str, Schema] = {
+    "context_id": desc(STR, "a context of this model (POST /v1/contexts) whose rows serve the part of the "
+                            "rendered conversation that agrees with its tokens; unknown: 404, in use: 409"),
+    "save": CONTEXT_FIELDS["save"],
 }
 
 
@@ -272,7 +275,7 @@ def chat_request(model: Schema, model_required: bool = True, speculative: bool =
                                  "reasoning_content (default: the server's --reasoning-format)"),
         "chat_template_kwargs": TEMPLATE_KWARGS,
         "cache_prompt": desc(OPT_BOOL, "default true: reuse the cached prefix"),
-        "context_id": NO_CONTEXT,
+        **CHAT_CONTEXT_FIELDS,
         **sampling_props(),
         **(SPECULATIVE if speculative else {}),
     }
@@ -341,7 +344,7 @@ def responses_request(model: Schema) -> Schema:
                                      "before input (its instructions do not); unknown: 404"),
         "store": desc(OPT_BOOL, "keep the response (default true): GET /v1/responses/{id}, previous_response_id"),
         "metadata": desc({"type": ["object", "null"]}, "echoed in the response"),
-        "context_id": NO_CONTEXT,
+        **CHAT_CONTEXT_FIELDS,
         **sampling_props(),
     }, ["model", "input"], closed=False)
 
@@ -388,7 +391,7 @@ def messages_request(model: Schema, count_only: bool = False) -> Schema:
         "max_tokens": desc({"anyOf": [{"type": "integer", "minimum": 1, "maximum": INT32_MAX}, const(-1)]},
                            "required; -1: until the model stops or the context is full"),
         "stream": OPT_BOOL,
-        "context_id": NO_CONTEXT,
+        **CHAT_CONTEXT_FIELDS,
     })
     return obj(props, ["model", "messages", "max_tokens"], closed=False)
 

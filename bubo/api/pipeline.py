@@ -182,15 +182,18 @@ class _Counted:
 
 def start_chat(engine: ServingEngine, conv: Conversation, *, stop: list[str] | None = None, n_probs: int = 0,
                cache_prompt: bool = True, mem_available: int | None = None,
-               specials_in_content: bool = False, draft_max: int | None = None) -> tuple[Runtime, Prepared, Stream]:
-    """prepare + submit for a chat-shaped route: (the runtime, the prepared prompt, its stream)."""
+               specials_in_content: bool = False, draft_max: int | None = None,
+               context: tuple[dict[str, Any], Callable[[GenerationRequest], Stream]] | None = None
+               ) -> tuple[Runtime, Prepared, Stream]:
+    """prepare + submit for a chat-shaped route: (the runtime, the prepared prompt, its stream).
+    context: the request's context fields and how to submit it (bubo.api.contexts.for_chat)."""
     rt = engine.runtime
     if rt is None:
         raise errors.from_reason(Reason.NOT_READY, f"the model {engine.model_name} is not loaded")
     prep = prepare(rt, conv, specials_in_content)
     req = GenerationRequest(prep.prompt.tokens, conv.params, conv.max_tokens, list(stop or []), n_probs, cache_prompt,
-                            grammar=prep.grammar, draft_max=draft_max)
-    return rt, prep, submit(engine, req, mem_available)
+                            grammar=prep.grammar, draft_max=draft_max, **(context[0] if context else {}))
+    return rt, prep, (context[1](req) if context else submit(engine, req, mem_available))
 
 
 # --- events -> parts -------------------------------------------------------------------------

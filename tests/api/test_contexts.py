@@ -132,13 +132,31 @@ def test_a_context_in_use_is_a_409_and_an_unknown_one_a_404(srv):
     assert status == 400
 
 
-def test_chat_routes_refuse_a_context_id(srv):
-    msgs = [{"role": "user", "content": "Hi"}]
-    for path, body in (("/v1/chat/completions", {"model": "bubo", "messages": msgs}),
-                       ("/v1/responses", {"model": "bubo", "input": "Hi"}),
-                       ("/v1/messages", {"model": "bubo", "max_tokens": 4, "messages": msgs})):
-        status, out = post(srv, path, {**body, "context_id": "ctx_x"})
-        assert status == 400 and "/v1/completions" in json.dumps(out), path
+def test_chat_routes_continue_a_context_made_from_the_first_messages(srv):
+    first = [{"role": "user", "content": "My name is Ada and I live in Paris. Say hello to me."}]
+    status, ctx = post(srv, "/v1/contexts", {"messages": first})
+    assert status == 200
+    chat = {"model": "bubo", "max_tokens": 12, "temperature": 0}
+    plain = post(srv, "/v1/chat/completions", {**chat, "messages": first, "cache_prompt": False})[1]
+    # the conversation so far is the context: all of it from the context but the last token
+    status, got = post(srv, "/v1/chat/completions", {**chat, "messages": first, "context_id": ctx["id"],
+                                                      "save": True})
+    assert status == 200 and got["choices"][0]["message"] == plain["choices"][0]["message"]
+    assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == ctx["tokens"] - 1
+    moved = call_json(srv.url + f"/v1/contexts/{ctx['id']}")[1]
+    assert moved["tokens"] > ctx["tokens"]  # save: the context ends where this answer ends
+    # the next turn: the context serves the part of the rendered conversation it agrees with
+    turn2 = first + [got["choices"][0]["message"], {"role": "user", "content": "Where do I live?"}]
+    plain2 = post(srv, "/v1/chat/completions", {**chat, "messages": turn2, "cache_prompt": False})[1]
+    got2 = post(srv, "/v1/chat/completions", {**chat, "messages": turn2, "context_id": ctx["id"]})[1]
+    assert got2["choices"][0]["message"] == plain2["choices"][0]["message"]
+    assert got2["usage"]["prompt_tokens_details"]["cached_tokens"] >= ctx["tokens"]
+    for path, body in (("/v1/responses", {"model": "bubo", "input": first[0]["content"], "max_output_tokens": 4}),
+                       ("/v1/messages", {"model": "bubo", "max_tokens": 4, "messages": first})):
+        status, out = post(srv, path, {**body, "context_id": ctx["id"]})
+        assert status == 200, (path, out)
+    status, out = post(srv, "/v1/chat/completions", {**chat, "messages": first, "context_id": "ctx_nope"})
+    assert status == 404
 
 
 def test_a_context_made_twice_from_a_cached_prompt_and_a_refused_save_leave_no_trace(srv):

@@ -37,9 +37,10 @@ def _messages_doc(d: oa.Doc) -> oa.Op:
 def messages() -> Any:
     body = json_body()
     model = resolve_model(body)
-    contexts.not_on_chat(body)
     req = offload.run(am.parse_messages_request, body, what="reading the request's fields")
-    _, prep, stream = pipeline.start_chat(use_model(model), req, stop=req.stop, mem_available=debug_mem_available(),
+    engine = use_model(model)
+    _, prep, stream = pipeline.start_chat(engine, req, stop=req.stop, mem_available=debug_mem_available(),
+                                          context=contexts.for_chat(engine, body),
                                           specials_in_content=config().allow_special_in_content)
     id = f.new_id("msg_")
 

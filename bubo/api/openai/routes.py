@@ -53,10 +53,11 @@ def _chat_doc(d: oa.Doc) -> oa.Op:
 def chat_completions() -> Any:
     body = json_body()
     model = resolve_model(body)
-    contexts.not_on_chat(body)
     req = offload.run(ch.parse_chat_request, body, what="reading the request's fields")
     draft_max = f.draft_max_of(body)
-    rt, prep, stream = pipeline.start_chat(use_model(model), req, stop=req.stop, n_probs=req.params.n_probs,
+    engine = use_model(model)
+    rt, prep, stream = pipeline.start_chat(engine, req, stop=req.stop, n_probs=req.params.n_probs,
+                                           context=contexts.for_chat(engine, body),
                                            draft_max=draft_max,
                                            cache_prompt=req.cache_prompt, mem_available=debug_mem_available(),
                                            specials_in_content=config().allow_special_in_content)
@@ -226,11 +227,12 @@ def _responses_doc(d: oa.Doc) -> oa.Op:
 def responses() -> Any:
     body = json_body()
     model = resolve_model(body)
-    contexts.not_on_chat(body)
     prev_id = rs.previous_id(body)
     previous = _stored(prev_id) if prev_id is not None else None
     req = offload.run(rs.parse_responses_request, body, previous, what="reading the request's fields")
-    rt, prep, stream = pipeline.start_chat(use_model(model), req, mem_available=debug_mem_available(),
+    engine = use_model(model)
+    rt, prep, stream = pipeline.start_chat(engine, req, mem_available=debug_mem_available(),
+                                           context=contexts.for_chat(engine, body),
                                            specials_in_content=config().allow_special_in_content)
     id, created = f.new_id("resp_"), f.now()
     store = response_store() if req.store else None
