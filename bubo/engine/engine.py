@@ -319,6 +319,9 @@ class Engine:
             self._calls.clear()
         for call in calls:
             assert call.fn is not None
+            if call.cancelled:  # its waiter is gone (a client that left): nobody would learn what it did
+                call.finish(error=NotReadyError("cancelled"))
+                continue
             try:
                 call.finish(call.fn(sched))
             except Exception as e:  # noqa: BLE001 - the call's failure is its caller's answer
