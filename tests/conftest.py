@@ -251,8 +251,9 @@ SLOW = (
 )
 
 
-# the longest modules first: with `--dist loadscope` a worker takes the next module when it is free,
-# so a long module taken last runs alone while the other worker idles (a longest-first schedule)
+# the longest modules first: with `--dist loadscope` (and --no-loadscope-reorder, which keeps this
+# order rather than xdist's most-tests-first) a worker takes the next module when it is free, so a
+# long module taken last would run alone while the other worker idles (a longest-first schedule)
 FIRST = (
     "tests/scaleout/test_ray_serve.py", "tests/api/test_openapi.py", "tests/engine/test_draft_model.py",
     "tests/engine/test_batching.py", "tests/engine/test_draft.py", "tests/test_cli_run.py",

@@ -506,7 +506,7 @@ def api_schema(live: Server) -> Any:
 
     config = SchemathesisConfig.from_dict({
         "seed": 20250601,
-        "generation": {"max-examples": 6, "deterministic": True, "database": "none", "no-shrink": True},
+        "generation": {"max-examples": 5, "deterministic": True, "database": "none", "no-shrink": True},
         "phases": {"examples": {"enabled": True}, "coverage": {"enabled": True}, "fuzzing": {"enabled": True},
                    "stateful": {"enabled": False}},
         "request-timeout": 60,

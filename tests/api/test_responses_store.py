@@ -23,12 +23,12 @@ GREEDY = {"temperature": 0}
 # (input, request fields, streamed): five turns, a forced call to the tool in the middle and its output
 # after it, greedy and seeded
 TURNS = [
-    ("My name is Ada and I live in Paris. Say hello to me.", {**GREEDY, "max_output_tokens": 24}, False),
-    ("What is 12 plus 30? Answer with the number.", {**GREEDY, "max_output_tokens": 16}, True),
+    ("My name is Ada and I live in Paris. Say hello to me.", {**GREEDY, "max_output_tokens": 16}, False),
+    ("What is 12 plus 30? Answer with the number.", {**GREEDY, "max_output_tokens": 12}, True),
     ("What is the weather where I live?", {**GREEDY, "max_output_tokens": 48,
                                            "tool_choice": {"type": "function", "name": "get_weather"}}, False),
-    (None, {"temperature": 0.8, "extra_body": {"seed": 7}, "max_output_tokens": 32}, True),  # the call's output
-    ("What is my name?", {**GREEDY, "max_output_tokens": 16}, False),
+    (None, {"temperature": 0.8, "extra_body": {"seed": 7}, "max_output_tokens": 16}, True),  # the call's output
+    ("What is my name?", {**GREEDY, "max_output_tokens": 12}, False),
 ]
 
 
@@ -103,9 +103,9 @@ def test_five_turns_continued_equal_the_whole_conversation_and_outlive_a_restart
         cut = upto.index(next(i for i in upto if i.get("type") == "function_call")) + 1
         new = [{"type": "function_call_output", "call_id": third.output[-1].call_id, "output": "raining, 9 C"}]
         r = create(client, False, input=new, tools=TOOLS, previous_response_id=third.id, **GREEDY,
-                   max_output_tokens=24)
+                   max_output_tokens=12)
         whole = create(client, False, input=upto[:cut] + new, tools=TOOLS, store=False, **GREEDY,
-                       max_output_tokens=24)
+                       max_output_tokens=12)
         assert said(r) == said(whole)
         assert r.usage.input_tokens_details.cached_tokens == 0  # nothing cached after the restart: read again
         assert whole.usage.input_tokens_details.cached_tokens > 0
