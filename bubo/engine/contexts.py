@@ -141,6 +141,8 @@ class Contexts:
         if ctx is None:  # deleted meanwhile: nothing to keep
             return
         self.kv.fork(slot_seq, seq)
+        if self.kv.seq_len(seq) > len(tokens):  # rows of a draft the answer refused, not yet dropped
+            self.kv.truncate(seq, len(tokens))
         ctx.tokens = list(tokens)
         ctx.spilled = None
 
