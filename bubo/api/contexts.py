@@ -190,6 +190,15 @@ def release(engine: ServingEngine, id: str) -> None:
 # --- routes --------------------------------------------------------------------------------
 
 
+def describe(contexts: Contexts, ctx: Context) -> dict[str, Any]:
+    """llamay's context object (on the engine's thread: it reads the cache's block counts)."""
+    spilled = ctx.spilled is not None
+    kv = contexts.kv
+    return {"id": ctx.id, "object": "context", "parent": ctx.parent, "created": ctx.created,
+            "tokens": len(ctx.tokens), "pages": 0 if spilled else kv.seq_blocks(ctx.seq),
+            "shared_pages": 0 if spilled else kv.seq_shared_blocks(ctx.seq), "spilled": spilled}
+
+
 def _context_schema() -> oa.Schema:
     return oa.obj({"id": oa.STR, "object": oa.const("context"), "parent": {"type": ["string", "null"]},
                    "created": oa.INT, "tokens": oa.NAT, "pages": oa.NAT, "shared_pages": oa.NAT, "spilled": oa.BOOL},
@@ -241,20 +250,20 @@ def create() -> Any:
     except BaseException:
         on_contexts(engine, lambda c: c.discard(ctx.id))
         raise
-    return jsonify(on_contexts(engine, lambda c: c.describe(c.get(ctx.id))))
+    return jsonify(on_contexts(engine, lambda c: describe(c, c.get(ctx.id))))
 
 
 @oa.route(blueprint, "/v1/contexts", doc=_doc("The model's contexts", "context_list", oa.obj(
     {"object": oa.const("list"), "data": oa.arr(_context_schema())}, ["object", "data"]), path=False))
 def list_contexts() -> Any:
     engine = _engine(optional_model())
-    return jsonify(object="list", data=on_contexts(engine, lambda c: c.all()))
+    return jsonify(object="list", data=on_contexts(engine, lambda c: [describe(c, x) for x in c.listed()]))
 
 
 @oa.route(blueprint, "/v1/contexts/<context_id>", doc=_doc("A context", "context_get", _context_schema()))
 def get_context(context_id: str) -> Any:
     engine = _engine(optional_model())
-    return jsonify(on_contexts(engine, lambda c: c.describe(c.get(context_id))))
+    return jsonify(on_contexts(engine, lambda c: describe(c, c.get(context_id))))
 
 
 @oa.route(blueprint, "/v1/contexts/<context_id>", methods=("DELETE",),
@@ -289,7 +298,7 @@ def fork_context(context_id: str) -> Any:
 
     def fork(c: Contexts) -> tuple[list[dict[str, Any]], float]:
         children, seconds = c.fork(context_id, n)
-        return [c.describe(x) for x in children], seconds
+        return [describe(c, x) for x in children], seconds
     data, seconds = on_contexts(engine, fork)
     return jsonify(object="list", data=data, fork_ms=seconds * 1e3)
 
@@ -310,7 +319,7 @@ def snapshot_context(context_id: str) -> Any:
             raise ApiError(507 if e.errno == 28 else 500, "cannot_write",
                            f"context {context_id} cannot be written to disk: {e.strerror or e}") from None
         raise
-    return jsonify(on_contexts(engine, lambda c: (c.spill(context_id, str(path)), c.describe(c.get(context_id)))[1]))
+    return jsonify(on_contexts(engine, lambda c: (c.spill(context_id, str(path)), describe(c, c.get(context_id)))[1]))
 
 
 def _write(path: Path, layout: slotfile.Layout, tokens: list[int], rows: bytes) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 from bubo._model import KVCache
 
@@ -137,7 +136,7 @@ class Contexts:
 
     def kept(self, seq: int, tokens: list[int], slot_seq: int) -> None:
         """A request's end with keep: the context's sequence becomes the slot's (shared blocks)."""
-        ctx = next((c for c in self.by_id.values() if c.seq == seq), None)
+        ctx = self.by_seq(seq)
         if ctx is None:  # deleted meanwhile: nothing to keep
             return
         self.kv.fork(slot_seq, seq)
@@ -170,12 +169,6 @@ class Contexts:
         ctx.tokens, ctx.spilled = list(tokens), None
         return ctx
 
-    def describe(self, ctx: Context) -> dict[str, Any]:
-        """llamay's context object."""
-        spilled = ctx.spilled is not None
-        return {"id": ctx.id, "object": "context", "parent": ctx.parent, "created": ctx.created,
-                "tokens": len(ctx.tokens), "pages": 0 if spilled else self.kv.seq_blocks(ctx.seq),
-                "shared_pages": 0 if spilled else self.kv.seq_shared_blocks(ctx.seq), "spilled": spilled}
-
-    def all(self) -> list[dict[str, Any]]:
-        return [self.describe(c) for c in sorted(self.by_id.values(), key=lambda c: (c.created, c.id))]
+    def listed(self) -> list[Context]:
+        """Every context, oldest first."""
+        return sorted(self.by_id.values(), key=lambda c: (c.created, c.id))

@@ -869,7 +869,7 @@ class Scheduler:
         else:
             self._clear(s)  # its indexed blocks stay in the prefix cache
 
-    # --- slot files (llama-server's POST /slots/{id}?action=...; on the stepping thread) ------
+    # --- slot files (a slot's KV rows saved and restored; on the stepping thread) -------------
 
     def _idle_slot(self, slot_id: int) -> Slot:
         if not 0 <= slot_id < len(self.slots):

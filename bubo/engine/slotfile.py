@@ -1,6 +1,5 @@
-"""Slot files: a KV sequence's tokens and their K and V rows in a file (llama-server's POST
-/slots/{id}?action=save|restore in the --slot-save-path folder, context snapshots, and the
-library's Context.save / Model.load_context).
+"""Slot files: a KV sequence's tokens and their K and V rows in a file (the server's slot actions
+and context snapshots, and the library's Context.save / Model.load_context).
 
     BUBOSLOT | version (u32 LE) | header length (u32 LE) | header (UTF-8 JSON) | tokens (i32 LE) | rows
 
@@ -21,18 +20,17 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 MAGIC = b"BUBOSLOT"
 VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024
-MAX_NAME_CHARS = 255
 _PREFIX = struct.Struct("<8sII")
 T = TypeVar("T")
 
 
 class SlotFileError(ValueError):
-    """A slot file that cannot be used (or a file name that is not a plain name)."""
+    """A slot file that cannot be used."""
 
 
 @dataclass(frozen=True)
@@ -43,19 +41,6 @@ class Layout:
     block_size: int
     type_k: str
     type_v: str
-
-
-def check_name(name: Any) -> str:
-    """A plain file name inside the slot folder: no path separators, no `..`, nothing absolute,
-    not hidden (a leading dot), no control characters."""
-    if not isinstance(name, str) or not name:
-        raise SlotFileError("filename is required: a plain file name inside the --slot-save-path folder")
-    if len(name) > MAX_NAME_CHARS:
-        raise SlotFileError(f"filename is longer than {MAX_NAME_CHARS} characters")
-    if "/" in name or "\\" in name or name.startswith(".") or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise SlotFileError(f"filename {name!r} must be a plain name inside the --slot-save-path folder: no "
-                            "path separators, no leading dot, no control characters")
-    return name
 
 
 def _digest(tokens: bytes, rows: bytes) -> str:
@@ -96,7 +81,7 @@ def read(path: Path, layout: Layout, rows_bytes: Callable[[int], int], max_token
         with open(path, "rb") as f:
             data = f.read(size + 1)
     except FileNotFoundError:
-        raise SlotFileError(f"no slot file {path.name!r} in the --slot-save-path folder") from None
+        raise SlotFileError(f"no slot file {path.name!r}") from None
     except OSError as e:
         raise SlotFileError(f"slot file {path.name!r} cannot be read: {e.strerror or e}") from None
     where = f"slot file {path.name!r}"

@@ -194,6 +194,22 @@ def _slot_action_doc(d: oa.Doc) -> oa.Op:
     }, errors)
 
 
+MAX_NAME_CHARS = 255
+
+
+def _slot_file_name(name: Any) -> str:
+    """A plain file name inside the slot folder: no path separators, no `..`, nothing absolute,
+    not hidden (a leading dot), no control characters."""
+    if not isinstance(name, str) or not name:
+        raise invalid("filename is required: a plain file name inside the --slot-save-path folder")
+    if len(name) > MAX_NAME_CHARS:
+        raise invalid(f"filename is longer than {MAX_NAME_CHARS} characters")
+    if "/" in name or "\\" in name or name.startswith(".") or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise invalid(f"filename {name!r} must be a plain name inside the --slot-save-path folder: no "
+                      "path separators, no leading dot, no control characters")
+    return name
+
+
 @oa.route(blueprint, "/slots/<int:id_slot>", "/v1/slots/<int:id_slot>", methods=("POST",), doc=_slot_action_doc)
 def slot_action(id_slot: int) -> Any:
     """save: what the idle slot holds (its whole KV blocks) to FILENAME in --slot-save-path;
@@ -215,10 +231,7 @@ def slot_action(id_slot: int) -> Any:
     if action not in ("save", "restore", "erase"):
         raise invalid(f"action must be save, restore or erase; got {action!r}")
     body = json_body() if action != "erase" else {}
-    try:
-        name = slotfile.check_name(body.get("filename")) if action != "erase" else ""
-    except slotfile.SlotFileError as e:
-        raise invalid(str(e)) from None
+    name = _slot_file_name(body.get("filename")) if action != "erase" else ""
     engine = use_model(optional_model(body))
     if not isinstance(engine, Engine) or engine.kv is None:
         raise ApiError(501, "not_implemented", "slot files need the model's engine in this process")

@@ -118,20 +118,15 @@ class ResponseStore:
         event loop. A write the file refuses moves the store to memory, and is done there."""
         def locked() -> T:
             with self._lock:
-                for attempt in range(BUSY_TRIES):
+                for attempt in range(1, BUSY_TRIES + 1):
                     try:
                         return fn(self._conn)
-                    except sqlite3.OperationalError as e:
+                    except sqlite3.Error as e:
                         # another server on the same file holds its lock (past the 5 s wait): try
                         # again, then give up on this call; the file stays in use
-                        if _busy(e) and attempt + 1 < BUSY_TRIES:
+                        if _busy(e) and attempt < BUSY_TRIES:
                             continue
                         if _busy(e) or not write or self.path is None or self.problem is not None:
-                            raise
-                        self._to_memory(e)
-                        return fn(self._conn)
-                    except sqlite3.Error as e:
-                        if not write or self.path is None or self.problem is not None:
                             raise
                         self._to_memory(e)
                         return fn(self._conn)
