@@ -94,6 +94,11 @@ def test_the_layout_at_each_size_and_theme(browser, srv, size, scheme):
     assert no_sideways_scroll(browser), w
     pre = browser.find_element(By.CSS_SELECTOR, ".codeblock pre")
     assert browser.execute_script("return arguments[0].scrollWidth > arguments[0].clientWidth", pre)  # its own box
+    # a table's cells break between words, never inside one ("name" is not drawn as "na/me")
+    lines = browser.execute_script("""return [...document.querySelectorAll('.msg .content th, .msg .content td')]
+        .filter(c => !c.textContent.includes(' ')).map(c => { const r = document.createRange();
+        r.selectNodeContents(c); return r.getClientRects().length; })""")
+    assert lines and all(n == 1 for n in lines), lines
     name = f"{w}x{size[1]}-{scheme}"
     shot(browser, f"layout-{name}")
     sidebar = browser.find_element(By.ID, "sidebar")
