@@ -507,7 +507,9 @@ def api_schema(live: Server) -> Any:
     config = SchemathesisConfig.from_dict({
         "seed": 20250601,
         "generation": {"max-examples": 5, "deterministic": True, "database": "none", "no-shrink": True},
-        "phases": {"examples": {"enabled": True}, "coverage": {"enabled": True}, "fuzzing": {"enabled": True},
+        # the coverage phase (every field's boundary and wrong-typed values) took 46 of the run's 54 s;
+        # test_hostile.py's sweep sends odd values in every field of every generating route instead
+        "phases": {"examples": {"enabled": True}, "coverage": {"enabled": False}, "fuzzing": {"enabled": True},
                    "stateful": {"enabled": False}},
         "request-timeout": 60,
         # 501 is by design (embeddings, rerank, ... on a text model); a 500, or a 503 on this idle

@@ -254,7 +254,7 @@ def test_a_killed_replica_fails_only_its_requests_and_is_replaced(app):
 # --- prefix-aware routing against Ray Serve's default ------------------------------------------
 
 TOPICS = ["a lighthouse keeper", "a spice merchant", "a glacier survey team", "a violin workshop"]
-N_CONV, PER_CONV = 4, 10
+N_CONV, PER_CONV = 4, 7
 SYSTEM_WORDS = 400  # about 420 tokens: two conversations fit a replica's cache of CTX, three do not
 
 
@@ -266,7 +266,7 @@ def _system(i: int) -> str:
 
 
 def conversations(url: str) -> dict[str, float]:
-    """40 requests, conversations interleaved (0, 1, 2, 3, 0, 1, ...): cached tokens, TTFT."""
+    """28 requests, conversations interleaved (0, 1, 2, 3, 0, 1, ...): cached tokens, TTFT."""
     client = _client(url)
     prompt = cached = 0
     ttfts: list[float] = []
