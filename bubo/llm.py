@@ -786,6 +786,27 @@ class Model:
 
     # --- the one slot ----------------------------------------------------------------------
 
+    def run_request(self, req: GenerationRequest, stop_after: int | None = None
+                    ) -> tuple[list[int], list[float], str | None]:
+        """Run an engine request as it is (bubo.receipts reruns a server's so): its generated
+        token ids, their log-probabilities, and why it ended ("stop" or "length"; None when
+        stop_after tokens came first and it was stopped there). Refusals raise as generate()'s."""
+        run = self._start(req)
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        while (ev := self._next_event(run)) is not None:
+            if isinstance(ev, TokenEvent):
+                tokens.append(ev.token)
+                logprobs.append(ev.logprob)
+                if stop_after is not None and len(tokens) >= stop_after:
+                    run.closed = run.ended = True
+                    return tokens, logprobs, None
+            elif isinstance(ev, FinishEvent):
+                return tokens, logprobs, ev.reason
+            else:
+                raise refusal_of(ev)
+        return tokens, logprobs, None
+
     def _start(self, req: GenerationRequest) -> _Run:
         """req's run; it takes the slot when it is first read."""
         run = _Run(req)

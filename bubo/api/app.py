@@ -82,6 +82,10 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
     app.config["BUBO_PREPARE"] = PreparePool(config.prepare_timeout_s)  # bubo.api.offload
     app.config["BUBO_RESPONSES"] = ResponseStore(Path(config.responses_path) if config.responses_path else None,
                                                   config.responses_max)
+    if config.sign_key is not None:
+        from bubo.receipts import Signer
+
+        app.config["BUBO_SIGNER"] = Signer(config.sign_key)  # bubo.api.receipts
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
     app.json.sort_keys = False  # type: ignore[attr-defined]
 

@@ -49,6 +49,7 @@ class ServerConfig:
     contexts_path: str | None = None  # where context snapshots go (bubo serve: $BUBO_HOME/contexts)
     slot_save_path: str | None = None  # --slot-save-path: the folder of slot files (None: slot actions are off)
     responses_path: str | None = None  # their SQLite file (bubo serve: $BUBO_HOME's); None: in memory
+    sign_key: str | None = None  # --sign-key: the Ed25519 key receipts are signed with (bubo.receipts)
 
     @property
     def model_names(self) -> list[str]:

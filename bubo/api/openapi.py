@@ -276,6 +276,7 @@ def chat_request(model: Schema, model_required: bool = True, speculative: bool =
         "chat_template_kwargs": TEMPLATE_KWARGS,
         "cache_prompt": desc(OPT_BOOL, "default true: reuse the cached prefix"),
         **CHAT_CONTEXT_FIELDS,
+        "receipt": RECEIPT_FIELD,
         **sampling_props(),
         **(SPECULATIVE if speculative else {}),
     }
@@ -300,6 +301,7 @@ def completions_request(model: Schema) -> Schema:
         "response_format": RESPONSE_FORMAT,
         **CONTEXT_FIELDS,
         **OUTPUT_FIELDS,
+        "receipt": RECEIPT_FIELD,
         **sampling_props(),
         **SPECULATIVE,
     }, ["model", "prompt"], closed=False)
@@ -344,6 +346,7 @@ def responses_request(model: Schema) -> Schema:
                                      "before input (its instructions do not); unknown: 404"),
         "store": desc(OPT_BOOL, "keep the response (default true): GET /v1/responses/{id}, previous_response_id"),
         "metadata": desc({"type": ["object", "null"]}, "echoed in the response"),
+        "receipt": RECEIPT_FIELD,
         **CHAT_CONTEXT_FIELDS,
         **sampling_props(),
     }, ["model", "input"], closed=False)
@@ -391,6 +394,7 @@ def messages_request(model: Schema, count_only: bool = False) -> Schema:
         "max_tokens": desc({"anyOf": [{"type": "integer", "minimum": 1, "maximum": INT32_MAX}, const(-1)]},
                            "required; -1: until the model stops or the context is full"),
         "stream": OPT_BOOL,
+        "receipt": RECEIPT_FIELD,
         **CHAT_CONTEXT_FIELDS,
     })
     return obj(props, ["model", "messages", "max_tokens"], closed=False)
@@ -414,6 +418,7 @@ def native_completion_request() -> Schema:
         "response_format": RESPONSE_FORMAT,
         **CONTEXT_FIELDS,
         **OUTPUT_FIELDS,
+        "receipt": RECEIPT_FIELD,
         **sampling_props(),
         **SPECULATIVE,
     }, ["prompt"], closed=False)
@@ -453,6 +458,9 @@ def _usage() -> Schema:
                 "prompt_tokens_per_second", "completion_tokens_per_second"])
 
 
+RECEIPT_FIELD: Schema = desc(OPT_BOOL, "true: the answer carries a receipt (the last chunk of a stream) that `bubo "
+                                       "verify-receipt` reruns bit for bit; a request without a seed gets one")
+RECEIPT: Schema = desc(ref("Receipt"), "with receipt: true in the request")
 STEERED: Schema = desc(const(True), "present when the grammar steered the answer to a short ending so that it ends "
                                     "within its token budget")
 BYTES: Schema = arr({"type": "integer", "minimum": 0, "maximum": 255})
@@ -478,7 +486,7 @@ def _chat_completion() -> Schema:
                  ["index", "message", "logprobs", "finish_reason"])
     return obj({"id": {"type": "string", "pattern": "^chatcmpl-"}, "object": const("chat.completion"),
                 "created": INT, "model": STR, "choices": arr(choice, minItems=1, maxItems=1),
-                "usage": ref("ChatUsage"), "timings": ref("Timings")},
+                "usage": ref("ChatUsage"), "timings": ref("Timings"), "receipt": RECEIPT},
                ["id", "object", "created", "model", "choices", "usage", "timings"])
 
 
@@ -495,7 +503,7 @@ def _chat_chunk() -> Schema:
                 "created": INT, "model": STR,
                 "choices": desc(arr(choice, maxItems=1), "empty in the usage chunk (stream_options.include_usage)"),
                 "timings": desc(ref("Timings"), "in the chunk with the finish_reason"),
-                "usage": desc(ref("ChatUsage"), "in the usage chunk")},
+                "usage": desc(ref("ChatUsage"), "in the usage chunk"), "receipt": RECEIPT},
                ["id", "object", "created", "model", "choices"])
 
 
@@ -512,12 +520,12 @@ def _text_completion(chunk: bool) -> Schema:
                  ["text", "index", "logprobs", "finish_reason"])
     props: dict[str, Schema] = {"id": {"type": "string", "pattern": "^cmpl-"}, "object": const("text_completion"),
                                 "created": INT, "model": STR, "choices": arr(choice, maxItems=1),
-                                "usage": ref("ChatUsage"), "timings": ref("Timings")}
+                                "usage": ref("ChatUsage"), "timings": ref("Timings"), "receipt": RECEIPT}
     if chunk:
         props["choices"] = desc(arr(choice, maxItems=1), "empty in the usage chunk")
         return obj(props, ["id", "object", "created", "model", "choices"])
     props["choices"] = arr(choice, minItems=1, maxItems=1)
-    return obj(props, list(props))
+    return obj(props, [k for k in props if k != "receipt"])
 
 
 def _response_items() -> dict[str, Schema]:
@@ -560,9 +568,9 @@ def _response() -> Schema:
         "temperature": {"type": ["number", "null"]}, "top_p": {"type": ["number", "null"]},
         "metadata": desc({"type": "object"}, "the request's metadata, as sent"),
         "store": BOOL, "previous_response_id": {"type": ["string", "null"]},
-        "usage": desc(nullable(usage), "null while in progress"), "steered_to_fit": STEERED,
+        "usage": desc(nullable(usage), "null while in progress"), "steered_to_fit": STEERED, "receipt": RECEIPT,
     }
-    return obj(props, [k for k in props if k != "steered_to_fit"])
+    return obj(props, [k for k in props if k not in ("steered_to_fit", "receipt")])
 
 
 def _response_event() -> Schema:
@@ -612,7 +620,8 @@ def _anthropic_shapes() -> dict[str, Schema]:
     stop_reason = enum("end_turn", "max_tokens", "stop_sequence", "tool_use")
     message = obj({"id": {"type": "string", "pattern": "^msg_"}, "type": const("message"), "role": const("assistant"),
                    "model": STR, "content": arr(block, minItems=1), "stop_reason": stop_reason,
-                   "stop_sequence": {"type": ["string", "null"]}, "usage": usage, "steered_to_fit": STEERED},
+                   "stop_sequence": {"type": ["string", "null"]}, "usage": usage, "steered_to_fit": STEERED,
+                   "receipt": RECEIPT},
                   ["id", "type", "role", "model", "content", "stop_reason", "stop_sequence", "usage"])
     start_msg = obj({"id": {"type": "string", "pattern": "^msg_"}, "type": const("message"),
                      "role": const("assistant"), "model": STR, "content": arr({}, maxItems=0),
@@ -637,7 +646,7 @@ def _anthropic_shapes() -> dict[str, Schema]:
         obj({"type": const("message_delta"),
              "delta": obj({"stop_reason": stop_reason, "stop_sequence": {"type": ["string", "null"]},
                            "steered_to_fit": STEERED}, ["stop_reason", "stop_sequence"]),
-             "usage": obj({"output_tokens": NAT}, ["output_tokens"])}, ["type", "delta", "usage"]),
+             "usage": obj({"output_tokens": NAT}, ["output_tokens"]), "receipt": RECEIPT}, ["type", "delta", "usage"]),
         obj({"type": const("message_stop")}, ["type"]),
         obj({"type": const("error"), "error": ref("AnthropicErrorObject")}, ["type", "error"]),
     ]}
@@ -663,8 +672,10 @@ def _native_shapes() -> dict[str, Schema]:
         "usage": obj({"prompt_tokens": NAT, "completion_tokens": NAT, "total_tokens": NAT},
                      ["prompt_tokens", "completion_tokens", "total_tokens"]),
         "completion_probabilities": desc(arr(ref("TokenProbability")), "with n_probs > 0"),
+        "receipt": RECEIPT,
     }
-    final = obj(final_props, [k for k in final_props if k not in ("steered_to_fit", "completion_probabilities")])
+    final = obj(final_props, [k for k in final_props if k not in ("steered_to_fit", "completion_probabilities",
+                                                                   "receipt")])
     chunk_props: dict[str, Schema] = {
         "index": const(0), "content": STR, "tokens": arr(NAT), "stop": const(False), "id_slot": const(0),
         "tokens_predicted": NAT, "tokens_evaluated": NAT, "completion_probabilities": arr(ref("TokenProbability"))}
@@ -755,9 +766,32 @@ def schemas() -> dict[str, Schema]:
         "CompletionLogprobs": _completion_logprobs(),
         "TextCompletion": _text_completion(chunk=False), "TextCompletionChunk": _text_completion(chunk=True),
         **_response_items(), "Response": _response(), "ResponseStreamEvent": _response_event(),
-        **_anthropic_shapes(), **_native_shapes(), **_core_shapes(),
+        **_anthropic_shapes(), **_native_shapes(), **_core_shapes(), "Receipt": _receipt(),
     }
     return out
+
+
+def _receipt() -> Schema:
+    """bubo.receipts' shape (checked against a real receipt in tests/api/test_receipts.py)."""
+    ids = arr(NAT)
+    sha = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+    props: dict[str, Schema] = {
+        "version": const(1), "bubo": STR, "created": INT,
+        "model": obj({"name": STR, "path": STR, "sha256": sha}, ["name", "path", "sha256"]),
+        "kernel_level": enum("scalar", "avx2", "avx512", "neon"),
+        "cache": obj({"type_k": STR, "type_v": STR, "n_ctx": NAT}, ["type_k", "type_v", "n_ctx"]),
+        "prompt_tokens": ids,
+        "sampling": desc({"type": "object"}, "every sampling parameter in force, the seed included"),
+        "max_tokens": {"type": ["integer", "null"]}, "stop": arr(STR), "ignore_eos": BOOL,
+        "grammar": nullable(obj({"gbnf": STR, "root": STR}, ["gbnf", "root"])),
+        "output_tokens": ids, "logprobs_sha256": sha, "finish_reason": enum("stop", "length"),
+        "ended_early": desc(BOOL, "the answer was ended after its one tool call (tokens sampled meanwhile included)"),
+        "signature": desc(obj({"algorithm": const("ed25519"), "public_key": STR,
+                               "fields": {"type": "object", "additionalProperties": sha}, "value": STR},
+                              ["algorithm", "public_key", "fields", "value"]),
+                          "with serve --sign-key: over the sha256 of each field"),
+    }
+    return obj(props, [k for k in props if k != "signature"])
 
 
 # --- responses ----------------------------------------------------------------------------------

@@ -60,6 +60,7 @@ class ServeOptions:
     reasoning_format: str = "auto"  # bubo.api.config.REASONING_FORMATS: where a thinking model's reasoning goes
     slot_save_path: str | None = None  # llama-server's: the folder POST /slots/{id}?action=save writes to
     responses_max: int = ServerConfig.responses_max  # stored responses kept at most (the least recently used go)
+    sign_key: str | None = None  # the Ed25519 private key file receipts are signed with (bubo receipt-key)
     cache_reuse: int = 0  # llama-server's --cache-reuse: accepted (the prefix cache does the reuse bubo does)
     # HTTP
     host: str = DEFAULT_HOST

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from flask import has_request_context, request
 
 from bubo._grammar import Grammar
-from bubo.api import errors, offload
+from bubo.api import errors, offload, receipts
 from bubo.api.fields import RequestErrors, invalid
 from bubo.chat import prepare as prep
 from bubo.chat.constrain import OutputSpec
@@ -138,13 +138,19 @@ def prompt_tokens(runtime: Runtime, prompt: str | list[int], name: str = "prompt
 
 def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | None = None) -> Stream:
     """engine.submit, its refusals as the API's errors (bubo.api.errors.from_reason); the stream
-    counts its tokens into the request's log line (bubo.api.logs)."""
+    counts its tokens into the request's log line (bubo.api.logs); a request that asked for a
+    receipt has it recorded (bubo.api.receipts: a seed of its own when it had none)."""
+    rec = receipts.recorder()
+    if rec is not None:
+        req = rec.submitted(engine, req)
     try:
         checked = offload.run(engine.check, req, mem_available=mem_available,
                               what="building the request's sampler and grammar state")
         stream = engine.submit(req, mem_available=mem_available, checked=checked)
     except EngineRefusal as e:
         raise errors.from_refusal(e) from None
+    if rec is not None:
+        stream = rec.watch(stream)
     if not has_request_context():
         return stream
     record = request.environ.setdefault("bubo.log", {})

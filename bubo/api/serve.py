@@ -63,7 +63,21 @@ def server_config(args: ServeOptions, default_name: str | None = None) -> Server
         slot_save_path=_slot_folder(args.slot_save_path),
         contexts_path=str(store.home() / "contexts"),
         responses_path=str(store.home() / FILE_NAME),
+        sign_key=_sign_key(args.sign_key),
     )
+
+
+def _sign_key(path: str | None) -> str | None:
+    """--sign-key, read once here: a key that cannot be used stops serve in one line."""
+    if path is None:
+        return None
+    from bubo.receipts import ReceiptError, Signer
+
+    try:
+        Signer(path)
+    except ReceiptError as e:
+        raise ValueError(f"--sign-key: {e}") from None
+    return os.path.abspath(path)
 
 
 def _slot_folder(path: str | None) -> str | None:

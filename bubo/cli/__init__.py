@@ -1,4 +1,5 @@
-"""Command line: python -m bubo serve | ray-serve | run | pull | list | show | rm | ps | convert | bench.
+"""Command line: python -m bubo serve | ray-serve | run | pull | list | show | rm | ps | convert | bench |
+verify-receipt | receipt-key.
 
 Flags follow llama.cpp's names (-m/--model, -p/--prompt, -n/--n-predict, -c/--ctx-size,
 -t/--threads, ...). Every flag can also come from an environment variable BUBO_ARG_<LONG NAME>
@@ -6,8 +7,8 @@ Flags follow llama.cpp's names (-m/--model, -p/--prompt, -n/--n-predict, -c/--ct
 Errors are one line on stderr and a non-zero exit (BUBO_DEBUG=1 shows the traceback).
 
 One module per command: serve (and ray_serve), run (and its chat, chat.py), store (pull, list,
-rm, convert), show, ps, bench; flags.py is the parser. This package is the top layer: nothing
-under bubo/ imports it."""
+rm, convert), show, ps, bench, receipts (verify-receipt, receipt-key); flags.py is the parser.
+This package is the top layer: nothing under bubo/ imports it."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from bubo.cli.flags import EXIT_ERROR, EXIT_INTERRUPTED, build_parser
 COMMANDS = {"serve": ("serve", "serve"), "ray-serve": ("ray_serve", "ray_serve"), "run": ("run", "run"),
             "pull": ("store", "pull"), "list": ("store", "list_models"), "rm": ("store", "rm"),
             "convert": ("store", "convert"), "show": ("show", "show"), "ps": ("ps", "ps"),
-            "bench": ("bench", "bench_command")}
+            "bench": ("bench", "bench_command"), "verify-receipt": ("receipts", "verify_receipt"),
+            "receipt-key": ("receipts", "receipt_key")}
 
 
 def main(argv: list[str] | None = None) -> int:

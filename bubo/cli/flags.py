@@ -208,6 +208,9 @@ def build_parser() -> ArgParser:
     p.add_flag("--responses-max", type=int, default=SERVE["responses_max"], metavar="N",
                help="stored responses (POST /v1/responses with store, the default) kept at most, in "
                     "$BUBO_HOME/responses.sqlite3; past it the least recently used go (0: store none)")
+    p.add_flag("--sign-key", default=None, metavar="FILE",
+               help="sign the receipts of requests that ask for one (\"receipt\": true) with this Ed25519 "
+                    "private key (made by bubo receipt-key; needs pip install 'bubo[receipts]')")
     p.add_flag("--allow-copy", action="store_true",
                help="let POST /api/copy copy a model's file where it cannot make a hard link (another "
                     "filesystem), within the disk space a pull would check")
@@ -345,6 +348,19 @@ def build_parser() -> ArgParser:
     p.add_flag("--host", default="127.0.0.1", help="the server's address")
     p.add_flag("--port", type=int, default=8080, help="the server's port")
     p.add_flag("--api-key", default=None, help="the key the server requires (the first, if several are given)")
+
+    p = sub.add_parser("verify-receipt",
+                       help="rerun an answer's receipt here and say whether it is the same, bit for bit")
+    p.add_argument("file", metavar="FILE", help="the receipt (JSON), or a response that carries one")
+    p.add_flag("-m", "--model", default=None,
+               help="the model file to rerun with (default: the receipt's path, else its catalog name)")
+    p.add_flag("--public-key", default=None, metavar="FILE",
+               help="require a signature by this key (a .pub file that bubo receipt-key made)")
+    p.add_flag("-t", "--threads", type=int, default=None,
+               help="CPU threads (default: all; answers do not depend on it)")
+
+    p = sub.add_parser("receipt-key", help="make an Ed25519 key pair to sign receipts with (serve --sign-key)")
+    p.add_argument("file", metavar="FILE", help="the private key's file; the public key goes to FILE.pub")
 
     p = sub.add_parser("bench", help="measure prompt processing and generation speed (llama-bench's table)")
     p.add_flag("-m", "--model", required=True, help="catalog name or GGUF path")

@@ -49,6 +49,8 @@ class ServingEngine(Protocol):
     n_parallel: int | None
     n_batch: int
     n_ubatch: int
+    cache_type_k: str
+    cache_type_v: str
     queue_size: int | None
     runtime: Runtime | None
     ready: bool

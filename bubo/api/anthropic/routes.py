@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Blueprint, jsonify
 
-from bubo.api import contexts, offload, pipeline
+from bubo.api import contexts, offload, pipeline, receipts
 from bubo.api import fields as f
 from bubo.api import openapi as oa
 from bubo.api.anthropic import messages as am
@@ -38,6 +38,7 @@ def messages() -> Any:
     body = json_body()
     model = resolve_model(body)
     req = offload.run(am.parse_messages_request, body, what="reading the request's fields")
+    rec = receipts.ask(body)
     engine = use_model(model)
     _, prep, stream = pipeline.start_chat(engine, req, stop=req.stop, mem_available=debug_mem_available(),
                                           context=contexts.for_chat(engine, body),
@@ -45,7 +46,8 @@ def messages() -> Any:
     id = f.new_id("msg_")
 
     if not req.stream:
-        return jsonify(am.message_response(id=id, model=model, out=pipeline.collect(stream, prep.parser)))
+        out = pipeline.collect(stream, prep.parser)
+        return jsonify({**am.message_response(id=id, model=model, out=out), **receipts.field(rec)})
 
     def events() -> Iterator[Any]:
         m = am.MessageEvents(id, model)
@@ -54,7 +56,9 @@ def messages() -> Any:
             for parts, ev in pipeline.run_events(stream, prep.parser, stream.end):
                 yield from m.parts(parts)
                 if isinstance(ev, FinishEvent):
-                    yield from m.end(ev)
+                    end = m.end(ev)
+                    end[-2][1].update(receipts.field(rec))  # message_delta: the last event with a content
+                    yield from end
         except ApiError as e:
             yield stream_error(StreamShape.ANTHROPIC, e)
 

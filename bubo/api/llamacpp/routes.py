@@ -9,7 +9,7 @@ from typing import Any
 
 from flask import Blueprint
 
-from bubo.api import contexts, jsonout, offload, pipeline
+from bubo.api import contexts, jsonout, offload, pipeline, receipts
 from bubo.api import fields as f
 from bubo.api import openapi as oa
 from bubo.api.errors import ApiError, StreamShape, stream_error
@@ -63,13 +63,14 @@ def completion() -> Any:
     body = json_body()
     req = offload.run(nc.parse_native_request, body, what="reading the request's fields")
     draft_max = f.draft_max_of(body)
+    rec = receipts.ask(body)
     model = optional_model(body)
     engine = use_model(model)
     rt = runtime_of(engine)
     tokens, ctx, claimed = contexts.continued(engine, rt, body, req.prompt, _tokens)
     # token ids are decoded for the answer once the engine has taken them (it checks them)
     return _answer(req, model, engine, rt, tokens, req.prompt if isinstance(req.prompt, str) else None, draft_max,
-                   ctx, claimed)
+                   ctx, claimed, rec)
 
 
 def _infill_doc(d: oa.Doc) -> oa.Op:
@@ -117,6 +118,7 @@ def infill() -> Any:
     req = offload.run(nc.parse_native_request, with_fields(body, prompt=texts["prompt"]),
                       what="reading the request's fields")
     draft_max = f.draft_max_of(body)
+    rec = receipts.ask(body)
     model = optional_model(body)
     engine = use_model(model)
     rt = runtime_of(engine)
@@ -124,14 +126,14 @@ def infill() -> Any:
         raise ApiError(501, "not_implemented", no_fim(model))
     tokens = pipeline.offloaded(fim_prompt, rt, texts["input_prefix"], texts["input_suffix"], files=files,
                                 middle=texts["prompt"], name=model, what="tokenizing the prompt")
-    return _answer(req, model, engine, rt, tokens, texts["prompt"], draft_max)
+    return _answer(req, model, engine, rt, tokens, texts["prompt"], draft_max, rec=rec)
 
 
 def _answer(req: nc.NativeRequest, model: str, engine: ServingEngine, rt: Runtime, tokens: list[int],
             prompt_text: str | None, draft_max: int | None, ctx: dict[str, Any] | None = None,
-            claimed: str | None = None) -> Any:
+            claimed: str | None = None, rec: receipts.Recorder | None = None) -> Any:
     """Generate from tokens and answer in /completion's shape (one object, or SSE chunks); ctx:
-    the request's context fields (bubo.api.contexts.continued)."""
+    the request's context fields (bubo.api.contexts.continued); rec: its receipt's (receipts.ask)."""
     gen = GenerationRequest(tokens, req.params, req.n_predict, req.stop, req.n_probs, req.cache_prompt,
                             req.ignore_eos, pipeline.completion_grammar(req.output, rt),
                             draft_max=draft_max, **(ctx or {}))
@@ -144,14 +146,15 @@ def _answer(req: nc.NativeRequest, model: str, engine: ServingEngine, rt: Runtim
 
     if not req.stream:
         out = pipeline.collect(stream, None)
+        receipt = receipts.field(rec)
 
         def answer() -> dict[str, Any]:
             ids = [t.token for t in out.tokens]
-            return nc.native_response(
+            return {**nc.native_response(
                 model=model, content=out.content, fin=out.finished, tokens=ids if req.return_tokens else None,
                 probs=[probs_of(t) for t in out.tokens] if req.n_probs else None,
                 prompt_text=prompt_text if prompt_text is not None else rt.tokenizer.decode(tokens),
-                settings=nc.generation_settings(req, n_ctx))
+                settings=nc.generation_settings(req, n_ctx)), **receipt}
 
         return jsonout.built(answer)
 
@@ -165,9 +168,9 @@ def _answer(req: nc.NativeRequest, model: str, engine: ServingEngine, rt: Runtim
                                           tokens=[ev.token] if req.return_tokens else None, n_predicted=n,
                                           n_prompt=len(tokens), probs=[probs_of(ev)] if req.n_probs else None)
                 elif isinstance(ev, FinishEvent):
-                    yield nc.native_response(
+                    yield {**nc.native_response(
                         model=model, content="", fin=ev, tokens=None, probs=None,
-                        prompt_text="", settings=nc.generation_settings(req, n_ctx))
+                        prompt_text="", settings=nc.generation_settings(req, n_ctx)), **receipts.field(rec)}
         except ApiError as e:
             yield stream_error(StreamShape.OPENAI, e)
 

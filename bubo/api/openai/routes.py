@@ -9,7 +9,7 @@ from typing import Any
 
 from flask import Blueprint, jsonify, request
 
-from bubo.api import contexts, jsonout, offload, pipeline
+from bubo.api import contexts, jsonout, offload, pipeline, receipts
 from bubo.api import fields as f
 from bubo.api import openapi as oa
 from bubo.api.errors import ApiError, StreamShape, stream_error
@@ -55,6 +55,7 @@ def chat_completions() -> Any:
     model = resolve_model(body)
     req = offload.run(ch.parse_chat_request, body, what="reading the request's fields")
     draft_max = f.draft_max_of(body)
+    rec = receipts.ask(body)
     engine = use_model(model)
     rt, prep, stream = pipeline.start_chat(engine, req, stop=req.stop, n_probs=req.params.n_probs,
                                            context=contexts.for_chat(engine, body),
@@ -66,10 +67,11 @@ def chat_completions() -> Any:
 
     if not req.stream:
         out = pipeline.collect(stream, prep.parser)
+        receipt = receipts.field(rec)
 
         def answer() -> dict[str, Any]:
             lps = [ch.token_logprobs(rt, t, n_top) for t in out.tokens] if req.logprobs else None
-            return ch.chat_response(id=id, created=created, model=model, out=out, logprobs=lps)
+            return {**ch.chat_response(id=id, created=created, model=model, out=out, logprobs=lps), **receipt}
 
         return jsonout.built(answer)
 
@@ -81,7 +83,7 @@ def chat_completions() -> Any:
                 lps = [ch.token_logprobs(rt, ev, n_top)] if req.logprobs and isinstance(ev, TokenEvent) else None
                 yield from c.parts(parts, lps)
                 if isinstance(ev, FinishEvent):
-                    yield c.last(ev)
+                    yield {**c.last(ev), **receipts.field(rec)}
                     if req.include_usage:
                         yield c.usage(ev)
         except ApiError as e:
@@ -152,6 +154,7 @@ def completions() -> Any:
     model = resolve_model(body)
     req = offload.run(cm.parse_completion_request, body, what="reading the request's fields")
     draft_max = f.draft_max_of(body)
+    rec = receipts.ask(body)
     engine = use_model(model)
     rt = runtime_of(engine)
     tokens, ctx, claimed = contexts.continued(engine, rt, body, req.prompt, pipeline.prompt_tokens)
@@ -175,12 +178,13 @@ def completions() -> Any:
 
     if not req.stream:
         out = pipeline.collect(stream, None)
+        receipt = receipts.field(rec)
 
         def answer() -> dict[str, Any]:
             lps = cm.completion_logprobs([lp_entry(t) for t in out.tokens], len(echo)) \
                 if req.logprobs is not None else None
-            return cm.completion_response(id=id, created=created, model=model, text=echo + out.content,
-                                          fin=out.finished, logprobs=lps)
+            return {**cm.completion_response(id=id, created=created, model=model, text=echo + out.content,
+                                             fin=out.finished, logprobs=lps), **receipt}
 
         return jsonout.built(answer)
 
@@ -198,7 +202,7 @@ def completions() -> Any:
                         yield cm.completion_chunk(id=id, created=created, model=model, text=text, logprobs=lps)
                     offset += len(text)
                 elif isinstance(ev, FinishEvent):
-                    yield cm.last_chunk(id=id, created=created, model=model, fin=ev)
+                    yield {**cm.last_chunk(id=id, created=created, model=model, fin=ev), **receipts.field(rec)}
                     if req.include_usage:
                         yield cm.usage_chunk(id=id, created=created, model=model, fin=ev)
         except ApiError as e:
@@ -230,6 +234,7 @@ def responses() -> Any:
     prev_id = rs.previous_id(body)
     previous = _stored(prev_id) if prev_id is not None else None
     req = offload.run(rs.parse_responses_request, body, previous, what="reading the request's fields")
+    rec = receipts.ask(body)
     engine = use_model(model)
     rt, prep, stream = pipeline.start_chat(engine, req, mem_available=debug_mem_available(),
                                            context=contexts.for_chat(engine, body),
@@ -246,8 +251,9 @@ def responses() -> Any:
 
     if not req.stream:
         out = pipeline.collect(stream, prep.parser)
-        resp = rs.response_object(id=id, created=created, model=model, req=req, output=rs.output_items(out),
-                                  fin=out.finish, reasoning_tokens=reasoning_tokens(out.reasoning))
+        resp = {**rs.response_object(id=id, created=created, model=model, req=req, output=rs.output_items(out),
+                                     fin=out.finish, reasoning_tokens=reasoning_tokens(out.reasoning)),
+                **receipts.field(rec)}
         keep(resp)
         return jsonify(resp)
 
@@ -261,6 +267,7 @@ def responses() -> Any:
                 yield from r.parts(parts)
                 if isinstance(ev, FinishEvent):
                     end = r.end(ev, reasoning_tokens(reasoning))
+                    end[-1][1]["response"].update(receipts.field(rec))
                     keep(end[-1][1]["response"])  # stored before the client reads that it is done
                     yield from end
         except ApiError as e:
