@@ -791,6 +791,12 @@ class Model:
         """Run an engine request as it is (bubo.receipts reruns a server's so): its generated
         token ids, their log-probabilities, and why it ended ("stop" or "length"; None when
         stop_after tokens came first and it was stopped there). Refusals raise as generate()'s."""
+        self._generative()
+        if not req.prompt:
+            raise InvalidRequestError("the prompt is empty")
+        self.runtime.check_ids(req.prompt)
+        if len(req.prompt) >= self.n_ctx:
+            raise InvalidRequestError(f"the prompt is {len(req.prompt)} tokens but the context holds {self.n_ctx}")
         run = self._start(req)
         tokens: list[int] = []
         logprobs: list[float] = []

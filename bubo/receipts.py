@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import os
+import secrets
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -85,12 +86,12 @@ def sampling_of(data: Mapping[str, Any]) -> SamplingParams:
     if extra:
         raise ReceiptError(f"sampling: unknown parameter {sorted(extra)[0]!r}")
     values = dict(data)
-    if "logit_bias" in values:
-        pairs = values["logit_bias"]
-        if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
-            raise ReceiptError("sampling.logit_bias: a list of [token, bias] pairs")
-        values["logit_bias"] = {p[0]: (float(p[1]) if isinstance(p[1], str) else p[1]) for p in pairs}
     try:
+        if "logit_bias" in values:
+            pairs = values["logit_bias"]
+            if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+                raise ReceiptError("sampling.logit_bias: a list of [token, bias] pairs")
+            values["logit_bias"] = {p[0]: (float(p[1]) if isinstance(p[1], str) else p[1]) for p in pairs}
         return SamplingParams(**values)
     except (TypeError, ValueError) as e:
         raise ReceiptError(f"sampling: {e}") from None
@@ -156,9 +157,22 @@ def model_name(served: str, sha256: str) -> str:
 # --- signing -----------------------------------------------------------------------------------
 
 
+def _plain(value: Any) -> Any:
+    """value with integral floats as integers: 1.0 and 1 are one number (a JSON tool may write either)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def canonical(value: Any) -> bytes:
-    """The one byte form of a JSON value that digests and signatures are taken over."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    """The one byte form of a JSON value that digests and signatures are taken over (keys sorted,
+    integral floats as integers)."""
+    return json.dumps(_plain(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode()
 
 
 def field_digests(receipt: Mapping[str, Any]) -> dict[str, str]:
@@ -243,13 +257,21 @@ def receipt_key(path: str | os.PathLike[str]) -> tuple[Path, Path]:
     dest = Path(path)
     pub = dest.with_name(dest.name + ".pub")
     for target, data, mode in ((dest, private, 0o600), (pub, public, 0o644)):
-        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(_b64(data) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(_b64(data) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, target)  # whole, and never over a file that is there
+        except FileExistsError:
+            raise ReceiptError(f"{target} exists: give another name, or remove it first") from None
+        except OSError as e:
+            raise ReceiptError(f"{target}: cannot be written ({e.strerror or e})") from None
+        finally:
+            if tmp.exists():
+                tmp.unlink()
     return dest, pub
 
 
@@ -274,6 +296,9 @@ def check_signature(receipt: Mapping[str, Any], public_key_file: str | os.PathLi
     fields = sig.get("fields")
     if not isinstance(fields, dict) or len(public) != 32:
         return "signature: its fields or public key are malformed"
+    for name in receipt:
+        if name not in FIELDS and name != "signature":
+            return f"{name}: not a receipt field (added after the receipt was signed)"
     try:
         ed25519.Ed25519PublicKey.from_public_bytes(public).verify(value, canonical(fields))
     except (InvalidSignature, ValueError):
@@ -314,6 +339,9 @@ def check_shape(receipt: Mapping[str, Any]) -> None:
     for name in FIELDS:
         if name not in receipt:
             raise ReceiptError(f"{name}: missing")
+    for name in receipt:
+        if name not in FIELDS and name != "signature":
+            raise ReceiptError(f"{name}: not a receipt field")
     if receipt["version"] != VERSION:
         raise ReceiptError(f"version: {receipt['version']!r} (this bubo reads version {VERSION})")
     model = _typed(receipt, "model", lambda v: isinstance(v, dict), "an object")
@@ -401,16 +429,18 @@ def level_problem(receipt: Mapping[str, Any]) -> str | None:
 
 
 def model_file(receipt: Mapping[str, Any], model: str | os.PathLike[str] | None = None) -> Path:
-    """The model file to rerun with: model if given, else the receipt's path if it is there, else
-    its catalog name (pulled if not stored). ReceiptError when none is found."""
+    """The model file to rerun with: model if given, else the receipt's path if the file there has
+    the receipt's sha256, else its catalog name (pulled if not stored). ReceiptError when none is found."""
     from bubo import store
+    from bubo.engine.slotfile import model_sha256
 
     if model is not None:
         if not Path(model).is_file():
             raise ReceiptError(f"-m {model}: no such file")
         return Path(model)
     path = Path(receipt["model"]["path"])
-    if path.is_file():
+    if path.is_file() and (model_sha256(str(path)) == receipt["model"]["sha256"]
+                           or receipt["model"]["name"] not in store.CATALOG):
         return path
     name = receipt["model"]["name"]
     try:
@@ -461,12 +491,15 @@ def verify(receipt: Mapping[str, Any], *, model: str | os.PathLike[str] | None =
 
     sha = model_sha256(str(path))
     if sha != receipt["model"]["sha256"]:
-        return Verdict("differs", f"model.sha256: the file {path} has sha256 {sha[:16]}..., the receipt's model "
+        return Verdict("cannot", f"model.sha256: the file {path} has sha256 {sha[:16]}..., the receipt's model "
                                   f"{receipt['model']['sha256'][:16]}...")
-    return _rerun(receipt, path, n_threads)
+    sig = receipt.get("signature")
+    signed = ("; not signed" if sig is None else "; signed by the key given" if public_key is not None else
+              f"; signed by key {sig['public_key'][:12]}... (not checked against a key of yours: --public-key)")
+    return _rerun(receipt, path, n_threads, signed)
 
 
-def _rerun(receipt: Mapping[str, Any], path: Path, n_threads: int | None) -> Verdict:
+def _rerun(receipt: Mapping[str, Any], path: Path, n_threads: int | None, signed: str = "") -> Verdict:
     from bubo._grammar import Grammar
     from bubo.engine.types import GenerationRequest
     from bubo.llm import Model
@@ -483,6 +516,9 @@ def _rerun(receipt: Mapping[str, Any], path: Path, n_threads: int | None) -> Ver
     try:
         with Model(path, n_ctx=cache["n_ctx"], n_threads=n_threads, draft=False, cache_type_k=cache["type_k"],
                    cache_type_v=cache["type_v"]) as m:
+            if m.n_ctx != cache["n_ctx"]:
+                return Verdict("cannot", f"cache.n_ctx: the receipt's context of {cache['n_ctx']} tokens is over "
+                                         f"the model's trained context ({m.n_ctx}), which a library Model keeps to")
             got, logprobs, finish = m.run_request(req, len(want) if receipt["ended_early"] else None)
             detok = m.detokenize
             for i in range(max(len(got), len(want))):
@@ -491,11 +527,11 @@ def _rerun(receipt: Mapping[str, Any], path: Path, n_threads: int | None) -> Ver
                         break
                     return Verdict("differs", f"output_tokens[{i}]: the receipt has {describe(want, i, detok)}, "
                                               f"this run {describe(got, i, detok)}")
-    except (ValueError, RuntimeError) as e:  # a request the model refuses (token ids, context), ...
+    except Exception as e:  # noqa: BLE001 - any failure to run it here is a verdict: cannot
         return Verdict("cannot", f"the receipt's request cannot run on {path}: {e}")
     if logprobs_sha256(logprobs[: len(want)]) != receipt["logprobs_sha256"]:
         return Verdict("differs", "logprobs_sha256: every token is the same but their log-probabilities differ")
     if not receipt["ended_early"] and finish != receipt["finish_reason"]:
         return Verdict("differs", f"finish_reason: the receipt has {receipt['finish_reason']!r}, this run {finish!r}")
     return Verdict("verified", f"verified: {len(want)} tokens, the same tokens and log-probabilities, at the "
-                               f"{receipt['kernel_level']} level on {path.name}")
+                               f"{receipt['kernel_level']} level on {path.name}{signed}")

@@ -6,6 +6,7 @@ signed when the server has a key (--sign-key)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import secrets
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -20,6 +21,7 @@ from bubo.engine.protocol import ServingEngine, Stream
 from bubo.engine.types import Event, FinishEvent, GenerationRequest, TokenEvent
 
 ENVIRON = "bubo.receipt"
+log = logging.getLogger("bubo.api")
 
 
 def ask(body: Mapping[str, Any]) -> Recorder | None:
@@ -73,7 +75,11 @@ class Recorder:
         from bubo.engine.slotfile import model_sha256
 
         path = eng.model_path or ""
-        sha = offload.blocking(model_sha256, path)
+        try:
+            sha = offload.blocking(model_sha256, path)
+        except OSError as e:  # the file went away since it was loaded: no receipt can name it
+            log.warning("no receipt: the model file %s cannot be read (%s)", path, e.strerror or e)
+            return None
         made = receipts.Made(
             model_name=offload.blocking(receipts.model_name, eng.model_name, sha), model_path=path, model_sha256=sha,
             kernel_level=_kernels.best_isa(), cache_type_k=eng.cache_type_k, cache_type_v=eng.cache_type_v,

@@ -18,6 +18,9 @@ def verify_receipt(args: argparse.Namespace) -> int:
     """Rerun the receipt at its kernel level (this process starts again with BUBO_FORCE_ISA set
     to it when it runs another) and print the verdict: 0 verified, 1 differs (where first),
     2 cannot be run here (the level, the model file, a malformed receipt)."""
+    if args.threads is not None and args.threads < 1:
+        print(f"bubo verify-receipt: error: -t {args.threads}: give a positive number of threads", file=sys.stderr)
+        return EXIT_CANNOT
     try:
         receipt = receipts.load(args.file)
     except receipts.ReceiptError as e:
@@ -35,9 +38,10 @@ def verify_receipt(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os.execve(sys.executable, argv, {**os.environ, "BUBO_FORCE_ISA": level, AT_LEVEL: "1"})
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"-t {args.threads}: give a positive number of threads")
-    verdict = receipts.verify(receipt, model=args.model, public_key=args.public_key, n_threads=args.threads)
+    try:
+        verdict = receipts.verify(receipt, model=args.model, public_key=args.public_key, n_threads=args.threads)
+    except Exception as e:  # noqa: BLE001 - whatever stops the rerun here is "cannot" (exit 2), never "differs"
+        verdict = receipts.Verdict("cannot", str(e) or type(e).__name__)
     if verdict.status == "cannot":
         print(f"bubo verify-receipt: error: {verdict.message}", file=sys.stderr)
     else:
@@ -52,7 +56,10 @@ def receipt_key(args: argparse.Namespace) -> int:
     for p in (path, path.with_name(path.name + ".pub")):
         if p.exists():
             raise ValueError(f"{p} exists: give another name, or remove it first")
-    private, public = receipts.receipt_key(path)
+    try:
+        private, public = receipts.receipt_key(path)
+    except receipts.ReceiptError as e:
+        raise ValueError(str(e)) from None
     print(f"private key: {private} (serve --sign-key {private})")
     print(f"public key:  {public} (verify-receipt --public-key {public})")
     return 0
