@@ -67,8 +67,17 @@ class RunLock:
 
     def __init__(self, run_id: str):
         base = pathlib.Path(tempfile.gettempdir()) / f"bubo-tests-{run_id}"
-        self.turnstile = open(f"{base}.turnstile", "a")  # noqa: SIM115 - held for the run
-        self.main = open(f"{base}.lock", "a")  # noqa: SIM115
+        self.paths = [pathlib.Path(f"{base}.turnstile"), pathlib.Path(f"{base}.lock")]
+        self.turnstile = open(self.paths[0], "a")  # noqa: SIM115 - held for the run
+        self.main = open(self.paths[1], "a")  # noqa: SIM115
+
+    def close(self) -> None:
+        """A worker that has run its last test: its files go (the other worker holds its own
+        open descriptors, and needs the lock no longer once this one is done)."""
+        self.turnstile.close()
+        self.main.close()
+        for p in self.paths:
+            p.unlink(missing_ok=True)
 
     def acquire(self, exclusive: bool) -> None:
         fcntl.flock(self.turnstile, fcntl.LOCK_EX)
@@ -119,6 +128,11 @@ def pytest_runtest_protocol(item, nextitem):
         if not (exclusive and _exclusive(nextitem) and nextitem.module is item.module):
             _run_lock.release(exclusive)
             _holding_exclusive = False
+
+
+def pytest_sessionfinish(session):
+    if _run_lock is not None:
+        _run_lock.close()
 
 
 @pytest.fixture(scope="session")
