@@ -16,6 +16,7 @@ from typing import Any
 from flask import Flask, request
 from werkzeug.exceptions import HTTPException
 
+from bubo.api import callers
 from bubo.api.auth import check_api_key, check_host
 from bubo.api.config import ServerConfig
 from bubo.api.errors import ApiError, error_response
@@ -79,6 +80,7 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
     app.config["BUBO_MODELS"] = registry
     app.config["BUBO_CONFIG"] = config
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    app.config["BUBO_CALLERS"] = callers.Callers(config.caller_max_slots)  # bubo.api.callers
     app.config["BUBO_PREPARE"] = PreparePool(config.prepare_timeout_s)  # bubo.api.offload
     app.config["BUBO_RESPONSES"] = ResponseStore(Path(config.responses_path) if config.responses_path else None,
                                                   config.responses_max)
@@ -111,7 +113,7 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
                                                                                    "Retry-After": "5"})
         check_host(config.host, config.host_allow, bool(config.api_keys))
         if request.path not in about.PUBLIC_PATHS:
-            check_api_key(config.api_keys)
+            callers.identify(check_api_key(config.api_keys), config.caller_names)
         if _foreign_origin(config):
             raise ApiError(403, "forbidden_origin",
                            f"a web page at {request.headers.get('Origin')} may not send {request.method} requests to "
@@ -120,6 +122,22 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
     @app.teardown_request
     def _release(_: BaseException | None) -> None:
         release_models()
+
+    @app.after_request
+    def _count(resp: Any) -> Any:
+        """Once the response is written (a stream's last chunk included): the request counts for
+        its caller, and the generations it still holds for --caller-max-slots end."""
+        environ = request.environ
+        record = environ.setdefault("bubo.log", {})
+        who, known = callers.caller(), callers.ENVIRON in environ  # not a refused key's, nor a public page's
+        counts = app.config["BUBO_CALLERS"]
+
+        def closed() -> None:
+            callers.release_all(environ)
+            if known:
+                counts.finished(who, record)
+        resp.call_on_close(closed)
+        return resp
 
     @app.after_request
     def _ignored(resp: Any) -> Any:

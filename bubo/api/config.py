@@ -26,6 +26,8 @@ class ServerConfig:
     served_model_name: str = "model"
     aliases: list[str] = field(default_factory=list)
     api_keys: list[str] = field(default_factory=list)
+    caller_names: dict[str, str] = field(default_factory=dict)  # a named key's caller (bubo.api.auth)
+    caller_max_slots: int | None = None  # --caller-max-slots: a caller's generations at once (bubo.api.callers)
     cors_origins: list[str] = field(default_factory=list)  # "*" allows any origin
     debug_hooks: bool = False
     host: str = DEFAULT_HOST
@@ -49,6 +51,7 @@ class ServerConfig:
     contexts_path: str | None = None  # where context snapshots go (bubo serve: $BUBO_HOME/contexts)
     slot_save_path: str | None = None  # --slot-save-path: the folder of slot files (None: slot actions are off)
     responses_path: str | None = None  # their SQLite file (bubo serve: $BUBO_HOME's); None: in memory
+    mcp: bool = True  # the Model Context Protocol endpoint, /mcp (--no-mcp turns it off)
     sign_key: str | None = None  # --sign-key: the Ed25519 key receipts are signed with (bubo.receipts)
 
     @property

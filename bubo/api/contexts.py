@@ -13,7 +13,8 @@ belongs to its model (?model= on every route of an existing one, `model` in the 
 the default model without). /v1/completions and /completion take `context_id`: the prompt
 continues the context (its tokens first, their rows shared, not read again), and with
 `"save": true` the context moves forward to the end of the answer. A context being made or moved
-forward is in use: reading, forking or snapshotting it then is a 409. Errors are OpenAI's shape."""
+forward is in use: reading, forking or snapshotting it then is a 409. A context is its caller's
+(bubo.api.callers): to another caller it does not exist (404). Errors are OpenAI's shape."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from typing import Any
 
 from flask import Blueprint, jsonify, request
 
+from bubo.api import callers, offload, pipeline
 from bubo.api import fields as f
-from bubo.api import offload, pipeline
 from bubo.api import openapi as oa
 from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
@@ -47,11 +48,16 @@ def _engine(model: str) -> Engine:
     return engine
 
 
-def on_contexts(engine: Engine, fn: Any) -> Any:
-    """fn(the engine's Contexts) on the engine's thread; its ContextErrors as 404, 409 or 400."""
+def on_contexts(engine: Engine, fn: Any, id: str | None = None) -> Any:
+    """fn(the engine's Contexts) on the engine's thread; its ContextErrors as 404, 409 or 400.
+    id: the context fn acts on, which must be the request's caller's (404 otherwise)."""
+    who = callers.caller()
+
     def run(s: Scheduler) -> Any:
         if s.contexts is None:
             raise ContextError("this model keeps no contexts")
+        if id is not None:
+            s.contexts.owned(id, who)
         return fn(s.contexts)
     try:
         return engine.call(run)
@@ -77,7 +83,7 @@ def _layout(engine: Engine) -> slotfile.Layout:
 
 def read_back(engine: Engine, id: str) -> None:
     """A spilled context in memory again (its file read, checked and imported)."""
-    path = on_contexts(engine, lambda c: c.get(id).spilled)
+    path = on_contexts(engine, lambda c: c.get(id).spilled, id)
     if path is None:
         return
     kv = engine.kv
@@ -115,7 +121,7 @@ def start(engine: ServingEngine, body: dict[str, Any]) -> tuple[list[int], int, 
     def take(c: Contexts) -> tuple[list[int], int]:
         ctx = c.readable(id)
         return list(ctx.tokens), ctx.seq
-    tokens, seq = on_contexts(engine, take)
+    tokens, seq = on_contexts(engine, take, id)
     return tokens, seq, save
 
 
@@ -238,7 +244,8 @@ def create() -> Any:
         from bubo.api.openai import completions as cm
 
         tokens = pipeline.prompt_tokens(rt, cm.prompt_of(body.get("prompt")))
-    ctx: Context = on_contexts(engine, lambda c: c.claim(c.new().id))
+    who = callers.caller()
+    ctx: Context = on_contexts(engine, lambda c: c.claim(c.new(owner=who).id))
     try:
         stream = pipeline.submit(engine, GenerationRequest(tokens, read_only=True, keep=ctx.seq),
                                  debug_mem_available())
@@ -257,13 +264,14 @@ def create() -> Any:
     {"object": oa.const("list"), "data": oa.arr(_context_schema())}, ["object", "data"]), path=False))
 def list_contexts() -> Any:
     engine = _engine(optional_model())
-    return jsonify(object="list", data=on_contexts(engine, lambda c: [describe(c, x) for x in c.listed()]))
+    who = callers.caller()
+    return jsonify(object="list", data=on_contexts(engine, lambda c: [describe(c, x) for x in c.listed(who)]))
 
 
 @oa.route(blueprint, "/v1/contexts/<context_id>", doc=_doc("A context", "context_get", _context_schema()))
 def get_context(context_id: str) -> Any:
     engine = _engine(optional_model())
-    return jsonify(on_contexts(engine, lambda c: describe(c, c.get(context_id))))
+    return jsonify(on_contexts(engine, lambda c: describe(c, c.get(context_id)), context_id))
 
 
 @oa.route(blueprint, "/v1/contexts/<context_id>", methods=("DELETE",),
@@ -271,7 +279,7 @@ def get_context(context_id: str) -> Any:
               {"id": oa.STR, "object": oa.const("context"), "deleted": oa.const(True)}, ["id", "object", "deleted"])))
 def delete_context(context_id: str) -> Any:
     engine = _engine(optional_model())
-    ctx: Context = on_contexts(engine, lambda c: c.delete(context_id))
+    ctx: Context = on_contexts(engine, lambda c: c.delete(context_id), context_id)
     if ctx.spilled is not None:
         Path(ctx.spilled).unlink(missing_ok=True)
     return jsonify(id=context_id, object="context", deleted=True)
@@ -299,7 +307,7 @@ def fork_context(context_id: str) -> Any:
     def fork(c: Contexts) -> tuple[list[dict[str, Any]], float]:
         children, seconds = c.fork(context_id, n)
         return [describe(c, x) for x in children], seconds
-    data, seconds = on_contexts(engine, fork)
+    data, seconds = on_contexts(engine, fork, context_id)
     return jsonify(object="list", data=data, fork_ms=seconds * 1e3)
 
 
@@ -309,7 +317,7 @@ def snapshot_context(context_id: str) -> Any:
     engine = _engine(optional_model())
     folder = _folder()
     # claimed from the export to the spill: no request moves it forward meanwhile
-    tokens, rows = on_contexts(engine, lambda c: c.export(context_id, claim=True))
+    tokens, rows = on_contexts(engine, lambda c: c.export(context_id, claim=True), context_id)
     path = folder / f"{context_id}.slot"
     try:
         offload.blocking(_write, path, _layout(engine), tokens, rows)

@@ -16,7 +16,7 @@ from flask import Blueprint, Response, jsonify, request
 
 import bubo
 from bubo import deadline
-from bubo.api import errors, jsonout, offload, pipeline
+from bubo.api import callers, errors, jsonout, offload, pipeline
 from bubo.api import fields as f
 from bubo.api import openapi as oa
 from bubo.api.errors import ApiError
@@ -332,7 +332,10 @@ def metrics() -> Any:
     else:
         eng = _entry(optional_model()).engine
         per = [({}, eng.metrics() if eng is not None else _zero())]
-    return Response(prometheus(per), mimetype="text/plain; version=0.0.4")
+    text = prometheus(per)
+    if config().caller_names:  # a server with named callers: each one's series (bubo.api.callers)
+        text += callers.of_app().prometheus()
+    return Response(text, mimetype="text/plain; version=0.0.4")
 
 
 def _zero() -> EngineMetrics:

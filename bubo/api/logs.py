@@ -22,7 +22,7 @@ log = logging.getLogger("bubo.request")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 POLLED = frozenset({"/health", "/ready", "/metrics", "/slots", "/props", "/v1/models", "/models", "/"})
 # the fields of a request's line, in order (JSON: keys of their own)
-REQUEST_FIELDS = ("method", "path", "status", "model", "prompt_tokens", "generated_tokens", "ms", "client")
+REQUEST_FIELDS = ("method", "path", "status", "model", "prompt_tokens", "generated_tokens", "ms", "client", "caller")
 
 
 class _State:
@@ -61,7 +61,7 @@ def setup(*, verbose: bool = False, disabled: bool = False, fmt: str = "text", v
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts (ISO 8601, UTC), level, logger, msg, and a request line's
-    fields (method, path, status, model, prompt_tokens, generated_tokens, ms, client)."""
+    fields (method, path, status, model, prompt_tokens, generated_tokens, ms, client, caller)."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -114,4 +114,6 @@ def request_line(fields: dict[str, Any]) -> None:
     parts.append(f"{fields.get('ms', 0):.0f} ms")
     if fields.get("client"):
         parts.append(f"client={fields['client']}")
+    if fields.get("caller"):
+        parts.append(f"caller={fields['caller']}")  # a named key's (bubo.api.callers)
     log.log(level, " ".join(parts), extra={k: fields[k] for k in REQUEST_FIELDS if k in fields})

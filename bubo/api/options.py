@@ -81,6 +81,8 @@ class ServeOptions:
     allow_copy: bool = False
     api_key: list[str] = field(default_factory=list)
     api_key_file: str | None = None
+    caller_max_slots: int | None = None
+    no_mcp: bool = False
     cors_origins: list[str] = field(default_factory=list)
     debug_hooks: bool = False
     # the log

@@ -13,13 +13,13 @@ their prompt with prompt_tokens() and take their grammar from constrain(..., cha
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, TypeVar
 
 from flask import has_request_context, request
 
 from bubo._grammar import Grammar
-from bubo.api import errors, offload, receipts
+from bubo.api import callers, errors, offload, receipts
 from bubo.api.fields import RequestErrors, invalid
 from bubo.chat import prepare as prep
 from bubo.chat.constrain import OutputSpec
@@ -137,45 +137,72 @@ def prompt_tokens(runtime: Runtime, prompt: str | list[int], name: str = "prompt
 
 
 def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | None = None) -> Stream:
-    """engine.submit, its refusals as the API's errors (bubo.api.errors.from_reason); the stream
-    counts its tokens into the request's log line (bubo.api.logs); a request that asked for a
-    receipt has it recorded (bubo.api.receipts: a seed of its own when it had none)."""
+    """engine.submit, its refusals as the API's errors (bubo.api.errors.from_reason). In a
+    request: the generation is its caller's (bubo.api.callers: 429 past --caller-max-slots), the
+    stream counts its tokens into the request's log line (bubo.api.logs), and a request that asked
+    for a receipt has it recorded (bubo.api.receipts: a seed of its own when it had none)."""
+    if not has_request_context():
+        return _submit(engine, req, mem_available)
+    who = callers.caller()
+    if who is not None:
+        req = replace(req, caller=who)
     rec = receipts.recorder()
     if rec is not None:
         req = rec.submitted(engine, req)
+    hold = callers.take()
     try:
-        checked = offload.run(engine.check, req, mem_available=mem_available,
-                              what="building the request's sampler and grammar state")
-        stream = engine.submit(req, mem_available=mem_available, checked=checked)
-    except EngineRefusal as e:
-        raise errors.from_refusal(e) from None
+        stream = _submit(engine, req, mem_available)
+    except BaseException:
+        if hold is not None:
+            hold.release()
+        raise
     if rec is not None:
         stream = rec.watch(stream)
-    if not has_request_context():
-        return stream
     record = request.environ.setdefault("bubo.log", {})
     record["prompt_tokens"] = record.get("prompt_tokens", 0) + len(req.prompt)
     record.setdefault("generated_tokens", 0)
-    return _Counted(stream, record)
+    return _Counted(stream, record, hold)
+
+
+def _submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | None) -> Stream:
+    try:
+        checked = offload.run(engine.check, req, mem_available=mem_available,
+                              what="building the request's sampler and grammar state")
+        return engine.submit(req, mem_available=mem_available, checked=checked)
+    except EngineRefusal as e:
+        raise errors.from_refusal(e) from None
 
 
 class _Counted:
-    """A stream that counts the tokens it yields into its request's log record."""
+    """A stream that counts the tokens it yields into its request's log record, and gives back
+    its caller's hold (--caller-max-slots) once it has ended."""
 
-    def __init__(self, stream: Stream, record: dict[str, Any]):
+    def __init__(self, stream: Stream, record: dict[str, Any], hold: callers.Hold | None):
         self._stream = stream
         self._record = record
+        self._hold = hold
 
     def __iter__(self) -> Iterator[Event]:
         return self
 
     def __next__(self) -> Event:
-        ev = next(self._stream)
+        try:
+            ev = next(self._stream)
+        except BaseException:
+            self._ended()
+            raise
         if isinstance(ev, TokenEvent):
             self._record["generated_tokens"] += 1
+        else:  # its final event, or its error
+            self._ended()
         return ev
 
+    def _ended(self) -> None:
+        if self._hold is not None:
+            self._hold.release()
+
     def cancel(self) -> None:
+        self._ended()
         self._stream.cancel()
 
     def end(self) -> None:

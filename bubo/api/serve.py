@@ -35,16 +35,20 @@ SWITCH_INTERVAL_S = 0.0005
 def server_config(args: ServeOptions, default_name: str | None = None) -> ServerConfig:
     """The HTTP settings; the served name and aliases are the default model's (one model: -m's
     name or --served-model-name, and -a)."""
-    from bubo.api.auth import load_key_file
+    from bubo.api.auth import KeyFileError, load_keys
     from bubo.webui import check_ui_config
 
-    keys = list(args.api_key)
-    if args.api_key_file:
-        keys += load_key_file(args.api_key_file)
+    try:
+        keys = load_keys(list(args.api_key), args.api_key_file)
+    except KeyFileError as e:
+        raise ValueError(f"--api-key-file: {e}") from None
     return ServerConfig(
         served_model_name=default_name or args.served_model_name or served_name(args.model),
         aliases=list(args.alias) if default_name is None else [],
-        api_keys=keys,
+        api_keys=keys.keys,
+        caller_names=keys.names,
+        caller_max_slots=args.caller_max_slots,
+        mcp=not args.no_mcp,
         cors_origins=list(args.cors_origins),
         debug_hooks=args.debug_hooks,
         host=args.host,
@@ -130,7 +134,8 @@ def serve(args: ServeOptions) -> int:
     for flag, value, least in (("--parallel", args.parallel, 1), ("--batch-size", args.batch_size, 1),
                                ("--ubatch-size", args.ubatch_size, 1), ("--queue-size", args.queue_size, 0),
                                ("--models-max", args.models_max, 0), ("--max-connections", args.max_connections, 1),
-                               ("--responses-max", args.responses_max, 0)):
+                               ("--responses-max", args.responses_max, 0),
+                               ("--caller-max-slots", args.caller_max_slots, 1)):
         if value is not None and value < least:
             raise ValueError(f"{flag} {value}: give at least {least}")
     if args.ctx_size is not None and args.ctx_size < 0:
@@ -232,6 +237,9 @@ def serve(args: ServeOptions) -> int:
     drain = Drain(servers, registry, config, args.drain_timeout)
     # the handlers must stay referenced: a collected watcher no longer fires
     handlers = [gevent.signal_handler(sig, drain.signal) for sig in (signal.SIGTERM, signal.SIGINT)]
+    if args.api_key_file:
+        handlers.append(gevent.signal_handler(signal.SIGHUP, _reload_keys, config, list(args.api_key),
+                                              args.api_key_file))
     try:
         server.serve_forever()
     finally:
@@ -247,6 +255,15 @@ def serve(args: ServeOptions) -> int:
         return 1
     say("stopped")
     return 0
+
+
+def _reload_keys(config: ServerConfig, given: list[str], path: str) -> None:
+    """SIGHUP: --api-key-file read again (a wrong file keeps the keys in force); connections and
+    requests in flight go on."""
+    from bubo.api.auth import Keys, reload
+
+    keys = reload(Keys(config.api_keys, config.caller_names), given, path)
+    config.api_keys, config.caller_names = keys.keys, keys.names
 
 
 def _cannot_listen(host: str, port: int, e: OSError) -> str:

@@ -218,7 +218,14 @@ def build_parser() -> ArgParser:
                help="open connections at most (default 4096, kept 256 below the open-file limit); past it "
                     "the connection waiting longest for a request is closed, or the newcomer gets 503")
     p.add_flag("--api-key", default=None, help="require this key (several: comma-separated)")
-    p.add_flag("--api-key-file", default=None, help="file of keys, one per line (# comments)")
+    p.add_flag("--api-key-file", default=None,
+               help="file of keys, one per line (# comments); a line 'NAME KEY' names the key's caller (the "
+                    "log, /metrics and /slots show it; each caller sees only its own stored responses, contexts "
+                    "and slot files). Read again on SIGHUP")
+    p.add_flag("--caller-max-slots", type=int, default=None, metavar="N",
+               help="generations one caller (a named key; the unnamed keys together) may run at once; past it "
+                    "429 with Retry-After")
+    p.add_flag("--no-mcp", action="store_true", help="turn off the Model Context Protocol endpoint, /mcp")
     p.add_flag("--chat-template-file", default=None, help="a Jinja chat template to use instead of the model's own")
     p.add_flag("--chat-template", default=None, metavar="NAME",
                help="one of llama.cpp's built-in chat templates by name instead of the model's own: chatml, llama3, "

@@ -41,6 +41,7 @@ class Context:
     tokens: list[int] = field(default_factory=list)
     writer: bool = False  # a request is making it, or moving it forward (save): not to be read or forked
     spilled: str | None = None  # the file it was written to; its memory is free until read back
+    owner: str | None = None  # the caller that made it (the server's named keys; None: the unnamed caller)
 
 
 class Contexts:
@@ -55,13 +56,20 @@ class Contexts:
     def get(self, id: str) -> Context:
         ctx = self.by_id.get(id)
         if ctx is None:
-            raise ContextError(f"no context {id!r} on this model (deleted, or never made here)", missing=True)
+            raise _missing(id)
         return ctx
 
-    def new(self, parent: str | None = None) -> Context:
+    def owned(self, id: str, owner: str | None) -> Context:
+        """The context, if owner made it; another's is missing to owner, as one never made."""
+        ctx = self.get(id)
+        if ctx.owner != owner:
+            raise _missing(id)
+        return ctx
+
+    def new(self, parent: str | None = None, owner: str | None = None) -> Context:
         if not self._free:
             raise ContextError(f"this model holds {self.capacity} contexts already: delete one first")
-        ctx = Context("ctx_" + uuid.uuid4().hex[:24], self._free.pop(), int(time.time()), parent)
+        ctx = Context("ctx_" + uuid.uuid4().hex[:24], self._free.pop(), int(time.time()), parent, owner=owner)
         self.by_id[ctx.id] = ctx
         return ctx
 
@@ -95,7 +103,7 @@ class Contexts:
         t0 = time.perf_counter()
         out = []
         for _ in range(n):
-            child = self.new(parent.id)
+            child = self.new(parent.id, parent.owner)
             self.kv.fork(parent.seq, child.seq)
             child.tokens = list(parent.tokens)
             out.append(child)
@@ -169,6 +177,10 @@ class Contexts:
         ctx.tokens, ctx.spilled = list(tokens), None
         return ctx
 
-    def listed(self) -> list[Context]:
-        """Every context, oldest first."""
-        return sorted(self.by_id.values(), key=lambda c: (c.created, c.id))
+    def listed(self, owner: str | None = None) -> list[Context]:
+        """owner's contexts, oldest first."""
+        return sorted((c for c in self.by_id.values() if c.owner == owner), key=lambda c: (c.created, c.id))
+
+
+def _missing(id: str) -> ContextError:
+    return ContextError(f"no context {id!r} on this model (deleted, or never made here)", missing=True)

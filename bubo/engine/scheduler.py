@@ -149,6 +149,7 @@ class Slot:
     held: list[int] = dataclasses.field(default_factory=list)  # what an idle slot's sequence holds (retain)
     used: float = 0.0  # when it last ended a request: the oldest held sequence goes first
     kept: list[int] | None = None  # what a slot file restored into it (until its next request)
+    owner: str | None = None  # the caller whose request or restored file it holds (GenerationRequest.caller)
 
 
 class SlotError(ValueError):
@@ -386,6 +387,7 @@ class Scheduler:
             self._n_admitted += 1
             slot.admitted = self._n_admitted
             slot.task = task
+            slot.owner = task.req.caller
             if self.draft_model is not None and task.drafter is not None:
                 self.draft_model.start(slot.id, task.tokens)
             now = time.perf_counter()
@@ -904,15 +906,17 @@ class Scheduler:
                 self.kv.free(s.id)
         return tokens[:n], rows
 
-    def restore_slot(self, slot_id: int, tokens: list[int], rows: bytes) -> int:
+    def restore_slot(self, slot_id: int, tokens: list[int], rows: bytes, owner: str | None = None) -> int:
         """Put tokens and their rows (save_slot's, of this model and cache) into the idle slot:
         its whole blocks are indexed in the prefix cache, so a prompt that starts with them reads
-        only what follows. Returns how many tokens. Nothing changes when the rows are refused."""
+        only what follows; the slot is owner's now. Returns how many tokens. Nothing changes when
+        the rows are refused."""
         s = self._idle_slot(slot_id)
         self._clear(s)
         if tokens:
             self.kv.import_rows(s.id, len(tokens), rows)
             self.kv.prefix_register(s.id, tokens)
+        s.owner = owner
         if self.retain:
             s.held = list(tokens)
         else:
@@ -926,8 +930,14 @@ class Scheduler:
         s = self._idle_slot(slot_id)
         n = len(self._slot_tokens(s))
         self._clear(s)
-        s.kept, s.last = [], None
+        s.kept, s.last, s.owner = [], None, None
         return n
+
+    def slot_owner(self, slot_id: int) -> tuple[str | None, bool]:
+        """(whose the idle slot's tokens are, whether it holds any): a slot file's route keeps one
+        caller from saving or erasing another's conversation."""
+        s = self._idle_slot(slot_id)
+        return s.owner, bool(self._slot_tokens(s))
 
     # --- introspection (any thread) ---------------------------------------------------------
 
@@ -940,7 +950,7 @@ class Scheduler:
             n_prompt_cached=t.n_cached or 0, n_decoded=t.n_gen,
             n_remain=req.max_tokens - t.n_gen if req.max_tokens is not None else -1,
             n_cache=self.kv.seq_len(s.id), params=params, max_tokens=req.max_tokens, stop=tuple(req.stop),
-            cache_prompt=req.cache_prompt)
+            cache_prompt=req.cache_prompt, caller=s.owner)
 
     def slot_states(self) -> list[SlotState]:
         out = []
@@ -951,5 +961,6 @@ class Scheduler:
             elif s.last is not None:
                 out.append(self._state(s, s.last, SlotPhase.IDLE))
             else:
-                out.append(SlotState(id=s.id, n_ctx=self.n_ctx, phase=SlotPhase.IDLE, n_cache=self.kv.seq_len(s.id)))
+                out.append(SlotState(id=s.id, n_ctx=self.n_ctx, phase=SlotPhase.IDLE, n_cache=self.kv.seq_len(s.id),
+                                     caller=s.owner))
         return out

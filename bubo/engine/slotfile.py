@@ -30,7 +30,11 @@ T = TypeVar("T")
 
 
 class SlotFileError(ValueError):
-    """A slot file that cannot be used."""
+    """A slot file that cannot be used (missing: there is none of that name)."""
+
+    def __init__(self, message: str, missing: bool = False):
+        super().__init__(message)
+        self.missing = missing
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ def read(path: Path, layout: Layout, rows_bytes: Callable[[int], int], max_token
         with open(path, "rb") as f:
             data = f.read(size + 1)
     except FileNotFoundError:
-        raise SlotFileError(f"no slot file {path.name!r}") from None
+        raise SlotFileError(f"no slot file {path.name!r}", missing=True) from None
     except OSError as e:
         raise SlotFileError(f"slot file {path.name!r} cannot be read: {e.strerror or e}") from None
     where = f"slot file {path.name!r}"

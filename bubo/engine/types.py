@@ -68,6 +68,7 @@ class GenerationRequest:
     # with the context's tokens, whose rows are shared rather than read again
     context: int | None = None
     keep: int | None = None  # the context sequence this request's sequence becomes when it ends
+    caller: str | None = None  # who sent it (a named API key's caller: bubo.api.callers); /slots shows it
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ class SlotState:
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     cache_prompt: bool = True
+    caller: str | None = None  # whose request the slot serves or served last (or restored into it)
 
     @property
     def processing(self) -> bool:

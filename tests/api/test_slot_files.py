@@ -106,7 +106,7 @@ def test_every_damaged_file_is_a_400_and_changes_nothing(saver, folder):
         status, out = post(saver, "/slots/0?action=restore", {"filename": _damaged(folder, data)})
         assert status == 400 and out["error"]["code"] == "invalid_slot_file", (i, out)
     status, out = post(saver, "/slots/0?action=restore", {"filename": "nope.bin"})
-    assert status == 400 and "no slot file" in out["error"]["message"]
+    assert status == 404 and "no slot file" in out["error"]["message"]
     # nothing was half restored: the slot still holds what it held, and the good file restores
     status, again = post(saver, "/slots/0?action=save", {"filename": "good2.bin"})
     assert status == 200 and (folder / "good2.bin").read_bytes() == good

@@ -9,7 +9,7 @@ from typing import Any
 
 from flask import Blueprint
 
-from bubo.api import contexts, jsonout, offload, pipeline, receipts
+from bubo.api import callers, contexts, jsonout, offload, pipeline, receipts
 from bubo.api import fields as f
 from bubo.api import openapi as oa
 from bubo.api.errors import ApiError, StreamShape, stream_error
@@ -213,11 +213,20 @@ def _slot_file_name(name: Any) -> str:
     return name
 
 
+def slot_folder(root: str, caller: str | None) -> Path:
+    """Where a caller's slot files are: the folder itself for the unnamed caller (llama-server's
+    files), `.callers/NAME` in it for a named one (a file name cannot start with a dot: no caller
+    reaches another's files)."""
+    return Path(root) if caller is None else Path(root) / ".callers" / caller
+
+
 @oa.route(blueprint, "/slots/<int:id_slot>", "/v1/slots/<int:id_slot>", methods=("POST",), doc=_slot_action_doc)
 def slot_action(id_slot: int) -> Any:
     """save: what the idle slot holds (its whole KV blocks) to FILENAME in --slot-save-path;
     restore: a saved file's tokens and rows into the idle slot (and the prefix cache, so that a
-    prompt starting with them reads only what follows); erase: forget what the slot holds."""
+    prompt starting with them reads only what follows); erase: forget what the slot holds. Each
+    caller has its own files (slot_folder), and saves or erases only a slot that holds its own
+    conversation (or nothing): to another caller the slot holds nothing (404)."""
     import time
 
     from flask import jsonify, request
@@ -239,6 +248,7 @@ def slot_action(id_slot: int) -> Any:
     if not isinstance(engine, Engine) or engine.kv is None:
         raise ApiError(501, "not_implemented", "slot files need the model's engine in this process")
     kv = engine.kv
+    who = callers.caller()
 
     def on_engine(fn: Any) -> Any:
         try:
@@ -246,19 +256,29 @@ def slot_action(id_slot: int) -> Any:
         except SlotError as e:
             raise ApiError(409 if e.busy else 400, "slot_busy" if e.busy else "invalid_value", str(e)) from None
 
+    def mine(s: Scheduler) -> None:
+        """Another caller's conversation in the slot: as if it held nothing of this caller's."""
+        owner, holds = s.slot_owner(id_slot)
+        if holds and owner != who:
+            raise ApiError(404, "not_found", f"slot {id_slot} holds no conversation of this caller's")
+
     t0 = time.perf_counter()
     if action == "erase":
-        n = on_engine(lambda s: s.erase_slot(id_slot))
+        def erase(s: Scheduler) -> int:
+            mine(s)
+            return s.erase_slot(id_slot)
+        n = on_engine(erase)
         return jsonify(id_slot=id_slot, n_erased=n)
-    path = Path(folder) / name
+    path = slot_folder(folder, who) / name
     rt = runtime_of(engine)
     layout = slotfile.Layout(offload.blocking(slotfile.model_sha256, rt.path), kv.block_size, kv.type, kv.type_v)
     if action == "save":
         def save(s: Scheduler) -> tuple[list[int], bytes]:
+            mine(s)
             return s.save_slot(id_slot)
         tokens, rows = on_engine(save)
         try:
-            n_written = offload.blocking(slotfile.write, path, layout, tokens, rows)
+            n_written = offload.blocking(_write_slot, path, layout, tokens, rows)
         except OSError as e:
             raise ApiError(507 if e.errno == 28 else 500, "cannot_write",
                            f"slot file {name!r} cannot be written: {e.strerror or e}") from None
@@ -267,9 +287,11 @@ def slot_action(id_slot: int) -> Any:
     try:
         tokens, rows, n_read = offload.blocking(slotfile.read, path, layout, kv.seq_bytes, kv.n_ctx)
     except slotfile.SlotFileError as e:
+        if e.missing:
+            raise ApiError(404, "not_found", f"no slot file {name!r} in the --slot-save-path folder") from None
         raise ApiError(400, "invalid_slot_file", str(e)) from None
     try:
-        n = on_engine(lambda s: s.restore_slot(id_slot, tokens, rows))
+        n = on_engine(lambda s: s.restore_slot(id_slot, tokens, rows, who))
     except MemoryError as e:
         raise ApiError(507, "insufficient_memory",
                        f"slot file {name!r} does not fit in the KV cache now: {e}") from None
@@ -277,3 +299,10 @@ def slot_action(id_slot: int) -> Any:
         raise ApiError(400, "invalid_slot_file", f"slot file {name!r}: {e}") from None
     return jsonify(id_slot=id_slot, filename=name, n_restored=n, n_read=n_read,
                    timings={"restore_ms": (time.perf_counter() - t0) * 1e3})
+
+
+def _write_slot(path: Path, layout: Any, tokens: list[int], rows: bytes) -> int:
+    from bubo.engine import slotfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return slotfile.write(path, layout, tokens, rows)

@@ -59,6 +59,7 @@ def slots_json(states: list[SlotState]) -> list[dict[str, Any]]:
         "cache_n": s.n_cache,
         "params": slot_params(s),
         "next_token": {"has_next_token": s.processing, "n_decoded": s.n_decoded, "n_remain": s.n_remain},
+        **({"caller": s.caller} if s.caller is not None else {}),  # a named key's caller (bubo.api.callers)
     } for s in states]
 
 
@@ -106,22 +107,23 @@ def prometheus(per_model: list[tuple[dict[str, str], EngineMetrics]]) -> str:
     for name, kind, help_ in METRICS:
         full = "llamacpp:" + name
         lines += [f"# HELP {full} {help_}", f"# TYPE {full} {kind}"]
-        for labels, m in per_model:
+        for model_labels, m in per_model:
             value = getattr(m, name)
             if isinstance(value, HistogramSnapshot):
                 for le, n in value.buckets:
-                    lines.append(f"{full}_bucket{_labels({**labels, 'le': _le(le)})} {n}")
-                lines += [f"{full}_sum{_labels(labels)} {_num(float(value.sum))}",
-                          f"{full}_count{_labels(labels)} {value.count}"]
+                    lines.append(f"{full}_bucket{labels({**model_labels, 'le': _le(le)})} {n}")
+                lines += [f"{full}_sum{labels(model_labels)} {_num(float(value.sum))}",
+                          f"{full}_count{labels(model_labels)} {value.count}"]
             else:
-                lines.append(f"{full}{_labels(labels)} {_num(value)}")
+                lines.append(f"{full}{labels(model_labels)} {_num(value)}")
     return "\n".join(lines) + "\n"
 
 
-def _labels(labels: dict[str, str]) -> str:
-    if not labels:
+def labels(given: dict[str, str]) -> str:
+    """A sample's {k="v",...}, its values escaped ("" for none)."""
+    if not given:
         return ""
-    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in given.items())
     return "{" + inner + "}"
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from flask import Blueprint, jsonify, request
 
-from bubo.api import contexts, jsonout, offload, pipeline, receipts
+from bubo.api import callers, contexts, jsonout, offload, pipeline, receipts
 from bubo.api import fields as f
 from bubo.api import openapi as oa
 from bubo.api.errors import ApiError, StreamShape, stream_error
@@ -241,13 +241,14 @@ def responses() -> Any:
                                            specials_in_content=config().allow_special_in_content)
     id, created = f.new_id("resp_"), f.now()
     store = response_store() if req.store else None
+    owner = callers.caller()
 
     def reasoning_tokens(text: str) -> int:
         return len(rt.tokenizer.encode(text, add_special=False)) if text else 0
 
     def keep(resp: dict[str, Any]) -> None:
         if store is not None:
-            store.put(Stored(resp, req.items))
+            store.put(Stored(resp, req.items, owner))
 
     if not req.stream:
         out = pipeline.collect(stream, prep.parser)
@@ -284,7 +285,8 @@ def responses() -> Any:
 
 
 def _stored(id: str) -> Stored:
-    rec = response_store().get(id)
+    """The caller's stored response (another caller's is as unknown as one never stored)."""
+    rec = response_store().get(id, callers.caller())
     if rec is None:
         raise ApiError(404, "response_not_found", f"no stored response with id {id!r}: it was never stored "
                                                   "(store: false), was deleted, or was dropped as the least "
@@ -315,7 +317,7 @@ def get_response(response_id: str) -> Any:
                           oa.obj({"id": oa.STR, "object": oa.const("response"), "deleted": oa.const(True)},
                                  ["id", "object", "deleted"])))
 def delete_response(response_id: str) -> Any:
-    if not response_store().delete(response_id):
+    if not response_store().delete(response_id, callers.caller()):
         _stored(response_id)  # the 404
     return jsonify(id=response_id, object="response", deleted=True)
 

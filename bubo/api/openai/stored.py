@@ -6,6 +6,7 @@ whichever of its ancestors were dropped since.
     store = ResponseStore(home / "responses.sqlite3", max_records=256)
     store.put(Stored(response, items))    # then, past max_records, the least recently used go
     store.get("resp_...")                 # None when unknown, deleted or dropped
+    store.get("resp_...", owner="alice")  # ... or another caller's (bubo.api.callers)
 
 The records live in SQLite (the standard library's): each put is one transaction, so a record is
 whole or absent, and they outlive the server. A file that cannot be opened or written (a folder
@@ -41,7 +42,8 @@ T = TypeVar("T")
 DEFAULT_MAX_RECORDS = 256
 FILE_NAME = "responses.sqlite3"
 BUSY_TRIES = 3  # a file another server holds locked: each try waits up to 5 s (sqlite's timeout)
-_SCHEMA = "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, used REAL NOT NULL, record TEXT NOT NULL)"
+_SCHEMA = ("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, used REAL NOT NULL, record TEXT NOT NULL, "
+           "owner TEXT)")
 
 
 @dataclass
@@ -51,6 +53,7 @@ class Stored:
 
     response: dict[str, Any]
     items: list[dict[str, Any]]
+    owner: str | None = None  # the caller that stored it (a named key's; None: the unnamed caller)
 
     @property
     def id(self) -> str:
@@ -80,13 +83,13 @@ class ResponseStore:
                 conn = sqlite3.connect(path, timeout=5.0, check_same_thread=False, isolation_level=None)
                 conn.execute("PRAGMA journal_mode=WAL")  # a commit appends; readers of other servers go on
                 conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute(_SCHEMA)
+                _create(conn)
                 self._trim(conn)
                 return conn
             except (OSError, sqlite3.Error) as e:
                 self._degrade(f"cannot open {path}: {e}")
         conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-        conn.execute(_SCHEMA)
+        _create(conn)
         return conn
 
     def _degrade(self, why: str) -> None:
@@ -100,7 +103,7 @@ class ResponseStore:
             self._conn.backup(mem)
         except sqlite3.Error:
             pass
-        mem.execute(_SCHEMA)
+        _create(mem)
         try:
             self._conn.close()
         except sqlite3.Error:
@@ -144,8 +147,8 @@ class ResponseStore:
         def put(conn: sqlite3.Connection) -> None:
             conn.execute("BEGIN IMMEDIATE")  # a refusal here leaves no transaction open
             try:
-                conn.execute("INSERT OR REPLACE INTO responses (id, used, record) VALUES (?, ?, ?)",
-                             (rec.id, time.time(), text))
+                conn.execute("INSERT OR REPLACE INTO responses (id, used, record, owner) VALUES (?, ?, ?, ?)",
+                             (rec.id, time.time(), text, rec.owner))
                 self._trim(conn)
                 conn.execute("COMMIT")
             except BaseException:
@@ -156,10 +159,11 @@ class ResponseStore:
         except sqlite3.Error as e:  # the file is busy with another server: this one record is not kept
             log.warning("responses store: response %s was not stored: %s", rec.id, e)
 
-    def get(self, id: str) -> Stored | None:
-        """The record (now the most recently used), or None."""
+    def get(self, id: str, owner: str | None = None) -> Stored | None:
+        """The record (now the most recently used), or None (also when another caller than owner
+        stored it)."""
         def get(conn: sqlite3.Connection) -> str | None:
-            row = conn.execute("SELECT record FROM responses WHERE id = ?", (id,)).fetchone()
+            row = conn.execute("SELECT record FROM responses WHERE id = ? AND owner IS ?", (id, owner)).fetchone()
             if row is None:
                 return None
             try:
@@ -171,13 +175,20 @@ class ResponseStore:
         if text is None:
             return None
         data = json.loads(text)
-        return Stored(data["response"], data["items"])
+        return Stored(data["response"], data["items"], owner)
 
-    def delete(self, id: str) -> bool:
-        """Forget the record; False when there was none."""
+    def delete(self, id: str, owner: str | None = None) -> bool:
+        """Forget owner's record; False when there was none."""
         def delete(conn: sqlite3.Connection) -> bool:
-            return conn.execute("DELETE FROM responses WHERE id = ?", (id,)).rowcount > 0
+            return conn.execute("DELETE FROM responses WHERE id = ? AND owner IS ?", (id, owner)).rowcount > 0
         return self._run(delete, write=True)
+
+    def ids(self, owner: str | None = None, limit: int = DEFAULT_MAX_RECORDS) -> list[str]:
+        """owner's records' ids, the most recently used first (at most limit)."""
+        def ids(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute("SELECT id FROM responses WHERE owner IS ? ORDER BY used DESC LIMIT ?", (owner, limit))
+            return [str(r[0]) for r in rows]
+        return self._run(ids, write=False)
 
     def __len__(self) -> int:
         return self._run(lambda conn: int(conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0]), write=False)
@@ -185,6 +196,14 @@ class ResponseStore:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _create(conn: sqlite3.Connection) -> None:
+    """The table, and its owner column in a file made before callers had names (its records are
+    the unnamed caller's)."""
+    conn.execute(_SCHEMA)
+    if "owner" not in [row[1] for row in conn.execute("PRAGMA table_info(responses)")]:
+        conn.execute("ALTER TABLE responses ADD COLUMN owner TEXT")
 
 
 def _busy(e: sqlite3.Error) -> bool:
