@@ -30,7 +30,7 @@ log = logging.getLogger("bubo.api")
 
 # the other engineer's dialects; each module exposes `blueprint`
 DIALECTS = ("bubo.api.openai.routes", "bubo.api.anthropic.routes", "bubo.api.llamacpp.routes", "bubo.api.ollama.routes",
-            "bubo.api.embeddings", "bubo.api.decision", "bubo.api.contexts")
+            "bubo.api.embeddings", "bubo.api.decision", "bubo.api.contexts", "bubo.api.mcp")
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
@@ -97,6 +97,8 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
         app.register_blueprint(core.debug_blueprint)
 
     for name in DIALECTS:
+        if name == "bubo.api.mcp" and not config.mcp:
+            continue  # --no-mcp
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -129,7 +131,8 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
         its caller, and the generations it still holds for --caller-max-slots end."""
         environ = request.environ
         record = environ.setdefault("bubo.log", {})
-        who, known = callers.caller(), callers.ENVIRON in environ  # not a refused key's, nor a public page's
+        # not a refused key's, nor a public page's, nor a route run for an MCP tool (its /mcp request counts)
+        who, known = callers.caller(), callers.ENVIRON in environ and callers.INNER not in environ
         counts = app.config["BUBO_CALLERS"]
 
         def closed() -> None:

@@ -21,6 +21,7 @@ from bubo.api.errors import ApiError
 
 ENVIRON = "bubo.caller"
 HOLDS = "bubo.caller_holds"
+INNER = "bubo.inner"  # a route run inside another request (an MCP tool call): counted as part of that one
 UNNAMED = "-"  # the unnamed caller's label value (a name starts with a letter or digit)
 RETRY_AFTER_SECONDS = 1  # a generation ends within seconds: a client that waits that long may try again
 

@@ -53,6 +53,7 @@ _ANTHROPIC_TYPE = {
 ANTHROPIC_PATHS = ("/v1/messages",)  # and everything under it (count_tokens)
 OLLAMA_PREFIX = "/api/"  # Ollama's routes
 OLLAMA_PATHS = ("/v1/systemone",)  # Ollama's outside /api/: its decision API
+MCP_PATH = "/mcp"  # the Model Context Protocol's: JSON-RPC errors
 RETRY_AFTER_SECONDS = 5
 # a full queue drains at the speed of generation: seconds, not the memory guard's minutes
 QUEUE_RETRY_AFTER_SECONDS = 1
@@ -194,6 +195,10 @@ def body_for(path: str | None, status: int, code: str, message: str, type: str |
         return anthropic_body(status, code, message)
     if path is not None and is_ollama_path(path):
         return {"error": message}
+    if path == MCP_PATH:  # a JSON-RPC error (bubo.api.mcp): the request was refused before it was read
+        return {"jsonrpc": "2.0", "id": None,
+                "error": {"code": -32603 if status >= 500 else -32600, "message": message,
+                          "data": {"status": status, "code": code}}}
     return openai_body(status, code, message, type)
 
 

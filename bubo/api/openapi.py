@@ -825,8 +825,10 @@ _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying ag
                                 "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
 
 
-def error(status: int, anthropic: bool = False, text: str | None = None, ollama: bool = False) -> Schema:
-    shape = "AnthropicError" if anthropic else "OllamaError" if ollama else "Error"
+def error(status: int, anthropic: bool = False, text: str | None = None, ollama: bool = False,
+          shape: str | None = None) -> Schema:
+    """A status's error response, in the route's shape (shape: a component's name, else by the flags)."""
+    shape = shape or ("AnthropicError" if anthropic else "OllamaError" if ollama else "Error")
     out: Schema = {"description": text or _STATUS_TEXT[status], "content": {JSON: {"schema": ref(shape)}}}
     if status == 503:
         out["headers"] = _RETRY_AFTER
@@ -909,7 +911,7 @@ class Doc:
             if self.keys and not op.public:
                 wanted.add(401)
             for status in sorted(wanted):
-                responses.setdefault(str(status), error(status, op.anthropic, ollama=op.ollama))
+                responses.setdefault(str(status), error(status, op.anthropic, ollama=op.ollama, shape=op.error_shape))
             o["responses"] = responses
             if op.public and self.keys:
                 o["security"] = []
@@ -949,6 +951,7 @@ class Op:
     anthropic: bool = False
     public: bool = False  # answers without an API key
     ollama: bool = False
+    error_shape: str | None = None  # the component its errors have, when not one of the above (MCP's)
 
 
 # a route's declaration: its operation for every method, or one per method ("post"), or one per
