@@ -232,8 +232,10 @@ class _Inner:
 
     def run(self) -> None:
         path, _, query = self.path.partition("?")
-        with self.app.test_request_context(path, method=self.method, query_string=query, headers=self.headers,
-                                           json=self.body, environ_base={"REMOTE_ADDR": self.remote}) as ctx:
+        # an app context of its own: its g (the models it holds, the bodies it read) is not the /mcp request's
+        with self.app.app_context(), \
+                self.app.test_request_context(path, method=self.method, query_string=query, headers=self.headers,
+                                              json=self.body, environ_base={"REMOTE_ADDR": self.remote}) as ctx:
             ctx.request.environ[callers.INNER] = True
             self.record = ctx.request.environ.setdefault("bubo.log", {})
             resp = self.app.full_dispatch_request()
@@ -475,7 +477,7 @@ def _streamed(id: Any, inner: _Inner, token: Any) -> Iterator[Any]:
     """A tool call as server-sent events: how many tokens the answer has (0 as it starts, then
     every PROGRESS_EVERY_S while it grows), then the response. The client going away ends the
     call (its generation is cancelled)."""
-    job = gevent.spawn(_run_copied(inner))
+    job = gevent.spawn(inner.run)
     try:
         said, t0 = -1, time.monotonic()
         while not job.ready():
@@ -495,12 +497,3 @@ def _streamed(id: Any, inner: _Inner, token: Any) -> Iterator[Any]:
     finally:
         job.kill(block=True)
 
-
-def _run_copied(inner: _Inner) -> Any:
-    """inner.run, in a greenlet of its own (the app's context pushed there)."""
-    app = inner.app
-
-    def run() -> None:
-        with app.app_context():
-            inner.run()
-    return run
