@@ -156,12 +156,10 @@ def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | N
         if hold is not None:
             hold.release()
         raise
-    if rec is not None:
-        stream = rec.watch(stream)
     record = request.environ.setdefault("bubo.log", {})
     record["prompt_tokens"] = record.get("prompt_tokens", 0) + len(req.prompt)
     record.setdefault("generated_tokens", 0)
-    return _Counted(stream, record, hold)
+    return _Watched(stream, record, hold, rec)
 
 
 def _submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | None) -> Stream:
@@ -173,14 +171,17 @@ def _submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | 
         raise errors.from_refusal(e) from None
 
 
-class _Counted:
-    """A stream that counts the tokens it yields into its request's log record, and gives back
-    its caller's hold (--caller-max-slots) once it has ended."""
+class _Watched:
+    """A request's stream as its route reads it: each token counted into the request's log record
+    and, when it asked for a receipt, recorded (receipts.Recorder); the caller's hold
+    (--caller-max-slots) given back once the stream has ended."""
 
-    def __init__(self, stream: Stream, record: dict[str, Any], hold: callers.Hold | None):
+    def __init__(self, stream: Stream, record: dict[str, Any], hold: callers.Hold | None,
+                 rec: receipts.Recorder | None):
         self._stream = stream
         self._record = record
         self._hold = hold
+        self._rec = rec
 
     def __iter__(self) -> Iterator[Event]:
         return self
@@ -195,6 +196,8 @@ class _Counted:
             self._record["generated_tokens"] += 1
         else:  # its final event, or its error
             self._ended()
+        if self._rec is not None:
+            self._rec.saw(ev)
         return ev
 
     def _ended(self) -> None:
@@ -206,6 +209,8 @@ class _Counted:
         self._stream.cancel()
 
     def end(self) -> None:
+        if self._rec is not None:
+            self._rec.ended_early = True
         self._stream.end()
 
     @property

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from flask import current_app, has_request_context, request
@@ -17,7 +17,7 @@ import bubo
 from bubo import receipts
 from bubo.api import offload
 from bubo.api.fields import bool_field
-from bubo.engine.protocol import ServingEngine, Stream
+from bubo.engine.protocol import ServingEngine
 from bubo.engine.types import Event, FinishEvent, GenerationRequest, TokenEvent
 
 ENVIRON = "bubo.receipt"
@@ -63,8 +63,13 @@ class Recorder:
         self.tokens, self.logprobs, self.finish, self.ended_early = [], [], None, False
         return req
 
-    def watch(self, stream: Stream) -> Stream:
-        return _Recorded(stream, self)
+    def saw(self, ev: Event) -> None:
+        """An event of the request's stream, as the route reads it (pipeline.submit's stream)."""
+        if isinstance(ev, TokenEvent):
+            self.tokens.append(ev.token)
+            self.logprobs.append(ev.logprob)
+        elif isinstance(ev, FinishEvent):
+            self.finish = ev
 
     def receipt(self) -> dict[str, Any] | None:
         """The receipt, once the answer has finished (None before, or without a generation)."""
@@ -95,34 +100,3 @@ def field(rec: Recorder | None) -> dict[str, Any]:
     """{"receipt": ...} for a response whose request asked for one (ask()), else {}."""
     made = rec.receipt() if rec is not None else None
     return {"receipt": made} if made is not None else {}
-
-
-class _Recorded:
-    """A stream whose tokens and final event go to a Recorder as they are read."""
-
-    def __init__(self, stream: Stream, rec: Recorder):
-        self._stream = stream
-        self._rec = rec
-
-    def __iter__(self) -> Iterator[Event]:
-        return self
-
-    def __next__(self) -> Event:
-        ev = next(self._stream)
-        if isinstance(ev, TokenEvent):
-            self._rec.tokens.append(ev.token)
-            self._rec.logprobs.append(ev.logprob)
-        elif isinstance(ev, FinishEvent):
-            self._rec.finish = ev
-        return ev
-
-    def cancel(self) -> None:
-        self._stream.cancel()
-
-    def end(self) -> None:
-        self._rec.ended_early = True
-        self._stream.end()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._stream.cancelled

@@ -77,6 +77,8 @@ def test_every_route_refuses_a_rebound_name_in_its_own_error_shape():
             assert "attacker.example" in body["error"] and "--host-allow" in body["error"], (path, body)
         elif path.startswith("/v1/messages"):
             assert body["type"] == "error" and body["error"]["code"] == "forbidden_host", (path, body)
+        elif path == "/mcp":  # a JSON-RPC error
+            assert body["error"]["code"] == -32600 and body["error"]["data"]["code"] == "forbidden_host", body
         else:
             assert body["error"]["code"] == "forbidden_host", (path, body)
     # the chat page too
