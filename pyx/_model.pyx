@@ -36,6 +36,11 @@ REQUANT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
 _POOLING_NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last"}
 
 
+MAX_LORA = BUBO_MAX_LORA
+# the matrices an adapter may pair with, in bubo_lora_mat's order, by their GGUF names
+LORA_MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
 cdef class Model:
     """A GGUF model on the native forward pass. n_threads 0 means every CPU this process may run on
     (bubo.cpus.usable); n_threads_batch (0: n_threads) the threads of a step of several tokens, a
@@ -170,10 +175,45 @@ cdef class Model:
         check_status(st, &err, None)
         return out
 
-    def decode(self, KVCache kv not None, tokens, pos, seq_ids, logits_rows):
+    def lora_set(self, int slot, int layer, int mat, a, b, float factor):
+        """Adapter slot's pair for a layer's matrix (mat: LORA_MATS' index): a float32 [r, cols] and
+        b [rows, r] (copied), factor alpha / r. ValueError for shapes that are not the matrix's."""
+        an = np.ascontiguousarray(a, dtype=np.float32)
+        bn = np.ascontiguousarray(b, dtype=np.float32)
+        rows, cols = self.matrix_shape(layer, mat)
+        # the C side copies rows * r and r * cols floats: the shapes must be the matrix's
+        if an.ndim != 2 or bn.ndim != 2 or an.shape[0] < 1 or bn.shape[1] != an.shape[0] or \
+                an.shape[1] != cols or bn.shape[0] != rows:
+            raise ValueError(f"layer {layer} {LORA_MATS[mat]}: a must be [r, {cols}] and b [{rows}, r]; got a "
+                             f"{an.shape}, b {bn.shape}")
+        cdef float[:, ::1] av = an
+        cdef float[:, ::1] bv = bn
+        r = an.shape[0]
+        cdef bubo_err err
+        cdef bubo_status st
+        st = bubo_model_lora_set(self.m, slot, layer, mat, <int32_t>r, &av[0, 0], &bv[0, 0], factor, &err)
+        check_status(st, &err, None)
+
+    def lora_clear(self, int slot):
+        bubo_model_lora_clear(self.m, slot)
+
+    def matrix_shape(self, int layer, int mat):
+        """(rows, cols) of a layer's matrix for y = W x (mat: LORA_MATS' index)."""
+        if not 0 <= mat < len(LORA_MATS):
+            raise ValueError(f"matrix {mat}: give 0..{len(LORA_MATS) - 1}")
+        hp = self.hparams
+        nq = hp["n_head"] * hp["head_dim"]
+        nk = hp["n_head_kv"] * hp["head_dim"]
+        nv = hp["n_head_kv"] * hp["head_dim_v"]
+        no = hp["n_head"] * hp["head_dim_v"]
+        d, ff = hp["n_embd"], hp["n_ff"]
+        return ((nq, d), (nk, d), (nv, d), (d, no), (ff, d), (ff, d), (d, ff))[mat]
+
+    def decode(self, KVCache kv not None, tokens, pos, seq_ids, logits_rows, lora_scales=None):
         """Run a batch: tokens, pos, seq_ids (int32, one entry per row) and logits_rows (bool: which
-        rows get logits). Returns float32 [n_out, out_vocab] (n_embd with output_hidden), the wanted
-        rows in batch order."""
+        rows get logits); lora_scales (float32 [rows, MAX_LORA], or None) each row's adapter scales.
+        Returns float32 [n_out, out_vocab] (n_embd with output_hidden), the wanted rows in batch
+        order."""
         if kv.model is not self:
             raise ValueError("this KV cache belongs to another model")
         cdef int32_t[::1] tok = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
@@ -193,10 +233,18 @@ cdef class Model:
             return out
         cdef float[:, ::1] o = out
         cdef float *op = &o[0, 0] if n_out > 0 else NULL
+        cdef float[:, ::1] ls
+        cdef const float *lp = NULL
+        if lora_scales is not None:
+            ls = np.ascontiguousarray(lora_scales, dtype=np.float32)
+            if ls.shape[0] != n or ls.shape[1] != BUBO_MAX_LORA:
+                raise ValueError(f"lora_scales must be [{n}, {BUBO_MAX_LORA}]; got "
+                                 f"[{ls.shape[0]}, {ls.shape[1]}]")
+            lp = &ls[0, 0]
         cdef bubo_err err
         cdef bubo_status st
         with nogil:
-            st = bubo_model_decode(self.m, kv.kv, <int32_t>n, &tok[0], &p[0], &sq[0], &want[0], op, &err)
+            st = bubo_model_decode_lora(self.m, kv.kv, <int32_t>n, &tok[0], &p[0], &sq[0], &want[0], lp, op, &err)
         check_status(st, &err, None)
         return out
 

@@ -74,3 +74,10 @@ cdef extern from "bubo/model.h" nogil:
     bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, const int32_t *tokens,
                                   const int32_t *pos, const int32_t *seq_ids, const uint8_t *want_logits,
                                   float *logits, bubo_err *err)
+    enum: BUBO_MAX_LORA
+    bubo_status bubo_model_lora_set(bubo_model *m, int slot, int il, int mat, int32_t r, const float *a,
+                                    const float *b, float factor, bubo_err *err)
+    void bubo_model_lora_clear(bubo_model *m, int slot)
+    bubo_status bubo_model_decode_lora(bubo_model *m, bubo_kv *kv, int32_t n_tokens, const int32_t *tokens,
+                                       const int32_t *pos, const int32_t *seq_ids, const uint8_t *want_logits,
+                                       const float *lora_scales, float *logits, bubo_err *err)

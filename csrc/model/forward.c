@@ -449,6 +449,8 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
         const bubo_mat *qkv[] = {&l->wq, &l->wk, &l->wv};
         float *qkv_out[] = {s->q, s->k, s->v};
         if ((st = matmul_after(m, step_layer_input, c, 3, qkv, s->xb, n, qkv_out, err))) return st;
+        for (int k = 0; k < 3; k++)
+            if ((st = bubo_model_lora_apply(m, il, BUBO_LORA_Q + k, s->xb, n, qkv_out[k], err))) return st;
         const int nth = bubo_pool_n_threads(m->pool);
         split_ctx split = {c, attention_chunks(c, nth)};
         if (split.n_chunks && att_part_floats(hp, n, split.n_chunks) > s->att_part_floats) {
@@ -467,13 +469,20 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
                                     split.n_chunks ? (void *)&split : (void *)c};
             bubo_pool_run(m->pool, qkv_attention_share, &qa);
         }
-        if ((st = matmul(m, &l->wo, s->att, n, s->xb2, err))) return st;
+        if ((st = matmul(m, &l->wo, s->att, n, s->xb2, err)) ||
+            (st = bubo_model_lora_apply(m, il, BUBO_LORA_O, s->att, n, s->xb2, err)))
+            return st;
         const bubo_mat *gate_up[] = {&l->gate, &l->up};
         float *gate_up_out[] = {s->hb, s->hb2};
-        if ((st = matmul_after(m, step_attn_residual, c, 2, gate_up, s->xb, n, gate_up_out, err))) return st;
+        if ((st = matmul_after(m, step_attn_residual, c, 2, gate_up, s->xb, n, gate_up_out, err)) ||
+            (st = bubo_model_lora_apply(m, il, BUBO_LORA_GATE, s->xb, n, s->hb, err)) ||
+            (st = bubo_model_lora_apply(m, il, BUBO_LORA_UP, s->xb, n, s->hb2, err)))
+            return st;
         const bubo_mat *down[] = {&l->down};
         float *down_out[] = {s->xb2};
-        if ((st = matmul_after(m, step_ffn_act, c, 1, down, s->hb, n, down_out, err))) return st;
+        if ((st = matmul_after(m, step_ffn_act, c, 1, down, s->hb, n, down_out, err)) ||
+            (st = bubo_model_lora_apply(m, il, BUBO_LORA_DOWN, s->hb, n, s->xb2, err)))
+            return st;
     }
     run_tokens(c, step_ffn_residual); /* the last layer's (c->il): the next layer's input step did the others */
     if (c->n_out == 0) return BUBO_OK;
@@ -499,6 +508,12 @@ static bubo_status forward_chunk(step_ctx *c, float *logits, bubo_err *err) {
 
 bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, const int32_t *tokens, const int32_t *pos,
                               const int32_t *seq_ids, const uint8_t *want_logits, float *logits, bubo_err *err) {
+    return bubo_model_decode_lora(m, kv, n_tokens, tokens, pos, seq_ids, want_logits, NULL, logits, err);
+}
+
+bubo_status bubo_model_decode_lora(bubo_model *m, bubo_kv *kv, int32_t n_tokens, const int32_t *tokens,
+                                   const int32_t *pos, const int32_t *seq_ids, const uint8_t *want_logits,
+                                   const float *lora_scales, float *logits, bubo_err *err) {
     const bubo_hparams *hp = &m->hp;
     if (!hp->causal)
         return bubo_set_err(err, BUBO_ERR_INVALID, "%s is an encoder (%s): it encodes (bubo_model_encode), it does not decode",
@@ -520,6 +535,17 @@ bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, cons
     /* the whole batch is checked here and appended chunk by chunk, so that sliding-window layers
      * release what falls out of their window between chunks (their pool holds a window plus one
      * chunk per sequence); a chunk's append cannot fail once the batch passed */
+    int any_lora = 0;
+    for (int32_t t = 0; lora_scales && t < n_tokens; t++)
+        for (int j = 0; j < BUBO_MAX_LORA; j++) {
+            const float sc = lora_scales[(size_t)t * BUBO_MAX_LORA + (size_t)j];
+            if (!isfinite(sc) || fabsf(sc) > 1e6f)
+                return bubo_set_err(err, BUBO_ERR_INVALID, "batch row %d: adapter %d's scale is not a finite number "
+                                    "of at most 1e6", (int)t, j);
+            if (sc != 0.0f && !m->lora.pairs[j])
+                return bubo_set_err(err, BUBO_ERR_INVALID, "batch row %d: adapter slot %d is empty", (int)t, j);
+            any_lora |= sc != 0.0f;
+        }
     bubo_status st = bubo_kv_check_batch(kv, n_tokens, seq_ids, pos, err);
     if (st) return st;
     /* llama.cpp's rule: a one-token step runs on -t threads, anything larger on -tb */
@@ -548,9 +574,11 @@ bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, cons
             .n_out = n_out,
         };
         /* after check_batch nothing can fail but a kernel refusing a shape load already checked */
-        if ((st = bubo_kv_append_batch(kv, n, seq_ids + start, pos + start, err)) ||
-            (st = forward_chunk(&c, logits + logits_done * bubo_model_out_width(m), err)))
-            return st;
+        m->lora_scales = any_lora ? lora_scales + (size_t)start * BUBO_MAX_LORA : NULL;
+        st = bubo_kv_append_batch(kv, n, seq_ids + start, pos + start, err);
+        if (!st) st = forward_chunk(&c, logits + logits_done * bubo_model_out_width(m), err);
+        m->lora_scales = NULL;
+        if (st) return st;
         logits_done += n_out;
     }
     return BUBO_OK;

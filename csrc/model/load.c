@@ -606,6 +606,7 @@ bubo_status bubo_model_load_as(const char *path, int n_threads, int requant, bub
 void bubo_model_free(bubo_model *m) {
     if (!m) return;
     if (m->owns_pool) bubo_pool_free(m->pool);
+    bubo_model_lora_free(m);
     free_prepacked(m);
     for (int il = 0; il < BUBO_MAX_LAYERS; il++) {
         bubo_layer_weights *l = &m->w.layers[il];

@@ -84,6 +84,23 @@ typedef struct {
     float *enc_scores;    /* (n_threads, BUBO_MODEL_MAX_BATCH) an encoder's attention scores of one query row */
 } bubo_run_state;
 
+/* An adapter's pair for one matrix (bubo_model_lora_set): A [r][cols], B [rows][r], f32. */
+typedef struct {
+    int32_t r;
+    float *a, *b;
+    float factor; /* alpha / r */
+} bubo_lora_pair;
+
+/* The adapters' pairs, and the scratch their products share (allocated with the first pair). */
+typedef struct {
+    bubo_lora_pair *pairs[BUBO_MAX_LORA]; /* [n_layer * BUBO_LORA_N_MATS] each, r 0 where it has none; NULL: empty */
+    float *x;      /* (B, widest cols) the input rows that use a pair */
+    float *t;      /* (B, r_max) A x */
+    float *u;      /* (B, widest rows) B (A x) */
+    int32_t *rows; /* [B] which chunk rows those are */
+    int32_t r_max; /* the rank t has room for */
+} bubo_lora_state;
+
 struct bubo_model {
     char *path;
     bubo_gguf *gguf;
@@ -97,7 +114,14 @@ struct bubo_model {
     int out_hidden;      /* decode writes normed hidden states, not logits (bubo_model_set_output_hidden) */
     int n_threads_gen;   /* threads of a one-token decode step, and of a batch (bubo_model_set_threads) */
     int n_threads_batch;
+    bubo_lora_state lora;
+    const float *lora_scales; /* the decode call's [n_tokens][BUBO_MAX_LORA], at its chunk's first row; NULL: none */
 };
+
+/* y [n][rows] += each row's adapters' products for layer il's matrix mat, x [n][cols] its input
+ * (lora.c); nothing without adapters */
+bubo_status bubo_model_lora_apply(bubo_model *m, int il, int mat, const float *x, int32_t n, float *y, bubo_err *err);
+void bubo_model_lora_free(bubo_model *m);
 
 /* ---- shared by forward.c (decoders) and encoder.c ------------------------------------------- */
 

@@ -122,6 +122,32 @@ void bubo_model_kv_params(const bubo_model *m, bubo_kv_params *p);
 bubo_status bubo_model_decode(bubo_model *m, bubo_kv *kv, int32_t n_tokens, const int32_t *tokens, const int32_t *pos,
                               const int32_t *seq_ids, const uint8_t *want_logits, float *logits, bubo_err *err);
 
+/* ---- LoRA adapters ----------------------------------------------------------------------------
+ * Up to BUBO_MAX_LORA adapters sit beside the weights, which are never rewritten: for a layer's
+ * matrix W (q, k, v, o, gate, up, down), an adapter's pair A [r][cols] and B [rows][r] adds
+ * scale * factor * B (A x) to W x, where factor is the pair's alpha / r and scale the batch row's
+ * own (bubo_model_decode_lora): rows with different adapters and scales share one batch, and a
+ * row's result does not depend on the others. A scale of 0 skips the pair (the row's bits are the
+ * base model's). The products run on the pool as f32 matrix products, after the base one. */
+#define BUBO_MAX_LORA 8
+typedef enum {
+    BUBO_LORA_Q, BUBO_LORA_K, BUBO_LORA_V, BUBO_LORA_O, BUBO_LORA_GATE, BUBO_LORA_UP, BUBO_LORA_DOWN, BUBO_LORA_N_MATS
+} bubo_lora_mat;
+
+/* Adapter slot's pair for layer il's matrix mat: a [r][cols], b [rows][r], copied (rows and cols
+ * the matrix's). BUBO_ERR_INVALID for a slot, layer, matrix or rank out of range (r from 1 to
+ * 4096), a matrix the model lacks; BUBO_ERR_NOMEM. Not while the model decodes. */
+bubo_status bubo_model_lora_set(bubo_model *m, int slot, int il, int mat, int32_t r, const float *a, const float *b,
+                                float factor, bubo_err *err);
+/* Forget adapter slot's pairs (nothing for an empty slot). */
+void bubo_model_lora_clear(bubo_model *m, int slot);
+
+/* bubo_model_decode with adapters: lora_scales [n_tokens][BUBO_MAX_LORA], each row's scale of each
+ * slot (NULL: none, as bubo_model_decode). A nonzero scale of an empty slot is BUBO_ERR_INVALID. */
+bubo_status bubo_model_decode_lora(bubo_model *m, bubo_kv *kv, int32_t n_tokens, const int32_t *tokens,
+                                   const int32_t *pos, const int32_t *seq_ids, const uint8_t *want_logits,
+                                   const float *lora_scales, float *logits, bubo_err *err);
+
 /* Decode writes each wanted row's final normed hidden state ([n_out][n_embd], what the output
  * matrix would multiply) instead of its logits while on: the embeddings of a decoder. */
 void bubo_model_set_output_hidden(bubo_model *m, int on);

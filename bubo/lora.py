@@ -1,0 +1,151 @@
+"""LoRA adapters: the GGUF files llama.cpp's convert_lora_to_gguf.py writes, read and checked
+against the model they adapt, then handed to the native forward pass (bubo/_model.pyx lora_set),
+which adds scale * alpha / r * B (A x) beside each adapted matrix's W x (the weights are never
+rewritten).
+
+    adapter = read_adapter("my-lora.gguf")       # AdapterError for a file that is not one
+    check_adapter(adapter, model, model_meta)     # AdapterError naming the first tensor that does not fit
+    install(model, slot, adapter)                 # then decode(..., lora_scales) uses slot
+
+An adapter file: general.type = "adapter", adapter.type = "lora", adapter.lora.alpha, and for any
+of a layer's matrices blk.N.NAME.weight.lora_a [r, cols] and .lora_b [rows, r] (numpy order) in
+F32, F16, BF16 or Q8_0. general.architecture must be the model's; general.base_model.0.name, when
+both files name a model, must name the model's (general.name)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bubo.errors import BuboError
+
+# the matrices an adapter may pair with, in the native side's order (bubo/_model.pyx LORA_MATS)
+MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+TYPES = ("F32", "F16", "BF16", "Q8_0")
+_NAME = re.compile(r"blk\.(\d+)\.([a-z_]+)\.weight\.lora_([ab])")
+
+
+class AdapterError(BuboError, ValueError):
+    """An adapter file that cannot be used (with this model)."""
+
+
+@dataclass
+class Adapter:
+    path: str
+    alpha: float
+    arch: str
+    base_name: str | None
+    # (layer, index in MATS) -> (A float32 [r, cols], B float32 [rows, r])
+    pairs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The file's name without .gguf: how a request or a listing names it."""
+        return Path(self.path).name.removesuffix(".gguf")
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({a.shape[0] for a, _ in self.pairs.values()})
+
+
+def _f32(f: Any, info: Any) -> np.ndarray:
+    from bubo import _kernels
+
+    data = f.tensor_data(info.name)
+    kind = info.type_name.upper()
+    if kind == "F32":
+        out = np.array(data, dtype=np.float32)
+    elif kind == "F16":
+        out = data.astype(np.float32)
+    elif kind == "BF16":
+        out = (np.asarray(data, dtype=np.uint32) << 16).view(np.float32)
+    else:
+        out = _kernels.dequantize(info.type, data)
+    return out.reshape(tuple(reversed(info.shape)))
+
+
+def read_adapter(path: str | Path) -> Adapter:
+    """The adapter in a GGUF file; AdapterError naming what is wrong."""
+    from bubo.gguf import GGUFFile
+
+    where = str(path)
+    try:
+        f = GGUFFile(where)
+    except (OSError, ValueError) as e:
+        raise AdapterError(f"{where}: not a readable GGUF file: {e}") from None
+    with f:
+        meta = f.metadata
+        if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
+            raise AdapterError(f"{where}: not a LoRA adapter (general.type {meta.get('general.type')!r}, "
+                               f"adapter.type {meta.get('adapter.type')!r}; a LoRA adapter has adapter and lora)")
+        alpha = meta.get("adapter.lora.alpha")
+        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not np.isfinite(alpha):
+            raise AdapterError(f"{where}: adapter.lora.alpha is missing or not a number")
+        arch = meta.get("general.architecture")
+        if not isinstance(arch, str):
+            raise AdapterError(f"{where}: no general.architecture")
+        base = meta.get("general.base_model.0.name")
+        halves: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+        for info in f.tensors:
+            m = _NAME.fullmatch(info.name)
+            if m is None or m.group(2) not in MATS:
+                raise AdapterError(f"{where}: tensor {info.name} is not a LoRA pair of a layer's matrix "
+                                   f"(blk.N.{{{','.join(MATS)}}}.weight.lora_a/lora_b)")
+            if info.type_name.upper() not in TYPES or len(info.shape) != 2:
+                raise AdapterError(f"{where}: tensor {info.name} is {info.type_name} of {len(info.shape)} dimensions; "
+                                   f"give a 2-D {', '.join(TYPES)} tensor")
+            arr = _f32(f, info)
+            if not np.isfinite(arr).all():
+                raise AdapterError(f"{where}: tensor {info.name} holds values that are not finite")
+            halves.setdefault((int(m.group(1)), MATS.index(m.group(2))), {})[m.group(3)] = arr
+    adapter = Adapter(where, float(alpha), arch, base if isinstance(base, str) else None)
+    for (il, mat), pair in sorted(halves.items()):
+        name = f"blk.{il}.{MATS[mat]}.weight"
+        if set(pair) != {"a", "b"}:
+            raise AdapterError(f"{where}: {name} has lora_{next(iter(pair))} but not its other half")
+        a, b = pair["a"], pair["b"]
+        if a.shape[0] != b.shape[1] or a.shape[0] < 1:
+            raise AdapterError(f"{where}: {name}: lora_a is {list(a.shape)} and lora_b {list(b.shape)}; their "
+                               "rank (lora_a's rows, lora_b's columns) must agree")
+        adapter.pairs[(il, mat)] = (np.ascontiguousarray(a), np.ascontiguousarray(b))
+    if not adapter.pairs:
+        raise AdapterError(f"{where}: the adapter has no tensors")
+    return adapter
+
+
+def _plain(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def check_adapter(adapter: Adapter, model: Any, meta: dict[str, Any]) -> None:
+    """AdapterError unless the adapter fits the model (bubo._model.Model; meta: its GGUF metadata):
+    the architecture, the base model's name when both name one, and each pair's shapes (the
+    first tensor that does not fit is named)."""
+    where = adapter.path
+    arch = meta.get("general.architecture")
+    if adapter.arch != arch:
+        raise AdapterError(f"{where}: an adapter of a {adapter.arch} model; this model is {arch}")
+    own = meta.get("general.name")
+    if adapter.base_name and isinstance(own, str) and _plain(adapter.base_name) != _plain(own):
+        raise AdapterError(f"{where}: an adapter of {adapter.base_name!r}; this model is {own!r}")
+    n_layer = int(model.hparams["n_layer"])
+    for (il, mat), (a, b) in adapter.pairs.items():
+        name = f"blk.{il}.{MATS[mat]}.weight"
+        if il >= n_layer:
+            raise AdapterError(f"{where}: {name}.lora_a: the model has {n_layer} layers (0..{n_layer - 1})")
+        rows, cols = model.matrix_shape(il, mat)
+        if a.shape[1] != cols:
+            raise AdapterError(f"{where}: {name}.lora_a is {list(a.shape)}; the model's {name} takes {cols} inputs")
+        if b.shape[0] != rows:
+            raise AdapterError(f"{where}: {name}.lora_b is {list(b.shape)}; the model's {name} has {rows} outputs")
+
+
+def install(model: Any, slot: int, adapter: Adapter) -> None:
+    """The adapter's pairs in the model's slot (what was there before is cleared first)."""
+    model.lora_clear(slot)
+    for (il, mat), (a, b) in adapter.pairs.items():
+        model.lora_set(slot, il, mat, a, b, adapter.alpha / a.shape[0])
