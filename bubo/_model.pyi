@@ -5,6 +5,8 @@ import numpy as np
 import numpy.typing as npt
 
 REQUANT_TYPES: tuple[str, ...]
+MAX_LORA: int  # adapter slots of a model (bubo/lora.py)
+LORA_MATS: tuple[str, ...]  # the matrices an adapter pairs with, by their GGUF names
 
 class Model:
     """A GGUF model (decoders: llama, qwen2, qwen3, gemma3; encoder: bert) on the native forward pass.
@@ -43,6 +45,10 @@ class Model:
         """An encoder's last hidden states: tokens (int32) holds the sequences end to end, seq_lens
         their lengths. Returns float32 [len(tokens), n_embd]. ValueError for a decoder, an empty or
         too long sequence, a token id out of range."""
+    def lora_set(self, slot: int, layer: int, mat: int, a: npt.ArrayLike, b: npt.ArrayLike, factor: float) -> None:
+        """Adapter slot's pair for a layer's matrix (LORA_MATS' index): a [r, cols], b [rows, r]."""
+    def lora_clear(self, slot: int) -> None: ...
+    def matrix_shape(self, layer: int, mat: int) -> tuple[int, int]: ...
     def decode(
         self,
         kv: KVCache,
@@ -50,8 +56,10 @@ class Model:
         pos: npt.ArrayLike,
         seq_ids: npt.ArrayLike,
         logits_rows: npt.ArrayLike,
+        lora_scales: npt.ArrayLike | None = None,
     ) -> npt.NDArray[np.float32]:
         """Run a batch; returns float32 [n_out, out_vocab] for the rows where logits_rows is true.
+        lora_scales: float32 [rows, MAX_LORA], each row's scale of each adapter slot.
 
         Each sequence's tokens must continue it (first at pos == kv.seq_len(seq)). ValueError for
         a token id out of range, a position gap, a full context; the cache is then unchanged."""
@@ -141,6 +149,9 @@ class KVCache:
         """Start the empty sequence seq with the longest run of cached full blocks that begins
         tokens (within len(tokens)); returns its length, a multiple of block_size. ValueError
         when seq is not empty; 0 for a cache with a sliding-window pool (swa_full=False)."""
+    def prefix_namespace(self, seq: int, ns: int) -> None:
+        """The namespace of the empty sequence seq (0 by default): it attaches and registers only
+        blocks of its namespace."""
     def prefix_register(self, seq: int, tokens: npt.ArrayLike) -> None:
         """Index the full blocks of seq's tokens[0:len(tokens)] (rows written) for later
         prompts; cheap to call after every step with the same growing tokens."""

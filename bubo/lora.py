@@ -14,6 +14,7 @@ both files name a model, must name the model's (general.name)."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from bubo.errors import BuboError
 # the matrices an adapter may pair with, in the native side's order (bubo/_model.pyx LORA_MATS)
 MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 TYPES = ("F32", "F16", "BF16", "Q8_0")
+MAX_SCALE = 1e6  # the native side refuses a larger one
 _NAME = re.compile(r"blk\.(\d+)\.([a-z_]+)\.weight\.lora_([ab])")
 
 
@@ -142,6 +144,27 @@ def check_adapter(adapter: Adapter, model: Any, meta: dict[str, Any]) -> None:
             raise AdapterError(f"{where}: {name}.lora_a is {list(a.shape)}; the model's {name} takes {cols} inputs")
         if b.shape[0] != rows:
             raise AdapterError(f"{where}: {name}.lora_b is {list(b.shape)}; the model's {name} has {rows} outputs")
+
+
+def scales_of(raw: Any, n_adapters: int, where: str = "lora") -> list[tuple[int, float]]:
+    """llama-server's [{"id", "scale"}] (scale 1 when left out) as (id, scale) pairs; AdapterError
+    naming the item for an id that is no adapter of the n, or a scale that is not a finite number
+    of at most 1e6."""
+    if not isinstance(raw, list):
+        raise AdapterError(f'{where} must be an array of {{"id": N, "scale": X}}')
+    out: dict[int, float] = {}
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or set(item) - {"id", "scale"} or "id" not in item:
+            raise AdapterError(f'{where}[{i}] must be {{"id": N, "scale": X}}')
+        id, scale = item["id"], item.get("scale", 1.0)
+        if not isinstance(id, int) or isinstance(id, bool) or not 0 <= id < n_adapters:
+            said = f"adapters 0..{n_adapters - 1}" if n_adapters else "no adapters (serve --lora FILE loads one)"
+            raise AdapterError(f"{where}[{i}].id {id!r}: this model has {said}")
+        if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale) \
+                or abs(scale) > MAX_SCALE:
+            raise AdapterError(f"{where}[{i}].scale must be a finite number of at most 1e6; got {scale!r}")
+        out[id] = float(scale)
+    return list(out.items())
 
 
 def install(model: Any, slot: int, adapter: Adapter) -> None:

@@ -72,6 +72,18 @@ def _replace(value: Any, pattern: re.Pattern[str], repl: Callable[[re.Match[str]
     return value
 
 
+@dataclass
+class LoadedAdapter:
+    """A LoRA adapter of a runtime: its id (its slot), file, name and global scale (a request
+    without its own `lora` uses it; llama-server's POST /lora-adapters sets it)."""
+
+    id: int
+    path: str
+    name: str
+    scale: float
+    ranks: list[int]
+
+
 class Runtime:
     """One GGUF model in memory. path: the file (resolve catalog names with bubo.store first);
     n_threads None or 0: every CPU; n_threads_batch: the threads of a step of several tokens, a
@@ -104,6 +116,31 @@ class Runtime:
         self._shows_tools: bool | None = None
         self._eog: list[int] | None = None
         self._controls: re.Pattern[str] | bool | None = None
+        self.adapters: list[LoadedAdapter] = []  # LoRA adapters, by id (load_adapters)
+
+    def load_adapters(self, given: Sequence[tuple[str, float]]) -> None:
+        """LoRA adapters (path, scale), each read, checked against this model and put in a slot of
+        the native model: their ids are their order. bubo.lora.AdapterError for one that cannot
+        be used (naming the file and the first tensor that does not fit), ValueError for too many."""
+        from bubo import lora
+        from bubo._model import MAX_LORA
+
+        if len(given) > MAX_LORA:
+            raise ValueError(f"{len(given)} LoRA adapters: a model takes at most {MAX_LORA}")
+        loaded = []
+        for path, scale in given:
+            adapter = lora.read_adapter(path)
+            lora.check_adapter(adapter, self.native, self.metadata)
+            loaded.append((adapter, scale))
+        for i, (adapter, scale) in enumerate(loaded):
+            lora.install(self.native, i, adapter)
+            self.adapters.append(LoadedAdapter(i, adapter.path, adapter.name, float(scale), adapter.ranks))
+
+    def lora_in_force(self, asked: Sequence[tuple[int, float]] | None = None) -> tuple[tuple[int, float], ...]:
+        """A request's (adapter id, scale) pairs, scale nonzero: asked (its own), else each
+        adapter's global scale."""
+        pairs = asked if asked is not None else [(a.id, a.scale) for a in self.adapters]
+        return tuple((i, float(s)) for i, s in pairs if s != 0)
 
     def __repr__(self) -> str:
         return f"Runtime({self.name!r})"

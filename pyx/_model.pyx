@@ -453,6 +453,13 @@ cdef class KVCache:
                              f"{bubo_kv_seq_len(self.kv, seq)} tokens")
         return got
 
+    def prefix_namespace(self, int seq, int ns):
+        """The namespace of the empty sequence seq (0 by default): it attaches and registers only
+        blocks of its namespace. For rows computed differently from the same tokens (an adapter)."""
+        cdef bubo_err err
+        cdef bubo_status st = bubo_kv_prefix_set_namespace(self.kv, seq, ns, &err)
+        check_status(st, &err, None)
+
     def prefix_register(self, int seq, tokens):
         """Index the full blocks of tokens (seq's tokens from 0, rows written) so that later
         prompts can attach them. Cheap to call after every step with the same growing tokens."""

@@ -73,6 +73,7 @@ cdef extern from "bubo/kv.h" nogil:
 
     int32_t bubo_kv_prefix_attach(bubo_kv *kv, int seq, const int32_t *tokens, int32_t n_tokens)
     bubo_status bubo_kv_prefix_register(bubo_kv *kv, int seq, const int32_t *tokens, int32_t n_tokens, bubo_err *err)
+    bubo_status bubo_kv_prefix_set_namespace(bubo_kv *kv, int seq, int32_t ns, bubo_err *err)
     void bubo_kv_prefix_clear(bubo_kv *kv)
     int32_t bubo_kv_prefix_n_cached(const bubo_kv *kv)
     int32_t bubo_kv_prefix_n_indexed(const bubo_kv *kv)

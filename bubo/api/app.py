@@ -30,7 +30,7 @@ log = logging.getLogger("bubo.api")
 
 # the other engineer's dialects; each module exposes `blueprint`
 DIALECTS = ("bubo.api.openai.routes", "bubo.api.anthropic.routes", "bubo.api.llamacpp.routes", "bubo.api.ollama.routes",
-            "bubo.api.embeddings", "bubo.api.decision", "bubo.api.contexts", "bubo.api.mcp")
+            "bubo.api.embeddings", "bubo.api.decision", "bubo.api.contexts", "bubo.api.mcp", "bubo.api.lora")
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import configparser
 import dataclasses
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -226,6 +227,17 @@ def cli_settings(args: ServeOptions, load_delay_s: float = 0.0,
         given["embedding"] = True
     if args.pooling is not None:
         given["pooling"] = args.pooling
+    adapters = [(path, 1.0) for path in args.lora]
+    for path, scale in args.lora_scaled:
+        try:
+            adapters.append((path, float(scale)))
+        except (TypeError, ValueError):
+            raise ModelsConfigError(f"--lora-scaled {path} {scale}: the scale must be a number") from None
+        if not math.isfinite(adapters[-1][1]):
+            raise ModelsConfigError(f"--lora-scaled {path} {scale}: the scale must be a finite number")
+    if adapters:
+        # llama-server's --lora-init-without-apply: loaded at scale 0, applied by POST /lora-adapters
+        given["lora"] = tuple((path, 0.0 if args.lora_init_without_apply else scale) for path, scale in adapters)
     draft = draft_config(args)
     if draft is not DEFAULT_DRAFT:
         given["draft"] = draft

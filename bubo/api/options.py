@@ -61,6 +61,9 @@ class ServeOptions:
     slot_save_path: str | None = None  # llama-server's: the folder POST /slots/{id}?action=save writes to
     responses_max: int = ServerConfig.responses_max  # stored responses kept at most (the least recently used go)
     sign_key: str | None = None  # the Ed25519 private key file receipts are signed with (bubo receipt-key)
+    lora: list[str] = field(default_factory=list)  # --lora FILE (repeated): LoRA adapters at scale 1
+    lora_scaled: list[tuple[str, float]] = field(default_factory=list)  # --lora-scaled FILE SCALE
+    lora_init_without_apply: bool = False  # the adapters start at scale 0 (POST /lora-adapters applies them)
     cache_reuse: int = 0  # llama-server's --cache-reuse: accepted (the prefix cache does the reuse bubo does)
     # HTTP
     host: str = DEFAULT_HOST

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, TypeVar
 
-from flask import has_request_context, request
+from flask import g, has_request_context, request
 
 from bubo._grammar import Grammar
 from bubo.api import callers, errors, offload, receipts
@@ -146,6 +146,9 @@ def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | N
     who = callers.caller()
     if who is not None:
         req = replace(req, caller=who)
+    rt = engine.runtime
+    if rt is not None and (rt.adapters or has_lora_field()):
+        req = replace(req, lora=lora_asked(rt))
     rec = receipts.recorder()
     if rec is not None:
         req = rec.submitted(engine, req)
@@ -160,6 +163,25 @@ def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | N
     record["prompt_tokens"] = record.get("prompt_tokens", 0) + len(req.prompt)
     record.setdefault("generated_tokens", 0)
     return _Watched(stream, record, hold, rec)
+
+
+def has_lora_field() -> bool:
+    """Whether the request's body names adapters (a model without any refuses that)."""
+    bodies = g.get("bubo_bodies") or []
+    return bool(bodies) and "lora" in bodies[0]
+
+
+def lora_asked(rt: Runtime) -> tuple[tuple[int, float], ...]:
+    """The adapters in force for this request's generation (bubo.api.lora): its body's `lora`
+    field, else the global scales; a 400 for a field that names no adapter of the model."""
+    from bubo.lora import AdapterError, scales_of
+
+    bodies = g.get("bubo_bodies") or []
+    raw = bodies[0].get("lora") if bodies else None
+    try:
+        return rt.lora_in_force(None if raw is None else scales_of(raw, len(rt.adapters)))
+    except AdapterError as e:
+        raise invalid(str(e)) from None
 
 
 def _submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | None) -> Stream:

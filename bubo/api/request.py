@@ -104,9 +104,21 @@ def ignored_fields() -> list[str]:
     return [k for k in bodies[0] if k not in read]
 
 
+def json_value() -> Any:
+    """The request's JSON, whatever its kind (a route whose body is an array); json_body's errors."""
+    return _json_value(_body_bytes(), "JSON")
+
+
 def _json_object(raw: bytes) -> dict[str, Any]:
+    body = _json_value(raw, "JSON object")
+    if not isinstance(body, dict):
+        raise ApiError(400, "parse_error", f"the request body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+def _json_value(raw: bytes, kind: str) -> Any:
     if not raw.strip():
-        raise ApiError(400, "parse_error", "the request body is empty: send a JSON object")
+        raise ApiError(400, "parse_error", f"the request body is empty: send a {kind}")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -118,8 +130,6 @@ def _json_object(raw: bytes) -> dict[str, Any]:
         if e.surrogate:
             raise ApiError(400, "invalid_value", f"the request body: {e.message}") from None
         raise ApiError(400, "parse_error", f"the request body is not valid JSON: {e.message}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "parse_error", f"the request body must be a JSON object, not {type(body).__name__}")
     return body
 
 

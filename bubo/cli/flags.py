@@ -80,7 +80,9 @@ class ArgParser(argparse.ArgumentParser):
         env = "BUBO_ARG_" + long[2:].upper().replace("-", "_")
         value = os.environ.get(env)
         if value is not None:
-            if kw.get("action") == "store_true":
+            if kw.get("action") == "append":  # FILE,FILE or, for two values, FILE VALUE
+                kw["default"] = [value.split()] if kw.get("nargs") == 2 else [v for v in value.split(",") if v]
+            elif kw.get("action") == "store_true":
                 if value.lower() not in _TRUE | _FALSE:
                     self.error(f"{env}={value!r}: expected one of 1/0, true/false, yes/no, on/off")
                 kw["default"] = value.lower() in _TRUE
@@ -208,6 +210,12 @@ def build_parser() -> ArgParser:
     p.add_flag("--responses-max", type=int, default=SERVE["responses_max"], metavar="N",
                help="stored responses (POST /v1/responses with store, the default) kept at most, in "
                     "$BUBO_HOME/responses.sqlite3; past it the least recently used go (0: store none)")
+    p.add_flag("--lora", action="append", default=[], metavar="FILE",
+               help="a LoRA adapter (llama.cpp's GGUF, or bubo convert-lora's) applied at scale 1; repeat for several")
+    p.add_flag("--lora-scaled", action="append", nargs=2, default=[], metavar=("FILE", "SCALE"),
+               help="a LoRA adapter applied at SCALE; repeat for several")
+    p.add_flag("--lora-init-without-apply", action="store_true",
+               help="load the adapters at scale 0: POST /lora-adapters (or a request's lora field) applies them")
     p.add_flag("--sign-key", default=None, metavar="FILE",
                help="sign the receipts of requests that ask for one (\"receipt\": true) with this Ed25519 "
                     "private key (made by bubo receipt-key; needs pip install 'bubo[receipts]')")
@@ -435,7 +443,8 @@ HABIT_NOTES: list[tuple[tuple[str, ...], bool, str]] = [
 HABIT_REFUSED: list[tuple[tuple[str, ...], bool, str]] = [
     (("-devd", "--device-draft", "-ngld", "--gpu-layers-draft"), True,
      "this build has no GPU backend: the draft model runs on the CPU"),
-    (("--lora", "--lora-scaled", "--control-vector"), True, "adapters are not supported"),
+    (("--control-vector", "--control-vector-scaled"), True,
+     "control vectors are not supported (LoRA adapters are: --lora)"),
     (("--mmproj", "--mmproj-url"), True, "images are not supported: the catalog models read text"),
     (("--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx"), True,
      "RoPE scaling is taken from the model file only"),

@@ -150,7 +150,7 @@ class Engine:
                  n_parallel: int | None = None, n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
                  queue_size: int | None = None, draft: DraftConfig | None = DEFAULT_DRAFT,
                  cache_type_k: str = "f16", cache_type_v: str = "f16", embedding: bool = False,
-                 pooling: str | None = None):
+                 pooling: str | None = None, lora: tuple[tuple[str, float], ...] = ()):
         if n_ctx is not None and n_ctx < 0:
             raise ValueError(f"n_ctx must be 0 (the trained context) or positive, got {n_ctx}")
         if n_threads is not None and n_threads <= 0:
@@ -170,7 +170,8 @@ class Engine:
             load_delay_s=load_delay_s,
             load_mem_available=load_mem_available,
             n_parallel=n_parallel, n_batch=n_batch, n_ubatch=n_ubatch, queue_size=queue_size, draft=draft,
-            cache_type_k=cache_type_k, cache_type_v=cache_type_v, embedding=embedding, pooling=pooling)
+            cache_type_k=cache_type_k, cache_type_v=cache_type_v, embedding=embedding, pooling=pooling, lora=lora)
+        self.lora = tuple(lora)  # LoRA adapters (path, initial scale): loaded with the model (Runtime.load_adapters)
         if pooling is not None and pooling not in ("mean", "cls", "last"):
             raise ValueError(f"pooling must be mean, cls or last, not {pooling!r}")
         self.embedding = embedding  # --embedding: refuse a model that is not an encoder
@@ -469,8 +470,11 @@ class Engine:
         runtime = Runtime(path, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
                           chat_template=self._chat_template_override, name=self.model_name)
         if not runtime.hparams.get("causal", True):
+            if self.lora:
+                raise ValueError(f"{self.model_name} is an embedding model: it takes no LoRA adapters")
             self._load_encoder(runtime, path, t0)
             return
+        runtime.load_adapters(self.lora)
         if self.embedding:
             raise ValueError(f"{self.model_name} is a text-generation model ({runtime.hparams.get('arch')}), "
                              "not an embedding model: an engine made for embeddings serves encoders only "

@@ -76,6 +76,7 @@ class EngineSettings:
     cache_type_v: str = "f16"
     embedding: bool = False  # --embedding: the model must be an embedding model (an encoder)
     pooling: str | None = None  # --pooling: mean, cls or last (None: the model file's)
+    lora: tuple[tuple[str, float], ...] = ()  # --lora, --lora-scaled: adapter files and their initial scales
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +230,7 @@ def _never_loaded(spec: ModelSpec) -> Engine:
                   load_delay_s=s.load_delay_s, load_mem_available=s.load_mem_available,
                   n_parallel=s.n_parallel, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
                   queue_size=s.queue_size, draft=s.draft, cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v,
-                  embedding=s.embedding, pooling=s.pooling)
+                  embedding=s.embedding, pooling=s.pooling, lora=s.lora)
 
 
 class Registry:

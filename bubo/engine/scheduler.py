@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from bubo._model import MAX_LORA
 from bubo.engine.contexts import Contexts
 from bubo.engine.draft import (
     MODEL_PRIOR,
@@ -150,6 +151,7 @@ class Slot:
     used: float = 0.0  # when it last ended a request: the oldest held sequence goes first
     kept: list[int] | None = None  # what a slot file restored into it (until its next request)
     owner: str | None = None  # the caller whose request or restored file it holds (GenerationRequest.caller)
+    ns: int = 0  # the prefix-cache namespace of what its sequence holds (Scheduler.namespace)
 
 
 class SlotError(ValueError):
@@ -201,6 +203,9 @@ class Scheduler:
         self.n_ctx = n_ctx
         self.n_step = n_step
         self.retain = retain
+        self._namespaces: collections.OrderedDict[tuple[str | None, tuple[tuple[int, float], ...]], int] = \
+            collections.OrderedDict()  # namespace()
+        self._next_ns = 0
         self.block_size = kv.block_size
         self.slots = [Slot(i) for i in range(n_slots)]
         # the cache's sequences past the slots' are contexts (bubo.engine.contexts)
@@ -427,8 +432,10 @@ class Scheduler:
             return free[0]  # an idle slot's sequence is empty: _release and _preempt free it
         last = len(task.tokens) - 1
 
+        ns = self.namespace(task.req)
+
         def score(s: Slot) -> tuple[int, int, float]:
-            n = common_prefix(s.held, task.tokens, last) if task.req.cache_prompt else 0
+            n = common_prefix(s.held, task.tokens, last) if task.req.cache_prompt and s.ns == ns else 0
             return (n, not s.held, -s.used)
 
         return max(free, key=score)
@@ -437,10 +444,11 @@ class Scheduler:
         """Start slot's sequence with as much of task's tokens as the cache holds; returns how
         many. The last known token always runs: its logits (or its row) are what comes next."""
         last = len(task.tokens) - 1
+        ns = self.namespace(task.req)
         if not task.req.cache_prompt:
-            self._clear(slot)
+            self._clear(slot, ns)
             return 0
-        if slot.held:
+        if slot.held and slot.ns == ns:
             n = common_prefix(slot.held, task.tokens, last)
             if n > 0:
                 try:
@@ -451,7 +459,7 @@ class Scheduler:
                     # a sliding-window layer has already released the blocks the next token would
                     # attend to: start the prompt over (llama-server does the same)
                     pass
-            self._clear(slot)
+        self._clear(slot, ns)
         return self.kv.prefix_attach(slot.id, task.tokens[:last])
 
     def _start_from_context(self, slot: Slot, task: Task) -> None:
@@ -465,10 +473,14 @@ class Scheduler:
         self.kv.fork(ctx.seq, slot.id)
         slot.held = list(ctx.tokens)
 
-    def _clear(self, slot: Slot) -> None:
-        """Empty slot's sequence: its indexed blocks stay in the prefix cache."""
+    def _clear(self, slot: Slot, ns: int | None = None) -> None:
+        """Empty slot's sequence: its indexed blocks stay in the prefix cache. ns: the namespace
+        its next sequence attaches and registers in."""
         self.kv.free(slot.id)
         slot.held = []
+        if ns is not None:
+            self.kv.prefix_namespace(slot.id, ns)
+            slot.ns = ns
         if self.draft_model is not None:
             self.draft_model.forget(slot.id)
 
@@ -608,6 +620,25 @@ class Scheduler:
                     t.drafter.taken(0, 0)
                     self.costs.record(0, 0)
 
+    MAX_NAMESPACES = 4096  # past it the least recently used (caller, adapters) gets a new one when next seen
+
+    def namespace(self, req: GenerationRequest) -> int:
+        """The prefix-cache namespace of req's rows: one per (caller, adapters and scales), 0 for
+        the unnamed caller without adapters. Rows of another adapter set are other numbers, and
+        another caller's prompt is not theirs to find by its cached prefix; a namespace forgotten
+        (least recently used) is never given again: its blocks are simply not found."""
+        key = (req.caller, req.lora)
+        if key == (None, ()):
+            return 0
+        ns = self._namespaces.pop(key, None)
+        if ns is None:
+            self._next_ns += 1
+            ns = self._next_ns
+            if len(self._namespaces) >= self.MAX_NAMESPACES:
+                self._namespaces.pop(next(iter(self._namespaces)))
+        self._namespaces[key] = ns
+        return ns
+
     def _slot_of(self, t: Task) -> int:
         return next(s.id for s in self.slots if s.task is t)
 
@@ -637,10 +668,14 @@ class Scheduler:
         pos = np.empty(n_rows, dtype=np.int32)
         seq = np.empty(n_rows, dtype=np.int32)
         want = np.zeros(n_rows, dtype=bool)
+        lora = np.zeros((n_rows, MAX_LORA), dtype=np.float32) if any(self._task(s).req.lora for s, _ in plan) else None
         i = 0
         sampled: list[Slot] = []
         for s, n in plan:
             t = self._task(s)
+            if lora is not None:
+                for index, scale in t.req.lora:
+                    lora[i:i + n, index] = scale
             if t.draft:  # the pending token and its draft: every row's logits are checked
                 toks[i:i + n] = [t.tokens[t.n_past], *t.draft]
                 want[i:i + n] = True
@@ -655,7 +690,7 @@ class Scheduler:
             i += n
         try:
             t0 = time.perf_counter()
-            logits = self.native.decode(self.kv, toks, pos, seq, want)
+            logits = self.native.decode(self.kv, toks, pos, seq, want, lora_scales=lora)
             if want.all():  # rows that all give logits, as a drafting step's do (prompt chunks' cost less)
                 self.costs.observe(n_rows, time.perf_counter() - t0)
         except MemoryError as e:
@@ -898,6 +933,8 @@ class Scheduler:
         blocks (what outlives a request) are what is saved."""
         s = self._idle_slot(slot_id)
         tokens = self._slot_tokens(s)
+        if not s.held:
+            self.kv.prefix_namespace(s.id, s.ns)  # the blocks its last request registered
         n = len(s.held) if s.held else self.kv.prefix_attach(s.id, tokens)
         try:
             rows = self.kv.export_rows(s.id, n) if n else b""
@@ -912,7 +949,7 @@ class Scheduler:
         only what follows; the slot is owner's now. Returns how many tokens. Nothing changes when
         the rows are refused."""
         s = self._idle_slot(slot_id)
-        self._clear(s)
+        self._clear(s, self.namespace(GenerationRequest([], caller=owner)))
         if tokens:
             self.kv.import_rows(s.id, len(tokens), rows)
             self.kv.prefix_register(s.id, tokens)

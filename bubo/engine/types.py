@@ -69,6 +69,8 @@ class GenerationRequest:
     context: int | None = None
     keep: int | None = None  # the context sequence this request's sequence becomes when it ends
     caller: str | None = None  # who sent it (a named API key's caller: bubo.api.callers); /slots shows it
+    # LoRA adapters: (the runtime's adapter index, scale) pairs, scale nonzero (bubo/lora.py)
+    lora: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)

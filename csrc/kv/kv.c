@@ -73,6 +73,7 @@ typedef struct {
     int32_t *seq_parent;       /* [n_seq_max] */
     uint64_t *seq_parent_gen;  /* [n_seq_max] */
     uint64_t *seq_hash;        /* [n_seq_max] */
+    int32_t *seq_root;         /* [n_seq_max] -1 - the sequence's namespace: the parent its first block is indexed under */
     bubo_kv_prefix_stats stats;
 } kv_prefix;
 
@@ -117,6 +118,13 @@ static uint64_t prefix_hash(const kv_prefix *px, uint64_t parent_hash, const int
     h ^= h >> 27, h *= 0x94d049bb133111ebull;
     h ^= h >> 31;
     return h & px->hash_mask;
+}
+
+/* The hash a chain starts from: the seed, mixed with the namespace of a root other than -1
+ * (bubo_kv_prefix_set_namespace). */
+static uint64_t root_hash(const kv_prefix *px, int32_t root) {
+    const uint64_t ns = (uint64_t)(-1 - (int64_t)root);
+    return (PREFIX_HASH_SEED ^ (ns * 0xff51afd7ed558ccdull)) & px->hash_mask;
 }
 
 static uint32_t bucket_of(const kv_prefix *px, uint64_t h) { return (uint32_t)(h ^ (h >> 32)) & px->bucket_mask; }
@@ -300,12 +308,14 @@ static int prefix_alloc(bubo_kv *kv) {
     px->seq_parent = calloc(kv->p.n_seq_max, sizeof *px->seq_parent);
     px->seq_parent_gen = calloc(kv->p.n_seq_max, sizeof *px->seq_parent_gen);
     px->seq_hash = calloc(kv->p.n_seq_max, sizeof *px->seq_hash);
+    px->seq_root = malloc(kv->p.n_seq_max * sizeof *px->seq_root);
     if (!px->hash || !px->parent || !px->parent_gen || !px->gen || !px->indexed || !px->tokens || !px->bucket ||
         !px->chain_next || !px->lru_prev || !px->lru_next || !px->seq_n_reg || !px->seq_parent || !px->seq_parent_gen ||
-        !px->seq_hash)
+        !px->seq_hash || !px->seq_root)
         return 0;
     for (uint32_t k = 0; k < n_buckets; k++) px->bucket[k] = -1;
     for (int s = 0; s < kv->p.n_seq_max; s++) {
+        px->seq_root[s] = -1;
         px->seq_parent[s] = -1;
         px->seq_hash[s] = PREFIX_HASH_SEED & px->hash_mask;
     }
@@ -327,6 +337,7 @@ static void prefix_free(kv_prefix *px) {
     free(px->seq_parent);
     free(px->seq_parent_gen);
     free(px->seq_hash);
+    free(px->seq_root);
 }
 
 static int pool_alloc(bubo_kv *kv, kv_pool *pl, int32_t n_blocks) {
@@ -490,9 +501,9 @@ static bubo_status check_seq(const bubo_kv *kv, int seq, bubo_err *err) {
 static void prefix_seq_reset(bubo_kv *kv, int seq) {
     kv_prefix *px = &kv->px;
     px->seq_n_reg[seq] = 0;
-    px->seq_parent[seq] = -1;
+    px->seq_parent[seq] = px->seq_root[seq];
     px->seq_parent_gen[seq] = 0;
-    px->seq_hash[seq] = PREFIX_HASH_SEED & px->hash_mask;
+    px->seq_hash[seq] = root_hash(px, px->seq_root[seq]);
 }
 
 bubo_status bubo_kv_truncate(bubo_kv *kv, int seq, int32_t n, bubo_err *err) {
@@ -550,6 +561,7 @@ bubo_status bubo_kv_fork(bubo_kv *kv, int src, int dst, bubo_err *err) {
         px->seq_parent[dst] = px->seq_parent[src];
         px->seq_parent_gen[dst] = px->seq_parent_gen[src];
         px->seq_hash[dst] = px->seq_hash[src];
+        px->seq_root[dst] = px->seq_root[src];
     }
     return BUBO_OK;
 }
@@ -799,8 +811,8 @@ int32_t bubo_kv_prefix_attach(bubo_kv *kv, int seq, const int32_t *tokens, int32
     const int bs = kv->p.block_size;
     int32_t n_full = n_tokens / bs;
     if (n_full > kv->max_seq_blocks) n_full = kv->max_seq_blocks;
-    int32_t parent = -1, k = 0;
-    uint64_t h = PREFIX_HASH_SEED & px->hash_mask;
+    int32_t parent = px->seq_root[seq], k = 0;
+    uint64_t h = root_hash(px, parent);
     px->stats.n_lookups++;
     for (; k < n_full; k++) {
         const int32_t *t = tokens + (size_t)k * bs;
@@ -864,6 +876,17 @@ bubo_status bubo_kv_prefix_register(bubo_kv *kv, int seq, const int32_t *tokens,
         px->seq_parent_gen[seq] = parent_gen;
         px->seq_hash[seq] = h;
     }
+    return BUBO_OK;
+}
+
+bubo_status bubo_kv_prefix_set_namespace(bubo_kv *kv, int seq, int32_t ns, bubo_err *err) {
+    if (check_seq(kv, seq, err)) return BUBO_ERR_INVALID;
+    if (ns < 0) return bubo_set_err(err, BUBO_ERR_INVALID, "prefix namespace %d: give 0 or more", (int)ns);
+    if (kv->lens[seq] != 0)
+        return bubo_set_err(err, BUBO_ERR_INVALID, "prefix namespace: sequence %d is not empty", seq);
+    if (!kv->px.on) return BUBO_OK;
+    kv->px.seq_root[seq] = -1 - ns;
+    prefix_seq_reset(kv, seq);
     return BUBO_OK;
 }
 
@@ -978,7 +1001,7 @@ bubo_status bubo_kv_check_invariants(const bubo_kv *kv, bubo_err *err) {
             const int live = p < 0 || (px->indexed[p] && px->parent_gen[b] == px->gen[p]);
             /* a live chain hashes as register computed it; an orphan is unreachable, so any hash will do */
             if (live) {
-                const uint64_t h = prefix_hash(px, p < 0 ? PREFIX_HASH_SEED & px->hash_mask : px->hash[p],
+                const uint64_t h = prefix_hash(px, p < 0 ? root_hash(px, p) : px->hash[p],
                                                px->tokens + (size_t)b * bs, bs);
                 CHECK(h == px->hash[b], "block %d: hash does not chain from its parent %d", (int)b, (int)p);
             }

@@ -427,3 +427,22 @@ def test_random_walk_under_sanitizers(tmp_path):
                     "-o", str(exe)], check=True)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+def test_a_namespace_attaches_only_its_own_blocks(llama):
+    """Rows computed differently from the same tokens (another adapter, another caller) live in
+    namespaces of their own: a sequence attaches only what its namespace registered."""
+    rng = np.random.default_rng(11)
+    prompt = _tokens(rng, llama, 4 * BLOCK + 3)
+    kv = _cache(llama)
+    kv.prefix_namespace(0, 5)
+    assert _request(llama, kv, 0, prompt)[0] == 0
+    for seq, ns, attached in ((1, 0, 0), (2, 6, 0), (3, 5, 4 * BLOCK)):
+        kv.prefix_namespace(seq, ns)
+        assert kv.prefix_attach(seq, prompt[:-1]) == attached, (seq, ns)
+    kv.free(1)
+    with pytest.raises(ValueError, match="not empty"):
+        kv.prefix_namespace(3, 0)
+    with pytest.raises(ValueError, match="0 or more"):
+        kv.prefix_namespace(1, -1)
+    kv._check()

@@ -194,6 +194,11 @@ int32_t bubo_kv_prefix_attach(bubo_kv *kv, int seq, const int32_t *tokens, int32
 bubo_status bubo_kv_prefix_register(bubo_kv *kv, int seq, const int32_t *tokens, int32_t n_tokens, bubo_err *err);
 /* Drops the whole index: cached blocks become free, held ones writable again. */
 void bubo_kv_prefix_clear(bubo_kv *kv);
+/* The namespace of the empty sequence seq's chain (0, the default, until set again): its blocks
+ * are indexed under it and it attaches only blocks indexed under the same one, so that rows
+ * computed differently (another adapter, another caller) are never shared. BUBO_ERR_INVALID for a
+ * bad seq, a non-empty one or ns < 0. */
+bubo_status bubo_kv_prefix_set_namespace(bubo_kv *kv, int seq, int32_t ns, bubo_err *err);
 /* Blocks that are indexed and held by no sequence (reusable by attach, evictable by append). */
 int32_t bubo_kv_prefix_n_cached(const bubo_kv *kv);
 /* Blocks indexed, held or not. */
