@@ -32,6 +32,8 @@ log = logging.getLogger("bubo.api")
 DIALECTS = ("bubo.api.openai.routes", "bubo.api.anthropic.routes", "bubo.api.llamacpp.routes", "bubo.api.ollama.routes",
             "bubo.api.embeddings", "bubo.api.decision", "bubo.api.contexts", "bubo.api.mcp", "bubo.api.lora")
 
+# what a page's requests may send (MCP's transport headers among them)
+CORS_HEADERS = "Authorization, Content-Type, x-api-key, anthropic-version, Mcp-Session-Id, MCP-Protocol-Version"
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 
@@ -160,8 +162,9 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
         if origin and config.cors_origins and ("*" in config.cors_origins or origin in config.cors_origins):
             resp.headers["Access-Control-Allow-Origin"] = origin
             resp.headers["Vary"] = "Origin"
-            resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, x-api-key, anthropic-version"
-            resp.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+            resp.headers["Access-Control-Allow-Headers"] = CORS_HEADERS
+            resp.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
+            resp.headers["Access-Control-Expose-Headers"] = "Mcp-Session-Id"  # a page's MCP client keeps its session
         return resp
 
     @app.errorhandler(ApiError)

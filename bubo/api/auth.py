@@ -96,13 +96,13 @@ def read_key_file(path: str) -> list[tuple[int, str | None, str]]:
     if len(data) > MAX_KEY_FILE_BYTES:
         raise KeyFileError(f"{path} is larger than {MAX_KEY_FILE_BYTES} bytes: is it a key file?")
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark an editor wrote is no part of the first key
     except UnicodeDecodeError as e:
         raise KeyFileError(f"{path} is not UTF-8 text (byte {e.start})") from None
     out: list[tuple[int, str | None, str]] = []
     names: dict[str, int] = {}
     keys: dict[str, int] = {}
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text.split("\n"), 1):  # lines as an editor numbers them (CRLF too)
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -118,9 +118,10 @@ def read_key_file(path: str) -> list[tuple[int, str | None, str]]:
             if len(key) < MIN_NAMED_KEY:
                 raise KeyFileError(f"{path}, line {n}: the key of {name} has {len(key)} characters; a named key "
                                    f"needs at least {MIN_NAMED_KEY}")
-            if name in names:
-                raise KeyFileError(f"{path}, line {n}: the caller {name} is named on line {names[name]} already")
-            names[name] = n
+            if name.lower() in names:  # Alice and alice: one folder of slot files on some filesystems
+                raise KeyFileError(f"{path}, line {n}: the caller {name} is named on line {names[name.lower()]} "
+                                   "already (names differing only in letter case are one name)")
+            names[name.lower()] = n
         if key in keys:
             raise KeyFileError(f"{path}, line {n}: the same key is on line {keys[key]} already")
         keys[key] = n
@@ -132,6 +133,9 @@ def load_keys(given: list[str], path: str | None) -> Keys:
     """--api-key's keys (unnamed callers) and --api-key-file's; KeyFileError for a file that is
     wrong, or for a key of the file that --api-key gives too."""
     lines = read_key_file(path) if path else []
+    if path and not lines and not given:
+        raise KeyFileError(f"{path} holds no key: every request would be let in (comment lines and blank "
+                           "lines are no keys)")
     keys = list(given)
     names: dict[str, str] = {}
     for n, name, key in lines:

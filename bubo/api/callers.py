@@ -57,15 +57,33 @@ class Counts:
 
 
 class Hold:
-    """One generation counted against its caller's --caller-max-slots until release() (once)."""
+    """One request's generations, counted as one against its caller's --caller-max-slots while
+    any of them runs: each stream takes a share (share()) and gives it back (release(), once per
+    share; the response's close gives back what is left)."""
 
     def __init__(self, release: Callable[[], None]):
         self._release: Callable[[], None] | None = release
+        self.shares = 1
+
+    def share(self) -> Hold:
+        self.shares += 1
+        return self
+
+    @property
+    def live(self) -> bool:
+        return self._release is not None
 
     def release(self) -> None:
-        if self._release is not None:
+        if self._release is None:
+            return
+        self.shares -= 1
+        if self.shares <= 0:
             fn, self._release = self._release, None
             fn()
+
+    def release_all(self) -> None:
+        self.shares = 0
+        self.release()
 
 
 class Callers:
@@ -122,15 +140,21 @@ def of_app() -> Callers:
 
 
 def take() -> Hold | None:
-    """In a request: a generation of its caller's begins (429 past --caller-max-slots). Every hold
-    a request took is released when its response closes, if its stream did not release it first."""
+    """In a request: a generation of its caller's begins (429 past --caller-max-slots, unless the
+    request runs one already: a request's generations at once count as one, as the decision API's
+    questions do). What a request holds is given back when its response closes, if its streams
+    did not give it back first."""
     if not has_request_context():
         return None
+    held: Hold | None = request.environ.get(HOLDS)
+    if held is not None and held.live:
+        return held.share()
     hold = of_app().take(caller())
-    request.environ.setdefault(HOLDS, []).append(hold)
+    request.environ[HOLDS] = hold
     return hold
 
 
 def release_all(environ: dict[str, Any]) -> None:
-    for hold in environ.get(HOLDS, ()):
-        hold.release()
+    held: Hold | None = environ.get(HOLDS)
+    if held is not None:
+        held.release_all()

@@ -309,6 +309,11 @@ def slots() -> Any:
         raise ApiError(501, "not_implemented", "the /slots endpoint is turned off (--no-slots)")
     eng = _entry(optional_model()).engine
     out = slots_json(eng.slots()) if eng is not None and eng.ready else []
+    if config().caller_names:  # each slot's caller is shown; what another caller asked for is not
+        who = callers.caller()
+        for s in out:
+            if s.get("caller") != who and s.get("params"):
+                s["params"] = {}
     if request.args.get("fail_on_no_slot") in ("1", "true") and all(s["is_processing"] for s in out):
         raise ApiError(503, "no_slot_available", "every slot is busy")
     return jsonify(out)

@@ -32,11 +32,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import gevent
 from flask import Blueprint, Flask, Response, current_app, request
@@ -52,11 +54,12 @@ log = logging.getLogger("bubo.api")
 
 # the versions an initialize may agree on, oldest first (the official SDK's handshake versions)
 VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
-MAX_SESSIONS = 1024  # past it the least recently used session ends
+MAX_SESSIONS = 64  # a caller's open sessions; past it its least recently used one ends
 PROGRESS_EVERY_S = 0.1  # how often a streamed call says how far the answer is
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32601, -32602, -32603
 RESOURCE_NOT_FOUND = -32002
+_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # a context's or a stored response's id
 
 
 class RpcError(Exception):
@@ -69,7 +72,9 @@ class RpcError(Exception):
 
 
 class Sessions:
-    """Open sessions: id -> (its caller, its protocol version), the least recently used first."""
+    """Open sessions: id -> (its caller, its protocol version), the least recently used first. A
+    caller has at most `limit` (the callers are the key file's: their number is bounded), so that
+    one caller's new sessions never end another's."""
 
     def __init__(self, limit: int = MAX_SESSIONS):
         self.limit = limit
@@ -78,8 +83,9 @@ class Sessions:
     def new(self, caller: str | None, version: str) -> str:
         id = uuid.uuid4().hex
         self._open[id] = (caller, version)
-        while len(self._open) > self.limit:
-            self._open.popitem(last=False)
+        mine = [s for s, (c, _) in self._open.items() if c == caller]
+        for old in mine[:max(0, len(mine) - self.limit)]:
+            del self._open[old]
         return id
 
     def known(self, id: str, caller: str | None) -> bool:
@@ -173,11 +179,11 @@ def check_arguments(value: Any, schema: dict[str, Any], where: str = "arguments"
         raise RpcError(INVALID_PARAMS, f"{where} must be a string or an array of strings")
     kind = schema.get("type")
     if kind is not None and (not isinstance(value, _TYPES[kind]) or isinstance(value, bool)
-                             or (kind == "number" and not math.isfinite(value))):
+                             or (isinstance(value, float) and not math.isfinite(value))):
         raise RpcError(INVALID_PARAMS, f"{where} must be {'an' if kind[0] in 'aeiou' else 'a'} {kind}; got "
                                        f"{json.dumps(value)[:80]}")
     if "minimum" in schema and value < schema["minimum"]:
-        raise RpcError(INVALID_PARAMS, f"{where} must be at least {schema['minimum']}; got {value}")
+        raise RpcError(INVALID_PARAMS, f"{where} must be at least {schema['minimum']}; got {str(value)[:40]}")
     if "minItems" in schema and len(value) < schema["minItems"]:
         raise RpcError(INVALID_PARAMS, f"{where} must have at least {schema['minItems']} item")
     if kind == "array" and "items" in schema:
@@ -224,6 +230,7 @@ class _Inner:
         # request passed that check)
         self.headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "x-api-key", "host")}
         self.remote = request.remote_addr or "127.0.0.1"
+        self.socket = request.environ.get("bubo.socket")  # the client going away cancels the generation
         self.method, self.path, self.body = method, path, body
         self.record: dict[str, Any] = {}
         self.outer = request.environ.setdefault("bubo.log", {})
@@ -233,16 +240,20 @@ class _Inner:
     def run(self) -> None:
         path, _, query = self.path.partition("?")
         # an app context of its own: its g (the models it holds, the bodies it read) is not the /mcp request's
+        base = {"REMOTE_ADDR": self.remote, **({"bubo.socket": self.socket} if self.socket is not None else {})}
         with self.app.app_context(), \
                 self.app.test_request_context(path, method=self.method, query_string=query, headers=self.headers,
-                                              json=self.body, environ_base={"REMOTE_ADDR": self.remote}) as ctx:
+                                              json=self.body, environ_base=base) as ctx:
             ctx.request.environ[callers.INNER] = True
             self.record = ctx.request.environ.setdefault("bubo.log", {})
-            resp = self.app.full_dispatch_request()
             try:
-                data = resp.get_data()
+                resp = self.app.full_dispatch_request()
+                try:
+                    data = resp.get_data()
+                finally:
+                    resp.close()
             finally:
-                resp.close()
+                callers.release_all(ctx.request.environ)  # whatever ended it, its generations are over
             self.status = resp.status_code
             try:
                 self.answer = json.loads(data)
@@ -306,7 +317,7 @@ def _context_models() -> list[str]:
 def _resources() -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for name in _context_models():
-        inner = _Inner("GET", f"/v1/contexts?model={name}", None)
+        inner = _Inner("GET", f"/v1/contexts?model={quote(name, safe='')}", None)
         inner.run()
         for c in (inner.answer.get("data") or []) if inner.status == 200 else []:
             out.append({"uri": f"bubo://contexts/{c['id']}", "name": c["id"], "mimeType": oa.JSON,
@@ -323,16 +334,18 @@ def _read(params: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(uri, str):
         raise RpcError(INVALID_PARAMS, "resources/read needs a uri (a string)")
     kind, _, id = uri.removeprefix("bubo://").partition("/")
-    paths = {"contexts": [f"/v1/contexts/{id}?model={m}" for m in _context_models()],
-             "responses": [f"/v1/responses/{id}"]}.get(kind, []) if uri.startswith("bubo://") and id else []
+    if not uri.startswith("bubo://") or not _ID.fullmatch(id):
+        raise RpcError(RESOURCE_NOT_FOUND, f"no resource {uri[:200]!r}: the resources are bubo://contexts/ID and "
+                                           "bubo://responses/ID", {"uri": uri[:200]})
+    paths = {"contexts": [f"/v1/contexts/{id}?model={quote(m, safe='')}" for m in _context_models()],
+             "responses": [f"/v1/responses/{id}"]}.get(kind, [])
     for path in paths:
         inner = _Inner("GET", path, None)
         inner.run()
         if inner.status == 200:
             return {"contents": [{"uri": uri, "mimeType": oa.JSON, "text": json.dumps(inner.answer,
                                                                                       ensure_ascii=False)}]}
-    raise RpcError(RESOURCE_NOT_FOUND, f"no resource {uri!r} of yours (deleted, never made, or not a "
-                                       "bubo://contexts/ or bubo://responses/ URI)", {"uri": uri})
+    raise RpcError(RESOURCE_NOT_FOUND, f"no resource {uri!r} of yours (deleted, or never made)", {"uri": uri})
 
 
 # --- the methods ---------------------------------------------------------------------------------

@@ -152,7 +152,8 @@ def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | N
     rec = receipts.recorder()
     if rec is not None:
         req = rec.submitted(engine, req)
-    hold = callers.take()
+    # a prefill yields to every request (it is ended when one comes): it holds no slot of its caller's
+    hold = callers.take() if not req.prefill else None
     try:
         stream = _submit(engine, req, mem_available)
     except BaseException:
@@ -223,8 +224,10 @@ class _Watched:
         return ev
 
     def _ended(self) -> None:
+        """Its share of the request's hold given back, once."""
         if self._hold is not None:
-            self._hold.release()
+            hold, self._hold = self._hold, None
+            hold.release()
 
     def cancel(self) -> None:
         self._ended()

@@ -48,6 +48,7 @@ def _key_file(path: Path, *lines: str) -> Path:
     ([f"bob {BOB}", "", "# x", f"carol {CAROL} extra"], 5, "has 3 words"),
     (["alice short"], 2, "needs at least 16"),
     ([f"al/ice {ALICE}"], 2, "letters, digits"),
+    ([f"alice {ALICE}", f"Alice {BOB}"], 3, "differing only in letter case"),
 ])
 def test_a_wrong_key_file_names_its_line(tmp_path, lines, line, says):
     path = _key_file(tmp_path / "keys", *lines)
@@ -56,12 +57,20 @@ def test_a_wrong_key_file_names_its_line(tmp_path, lines, line, says):
 
 
 def test_the_key_file_keeps_llama_servers_lines_and_names_callers(tmp_path):
-    path = _key_file(tmp_path / "keys", PLAIN, "", f"  alice   {ALICE}  ", f"bob {BOB}")
+    path = _key_file(tmp_path / "keys", PLAIN, "", f"  alice   {ALICE}  ", f"bob\t{BOB}\r")
     keys = auth.load_keys(["given-key"], str(path))
     assert keys.keys == ["given-key", PLAIN, ALICE, BOB]
     assert keys.names == {ALICE: "alice", BOB: "bob"}
     with pytest.raises(auth.KeyFileError, match="line 2: that key is given with --api-key too"):
         auth.load_keys([PLAIN], str(path))
+    # an editor's byte-order mark is no part of the first key
+    path.write_bytes(b"\xef\xbb\xbf" + f"alice {ALICE}\n".encode())
+    assert auth.load_keys([], str(path)).names == {ALICE: "alice"}
+    # a file without a key would let every request in
+    _key_file(path, "", "# none yet")
+    with pytest.raises(auth.KeyFileError, match="holds no key"):
+        auth.load_keys([], str(path))
+    assert auth.load_keys(["given-key"], str(path)).keys == ["given-key"]
 
 
 def test_every_key_is_compared_in_constant_time_whatever_the_wrong_byte(monkeypatch):
@@ -149,12 +158,21 @@ def _slot_of(server, key, caller):
 
 @pytest.mark.models
 def test_slot_files_and_slots_are_their_callers_alone(team):
+    status, _, out = _as(team, BOB, "/completion", {"prompt": "Bob's file.", "n_predict": 2})
+    status, _, out = _as(team, BOB, f"/slots/{_slot_of(team, BOB, 'bob')}?action=save", {"filename": "b.bin"})
+    assert status == 200, out
     status, _, out = _as(team, ALICE, "/completion", {"prompt": PROMPT * 2, "n_predict": 4, "temperature": 0})
     assert status == 200, out
+    # her cached prompt is no hint to another caller (his cache is his own), and still hers
+    assert _as(team, BOB, "/completion", {"prompt": PROMPT * 2, "n_predict": 1})[2]["timings"]["cache_n"] == 0
+    assert _as(team, ALICE, "/completion", {"prompt": PROMPT * 2, "n_predict": 1})[2]["timings"]["cache_n"] >= 32
+    status, _, out = _as(team, ALICE, "/completion", {"prompt": PROMPT * 2, "n_predict": 4, "temperature": 0})
     slot = _slot_of(team, BOB, "alice")  # /slots names each slot's caller, for every caller
-    for action, body in (("save", {"filename": "mine.bin"}), ("erase", None)):
+    seen = {s["id"]: s for s in _as(team, BOB, "/slots")[2]}
+    assert seen[slot]["params"] == {} and _as(team, ALICE, "/slots")[2][slot]["params"]["temperature"] == 0
+    for action, body in (("save", {"filename": "mine.bin"}), ("erase", None), ("restore", {"filename": "b.bin"})):
         status, _, out = _as(team, BOB, f"/slots/{slot}?action={action}", body or {})
-        assert status == 404 and "no conversation of this caller's" in out["error"]["message"], out
+        assert status == 404 and "no conversation of this caller's" in out["error"]["message"], (action, out)
     status, _, saved = _as(team, ALICE, f"/slots/{slot}?action=save", {"filename": "mine.bin"})
     assert status == 200 and saved["n_saved"] > 0, saved
     for key in (BOB, PLAIN):  # her file is no file of theirs
@@ -167,6 +185,14 @@ def test_slot_files_and_slots_are_their_callers_alone(team):
     bob_slot = _slot_of(team, BOB, "bob")
     status, _, out = _as(team, BOB, f"/slots/{bob_slot}?action=save", {"filename": "mine.bin"})
     assert status == 200 and out["n_saved"] < saved["n_saved"], out
+
+
+def test_a_request_of_several_generations_counts_once_against_the_limit(team):
+    """The decision API runs its questions at once: one request, one of the caller's 2 slots."""
+    questions = {f"q{i}": {"type": "noul", "instructions": f"Is it about the number {i}?"} for i in range(4)}
+    status, _, out = _as(team, ALICE, "/v1/systemone", {"model": MODEL, "state": "A ticket about 3.",
+                                                        "questions": questions})
+    assert status == 200 and sorted(out["answers"]) == sorted(questions), out
 
 
 def _stream(url: str, key: str, body: dict, results: list, go: threading.Event) -> None:
@@ -255,6 +281,13 @@ def test_sighup_rereads_the_key_file_and_a_wrong_one_keeps_the_keys(team):
         time.sleep(0.05)
     said = "".join(team.log[n_log:])
     assert "old ones stay in force" in said and "line 4" in said and "alice is named on line 2" in said, said
+    n_log = len(team.log)
+    _key_file(team.keys, "# emptied while being written")
+    team.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while not any("not reloaded" in line for line in team.log[n_log:]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "holds no key" in "".join(team.log[n_log:]) and _as(team, PLAIN, "/health")[0] == 401
     assert _as(team, CAROL, "/health")[0] == 200 and _as(team, BOB, "/health")[0] == 401
     conn.request("GET", "/health", headers={"Authorization": f"Bearer {CAROL}"})
     assert conn.getresponse().status == 200

@@ -178,6 +178,11 @@ def test_sessions_are_their_callers_and_end_with_delete(keyed_srv):
     assert _post(keyed_srv, "/mcp", ping, ALICE, {"Mcp-Session-Id": sid})[2] == {"jsonrpc": "2.0", "id": "p",
                                                                                  "result": {}}
     assert _post(keyed_srv, "/mcp", ping, BOB, {"Mcp-Session-Id": sid})[0] == 404  # not bob's
+    # one caller's many sessions end only its own oldest ones
+    bobs = [_post(keyed_srv, "/mcp", rpc, BOB)[1]["Mcp-Session-Id"] for _ in range(65)]
+    assert _post(keyed_srv, "/mcp", ping, BOB, {"Mcp-Session-Id": bobs[0]})[0] == 404
+    assert _post(keyed_srv, "/mcp", ping, BOB, {"Mcp-Session-Id": bobs[-1]})[0] == 200
+    assert _post(keyed_srv, "/mcp", ping, ALICE, {"Mcp-Session-Id": sid})[0] == 200
     hdrs = {"Authorization": f"Bearer {ALICE}", "Mcp-Session-Id": sid}
     assert call(keyed_srv.url + "/mcp", "DELETE", headers=hdrs)[0] == 200
     assert call(keyed_srv.url + "/mcp", "DELETE", headers=hdrs)[0] == 404
@@ -230,6 +235,17 @@ def test_bad_arguments_are_invalid_params_naming_the_argument(open_srv, args, sa
     rpc = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "chat", "arguments": args}}
     status, _, out = _post(open_srv, "/mcp", rpc)
     assert status == 200 and out["id"] == 7 and out["error"]["code"] == -32602 and says in out["error"]["message"]
+
+
+def test_odd_values_never_give_a_500(open_srv):
+    for args in ({**MESSAGES_OK, "temperature": 10 ** 400, "max_tokens": 1}, {**MESSAGES_OK, "max_tokens": 10 ** 30}):
+        rpc = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "chat", "arguments": args}}
+        status, _, out = _post(open_srv, "/mcp", rpc)
+        assert status == 200 and out["result"]["isError"], out  # the route's 400, as the tool's error
+    for uri in ("bubo://responses/../models", "bubo://contexts/x?model=y", "bubo://responses/" + "x" * 300):
+        rpc = {"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {"uri": uri}}
+        status, _, out = _post(open_srv, "/mcp", rpc)
+        assert status == 200 and out["error"]["code"] == -32002, out
 
 
 def test_the_transport_edges(open_srv):

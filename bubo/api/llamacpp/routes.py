@@ -291,7 +291,10 @@ def slot_action(id_slot: int) -> Any:
             raise ApiError(404, "not_found", f"no slot file {name!r} in the --slot-save-path folder") from None
         raise ApiError(400, "invalid_slot_file", str(e)) from None
     try:
-        n = on_engine(lambda s: s.restore_slot(id_slot, tokens, rows, who))
+        def restore(s: Scheduler) -> int:
+            mine(s)  # another caller's conversation is not this caller's to replace
+            return s.restore_slot(id_slot, tokens, rows, who)
+        n = on_engine(restore)
     except MemoryError as e:
         raise ApiError(507, "insufficient_memory",
                        f"slot file {name!r} does not fit in the KV cache now: {e}") from None
