@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import secrets
 import struct
 from collections.abc import Callable
@@ -297,6 +298,12 @@ def convert_file(src: Path, dest: Path, out_type: str = "f16", name: str = "", c
     src, dest = Path(src), Path(dest)
     if converter not in CONVERTERS:
         raise ConvertError(f"unknown converter {converter!r} (known: {', '.join(CONVERTERS)})")
+    return write_atomically(dest, lambda tmp: CONVERTERS[converter](src, tmp, out_type=out_type, name=name))
+
+
+def write_atomically(dest: Path, write: Callable[[Path], None]) -> Path:
+    """write(a temporary path beside dest), flushed and renamed to dest once whole; on any failure
+    dest is as it was and nothing is left behind."""
     if dest.is_dir():
         raise ConvertError(f"{dest} is a directory, not a file name")
     if not dest.parent.is_dir():
@@ -304,12 +311,118 @@ def convert_file(src: Path, dest: Path, out_type: str = "f16", name: str = "", c
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask applies, as to dest
     try:
-        CONVERTERS[converter](src, tmp, out_type=out_type, name=name)
+        write(tmp)
         fsync_file(tmp)
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
     return dest
+
+
+# --- LoRA adapters: PEFT checkpoints to llama.cpp's adapter GGUF -------------------------------
+
+# Hugging Face's module names -> the GGUF matrix names (bubo.lora.MATS)
+PEFT_MODULES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+                "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+_PEFT_KEY = re.compile(r"(?:base_model\.model\.)?(?:model\.)?layers\.(\d+)\.(?:self_attn|mlp)\.([a-z_]+)\."
+                       r"lora_([AB])(?:\.default)?\.weight")
+# the architectures whose converter permutes Q and K rows for RoPE (llama.cpp's LlamaModel does): B's rows follow
+_PERMUTED = ("llama",)
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's reordering of a Q or K matrix's rows (each head's halves interleaved)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def convert_lora(src: Path, dest: Path, base: Path, out_type: str = "f32") -> None:
+    """Write the GGUF LoRA adapter of the PEFT checkpoint in directory src (adapter_config.json,
+    adapter_model.safetensors) for the base model's GGUF file `base` to dest, as llama.cpp's
+    convert_lora_to_gguf.py lays it out. Everything is read and checked first: a ConvertError,
+    naming the file and what is wrong, leaves dest untouched."""
+    import gguf
+
+    from bubo.gguf import GGUFFile
+
+    src = Path(src)
+    if out_type not in OUT_TYPES:
+        raise ConvertError(f"out_type must be one of {OUT_TYPES}, not {out_type!r}")
+    if not src.is_dir():
+        raise ConvertError(f"{src} is not a directory (a PEFT checkpoint: adapter_config.json, "
+                           "adapter_model.safetensors)")
+    config = _load_object(src / "adapter_config.json")
+    where = src / "adapter_config.json"
+    for key in ("use_rslora", "use_dora"):
+        if config.get(key):
+            raise ConvertError(f"{where}: {key} is not supported (plain LoRA: scale alpha / r)")
+    for key in ("rank_pattern", "alpha_pattern"):
+        if config.get(key):
+            raise ConvertError(f"{where}: {key} is not supported (one rank and one alpha for every matrix)")
+    r, alpha = config.get("r"), config.get("lora_alpha")
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise ConvertError(f"{where}: r is {r!r}, not a positive integer")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise ConvertError(f"{where}: lora_alpha is {alpha!r}, not a number")
+    try:
+        with GGUFFile(str(base)) as f:
+            meta = f.metadata
+            shapes = {t.name: tuple(reversed(t.shape)) for t in f.tensors}
+    except (OSError, ValueError) as e:
+        raise ConvertError(f"{base}: not a readable GGUF model: {e}") from None
+    arch = str(meta.get("general.architecture"))
+    heads, heads_kv = meta.get(f"{arch}.attention.head_count"), meta.get(f"{arch}.attention.head_count_kv")
+    n_head = heads if isinstance(heads, int) else 0
+    n_head_kv = heads_kv if isinstance(heads_kv, int) else n_head
+    weights = src / "adapter_model.safetensors"
+    tensors = read_safetensors(weights)
+    halves: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    for key, arr in tensors.items():
+        m = _PEFT_KEY.fullmatch(key)
+        if m is None or m.group(2) not in PEFT_MODULES:
+            raise ConvertError(f"{weights}: tensor {key} is not a LoRA pair of a layer's "
+                               f"{'/'.join(PEFT_MODULES)} (embeddings and the output head are not supported)")
+        halves.setdefault((int(m.group(1)), PEFT_MODULES[m.group(2)]), {})[m.group(3)] = arr.astype(np.float32)
+    if not halves:
+        raise ConvertError(f"{weights}: no LoRA tensors")
+    out: list[tuple[str, np.ndarray]] = []
+    for (il, mat), pair in sorted(halves.items()):
+        name = f"blk.{il}.{mat}.weight"
+        if set(pair) != {"A", "B"}:
+            raise ConvertError(f"{weights}: layer {il}'s {mat} has lora_{next(iter(pair))} but not its other half")
+        a, b = pair["A"], pair["B"]
+        if name not in shapes:
+            raise ConvertError(f"{weights}: layer {il}'s {mat}: the base model {base} has no {name}")
+        rows, cols = shapes[name]
+        if a.ndim != 2 or b.ndim != 2 or a.shape != (r, cols) or b.shape != (rows, r):
+            raise ConvertError(f"{weights}: layer {il}'s {mat}: lora_A is {list(a.shape)} and lora_B "
+                               f"{list(b.shape)}; the base's {name} wants [{r}, {cols}] and [{rows}, {r}]")
+        if not (np.isfinite(a).all() and np.isfinite(b).all()):
+            raise ConvertError(f"{weights}: layer {il}'s {mat} holds values that are not finite")
+        if arch in _PERMUTED and mat in ("attn_q", "attn_k"):
+            b = _permute(b, n_head if mat == "attn_q" else n_head_kv)
+        out += [(name + ".lora_a", a), (name + ".lora_b", b)]
+    writer = gguf.GGUFWriter(str(dest), arch)
+    try:
+        writer.add_type(gguf.GGUFType.ADAPTER)
+        writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+        writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
+        base_name = meta.get("general.name")
+        if isinstance(base_name, str):
+            writer.add_uint32(gguf.Keys.General.BASE_MODEL_COUNT, 1)
+            writer.add_string(gguf.Keys.General.BASE_MODEL_NAME.format(id=0), base_name)
+        for gguf_name, arr in out:
+            writer.add_tensor(gguf_name, np.ascontiguousarray(arr, dtype=np.float32 if out_type == "f32"
+                                                              else np.float16))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
+
+
+def convert_lora_file(src: Path, dest: Path, base: Path, out_type: str = "f32") -> Path:
+    """convert_lora, written beside dest and renamed into place only when whole."""
+    return write_atomically(Path(dest), lambda tmp: convert_lora(Path(src), tmp, Path(base), out_type))
 
 
 def fsync_file(path: Path) -> None:

@@ -334,7 +334,9 @@ class Model:
     same tokens and log-probabilities), only how many forward passes it takes. The generation
     calls' draft_max keyword sets it per call (0: no drafting for that call). cache_type_k and
     cache_type_v: how the KV cache stores K and V rows ("f16", "f32" or "q8_0", and "q4_0" for V;
-    q8_0 takes about half of f16's memory, for logits a little off f16's).
+    q8_0 takes about half of f16's memory, for logits a little off f16's). lora: LoRA adapters
+    (bubo/lora.py: llama.cpp's adapter GGUF files), each a path (scale 1) or (path, scale): their
+    scales apply to every call (set_lora changes them; a call's lora= applies its own instead).
 
     A Model is a context manager: `with bubo.Model(...) as m:` closes it at the end of the
     block (close(): the native model and its KV cache are let go; later calls raise).
@@ -348,7 +350,8 @@ class Model:
     def __init__(self, name_or_path: str | os.PathLike[str], *, n_ctx: int = 4096,
                  n_threads: int | None = None, chat_template: str | None = None,
                  draft: bool | str | os.PathLike[str] | DraftConfig = True, cache_type_k: str = "f16",
-                 cache_type_v: str = "f16"):
+                 cache_type_v: str = "f16",
+                 lora: Sequence[str | os.PathLike[str] | tuple[str | os.PathLike[str], float]] = ()):
         from bubo.engine.memory import check_cache_type
 
         check_cache_type(cache_type_k, "cache_type_k", k=True)
@@ -365,6 +368,9 @@ class Model:
         self.path = store.resolve(name_or_path)
         self.name = str(name_or_path)
         runtime = Runtime(self.path, n_threads=n_threads, chat_template=chat_template, name=self.name)
+        if lora:
+            runtime.load_adapters([(str(a[0]), float(a[1])) if isinstance(a, tuple) else (str(a), 1.0)
+                                   for a in lora])
         self.metadata: dict[str, Any] = runtime.metadata
         self.hparams: dict[str, Any] = runtime.hparams
         n_ctx_train = runtime.n_ctx_train
@@ -506,6 +512,7 @@ class Model:
                  json_schema: dict[str, Any] | bool | None = None, response_format: dict[str, Any] | None = None,
                  ignore_eos: bool = False, add_special: bool = True, parse_special: bool = False,
                  draft_max: int | None = None, context: Context | None = None, save: bool = False,
+                 lora: Mapping[int | str, float] | None = None,
                  sampling: SamplingParams | None = None, **options: Unpack[SamplingOptions]) -> TextStream:
         """Stream the continuation of `prompt` (text, or token ids used as they are) as text
         pieces. context: a Context of this Model (Model.context) that the prompt continues (its
@@ -523,6 +530,7 @@ class Model:
         (code "unsupported_schema"), naming its JSON pointer as the server does.
         ignore_eos: generate past end-of-generation tokens (until max_tokens or a stop string).
         add_special / parse_special: how text is tokenized (BOS; special-token text as tokens).
+        lora: this call's adapter scales ({id or name: scale}; the others 0), instead of the Model's.
         Sampling keywords: see Model (None: SamplingParams' default)."""
         params = _sampling_params(sampling, options)
         n_probs = params.n_probs
@@ -532,10 +540,10 @@ class Model:
                 raise ValueError("save=True needs a context to move forward")
             ids = self._prompt_ids(prompt, add_special, parse_special)
             return TextStream(self, self._start(self._request(ids, params, max_tokens, stop, n_probs, grammar,
-                                                              ignore_eos, draft_max)))
+                                                              ignore_eos, draft_max, lora)))
         ctx = self._context_of(context)
         ids = ctx.tokens + (self._prompt_ids(prompt, False, parse_special) if prompt else [])
-        req = self._request(ids, params, max_tokens, stop, n_probs, grammar, ignore_eos, draft_max)
+        req = self._request(ids, params, max_tokens, stop, n_probs, grammar, ignore_eos, draft_max, lora)
         # no claim: a Model runs one generation at a time, in the caller's thread
         req = dataclasses.replace(req, context=ctx.seq, keep=ctx.seq if save else None)
         return TextStream(self, self._start(req))
@@ -545,12 +553,13 @@ class Model:
                  json_schema: dict[str, Any] | bool | None = None, response_format: dict[str, Any] | None = None,
                  ignore_eos: bool = False, add_special: bool = True, parse_special: bool = False,
                  draft_max: int | None = None, context: Context | None = None, save: bool = False,
+                 lora: Mapping[int | str, float] | None = None,
                  sampling: SamplingParams | None = None, **options: Unpack[SamplingOptions]) -> Completion:
         """generate(), collected: the text with why it ended (a Completion). The same keywords."""
         stream = self.generate(prompt, max_tokens=max_tokens, stop=stop, grammar=grammar, json_schema=json_schema,
                                response_format=response_format, ignore_eos=ignore_eos, add_special=add_special,
                                parse_special=parse_special, draft_max=draft_max, context=context, save=save,
-                               sampling=sampling, **options)
+                               lora=lora, sampling=sampling, **options)
         for _ in stream:
             pass
         return stream.completion()
@@ -561,8 +570,8 @@ class Model:
              chat_template_kwargs: Mapping[str, Any] | None = None,
              max_tokens: int | None = 256, stop: str | Iterable[str] = (), grammar: str | None = None,
              json_schema: dict[str, Any] | bool | None = None, response_format: dict[str, Any] | None = None,
-             draft_max: int | None = None, sampling: SamplingParams | None = None,
-             **options: Unpack[SamplingOptions]) -> ChatCompletion:
+             draft_max: int | None = None, lora: Mapping[int | str, float] | None = None,
+             sampling: SamplingParams | None = None, **options: Unpack[SamplingOptions]) -> ChatCompletion:
         """Answer `messages` with the model's chat template, as POST /v1/chat/completions does.
 
         messages: OpenAI's ([{"role": "user", "content": "..."}, ...]; roles system, developer,
@@ -590,7 +599,7 @@ class Model:
                             parallel_tool_calls=parallel_tool_calls, thinking=thinking,
                             chat_template_kwargs=chat_template_kwargs, max_tokens=max_tokens, stop=stop,
                             grammar=grammar, json_schema=json_schema, response_format=response_format,
-                            n_probs=n_probs, draft_max=draft_max)
+                            n_probs=n_probs, draft_max=draft_max, lora=lora)
         for _ in stream.parts():
             pass
         return stream.completion()
@@ -601,8 +610,8 @@ class Model:
                     chat_template_kwargs: Mapping[str, Any] | None = None,
                     max_tokens: int | None = 256, stop: str | Iterable[str] = (), grammar: str | None = None,
                     json_schema: dict[str, Any] | bool | None = None, response_format: dict[str, Any] | None = None,
-                    draft_max: int | None = None, sampling: SamplingParams | None = None,
-                    **options: Unpack[SamplingOptions]) -> ChatStream:
+                    draft_max: int | None = None, lora: Mapping[int | str, float] | None = None,
+                    sampling: SamplingParams | None = None, **options: Unpack[SamplingOptions]) -> ChatStream:
         """chat(), streamed: a ChatStream, whose iteration yields the answer's content as text
         pieces (no reasoning, no tool-call markup; text that could still become a call is held
         back until it is decided, as the server's stream holds it). stream.parts() yields the
@@ -615,7 +624,7 @@ class Model:
                           parallel_tool_calls=parallel_tool_calls, thinking=thinking,
                           chat_template_kwargs=chat_template_kwargs, max_tokens=max_tokens, stop=stop,
                           grammar=grammar, json_schema=json_schema, response_format=response_format,
-                          n_probs=n_probs, draft_max=draft_max)
+                          n_probs=n_probs, draft_max=draft_max, lora=lora)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], *,
                     tools: Sequence[Mapping[str, Any]] | None = None, add_generation_prompt: bool = True,
@@ -653,7 +662,7 @@ class Model:
 
     def _request(self, ids: list[int], params: SamplingParams, max_tokens: int | None, stop: str | Iterable[str],
                  n_probs: int | None, grammar: Grammar | None, ignore_eos: bool = False,
-                 draft_max: int | None = None) -> GenerationRequest:
+                 draft_max: int | None = None, lora: Mapping[int | str, float] | None = None) -> GenerationRequest:
         self._generative()
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
                                        or max_tokens <= 0):
@@ -671,7 +680,33 @@ class Model:
                 f"larger n_ctx (this model was trained with {self.hparams.get('n_ctx_train')})"
             )
         return GenerationRequest(ids, params, max_tokens, _stop_list(stop), n_probs or 0, ignore_eos=ignore_eos,
-                                 grammar=grammar, draft_max=draft_max)
+                                 grammar=grammar, draft_max=draft_max,
+                                 lora=self.runtime.lora_in_force(None if lora is None else self._lora_ids(lora)))
+
+    @property
+    def lora(self) -> list[dict[str, Any]]:
+        """The LoRA adapters: [{"id", "name", "path", "scale"}], scale the one every call uses."""
+        return [{"id": a.id, "name": a.name, "path": a.path, "scale": a.scale} for a in self.runtime.adapters]
+
+    def set_lora(self, scales: Mapping[int | str, float]) -> None:
+        """Every call's adapter scales from now on ({id or name: scale}; an adapter left out: 0),
+        as llama-server's POST /lora-adapters."""
+        given = dict(self._lora_ids(scales))
+        for a in self.runtime.adapters:
+            a.scale = given.get(a.id, 0.0)
+
+    def _lora_ids(self, scales: Mapping[int | str, float]) -> list[tuple[int, float]]:
+        from bubo.lora import AdapterError, scales_of
+
+        by_name = {a.name: a.id for a in self.runtime.adapters}
+        items = []
+        for key, scale in dict(scales).items():
+            if isinstance(key, str):
+                if key not in by_name:
+                    raise AdapterError(f"no adapter named {key!r}: the adapters are {', '.join(by_name) or 'none'}")
+                key = by_name[key]
+            items.append({"id": key, "scale": scale})
+        return scales_of(items, len(self.runtime.adapters), "lora")
 
     def _generative(self) -> None:
         """EncoderOnlyError for an embedding model, before anything reads a chat template."""
@@ -682,7 +717,8 @@ class Model:
               tools: Sequence[dict[str, Any]] | None, tool_choice: Any, parallel_tool_calls: bool,
               thinking: bool | None, chat_template_kwargs: Mapping[str, Any] | None, max_tokens: int | None,
               stop: str | Iterable[str], grammar: str | None, json_schema: Any, response_format: Any,
-              n_probs: int | None, draft_max: int | None = None) -> ChatStream:
+              n_probs: int | None, draft_max: int | None = None,
+              lora: Mapping[int | str, float] | None = None) -> ChatStream:
         """The server's chat request, read by its rules (bubo.chat.request) in its order and
         prepared by its code (bubo.chat.prepare)."""
         self._generative()
@@ -720,7 +756,8 @@ class Model:
                             output=spec, tool_choice=forced, parallel_tool_calls=parallel_tool_calls,
                             thinking=thinks)
         assert prep.parser is not None  # a chat answer always has one
-        req = self._request(prep.prompt.tokens, params, max_tokens, stop, n_probs, prep.grammar, draft_max=draft_max)
+        req = self._request(prep.prompt.tokens, params, max_tokens, stop, n_probs, prep.grammar, draft_max=draft_max,
+                            lora=lora)
         return ChatStream(self, self._start(req), prep.parser)
 
     # --- contexts ----------------------------------------------------------------------------

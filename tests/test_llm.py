@@ -122,7 +122,7 @@ class FakeNative:
         self.hparams = {"n_ctx_train": 8192, "n_vocab": self.n_vocab}
         self.calls = []
 
-    def decode(self, kv, tokens, pos, seq_ids, logits_rows):
+    def decode(self, kv, tokens, pos, seq_ids, logits_rows, lora_scales=None):
         assert tokens.dtype == pos.dtype == seq_ids.dtype == np.int32 and logits_rows.dtype == bool
         assert pos[0] == kv.seq_len(0), "pos must continue the sequence"
         assert list(pos) == list(range(pos[0], pos[0] + len(pos)))
@@ -158,6 +158,9 @@ class FakeKV:
 
     def truncate(self, seq, n):
         del self.tokens[n:]
+
+    def prefix_namespace(self, seq, ns):
+        pass
 
     def free(self, seq):
         self.tokens.clear()

@@ -163,7 +163,15 @@ def list_models() -> Any:
     names a model implies (its catalog name, short name, :latest, file name: registry.implied_names)."""
     reg = models()
     default = reg.default
-    return jsonify(object="list", data=[_model_json(e, e is default) for e in reg.entries])
+    adapters = [{**_model_json(e, False), "id": name, "aliases": [], "parent": e.name,
+                 "adapter": {"name": a, "path": _adapter_path(e, a)}} for name, e, a in reg.adapter_models()]
+    return jsonify(object="list", data=[_model_json(e, e is default) for e in reg.entries] + adapters)
+
+
+def _adapter_path(entry: ModelEntry, name: str) -> str:
+    from bubo.engine.registry import adapter_names
+
+    return dict(zip(adapter_names(entry.spec), (p for p, _ in entry.spec.settings.lora), strict=True))[name]
 
 
 def _model_field(body: dict[str, Any]) -> str:

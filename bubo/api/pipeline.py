@@ -147,7 +147,7 @@ def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | N
     if who is not None:
         req = replace(req, caller=who)
     rt = engine.runtime
-    if rt is not None and (rt.adapters or has_lora_field()):
+    if rt is not None and (rt.adapters or has_lora_field()):  # (a base+adapter name implies adapters)
         req = replace(req, lora=lora_asked(rt))
     rec = receipts.recorder()
     if rec is not None:
@@ -179,6 +179,9 @@ def lora_asked(rt: Runtime) -> tuple[tuple[int, float], ...]:
 
     bodies = g.get("bubo_bodies") or []
     raw = bodies[0].get("lora") if bodies else None
+    named = g.get("bubo_adapter")  # the request named a base+adapter model
+    if raw is None and named is not None:
+        raw = [{"id": a.id, "scale": 1.0} for a in rt.adapters if a.name == named][:1]
     try:
         return rt.lora_in_force(None if raw is None else scales_of(raw, len(rt.adapters)))
     except AdapterError as e:

@@ -194,10 +194,12 @@ def resolve_model(body: dict[str, Any]) -> str:
 def optional_model(body: dict[str, Any] | None = None) -> str:
     """The model of a route where naming one is optional (llama-server's routes: `model` in the
     body, or `?model=` on a GET route); the default model when absent. With one model, both are
-    ignored, as llama-server does (/props checks `?model=` itself)."""
+    ignored, as llama-server does (/props checks `?model=` itself), but for a base+adapter name,
+    which picks the adapter."""
     reg = models()
     if not reg.is_router:
-        return reg.default.name
+        given = body.get("model") if body is not None else request.args.get("model")
+        return given if isinstance(given, str) and reg.adapter_of(given) is not None else reg.default.name
     name = request.args.get("model") or None
     if name is None and body is not None:
         given = body.get("model")
@@ -217,6 +219,7 @@ def use_model(name: str) -> ServingEngine:
     held: list[ModelEntry] = g.setdefault("bubo_held", [])
     entry = reg.lookup(name)
     held.append(entry)
+    g.bubo_adapter = reg.adapter_of(name)  # a base+adapter name: that adapter at scale 1 (pipeline.lora_asked)
     request.environ.setdefault("bubo.log", {})["model"] = entry.name  # the request's log line
     return engine
 

@@ -21,7 +21,8 @@ from bubo.cli.flags import EXIT_ERROR, EXIT_INTERRUPTED, build_parser
 # command -> (module, function): imported when the command runs
 COMMANDS = {"serve": ("serve", "serve"), "ray-serve": ("ray_serve", "ray_serve"), "run": ("run", "run"),
             "pull": ("store", "pull"), "list": ("store", "list_models"), "rm": ("store", "rm"),
-            "convert": ("store", "convert"), "show": ("show", "show"), "ps": ("ps", "ps"),
+            "convert": ("store", "convert"), "convert-lora": ("store", "convert_lora"), "show": ("show", "show"),
+            "ps": ("ps", "ps"),
             "bench": ("bench", "bench_command"), "verify-receipt": ("receipts", "verify_receipt"),
             "receipt-key": ("receipts", "receipt_key")}
 

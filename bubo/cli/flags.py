@@ -324,6 +324,15 @@ def build_parser() -> ArgParser:
     p.add_flag("--type", dest="out_type", choices=("f32", "f16"), default="f16",
                help="the matrices' type (default f16; norms and biases stay f32)")
 
+    p = sub.add_parser("convert-lora", help="convert a PEFT LoRA checkpoint to a GGUF adapter (serve --lora)")
+    p.add_argument("src", metavar="PEFT_DIR", help="the checkpoint's directory: adapter_config.json, "
+                   "adapter_model.safetensors")
+    p.add_argument("out", metavar="OUT.gguf", help="the GGUF file to write (replaced only once complete)")
+    p.add_flag("--base", required=True, metavar="MODEL",
+               help="the base model the adapter was trained on: a catalog name or a GGUF path (its tensor names "
+                    "and shapes)")
+    p.add_flag("--type", dest="out_type", choices=("f32", "f16"), default="f32", help="the tensors' type (default f32)")
+
     p = sub.add_parser(
         "run", help="chat with a model, or answer one prompt (as `ollama run`)",
         description="Chat with a model: with PROMPT (or -p, or text piped to stdin) answer it and exit; "

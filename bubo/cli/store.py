@@ -24,6 +24,13 @@ def convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def convert_lora(args: argparse.Namespace) -> int:
+    from bubo.convert import convert_lora_file
+
+    print(convert_lora_file(Path(args.src), Path(args.out), store.resolve(args.base), out_type=args.out_type))
+    return 0
+
+
 def list_models(args: argparse.Namespace) -> int:
     rows = [("NAME", "SIZE", "ARCH", "QUANT", "CONTEXT", "PATH")]
     for m in store.stored_models():

@@ -32,6 +32,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import gevent
 import gevent.lock
@@ -223,6 +224,11 @@ class ModelEntry:
         return self.users > 0 or (eng is not None and not eng.idle)
 
 
+def adapter_names(spec: ModelSpec) -> list[str]:
+    """The names of a model's LoRA adapters (their files' names without .gguf), as base+name models."""
+    return [Path(path).name.removesuffix(".gguf") for path, _ in spec.settings.lora]
+
+
 def _never_loaded(spec: ModelSpec) -> Engine:
     s = spec.settings
     return Engine(spec.source, n_ctx=s.n_ctx, n_threads=s.n_threads, n_threads_batch=s.n_threads_batch,
@@ -259,6 +265,11 @@ class Registry:
                     raise ValueError(f"two models are named '{n}': {other.spec.source} ({other.spec.origin}) and "
                                      f"{e.spec.source} ({e.spec.origin}); give one of them another name")
                 self._names[n] = e
+        # LoRA adapters as models (llamay's listing): "base+adapter" is the base with that adapter at scale 1
+        self._adapters: dict[str, tuple[ModelEntry, str]] = {}
+        for e in self.entries:
+            for name in adapter_names(e.spec):
+                self._adapters[f"{e.name}+{name}"] = (e, name)
         # the names models answer to beyond their ids and aliases (implied_names); one that two
         # models imply means the one the catalog says it means (qwen2.5-coder: the 0.5b), else neither
         self._implied: dict[str, list[ModelEntry]] = {}
@@ -313,16 +324,31 @@ class Registry:
         return len(self.entries) > 1
 
     def names(self) -> list[str]:
-        """Every name a request may use: the ids in order, then the aliases."""
+        """Every name a request may use: the ids in order, then the aliases, then base+adapter names."""
         out = [e.name for e in self.entries]
         out += [n for n in self._names if n not in out]
+        out += [n for n in self._adapters if n not in out]
         return out + ([DEFAULT_NAME] if DEFAULT_NAME not in out else [])
+
+    def adapter_models(self) -> list[tuple[str, ModelEntry, str]]:
+        """(the base+adapter name, the base's entry, the adapter's name) of every adapter as a model."""
+        return [(n, e, a) for n, (e, a) in self._adapters.items()]
+
+    def adapter_of(self, name: str) -> str | None:
+        """The adapter a base+adapter name means (None for any other name)."""
+        got = self._adapters.get(name)
+        if got is None:
+            folded = [v for n, v in self._adapters.items() if n.casefold() == name.casefold()]
+            got = folded[0] if len(folded) == 1 else None
+        return got[1] if got is not None else None
 
     def lookup(self, name: str) -> ModelEntry:
         """The model `name` means: an id or alias, "bubo" (the default model), or a name it
         implies (implied_names); failing those, any of these spelled in other letter case when
         only one model answers to it. UnknownModelError, with the close names, when none does."""
         entry = self._names.get(name) or self._implied_one(name)
+        if entry is None and name in self._adapters:
+            entry = self._adapters[name][0]
         if entry is None and name in (DEFAULT_NAME, f"{DEFAULT_NAME}:latest"):
             return self.default
         if entry is None:
@@ -349,6 +375,7 @@ class Registry:
     def _every_name(self) -> list[tuple[str, ModelEntry]]:
         out = list(self._names.items())
         out += [(n, e) for n, claims in self._implied.items() for e in claims]
+        out += [(n, e) for n, (e, _) in self._adapters.items()]
         return out + [(DEFAULT_NAME, self.default), (f"{DEFAULT_NAME}:latest", self.default)]
 
     def close_names(self, name: str) -> list[str]:

@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from bubo._model import MAX_LORA
 from bubo.engine.contexts import Contexts
 from bubo.engine.draft import (
     MODEL_PRIOR,
@@ -668,7 +667,11 @@ class Scheduler:
         pos = np.empty(n_rows, dtype=np.int32)
         seq = np.empty(n_rows, dtype=np.int32)
         want = np.zeros(n_rows, dtype=bool)
-        lora = np.zeros((n_rows, MAX_LORA), dtype=np.float32) if any(self._task(s).req.lora for s, _ in plan) else None
+        lora = None
+        if any(self._task(s).req.lora for s, _ in plan):
+            from bubo._model import MAX_LORA
+
+            lora = np.zeros((n_rows, MAX_LORA), dtype=np.float32)
         i = 0
         sampled: list[Slot] = []
         for s, n in plan:
@@ -932,6 +935,11 @@ class Scheduler:
         it: a server slot's sequence went to the prefix cache when its request ended, so its whole
         blocks (what outlives a request) are what is saved."""
         s = self._idle_slot(slot_id)
+        if s.kept is None and s.last is not None and s.last.req.lora:
+            # its rows are an adapter's: a file does not say which, and another server's rows of
+            # the same tokens would be taken for them
+            raise SlotError(f"slot {slot_id} holds a conversation generated with LoRA adapters: slot files keep "
+                            "the base model's rows only")
         tokens = self._slot_tokens(s)
         if not s.held:
             self.kv.prefix_namespace(s.id, s.ns)  # the blocks its last request registered

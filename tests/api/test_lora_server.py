@@ -36,9 +36,11 @@ def adapters(tmp_path_factory, catalog_model):
 
 
 @pytest.fixture(scope="module")
-def srv(adapters):
+def srv(adapters, tmp_path_factory):
     strong, subset = adapters
-    with start_server("-np", "4", "--lora", strong, "--lora-scaled", subset, "0.5") as s:
+    slots = tmp_path_factory.mktemp("slots")
+    with start_server("-np", "4", "--lora", strong, "--lora-scaled", subset, "0.5", "--slot-save-path",
+                      str(slots)) as s:
         yield s.wait_ready()
 
 
@@ -74,6 +76,43 @@ def test_the_adapters_their_scales_and_a_requests_own(srv, adapters):
     assert "lora" not in call(srv.url + "/v1/chat/completions", "POST", {
         "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
         "lora": [{"id": 0}]})[1].get("X-Bubo-Ignored-Fields", "")
+
+
+def test_adapters_are_models_too(srv, adapters):
+    strong = f"{MODEL}+strong"
+    listed = {m["id"]: m for m in json.loads(call(srv.url + "/v1/models")[2])["data"]}
+    assert listed[strong]["parent"] == MODEL and listed[strong]["adapter"] == {"name": "strong", "path": adapters[0]}
+    assert f"{MODEL}+subset" in listed
+    tags = [m["name"] for m in json.loads(call(srv.url + "/api/tags")[2])["models"]]
+    assert strong in tags
+    status, _, data = call(srv.url + "/api/show", "POST", {"model": strong})
+    shown = json.loads(data)
+    assert status == 200 and f"ADAPTER {adapters[0]}" in shown["modelfile"] and shown["adapters"][0]["name"] == "strong"
+    # the name is the base with that adapter at scale 1, whatever the global scales
+    assert call(srv.url + "/lora-adapters", "POST", [])[0] == 200
+    named = _complete(srv, model=strong)["tokens"]
+    assert named == _complete(srv, lora=[{"id": 0, "scale": 1.0}])["tokens"] != _complete(srv)["tokens"]
+    texts = []
+    for name in (strong, strong.upper(), MODEL):  # any letter case, as every model name
+        status, _, data = call(srv.url + "/v1/completions", "POST", {"model": name, "prompt": STORY,
+                                                                     "max_tokens": 16, "temperature": 0})
+        assert status == 200, data
+        texts.append(json.loads(data)["choices"][0]["text"])
+    assert texts[0] == texts[1] != texts[2]
+    status, _, data = call(srv.url + "/v1/completions", "POST", {"model": f"{MODEL}+nope", "prompt": "x"})
+    assert status == 404 and strong in json.loads(data)["error"]["message"]
+
+
+def _last_slot(server) -> int:
+    return max(json.loads(call(server.url + "/slots")[2]), key=lambda s: s["id_task"])["id"]
+
+
+def test_an_adapted_conversation_is_not_saved_to_a_slot_file(srv):
+    _complete(srv, lora=[{"id": 0, "scale": 1.0}])
+    status, _, data = call(srv.url + f"/slots/{_last_slot(srv)}?action=save", "POST", {"filename": "a.bin"})
+    assert status == 400 and "LoRA adapters" in json.loads(data)["error"]["message"]
+    _complete(srv, lora=[])
+    assert call(srv.url + f"/slots/{_last_slot(srv)}?action=save", "POST", {"filename": "b.bin"})[0] == 200
 
 
 def test_a_batch_of_different_adapters_answers_as_each_alone(srv):

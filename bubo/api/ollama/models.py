@@ -109,6 +109,10 @@ def tags(reg: Registry) -> dict[str, Any]:
         meta = metadata(path)
         models.append({"name": tagged(e.name), "model": tagged(e.name), "modified_at": _mtime(path),
                        "size": _size(path), "digest": digest(e, path), "details": details(meta)})
+    for name, e, _ in reg.adapter_models():  # base+adapter: the base with that adapter (llamay's listing)
+        path = entry_path(e)
+        models.append({"name": tagged(name), "model": tagged(name), "modified_at": _mtime(path),
+                       "size": _size(path), "digest": digest(e, path), "details": details(metadata(path))})
     return {"models": models}
 
 
@@ -136,15 +140,22 @@ def model_info(meta: dict[str, Any]) -> dict[str, Any]:
             if k not in ("tokenizer.chat_template", HAS_FIM)}
 
 
-def show(entry: ModelEntry, sampling_defaults: dict[str, Any]) -> dict[str, Any]:
+def show(entry: ModelEntry, sampling_defaults: dict[str, Any], adapter: str | None = None) -> dict[str, Any]:
+    """Ollama's /api/show of a model; adapter: the name of a base+adapter model's adapter (its
+    Modelfile's ADAPTER line, and `adapters`)."""
+    from bubo.engine.registry import adapter_names
+
     path = entry_path(entry)
     meta = metadata(path)
     template = meta.get("tokenizer.chat_template")
     params = "\n".join(f"{k:<16}{v}" for k, v in sampling_defaults.items())
+    files = dict(zip(adapter_names(entry.spec), (p for p, _ in entry.spec.settings.lora), strict=True))
+    lines = f"ADAPTER {files[adapter]}\n" if adapter is not None else ""
     return {
         "license": meta.get("general.license") or store.catalog_license(entry.spec.source)
         or (store.catalog_license(str(path)) if path is not None else None) or "",
-        "modelfile": f"# bubo serves {entry.name} from this file\nFROM {path or entry.spec.source}\n",
+        "modelfile": f"# bubo serves {entry.name} from this file\nFROM {path or entry.spec.source}\n{lines}",
+        **({"adapters": [{"name": adapter, "path": files[adapter], "scale": 1.0}]} if adapter is not None else {}),
         "parameters": params,
         "template": template if isinstance(template, str) else "",
         "details": details(meta),

@@ -325,7 +325,8 @@ def _show_doc(d: oa.Doc) -> oa.Op:
 def show() -> Any:
     body = json_body()
     name = served(sh.model_name(body))
-    return jsonify(om.show(models().lookup(name), config().sampling_defaults))
+    reg = models()
+    return jsonify(om.show(reg.lookup(name), config().sampling_defaults, reg.adapter_of(name)))
 
 
 def _ps_doc(d: oa.Doc) -> oa.Op:
