@@ -1,13 +1,15 @@
 /* LoRA adapters beside the weights (bubo/model.h): for a matrix W with input x, each adapter whose
  * row scale is nonzero adds scale * alpha / r * B (A x) to W x.
  *
- * Per product and adapter: the chunk rows with a nonzero scale are gathered (x), t = A x and
- * u = B t run as f32 matrix products on the pool (bubo_matmul: a row's result does not depend on
- * the other rows, so a batch that mixes adapters gives each row its own bits), then each row adds
- * its scale times u. The base weights are never touched. */
+ * Per product and adapter, one run over the chunk's rows (on the pool, or the calling thread for
+ * one row): a row with a nonzero scale takes t = A x (r f32 dot products, the CPU's best kernel),
+ * then adds f * t[j] * B[:, j] for j in order (B is kept transposed, so each term is a scale and an
+ * add over a contiguous row, the op table's). A row's arithmetic never depends on the other rows:
+ * a batch that mixes adapters gives each row its own bits. The base weights are never touched. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "bubo/quants.h"
 #include "model_internal.h"
 
 #define MAX_RANK 4096
@@ -41,15 +43,9 @@ bubo_status bubo_model_lora_set(bubo_model *m, int slot, int il, int mat, int32_
     if (!w->data || w->rows <= 0) return bubo_set_err(err, BUBO_ERR_INVALID, "layer %d has no such matrix", il);
     bubo_lora_state *s = &m->lora;
     const int64_t B = BUBO_MODEL_MAX_BATCH, wide = widest(hp);
-    if (!s->x) {
-        s->x = malloc((size_t)(B * wide) * sizeof(float));
+    if (!s->u) {
         s->u = malloc((size_t)(B * wide) * sizeof(float));
-        s->rows = malloc((size_t)B * sizeof(int32_t));
-        if (!s->x || !s->u || !s->rows) {
-            free(s->x), free(s->u), free(s->rows);
-            s->x = s->u = NULL, s->rows = NULL;
-            return bubo_set_err(err, BUBO_ERR_NOMEM, "out of memory for the adapters' scratch");
-        }
+        if (!s->u) return bubo_set_err(err, BUBO_ERR_NOMEM, "out of memory for the adapters' scratch");
     }
     if (r > s->r_max) {
         float *t = realloc(s->t, (size_t)(B * r) * sizeof(float));
@@ -66,7 +62,8 @@ bubo_status bubo_model_lora_set(bubo_model *m, int slot, int il, int mat, int32_
         return bubo_set_err(err, BUBO_ERR_NOMEM, "out of memory for an adapter's rank-%d pair", (int)r);
     }
     memcpy(ca, a, (size_t)(r * w->cols) * sizeof(float));
-    memcpy(cb, b, (size_t)(w->rows * r) * sizeof(float));
+    for (int64_t e = 0; e < w->rows; e++) /* B transposed: column j of B is row j here */
+        for (int32_t j = 0; j < r; j++) cb[(size_t)j * (size_t)w->rows + (size_t)e] = b[(size_t)e * (size_t)r + (size_t)j];
     bubo_lora_pair *p = &s->pairs[slot][(size_t)il * BUBO_LORA_N_MATS + (size_t)mat];
     free(p->a), free(p->b);
     *p = (bubo_lora_pair){.r = r, .a = ca, .b = cb, .factor = factor};
@@ -85,35 +82,51 @@ void bubo_model_lora_clear(bubo_model *m, int slot) {
 
 void bubo_model_lora_free(bubo_model *m) {
     for (int i = 0; i < BUBO_MAX_LORA; i++) bubo_model_lora_clear(m, i);
-    free(m->lora.x), free(m->lora.t), free(m->lora.u), free(m->lora.rows);
+    free(m->lora.t), free(m->lora.u);
     memset(&m->lora, 0, sizeof m->lora);
 }
 
+typedef struct {
+    const bubo_model *m;
+    const bubo_lora_pair *p;
+    int slot;
+    const float *x;
+    float *y;
+    int64_t cols, rows;
+    bubo_vec_dot_fn dot;
+} lora_rows;
+
+static void lora_row(const void *vc, int32_t t) {
+    const lora_rows *c = vc;
+    const bubo_model *m = c->m;
+    const float scale = m->lora_scales[(size_t)t * BUBO_MAX_LORA + (size_t)c->slot];
+    if (scale == 0.0f) return;
+    const bubo_lora_pair *p = c->p;
+    float *tmp = m->lora.t + (size_t)t * (size_t)m->lora.r_max;
+    float *u = m->lora.u + (size_t)t * (size_t)c->rows;
+    const float *xt = c->x + (size_t)t * (size_t)c->cols;
+    float *yt = c->y + (size_t)t * (size_t)c->rows;
+    for (int32_t j = 0; j < p->r; j++) c->dot((int)c->cols, &tmp[j], p->a + (size_t)j * (size_t)c->cols, xt);
+    const float f = scale * p->factor;
+    for (int32_t j = 0; j < p->r; j++) {
+        m->ops->scale(c->rows, u, p->b + (size_t)j * (size_t)c->rows, f * tmp[j]);
+        m->ops->add(c->rows, yt, yt, u);
+    }
+}
+
 bubo_status bubo_model_lora_apply(bubo_model *m, int il, int mat, const float *x, int32_t n, float *y, bubo_err *err) {
+    (void)err;
     if (!m->lora_scales) return BUBO_OK;
-    bubo_lora_state *s = &m->lora;
     const bubo_mat *w = matrix(m, il, mat);
-    const int64_t cols = w->cols, rows = w->rows;
     for (int j = 0; j < BUBO_MAX_LORA; j++) {
-        if (!s->pairs[j]) continue;
-        const bubo_lora_pair *p = &s->pairs[j][(size_t)il * BUBO_LORA_N_MATS + (size_t)mat];
+        if (!m->lora.pairs[j]) continue;
+        const bubo_lora_pair *p = &m->lora.pairs[j][(size_t)il * BUBO_LORA_N_MATS + (size_t)mat];
         if (p->r == 0) continue;
-        int32_t k = 0;
-        for (int32_t t = 0; t < n; t++)
-            if (m->lora_scales[(size_t)t * BUBO_MAX_LORA + (size_t)j] != 0.0f) s->rows[k++] = t;
-        if (k == 0) continue;
-        for (int32_t i = 0; i < k; i++)
-            memcpy(s->x + (size_t)i * (size_t)cols, x + (size_t)s->rows[i] * (size_t)cols, (size_t)cols * sizeof(float));
-        bubo_status st = bubo_matmul(m->pool, BUBO_TYPE_F32, p->a, p->r, cols, s->x, k, s->t, NULL, 0, err);
-        if (!st) st = bubo_matmul(m->pool, BUBO_TYPE_F32, p->b, rows, p->r, s->t, k, s->u, NULL, 0, err);
-        if (st) return st;
-        for (int32_t i = 0; i < k; i++) {
-            const int32_t t = s->rows[i];
-            const float f = m->lora_scales[(size_t)t * BUBO_MAX_LORA + (size_t)j] * p->factor;
-            float *yt = y + (size_t)t * (size_t)rows;
-            const float *ut = s->u + (size_t)i * (size_t)rows;
-            for (int64_t e = 0; e < rows; e++) yt[e] += f * ut[e];
-        }
+        int any = 0;
+        for (int32_t t = 0; t < n && !any; t++) any = m->lora_scales[(size_t)t * BUBO_MAX_LORA + (size_t)j] != 0.0f;
+        if (!any) continue;
+        lora_rows c = {m, p, j, x, y, w->cols, w->rows, bubo_get_vec_dot(BUBO_TYPE_F32)};
+        bubo_model_run_rows(m, n, &c, lora_row);
     }
     return BUBO_OK;
 }

@@ -84,7 +84,7 @@ typedef struct {
     float *enc_scores;    /* (n_threads, BUBO_MODEL_MAX_BATCH) an encoder's attention scores of one query row */
 } bubo_run_state;
 
-/* An adapter's pair for one matrix (bubo_model_lora_set): A [r][cols], B [rows][r], f32. */
+/* An adapter's pair for one matrix (bubo_model_lora_set): A [r][cols] and B transposed, [r][rows], f32. */
 typedef struct {
     int32_t r;
     float *a, *b;
@@ -94,10 +94,8 @@ typedef struct {
 /* The adapters' pairs, and the scratch their products share (allocated with the first pair). */
 typedef struct {
     bubo_lora_pair *pairs[BUBO_MAX_LORA]; /* [n_layer * BUBO_LORA_N_MATS] each, r 0 where it has none; NULL: empty */
-    float *x;      /* (B, widest cols) the input rows that use a pair */
-    float *t;      /* (B, r_max) A x */
-    float *u;      /* (B, widest rows) B (A x) */
-    int32_t *rows; /* [B] which chunk rows those are */
+    float *t;      /* (B, r_max) each row's A x */
+    float *u;      /* (B, widest rows) each row's term f * t[j] * B[:, j] */
     int32_t r_max; /* the rank t has room for */
 } bubo_lora_state;
 

@@ -157,17 +157,18 @@ def test_a_bad_lora_field_is_a_400(srv, field, says):
     assert status == 400 and says.replace("lora", "the body") in json.loads(data)["error"]["message"], data
 
 
-def test_init_without_apply_and_an_adapter_that_does_not_fit(tmp_path, adapters, catalog_model):
+def test_init_without_apply_and_an_adapter_that_does_not_fit(tmp_path, adapters):
     with start_server("--lora", adapters[0], "--lora-init-without-apply") as s:
         s.wait_ready()
         assert [a["scale"] for a in json.loads(call(s.url + "/lora-adapters")[2])] == [0.0]
     from reference.lora import random_pairs, write_adapter
+    from reference.tiny import write_tiny_model
 
-    other = catalog_model("qwen2.5-coder:0.5b")
-    bad = write_adapter(tmp_path / "qwen.gguf", other, random_pairs(other, 4, mats=("attn_q",), layers=[0]),
-                        arch="llama", base_name=None)
+    other = write_tiny_model(tmp_path / "tiny.gguf", "llama", types="F32")  # a llama of another width
+    bad = write_adapter(tmp_path / "tiny-lora.gguf", other, random_pairs(other, 4, mats=("attn_q",), layers=[0]),
+                        base_name=None)
     out = subprocess.run([sys.executable, "-m", "bubo", "serve", "-m", MODEL, "--port", "0", "--lora", bad],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
-    assert "blk.0.attn_q.weight.lora_a is [4, 896]; the model's blk.0.attn_q.weight takes 576 inputs" in out.stderr, \
+    assert "blk.0.attn_q.weight.lora_a is [4, 64]; the model's blk.0.attn_q.weight takes 576 inputs" in out.stderr, \
         out.stderr[-2000:]
