@@ -14,21 +14,19 @@ llama-server is built from the pinned llama.cpp sdist (bench_llamacpp.build_llam
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import gguf
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # noqa: E402
-from bench_serve import HOST, Server, free_port  # noqa: E402
+from bench_serve import Server, free_port  # noqa: E402
+from bench_spec import post  # noqa: E402
 
 from bubo import store  # noqa: E402
 
@@ -56,19 +54,6 @@ def write_adapter(model: Path, rank: int, dest: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return dest
-
-
-def post(port: int, path: str, body: dict[str, Any]) -> Any:
-    conn = http.client.HTTPConnection(HOST, port, timeout=900)
-    try:
-        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        data = json.loads(resp.read())
-        if resp.status != 200:
-            raise RuntimeError(f"{path}: {resp.status} {data}")
-        return data
-    finally:
-        conn.close()
 
 
 def measure(who: str, cmd: list[str], port: int, prompt: list[int], n: int, reps: int) -> tuple[float, float]:
@@ -135,8 +120,12 @@ def main() -> int:
             print(f"| {name} | {'rank ' + str(args.rank) if lo else 'none'} | {pp:.1f} | {tg:.1f} | "
                   f"{pp / bpp:.2f} | {tg / btg:.2f} |")
         if ("llama", True) in speed:
-            (bpp, btg), (lpp, ltg) = speed[("bubo", True)], speed[("llama", True)]
-            print(f"\nWith the adapter, bubo / llama-server: prompt {bpp / lpp:.2f}x, generate {btg / ltg:.2f}x")
+            print(f"\n**bubo over llama-server: {args.model}, rank {args.rank}, {results.cpu_name()}**\n")
+            print("| adapter | prompt | generate |")
+            print("| --- | ---: | ---: |")
+            for lo in (False, True):
+                (bpp, btg), (lpp, ltg) = speed[("bubo", lo)], speed[("llama", lo)]
+                print(f"| {'rank ' + str(args.rank) if lo else 'none'} | {bpp / lpp:.2f}x | {btg / ltg:.2f}x |")
     return 0
 
 

@@ -32,6 +32,11 @@ BENCHMARKS: list[tuple[str, str, str]] = [
      "word or a number and on chat openers whose answer must end on its own, greedy; a right answer holds "
      "the expected word and does not loop. The default model is the one that answers them all; "
      "tests/test_default_model.py holds it to that."),
+    ("bench_lora", "LoRA adapters",
+     "`benchmarks/bench_lora.py`: prompt and generation speed of one server with one random LoRA adapter of rank "
+     "16 on every projection against the same server without it, bubo and llama-server with the same adapter "
+     "file in one run (`/completion`, a 512-token prompt never cached, 128 tokens generated, the servers' own "
+     "timings, medians of 3 runs). \"vs base\" is each server with the adapter over itself without it."),
     ("kl", "Quality against llama.cpp",
      "`benchmarks/kl.py`: each catalog model's mean KL-divergence to its exact model (every tensor dequantized "
      "to F32), llama-perplexity's measure over the same chunks of the same text, bubo's runs of the two files "

@@ -811,8 +811,53 @@ class StoredModel:
     size: int
 
 
+@dataclass
+class StoredAdapter:
+    """A LoRA adapter put in the store (bubo convert-lora's file, or llama.cpp's): served as
+    base+name beside the stored model it records as its base."""
+
+    name: str
+    path: Path
+    base_name: str | None  # the adapter's general.base_model.0.name
+
+    def base_of(self, model: Path) -> bool:
+        """Whether the model file is the one the adapter was made for (by general.name)."""
+        import re
+
+        own = _meta(model).get("general.name")
+        plain = re.compile(r"[^a-z0-9]")
+        return isinstance(own, str) and self.base_name is not None and \
+            plain.sub("", own.lower()) == plain.sub("", self.base_name.lower())
+
+
+def _meta(path: Path) -> dict[str, Any]:
+    from bubo.gguf import GGUFFile
+
+    try:
+        with GGUFFile(str(path)) as f:
+            return f.metadata
+    except (OSError, ValueError):
+        return {}
+
+
+def _is_adapter(path: Path) -> bool:
+    return _meta(path).get("general.type") == "adapter"
+
+
+def stored_adapters() -> list[StoredAdapter]:
+    """The LoRA adapters in the store."""
+    d = models_dir()
+    out = []
+    for p in sorted(d.glob("*.gguf")) if d.is_dir() else []:
+        if not p.name.startswith(".") and _is_adapter(p):
+            base = _meta(p).get("general.base_model.0.name")
+            out.append(StoredAdapter(p.name.removesuffix(".gguf"), p, base if isinstance(base, str) else None))
+    return out
+
+
 def stored_models() -> list[StoredModel]:
-    """The models in the store: catalog models (by name) and any other .gguf file there."""
+    """The models in the store: catalog models (by name) and any other .gguf file there (but
+    LoRA adapters: stored_adapters)."""
     out: list[StoredModel] = []
     known = {}
     for m in CATALOG.values():
@@ -822,7 +867,7 @@ def stored_models() -> list[StoredModel]:
     if not d.is_dir():
         return out
     for p in sorted(d.glob("*.gguf")):
-        if p.name.startswith("."):
+        if p.name.startswith(".") or (p.name not in known and _is_adapter(p)):
             continue
         out.append(StoredModel(known.get(p.name, p.name), p, p.stat().st_size))
     return out

@@ -84,6 +84,27 @@ def _template(path: str) -> str:
         raise ValueError(str(e)) from None
 
 
+def _adapters(value: str) -> tuple[tuple[str, float], ...]:
+    """A preset's `lora = FILE[:SCALE], ...`: LoRA adapters (scale 1 unless given)."""
+    out = []
+    for item in (v.strip() for v in value.split(",")):
+        if not item:
+            continue
+        path, sep, tail = item.rpartition(":")
+        try:
+            scale = float(tail) if sep else 1.0
+        except ValueError:  # a colon of the file's name
+            path, scale = item, 1.0
+        if not sep:
+            path = item
+        if not math.isfinite(scale):
+            raise ValueError(f"{item}: the scale must be a finite number")
+        out.append((path, scale))
+    if not out:
+        raise ValueError("give one or more adapter files (FILE or FILE:SCALE, comma-separated)")
+    return tuple(out)
+
+
 # preset key -> (EngineSettings field or a spec field, converter); short and long flag names
 _SETTING_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "c": ("n_ctx", _int(1)), "ctx-size": ("n_ctx", _int(1)),
@@ -97,6 +118,7 @@ _SETTING_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "chat-template": ("chat_template", builtin_template),
     "ctk": ("cache_type_k", _cache_type_k), "cache-type-k": ("cache_type_k", _cache_type_k),
     "ctv": ("cache_type_v", _cache_type_v), "cache-type-v": ("cache_type_v", _cache_type_v),
+    "lora": ("lora", _adapters),
 }
 _SPEC_KEYS = {"m": "model", "model": "model", "a": "alias", "alias": "alias", "load-on-startup": "load-on-startup"}
 KNOWN_KEYS = sorted(set(_SETTING_KEYS) | set(_SPEC_KEYS))
@@ -173,6 +195,23 @@ def _dir_models(path: str) -> list[tuple[str, str]]:
                 out.append((p.name, str(inside[0])))
     if not out:
         raise ModelsConfigError(f"--models-dir {path}: no .gguf files in it")
+    return out
+
+
+def _stored_adapters(models: list[tuple[str, str, str]]) -> dict[str, tuple[tuple[str, float], ...]]:
+    """The store's LoRA adapters of each stored model (by the base model name the adapter records),
+    at scale 0: served as base+adapter models, not on the base's own requests."""
+    from bubo import store
+
+    out: dict[str, tuple[tuple[str, float], ...]] = {}
+    for name, source, _ in models:
+        try:
+            path = store.resolve(source)
+        except (store.UnknownModelError, OSError, ValueError):
+            continue
+        mine = tuple((str(a.path), 0.0) for a in store.stored_adapters() if a.base_of(path))
+        if mine:
+            out[name] = mine
     return out
 
 
@@ -324,12 +363,18 @@ def model_specs(args: ServeOptions, load_delay_s: float = 0.0,
                                 "--models-preset section (alias = ...)")
     glob = preset.get(GLOBAL_SECTION) or _Section({})
     cli = cli_settings(args, load_delay_s, load_mem_available)
+    if not single and "lora" in cli:
+        raise ModelsConfigError("--lora and --lora-scaled name adapters of one model, and several are served: give "
+                                "each model its adapters in a --models-preset section (lora = FILE, FILE:SCALE)")
+    stored = _stored_adapters(unique) if all(origin == "the store" for _, _, origin in unique) else {}
     specs = []
     for i, (name, source, origin) in enumerate(unique):
         sec = preset.get(name)
         if sec is not None:
             sec.used = True
         fields = {**glob.settings, **(sec.settings if sec else {}), **cli}
+        if name in stored and "lora" not in fields:
+            fields["lora"] = stored[name]
         aliases: tuple[str, ...] = sec.aliases if sec else ()
         if single:
             name = args.served_model_name or name

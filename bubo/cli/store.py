@@ -36,6 +36,9 @@ def list_models(args: argparse.Namespace) -> int:
     for m in store.stored_models():
         arch, quant, ctx = describe(m.path)
         rows.append((m.name, f"{m.size / 1e6:.0f} MB", arch, quant, ctx, str(m.path)))
+    for a in store.stored_adapters():  # served as base+name beside the model they record as their base
+        rows.append((a.name, f"{a.path.stat().st_size / 1e6:.0f} MB", f"LoRA of {a.base_name or '?'}", "-", "-",
+                     str(a.path)))
     if len(rows) == 1:
         print(f"no models stored in {store.models_dir()}; get one with `bubo pull {store.DEFAULT_MODEL}`",
               file=sys.stderr)

@@ -172,3 +172,45 @@ def test_init_without_apply_and_an_adapter_that_does_not_fit(tmp_path, adapters)
     assert out.returncode != 0
     assert "blk.0.attn_q.weight.lora_a is [4, 64]; the model's blk.0.attn_q.weight takes 576 inputs" in out.stderr, \
         out.stderr[-2000:]
+
+
+def test_adapters_in_the_store_and_in_a_preset(tmp_path, catalog_model, adapters):
+    """The store's adapters are served as base+name beside their base (at scale 0 on the base's
+    own requests); a preset gives each model of a router its own; --lora with several models is
+    refused at start."""
+    import os
+    import shutil
+
+    from reference.lora import random_pairs, write_adapter
+
+    mp = catalog_model(MODEL)
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    for model in (mp, catalog_model("qwen2.5-coder:0.5b")):  # two stored models: served from the store
+        os.link(model, home / "models" / model.name)
+        (home / "models" / f"{model.name}.verified").write_text("")
+    write_adapter(home / "models" / "tone.gguf", mp, random_pairs(mp, 8, seed=9, std=0.05), alpha=16.0)
+    env = {"BUBO_HOME": str(home)}
+    listed = subprocess.run([sys.executable, "-m", "bubo", "list"], capture_output=True, text=True, env={
+        **os.environ, **env}, timeout=60).stdout
+    assert "tone" in listed and "LoRA of" in listed, listed
+    with start_server(env=env, model=None) as s:
+        s.wait_ready()
+        ids = [m["id"] for m in json.loads(call(s.url + "/v1/models")[2])["data"]]
+        assert f"{MODEL}+tone" in ids and not any(i.startswith("qwen") and "+" in i for i in ids), ids
+        status, _, data = call(s.url + f"/lora-adapters?model={MODEL}")
+        assert status == 200 and json.loads(data)[0]["scale"] == 0.0, data
+    shutil.rmtree(home)
+
+    preset = tmp_path / "preset.ini"
+    preset.write_text(f"[small]\nmodel = {mp}\nlora = {adapters[0]}:0.5, {adapters[1]}\n"
+                      f"[other]\nmodel = {mp}\n")
+    with start_server("--models-preset", str(preset), model=None) as s:
+        s.wait_ready()
+        ids = [m["id"] for m in json.loads(call(s.url + "/v1/models")[2])["data"]]
+        assert {"small+strong", "small+subset"} <= set(ids) and not any(i.startswith("other+") for i in ids)
+        status, _, data = call(s.url + "/lora-adapters?model=small")
+        assert [a["scale"] for a in json.loads(data)] == [0.5, 1.0]
+    out = subprocess.run([sys.executable, "-m", "bubo", "serve", "-m", str(mp), "-m", str(mp) + "x", "--port", "0",
+                          "--lora", adapters[0]], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "--models-preset section (lora = FILE" in out.stderr, out.stderr[-1000:]
