@@ -399,7 +399,11 @@ def convert_lora(src: Path, dest: Path, base: Path, out_type: str = "f32") -> No
         if not (np.isfinite(a).all() and np.isfinite(b).all()):
             raise ConvertError(f"{weights}: layer {il}'s {mat} holds values that are not finite")
         if arch in _PERMUTED and mat in ("attn_q", "attn_k"):
-            b = _permute(b, n_head if mat == "attn_q" else n_head_kv)
+            heads = n_head if mat == "attn_q" else n_head_kv
+            if heads <= 0 or rows % (2 * heads):
+                raise ConvertError(f"{base}: no head count that divides {name}'s {rows} rows ({arch}.attention."
+                                   f"head_count{'_kv' if mat == 'attn_k' else ''})")
+            b = _permute(b, heads)
         out += [(name + ".lora_a", a), (name + ".lora_b", b)]
     writer = gguf.GGUFWriter(str(dest), arch)
     try:

@@ -774,7 +774,8 @@ class Model:
         ctx = contexts.new()
         ctx.writer = True
         try:
-            stream = TextStream(self, self._start(GenerationRequest(ids, read_only=True, keep=ctx.seq)))
+            req = GenerationRequest(ids, read_only=True, keep=ctx.seq, lora=self.runtime.lora_in_force())
+            stream = TextStream(self, self._start(req))
             for _ in stream:
                 pass
             stream.completion()
@@ -795,6 +796,7 @@ class Model:
         contexts = self._contexts()
         ctx = contexts.new()
         try:
+            kv.prefix_namespace(ctx.seq, 0)  # rows of the base model (a file says nothing of adapters)
             if tokens:
                 kv.import_rows(ctx.seq, len(tokens), rows)
         except BaseException:

@@ -167,6 +167,23 @@ def scales_of(raw: Any, n_adapters: int, where: str = "lora") -> list[tuple[int,
     return list(out.items())
 
 
+def check_adapter_file(adapter: Adapter, model_path: str | Path) -> None:
+    """check_adapter against a model file not loaded (its metadata and tensor shapes)."""
+    from bubo.gguf import GGUFFile
+
+    with GGUFFile(str(model_path)) as f:
+        meta = f.metadata
+        shapes = {t.name: tuple(reversed(t.shape)) for t in f.tensors}
+
+    class _Shapes:
+        hparams = {"n_layer": meta.get(f"{meta.get('general.architecture')}.block_count", 0)}
+
+        @staticmethod
+        def matrix_shape(il: int, mat: int) -> tuple[int, int]:
+            return shapes.get(f"blk.{il}.{MATS[mat]}.weight", (0, 0))  # type: ignore[return-value]
+    check_adapter(adapter, _Shapes(), meta)
+
+
 def install(model: Any, slot: int, adapter: Adapter) -> None:
     """The adapter's pairs in the model's slot (what was there before is cleared first)."""
     model.lora_clear(slot)

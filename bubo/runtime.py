@@ -14,6 +14,7 @@ scratch buffers are its own.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import secrets
@@ -129,6 +130,8 @@ class Runtime:
             raise ValueError(f"{len(given)} LoRA adapters: a model takes at most {MAX_LORA}")
         loaded = []
         for path, scale in given:
+            if not math.isfinite(scale) or abs(scale) > lora.MAX_SCALE:
+                raise lora.AdapterError(f"{path}: the scale {scale} is not a finite number of at most 1e6")
             adapter = lora.read_adapter(path)
             lora.check_adapter(adapter, self.native, self.metadata)
             loaded.append((adapter, scale))
@@ -140,7 +143,7 @@ class Runtime:
         """A request's (adapter id, scale) pairs, scale nonzero: asked (its own), else each
         adapter's global scale."""
         pairs = asked if asked is not None else [(a.id, a.scale) for a in self.adapters]
-        return tuple((i, float(s)) for i, s in pairs if s != 0)
+        return tuple(sorted((i, float(s)) for i, s in pairs if s != 0))  # one order: one prefix-cache namespace
 
     def __repr__(self) -> str:
         return f"Runtime({self.name!r})"

@@ -59,3 +59,30 @@ def test_an_adapter_of_another_model_is_refused_at_load(tmp_path, catalog_model)
     bad = write_adapter(tmp_path / "qwen.gguf", other, random_pairs(other, 4, mats=("attn_q",), layers=[0]))
     with pytest.raises(AdapterError, match="an adapter of a qwen2 model; this model is llama"):
         bubo.Model(NAME, n_ctx=256, lora=[bad])
+
+
+def test_contexts_keep_their_adapters_rows_apart(files):
+    """A context is read with the adapters in force, and continued from only by a call with the
+    same ones: its rows never serve a call of another adapter set (a second reader's find)."""
+    strong, _ = files
+    story = "Once upon a time, in a land far away, there lived a dragon who guarded a golden egg. " * 3
+    more = " The dragon said"
+    with bubo.Model(NAME, n_ctx=1024) as plain:
+        base = _greedy_on(plain, story + more)
+    with bubo.Model(NAME, n_ctx=1024, lora=[strong]) as m:
+        adapted = _greedy_on(m, story + more)
+        ctx = m.context(story, add_special=True)
+        m.complete("Something else entirely.", max_tokens=2, temperature=0)
+        assert _greedy_on(m, more, context=ctx) == adapted  # read with the adapter, continued with it
+        assert _greedy_on(m, story + more, lora={}) == base  # its rows are no base call's
+        assert _greedy_on(m, more, context=ctx, lora={}) == base  # another set: the prompt is read again
+
+
+def _greedy_on(m, prompt, **kw):
+    c = m.complete(prompt, max_tokens=8, temperature=0, add_special=kw.pop("add_special", "context" not in kw), **kw)
+    return c.tokens
+
+
+def test_a_scale_out_of_range_is_refused_at_load(files):
+    with pytest.raises(AdapterError, match="not a finite number of at most 1e6"):
+        bubo.Model(NAME, n_ctx=256, lora=[(files[0], 2e6)])

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import configparser
 import dataclasses
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -36,6 +37,8 @@ from bubo.engine.registry import DEFAULT_NAME, EngineSettings, ModelSpec
 GLOBAL_SECTION = "*"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+log = logging.getLogger("bubo.serve")
 
 
 class ModelsConfigError(ValueError):
@@ -201,7 +204,7 @@ def _dir_models(path: str) -> list[tuple[str, str]]:
 def _stored_adapters(models: list[tuple[str, str, str]]) -> dict[str, tuple[tuple[str, float], ...]]:
     """The store's LoRA adapters of each stored model (by the base model name the adapter records),
     at scale 0: served as base+adapter models, not on the base's own requests."""
-    from bubo import store
+    from bubo import lora, store
 
     out: dict[str, tuple[tuple[str, float], ...]] = {}
     for name, source, _ in models:
@@ -209,9 +212,18 @@ def _stored_adapters(models: list[tuple[str, str, str]]) -> dict[str, tuple[tupl
             path = store.resolve(source)
         except (store.UnknownModelError, OSError, ValueError):
             continue
-        mine = tuple((str(a.path), 0.0) for a in store.stored_adapters() if a.base_of(path))
+        mine = []
+        for a in store.stored_adapters():
+            if not a.base_of(path):
+                continue
+            try:  # one that does not fit is left out, not the model with it
+                lora.check_adapter_file(lora.read_adapter(a.path), path)
+            except lora.AdapterError as e:
+                log.warning("the stored adapter %s is not served: %s", a.path, e)
+                continue
+            mine.append((str(a.path), 0.0))
         if mine:
-            out[name] = mine
+            out[name] = tuple(mine)
     return out
 
 

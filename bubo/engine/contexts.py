@@ -42,6 +42,7 @@ class Context:
     writer: bool = False  # a request is making it, or moving it forward (save): not to be read or forked
     spilled: str | None = None  # the file it was written to; its memory is free until read back
     owner: str | None = None  # the caller that made it (the server's named keys; None: the unnamed caller)
+    ns: int = 0  # the prefix-cache namespace its rows were computed in (Scheduler.namespace: caller and adapters)
 
 
 class Contexts:
@@ -105,6 +106,7 @@ class Contexts:
         for _ in range(n):
             child = self.new(parent.id, parent.owner)
             self.kv.fork(parent.seq, child.seq)
+            child.ns = parent.ns
             child.tokens = list(parent.tokens)
             out.append(child)
         return out, time.perf_counter() - t0
@@ -142,12 +144,14 @@ class Contexts:
         if ctx is not None:
             ctx.writer = False
 
-    def kept(self, seq: int, tokens: list[int], slot_seq: int) -> None:
-        """A request's end with keep: the context's sequence becomes the slot's (shared blocks)."""
+    def kept(self, seq: int, tokens: list[int], slot_seq: int, ns: int = 0) -> None:
+        """A request's end with keep: the context's sequence becomes the slot's (shared blocks,
+        and the slot's namespace ns)."""
         ctx = self.by_seq(seq)
         if ctx is None:  # deleted meanwhile: nothing to keep
             return
         self.kv.fork(slot_seq, seq)
+        ctx.ns = ns
         if self.kv.seq_len(seq) > len(tokens):  # rows of a draft the answer refused, not yet dropped
             self.kv.truncate(seq, len(tokens))
         ctx.tokens = list(tokens)
@@ -172,6 +176,7 @@ class Contexts:
         ctx = self.get(id)
         if ctx.spilled is None:
             return ctx
+        self.kv.prefix_namespace(ctx.seq, ctx.ns)  # its rows' namespace, whatever the sequence held before
         if tokens:
             self.kv.import_rows(ctx.seq, len(tokens), rows)
         ctx.tokens, ctx.spilled = list(tokens), None

@@ -269,7 +269,8 @@ class Registry:
         self._adapters: dict[str, tuple[ModelEntry, str]] = {}
         for e in self.entries:
             for name in adapter_names(e.spec):
-                self._adapters[f"{e.name}+{name}"] = (e, name)
+                if f"{e.name}+{name}" not in self._names:  # a model's own name wins
+                    self._adapters[f"{e.name}+{name}"] = (e, name)
         # the names models answer to beyond their ids and aliases (implied_names); one that two
         # models imply means the one the catalog says it means (qwen2.5-coder: the 0.5b), else neither
         self._implied: dict[str, list[ModelEntry]] = {}
@@ -336,6 +337,8 @@ class Registry:
 
     def adapter_of(self, name: str) -> str | None:
         """The adapter a base+adapter name means (None for any other name)."""
+        if name in self._names:
+            return None
         got = self._adapters.get(name)
         if got is None:
             folded = [v for n, v in self._adapters.items() if n.casefold() == name.casefold()]

@@ -415,10 +415,11 @@ class Scheduler:
         if not task.req.cache_prompt:
             return False
         last = len(task.tokens) - 1
+        ns = self.namespace(task.req)
         for s in self.slots:
             t = s.task
-            if t is None or t.n_past >= t.n_prompt or not t.req.cache_prompt:
-                continue
+            if t is None or t.n_past >= t.n_prompt or not t.req.cache_prompt or s.ns != ns:
+                continue  # (another namespace's blocks are never this task's to attach)
             shared = common_prefix(t.tokens, task.tokens, min(last, t.n_prompt)) // self.block_size
             if shared > t.n_registered:
                 return True
@@ -468,9 +469,11 @@ class Scheduler:
         ctx = self.contexts.by_seq(seq) if seq is not None and self.contexts is not None else None
         if ctx is None or ctx.spilled is not None or not ctx.tokens or task.n_cached is not None:
             return
+        if ctx.ns != self.namespace(task.req):
+            return  # its rows were computed with other adapters (or for another caller): read the prompt again
         self._clear(slot)
-        self.kv.fork(ctx.seq, slot.id)
-        slot.held = list(ctx.tokens)
+        self.kv.fork(ctx.seq, slot.id)  # (the fork takes the context's namespace, which is the task's)
+        slot.held, slot.ns = list(ctx.tokens), ctx.ns
 
     def _clear(self, slot: Slot, ns: int | None = None) -> None:
         """Empty slot's sequence: its indexed blocks stay in the prefix cache. ns: the namespace
@@ -826,7 +829,7 @@ class Scheduler:
     def _keep(self, s: Slot, t: Task) -> None:
         """A request with keep: its context becomes what its sequence holds now."""
         if t.req.keep is not None and self.contexts is not None:
-            self.contexts.kept(t.req.keep, t.tokens[: t.n_past], s.id)
+            self.contexts.kept(t.req.keep, t.tokens[: t.n_past], s.id, s.ns)
 
     def _finish_full(self, s: Slot) -> None:
         """The cache cannot hold this sequence's next tokens even alone."""
