@@ -1,5 +1,5 @@
 """KV cache storage types against the f16 cache, on the catalog models and a real text (bubo's
-design notes, tests/data/kv_text.md): 2 chunks of 512 tokens, each decoded from an empty cache
+design notes, tests/data/kv_text.md): N_CHUNKS chunks of 512 tokens, each decoded from an empty cache
 as llama-perplexity does its chunks, every position's logits compared. The figures (mean
 KL-divergence of each type's next-token distribution from the f16 cache's, the share of positions
 whose top token is the same, the largest logit difference) are printed as the test runs; an f32
@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 TEXT = (pathlib.Path(__file__).resolve().parents[1] / "data" / "kv_text.md").read_text(encoding="utf-8")
 CHUNK = 512
+N_CHUNKS = 1  # the suite's (the figures below were measured on 2; the bounds are a few times them)
 # (K type, V type) -> the most mean KL-divergence from the f16 cache allowed (a few times the
 # measured figure: the machines' levels differ in their last bits), and the least share of the
 # same top token
@@ -54,7 +55,7 @@ def _compare(a, b, rows=32):
 def test_cache_types_against_f16(catalog_model, capsys, name):
     path = str(catalog_model(name))
     tokens = np.array(Tokenizer(path).encode(TEXT, add_special=False), np.int32)
-    assert len(tokens) >= 2 * CHUNK, len(tokens)
+    assert len(tokens) >= N_CHUNKS * CHUNK, len(tokens)
     model = Model(path, n_threads=THREADS)
 
     def logits(chunk, type_k, type_v):
@@ -62,18 +63,18 @@ def test_cache_types_against_f16(catalog_model, capsys, name):
         t = tokens[chunk * CHUNK:(chunk + 1) * CHUNK]
         return model.decode(kv, t, np.arange(CHUNK), np.zeros(CHUNK), np.ones(CHUNK, bool))
 
-    base = [logits(c, "f16", "f16") for c in range(2)]
+    base = [logits(c, "f16", "f16") for c in range(N_CHUNKS)]
     lines = []
     for (type_k, type_v), (kl_max, top_min) in BOUNDS.items():
         kl, same, diff = [], 0, 0.0
-        for c in range(2):
+        for c in range(N_CHUNKS):
             k, n, d = _compare(base[c], logits(c, type_k, type_v))
             kl.append(k)
             same += n
             diff = max(diff, d)
         mean_kl = float(np.concatenate(kl).mean())
         lines.append(f"{name} K {type_k} V {type_v} against f16: mean KL {mean_kl:.4f}, same top token "
-                     f"{same / (2 * CHUNK):.1%}, largest logit difference {diff:.2f}")
-        assert mean_kl <= kl_max and same / (2 * CHUNK) >= top_min, lines[-1]
+                     f"{same / (N_CHUNKS * CHUNK):.1%}, largest logit difference {diff:.2f}")
+        assert mean_kl <= kl_max and same / (N_CHUNKS * CHUNK) >= top_min, lines[-1]
     with capsys.disabled():
         print("\n" + "\n".join(lines))
