@@ -270,9 +270,11 @@ SLOW = (
 # long module taken last would run alone while the other worker idles (a longest-first schedule)
 FIRST = (
     "tests/scaleout/test_ray_serve.py", "tests/api/test_openapi.py", "tests/engine/test_draft_model.py",
-    "tests/engine/test_batching.py", "tests/engine/test_draft.py", "tests/test_cli_run.py",
+    "tests/engine/test_batching.py", "tests/engine/test_draft.py", "tests/native/test_lora.py",
+    "tests/api/test_lora_server.py", "tests/test_cli_run.py",
     "tests/api/test_structured_fit.py", "tests/api/test_hostile.py", "tests/webui/test_webui.py",
-    "tests/webui/test_webui_layout.py", "tests/native/test_kv_types.py", "tests/api/test_tool_recovery_server.py",
+    "tests/webui/test_webui_layout.py", "tests/native/test_kv_types.py", "tests/test_llm_lora.py",
+    "tests/api/test_tool_recovery_server.py", "tests/api/test_mcp.py",
     "tests/test_wheel.py", "tests/chat/test_schema_generation.py", "tests/native/test_reference.py",
 )
 

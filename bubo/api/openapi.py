@@ -277,6 +277,7 @@ def chat_request(model: Schema, model_required: bool = True, speculative: bool =
         "cache_prompt": desc(OPT_BOOL, "default true: reuse the cached prefix"),
         **CHAT_CONTEXT_FIELDS,
         "receipt": RECEIPT_FIELD,
+        "lora": LORA_FIELD,
         **sampling_props(),
         **(SPECULATIVE if speculative else {}),
     }
@@ -302,6 +303,7 @@ def completions_request(model: Schema) -> Schema:
         **CONTEXT_FIELDS,
         **OUTPUT_FIELDS,
         "receipt": RECEIPT_FIELD,
+        "lora": LORA_FIELD,
         **sampling_props(),
         **SPECULATIVE,
     }, ["model", "prompt"], closed=False)
@@ -347,6 +349,7 @@ def responses_request(model: Schema) -> Schema:
         "store": desc(OPT_BOOL, "keep the response (default true): GET /v1/responses/{id}, previous_response_id"),
         "metadata": desc({"type": ["object", "null"]}, "echoed in the response"),
         "receipt": RECEIPT_FIELD,
+        "lora": LORA_FIELD,
         **CHAT_CONTEXT_FIELDS,
         **sampling_props(),
     }, ["model", "input"], closed=False)
@@ -395,6 +398,7 @@ def messages_request(model: Schema, count_only: bool = False) -> Schema:
                            "required; -1: until the model stops or the context is full"),
         "stream": OPT_BOOL,
         "receipt": RECEIPT_FIELD,
+        "lora": LORA_FIELD,
         **CHAT_CONTEXT_FIELDS,
     })
     return obj(props, ["model", "messages", "max_tokens"], closed=False)
@@ -419,6 +423,7 @@ def native_completion_request() -> Schema:
         **CONTEXT_FIELDS,
         **OUTPUT_FIELDS,
         "receipt": RECEIPT_FIELD,
+        "lora": LORA_FIELD,
         **sampling_props(),
         **SPECULATIVE,
     }, ["prompt"], closed=False)
@@ -461,6 +466,11 @@ def _usage() -> Schema:
 RECEIPT_FIELD: Schema = desc(OPT_BOOL, "true: the answer carries a receipt (the last chunk of a stream) that `bubo "
                                        "verify-receipt` reruns bit for bit; a request without a seed gets one")
 RECEIPT: Schema = desc(ref("Receipt"), "with receipt: true in the request")
+LORA_FIELD: Schema = desc({"type": "array", "items": {"type": "object", "properties": {
+    "id": {"type": "integer", "minimum": 0}, "scale": {"type": "number", "minimum": -1e6, "maximum": 1e6}},
+    "required": ["id"], "additionalProperties": False}},
+    "LoRA adapters for this request alone (llama-server's): each adapter's id (GET /lora-adapters) and scale "
+    "(default 1); the others 0. Without it, the adapters' global scales")
 STEERED: Schema = desc(const(True), "present when the grammar steered the answer to a short ending so that it ends "
                                     "within its token budget")
 BYTES: Schema = arr({"type": "integer", "minimum": 0, "maximum": 255})

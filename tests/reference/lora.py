@@ -4,6 +4,7 @@ catalog models can be fetched here."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import gguf
@@ -13,8 +14,14 @@ MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_
 
 
 def matrix_shapes(model_path) -> tuple[str, str | None, int, dict[str, tuple[int, int]]]:
-    """(architecture, general.name, layers, matrix name -> (rows, cols)) of a model file."""
-    r = gguf.GGUFReader(os.fspath(model_path))
+    """(architecture, general.name, layers, matrix name -> (rows, cols)) of a model file (read once
+    per file and process: gguf's reader parses the whole vocabulary, seconds for a real model)."""
+    return _matrix_shapes(os.fspath(model_path), os.stat(model_path).st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _matrix_shapes(path: str, mtime: int) -> tuple[str, str | None, int, dict[str, tuple[int, int]]]:
+    r = gguf.GGUFReader(path)
     fields = {f.name: f for f in r.fields.values()}
 
     def value(key):
