@@ -115,6 +115,15 @@ def _phantom(token: str) -> str:
     return PHANTOM_SPACE + token
 
 
+def _checkpoint(src: Path, out_type: str, what: str) -> Path:
+    """A converter's source folder and output type, checked (ConvertError naming what it wants)."""
+    if out_type not in OUT_TYPES:
+        raise ConvertError(f"out_type must be one of {OUT_TYPES}, not {out_type!r}")
+    if not Path(src).is_dir():
+        raise ConvertError(f"{src} is not a directory ({what})")
+    return Path(src)
+
+
 def _load_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -152,12 +161,7 @@ def convert_bert(src: Path, dest: Path, out_type: str = "f16", name: str = "") -
     An error while writing can leave it partly written (see convert_file)."""
     import gguf  # the writer; imported here so that importing bubo does not need it
 
-    src = Path(src)
-    if out_type not in OUT_TYPES:
-        raise ConvertError(f"out_type must be one of {OUT_TYPES}, not {out_type!r}")
-    if not src.is_dir():
-        raise ConvertError(f"{src} is not a directory (a BERT checkpoint: config.json, tokenizer.json, "
-                           "model.safetensors)")
+    src = _checkpoint(src, out_type, "a BERT checkpoint: config.json, tokenizer.json, model.safetensors")
     if not (src / "config.json").is_file():
         raise ConvertError(f"{src} is not a BERT checkpoint: it has no config.json")
     config = _load_object(src / "config.json")
@@ -344,12 +348,7 @@ def convert_lora(src: Path, dest: Path, base: Path, out_type: str = "f32") -> No
 
     from bubo.gguf import GGUFFile
 
-    src = Path(src)
-    if out_type not in OUT_TYPES:
-        raise ConvertError(f"out_type must be one of {OUT_TYPES}, not {out_type!r}")
-    if not src.is_dir():
-        raise ConvertError(f"{src} is not a directory (a PEFT checkpoint: adapter_config.json, "
-                           "adapter_model.safetensors)")
+    src = _checkpoint(src, out_type, "a PEFT checkpoint: adapter_config.json, adapter_model.safetensors")
     config = _load_object(src / "adapter_config.json")
     where = src / "adapter_config.json"
     for key in ("use_rslora", "use_dora"):

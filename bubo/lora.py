@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,23 +124,48 @@ def _plain(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
+def names_base(base_name: str | None, model_name: Any) -> bool:
+    """Whether an adapter's recorded base model name is the model's general.name (letter case and
+    punctuation aside)."""
+    return isinstance(base_name, str) and isinstance(model_name, str) and _plain(base_name) == _plain(model_name)
+
+
 def check_adapter(adapter: Adapter, model: Any, meta: dict[str, Any]) -> None:
     """AdapterError unless the adapter fits the model (bubo._model.Model; meta: its GGUF metadata):
     the architecture, the base model's name when both name one, and each pair's shapes (the
     first tensor that does not fit is named)."""
+    _check(adapter, int(model.hparams["n_layer"]), model.matrix_shape, meta)
+
+
+def check_adapter_file(adapter: Adapter, model_path: str | Path) -> None:
+    """check_adapter against a model file not loaded (its metadata and tensor shapes)."""
+    from bubo.gguf import GGUFFile
+
+    with GGUFFile(str(model_path)) as f:
+        meta = f.metadata
+        shapes = {t.name: tuple(reversed(t.shape)) for t in f.tensors}
+    n_layer = meta.get(f"{meta.get('general.architecture')}.block_count")
+
+    def shape_of(il: int, mat: int) -> tuple[int, int]:
+        rows, cols = shapes.get(f"blk.{il}.{MATS[mat]}.weight", (0, 0))
+        return rows, cols
+    _check(adapter, n_layer if isinstance(n_layer, int) else 0, shape_of, meta)
+
+
+def _check(adapter: Adapter, n_layer: int, shape_of: Callable[[int, int], tuple[int, int]],
+           meta: dict[str, Any]) -> None:
     where = adapter.path
     arch = meta.get("general.architecture")
     if adapter.arch != arch:
         raise AdapterError(f"{where}: an adapter of a {adapter.arch} model; this model is {arch}")
     own = meta.get("general.name")
-    if adapter.base_name and isinstance(own, str) and _plain(adapter.base_name) != _plain(own):
+    if adapter.base_name and isinstance(own, str) and not names_base(adapter.base_name, own):
         raise AdapterError(f"{where}: an adapter of {adapter.base_name!r}; this model is {own!r}")
-    n_layer = int(model.hparams["n_layer"])
     for (il, mat), (a, b) in adapter.pairs.items():
         name = f"blk.{il}.{MATS[mat]}.weight"
         if il >= n_layer:
             raise AdapterError(f"{where}: {name}.lora_a: the model has {n_layer} layers (0..{n_layer - 1})")
-        rows, cols = model.matrix_shape(il, mat)
+        rows, cols = shape_of(il, mat)
         if a.shape[1] != cols:
             raise AdapterError(f"{where}: {name}.lora_a is {list(a.shape)}; the model's {name} takes {cols} inputs")
         if b.shape[0] != rows:
@@ -165,23 +191,6 @@ def scales_of(raw: Any, n_adapters: int, where: str = "lora") -> list[tuple[int,
             raise AdapterError(f"{where}[{i}].scale must be a finite number of at most 1e6; got {scale!r}")
         out[id] = float(scale)
     return list(out.items())
-
-
-def check_adapter_file(adapter: Adapter, model_path: str | Path) -> None:
-    """check_adapter against a model file not loaded (its metadata and tensor shapes)."""
-    from bubo.gguf import GGUFFile
-
-    with GGUFFile(str(model_path)) as f:
-        meta = f.metadata
-        shapes = {t.name: tuple(reversed(t.shape)) for t in f.tensors}
-
-    class _Shapes:
-        hparams = {"n_layer": meta.get(f"{meta.get('general.architecture')}.block_count", 0)}
-
-        @staticmethod
-        def matrix_shape(il: int, mat: int) -> tuple[int, int]:
-            return shapes.get(f"blk.{il}.{MATS[mat]}.weight", (0, 0))  # type: ignore[return-value]
-    check_adapter(adapter, _Shapes(), meta)
 
 
 def install(model: Any, slot: int, adapter: Adapter) -> None:

@@ -820,15 +820,6 @@ class StoredAdapter:
     path: Path
     base_name: str | None  # the adapter's general.base_model.0.name
 
-    def base_of(self, model: Path) -> bool:
-        """Whether the model file is the one the adapter was made for (by general.name)."""
-        import re
-
-        own = _meta(model).get("general.name")
-        plain = re.compile(r"[^a-z0-9]")
-        return isinstance(own, str) and self.base_name is not None and \
-            plain.sub("", own.lower()) == plain.sub("", self.base_name.lower())
-
 
 def _meta(path: Path) -> dict[str, Any]:
     from bubo.gguf import GGUFFile
@@ -849,8 +840,9 @@ def stored_adapters() -> list[StoredAdapter]:
     d = models_dir()
     out = []
     for p in sorted(d.glob("*.gguf")) if d.is_dir() else []:
-        if not p.name.startswith(".") and _is_adapter(p):
-            base = _meta(p).get("general.base_model.0.name")
+        meta = _meta(p) if not p.name.startswith(".") else {}
+        if meta.get("general.type") == "adapter":
+            base = meta.get("general.base_model.0.name")
             out.append(StoredAdapter(p.name.removesuffix(".gguf"), p, base if isinstance(base, str) else None))
     return out
 

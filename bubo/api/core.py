@@ -34,7 +34,7 @@ from bubo.api.request import (
 )
 from bubo.api.sse import cancel_on_disconnect, sse_response
 from bubo.engine.engine import ModelInfo
-from bubo.engine.registry import DEFAULT_NAME, ModelEntry, ModelStatus
+from bubo.engine.registry import DEFAULT_NAME, ModelEntry, ModelStatus, adapter_files
 from bubo.engine.types import EngineMetrics, EngineRefusal, FinishEvent, GenerationRequest, TokenEvent
 from bubo.runtime import Runtime
 
@@ -164,14 +164,8 @@ def list_models() -> Any:
     reg = models()
     default = reg.default
     adapters = [{**_model_json(e, False), "id": name, "aliases": [], "parent": e.name,
-                 "adapter": {"name": a, "path": _adapter_path(e, a)}} for name, e, a in reg.adapter_models()]
+                 "adapter": {"name": a, "path": adapter_files(e.spec)[a]}} for name, e, a in reg.adapter_models()]
     return jsonify(object="list", data=[_model_json(e, e is default) for e in reg.entries] + adapters)
-
-
-def _adapter_path(entry: ModelEntry, name: str) -> str:
-    from bubo.engine.registry import adapter_names
-
-    return dict(zip(adapter_names(entry.spec), (p for p, _ in entry.spec.settings.lora), strict=True))[name]
 
 
 def _model_field(body: dict[str, Any]) -> str:

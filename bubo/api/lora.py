@@ -15,9 +15,8 @@ from typing import Any
 from flask import Blueprint, jsonify, request
 
 from bubo.api import openapi as oa
-from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
-from bubo.api.request import json_value, optional_model, use_model
+from bubo.api.request import json_value, optional_model, runtime_of, use_model
 from bubo.runtime import Runtime
 
 blueprint = Blueprint("lora", __name__)
@@ -30,14 +29,6 @@ def _pairs(raw: Any, rt: Runtime, where: str) -> list[tuple[int, float]]:
         return scales_of(raw, len(rt.adapters), where)
     except AdapterError as e:
         raise invalid(str(e)) from None
-
-
-def _runtime() -> Runtime:
-    engine = use_model(optional_model())
-    rt = engine.runtime
-    if rt is None:
-        raise ApiError(503, "not_ready", "the model is not loaded")
-    return rt
 
 
 def _listing(rt: Runtime) -> list[dict[str, Any]]:
@@ -62,7 +53,7 @@ def _doc(d: oa.Doc) -> dict[str, oa.Op]:
 
 @oa.route(blueprint, "/lora-adapters", methods=("GET", "POST"), doc=_doc)
 def lora_adapters() -> Any:
-    rt = _runtime()
+    rt = runtime_of(use_model(optional_model()))
     if request.method == "GET":
         return jsonify(_listing(rt))
     given = dict(_pairs(json_value(), rt, "the body"))

@@ -205,16 +205,20 @@ def _stored_adapters(models: list[tuple[str, str, str]]) -> dict[str, tuple[tupl
     """The store's LoRA adapters of each stored model (by the base model name the adapter records),
     at scale 0: served as base+adapter models, not on the base's own requests."""
     from bubo import lora, store
+    from bubo.gguf import GGUFFile
 
     out: dict[str, tuple[tuple[str, float], ...]] = {}
-    for name, source, _ in models:
+    adapters = store.stored_adapters()
+    for name, source, _ in models if adapters else []:
         try:
             path = store.resolve(source)
+            with GGUFFile(str(path)) as f:
+                own = f.metadata.get("general.name")
         except (store.UnknownModelError, OSError, ValueError):
             continue
         mine = []
-        for a in store.stored_adapters():
-            if not a.base_of(path):
+        for a in adapters:
+            if not lora.names_base(a.base_name, own):
                 continue
             try:  # one that does not fit is left out, not the model with it
                 lora.check_adapter_file(lora.read_adapter(a.path), path)

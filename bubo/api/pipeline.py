@@ -147,8 +147,9 @@ def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | N
     if who is not None:
         req = replace(req, caller=who)
     rt = engine.runtime
-    if rt is not None and (rt.adapters or has_lora_field()):  # (a base+adapter name implies adapters)
-        req = replace(req, lora=lora_asked(rt))
+    asked = lora_asked(rt) if rt is not None else ()
+    if asked:
+        req = replace(req, lora=asked)
     rec = receipts.recorder()
     if rec is not None:
         req = rec.submitted(engine, req)
@@ -164,12 +165,6 @@ def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | N
     record["prompt_tokens"] = record.get("prompt_tokens", 0) + len(req.prompt)
     record.setdefault("generated_tokens", 0)
     return _Watched(stream, record, hold, rec)
-
-
-def has_lora_field() -> bool:
-    """Whether the request's body names adapters (a model without any refuses that)."""
-    bodies = g.get("bubo_bodies") or []
-    return bool(bodies) and "lora" in bodies[0]
 
 
 def lora_asked(rt: Runtime) -> tuple[tuple[int, float], ...]:

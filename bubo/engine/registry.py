@@ -224,9 +224,9 @@ class ModelEntry:
         return self.users > 0 or (eng is not None and not eng.idle)
 
 
-def adapter_names(spec: ModelSpec) -> list[str]:
-    """The names of a model's LoRA adapters (their files' names without .gguf), as base+name models."""
-    return [Path(path).name.removesuffix(".gguf") for path, _ in spec.settings.lora]
+def adapter_files(spec: ModelSpec) -> dict[str, str]:
+    """A model's LoRA adapters by name (the file's name without .gguf: base+name models): their files."""
+    return {Path(path).name.removesuffix(".gguf"): path for path, _ in spec.settings.lora}
 
 
 def _never_loaded(spec: ModelSpec) -> Engine:
@@ -268,7 +268,7 @@ class Registry:
         # LoRA adapters as models (llamay's listing): "base+adapter" is the base with that adapter at scale 1
         self._adapters: dict[str, tuple[ModelEntry, str]] = {}
         for e in self.entries:
-            for name in adapter_names(e.spec):
+            for name in adapter_files(e.spec):
                 if f"{e.name}+{name}" not in self._names:  # a model's own name wins
                     self._adapters[f"{e.name}+{name}"] = (e, name)
         # the names models answer to beyond their ids and aliases (implied_names); one that two

@@ -117,6 +117,7 @@ class Task:
         self.checking = (0, 0)  # the draft being checked: (drafted, kept so far), for an answer ending in it
         self.tokens: list[int] = list(req.prompt)
         self.n_prompt = len(req.prompt)
+        self.ns: int | None = None  # its prefix-cache namespace, once the scheduler has looked it up (Scheduler._ns)
         self.n_past = 0
         self.n_registered = 0  # leading KV blocks handed to the prefix cache
         self.n_cached: int | None = None  # prompt tokens from the cache (first admission)
@@ -415,7 +416,7 @@ class Scheduler:
         if not task.req.cache_prompt:
             return False
         last = len(task.tokens) - 1
-        ns = self.namespace(task.req)
+        ns = self._ns(task)
         for s in self.slots:
             t = s.task
             if t is None or t.n_past >= t.n_prompt or not t.req.cache_prompt or s.ns != ns:
@@ -432,7 +433,7 @@ class Scheduler:
             return free[0]  # an idle slot's sequence is empty: _release and _preempt free it
         last = len(task.tokens) - 1
 
-        ns = self.namespace(task.req)
+        ns = self._ns(task)
 
         def score(s: Slot) -> tuple[int, int, float]:
             n = common_prefix(s.held, task.tokens, last) if task.req.cache_prompt and s.ns == ns else 0
@@ -444,7 +445,7 @@ class Scheduler:
         """Start slot's sequence with as much of task's tokens as the cache holds; returns how
         many. The last known token always runs: its logits (or its row) are what comes next."""
         last = len(task.tokens) - 1
-        ns = self.namespace(task.req)
+        ns = self._ns(task)
         if not task.req.cache_prompt:
             self._clear(slot, ns)
             return 0
@@ -469,7 +470,7 @@ class Scheduler:
         ctx = self.contexts.by_seq(seq) if seq is not None and self.contexts is not None else None
         if ctx is None or ctx.spilled is not None or not ctx.tokens or task.n_cached is not None:
             return
-        if ctx.ns != self.namespace(task.req):
+        if ctx.ns != self._ns(task):
             return  # its rows were computed with other adapters (or for another caller): read the prompt again
         self._clear(slot)
         self.kv.fork(ctx.seq, slot.id)  # (the fork takes the context's namespace, which is the task's)
@@ -640,6 +641,12 @@ class Scheduler:
                 self._namespaces.pop(next(iter(self._namespaces)))
         self._namespaces[key] = ns
         return ns
+
+    def _ns(self, task: Task) -> int:
+        """task's namespace, looked up once (the engine's thread: namespace() keeps its own order)."""
+        if task.ns is None:
+            task.ns = self.namespace(task.req)
+        return task.ns
 
     def _slot_of(self, t: Task) -> int:
         return next(s.id for s in self.slots if s.task is t)

@@ -143,13 +143,13 @@ def model_info(meta: dict[str, Any]) -> dict[str, Any]:
 def show(entry: ModelEntry, sampling_defaults: dict[str, Any], adapter: str | None = None) -> dict[str, Any]:
     """Ollama's /api/show of a model; adapter: the name of a base+adapter model's adapter (its
     Modelfile's ADAPTER line, and `adapters`)."""
-    from bubo.engine.registry import adapter_names
+    from bubo.engine.registry import adapter_files
 
     path = entry_path(entry)
     meta = metadata(path)
     template = meta.get("tokenizer.chat_template")
     params = "\n".join(f"{k:<16}{v}" for k, v in sampling_defaults.items())
-    files = dict(zip(adapter_names(entry.spec), (p for p, _ in entry.spec.settings.lora), strict=True))
+    files = adapter_files(entry.spec)
     lines = f"ADAPTER {files[adapter]}\n" if adapter is not None else ""
     return {
         "license": meta.get("general.license") or store.catalog_license(entry.spec.source)
