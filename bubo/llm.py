@@ -689,24 +689,23 @@ class Model:
         return [{"id": a.id, "name": a.name, "path": a.path, "scale": a.scale} for a in self.runtime.adapters]
 
     def set_lora(self, scales: Mapping[int | str, float]) -> None:
-        """Every call's adapter scales from now on ({id or name: scale}; an adapter left out: 0),
-        as llama-server's POST /lora-adapters."""
+        """Every call's adapter scales from now on ({id or name: scale}; an adapter left out: 0)."""
         given = dict(self._lora_ids(scales))
         for a in self.runtime.adapters:
             a.scale = given.get(a.id, 0.0)
 
     def _lora_ids(self, scales: Mapping[int | str, float]) -> list[tuple[int, float]]:
-        from bubo.lora import AdapterError, scales_of
+        from bubo.lora import AdapterError, check_scales
 
         by_name = {a.name: a.id for a in self.runtime.adapters}
-        items = []
+        pairs: list[tuple[Any, Any]] = []
         for key, scale in dict(scales).items():
             if isinstance(key, str):
                 if key not in by_name:
                     raise AdapterError(f"no adapter named {key!r}: the adapters are {', '.join(by_name) or 'none'}")
                 key = by_name[key]
-            items.append({"id": key, "scale": scale})
-        return scales_of(items, len(self.runtime.adapters), "lora")
+            pairs.append((key, scale))
+        return check_scales(pairs, len(self.runtime.adapters), "lora")
 
     def _generative(self) -> None:
         """EncoderOnlyError for an embedding model, before anything reads a chat template."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,19 +172,14 @@ def _check(adapter: Adapter, n_layer: int, shape_of: Callable[[int, int], tuple[
             raise AdapterError(f"{where}: {name}.lora_b is {list(b.shape)}; the model's {name} has {rows} outputs")
 
 
-def scales_of(raw: Any, n_adapters: int, where: str = "lora") -> list[tuple[int, float]]:
-    """llama-server's [{"id", "scale"}] (scale 1 when left out) as (id, scale) pairs; AdapterError
-    naming the item for an id that is no adapter of the n, or a scale that is not a finite number
-    of at most 1e6."""
-    if not isinstance(raw, list):
-        raise AdapterError(f'{where} must be an array of {{"id": N, "scale": X}}')
+def check_scales(pairs: Sequence[tuple[Any, Any]], n_adapters: int, where: str = "lora") -> list[tuple[int, float]]:
+    """(adapter id, scale) pairs checked: each id one of the n adapters', each scale a finite number
+    of at most 1e6 (AdapterError naming the pair as where[i]); a later pair of an id replaces an
+    earlier one."""
     out: dict[int, float] = {}
-    for i, item in enumerate(raw):
-        if not isinstance(item, dict) or set(item) - {"id", "scale"} or "id" not in item:
-            raise AdapterError(f'{where}[{i}] must be {{"id": N, "scale": X}}')
-        id, scale = item["id"], item.get("scale", 1.0)
+    for i, (id, scale) in enumerate(pairs):
         if not isinstance(id, int) or isinstance(id, bool) or not 0 <= id < n_adapters:
-            said = f"adapters 0..{n_adapters - 1}" if n_adapters else "no adapters (serve --lora FILE loads one)"
+            said = f"adapters 0..{n_adapters - 1}" if n_adapters else "no adapters"
             raise AdapterError(f"{where}[{i}].id {id!r}: this model has {said}")
         if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale) \
                 or abs(scale) > MAX_SCALE:

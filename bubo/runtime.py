@@ -75,8 +75,8 @@ def _replace(value: Any, pattern: re.Pattern[str], repl: Callable[[re.Match[str]
 
 @dataclass
 class LoadedAdapter:
-    """A LoRA adapter of a runtime: its id (its slot), file, name and global scale (a request
-    without its own `lora` uses it; llama-server's POST /lora-adapters sets it)."""
+    """A LoRA adapter of a runtime: its id (its slot), file, name and global scale (what a request
+    that names no adapters of its own uses; the server's routes and Model.set_lora set it)."""
 
     id: int
     path: str

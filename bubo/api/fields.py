@@ -330,3 +330,19 @@ def openai_tool_choice(choice: Any, tools: list[dict[str, Any]] | None, named: s
     tools (bubo.chat.request.openai_tool_choice)."""
     with RequestErrors():
         return rq.openai_tool_choice(choice, tools, named, shape)
+
+
+def lora_field(raw: Any, n_adapters: int, where: str = "lora") -> list[tuple[int, float]]:
+    """llama-server's LoRA list, [{"id", "scale"}] (scale 1 when left out), as checked (id, scale)
+    pairs (bubo.lora.check_scales); a 400 naming the item otherwise."""
+    from bubo.lora import AdapterError, check_scales
+
+    if not isinstance(raw, list):
+        raise invalid(f'{where} must be an array of {{"id": N, "scale": X}}')
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or set(item) - {"id", "scale"} or "id" not in item:
+            raise invalid(f'{where}[{i}] must be {{"id": N, "scale": X}}')
+    try:
+        return check_scales([(item["id"], item.get("scale", 1.0)) for item in raw], n_adapters, where)
+    except AdapterError as e:
+        raise invalid(str(e)) from None

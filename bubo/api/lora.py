@@ -15,20 +15,11 @@ from typing import Any
 from flask import Blueprint, jsonify, request
 
 from bubo.api import openapi as oa
-from bubo.api.fields import invalid
+from bubo.api.fields import lora_field
 from bubo.api.request import json_value, optional_model, runtime_of, use_model
 from bubo.runtime import Runtime
 
 blueprint = Blueprint("lora", __name__)
-
-
-def _pairs(raw: Any, rt: Runtime, where: str) -> list[tuple[int, float]]:
-    from bubo.lora import AdapterError, scales_of
-
-    try:
-        return scales_of(raw, len(rt.adapters), where)
-    except AdapterError as e:
-        raise invalid(str(e)) from None
 
 
 def _listing(rt: Runtime) -> list[dict[str, Any]]:
@@ -56,7 +47,7 @@ def lora_adapters() -> Any:
     rt = runtime_of(use_model(optional_model()))
     if request.method == "GET":
         return jsonify(_listing(rt))
-    given = dict(_pairs(json_value(), rt, "the body"))
+    given = dict(lora_field(json_value(), len(rt.adapters), "the body"))
     for a in rt.adapters:
         a.scale = given.get(a.id, 0.0)
     return jsonify(success=True)

@@ -170,17 +170,14 @@ def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | N
 def lora_asked(rt: Runtime) -> tuple[tuple[int, float], ...]:
     """The adapters in force for this request's generation (bubo.api.lora): its body's `lora`
     field, else the global scales; a 400 for a field that names no adapter of the model."""
-    from bubo.lora import AdapterError, scales_of
+    from bubo.api.fields import lora_field
 
     bodies = g.get("bubo_bodies") or []
     raw = bodies[0].get("lora") if bodies else None
     named = g.get("bubo_adapter")  # the request named a base+adapter model
     if raw is None and named is not None:
         raw = [{"id": a.id, "scale": 1.0} for a in rt.adapters if a.name == named][:1]
-    try:
-        return rt.lora_in_force(None if raw is None else scales_of(raw, len(rt.adapters)))
-    except AdapterError as e:
-        raise invalid(str(e)) from None
+    return rt.lora_in_force(None if raw is None else lora_field(raw, len(rt.adapters)))
 
 
 def _submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | None) -> Stream:
