@@ -5,9 +5,10 @@ One command, to run after any change to a kernel, to attention or to the forward
     python benchmarks/kl.py                         # the three catalog models
     python benchmarks/kl.py -m qwen2.5-coder:0.5b --llama-perplexity /path/to/llama-perplexity
 
-The measure is llama-perplexity's "Mean KLD": the text (bubo's design notes and docs unless
---text) in chunks of -c tokens (the first --chunks 16), each decoded from an empty cache with the
-beginning-of-sequence token first where the model wants one; the KL-divergence of the quantized
+The measure is llama-perplexity's "Mean KLD": the text (benchmarks/data/kl_text.md, a frozen copy
+of bubo's design notes and docs, unless --text) in chunks of -c tokens (the first --chunks 16),
+each decoded from an empty cache with the beginning-of-sequence token first where the model
+wants one; the KL-divergence of the quantized
 model's next-token distribution from the exact model's at every position of each chunk's second
 half. llama.cpp's figure comes from llama-perplexity itself (--kl-divergence-base on the F32
 file, then --kl-divergence on the quantized one); bubo's from bubo's own runs of the same two
@@ -37,12 +38,16 @@ CATALOG = ["smollm2:135m", "gemma3:270m", "qwen2.5-coder:0.5b"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
+TEXT = ROOT / "benchmarks" / "data" / "kl_text.md"
+
+
 def default_text() -> str:
-    """bubo's own prose, in a fixed order: the design notes of tests/data/kv_text.md, then the
-    README and docs/ (about 30,000 tokens; both engines read the same text in one run, so the
-    ratio holds whatever the docs say that day)."""
-    files = [ROOT / "tests" / "data" / "kv_text.md", ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    return "\n\n".join(f.read_text(encoding="utf-8") for f in files)
+    """bubo's own prose as it stood on 2026-12-06 (tests/data/kv_text.md's design notes, then the
+    README and docs/; about 30,000 tokens), kept in benchmarks/data/kl_text.md so that figures
+    measured at different commits read the same tokens."""
+    return TEXT.read_text(encoding="utf-8")
+
+
 _MEAN_KLD = re.compile(r"Mean\s+KLD:\s+(-?[0-9.]+)")
 
 
@@ -146,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-c", "--ctx", type=int, default=512, help="tokens per chunk (default 512)")
     ap.add_argument("-t", "--threads", type=int, default=cpus.usable())
     ap.add_argument("--chunks", type=int, default=16, help="chunks to score, at most (default 16; 0: all)")
-    ap.add_argument("--text", type=Path, help="the text (default: tests/data/kv_text.md, README.md, docs/*.md)")
+    ap.add_argument("--text", type=Path, help="the text (default: benchmarks/data/kl_text.md)")
     ap.add_argument("--llama-perplexity", type=Path, help="an already built llama-perplexity")
     ap.add_argument("--max-ratio", type=float, default=1.02, help="the most bubo / llama.cpp allowed (1.02)")
     ap.add_argument("--save", action="store_true", help="also write the table to benchmarks/results/kl/")
@@ -157,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     with results.saving("kl", args.save):
         print("## KL-divergence to the exact model (F32)\n")
         print(f"{results.cpu_name()}; -c {args.ctx}, --chunks {args.chunks}, -t {args.threads}, "
-              f"text {args.text.name if args.text else 'bubo docs'}, f16 KV cache\n")
+              f"text {args.text.name if args.text else TEXT.name}, f16 KV cache\n")
         print("| model | positions | bubo | llama.cpp | bubo / llama.cpp |")
         print("|---|---:|---:|---:|---:|")
         for name in args.model or CATALOG:

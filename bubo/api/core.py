@@ -380,7 +380,8 @@ def tokenize() -> Any:
     add_special = f.bool_field(body, "add_special", False)
     parse_special = f.bool_field(body, "parse_special", True)
     with_pieces = f.bool_field(body, "with_pieces", False)
-    return offload.run(_tokenized, rt, content, add_special, parse_special, with_pieces, what="tokenizing the content")
+    return offload.run(_tokenized, rt, content, add_special, parse_special, with_pieces, what="tokenizing the content",
+                       small=offload.small(content) and not with_pieces)
 
 
 def _tokenized(rt: Runtime, content: str, add_special: bool, parse_special: bool, with_pieces: bool) -> Any:
@@ -424,7 +425,9 @@ def _detokenize_doc(d: oa.Doc) -> oa.Op:
 def detokenize() -> Any:
     body = json_body()
     rt = runtime_of(use_model(optional_model(body)))
-    return offload.run(_detokenized, rt, body.get("tokens"), what="detokenizing the tokens")
+    ids = body.get("tokens")
+    return offload.run(_detokenized, rt, ids, what="detokenizing the tokens",
+                       small=offload.small(ids))
 
 
 def _detokenized(rt: Runtime, ids: Any) -> Any:

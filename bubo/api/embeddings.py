@@ -96,7 +96,7 @@ def run(engine: ServingEngine, rt: Runtime, items: Sequence[str | list[int]], tr
     """Tokenize, check and embed one request's inputs (one job on the engine thread)."""
     try:
         seqs, cut = offload.run(embedding.tokenize, rt, items, embedding.max_tokens(rt), truncate,
-                                what="tokenizing the inputs")
+                                what="tokenizing the inputs", small=offload.small(list(items)))
     except embedding.TooLongError as e:
         raise ApiError(400, "context_length_exceeded", str(e)) from None
     except EngineRefusal as e:
@@ -165,7 +165,7 @@ def openai_embeddings() -> Any:
     name = optional_model(body)
     if "input" not in body:
         raise invalid("'input' is required")
-    items = offload.run(parse_inputs, body["input"], what="reading the inputs")
+    items = offload.run(parse_inputs, body["input"], what="reading the inputs", small=offload.small(body["input"]))
     fmt = body.get("encoding_format", "float")
     if fmt is None:
         fmt = "float"
@@ -187,7 +187,7 @@ def openai_embeddings() -> Any:
         return {"object": "list", "data": data, "model": name,
                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 
-    return jsonout.built(answer)
+    return jsonout.built(answer, small=offload.small_n(sum(len(v) for v in out.vectors)))
 
 
 def _normalize_of(body: dict[str, Any]) -> bool:
@@ -221,7 +221,7 @@ def llama_embeddings() -> Any:
     key = "content" if body.get("content") is not None or "input" not in body else "input"
     if body.get(key) is None:
         raise invalid("'content' is required")
-    items = offload.run(parse_inputs, body[key], key, what="reading the inputs")
+    items = offload.run(parse_inputs, body[key], key, what="reading the inputs", small=offload.small(body[key]))
     normalize = _normalize_of(body)
     truncate = _bool(body, "truncate", False)
     engine, rt = encoder_of(name)
@@ -244,7 +244,7 @@ def ollama_embed(body: dict[str, Any], name: str, t0: float, load_s: float, engi
     vectors: Sequence[np.ndarray] = []
     n_tokens = 0
     if not (value == "" or value == []):
-        items = offload.run(parse_inputs, value, what="reading the inputs")
+        items = offload.run(parse_inputs, value, what="reading the inputs", small=offload.small(value))
         out = run(engine, rt, items, truncate)
         vectors = list(out.vectors)
         n_tokens = sum(out.n_tokens)

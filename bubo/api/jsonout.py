@@ -130,13 +130,15 @@ def _parts(value: Any, out: list[str], ascii: bool) -> None:
         deadline.check()
 
 
-def built(fn: Callable[..., Any], *args: Any, what: str = "writing the answer", **kwargs: Any) -> Response:
+def built(fn: Callable[..., Any], *args: Any, what: str = "writing the answer", small: bool = False,
+          **kwargs: Any) -> Response:
     """The JSON response of fn(*args, **kwargs), both built in the preparation pool
-    (bubo.api.offload): for an answer whose size grows with the request."""
+    (bubo.api.offload): for an answer whose size grows with the request; small: the caller knows
+    it is small (offload.small_n of its tokens and values): built on the event loop."""
     from bubo.api import offload
 
     def job() -> Response:
         return response(fn(*args, **kwargs))
 
-    out: Response = offload.run(job, what=what, answer=True)
+    out: Response = offload.run(job, what=what, answer=True, small=small)
     return out

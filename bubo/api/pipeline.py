@@ -93,7 +93,8 @@ def encode(runtime: Runtime, text: str, add_special: bool = True,
            spans: list[tuple[int, int]] | None = None) -> list[int]:
     """Tokenize request text (special-token text parsed, as llama-server does, but for the
     spans, which stay plain text); a lone UTF-16 surrogate is a 400, not a crash."""
-    return offloaded(prep.encode, runtime, text, add_special, spans, what="tokenizing the prompt")
+    return offloaded(prep.encode, runtime, text, add_special, spans, what="tokenizing the prompt",
+                     small=offload.small(text))
 
 
 def _guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -102,10 +103,10 @@ def _guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return fn(*args, **kwargs)
 
 
-def offloaded(fn: Callable[..., T], *args: Any, what: str, **kwargs: Any) -> T:
+def offloaded(fn: Callable[..., T], *args: Any, what: str, small: bool = False, **kwargs: Any) -> T:
     """fn in the preparation pool (bubo.api.offload), its RequestErrors and template failures as
-    400s: a route's own step whose cost grows with the request."""
-    value: T = offload.run(_guarded, fn, *args, what=what, **kwargs)
+    400s: a route's own step whose cost grows with the request (inline where small)."""
+    value: T = offload.run(_guarded, fn, *args, what=what, small=small, **kwargs)
     return value
 
 
@@ -182,8 +183,11 @@ def lora_asked(rt: Runtime) -> tuple[tuple[int, float], ...]:
 
 def _submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | None) -> Stream:
     try:
+        # without a grammar the check is bounded by the prompt and the request's lists
+        small = req.grammar is None and offload.small_n(len(req.prompt) + len(req.params.logit_bias or {}) +
+                                                        len(req.probs_of))
         checked = offload.run(engine.check, req, mem_available=mem_available,
-                              what="building the request's sampler and grammar state")
+                              what="building the request's sampler and grammar state", small=small)
         return engine.submit(req, mem_available=mem_available, checked=checked)
     except EngineRefusal as e:
         raise errors.from_refusal(e) from None

@@ -95,6 +95,12 @@ def json_body() -> dict[str, Any]:
     return body
 
 
+def small_body() -> bool:
+    """Whether the request's body is at most offload.SMALL_CHARS bytes: reading its fields
+    (bounded by its size) may run on the event loop."""
+    return offload.small_n(len(_body_bytes()))
+
+
 def ignored_fields() -> list[str]:
     """The request body's fields that no lookup of the route read (in the body's order)."""
     bodies: list[Body] = g.get("bubo_bodies") or []

@@ -275,6 +275,7 @@ class Engine:
         return self._n_open == 0 and (sched is None or sched.idle())
 
     def _main(self) -> None:
+        cpus.name_thread("bubo-engine")
         try:
             self._load()
         except BaseException as e:  # noqa: BLE001 - reported by /ready, logged

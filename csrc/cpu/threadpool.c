@@ -21,6 +21,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -115,6 +118,9 @@ static void *worker_main(void *varg) {
     bubo_pool *pool = arg->pool;
     const int ith = arg->ith;
     free(arg);
+#if defined(__linux__)
+    prctl(PR_SET_NAME, "bubo-pool", 0, 0, 0); /* top -H and /proc/PID/task/TID/comm tell the engine's threads */
+#endif
     uint32_t seen = 0;
     for (;;) {
         event_wait(pool, &pool->start, seen);

@@ -96,3 +96,29 @@ def test_errors_are_the_requests_own_and_the_flask_context_is_there():
         assert g.bubo_prepare_spent[0] >= 0.0
     # no app: inline
     assert offload.run(lambda: 7, what="x") == 7
+
+
+def test_small_work_runs_inline_and_large_work_in_a_worker():
+    """A step its caller knows is small (offload.small: at most SMALL_CHARS characters and ids)
+    runs in the calling thread, as a hand-off would cost more than the work; anything larger, or
+    of another shape, goes to a worker."""
+    app = Flask("t")
+    app.config["BUBO_PREPARE"] = PreparePool(timeout_s=2)
+    here = threading.get_ident()
+    n = offload.SMALL_CHARS
+    assert offload.small("x" * n) and not offload.small("x" * (n + 1))
+    assert offload.small([1] * n) and not offload.small([1] * (n + 1))
+    assert offload.small(["ab"] * (n // 2)) and not offload.small(["ab"] * (n // 2) + ["c"])
+    assert offload.small([[1, 2]] * (n // 2)) and not offload.small([[1, 2]] * (n // 2 + 1))
+    assert not offload.small({"a": 1}) and not offload.small(None)
+    assert offload.small_n(n) and not offload.small_n(n + 1)
+
+    def where() -> int:
+        return threading.get_ident()
+
+    def run() -> None:
+        with app.test_request_context("/x"):
+            assert offload.run(where, what="x", small=True) == here
+            assert offload.run(where, what="x") != here
+
+    gevent.spawn(run).get(timeout=10)

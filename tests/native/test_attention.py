@@ -132,6 +132,51 @@ def test_large_scores_do_not_overflow(isa):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", ["f16", "q8_0"])
+@pytest.mark.parametrize("sink", [0.0, 6.0, 12.0, 24.0])
+def test_chunked_is_the_unchunked_result_to_rounding(isa, type_name, sink):
+    """The same K/V rows at positions [0, W) (inside the first chunk: one softmax, nothing merged)
+    and at [S, S + W) (across the boundary at ATTEND_CHUNK: two partials merged), S a multiple of
+    the group so that the groups hold the same rows: the two results differ by float rounding
+    only, also where the first row is an attention sink whose score dominates (sink x the mean
+    query as its key: scores 10-60 above the rest, as qwen2's first positions). Measured on every
+    level: the two at most 3e-6 apart where the float64 reference is 5e-6 from either (the exp of
+    arguments around -12 rounds that far), equal bits past a gap of 25. The second chunk's rows
+    move the exact result by 0.31, 0.043 and 4e-5 at sinks 0, 6 and 12: a merge that lost them,
+    or weighed them with the wrong maximum, fails."""
+    chunk, width, head_dim, n_q = _ops.ATTEND_CHUNK, 150, 64, 4
+    start = chunk - 6 * GROUP  # the window's last 150 - 96 rows in the second chunk
+    assert start >= width and start % GROUP == 0
+    rng = np.random.default_rng(int(sink))
+    q = rng.standard_normal((n_q, head_dim)).astype(np.float32)
+    k = rng.standard_normal((width, 1, head_dim)).astype(np.float32)
+    v = rng.standard_normal((width, 1, head_dim)).astype(np.float32)
+    k[0, 0] = q.mean(axis=0) * sink
+    v[0, 0] *= 3.0
+    cache = Cache(rng, type_name, start + width, 32, 1, head_dim)
+    kb, k_stored = _store(k, type_name)
+    vb, v_stored = _store(v, type_name)
+    rows_k = np.zeros((start + width,) + kb.shape[1:], np.uint8)
+    rows_v = np.zeros((start + width,) + vb.shape[1:], np.uint8)
+    for base in (0, start):
+        rows_k[base : base + width], rows_v[base : base + width] = kb, vb
+    cache.k_pool, cache.v_pool = cache._pool(rows_k, cache.k_pool.shape[0]), cache._pool(rows_v, cache.v_pool.shape[0])
+    cache.k, cache.v = k_stored, v_stored  # the reference reads positions [0, W)
+    q_bytes, q_seen = cache.query(q)
+    whole = cache.attend(0, 0, width, q_bytes, 0.125, isa)
+    merged = cache.attend(0, start, start + width, q_bytes, 0.125, isa)
+    want, _, v_max = attend_ref(cache, 0, 0, width, q_seen, 0.125)
+    err_whole, err_merged = np.abs(whole - want).max(), np.abs(merged - want).max()
+    gap = (0.125 * q_seen @ k_stored[:, 0].T)
+    gap = (gap[:, 0] - gap[:, 1:].max(axis=1)).min()
+    # float rounding: 2 ulp of the output's scale beside what either is from float64
+    bound = 2 * max(err_whole, err_merged) + 2 * np.spacing(np.float32(v_max))
+    assert np.abs(whole - merged).max() <= bound, (isa, type_name, f"gap {gap:.1f}", err_whole, err_merged)
+    assert err_merged <= 2 * err_whole + 2 * np.spacing(np.float32(v_max)), (err_whole, err_merged)
+    assert err_merged <= 1e-5 * v_max
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("type_name", list(TYPES))
 def test_a_head_is_the_same_alone_grouped_or_in_any_block_layout(isa, type_name):
     """One query head's result, bit for bit: alone, among other heads of its KV head (at any

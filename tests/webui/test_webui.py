@@ -153,6 +153,8 @@ def test_a_json_schema_setting_and_tool_calls_shown(page):
     shot(page, "11-json-schema")
     page.find_element(By.ID, "new-chat").click()
     page.find_element(By.ID, "open-settings").click()
+    # the dialog is filled, then shown, once the server's defaults are read
+    wait(page, lambda d: d.find_element(By.ID, "settings").get_attribute("open") is not None)
     assert page.find_element(By.ID, "set-json_schema").get_attribute("value") == ""  # a new chat starts fresh
     page.find_element(By.ID, "settings-done").click()
     setting(page, "tools", json.dumps(ADD))

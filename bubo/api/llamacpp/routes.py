@@ -15,7 +15,7 @@ from bubo.api import openapi as oa
 from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.fields import invalid
 from bubo.api.llamacpp import completion as nc
-from bubo.api.request import json_body, optional_model, runtime_of, use_model, with_fields
+from bubo.api.request import json_body, optional_model, runtime_of, small_body, use_model, with_fields
 from bubo.api.sse import sse_response
 from bubo.chat.fim import fim_prompt, fim_tokens, no_fim
 from bubo.engine.protocol import ServingEngine
@@ -61,7 +61,7 @@ def _completion_doc(d: oa.Doc) -> oa.Op:
 @oa.route(blueprint, "/completion", "/completions", methods=("POST",), doc=_completion_doc)
 def completion() -> Any:
     body = json_body()
-    req = offload.run(nc.parse_native_request, body, what="reading the request's fields")
+    req = offload.run(nc.parse_native_request, body, what="reading the request's fields", small=small_body())
     draft_max = f.draft_max_of(body)
     rec = receipts.ask(body)
     model = optional_model(body)
@@ -156,7 +156,7 @@ def _answer(req: nc.NativeRequest, model: str, engine: ServingEngine, rt: Runtim
                 prompt_text=prompt_text if prompt_text is not None else rt.tokenizer.decode(tokens),
                 settings=nc.generation_settings(req, n_ctx)), **receipt}
 
-        return jsonout.built(answer)
+        return jsonout.built(answer, small=offload.small_n(len(tokens) + len(out.tokens) * (1 + req.n_probs)))
 
     def chunks() -> Iterator[Any]:
         n = 0

@@ -26,6 +26,7 @@ from bubo.api.request import (
     resolve_model,
     response_store,
     runtime_of,
+    small_body,
     use_model,
 )
 from bubo.api.sse import sse_response
@@ -53,7 +54,7 @@ def _chat_doc(d: oa.Doc) -> oa.Op:
 def chat_completions() -> Any:
     body = json_body()
     model = resolve_model(body)
-    req = offload.run(ch.parse_chat_request, body, what="reading the request's fields")
+    req = offload.run(ch.parse_chat_request, body, what="reading the request's fields", small=small_body())
     draft_max = f.draft_max_of(body)
     rec = receipts.ask(body)
     engine = use_model(model)
@@ -73,7 +74,7 @@ def chat_completions() -> Any:
             lps = [ch.token_logprobs(rt, t, n_top) for t in out.tokens] if req.logprobs else None
             return {**ch.chat_response(id=id, created=created, model=model, out=out, logprobs=lps), **receipt}
 
-        return jsonout.built(answer)
+        return jsonout.built(answer, small=offload.small_n(len(out.tokens) * (1 + (n_top or 0))))
 
     def chunks() -> Iterator[Any]:
         c = ch.ChatChunks(id, created, model)
@@ -152,7 +153,7 @@ def _completions_doc(d: oa.Doc) -> oa.Op:
 def completions() -> Any:
     body = json_body()
     model = resolve_model(body)
-    req = offload.run(cm.parse_completion_request, body, what="reading the request's fields")
+    req = offload.run(cm.parse_completion_request, body, what="reading the request's fields", small=small_body())
     draft_max = f.draft_max_of(body)
     rec = receipts.ask(body)
     engine = use_model(model)
@@ -186,7 +187,7 @@ def completions() -> Any:
             return {**cm.completion_response(id=id, created=created, model=model, text=echo + out.content,
                                              fin=out.finished, logprobs=lps), **receipt}
 
-        return jsonout.built(answer)
+        return jsonout.built(answer, small=offload.small_n(len(echo) + len(out.tokens) * (1 + (req.logprobs or 0))))
 
     def chunks() -> Iterator[Any]:
         offset = 0

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Small requests: bubo's server beside llama-server on the lightest routes, where the HTTP path
+costs more than the engine. Both servers run the same GGUF with the same threads (-t), one at a
+time, started and stopped by this script, the order alternating round by round; each figure is
+the median over the rounds.
+
+    python benchmarks/bench_small.py                 # 3 rounds of 2,000 requests per load
+    python benchmarks/bench_small.py --rounds 5 --requests 4000 --save
+
+The loads, each from N client threads on keep-alive connections (as an SDK's connection pool):
+- GET /health, 8 clients;
+- POST /tokenize, one sentence, 8 clients;
+- POST /completion, one sentence, n_predict 1, 4 clients (llama-server -np 4; bubo -np 4);
+- POST /v1/embeddings, one input, 4 clients (both with --embedding on all-minilm:l6-v2).
+Each reports requests per second (wall time from the first request sent to the last answer)
+and the server process's CPU time per request (user + system from /proc), and for bubo the part
+outside its engine's threads (named bubo-engine and bubo-pool): the HTTP path and the request's
+preparation. The client threads run on the same
+machine and take CPU too, the same for both servers. The sentences are bench_serve.sentence's
+varied prose (10-25 tokens), a different one per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_embed import DEFAULT_LLAMA_SERVER  # noqa: E402
+from bench_serve import HOST, LABEL, Server, free_port, sentence  # noqa: E402
+from prefill_peak import cpu_name  # noqa: E402
+
+LOADS = [  # (name, method, path, clients, server kind)
+    ("health", "GET", "/health", 8, "gen"),
+    ("tokenize", "POST", "/tokenize", 8, "gen"),
+    ("completion", "POST", "/completion", 4, "gen"),
+    ("embeddings", "POST", "/v1/embeddings", 4, "embed"),
+]
+TITLES = {"health": "GET /health, 8 clients", "tokenize": "POST /tokenize, 8 clients",
+          "completion": "POST /completion n_predict 1, 4 clients",
+          "embeddings": "POST /v1/embeddings 1 input, 4 clients"}
+
+
+ENGINE_THREADS = ("bubo-engine", "bubo-pool")  # bubo's engine thread and its compute pool (bubo.cpus.name_thread)
+
+
+def _stat_seconds(path: str) -> float:
+    with open(path) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """A process's user + system CPU time so far: all its threads, and those outside bubo's
+    engine (every thread but ENGINE_THREADS: the HTTP work, the preparation pool's). A thread
+    that ended is counted in the total only."""
+    total = _stat_seconds(f"/proc/{pid}/stat")
+    outside = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            if name not in ENGINE_THREADS:
+                outside += _stat_seconds(f"/proc/{pid}/task/{tid}/stat")
+        except OSError:
+            continue  # the thread ended meanwhile
+    return total, outside
+
+
+def body_for(name: str, text: str) -> dict[str, Any] | None:
+    if name == "tokenize":
+        return {"content": text}
+    if name == "completion":
+        return {"prompt": text, "n_predict": 1, "temperature": 0}
+    if name == "embeddings":
+        return {"input": text}
+    return None
+
+
+def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: int, texts: list[str],
+             n_requests: int) -> tuple[float, float, float]:
+    """(requests per second, server CPU ms per request, of which outside bubo's engine) for
+    n_requests spread over n_clients."""
+    per = n_requests // n_clients
+    errors: list[BaseException] = []
+
+    def client(k: int, count: int) -> None:
+        conn = http.client.HTTPConnection(HOST, port, timeout=120)
+        try:
+            for i in range(count):
+                body = body_for(name, texts[(k * count + i) % len(texts)])
+                conn.request(method, path, json.dumps(body) if body is not None else None,
+                             {"Content-Type": "application/json"} if body is not None else {})
+                resp = conn.getresponse()
+                data = resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"{path}: {resp.status} {data[:200]!r}")
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            conn.close()
+
+    client(0, 20)  # warm-up (one connection)
+    threads = [threading.Thread(target=client, args=(k, per)) for k in range(n_clients)]
+    c0, t0 = cpu_seconds(pid), time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dt, c1 = time.perf_counter() - t0, cpu_seconds(pid)
+    if errors:
+        raise errors[0]
+    n = per * n_clients
+    return n / dt, (c1[0] - c0[0]) / n * 1000, (c1[1] - c0[1]) / n * 1000
+
+
+def command(who: str, kind: str, args: argparse.Namespace, model: Path, port: int) -> list[str]:
+    common = ["-m", str(model), "--host", HOST, "--port", str(port), "-t", str(args.threads)]
+    if kind == "embed":
+        common.append("--embedding")
+        extra = ["-np", "4", "-c", "2048", "-b", "2048", "-ub", "2048"] if who == "llama" else []
+    else:
+        extra = ["-np", "4", "-c", "4096"]
+    if who == "bubo":
+        return [sys.executable, "-m", "bubo", "serve", *common, *(extra if kind == "gen" else [])]
+    return [args.llama_server, *common, *extra]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--save", action="store_true",
+                    help="also write the tables to benchmarks/results/ (benchmarks/report.py makes docs/benchmarks.md)")
+    ap.add_argument("--model", default="smollm2:135m", help="the generating model (catalog name or GGUF path)")
+    ap.add_argument("--embed-model", default="all-minilm:l6-v2")
+    ap.add_argument("--llama-server", default=DEFAULT_LLAMA_SERVER)
+    ap.add_argument("--threads", "-t", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=2000, help="requests per load and round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", action="append", choices=[n for n, *_ in LOADS], help="these loads only")
+    args = ap.parse_args(argv)
+
+    from bubo import store
+
+    models = {"gen": store.resolve(args.model), "embed": store.resolve(args.embed_model)}
+    rng = random.Random(11)
+    texts = [sentence(rng) for _ in range(500)]
+    loads = [x for x in LOADS if not args.only or x[0] in args.only]
+    got: dict[str, dict[str, list[tuple[float, float, float]]]] = {w: {n: [] for n, *_ in loads}
+                                                                    for w in ("bubo", "llama")}
+    for r in range(args.rounds):
+        for kind in ("gen", "embed"):
+            mine = [x for x in loads if x[4] == kind]
+            if not mine:
+                continue
+            for who in (("bubo", "llama") if r % 2 == 0 else ("llama", "bubo")):
+                port = free_port()
+                with Server(who, command(who, kind, args, models[kind], port), port) as srv:
+                    assert srv.proc is not None
+                    for name, method, path, n_clients, _ in mine:
+                        rps, ms, outside = run_load(port, srv.proc.pid, name, method, path, n_clients, texts,
+                                                    args.requests)
+                        got[who][name].append((rps, ms, outside))
+                        print(f"round {r + 1} {LABEL[who]} {name}: {rps:.0f}/s, {ms:.3f} ms CPU/request "
+                              f"({outside:.3f} outside bubo's engine threads)", file=sys.stderr)
+    print(f"\nSmall requests, {args.requests} per load, -t {args.threads}, median of {args.rounds} rounds, on "
+          f"{cpu_name()} ({os.cpu_count()} CPUs); models {models['gen'].name} and {models['embed'].name}\n")
+    print("| load | bubo req/s | llama-server req/s | bubo / llama-server | bubo CPU ms/req | of which outside "
+          "the engine | llama-server CPU ms/req |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, *_ in loads:
+        b_rps, l_rps = (statistics.median(x[0] for x in got[w][name]) for w in ("bubo", "llama"))
+        b_ms, l_ms = (statistics.median(x[1] for x in got[w][name]) for w in ("bubo", "llama"))
+        b_out = statistics.median(x[2] for x in got["bubo"][name])
+        print(f"| {TITLES[name]} | {b_rps:.0f} | {l_rps:.0f} | {b_rps / l_rps:.2f}x | {b_ms:.3f} | {b_out:.3f} | "
+              f"{l_ms:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    import results
+
+    with results.saving("bench_small", "--save" in sys.argv[1:]):
+        code = main()
+    raise SystemExit(code)
