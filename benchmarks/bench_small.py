@@ -17,7 +17,7 @@ and the server process's CPU time per request (user + system from /proc), and fo
 outside its engine's threads (named bubo-engine and bubo-pool): the HTTP path and the request's
 preparation. The client threads run on the same
 machine and take CPU too, the same for both servers. The sentences are bench_serve.sentence's
-varied prose (10-25 tokens), a different one per request.
+varied prose (10-25 tokens), a different one per request of a load.
 """
 
 from __future__ import annotations
@@ -93,11 +93,11 @@ def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: 
     per = n_requests // n_clients
     errors: list[BaseException] = []
 
-    def client(k: int, count: int) -> None:
+    def client(k: int, count: int, stride: int) -> None:
         conn = http.client.HTTPConnection(HOST, port, timeout=120)
         try:
-            for i in range(count):
-                body = body_for(name, texts[(k * count + i) % len(texts)])
+            for i in range(count):  # each request its own text (no two clients send the same prompt)
+                body = body_for(name, texts[(i * stride + k) % len(texts)])
                 conn.request(method, path, json.dumps(body) if body is not None else None,
                              {"Content-Type": "application/json"} if body is not None else {})
                 resp = conn.getresponse()
@@ -109,8 +109,8 @@ def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: 
         finally:
             conn.close()
 
-    client(0, 20)  # warm-up (one connection)
-    threads = [threading.Thread(target=client, args=(k, per)) for k in range(n_clients)]
+    client(len(texts) - 20, 20, 1)  # warm-up (one connection), on texts the load does not send
+    threads = [threading.Thread(target=client, args=(k, per, n_clients)) for k in range(n_clients)]
     c0, t0 = cpu_seconds(pid), time.perf_counter()
     for t in threads:
         t.start()
@@ -120,7 +120,8 @@ def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: 
     if errors:
         raise errors[0]
     n = per * n_clients
-    return n / dt, (c1[0] - c0[0]) / n * 1000, (c1[1] - c0[1]) / n * 1000
+    total, outside = c1[0] - c0[0], c1[1] - c0[1]
+    return n / dt, total / n * 1000, min(outside, total) / n * 1000  # each thread's count is rounded to a tick
 
 
 def command(who: str, kind: str, args: argparse.Namespace, model: Path, port: int) -> list[str]:
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     models = {"gen": store.resolve(args.model), "embed": store.resolve(args.embed_model)}
     rng = random.Random(11)
-    texts = [sentence(rng) for _ in range(500)]
+    texts = [sentence(rng) for _ in range(args.requests + 20)]
     loads = [x for x in LOADS if not args.only or x[0] in args.only]
     got: dict[str, dict[str, list[tuple[float, float, float]]]] = {w: {n: [] for n, *_ in loads}
                                                                     for w in ("bubo", "llama")}
@@ -169,8 +170,9 @@ def main(argv: list[str] | None = None) -> int:
                         rps, ms, outside = run_load(port, srv.proc.pid, name, method, path, n_clients, texts,
                                                     args.requests)
                         got[who][name].append((rps, ms, outside))
-                        print(f"round {r + 1} {LABEL[who]} {name}: {rps:.0f}/s, {ms:.3f} ms CPU/request "
-                              f"({outside:.3f} outside bubo's engine threads)", file=sys.stderr)
+                        part = f" ({outside:.3f} outside the engine's threads)" if who == "bubo" else ""
+                        print(f"round {r + 1} {LABEL[who]} {name}: {rps:.0f}/s, {ms:.3f} ms CPU/request{part}",
+                              file=sys.stderr)
     print(f"\nSmall requests, {args.requests} per load, -t {args.threads}, median of {args.rounds} rounds, on "
           f"{cpu_name()} ({os.cpu_count()} CPUs); models {models['gen'].name} and {models['embed'].name}\n")
     print("| load | bubo req/s | llama-server req/s | bubo / llama-server | bubo CPU ms/req | of which outside "

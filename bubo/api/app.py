@@ -8,6 +8,7 @@ JSON, an unexpected exception: never a bare 500 page)."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import logging
 from pathlib import Path
@@ -207,4 +208,16 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
         return error_response(request.path,
                               ApiError(500, "internal_error", f"internal error: {type(err).__name__}: {err}"))
 
+    _no_coroutines(app)
     return app
+
+
+def _no_coroutines(app: Flask) -> None:
+    """_App.ensure_sync wraps nothing: a coroutine route or hook added one day would be called
+    and never awaited. Refused here, at start."""
+    hooks: list[Any] = [*app.view_functions.values(), *app.error_handler_spec[None][None].values()]
+    for table in (app.before_request_funcs, app.after_request_funcs, app.teardown_request_funcs):
+        hooks += [fn for fns in table.values() for fn in fns]
+    bad = [getattr(fn, "__qualname__", repr(fn)) for fn in hooks if inspect.iscoroutinefunction(fn)]
+    if bad:
+        raise TypeError(f"coroutine routes or hooks, which bubo's app does not run: {', '.join(bad)}")

@@ -34,7 +34,7 @@ import resource
 import socket
 import struct
 import time
-from typing import Any
+from typing import Any, cast
 
 import gevent
 from gevent import pywsgi
@@ -118,9 +118,10 @@ class _Headers:
 def read_headers(fp: Any) -> Any:
     """The header block after a request line, read as http.client reads it (lines of at most
     MAX_HEADER_LINE bytes, at most MAX_HEADERS of them, up to an empty line or the end). Plain
-    lines ("Name: value", no folding, no stray CR, no multipart or message/* type, whose
-    parser looks further) become _Headers; anything else goes to Python's email parser as pywsgi
-    sends it, whose defects _check_framing then refuses."""
+    lines ("Name: value", no folding, no stray CR) become _Headers; anything else, and a
+    multipart or message/* Content-Type (whose defects the email parser reports and _left_over
+    weighs), goes to Python's email parser as pywsgi sends it, whose defects _check_framing then
+    refuses."""
     import http.client
 
     lines: list[bytes] = []
@@ -400,7 +401,7 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
             conn.phase = phase
             conn.since = time.monotonic()
 
-    def _sendall(self, data: bytes) -> None:
+    def _sendall(self, data: bytes | bytearray) -> None:
         """pywsgi's write, with the write deadline: a send that cannot go on for write_s (the
         client does not read) fails, and the connection counts as waiting meanwhile."""
         try:
@@ -424,7 +425,7 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
         self.headers_sent = True
         self.finalize_headers()
         out = bytearray(b"HTTP/1.1 ")
-        out += self.__dict__["status"]  # latin-1 bytes, as pywsgi's start_response left it
+        out += cast(bytes, self.status)  # latin-1 bytes, as pywsgi's start_response left it
         out += b"\r\n"
         for name, value in self.response_headers:
             out += name
@@ -438,9 +439,9 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
             out += b"\r\n"
         elif data:
             out += data
-        self._sendall(bytes(out))
+        self._sendall(out)
 
-    def _send_within(self, data: bytes) -> None:
+    def _send_within(self, data: bytes | bytearray) -> None:
         raw = getattr(self.socket, "_sock", None) or self.socket
         view = memoryview(data)
         blocked = False

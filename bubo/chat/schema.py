@@ -1038,11 +1038,22 @@ class _Converter:
         return self.add(name, f"({number_range(lo, lo_x, hi, hi_x)}) {ws}")
 
 
+def _finite(v: Any) -> bool:
+    """A JSON number that is finite as a float (an integer past 1.8e308 is not: math.isfinite
+    would raise OverflowError for it)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 def _bounds(schema: dict[str, Any], ptr: str) -> tuple[Any, bool, Any, bool]:
     """(lower, exclusive?, upper, exclusive?) from draft 4 (boolean exclusive*) or later forms."""
     def num(k: str) -> Any:
         v = schema.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+        if v is not None and not _finite(v):
             raise SchemaError(_ptr(ptr, k), "must be a finite number")
         return v
 
@@ -1146,7 +1157,7 @@ def _values(s: Any) -> set[str] | None:
 def _check_divides_one(v: Any, ptr: str) -> None:
     """multipleOf v is enforced when every integer is a multiple: v = 1/n (n a power of two, as
     binary floating point divides exactly; 0.1 is no such number)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+    if not _finite(v) or v <= 0:
         raise SchemaError(ptr, "must be a positive number")
     f = Fraction(v)
     if f.numerator != 1 or f.denominator > 2 ** 64:

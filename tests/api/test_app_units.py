@@ -217,3 +217,24 @@ def test_ignored_field_names_in_a_header_are_printable_and_bounded():
     assert odd.startswith("\\u00c6\\u001d, d\\udb1d\\udf65, a\\r\\nX-Evil: 1, \\u007f, " + "x" * 64 + "...")
     many = header_names([f"f{i}" for i in range(MAX_NAMED_FIELDS + 5)])
     assert many.endswith(f"f{MAX_NAMED_FIELDS - 1} (and 5 more)")
+
+
+def test_a_coroutine_route_is_refused_at_start():
+    """The app skips Flask's per-call coroutine check (its routes and hooks are plain functions):
+    a coroutine among them would never run, so the app refuses it when built."""
+    from bubo.api.app import _no_coroutines
+
+    app = Flask("t")
+
+    @app.get("/plain")
+    def plain() -> str:
+        return "ok"
+
+    _no_coroutines(app)
+
+    @app.before_request
+    async def hook() -> None:
+        pass
+
+    with pytest.raises(TypeError, match="hook"):
+        _no_coroutines(app)

@@ -10,7 +10,7 @@ import socket
 import pytest
 from gevent import pywsgi
 
-from bubo.api.http import _Headers, read_headers
+from bubo.api.http import ONE_SEND_BYTES, Handler, _Headers, read_headers
 
 BLOCKS = [
     b"Host: a\r\nContent-Length: 5\r\n\r\n",
@@ -59,9 +59,41 @@ def test_a_header_line_too_long_and_too_many_headers():
         read_headers(io.BytesIO(many))
 
 
+class _Sent:
+    """A handler's sends, recorded: _write_with_headers with finalize_headers' outcome given."""
+
+    def __init__(self, cls, chunked: bool):
+        self.h = cls.__new__(cls)
+        self.h.status = b"200 OK"
+        self.h.response_headers = [(b"Content-Type", b"application/json"), (b"Content-Length", b"12")]
+        self.h.response_use_chunked = chunked
+        self.h.finalize_headers = lambda: None
+        self.h.response_length = 0
+        self.sends: list[bytes] = []
+
+        def sendall(data) -> None:
+            self.sends.append(bytes(data))
+            self.h.response_length += len(data)
+        self.h._sendall = sendall
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("size", [0, 12, 4096, ONE_SEND_BYTES, ONE_SEND_BYTES + 1])
+def test_an_answers_first_write_is_one_send_with_pywsgis_bytes(chunked, size):
+    """Status line, headers and first part in one send (pywsgi's two sends wake the client twice,
+    and with Nagle's algorithm wait for its delayed ACK), the same bytes and length as pywsgi's;
+    a first part past ONE_SEND_BYTES goes as pywsgi sends it, uncopied."""
+    data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    ours, theirs = _Sent(Handler, chunked), _Sent(pywsgi.WSGIHandler, chunked)
+    ours.h._write_with_headers(data)
+    pywsgi.WSGIHandler._write_with_headers(theirs.h, data)
+    assert b"".join(ours.sends) == b"".join(theirs.sends)
+    assert ours.h.response_length == theirs.h.response_length and ours.h.headers_sent
+    assert len(ours.sends) == (1 if size <= ONE_SEND_BYTES else len(theirs.sends))
+
+
 def test_a_small_answer_is_one_send(base_url):
-    """Status line, headers and body in one segment: one recv holds the whole answer (pywsgi's
-    two sends made the client wake twice, and with Nagle's algorithm wait for a delayed ACK)."""
+    """And in a running server: one recv holds the whole answer, on a kept-alive connection too."""
     host, port = base_url.rsplit("/", 1)[-1].split(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
         for _ in range(3):  # on a kept-alive connection too

@@ -201,6 +201,10 @@ def test_whitespace_is_bounded():
      "/properties/a/allOf/1/type"),
     ({"type": "object", "properties": {"x": {"type": "string", "unknownKeyword": 1}}}, "/properties/x/unknownKeyword"),
     ({"allOf": [{"$ref": "#"}, {"type": "object"}]}, "/"),
+    # integers past a float's range (math.isfinite raises for them): refused, not a crash
+    ({"type": "integer", "minimum": 10 ** 309}, "/minimum"),
+    ({"type": "integer", "exclusiveMaximum": -(10 ** 400)}, "/exclusiveMaximum"),
+    ({"type": "number", "multipleOf": 10 ** 309}, "/multipleOf"),
 ])
 def test_unsupported_keywords_name_their_pointer(schema, pointer):
     with pytest.raises(SchemaError) as e:
