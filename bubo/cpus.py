@@ -26,7 +26,6 @@ def name_thread(name: str) -> None:
     import ctypes
 
     try:
-        libc = ctypes.CDLL(None)
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
+        ctypes.CDLL(None).prctl(15, name.encode()[:15])  # PR_SET_NAME
+    except (OSError, AttributeError, TypeError, ValueError):
+        pass  # a C library without prctl: the thread keeps its name

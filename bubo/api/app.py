@@ -215,9 +215,11 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
 def _no_coroutines(app: Flask) -> None:
     """_App.ensure_sync wraps nothing: a coroutine route or hook added one day would be called
     and never awaited. Refused here, at start."""
-    hooks: list[Any] = [*app.view_functions.values(), *app.error_handler_spec[None][None].values()]
+    hooks: list[Any] = [*app.view_functions.values(), *app.teardown_appcontext_funcs]
     for table in (app.before_request_funcs, app.after_request_funcs, app.teardown_request_funcs):
         hooks += [fn for fns in table.values() for fn in fns]
+    hooks += [fn for by_code in app.error_handler_spec.values() for by_class in by_code.values()
+              for fn in by_class.values()]
     bad = [getattr(fn, "__qualname__", repr(fn)) for fn in hooks if inspect.iscoroutinefunction(fn)]
     if bad:
         raise TypeError(f"coroutine routes or hooks, which bubo's app does not run: {', '.join(bad)}")

@@ -92,13 +92,21 @@ def json_body() -> dict[str, Any]:
         parsed = _json_object(raw)
     body = Body(parsed)
     g.setdefault("bubo_bodies", []).append(body)
+    g.bubo_body_bytes = len(raw)  # a chunked body's bytes cannot be read twice
     return body
 
 
-def small_body() -> bool:
-    """Whether the request's body is at most offload.SMALL_CHARS bytes: reading its fields
-    (bounded by its size) may run on the event loop."""
-    return offload.small_n(len(_body_bytes()))
+# fields whose reading compiles what they hold (a JSON schema's patterns: re.compile walks every
+# code point of a character range, 65,536 for one class), however short the body
+COMPILED_FIELDS = frozenset({"grammar", "json_schema", "response_format", "tools", "functions", "format"})
+
+
+def small_body(body: dict[str, Any]) -> bool:
+    """Whether reading body's fields may run on the event loop: json_body read at most
+    offload.SMALL_CHARS bytes, and none of COMPILED_FIELDS is there (looked up without counting
+    as read)."""
+    return offload.small_n(g.get("bubo_body_bytes", offload.SMALL_CHARS + 1)) and \
+        COMPILED_FIELDS.isdisjoint(body.keys())
 
 
 def ignored_fields() -> list[str]:

@@ -52,6 +52,9 @@ MAX_DIGITS = 15  # integral and fractional digits of an unbounded number (a floa
 # its rules; past either, SchemaError at "/" (the conversion stops there, its cost bounded by them).
 MAX_GRAMMAR_BYTES = 8 * 1024 * 1024
 MAX_RULES = 100_000
+# characters of a "pattern": Python's re.compile (which checks it) walks every code point of a
+# character range, one C call that no deadline stops (1.6 ms for each [ -\uffff], 5 ms with (?i))
+MAX_PATTERN_CHARS = 1024
 WS_RULE = '| " " | "\\n" [ \\t]{0,20}'
 
 # JSON-string content: any char but '"', '\\' and control chars, or an escape. \u escapes of
@@ -1002,6 +1005,9 @@ class _Converter:
         if pattern is not None:
             if not isinstance(pattern, str):
                 raise SchemaError(_ptr(ptr, "pattern"), "must be a string")
+            if len(pattern) > MAX_PATTERN_CHARS:
+                raise SchemaError(_ptr(ptr, "pattern"), f"has {len(pattern):,} characters; a pattern may have at most "
+                                                        f"{MAX_PATTERN_CHARS:,}")
             if "minLength" in schema or "maxLength" in schema:
                 raise SchemaError(_ptr(ptr, "minLength" if "minLength" in schema else "maxLength"),
                                   "lengths beside pattern are not supported")
@@ -1250,6 +1256,9 @@ def _may_have(s: dict[str, Any], key: str) -> bool:
 
 
 def _compiles(pattern: Any) -> bool:
+    """A valid regular expression of at most MAX_PATTERN_CHARS (a longer one: not looked at)."""
+    if isinstance(pattern, str) and len(pattern) > MAX_PATTERN_CHARS:
+        return False
     try:
         re.compile(pattern)
     except (re.error, TypeError):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 __all__ = ["first_error", "is_valid"]
@@ -188,8 +189,15 @@ class _Validator:
                 return f"{where}: {x} breaks {key} {v}"
         m: Any = s.get("multipleOf")
         if _type_of(m) in ("integer", "number") and m > 0:
-            q = x / m
-            if not (math.isfinite(q) and abs(q - round(q)) < 1e-9):
+            if isinstance(x, int) and isinstance(m, int):  # exact, however many digits
+                multiple = x % m == 0
+            else:
+                try:
+                    q = x / m
+                    multiple = math.isfinite(q) and abs(q - round(q)) < 1e-9
+                except OverflowError:  # an integer past a float's range: exactly, as fractions
+                    multiple = (Fraction(x) / Fraction(m)).denominator == 1
+            if not multiple:
                 return f"{where}: {x} is not a multiple of {m}"
         return None
 

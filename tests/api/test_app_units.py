@@ -238,3 +238,27 @@ def test_a_coroutine_route_is_refused_at_start():
 
     with pytest.raises(TypeError, match="hook"):
         _no_coroutines(app)
+
+
+def test_a_small_body_is_read_inline_unless_it_holds_a_schema(app):
+    """request.small_body: at most offload.SMALL_CHARS bytes as json_body read them (a chunked
+    body counts what arrived: it cannot be read twice) and no field whose reading compiles what
+    it holds; looking does not count those fields as read."""
+    from bubo.api import offload
+    from bubo.api.request import json_body, small_body
+
+    def judged(data: bytes, chunked: bool = False) -> bool:
+        # chunked: the body as pywsgi hands it over, unframed, once (a second read gives b"")
+        headers = {"Transfer-Encoding": "chunked"} if chunked else {}
+        with app.test_request_context("/completion", method="POST", data=data, headers=headers,
+                                      content_type="application/json"):
+            body = json_body()
+            small = small_body(body)
+            assert not body.read  # nothing looked up yet
+            return small
+
+    assert judged(b'{"prompt": "hi", "n_predict": 1}')
+    assert not judged(b'{"prompt": "hi", "json_schema": {"type": "string"}}')
+    assert not judged(b'{"messages": [], "tools": []}')
+    assert not judged(json.dumps({"prompt": "x" * offload.SMALL_CHARS}).encode())
+    assert not judged(json.dumps({"prompt": "x" * offload.SMALL_CHARS}).encode(), chunked=True)

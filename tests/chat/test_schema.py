@@ -205,6 +205,8 @@ def test_whitespace_is_bounded():
     ({"type": "integer", "minimum": 10 ** 309}, "/minimum"),
     ({"type": "integer", "exclusiveMaximum": -(10 ** 400)}, "/exclusiveMaximum"),
     ({"type": "number", "multipleOf": 10 ** 309}, "/multipleOf"),
+    # a pattern longer than MAX_PATTERN_CHARS (re.compile's cost is one C call no deadline stops)
+    ({"type": "string", "pattern": "[ -\uffff]" * 250}, "/pattern"),
 ])
 def test_unsupported_keywords_name_their_pointer(schema, pointer):
     with pytest.raises(SchemaError) as e:

@@ -61,7 +61,7 @@ def _completion_doc(d: oa.Doc) -> oa.Op:
 @oa.route(blueprint, "/completion", "/completions", methods=("POST",), doc=_completion_doc)
 def completion() -> Any:
     body = json_body()
-    req = offload.run(nc.parse_native_request, body, what="reading the request's fields", small=small_body())
+    req = offload.run(nc.parse_native_request, body, what="reading the request's fields", small=small_body(body))
     draft_max = f.draft_max_of(body)
     rec = receipts.ask(body)
     model = optional_model(body)

@@ -54,7 +54,7 @@ def _chat_doc(d: oa.Doc) -> oa.Op:
 def chat_completions() -> Any:
     body = json_body()
     model = resolve_model(body)
-    req = offload.run(ch.parse_chat_request, body, what="reading the request's fields", small=small_body())
+    req = offload.run(ch.parse_chat_request, body, what="reading the request's fields", small=small_body(body))
     draft_max = f.draft_max_of(body)
     rec = receipts.ask(body)
     engine = use_model(model)
@@ -153,7 +153,7 @@ def _completions_doc(d: oa.Doc) -> oa.Op:
 def completions() -> Any:
     body = json_body()
     model = resolve_model(body)
-    req = offload.run(cm.parse_completion_request, body, what="reading the request's fields", small=small_body())
+    req = offload.run(cm.parse_completion_request, body, what="reading the request's fields", small=small_body(body))
     draft_max = f.draft_max_of(body)
     rec = receipts.ask(body)
     engine = use_model(model)

@@ -158,10 +158,12 @@ bubo_status bubo_prepacked_row(bubo_isa isa, bubo_type type, const void *packed,
 /* and in chunks of this many, aligned the same way: each chunk's softmax is computed on its own
  * and the chunks' partials merged in position order, so that a sequence's positions can be split
  * over threads with the same result as in one run (see attention.c). A build may set another
- * multiple of the group (-DBUBO_ATTEND_CHUNK=1024 in CMAKE_C_FLAGS: benchmarks/kl.py's
- * --chunk-sizes compares them). */
+ * multiple of the group, to compare (-DBUBO_ATTEND_CHUNK=1024 in CMAKE_C_FLAGS). */
 #ifndef BUBO_ATTEND_CHUNK
 #define BUBO_ATTEND_CHUNK 256
+#endif
+#if BUBO_ATTEND_CHUNK % BUBO_ATTEND_GROUP != 0
+#error "BUBO_ATTEND_CHUNK must be a multiple of BUBO_ATTEND_GROUP"
 #endif
 
 /* For n_tok tokens of one sequence and, for each, n_q query heads h sharing KV head kv_head (GQA):
