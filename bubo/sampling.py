@@ -159,6 +159,12 @@ class SamplingParams:
         """The seed to use: seed itself, or a fresh random one when it is -1."""
         return secrets.randbits(32) if self.seed == -1 else self.seed
 
+    @property
+    def matches_token_text(self) -> bool:
+        """DRY is on with sequence breakers: the sampler is built with every token's text to
+        match them against (work over the whole vocabulary for each request)."""
+        return self.dry_multiplier > 0 and bool(self.dry_sequence_breakers)
+
     def to_native(self, n_ctx: int | None = None, seed: int | None = None) -> dict[str, Any]:
         """The dict bubo._sampler.Sampler takes: every field, -1 windows resolved to n_ctx, a
         random seed drawn for -1 (pass seed= to fix the one already reported to a client)."""

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 import email.errors
+import email.parser
 import errno
 import fcntl
+import http.client
 import json
 import logging
 import re
@@ -122,8 +124,6 @@ def read_headers(fp: Any) -> Any:
     multipart or message/* Content-Type (whose defects the email parser reports and _left_over
     weighs), goes to Python's email parser as pywsgi sends it, whose defects _check_framing then
     refuses."""
-    import http.client
-
     lines: list[bytes] = []
     while True:
         line = fp.readline(MAX_HEADER_LINE + 1)
@@ -148,8 +148,6 @@ def read_headers(fp: Any) -> Any:
     else:
         if lines[-1] != b"":  # cut off before its blank line: the email parser's reading of it
             return _Headers(fields)
-    import email.parser
-
     return email.parser.Parser(_class=pywsgi.OldMessage).parsestr(b"".join(lines).decode("iso-8859-1"))
 
 

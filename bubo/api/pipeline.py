@@ -184,9 +184,8 @@ def lora_asked(rt: Runtime) -> tuple[tuple[int, float], ...]:
 def _submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | None) -> Stream:
     try:
         # bounded by the prompt and the request's lists (the stop strings' trie), unless it starts
-        # a grammar's matcher or DRY (whose sequence breakers are matched against every token's text)
-        dry = req.params.dry_multiplier > 0 and bool(req.params.dry_sequence_breakers)
-        small = req.grammar is None and not dry and offload.small_n(
+        # a grammar's matcher or DRY's matching of every token's text
+        small = req.grammar is None and not req.params.matches_token_text and offload.small_n(
             len(req.prompt) + len(req.params.logit_bias or {}) + len(req.probs_of) + sum(len(s) for s in req.stop))
         checked = offload.run(engine.check, req, mem_available=mem_available,
                               what="building the request's sampler and grammar state", small=small)

@@ -177,8 +177,8 @@ class Generation:
             bias.update((t, float("-inf")) for t in runtime.eog_ids())
             native["logit_bias"] = bias
         # DRY's sequence breakers are text: the sampler needs every token's text to match them
-        need_pieces = native.get("dry_multiplier", 0) > 0 and native.get("dry_sequence_breakers")
-        self.sampler = Sampler(runtime.n_vocab, native, runtime.vocab_pieces() if need_pieces else None)
+        pieces = runtime.vocab_pieces() if req.params.matches_token_text else None
+        self.sampler = Sampler(runtime.n_vocab, native, pieces)
         self.grammar: Matcher | None = None
         self._mask: npt.NDArray[np.uint8] | None = None
         if req.grammar is not None:
