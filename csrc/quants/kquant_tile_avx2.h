@@ -28,6 +28,12 @@
  * draft check of 4 tokens and the pending one reads its weights once). */
 #define KQ2_TOKENS 4
 #define KQ2_KTOKENS 5
+/* Decode steps of up to this many tokens take a whole group at once (both halves, 16 rows: each
+ * token's broadcast activations serve both halves' weights), the two halves' sums still in
+ * registers at 3. In a loop alone, a broadcast per vpmaddubsw halves its rate; in the tile
+ * (benchmarks/tile_bench.c, [1024, 1536] in L2, AMD EPYC Zen 5 at AVX2) steps of 1-3 tokens run
+ * 1.05-1.1x as fast this way, 4-5 no faster (as 3 + 1-2), so those keep the halves' 5-token tile. */
+#define KQ2_PAIR_TOKENS 3
 
 /* How far ahead a decode step prefetches (measured on an AMD EPYC, AVX2: 8 KiB streamed the packed
  * Q6_K rows as fast as the rows in place, 4 KiB and none did not). */
@@ -118,14 +124,22 @@ BUBO_TARGET_AVX2 static inline __m256i kq2_live(int n) {
 typedef void (*kq2_micro_fn)(const kq2_panel *p, const uint8_t *b, int nt, int first, __m256i live, float *s,
                              size_t s_stride, const uint8_t *yt, size_t y_stride);
 
-/* The tile over prepacked groups: a half group's super-blocks in address order for a decode step
- * (few tokens: the weights stream once, the next piece prefetched), chunks of TILE_CHUNK tokens
+/* A type's micro tile of a whole group (all 16 rows live): nt (1..KQ2_PAIR_TOKENS) tokens of the
+ * group's super-block at gb (half h's values at gb + h * values, its panel p[h]), into s's 16
+ * outputs per token. Each output's chain is the half micro tile's, step for step. */
+typedef void (*kq2_micro2_fn)(const kq2_panel *p, const uint8_t *gb, size_t values, int nt, int first, float *s,
+                              size_t s_stride, const uint8_t *yt, size_t y_stride);
+
+/* The tile over prepacked groups: a group's super-blocks in address order for a decode step (few
+ * tokens: the weights stream once, the next piece prefetched; up to KQ2_PAIR_TOKENS tokens both
+ * halves at once by micro2, else half by half), chunks of TILE_CHUNK tokens
  * super-block by super-block for a prompt (a half's panel serving the chunk's micro tiles, the
  * chunk's activations of one super-block in L1). values: the bytes of a half's values (the
  * second half's follow the first's); x_size: the block's bytes. */
 BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prepacked(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
-    const void *restrict vy, size_t y_stride, size_t x_size, size_t values, kq2_panel_fn panel, kq2_micro_fn micro) {
+    const void *restrict vy, size_t y_stride, size_t x_size, size_t values, kq2_panel_fn panel, kq2_micro_fn micro,
+    kq2_micro2_fn micro2) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK_K;
     if (nb == 0) {
@@ -136,10 +150,21 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
     const size_t group_block = (size_t)TILE_ROWS * x_size;
     if (n_tokens <= 2 * KQ2_KTOKENS) {
         const uint8_t *end = x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride;
+        kq2_panel p2[2] __attribute__((aligned(32)));
         for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
             const uint8_t *xr = x + (size_t)r0 * x_stride;
             for (int k = 0; k < nb; k++) {
                 prefetch_ahead(xr + (size_t)k * group_block, group_block, end, KQ2_AHEAD);
+                if (n_tokens <= KQ2_PAIR_TOKENS && r0 + TILE_ROWS <= n_rows) { /* a whole group at once */
+                    const uint8_t *gb = xr + (size_t)k * group_block;
+                    panel(&p2[0], gb, 0);
+                    panel(&p2[1], gb, 1);
+                    for (int t = 0; t < n_tokens; t += KQ2_PAIR_TOKENS)
+                        micro2(p2, gb, values, n_tokens - t < KQ2_PAIR_TOKENS ? n_tokens - t : KQ2_PAIR_TOKENS, k == 0,
+                               s + (size_t)t * s_stride + r0, s_stride,
+                               y + (size_t)t * y_stride + (size_t)k * sizeof(block_q8_K), y_stride);
+                    continue;
+                }
                 for (int h = 0; h < 2 && r0 + KQ2_ROWS * h < n_rows; h++) {
                     const uint8_t *gb = xr + (size_t)k * group_block, *b = gb + (size_t)h * values;
                     const int rh = r0 + KQ2_ROWS * h;
@@ -184,6 +209,17 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
         case 5: fn(p, b, 5, first, live, s, s_stride, yt, y_stride); break;       \
         default: break;                                                           \
         }                                                                         \
+    } while (0)
+
+/* A whole group's micro tile for nt a literal in each case. */
+#define KQ2_MICRO2_DISPATCH(fn, p, gb, values, nt, first, s, s_stride, yt, y_stride) \
+    do {                                                                             \
+        switch (nt) {                                                                \
+        case 1: fn(p, gb, values, 1, first, s, s_stride, yt, y_stride); break;       \
+        case 2: fn(p, gb, values, 2, first, s, s_stride, yt, y_stride); break;       \
+        case 3: fn(p, gb, values, 3, first, s, s_stride, yt, y_stride); break;       \
+        default: break;                                                              \
+        }                                                                            \
     } while (0)
 
 #endif /* BUBO_X86 */

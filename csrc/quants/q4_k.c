@@ -402,11 +402,63 @@ BUBO_TARGET_AVX2 static void kq2_micro_q4_K(const kq2_panel *p, const uint8_t *b
     KQ2_MICRO_DISPATCH(kq2_micro_q4_K_body, p, b, nt, first, live, s, s_stride, yt, y_stride);
 }
 
+/* kq2_micro_q4_K_body for both halves of a group: each broadcast feeds one vpmaddubsw per half. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro2_q4_K_body(
+    const kq2_panel *p, const uint8_t *gb, size_t values, const int nt, int first, float *s, size_t s_stride,
+    const uint8_t *yt, size_t y_stride) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), live = _mm256_set1_epi32(-1);
+    const uint8_t *b0 = gb, *b1 = gb + values;
+    __m256i isum0[KQ2_PAIR_TOKENS], isum1[KQ2_PAIR_TOKENS], msum0[KQ2_PAIR_TOKENS], msum1[KQ2_PAIR_TOKENS];
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = msum0[t] = msum1[t] = _mm256_setzero_si256();
+    for (int g = 0; g < 8; g++) {
+        __m256i acc0[KQ2_PAIR_TOKENS], acc1[KQ2_PAIR_TOKENS];
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) acc0[t] = acc1[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int mm = 0; mm < 4; mm++) {
+            const __m256i z0 = _mm256_loadu_si256((const __m256i *)(b0 + 32 * (4 * g + mm)));
+            const __m256i z1 = _mm256_loadu_si256((const __m256i *)(b1 + 32 * (4 * g + mm)));
+            const __m256i lo0 = _mm256_and_si256(z0, m4), lo1 = _mm256_and_si256(z1, m4);
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) {
+                const __m256i a = kq2_bcast4(((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 32 * g + 8 * mm);
+                acc0[t] = _mm256_add_epi16(acc0[t], _mm256_maddubs_epi16(lo0, a));
+                KQ2_KEEP(acc0[t]);
+                acc1[t] = _mm256_add_epi16(acc1[t], _mm256_maddubs_epi16(lo1, a));
+                KQ2_KEEP(acc1[t]);
+            }
+            const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(z0, 4), m4);
+            const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(z1, 4), m4);
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) {
+                const __m256i a = kq2_bcast4(((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 32 * g + 8 * mm + 4);
+                acc0[t] = _mm256_add_epi16(acc0[t], _mm256_maddubs_epi16(hi0, a));
+                KQ2_KEEP(acc0[t]);
+                acc1[t] = _mm256_add_epi16(acc1[t], _mm256_maddubs_epi16(hi1, a));
+                KQ2_KEEP(acc1[t]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            isum0[t] = _mm256_add_epi32(isum0[t], _mm256_madd_epi16(acc0[t], p[0].sc[g]));
+            isum1[t] = _mm256_add_epi32(isum1[t], _mm256_madd_epi16(acc1[t], p[1].sc[g]));
+        }
+    }
+    KQ2_FINISH(&p[0], nt, first, live, s, s_stride, yt, y_stride, isum0, msum0);
+    KQ2_FINISH(&p[1], nt, first, live, s + KQ2_ROWS, s_stride, yt, y_stride, isum1, msum1);
+}
+
+BUBO_TARGET_AVX2 static void kq2_micro2_q4_K(const kq2_panel *p, const uint8_t *gb, size_t values, int nt, int first,
+                                             float *s, size_t s_stride, const uint8_t *yt, size_t y_stride) {
+    KQ2_MICRO2_DISPATCH(kq2_micro2_q4_K_body, p, gb, values, nt, first, s, s_stride, yt, y_stride);
+}
+
 BUBO_TARGET_AVX2 static void q4_K_tile_prepacked_avx2(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                       const void *restrict x, size_t x_stride, const void *restrict y,
                                                       size_t y_stride) {
     kq2_tile_prepacked(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q4_K), Q4_K_P2_VALUES,
-                       kq2_panel_q4_K, kq2_micro_q4_K);
+                       kq2_panel_q4_K, kq2_micro_q4_K, kq2_micro2_q4_K);
 }
 #endif /* BUBO_X86 */
 

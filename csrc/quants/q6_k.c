@@ -426,11 +426,71 @@ BUBO_TARGET_AVX2 static void kq2_micro_q6_K(const kq2_panel *p, const uint8_t *b
     KQ2_MICRO_DISPATCH(kq2_micro_q6_K_body, p, b, nt, first, live, s, s_stride, yt, y_stride);
 }
 
+/* Two of a half's k-steps (the low nibbles at n, the high bits of h shifted by sh_lo and sh_hi
+ * into bits 4-5), as kq2_micro_q6_K_body unpacks them. */
+#define KQ2_Q6_PAIR(n, h, sh_lo, sh_hi, k_lo, k_hi)                                                       \
+    do {                                                                                                 \
+        k_lo = _mm256_or_si256(_mm256_and_si256(n, m4), _mm256_and_si256(sh_lo(h), m_hi));               \
+        k_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n, 4), m4), _mm256_and_si256(sh_hi(h), m_hi)); \
+    } while (0)
+#define KQ2_SL4(h) _mm256_slli_epi16(h, 4)
+#define KQ2_SL2(h) _mm256_slli_epi16(h, 2)
+#define KQ2_SL0(h) (h)
+#define KQ2_SR2(h) _mm256_srli_epi16(h, 2)
+
+/* kq2_micro_q6_K_body for both halves of a group, a pair of k-steps at a time: each broadcast
+ * feeds one vpmaddubsw per half. Each 16 elements' sum is the same integer (the two pairs' scaled
+ * sums added to isum one after the other instead of together), so every output has the same bits. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro2_q6_K_body(
+    const kq2_panel *p, const uint8_t *gb, size_t values, const int nt, int first, float *s, size_t s_stride,
+    const uint8_t *yt, size_t y_stride) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m_hi = _mm256_set1_epi8(0x30), live = _mm256_set1_epi32(-1);
+    const uint8_t *b0 = gb, *b1 = gb + values;
+    __m256i isum0[KQ2_PAIR_TOKENS], isum1[KQ2_PAIR_TOKENS], msum0[KQ2_PAIR_TOKENS], msum1[KQ2_PAIR_TOKENS];
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = msum0[t] = msum1[t] = _mm256_setzero_si256();
+    for (int g = 0; g < 16; g++) {
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; j++) { /* k-steps 0-1 from the first nibbles, 2-3 from the second */
+            const __m256i n0 = _mm256_loadu_si256((const __m256i *)(b0 + 96 * g + 32 * j));
+            const __m256i n1 = _mm256_loadu_si256((const __m256i *)(b1 + 96 * g + 32 * j));
+            const __m256i h0 = _mm256_loadu_si256((const __m256i *)(b0 + 96 * g + 64));
+            const __m256i h1 = _mm256_loadu_si256((const __m256i *)(b1 + 96 * g + 64));
+            __m256i k0a, k0b, k1a, k1b;
+            if (j == 0) {
+                KQ2_Q6_PAIR(n0, h0, KQ2_SL4, KQ2_SL2, k0a, k0b);
+                KQ2_Q6_PAIR(n1, h1, KQ2_SL4, KQ2_SL2, k1a, k1b);
+            } else {
+                KQ2_Q6_PAIR(n0, h0, KQ2_SL0, KQ2_SR2, k0a, k0b);
+                KQ2_Q6_PAIR(n1, h1, KQ2_SL0, KQ2_SR2, k1a, k1b);
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) {
+                const int8_t *a = ((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 16 * g + 8 * j;
+                const __m256i ya = kq2_bcast4(a), yb = kq2_bcast4(a + 4);
+                const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(k0a, ya), _mm256_maddubs_epi16(k0b, yb));
+                const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(k1a, ya), _mm256_maddubs_epi16(k1b, yb));
+                isum0[t] = _mm256_add_epi32(isum0[t], _mm256_madd_epi16(p0, p[0].sc[g]));
+                KQ2_KEEP(isum0[t]);
+                isum1[t] = _mm256_add_epi32(isum1[t], _mm256_madd_epi16(p1, p[1].sc[g]));
+                KQ2_KEEP(isum1[t]);
+            }
+        }
+    }
+    KQ2_FINISH(&p[0], nt, first, live, s, s_stride, yt, y_stride, isum0, msum0);
+    KQ2_FINISH(&p[1], nt, first, live, s + KQ2_ROWS, s_stride, yt, y_stride, isum1, msum1);
+}
+
+BUBO_TARGET_AVX2 static void kq2_micro2_q6_K(const kq2_panel *p, const uint8_t *gb, size_t values, int nt, int first,
+                                             float *s, size_t s_stride, const uint8_t *yt, size_t y_stride) {
+    KQ2_MICRO2_DISPATCH(kq2_micro2_q6_K_body, p, gb, values, nt, first, s, s_stride, yt, y_stride);
+}
+
 BUBO_TARGET_AVX2 static void q6_K_tile_prepacked_avx2(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                       const void *restrict x, size_t x_stride, const void *restrict y,
                                                       size_t y_stride) {
     kq2_tile_prepacked(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K), Q6_K_P2_VALUES,
-                       kq2_panel_q6_K, kq2_micro_q6_K);
+                       kq2_panel_q6_K, kq2_micro_q6_K, kq2_micro2_q6_K);
 }
 #endif /* BUBO_X86 */
 
