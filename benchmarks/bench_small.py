@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_embed import DEFAULT_LLAMA_SERVER  # noqa: E402
 from bench_serve import HOST, LABEL, Server, free_port, sentence  # noqa: E402
-from prefill_peak import cpu_name  # noqa: E402
+from results import cpu_name  # noqa: E402
 
 LOADS = [  # (name, method, path, clients, server kind)
     ("health", "GET", "/health", 8, "gen"),
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"round {r + 1} {LABEL[who]} {name}: {rps:.0f}/s, {ms:.3f} ms CPU/request{part}",
                               file=sys.stderr)
     print(f"\nSmall requests, {args.requests} per load, -t {args.threads}, median of {args.rounds} rounds, on "
-          f"{cpu_name()} ({os.cpu_count()} CPUs); models {models['gen'].name} and {models['embed'].name}\n")
+          f"{cpu_name()}; models {models['gen'].name} and {models['embed'].name}\n")
     print("| load | bubo req/s | llama-server req/s | bubo / llama-server | bubo CPU ms/req | of which outside "
           "the engine | llama-server CPU ms/req |")
     print("|---|---:|---:|---:|---:|---:|---:|")

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_llamacpp import LEVELS, build_llama_tool, level_env  # noqa: E402
 from bench_serve import HOST, Server, free_port  # noqa: E402
+from results import cpu_name  # noqa: E402
 
 CODE = '''def summarize(records):
     total = 0
@@ -184,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = {who: run(who, args, model) for who in servers}
     results = {(who, d): runs[who][d] for who in servers for d in (False, True)}
     drafts = f"drafted by {args.draft_model}" if args.draft_model else "prompt-lookup drafts"
+    kind = "draft model" if args.draft_model else "prompt lookup"
     what = f"draft model {args.draft_model} for {args.model}" if args.draft_model else f"prompt lookup, {args.model}"
     print(f"### {what}{at}\n")
-    print(f"model {args.model}, {drafts}, -t {args.threads}, greedy, max_tokens {args.max_tokens}, CPU: {_cpu()}\n")
+    print(f"model {args.model}, {drafts}, -t {args.threads}, greedy, max_tokens {args.max_tokens}, CPU: {cpu_name()}\n")
     print("| task | server | plain tok/s | drafted tok/s | drafted / plain | drafted tokens kept | same answer |")
     print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
     for task in args.tasks:
@@ -199,14 +201,14 @@ def main(argv: list[str] | None = None) -> int:
             kept = f"{da}/{dn} ({da / dn:.0%})" if dn else "0/0"
             print(f"| {task} | {name} | {plain:.1f} | {fast:.1f} | {fast / plain:.2f}x | {kept} | {same} |")
     if "llama" in servers:
-        print(f"\n### {what.split(',')[0].split(' for ')[0]}: bubo against llama-server{at}\n")
+        print(f"\n### {kind}: bubo against llama-server{at}\n")
         print("| task | bubo drafted / llama-server drafted | bubo plain / llama-server plain |")
         print("| --- | ---: | ---: |")
         for task in args.tasks:
             b0, b1 = summary(results[("bubo", False)][task])[0], summary(results[("bubo", True)][task])[0]
             l0, l1 = summary(results[("llama", False)][task])[0], summary(results[("llama", True)][task])[0]
             print(f"| {task} | {b1 / l1:.2f}x | {b0 / l0:.2f}x |")
-    print(f"\n### {what.split(',')[0].split(' for ')[0]}, each prompt{at}\n")
+    print(f"\n### {kind}, each prompt{at}\n")
     print("| task | prompt | server | plain tok/s | drafted tok/s | drafted / plain | drafted tokens kept |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
     for task in args.tasks:
@@ -222,17 +224,6 @@ def main(argv: list[str] | None = None) -> int:
                 name = "bubo" if who == "bubo" else "llama-server"
                 print(f"| {task} | {words} | {name} | {plain:.1f} | {fast:.1f} | {fast / plain:.2f}x | {kept} |")
     return 0
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

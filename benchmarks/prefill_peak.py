@@ -52,6 +52,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results import cpu_name  # noqa: E402
+
 PEAK_C = r"""
 #include <immintrin.h>
 #include <pthread.h>
@@ -173,16 +177,6 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def peak_level() -> str | None:

@@ -22,21 +22,46 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+# AMD's cores by CPU family and model (/proc/cpuinfo): the architecture a table's speed belongs to.
+AMD_CORES = [(23, range(0, 256), "Zen 2"), (25, range(0x10, 0x20), "Zen 4"), (25, range(0x60, 0xB0), "Zen 4"),
+             (25, range(0, 256), "Zen 3"), (26, range(0, 256), "Zen 5")]
+
+
+def cpu_label(info: str) -> str:
+    """A CPU as a table names it, from /proc/cpuinfo's text: its model name, then (for AMD) its
+    core and its best vector level: "AMD EPYC (Zen 5, AVX-512 VNNI)", "AMD EPYC (Zen 3, AVX2)",
+    "Intel(R) Xeon(R) Processor (AVX-512 VNNI, AMX)"."""
+    fields: dict[str, str] = {}
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), " ".join(value.split()))
+    name = fields.get("model name", "unknown CPU")
+    flags = set(fields.get("flags", "").split())
+    parts = []
+    if fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family", "").isdigit():
+        family, model = int(fields["cpu family"]), int(fields.get("model", "0") or 0)
+        parts += [core for f, models, core in AMD_CORES if f == family and model in models][:1]
+    if "avx512_vnni" in flags:
+        parts.append("AVX-512 VNNI")
+    elif "avx512f" in flags:
+        parts.append("AVX-512")
+    elif "avx2" in flags:
+        parts.append("AVX2")
+    if "amx_tile" in flags:
+        parts.append("AMX")
+    return f"{name} ({', '.join(parts)})" if parts else name
+
+
 def cpu_name() -> str:
-    """This machine's CPU as /proc/cpuinfo names it (and its core count)."""
-    name = "unknown CPU"
-    cores = 0
+    """This machine's CPU as the tables name it (cpu_label) and its core count."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and name == "unknown CPU":
-                    name = " ".join(value.split())
-                if key.strip() == "processor":
-                    cores += 1
+            info = f.read()
     except OSError:
-        pass
-    return f"{name}, {cores} CPUs" if cores else name
+        return "unknown CPU"
+    cores = sum(1 for line in info.splitlines() if line.split(":")[0].strip() == "processor")
+    label = cpu_label(info)
+    return f"{label}, {cores} CPUs" if cores else label
 
 
 def slug(text: str) -> str:

@@ -1,14 +1,17 @@
-/* The prompt tile alone: bubo_matmul_prepacked of one [rows, cols] matrix by n_tokens activation
- * rows, in a C loop (no Python around it, the output buffer reused), best of --reps calls; prints
+/* One prepacked tile alone: bubo_matmul_prepacked of one [rows, cols] matrix by n_tokens activation
+ * rows, in a C loop (no Python around it, the output buffer reused), best of REPS calls; prints
  * G multiply-adds per second per thread. For comparing kernel variants: build libbubo twice and
  * run this against each, alternating (LD_LIBRARY_PATH picks the library).
  *
  *   cc -O2 -I csrc/include benchmarks/tile_bench.c -o /tmp/tile_bench -L bubo -lbubo
  *   LD_LIBRARY_PATH=bubo /tmp/tile_bench q4_1 1 1536 576 512
  *
- * args: type (q4_0 q4_1 q5_0 q5_1 q8_0), threads, rows, cols, tokens; env NCOPY=n cycles through
- * n copies of the weights (more than the caches hold: the weights come from memory). The weights
- * are random values quantized by bubo's own quantizer (the speed does not depend on them). */
+ * args: type (q4_0 q4_1 q5_0 q5_1 q8_0 q4_K q6_K), threads, rows, cols, tokens (1-10: a decode
+ * step's tile, e.g. a draft check); env NCOPY=n cycles through n copies of the weights (more than
+ * the caches hold: the weights come from memory), REPS=n calls (default 60; more under a
+ * profiler), BUBO_FORCE_ISA=avx2 the AVX2 tiles on a CPU with more. The weights are random values
+ * quantized by bubo's own quantizer, or random valid bits for the k-quants (the speed does not
+ * depend on them). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,21 +30,22 @@ static double now(void) {
 int main(int argc, char **argv) {
     static const struct { const char *name; bubo_type type; } types[] = {
         {"q4_0", BUBO_TYPE_Q4_0}, {"q4_1", BUBO_TYPE_Q4_1}, {"q5_0", BUBO_TYPE_Q5_0},
-        {"q5_1", BUBO_TYPE_Q5_1}, {"q8_0", BUBO_TYPE_Q8_0},
+        {"q5_1", BUBO_TYPE_Q5_1}, {"q8_0", BUBO_TYPE_Q8_0}, {"q4_K", BUBO_TYPE_Q4_K}, {"q6_K", BUBO_TYPE_Q6_K},
     };
     const char *name = argc > 1 ? argv[1] : "q4_1";
     bubo_type type = BUBO_TYPE_COUNT;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (!strcmp(name, types[i].name)) type = types[i].type;
     if (type == BUBO_TYPE_COUNT) {
-        fprintf(stderr, "tile_bench: type %s: give one of q4_0 q4_1 q5_0 q5_1 q8_0\n", name);
+        fprintf(stderr, "tile_bench: type %s: give one of q4_0 q4_1 q5_0 q5_1 q8_0 q4_K q6_K\n", name);
         return 2;
     }
     const int n_threads = argc > 2 ? atoi(argv[2]) : 1;
     const int rows = argc > 3 ? atoi(argv[3]) : 1536, cols = argc > 4 ? atoi(argv[4]) : 576;
-    const int n_tokens = argc > 5 ? atoi(argv[5]) : 512, reps = 60;
+    const int n_tokens = argc > 5 ? atoi(argv[5]) : 512, reps = getenv("REPS") ? atoi(getenv("REPS")) : 60;
     const int n_copies = getenv("NCOPY") ? atoi(getenv("NCOPY")) : 1;
-    if (n_threads < 1 || rows < 1 || cols < 32 || cols % 32 || n_tokens < 1 || n_copies < 1) {
+    const int64_t blck = bubo_type_get_traits(type)->blck_size;
+    if (n_threads < 1 || rows < 1 || cols < blck || cols % blck || n_tokens < 1 || n_copies < 1) {
         fprintf(stderr, "tile_bench: bad arguments\n");
         return 2;
     }
@@ -64,7 +68,11 @@ int main(int argc, char **argv) {
     srand(1);
     for (int r = 0; r < rows; r++) {
         for (int c = 0; c < cols; c++) wf[c] = ((float)rand() / (float)RAND_MAX - 0.5f) * 0.1f;
-        bubo_get_from_float(type)(wf, w + row_bytes * (size_t)r, cols);
+        unsigned char *row = w + row_bytes * (size_t)r;
+        if (bubo_get_from_float(type))
+            bubo_get_from_float(type)(wf, row, cols);
+        else /* no quantizer (the k-quants): valid bits, every f16 scale finite and small */
+            for (size_t b = 0; b < row_bytes; b++) row[b] = (unsigned char)(rand() & 0x3B);
     }
     for (int i = 0; i < n_copies; i++) {
         packed[i] = aligned_alloc(64, packed_bytes);

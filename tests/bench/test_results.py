@@ -90,3 +90,23 @@ def test_every_benchmark_that_saves_is_in_the_report():
             name = text.split('results.saving("', 1)[1].split('"', 1)[0]
             assert name in described, f"{script.name} saves {name!r}, which report.py does not describe"
             assert '"--save"' in text, script.name
+
+
+def _cpuinfo(vendor: str, name: str, family: int, model: int, flags: str) -> str:
+    cpu = (f"processor\t: {{}}\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+           f"model name\t: {name}\nflags\t\t: fpu sse2 {flags}\n\n")
+    return cpu.format(0) + cpu.format(1)
+
+
+def test_a_table_names_the_core_and_the_level():
+    """"AMD EPYC" alone is a Zen 3 with AVX2 or a Zen 5 with AVX-512: the label says which."""
+    label = results.cpu_label
+    assert label(_cpuinfo("AuthenticAMD", "AMD EPYC", 25, 1, "avx2 fma")) == "AMD EPYC (Zen 3, AVX2)"
+    assert label(_cpuinfo("AuthenticAMD", "AMD EPYC", 25, 17, "avx2 avx512f avx512_vnni")) \
+        == "AMD EPYC (Zen 4, AVX-512 VNNI)"
+    assert label(_cpuinfo("AuthenticAMD", "AMD EPYC", 26, 2, "avx2 avx512f avx512_vnni")) \
+        == "AMD EPYC (Zen 5, AVX-512 VNNI)"
+    assert label(_cpuinfo("GenuineIntel", "Intel(R) Xeon(R) Processor", 6, 143,
+                          "avx2 avx512f avx512_vnni amx_tile")) == "Intel(R) Xeon(R) Processor (AVX-512 VNNI, AMX)"
+    assert label(_cpuinfo("GenuineIntel", "Some CPU", 6, 1, "sse4_2")) == "Some CPU"
+    assert label("") == "unknown CPU"
