@@ -22,15 +22,18 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-# AMD's cores by CPU family and model (/proc/cpuinfo): the architecture a table's speed belongs to.
-AMD_CORES = [(23, range(0, 256), "Zen 2"), (25, range(0x10, 0x20), "Zen 4"), (25, range(0x60, 0xB0), "Zen 4"),
-             (25, range(0, 256), "Zen 3"), (26, range(0, 256), "Zen 5")]
+# AMD's cores by CPU family and model (/proc/cpuinfo), the first match: the architecture a table's
+# speed belongs to (a family and model not listed: none named).
+AMD_CORES = [(23, range(0x00, 0x30), "Zen"), (23, range(0x30, 0x100), "Zen 2"),
+             (25, range(0x10, 0x20), "Zen 4"), (25, range(0x60, 0xB0), "Zen 4"), (25, range(0x00, 0x100), "Zen 3"),
+             (26, range(0x00, 0x80), "Zen 5")]
 
 
 def cpu_label(info: str) -> str:
     """A CPU as a table names it, from /proc/cpuinfo's text: its model name, then (for AMD) its
-    core and its best vector level: "AMD EPYC (Zen 5, AVX-512 VNNI)", "AMD EPYC (Zen 3, AVX2)",
-    "Intel(R) Xeon(R) Processor (AVX-512 VNNI, AMX)"."""
+    core and the best vector level it has (a table run at a lower level says so in its title):
+    "AMD EPYC (Zen 5, AVX-512 VNNI)", "AMD EPYC (Zen 3, AVX2)", "Intel(R) Xeon(R) Processor
+    (AVX-512 VNNI, AMX)"."""
     fields: dict[str, str] = {}
     for line in info.splitlines():
         key, _, value = line.partition(":")
@@ -38,8 +41,9 @@ def cpu_label(info: str) -> str:
     name = fields.get("model name", "unknown CPU")
     flags = set(fields.get("flags", "").split())
     parts = []
-    if fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family", "").isdigit():
-        family, model = int(fields["cpu family"]), int(fields.get("model", "0") or 0)
+    if fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family", "").isdigit() \
+            and fields.get("model", "").isdigit():
+        family, model = int(fields["cpu family"]), int(fields["model"])
         parts += [core for f, models, core in AMD_CORES if f == family and model in models][:1]
     if "avx512_vnni" in flags:
         parts.append("AVX-512 VNNI")

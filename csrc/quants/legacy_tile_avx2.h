@@ -391,7 +391,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void tile_legacy_p
                 for (int k0 = c0; k0 < c1; k0 += TILE_PANEL) {
                     const int kp = c1 - k0 < TILE_PANEL ? c1 - k0 : TILE_PANEL;
                     prefetch_ahead(xr + (size_t)k0 * group_block, (size_t)kp * group_block, end, KQ2_AHEAD);
-                    if (nbits == 4 && n_tokens <= LEGACY2_PAIR_TOKENS && r0 + TILE_ROWS <= n_rows) {
+                    if (nbits == 4 && n_tokens >= 1 && n_tokens <= LEGACY2_PAIR_TOKENS && r0 + TILE_ROWS <= n_rows) {
                         const side_view sv = {&dside.d[0][k0 - c0], &dside.off_sum[0][k0 - c0], TILE_DECODE_BLOCKS};
                         if (n_tokens == 1)
                             legacy2_micro2_q4(xr, k0, kp, x_size, 1, k0 == 0, s + r0, s_stride, y, y_stride,

@@ -108,5 +108,8 @@ def test_a_table_names_the_core_and_the_level():
         == "AMD EPYC (Zen 5, AVX-512 VNNI)"
     assert label(_cpuinfo("GenuineIntel", "Intel(R) Xeon(R) Processor", 6, 143,
                           "avx2 avx512f avx512_vnni amx_tile")) == "Intel(R) Xeon(R) Processor (AVX-512 VNNI, AMX)"
+    assert label(_cpuinfo("AuthenticAMD", "AMD EPYC 7551", 23, 1, "avx2")) == "AMD EPYC 7551 (Zen, AVX2)"
+    assert label(_cpuinfo("AuthenticAMD", "AMD EPYC 7B12", 23, 49, "avx2")) == "AMD EPYC 7B12 (Zen 2, AVX2)"
+    assert label(_cpuinfo("AuthenticAMD", "AMD Future", 26, 0x90, "avx2 avx512f")) == "AMD Future (AVX-512)"
     assert label(_cpuinfo("GenuineIntel", "Some CPU", 6, 1, "sse4_2")) == "Some CPU"
     assert label("") == "unknown CPU"
