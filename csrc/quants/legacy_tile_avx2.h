@@ -290,7 +290,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
 BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro2_q4(
     const uint8_t *xr, int k0, int kp, size_t x_size, const int nt, int first, float *restrict s, size_t s_stride,
     const uint8_t *yt, size_t y_stride, size_t y_block_offset, int with_min, side_view side) {
-    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
     const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0), qb = prepacked_q_bytes(4);
     __m256 acc0[LEGACY2_PAIR_TOKENS], acc1[LEGACY2_PAIR_TOKENS];
 #pragma GCC unroll 2
@@ -310,27 +310,11 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
         }
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) { /* register i of each half: elements 8i..8i+3 low, 8i+4..8i+7 high */
-            const __m256i z0 = _mm256_loadu_si256((const __m256i *)(b + 64 * i));
-            const __m256i z1 = _mm256_loadu_si256((const __m256i *)(b + 64 * i + 32));
-            const __m256i lo0 = _mm256_and_si256(z0, low), lo1 = _mm256_and_si256(z1, low);
+            const int8_t *a[LEGACY2_PAIR_TOKENS];
 #pragma GCC unroll 2
-            for (int t = 0; t < nt; t++) {
-                const __m256i a = kq2_bcast4(qy[t] + 8 * i);
-                s0[t] = _mm256_add_epi16(s0[t], _mm256_maddubs_epi16(lo0, a));
-                KQ2_KEEP(s0[t]);
-                s1[t] = _mm256_add_epi16(s1[t], _mm256_maddubs_epi16(lo1, a));
-                KQ2_KEEP(s1[t]);
-            }
-            const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(z0, 4), low);
-            const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(z1, 4), low);
-#pragma GCC unroll 2
-            for (int t = 0; t < nt; t++) {
-                const __m256i a = kq2_bcast4(qy[t] + 8 * i + 4);
-                s0[t] = _mm256_add_epi16(s0[t], _mm256_maddubs_epi16(hi0, a));
-                KQ2_KEEP(s0[t]);
-                s1[t] = _mm256_add_epi16(s1[t], _mm256_maddubs_epi16(hi1, a));
-                KQ2_KEEP(s1[t]);
-            }
+            for (int t = 0; t < nt; t++) a[t] = qy[t] + 8 * i;
+            kq2_nibbles2(_mm256_loadu_si256((const __m256i *)(b + 64 * i)),
+                         _mm256_loadu_si256((const __m256i *)(b + 64 * i + 32)), nt, a, s0, s1);
         }
         const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + qb)));
         const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + qb + 16)));

@@ -406,7 +406,7 @@ BUBO_TARGET_AVX2 static void kq2_micro_q4_K(const kq2_panel *p, const uint8_t *b
 BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro2_q4_K_body(
     const kq2_panel *p, const uint8_t *gb, size_t values, const int nt, int first, float *s, size_t s_stride,
     const uint8_t *yt, size_t y_stride) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), live = _mm256_set1_epi32(-1);
+    const __m256i live = _mm256_set1_epi32(-1);
     const uint8_t *b0 = gb, *b1 = gb + values;
     __m256i isum0[KQ2_PAIR_TOKENS], isum1[KQ2_PAIR_TOKENS], msum0[KQ2_PAIR_TOKENS], msum1[KQ2_PAIR_TOKENS];
 #pragma GCC unroll 4
@@ -417,27 +417,11 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro2_q4
         for (int t = 0; t < nt; t++) acc0[t] = acc1[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int mm = 0; mm < 4; mm++) {
-            const __m256i z0 = _mm256_loadu_si256((const __m256i *)(b0 + 32 * (4 * g + mm)));
-            const __m256i z1 = _mm256_loadu_si256((const __m256i *)(b1 + 32 * (4 * g + mm)));
-            const __m256i lo0 = _mm256_and_si256(z0, m4), lo1 = _mm256_and_si256(z1, m4);
+            const int8_t *a[KQ2_PAIR_TOKENS];
 #pragma GCC unroll 4
-            for (int t = 0; t < nt; t++) {
-                const __m256i a = kq2_bcast4(((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 32 * g + 8 * mm);
-                acc0[t] = _mm256_add_epi16(acc0[t], _mm256_maddubs_epi16(lo0, a));
-                KQ2_KEEP(acc0[t]);
-                acc1[t] = _mm256_add_epi16(acc1[t], _mm256_maddubs_epi16(lo1, a));
-                KQ2_KEEP(acc1[t]);
-            }
-            const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(z0, 4), m4);
-            const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(z1, 4), m4);
-#pragma GCC unroll 4
-            for (int t = 0; t < nt; t++) {
-                const __m256i a = kq2_bcast4(((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 32 * g + 8 * mm + 4);
-                acc0[t] = _mm256_add_epi16(acc0[t], _mm256_maddubs_epi16(hi0, a));
-                KQ2_KEEP(acc0[t]);
-                acc1[t] = _mm256_add_epi16(acc1[t], _mm256_maddubs_epi16(hi1, a));
-                KQ2_KEEP(acc1[t]);
-            }
+            for (int t = 0; t < nt; t++) a[t] = ((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 32 * g + 8 * mm;
+            kq2_nibbles2(_mm256_loadu_si256((const __m256i *)(b0 + 32 * (4 * g + mm))),
+                         _mm256_loadu_si256((const __m256i *)(b1 + 32 * (4 * g + mm))), nt, a, acc0, acc1);
         }
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
