@@ -96,15 +96,14 @@ BUBO_TARGET_AVX2 static inline __m256i kq2_pair(__m256i v32) {
     return _mm256_or_si256(_mm256_and_si256(v32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v32, 16));
 }
 
-/* One step of a whole group's 4-bit values (kq2_micro2_*, legacy2_micro2_q4): z0 and z1 hold 8
- * rows each (half 0, half 1), per dword 4 elements in the low nibbles and the next 4 in the high;
- * token t's 8 activations at a[t] (4 for the low nibbles, then 4 for the high) go into its int16
- * sums acc0[t] and acc1[t], each broadcast serving both halves. */
-BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_nibbles2(__m256i z0, __m256i z1, const int nt,
-                                                                                const int8_t *const *a, __m256i *acc0,
-                                                                                __m256i *acc1) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i lo0 = _mm256_and_si256(z0, m4), lo1 = _mm256_and_si256(z1, m4);
+/* One step of a whole group's small unsigned values (kq2_micro2_*, legacy2_micro2): lo0, hi0 hold
+ * 8 rows of half 0 (per dword 4 elements, then the next 4), lo1, hi1 those of half 1; token t's 8
+ * activations at a[t] (4 for lo, then 4 for hi) go into its int16 sums acc0[t] and acc1[t], each
+ * broadcast serving both halves. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_step2(__m256i lo0, __m256i lo1, __m256i hi0,
+                                                                             __m256i hi1, const int nt,
+                                                                             const int8_t *const *a, __m256i *acc0,
+                                                                             __m256i *acc1) {
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
         const __m256i y = kq2_bcast4(a[t]);
@@ -113,8 +112,6 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_nibbles2(
         acc1[t] = _mm256_add_epi16(acc1[t], _mm256_maddubs_epi16(lo1, y));
         KQ2_KEEP(acc1[t]);
     }
-    const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(z0, 4), m4);
-    const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(z1, 4), m4);
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
         const __m256i y = kq2_bcast4(a[t] + 4);
@@ -123,6 +120,16 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_nibbles2(
         acc1[t] = _mm256_add_epi16(acc1[t], _mm256_maddubs_epi16(hi1, y));
         KQ2_KEEP(acc1[t]);
     }
+}
+
+/* kq2_step2 of 4-bit values: z0 and z1 hold 8 rows each, per dword 4 elements in the low nibbles
+ * and the next 4 in the high. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_nibbles2(__m256i z0, __m256i z1, const int nt,
+                                                                                const int8_t *const *a, __m256i *acc0,
+                                                                                __m256i *acc1) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    kq2_step2(_mm256_and_si256(z0, m4), _mm256_and_si256(z1, m4), _mm256_and_si256(_mm256_srli_epi16(z0, 4), m4),
+              _mm256_and_si256(_mm256_srli_epi16(z1, 4), m4), nt, a, acc0, acc1);
 }
 
 /* The lanes' mask for a half group with n live rows (n may exceed 8). */

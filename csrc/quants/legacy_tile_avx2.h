@@ -136,8 +136,8 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void prepack_legac
 
 /* ---- the tile ----------------------------------------------------------------------------------- */
 
-/* Decode steps of up to this many tokens of a 4-bit type take a whole group at once
- * (legacy2_micro2_q4): in the tile alone (benchmarks/tile_bench.c, Q4_0 and Q4_1 [4864, 896] in
+/* Decode steps of up to this many tokens of a 4- or 5-bit type take a whole group at once
+ * (legacy2_micro2): in the tile alone (benchmarks/tile_bench.c, Q4_0 and Q4_1 [4864, 896] in
  * cache, AMD EPYC Zen 5 at AVX2) 1.9x as fast at 1 token and 1.7x at 2 as half by half through a
  * panel, 1.1x from memory. */
 #define LEGACY2_PAIR_TOKENS 2
@@ -284,14 +284,15 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
 }
 
 /* A decode step of nt (1..LEGACY2_PAIR_TOKENS, a literal at each call) tokens over kp blocks of a
- * whole group (16 rows) of a 4-bit type, unpacked in registers as they are read instead of into a
- * panel, each token's broadcast activations serving both halves; into s's 16 outputs per token.
- * Each output's chain is legacy2_micro's, step for step: the same bits. */
-BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro2_q4(
+ * whole group (16 rows) of a 4- or 5-bit type, unpacked in registers as they are read instead of
+ * into a panel, each token's broadcast activations serving both halves; into s's 16 outputs per
+ * token. Each output's chain is legacy2_micro's, step for step: the same bits (5-bit values' int16
+ * sums widened every 4 registers, as there). */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro2(
     const uint8_t *xr, int k0, int kp, size_t x_size, const int nt, int first, float *restrict s, size_t s_stride,
-    const uint8_t *yt, size_t y_stride, size_t y_block_offset, int with_min, side_view side) {
+    const uint8_t *yt, size_t y_stride, size_t y_block_offset, int nbits, int with_min, side_view side) {
     const __m256i ones = _mm256_set1_epi16(1);
-    const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0), qb = prepacked_q_bytes(4);
+    const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0), qb = prepacked_q_bytes(nbits);
     __m256 acc0[LEGACY2_PAIR_TOKENS], acc1[LEGACY2_PAIR_TOKENS];
 #pragma GCC unroll 2
     for (int t = 0; t < nt; t++) {
@@ -301,40 +302,64 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
     for (int k = 0; k < kp; k++) {
         const uint8_t *b = xr + (size_t)(k0 + k) * TILE_ROWS * x_size;
         const int8_t *qy[LEGACY2_PAIR_TOKENS];
-        __m256i s0[LEGACY2_PAIR_TOKENS], s1[LEGACY2_PAIR_TOKENS];
+        __m256i s0[LEGACY2_PAIR_TOKENS], s1[LEGACY2_PAIR_TOKENS], i0[LEGACY2_PAIR_TOKENS], i1[LEGACY2_PAIR_TOKENS];
 #pragma GCC unroll 2
         for (int t = 0; t < nt; t++) {
             const uint8_t *yb = yt + (size_t)t * y_stride + y_block_offset + (size_t)k * y_size;
             qy[t] = with_min ? ((const block_q8_1 *)yb)->qs : ((const block_q8_0 *)yb)->qs;
-            s0[t] = s1[t] = _mm256_setzero_si256();
+            s0[t] = s1[t] = i0[t] = i1[t] = _mm256_setzero_si256();
         }
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) { /* register i of each half: elements 8i..8i+3 low, 8i+4..8i+7 high */
             const int8_t *a[LEGACY2_PAIR_TOKENS];
 #pragma GCC unroll 2
             for (int t = 0; t < nt; t++) a[t] = qy[t] + 8 * i;
-            kq2_nibbles2(_mm256_loadu_si256((const __m256i *)(b + 64 * i)),
-                         _mm256_loadu_si256((const __m256i *)(b + 64 * i + 32)), nt, a, s0, s1);
+            const __m256i z0 = _mm256_loadu_si256((const __m256i *)(b + 64 * i));
+            const __m256i z1 = _mm256_loadu_si256((const __m256i *)(b + 64 * i + 32));
+            if (nbits == 4) {
+                kq2_nibbles2(z0, z1, nt, a, s0, s1);
+                continue;
+            }
+            /* 5 bits: each value's fifth bit from the group's bit planes (register g = 2i, 2i + 1) */
+            const __m256i m4 = _mm256_set1_epi8(0x0F), m5 = _mm256_set1_epi8(0x10);
+            const __m256i h0l = _mm256_and_si256(bits_to_bytes_avx2(b + 256 + 16 * i), m5);
+            const __m256i h1l = _mm256_and_si256(bits_to_bytes_avx2(b + 256 + 16 * i + 4), m5);
+            const __m256i h0h = _mm256_and_si256(bits_to_bytes_avx2(b + 256 + 16 * i + 8), m5);
+            const __m256i h1h = _mm256_and_si256(bits_to_bytes_avx2(b + 256 + 16 * i + 12), m5);
+            kq2_step2(_mm256_or_si256(_mm256_and_si256(z0, m4), h0l), _mm256_or_si256(_mm256_and_si256(z1, m4), h1l),
+                      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(z0, 4), m4), h0h),
+                      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(z1, 4), m4), h1h), nt, a, s0, s1);
+            if (i % 2 == 1) { /* 4 registers' sums: widen before they could overflow */
+#pragma GCC unroll 2
+                for (int t = 0; t < nt; t++) {
+                    i0[t] = _mm256_add_epi32(i0[t], _mm256_madd_epi16(s0[t], ones));
+                    i1[t] = _mm256_add_epi32(i1[t], _mm256_madd_epi16(s1[t], ones));
+                    s0[t] = s1[t] = _mm256_setzero_si256();
+                }
+            }
         }
         const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + qb)));
         const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + qb + 16)));
 #pragma GCC unroll 2
         for (int t = 0; t < nt; t++) {
-            const __m256i i0 = _mm256_madd_epi16(s0[t], ones), i1 = _mm256_madd_epi16(s1[t], ones);
+            if (nbits == 4) {
+                i0[t] = _mm256_madd_epi16(s0[t], ones);
+                i1[t] = _mm256_madd_epi16(s1[t], ones);
+            }
             if (with_min) {
                 const block_q8_1 *yb = (const block_q8_1 *)(yt + (size_t)t * y_stride + y_block_offset + (size_t)k * y_size);
                 const __m256 dy = _mm256_set1_ps(yb->d), sy = _mm256_set1_ps(yb->s);
                 const __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + qb + 32)));
                 const __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + qb + 48)));
-                acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(d0, dy), acc0[t]);
-                acc1[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(d1, dy), acc1[t]);
+                acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0[t]), _mm256_mul_ps(d0, dy), acc0[t]);
+                acc1[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1[t]), _mm256_mul_ps(d1, dy), acc1[t]);
                 acc0[t] = _mm256_fmadd_ps(m0, sy, acc0[t]);
                 acc1[t] = _mm256_fmadd_ps(m1, sy, acc1[t]);
             } else {
                 const __m256i off = _mm256_set1_epi32(side.off_sum[t * side.stride + k]);
                 const __m256 dy = _mm256_set1_ps(side.d[t * side.stride + k]);
-                acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(i0, off)), _mm256_mul_ps(d0, dy), acc0[t]);
-                acc1[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(i1, off)), _mm256_mul_ps(d1, dy), acc1[t]);
+                acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(i0[t], off)), _mm256_mul_ps(d0, dy), acc0[t]);
+                acc1[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(i1[t], off)), _mm256_mul_ps(d1, dy), acc1[t]);
             }
         }
     }
@@ -346,7 +371,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
 }
 
 /* The tile over prepacked groups. A decode step (up to 2 x KQ2_TOKENS tokens) streams each group's
- * panels in address order (a 4-bit type's steps of 1-2 tokens a whole group's blocks at once,
+ * panels in address order (a 4- or 5-bit type's steps of 1-2 tokens a whole group's blocks at once,
  * without a panel), prefetching KQ2_AHEAD bytes on, the activations' side data filled once
  * per column chunk of TILE_DECODE_BLOCKS blocks; a prompt goes in chunks of TILE_CHUNK tokens,
  * panel by panel, each half group's panel unpacked once for the chunk. */
@@ -375,14 +400,14 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void tile_legacy_p
                 for (int k0 = c0; k0 < c1; k0 += TILE_PANEL) {
                     const int kp = c1 - k0 < TILE_PANEL ? c1 - k0 : TILE_PANEL;
                     prefetch_ahead(xr + (size_t)k0 * group_block, (size_t)kp * group_block, end, KQ2_AHEAD);
-                    if (nbits == 4 && n_tokens >= 1 && n_tokens <= LEGACY2_PAIR_TOKENS && r0 + TILE_ROWS <= n_rows) {
+                    if (nbits != 8 && n_tokens >= 1 && n_tokens <= LEGACY2_PAIR_TOKENS && r0 + TILE_ROWS <= n_rows) {
                         const side_view sv = {&dside.d[0][k0 - c0], &dside.off_sum[0][k0 - c0], TILE_DECODE_BLOCKS};
                         if (n_tokens == 1)
-                            legacy2_micro2_q4(xr, k0, kp, x_size, 1, k0 == 0, s + r0, s_stride, y, y_stride,
-                                              (size_t)k0 * y_size, with_min, sv);
+                            legacy2_micro2(xr, k0, kp, x_size, 1, k0 == 0, s + r0, s_stride, y, y_stride,
+                                           (size_t)k0 * y_size, nbits, with_min, sv);
                         else
-                            legacy2_micro2_q4(xr, k0, kp, x_size, 2, k0 == 0, s + r0, s_stride, y, y_stride,
-                                              (size_t)k0 * y_size, with_min, sv);
+                            legacy2_micro2(xr, k0, kp, x_size, 2, k0 == 0, s + r0, s_stride, y, y_stride,
+                                           (size_t)k0 * y_size, nbits, with_min, sv);
                         continue;
                     }
                     for (int h = 0; h < 2 && r0 + KQ2_ROWS * h < n_rows; h++) {
