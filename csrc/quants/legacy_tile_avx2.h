@@ -137,9 +137,10 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void prepack_legac
 /* ---- the tile ----------------------------------------------------------------------------------- */
 
 /* Decode steps of up to this many tokens of a 4- or 5-bit type take a whole group at once
- * (legacy2_micro2): in the tile alone (benchmarks/tile_bench.c, Q4_0 and Q4_1 [4864, 896] in
- * cache, AMD EPYC Zen 5 at AVX2) 1.9x as fast at 1 token and 1.7x at 2 as half by half through a
- * panel, 1.1x from memory. */
+ * (legacy2_micro2): in the tile alone (benchmarks/tile_bench.c, [4864, 896] in cache, AMD EPYC
+ * Zen 5 at AVX2) Q4_0 and Q4_1 run 1.9x as fast at 1 token and 1.7x at 2 as half by half through
+ * a panel (1.1x from memory), Q5_0 and Q5_1 1.6x and 1.4x. Q8_0 goes half by half (not tried
+ * this way). */
 #define LEGACY2_PAIR_TOKENS 2
 
 /* One half group's panel: up to TILE_PROMPT_PANEL blocks of 8 rows (TILE_PANEL in a decode step). q: the unsigned values (Q8_0: x);
