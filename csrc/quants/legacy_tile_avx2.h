@@ -136,11 +136,11 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void prepack_legac
 
 /* ---- the tile ----------------------------------------------------------------------------------- */
 
-/* Decode steps of up to this many tokens of a 4- or 5-bit type take a whole group at once
+/* Decode steps of up to this many tokens take a whole group at once
  * (legacy2_micro2): in the tile alone (benchmarks/tile_bench.c, [4864, 896] in cache, AMD EPYC
  * Zen 5 at AVX2) Q4_0 and Q4_1 run 1.9x as fast at 1 token and 1.7x at 2 as half by half through
- * a panel (1.1x from memory), Q5_0 and Q5_1 1.6x and 1.4x. Q8_0 goes half by half (not tried
- * this way). */
+ * a panel (1.1x from memory), Q5_0 and Q5_1 1.6x and 1.4x, Q8_0 1.65x and 1.55x (1.2x from
+ * memory). */
 #define LEGACY2_PAIR_TOKENS 2
 
 /* One half group's panel: up to TILE_PROMPT_PANEL blocks of 8 rows (TILE_PANEL in a decode step). q: the unsigned values (Q8_0: x);
@@ -285,10 +285,10 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
 }
 
 /* A decode step of nt (1..LEGACY2_PAIR_TOKENS, a literal at each call) tokens over kp blocks of a
- * whole group (16 rows) of a 4- or 5-bit type, unpacked in registers as they are read instead of
- * into a panel, each token's broadcast activations serving both halves; into s's 16 outputs per
- * token. Each output's chain is legacy2_micro's, step for step: the same bits (5-bit values' int16
- * sums widened every 4 registers, as there). */
+ * whole group (16 rows), unpacked in registers as they are read instead of into a panel, each
+ * token's broadcast activations serving both halves; into s's 16 outputs per token. Each output's
+ * chain is legacy2_micro's, step for step: the same bits (5-bit values' int16 sums widened every
+ * 4 registers, 8-bit ones' every register, as there). */
 BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro2(
     const uint8_t *xr, int k0, int kp, size_t x_size, const int nt, int first, float *restrict s, size_t s_stride,
     const uint8_t *yt, size_t y_stride, size_t y_block_offset, int nbits, int with_min, side_view side) {
@@ -310,8 +310,26 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
             qy[t] = with_min ? ((const block_q8_1 *)yb)->qs : ((const block_q8_0 *)yb)->qs;
             s0[t] = s1[t] = i0[t] = i1[t] = _mm256_setzero_si256();
         }
+        if (nbits == 8) { /* |x| times y with x's sign, as legacy2_micro: one register g of 4 elements at a time */
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                const __m256i x0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 64 * g)),
+                                                    _mm256_set1_epi8((char)0x80));
+                const __m256i x1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 64 * g + 32)),
+                                                    _mm256_set1_epi8((char)0x80));
+                const __m256i ax0 = _mm256_sign_epi8(x0, x0), ax1 = _mm256_sign_epi8(x1, x1);
+#pragma GCC unroll 2
+                for (int t = 0; t < nt; t++) {
+                    const __m256i y = kq2_bcast4(qy[t] + 4 * g);
+                    i0[t] = _mm256_add_epi32(i0[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ax0, _mm256_sign_epi8(y, x0)), ones));
+                    KQ2_KEEP(i0[t]);
+                    i1[t] = _mm256_add_epi32(i1[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ax1, _mm256_sign_epi8(y, x1)), ones));
+                    KQ2_KEEP(i1[t]);
+                }
+            }
+        }
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) { /* register i of each half: elements 8i..8i+3 low, 8i+4..8i+7 high */
+        for (int i = 0; i < 4 && nbits != 8; i++) { /* register i of each half: elements 8i..8i+3 low, 8i+4..8i+7 high */
             const int8_t *a[LEGACY2_PAIR_TOKENS];
 #pragma GCC unroll 2
             for (int t = 0; t < nt; t++) a[t] = qy[t] + 8 * i;
@@ -372,7 +390,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
 }
 
 /* The tile over prepacked groups. A decode step (up to 2 x KQ2_TOKENS tokens) streams each group's
- * panels in address order (a 4- or 5-bit type's steps of 1-2 tokens a whole group's blocks at once,
+ * panels in address order (steps of 1-2 tokens a whole group's blocks at once,
  * without a panel), prefetching KQ2_AHEAD bytes on, the activations' side data filled once
  * per column chunk of TILE_DECODE_BLOCKS blocks; a prompt goes in chunks of TILE_CHUNK tokens,
  * panel by panel, each half group's panel unpacked once for the chunk. */
@@ -401,7 +419,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void tile_legacy_p
                 for (int k0 = c0; k0 < c1; k0 += TILE_PANEL) {
                     const int kp = c1 - k0 < TILE_PANEL ? c1 - k0 : TILE_PANEL;
                     prefetch_ahead(xr + (size_t)k0 * group_block, (size_t)kp * group_block, end, KQ2_AHEAD);
-                    if (nbits != 8 && n_tokens >= 1 && n_tokens <= LEGACY2_PAIR_TOKENS && r0 + TILE_ROWS <= n_rows) {
+                    if (n_tokens >= 1 && n_tokens <= LEGACY2_PAIR_TOKENS && r0 + TILE_ROWS <= n_rows) {
                         const side_view sv = {&dside.d[0][k0 - c0], &dside.off_sum[0][k0 - c0], TILE_DECODE_BLOCKS};
                         if (n_tokens == 1)
                             legacy2_micro2(xr, k0, kp, x_size, 1, k0 == 0, s + r0, s_stride, y, y_stride,
