@@ -92,6 +92,11 @@ def level_env(level: str) -> dict[str, str]:
     return env
 
 
+def level_title(level: str) -> str:
+    """What a table's title adds at a level ("" at the CPU's best)."""
+    return " at the AVX2 level" if level == "avx2" else ""
+
+
 def build_llama_tool(target: str = "llama-bench", level: str = "native") -> Path:
     """llama.cpp's `target` (llama-bench, llama-perplexity, ...) from the pinned sdist, built once
     into ~/.cache/bubo/peers/ (or $BUBO_HOME/peers/); level "avx2": built for AVX2 alone, into a
@@ -182,7 +187,7 @@ def main() -> int:
     args = ap.parse_args()
 
     exe = args.llama_bench or build_llama_tool("llama-bench", args.level)
-    at = " at the AVX2 level" if args.level == "avx2" else ""
+    at = level_title(args.level)
     summary = []
     for name in args.models.split(","):
         path = store.resolve(name)

@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_llamacpp import LEVELS, build_llama_tool, level_env  # noqa: E402
+from bench_llamacpp import LEVELS, build_llama_tool, level_env, level_title  # noqa: E402
 from bench_serve import HOST, Server, free_port  # noqa: E402
 from results import cpu_name  # noqa: E402
 
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_spec: llama-server could not be built ({e})", file=sys.stderr)
             args.llama_server = "none"
     os.environ.update(level_env(args.level))  # the servers inherit it
-    at = " at the AVX2 level" if args.level == "avx2" else ""
+    at = level_title(args.level)
     model = store.resolve(args.model)
     args.draft_path = store.resolve(args.draft_model) if args.draft_model else None
     args.tasks = (args.tasks.split(",") if args.tasks else ["code", "free"] if args.draft_model else ["edit", "free"])

@@ -337,18 +337,18 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
             const __m256i z1 = _mm256_loadu_si256((const __m256i *)(b + 64 * i + 32));
             if (nbits == 4) {
                 kq2_nibbles2(z0, z1, nt, a, s0, s1);
-                continue;
+            } else { /* 5 bits: each value's fifth bit from the group's bit planes (register g = 2i, 2i + 1) */
+                const __m256i m4 = _mm256_set1_epi8(0x0F), m5 = _mm256_set1_epi8(0x10);
+                const __m256i h0l = _mm256_and_si256(bits_to_bytes_avx2(b + 256 + 16 * i), m5);
+                const __m256i h1l = _mm256_and_si256(bits_to_bytes_avx2(b + 256 + 16 * i + 4), m5);
+                const __m256i h0h = _mm256_and_si256(bits_to_bytes_avx2(b + 256 + 16 * i + 8), m5);
+                const __m256i h1h = _mm256_and_si256(bits_to_bytes_avx2(b + 256 + 16 * i + 12), m5);
+                kq2_step2(_mm256_or_si256(_mm256_and_si256(z0, m4), h0l), _mm256_or_si256(_mm256_and_si256(z1, m4), h1l),
+                          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(z0, 4), m4), h0h),
+                          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(z1, 4), m4), h1h), nt, a, s0, s1);
             }
-            /* 5 bits: each value's fifth bit from the group's bit planes (register g = 2i, 2i + 1) */
-            const __m256i m4 = _mm256_set1_epi8(0x0F), m5 = _mm256_set1_epi8(0x10);
-            const __m256i h0l = _mm256_and_si256(bits_to_bytes_avx2(b + 256 + 16 * i), m5);
-            const __m256i h1l = _mm256_and_si256(bits_to_bytes_avx2(b + 256 + 16 * i + 4), m5);
-            const __m256i h0h = _mm256_and_si256(bits_to_bytes_avx2(b + 256 + 16 * i + 8), m5);
-            const __m256i h1h = _mm256_and_si256(bits_to_bytes_avx2(b + 256 + 16 * i + 12), m5);
-            kq2_step2(_mm256_or_si256(_mm256_and_si256(z0, m4), h0l), _mm256_or_si256(_mm256_and_si256(z1, m4), h1l),
-                      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(z0, 4), m4), h0h),
-                      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(z1, 4), m4), h1h), nt, a, s0, s1);
-            if (i % 2 == 1) { /* 4 registers' sums: widen before they could overflow */
+            if (i == 3 || (nbits == 5 && i == 1)) { /* the int16 sums widened before they could overflow: 4-bit
+                                                      values' after all 8 registers, 5-bit ones' every 4 */
 #pragma GCC unroll 2
                 for (int t = 0; t < nt; t++) {
                     i0[t] = _mm256_add_epi32(i0[t], _mm256_madd_epi16(s0[t], ones));
@@ -359,17 +359,13 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
         }
         const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + qb)));
         const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + qb + 16)));
+        const __m256 m0 = with_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + qb + 32))) : d0;
+        const __m256 m1 = with_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + qb + 48))) : d1;
 #pragma GCC unroll 2
         for (int t = 0; t < nt; t++) {
-            if (nbits == 4) {
-                i0[t] = _mm256_madd_epi16(s0[t], ones);
-                i1[t] = _mm256_madd_epi16(s1[t], ones);
-            }
             if (with_min) {
                 const block_q8_1 *yb = (const block_q8_1 *)(yt + (size_t)t * y_stride + y_block_offset + (size_t)k * y_size);
                 const __m256 dy = _mm256_set1_ps(yb->d), sy = _mm256_set1_ps(yb->s);
-                const __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + qb + 32)));
-                const __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + qb + 48)));
                 acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0[t]), _mm256_mul_ps(d0, dy), acc0[t]);
                 acc1[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1[t]), _mm256_mul_ps(d1, dy), acc1[t]);
                 acc0[t] = _mm256_fmadd_ps(m0, sy, acc0[t]);
