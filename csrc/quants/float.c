@@ -422,6 +422,127 @@ BUBO_TARGET_AVX512 static void vec_dot_bf16_f32_avx512(int n, float *restrict s,
     *s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
+/* Float weights at AVX-512 (F32, F16, BF16). vec_dot keeps four 16-lane chains per output: chunk
+ * c of every 64 elements goes to chain c, the 16-element chunks past the last 64 to chain 0, the
+ * masked tail to chain 1; then one reduce of (c0 + c1) + (c2 + c3). The chains are independent,
+ * so the tile runs them one after the other: a block of 4 rows x up to 6 tokens holds one
+ * accumulator per output for the chain at hand, and each weight chunk, loaded (and converted)
+ * once, feeds up to 6 FMAs where vec_dot gives it one. Every output keeps vec_dot's operations in
+ * vec_dot's order, so it has vec_dot's bits whatever the tile's shape (batch invariance). */
+enum { F512_F32, F512_F16, F512_BF16 };
+#define F512_ROWS 4
+#define F512_TOKENS 6
+
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) __m512 f512_load(int kind, const void *x, int i) {
+    if (kind == F512_F32) return _mm512_loadu_ps((const float *)x + i);
+    if (kind == F512_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const bubo_f16 *)x + i)));
+    return load_bf16x16((const bubo_bf16 *)x + i);
+}
+
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) __m512 f512_load_tail(int kind, __mmask16 m, const void *x,
+                                                                                   int i) {
+    if (kind == F512_F32) return _mm512_maskz_loadu_ps(m, (const float *)x + i);
+    if (kind == F512_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const bubo_f16 *)x + i));
+    return maskz_load_bf16x16(m, (const bubo_bf16 *)x + i);
+}
+
+/* one 16-element chunk at i into the block's accumulators (m: the tail's mask, 0 for a whole chunk) */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_chunk(int kind, int nt, int i, __mmask16 m,
+                                                                             const void *const x[F512_ROWS],
+                                                                             const float *const *y,
+                                                                             __m512 a[F512_ROWS][F512_TOKENS]) {
+    __m512 w[F512_ROWS];
+    for (int r = 0; r < F512_ROWS; r++) w[r] = m ? f512_load_tail(kind, m, x[r], i) : f512_load(kind, x[r], i);
+    for (int t = 0; t < nt; t++) {
+        const __m512 v = m ? _mm512_maskz_loadu_ps(m, y[t] + i) : _mm512_loadu_ps(y[t] + i);
+        for (int r = 0; r < F512_ROWS; r++) a[r][t] = _mm512_fmadd_ps(w[r], v, a[r][t]);
+    }
+}
+
+/* outputs (rows x[0..3], tokens y[0..nt-1]) into s[t * s_stride + r] */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block(int kind, int nt, int n,
+                                                                             const void *const x[F512_ROWS],
+                                                                             const float *const *y, float *s,
+                                                                             size_t s_stride) {
+    __m512 chain[4][F512_ROWS][F512_TOKENS];
+    const int n64 = n / 64 * 64, n16 = n / 16 * 16;
+    for (int c = 0; c < 4; c++) {
+        __m512 a[F512_ROWS][F512_TOKENS];
+        for (int r = 0; r < F512_ROWS; r++)
+            for (int t = 0; t < nt; t++) a[r][t] = _mm512_setzero_ps();
+        for (int i = 16 * c; i < n64; i += 64) f512_chunk(kind, nt, i, 0, x, y, a);
+        if (c == 0)
+            for (int i = n64; i < n16; i += 16) f512_chunk(kind, nt, i, 0, x, y, a);
+        if (c == 1 && n16 < n) f512_chunk(kind, nt, n16, tail_mask16(n - n16), x, y, a);
+        for (int r = 0; r < F512_ROWS; r++)
+            for (int t = 0; t < nt; t++) chain[c][r][t] = a[r][t];
+    }
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < F512_ROWS; r++)
+            s[(size_t)t * s_stride + r] = _mm512_reduce_add_ps(_mm512_add_ps(
+                _mm512_add_ps(chain[0][r][t], chain[1][r][t]), _mm512_add_ps(chain[2][r][t], chain[3][r][t])));
+}
+
+/* a block of 4 rows and tokens t .. t + nt - 1, nt up to F512_TOKENS: each count its own code */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_rows_tokens(int kind, int n, const void *const xs[F512_ROWS],
+                                                                                   const uint8_t *yb, size_t y_stride,
+                                                                                   int t, int nt, float *s,
+                                                                                   size_t s_stride) {
+    const float *ys[F512_TOKENS];
+    for (int j = 0; j < nt; j++) ys[j] = (const float *)(yb + (size_t)(t + j) * y_stride);
+    float *out = s + (size_t)t * s_stride;
+    switch (nt) {
+    case 6: f512_block(kind, 6, n, xs, ys, out, s_stride); break;
+    case 5: f512_block(kind, 5, n, xs, ys, out, s_stride); break;
+    case 4: f512_block(kind, 4, n, xs, ys, out, s_stride); break;
+    case 3: f512_block(kind, 3, n, xs, ys, out, s_stride); break;
+    case 2: f512_block(kind, 2, n, xs, ys, out, s_stride); break;
+    default: f512_block(kind, 1, n, xs, ys, out, s_stride); break;
+    }
+}
+
+/* Rows outer while all the tokens' activations fit in L2 (the weights stream past once), tokens
+ * outer past that (a chunk's rows stay in L2 while the tokens go by), as the AVX2 F16 tile. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_tile(int kind, bubo_vec_dot_fn vec_dot, int n,
+                                                                            int n_rows, int n_tokens, float *restrict s,
+                                                                            size_t s_stride, const void *restrict vx,
+                                                                            size_t x_stride, const void *restrict vy,
+                                                                            size_t y_stride) {
+    const uint8_t *xb = vx, *yb = vy;
+    const int r4 = n_rows / F512_ROWS * F512_ROWS;
+#define F512_XS(r) {xb + (size_t)(r) * x_stride, xb + (size_t)(r + 1) * x_stride, xb + (size_t)(r + 2) * x_stride, \
+                    xb + (size_t)(r + 3) * x_stride}
+    if ((size_t)n_tokens * (size_t)n * sizeof(float) <= F16_TILE_ROWS_OUTER_BYTES) {
+        for (int r = 0; r < r4; r += F512_ROWS) {
+            const void *const xs[F512_ROWS] = F512_XS(r);
+            for (int t = 0; t < n_tokens; t += F512_TOKENS)
+                f512_rows_tokens(kind, n, xs, yb, y_stride, t, n_tokens - t < F512_TOKENS ? n_tokens - t : F512_TOKENS,
+                                 s + r, s_stride);
+        }
+    } else {
+        for (int t = 0; t < n_tokens; t += F512_TOKENS)
+            for (int r = 0; r < r4; r += F512_ROWS) {
+                const void *const xs[F512_ROWS] = F512_XS(r);
+                f512_rows_tokens(kind, n, xs, yb, y_stride, t, n_tokens - t < F512_TOKENS ? n_tokens - t : F512_TOKENS,
+                                 s + r, s_stride);
+            }
+    }
+#undef F512_XS
+    for (int r = r4; r < n_rows; r++) /* the rows past the last four */
+        for (int t = 0; t < n_tokens; t++)
+            vec_dot(n, &s[(size_t)t * s_stride + r], xb + (size_t)r * x_stride, yb + (size_t)t * y_stride);
+}
+
+#define BUBO_F512_TILE(name, kind, vec_dot)                                                                         \
+    BUBO_TARGET_AVX512 static void name(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,        \
+                                        const void *restrict x, size_t x_stride, const void *restrict y,            \
+                                        size_t y_stride) {                                                          \
+        f512_tile(kind, vec_dot, n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride);                       \
+    }
+BUBO_F512_TILE(tile_f32_f32_avx512, F512_F32, vec_dot_f32_f32_avx512)
+BUBO_F512_TILE(tile_f16_f32_avx512, F512_F16, vec_dot_f16_f32_avx512)
+BUBO_F512_TILE(tile_bf16_f32_avx512, F512_BF16, vec_dot_bf16_f32_avx512)
+
 #endif /* BUBO_X86 */
 
 /* ---- NEON ---------------------------------------------------------------------------------
@@ -522,9 +643,6 @@ BUBO_LOOP_TILE(loop_tile_bf16_f32_scalar, vec_dot_bf16_f32_scalar)
 #if defined(BUBO_X86)
 BUBO_LOOP_TILE(loop_tile_f32_f32_avx2, vec_dot_f32_f32_avx2)
 BUBO_LOOP_TILE(loop_tile_bf16_f32_avx2, vec_dot_bf16_f32_avx2)
-BUBO_LOOP_TILE(loop_tile_f32_f32_avx512, vec_dot_f32_f32_avx512)
-BUBO_LOOP_TILE(loop_tile_f16_f32_avx512, vec_dot_f16_f32_avx512)
-BUBO_LOOP_TILE(loop_tile_bf16_f32_avx512, vec_dot_bf16_f32_avx512)
 #endif
 #if defined(BUBO_ARM64)
 BUBO_LOOP_TILE(loop_tile_f32_f32_neon, vec_dot_f32_f32_neon)
@@ -564,15 +682,15 @@ void bubo_register_float(bubo_type_traits *table) {
 
     f32->vec_dot[BUBO_ISA_AVX512] = vec_dot_f32_f32_avx512;
 
-    f32->vec_dot_tile[BUBO_ISA_AVX512] = loop_tile_f32_f32_avx512;
+    f32->vec_dot_tile[BUBO_ISA_AVX512] = tile_f32_f32_avx512;
     f16->to_float[BUBO_ISA_AVX512] = f16_to_float_avx512;
     f16->from_float[BUBO_ISA_AVX512] = f16_from_float_avx512;
     f16->vec_dot[BUBO_ISA_AVX512] = vec_dot_f16_f32_avx512;
-    f16->vec_dot_tile[BUBO_ISA_AVX512] = loop_tile_f16_f32_avx512;
+    f16->vec_dot_tile[BUBO_ISA_AVX512] = tile_f16_f32_avx512;
     bf16->to_float[BUBO_ISA_AVX512] = bf16_to_float_avx512;
     bf16->from_float[BUBO_ISA_AVX512] = bf16_from_float_avx512;
     bf16->vec_dot[BUBO_ISA_AVX512] = vec_dot_bf16_f32_avx512;
-    bf16->vec_dot_tile[BUBO_ISA_AVX512] = loop_tile_bf16_f32_avx512;
+    bf16->vec_dot_tile[BUBO_ISA_AVX512] = tile_bf16_f32_avx512;
 #endif
 #if defined(BUBO_ARM64)
     f32->vec_dot[BUBO_ISA_NEON] = vec_dot_f32_f32_neon;

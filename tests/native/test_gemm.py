@@ -122,13 +122,14 @@ FLOAT_TYPES = [0, 1, 30]  # F32, F16, BF16: one element per block, so the shapes
 @pytest.mark.parametrize("type_id,isa", [(t, i) for t in FLOAT_TYPES for i in K.type_info(t)["vec_dot_tile"]
                                           if i in set(K.supported_isas())],
                          ids=lambda v: K.type_info(v)["name"] if isinstance(v, int) else v)
-@pytest.mark.parametrize("rows,tokens", [(1, 1), (4, 3), (9, 7), (17, 10), (3, 2)], ids=lambda v: str(v))
-def test_float_tile_gives_vec_dot_bits_on_long_rows(type_id, isa, rows, tokens):
-    """Rows of 389 elements (SIMD steps and a scalar tail): each tile output has its own vec_dot's
-    bits at the same level, whatever its place in the tile (the register-blocked F16 tile keeps
-    vec_dot's order per output)."""
-    rng = np.random.default_rng(rows * 31 + tokens)
-    n = 389
+@pytest.mark.parametrize("rows,tokens", [(1, 1), (4, 3), (9, 7), (17, 10), (3, 2), (8, 13)], ids=lambda v: str(v))
+@pytest.mark.parametrize("n", [389, 421], ids=lambda v: f"n{v}")
+def test_float_tile_gives_vec_dot_bits_on_long_rows(type_id, isa, rows, tokens, n):
+    """Rows of 389 elements (SIMD steps and a scalar or masked tail) and of 421 (at AVX-512 two
+    16-element steps past the last 64 as well): each tile output has its own vec_dot's bits at
+    the same level, whatever its place in the tile (the register-blocked tiles keep vec_dot's
+    order per output: at AVX-512 its four chains, run one after the other)."""
+    rng = np.random.default_rng(rows * 31 + tokens + n)
     w, y, _ = operands(type_id, rows, tokens, n, rng)
     want = pairwise(type_id, w, y, n, isa)
     got = K.vec_dot_tile(type_id, n, pad_lines(w, 6, rng), pad_lines(y, 4, rng), isa=isa, s_stride=rows + 1)
