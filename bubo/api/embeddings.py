@@ -126,7 +126,21 @@ def _dimensions(body: dict[str, Any], width: int) -> None:
 def _encode(vec: np.ndarray, fmt: str) -> Any:
     if fmt == "base64":
         return base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode("ascii")
-    return [float(x) for x in vec]
+    return vec
+
+
+def answer(head: dict[str, Any] | None, key: str, items: Sequence[Any] | np.ndarray, values_per_item: int) -> Any:
+    """The JSON answer {**head, key: items} (the list items where head is None) whose items hold
+    float32 vectors (jsonout.arrays): on the event loop when it is one slice of values, in the
+    preparation pool past that."""
+    n_values = len(items) * values_per_item
+    return offload.run(jsonout.arrays, head, key, items, values_per_item, what="writing the answer", answer=True,
+                       small=n_values <= jsonout.SLICE_VALUES)
+
+
+def vectors_of(out: embedding.Embedded) -> np.ndarray:
+    """The vectors as orjson writes them: float32, C-contiguous."""
+    return np.ascontiguousarray(out.vectors, dtype=np.float32)
 
 
 def _embedding_shapes(d: oa.Doc) -> tuple[oa.Schema, oa.Schema, tuple[int, ...]]:
@@ -175,19 +189,16 @@ def openai_embeddings() -> Any:
     engine, rt = encoder_of(name)
     _dimensions(body, int(rt.hparams["n_embd"]))
     out = run(engine, rt, items, truncate)
-
-    def answer() -> dict[str, Any]:
-        n_tokens = sum(out.n_tokens)
-        data = []
-        for i, vec in enumerate(out.vectors):
-            item: dict[str, Any] = {"object": "embedding", "index": i, "embedding": _encode(vec, fmt)}
-            if out.truncated[i]:
-                item["truncated"] = True
-            data.append(item)
-        return {"object": "list", "data": data, "model": name,
-                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
-
-    return jsonout.built(answer, small=offload.small_n(sum(len(v) for v in out.vectors)))
+    vectors = vectors_of(out)
+    data = []
+    for i, vec in enumerate(vectors):
+        item: dict[str, Any] = {"object": "embedding", "index": i, "embedding": _encode(vec, fmt)}
+        if out.truncated[i]:
+            item["truncated"] = True
+        data.append(item)
+    n_tokens = sum(out.n_tokens)
+    return answer({"object": "list", "model": name, "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}},
+                  "data", data, vectors.shape[1])
 
 
 def _normalize_of(body: dict[str, Any]) -> bool:
@@ -227,8 +238,9 @@ def llama_embeddings() -> Any:
     engine, rt = encoder_of(name)
     out = run(engine, rt, items, truncate, normalize)
     # llama-server's shape: one entry per input, its pooled vector as a list of one row
-    return jsonout.built(lambda: [{"index": i, "embedding": [[float(x) for x in vec]]}
-                                  for i, vec in enumerate(out.vectors)])
+    vectors = vectors_of(out)
+    return answer(None, "", [{"index": i, "embedding": vectors[i:i + 1]} for i in range(len(vectors))],
+                  vectors.shape[1])
 
 
 def ollama_embed(body: dict[str, Any], name: str, t0: float, load_s: float, engine: ServingEngine,
@@ -241,14 +253,13 @@ def ollama_embed(body: dict[str, Any], name: str, t0: float, load_s: float, engi
     _dimensions(body, int(rt.hparams["n_embd"]))
     value = body["input"]
     # Ollama answers an empty string or an empty list with no embeddings, not an error
-    vectors: Sequence[np.ndarray] = []
+    vectors = np.zeros((0, int(rt.hparams["n_embd"])), dtype=np.float32)
     n_tokens = 0
     if not (value == "" or value == []):
         items = offload.run(parse_inputs, value, what="reading the inputs", small=offload.small(value))
         out = run(engine, rt, items, truncate)
-        vectors = list(out.vectors)
+        vectors = vectors_of(out)
         n_tokens = sum(out.n_tokens)
     total_ns = int((time.monotonic() - t0) * 1e9)
-    return jsonout.built(lambda: {"model": name, "embeddings": [[float(x) for x in v] for v in vectors],
-                                  "total_duration": total_ns, "load_duration": int(load_s * 1e9),
-                                  "prompt_eval_count": n_tokens})
+    return answer({"model": name, "total_duration": total_ns, "load_duration": int(load_s * 1e9),
+                   "prompt_eval_count": n_tokens}, "embeddings", vectors, vectors.shape[1])

@@ -557,7 +557,7 @@ def embeddings_legacy() -> Any:
     if prompt == "":  # as Ollama: no embedding for an empty prompt
         return jsonify({"embedding": []})
     out = emb.run(engine, rt, [prompt], truncate=True, normalize=False)
-    return jsonout.built(lambda: {"embedding": [float(x) for x in out.vectors[0]]})
+    return emb.answer({}, "embedding", emb.vectors_of(out)[0], 1)
 
 
 def _embedder(name: str, body: dict[str, Any], t0: float) -> tuple[ServingEngine, Runtime, float]:
