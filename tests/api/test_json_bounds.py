@@ -84,3 +84,33 @@ def test_a_listing_is_the_object_it_lists_made_a_slice_at_a_time():
     assert r.headers["Content-Length"] == str(len(data)) and data.endswith(b"}\n")
     assert max(b - a for a, b in made) <= 4096
     assert json.loads(jsonout.listing({}, "tokens", 0, items).get_data()) == {"tokens": []}
+
+
+def test_arrays_write_each_float32_as_the_shortest_text_that_reads_back_as_it(monkeypatch):
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    vecs = np.concatenate([rng.standard_normal((40, 384)), rng.standard_normal((2, 384)) * 1e-30,
+                           rng.standard_normal((2, 384)) * 1e30]).astype(np.float32)
+    calls = []
+    real = jsonout.orjson.dumps
+    monkeypatch.setattr(jsonout.orjson, "dumps", lambda v, **kw: calls.append(len(v)) or real(v, **kw))
+    monkeypatch.setattr(jsonout, "SLICE_VALUES", 384 * 8)
+    items = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)]
+    r = jsonout.arrays({"object": "list", "model": "m\u00e9", "usage": {"n": 1}}, "data", items, 384)
+    data = r.get_data()
+    got = json.loads(data)
+    assert data.endswith(b"}\n") and r.headers["Content-Length"] == str(len(data))
+    assert got["object"] == "list" and got["model"] == "m\u00e9" and got["usage"] == {"n": 1}
+    assert [d["index"] for d in got["data"]] == list(range(len(vecs)))
+    back = np.array([d["embedding"] for d in got["data"]], dtype=np.float32)
+    assert np.array_equal(back, vecs)  # every value reads back as the same float32
+    # shorter than float64's repr of the same values, and written a slice of 8 vectors at a time
+    assert len(data) < len(json.dumps([v.tolist() for v in vecs]))
+    assert calls and max(calls) <= 8
+    # the bare list (llama-server's shape), a 2-D item, one vector as the list, no items
+    bare = jsonout.arrays(None, "", [{"index": 0, "embedding": vecs[:1]}], 384).get_data()
+    assert np.array_equal(np.array(json.loads(bare)[0]["embedding"], np.float32), vecs[:1])
+    one = json.loads(jsonout.arrays({}, "embedding", vecs[0], 1).get_data())
+    assert np.array_equal(np.array(one["embedding"], np.float32), vecs[0])
+    assert json.loads(jsonout.arrays({"m": 1}, "embeddings", vecs[:0], 384).get_data()) == {"m": 1, "embeddings": []}
