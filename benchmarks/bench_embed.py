@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.clients} clients {results[who]['clients'][-1]:.1f}/s", file=sys.stderr)
     cos = [sum(a * b for a, b in zip(u, v)) for u, v in zip(warm["bubo"], warm["llama"])]
     med = {w: {k: statistics.median(v) for k, v in d.items()} for w, d in results.items()}
+    print(f"\n### {args.sentences} sentences through /v1/embeddings")
     print(f"\nEmbeddings per second, {args.sentences} sentences, {model.name}, -t {args.threads}, "
           f"median of {args.rounds} rounds, on {cpu_name()}\n")
     print("| load | bubo | llama-server | bubo / llama-server |")

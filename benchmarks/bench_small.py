@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                         part = f" ({outside:.3f} outside the engine's threads)" if who == "bubo" else ""
                         print(f"round {r + 1} {LABEL[who]} {name}: {rps:.0f}/s, {ms:.3f} ms CPU/request{part}",
                               file=sys.stderr)
+    print("\n### the lightest routes, bubo against llama-server")
     print(f"\nSmall requests, {args.requests} per load, -t {args.threads}, median of {args.rounds} rounds, on "
           f"{cpu_name()}; models {models['gen'].name} and {models['embed'].name}\n")
     print("| load | bubo req/s | llama-server req/s | bubo / llama-server | bubo CPU ms/req | of which outside "
