@@ -291,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"## pp512 against the int8 peak: {args.model} ({model.name}), {args.threads} threads, {cpu_name()}\n")
     print(f"weight matrices: {macs / 1e6:.1f} M multiply-adds per token ({hp['n_layer']} layers, "
           f"n_embd {hp['n_embd']}); attention at pp512: {attn / 1e6:.1f} M (f32, not counted)\n")
+    print(f"### pp512 against the int8 peak, {args.model}: rounds\n")
     print(f"{args.rounds} rounds of the loops, then the pp512s (each engine's best of -r {args.repetitions}); "
           "G multiply-adds/s, t/s:\n")
     print("| round | " + " | ".join(modes) + " | " + " | ".join(engines) + " |")
@@ -301,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     best = {m: max(r[m] for r, _ in rounds) for m in modes}
     best_tps = {e: max(t[e] for _, t in rounds) for e in engines}
     peak = best[level]
-    print(f"\nThe best of every round: int8 peak ({PEAK_NAMES[level]}, {args.threads} threads) "
+    print(f"\n### pp512 against the int8 peak, {args.model}\n")
+    print(f"The best of every round: int8 peak ({PEAK_NAMES[level]}, {args.threads} threads) "
           f"{peak / 1e9:.1f} G multiply-adds/s\n")
     print("| engine | pp512 t/s | int8 G multiply-adds/s | of the peak |")
     print("| --- | ---: | ---: | ---: |")
@@ -327,7 +329,8 @@ def print_ceiling(macs: int, attn: int, with_min: int, peak: float, mix: float, 
     """The most a pp512 can reach here without changing its results: the matrices at their block
     formula's instruction-mix ceiling (measured by the q4_1 loop) and attention's f32 work at the
     FMA peak, nothing else taking any time."""
-    print(f"\n### The ceiling on this machine (the best of every round; {threads} threads, loops without memory)\n")
+    print("\n### the ceiling: loops without memory\n")
+    print(f"The best of every round, {threads} threads:\n")
     print("| loop | G multiply-adds/s | of the int8 peak |")
     print("| --- | ---: | ---: |")
     print(f"| vpdpbusd alone (the int8 peak) | {peak / 1e9:.1f} | 100.0% |")
