@@ -87,6 +87,30 @@ T = TypeVar("T")
 # an encoder's thread takes queued embeddings jobs together up to this many tokens (a job larger
 # than that runs alone): eight forward passes' worth, so a burst of small requests shares passes
 EMBED_BATCH_TOKENS = 4096
+# Clients that each send one small request at a time fall into step with the encoder's passes:
+# those answered by one pass send again while the next runs, which takes only the others, so the
+# passes carry half the clients each, and a pass of few tokens costs nearly what a fuller one does
+# (the weights stream through the caches once per pass). When a batch holds a job that waited
+# through the pass before it, or that pass answered several clients, the thread waits for as many
+# new jobs as that pass answered (linger_for), at most EMBED_LINGER_SHARE of a pass's recent time
+# and EMBED_LINGER_MAX_S, woken once when they are queued. A lone client's request never waits:
+# nothing waited, and the pass before answered only it.
+# (all-minilm:l6-v2, one input per request, AMD EPYC Zen 5: 4 clients 242 -> 332 requests/s, 2 clients
+# 205 -> 269, one client unchanged)
+EMBED_LINGER_SHARE = 0.25
+EMBED_LINGER_MAX_S = 0.002
+
+
+def linger_for(queued_at: list[float], last_end: float, last_n: int, now: float, pass_s: float) -> int:
+    """How many jobs an encoder's batch waits for (EMBED_LINGER_SHARE): those taken (queued at
+    queued_at) that waited for the last batch, which ended at last_end with last_n jobs, and as
+    many as that batch answered, whose clients send again. None (0) when the engine has been idle
+    for a pass's time (pass_s) or more, or when nothing shows another client: no job waited and
+    the last batch answered one request (a lone client's next one)."""
+    if not last_n or now - last_end >= pass_s:
+        return 0
+    waited = sum(1 for t in queued_at if t < last_end)
+    return waited + last_n if waited or last_n > 1 else 0
 
 
 # slots: -np's default is as many as the context gives MIN_TOKENS_PER_SLOT each, at most
@@ -207,6 +231,7 @@ class Engine:
         self._sched: Scheduler | None = None
         self.encoder = False  # an embedding model (known once loaded)
         self._jobs: collections.deque[EmbedJob] = collections.deque()
+        self._wake_jobs = 1  # queued embeddings jobs that wake the encoder's thread (more while it lingers)
         self._calls: collections.deque[Call] = collections.deque()  # run on the thread between steps
         self._calls_closed = False  # the thread has ended: a call is refused
         self._started = False
@@ -353,19 +378,19 @@ class Engine:
         so that many small requests share forward passes as one request's inputs do."""
         log.debug("embedding model ready: %s (%d threads)", self.model_name, self.n_threads)
         jobs: list[EmbedJob] = []
+        last_end, last_n, pass_s = 0.0, 0, 0.0  # the last batch: when it ended, its jobs; a batch's recent time
         try:
             while not self._stopping:
-                with self._lock:
-                    jobs = []
-                    n_tokens = 0
-                    while self._jobs and (not jobs or n_tokens + self._jobs[0].n_tokens <= EMBED_BATCH_TOKENS):
-                        job = self._jobs.popleft()
-                        jobs.append(job)
-                        n_tokens += job.n_tokens
+                jobs = []
+                n_tokens = self._take_jobs(jobs, 0)
                 if not jobs:
                     self._work.acquire()
                     continue
+                want = linger_for([job.queued_at for job in jobs], last_end, last_n, time.monotonic(), pass_s)
+                if want > len(jobs):
+                    n_tokens = self._linger(jobs, n_tokens, want, min(EMBED_LINGER_MAX_S, EMBED_LINGER_SHARE * pass_s))
                 log.debug("embedding %d jobs, %d tokens", len(jobs), n_tokens)
+                t0 = time.monotonic()
                 try:
                     self._run_jobs(jobs)
                 except Exception as e:  # noqa: BLE001 - a bug in one batch must not end the engine
@@ -373,6 +398,8 @@ class Engine:
                     for job in jobs:
                         job.finish(error=e)
                 finally:
+                    last_end, last_n = time.monotonic(), len(jobs)
+                    pass_s = last_end - t0 if not pass_s else 0.8 * pass_s + 0.2 * (last_end - t0)
                     with self._lock:
                         self._n_open -= len(jobs)
                     jobs = []
@@ -385,6 +412,40 @@ class Engine:
             for job in jobs + queued:
                 job.finish(error=NotReadyError(self._stop_why))  # no-op for those already answered
             self._release()
+
+    def _take_jobs(self, jobs: list[EmbedJob], n_tokens: int) -> int:
+        """Queued embeddings jobs onto jobs while they fit EMBED_BATCH_TOKENS (the first always);
+        the batch's tokens."""
+        with self._lock:
+            while self._jobs and (not jobs or n_tokens + self._jobs[0].n_tokens <= EMBED_BATCH_TOKENS):
+                job = self._jobs.popleft()
+                jobs.append(job)
+                n_tokens += job.n_tokens
+        return n_tokens
+
+    def _linger(self, jobs: list[EmbedJob], n_tokens: int, want: int, wait_s: float) -> int:
+        """Jobs that arrive within wait_s join the batch, until it has want jobs or is full. The
+        thread is woken once, when the queue holds the jobs it waits for (not by each: a wake-up
+        takes the GIL from the HTTP thread that is reading the next request)."""
+        deadline = time.monotonic() + wait_s
+        try:
+            while len(jobs) < want and not self._stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                with self._lock:
+                    self._wake_jobs = want - len(jobs)
+                    ready = len(self._jobs) >= self._wake_jobs
+                if not ready:
+                    self._work.acquire(timeout=left)  # released by embed() at _wake_jobs queued, and by stop
+                before = len(jobs)
+                n_tokens = self._take_jobs(jobs, n_tokens)
+                if len(jobs) == before and self._jobs:
+                    break  # the next job does not fit this batch
+        finally:
+            with self._lock:
+                self._wake_jobs = 1
+        return n_tokens
 
     def _run_jobs(self, jobs: list[EmbedJob]) -> None:
         """Jobs of one pooling through embed_ids, in passes of up to EMBED_BATCH_TOKENS tokens (a
@@ -444,11 +505,13 @@ class Engine:
             if not stopping:
                 self._jobs.append(job)
                 self._n_open += 1
+            wake = stopping or len(self._jobs) >= self._wake_jobs
         if stopping:
             job.cancelled = True
             job.finish(error=NotReadyError(f"the model {self.model_name} is being unloaded"))
             job.result()  # raises it, and closes the job's watcher
-        self._signal()
+        if wake:
+            self._signal()
         return job
 
     def _release(self) -> None:

@@ -11,6 +11,7 @@ through an encoder's thread."""
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable
 
 import gevent
@@ -212,6 +213,7 @@ class EmbedJob(Call):
         super().__init__()
         self.seqs, self.pooling, self.normalize = seqs, pooling, normalize
         self.n_tokens = sum(len(s) for s in seqs)
+        self.queued_at = time.monotonic()  # when it joined the engine's queue
 
     def result(self) -> np.ndarray:
         vectors = super().result()
