@@ -108,10 +108,11 @@ def test_every_vec_dot_has_a_tile(type_id):
 def test_tile_empty_shapes(type_id, isa):
     vdt = K.type_info(type_id)["vec_dot_type"]
     n = blocks_for(type_id)
-    w = np.zeros((3, K.row_size(type_id, n)), np.uint8)
-    y = np.zeros((2, K.row_size(vdt, n)), np.uint8)
-    # no columns: every dot product is an empty sum
-    assert np.array_equal(K.vec_dot_tile(type_id, 0, w, y, isa=isa), np.zeros((2, 3), np.float32))
+    w = np.zeros((9, K.row_size(type_id, n)), np.uint8)
+    y = np.zeros((7, K.row_size(vdt, n)), np.uint8)
+    # no columns: every dot product is an empty sum (whole register blocks of rows and tokens too)
+    assert np.array_equal(K.vec_dot_tile(type_id, 0, w, y, isa=isa), np.zeros((7, 9), np.float32))
+    w, y = w[:3], y[:2]
     assert K.vec_dot_tile(type_id, n, w[:0], y, isa=isa).shape == (2, 0)
     assert K.vec_dot_tile(type_id, n, w, y[:0], isa=isa).shape == (0, 3)
 
@@ -122,18 +123,21 @@ FLOAT_TYPES = [0, 1, 30]  # F32, F16, BF16: one element per block, so the shapes
 @pytest.mark.parametrize("type_id,isa", [(t, i) for t in FLOAT_TYPES for i in K.type_info(t)["vec_dot_tile"]
                                           if i in set(K.supported_isas())],
                          ids=lambda v: K.type_info(v)["name"] if isinstance(v, int) else v)
-@pytest.mark.parametrize("rows,tokens", [(1, 1), (4, 3), (9, 7), (17, 10), (3, 2), (8, 13)], ids=lambda v: str(v))
-@pytest.mark.parametrize("n", [389, 421], ids=lambda v: f"n{v}")
+@pytest.mark.parametrize("rows,tokens", [(1, 1), (4, 3), (9, 7), (17, 10), (3, 2), (8, 13), (8, 8), (4, 6)],
+                         ids=lambda v: str(v))
+@pytest.mark.parametrize("n", [5, 384, 389, 400, 421], ids=lambda v: f"n{v}")
 def test_float_tile_gives_vec_dot_bits_on_long_rows(type_id, isa, rows, tokens, n):
-    """Rows of 389 elements (SIMD steps and a scalar or masked tail) and of 421 (at AVX-512 two
-    16-element steps past the last 64 as well): each tile output has its own vec_dot's bits at
-    the same level, whatever its place in the tile (the register-blocked tiles keep vec_dot's
-    order per output: at AVX-512 its four chains, run one after the other)."""
+    """Rows shorter than one SIMD step (5), of whole 64-element steps (384), with a scalar or
+    masked tail (389), of whole 16-element steps past the last 64 (400), and both (421): each
+    tile output has its own vec_dot's bits at the same level, whatever its place in the tile (the
+    register-blocked tiles keep vec_dot's order per output: at AVX-512 its four chains, run one
+    after the other), and nothing is written outside the tile."""
     rng = np.random.default_rng(rows * 31 + tokens + n)
     w, y, _ = operands(type_id, rows, tokens, n, rng)
     want = pairwise(type_id, w, y, n, isa)
     got = K.vec_dot_tile(type_id, n, pad_lines(w, 6, rng), pad_lines(y, 4, rng), isa=isa, s_stride=rows + 1)
     assert np.array_equal(got[:, :rows], want)
+    assert np.all(np.isnan(got[:, rows:])), "wrote outside the tile"
 
 
 @pytest.mark.parametrize("type_id,isa", [(t, i) for t in FLOAT_TYPES for i in K.type_info(t)["vec_dot_tile"]
