@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -129,13 +129,13 @@ def _encode(vec: np.ndarray, fmt: str) -> Any:
     return vec
 
 
-def answer(head: dict[str, Any] | None, key: str, items: Sequence[Any] | np.ndarray, values_per_item: int) -> Any:
-    """The JSON answer {**head, key: items} (the list items where head is None) whose items hold
-    float32 vectors (jsonout.arrays): on the event loop when it is one slice of values, in the
-    preparation pool past that."""
-    n_values = len(items) * values_per_item
-    return offload.run(jsonout.arrays, head, key, items, values_per_item, what="writing the answer", answer=True,
-                       small=n_values <= jsonout.SLICE_VALUES)
+def answer(head: dict[str, Any] | None, key: str, n_items: int, values_per_item: int,
+           items: Callable[[], Sequence[Any] | np.ndarray]) -> Any:
+    """The JSON answer {**head, key: items()} (the list items() where head is None) whose n_items
+    items hold float32 vectors (jsonout.arrays): the items made (base64 included) and written on
+    the event loop when they are one slice of values, in the preparation pool past that."""
+    return offload.run(lambda: jsonout.arrays(head, key, items(), values_per_item), what="writing the answer",
+                       answer=True, small=n_items * values_per_item <= jsonout.SLICE_VALUES)
 
 
 def vectors_of(out: embedding.Embedded) -> np.ndarray:
@@ -190,15 +190,19 @@ def openai_embeddings() -> Any:
     _dimensions(body, int(rt.hparams["n_embd"]))
     out = run(engine, rt, items, truncate)
     vectors = vectors_of(out)
-    data = []
-    for i, vec in enumerate(vectors):
-        item: dict[str, Any] = {"object": "embedding", "index": i, "embedding": _encode(vec, fmt)}
-        if out.truncated[i]:
-            item["truncated"] = True
-        data.append(item)
+
+    def data() -> list[dict[str, Any]]:
+        items = []
+        for i, vec in enumerate(vectors):
+            item: dict[str, Any] = {"object": "embedding", "index": i, "embedding": _encode(vec, fmt)}
+            if out.truncated[i]:
+                item["truncated"] = True
+            items.append(item)
+        return items
+
     n_tokens = sum(out.n_tokens)
     return answer({"object": "list", "model": name, "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}},
-                  "data", data, vectors.shape[1])
+                  "data", len(vectors), vectors.shape[1], data)
 
 
 def _normalize_of(body: dict[str, Any]) -> bool:
@@ -239,8 +243,8 @@ def llama_embeddings() -> Any:
     out = run(engine, rt, items, truncate, normalize)
     # llama-server's shape: one entry per input, its pooled vector as a list of one row
     vectors = vectors_of(out)
-    return answer(None, "", [{"index": i, "embedding": vectors[i:i + 1]} for i in range(len(vectors))],
-                  vectors.shape[1])
+    return answer(None, "", len(vectors), vectors.shape[1],
+                  lambda: [{"index": i, "embedding": vectors[i:i + 1]} for i in range(len(vectors))])
 
 
 def ollama_embed(body: dict[str, Any], name: str, t0: float, load_s: float, engine: ServingEngine,
@@ -262,4 +266,4 @@ def ollama_embed(body: dict[str, Any], name: str, t0: float, load_s: float, engi
         n_tokens = sum(out.n_tokens)
     total_ns = int((time.monotonic() - t0) * 1e9)
     return answer({"model": name, "total_duration": total_ns, "load_duration": int(load_s * 1e9),
-                   "prompt_eval_count": n_tokens}, "embeddings", vectors, vectors.shape[1])
+                   "prompt_eval_count": n_tokens}, "embeddings", len(vectors), vectors.shape[1], lambda: vectors)

@@ -90,7 +90,8 @@ def arrays(head: dict[str, Any] | None, key: str, items: Sequence[Any] | np.ndar
            values_per_item: int) -> Response:
     """The response {**head, key: items}, or the list items itself where head is None, whose
     items hold numpy float32 vectors (a vector, or dicts and lists around them): written by
-    orjson, a slice of about SLICE_VALUES values per call."""
+    orjson, a slice of about SLICE_VALUES values per call (a NaN or an infinity as null, which
+    JSON has no number for). The head's text is escaped to ASCII (a lone surrogate cannot fail)."""
     out = ["[" if head is None else _dumps(head, True)[:-1] + ("," if head else "") + _dumps(key, True) + ":["]
     step = max(1, SLICE_VALUES // max(1, values_per_item))
     for start in range(0, len(items), step):

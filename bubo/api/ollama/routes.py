@@ -557,7 +557,8 @@ def embeddings_legacy() -> Any:
     if prompt == "":  # as Ollama: no embedding for an empty prompt
         return jsonify({"embedding": []})
     out = emb.run(engine, rt, [prompt], truncate=True, normalize=False)
-    return emb.answer({}, "embedding", emb.vectors_of(out)[0], 1)
+    vector = emb.vectors_of(out)[0]
+    return emb.answer({}, "embedding", len(vector), 1, lambda: vector)
 
 
 def _embedder(name: str, body: dict[str, Any], t0: float) -> tuple[ServingEngine, Runtime, float]:
