@@ -387,7 +387,7 @@ class Engine:
                     self._work.acquire()
                     continue
                 want = linger_for([job.queued_at for job in jobs], last_end, last_n, time.monotonic(), pass_s)
-                if want > len(jobs):
+                if want > len(jobs) and n_tokens < MAX_STEP_TOKENS:  # (a full pass gains nothing by waiting)
                     n_tokens = self._linger(jobs, n_tokens, want, min(EMBED_LINGER_MAX_S, EMBED_LINGER_SHARE * pass_s))
                 log.debug("embedding %d jobs, %d tokens", len(jobs), n_tokens)
                 t0 = time.monotonic()
@@ -398,8 +398,11 @@ class Engine:
                     for job in jobs:
                         job.finish(error=e)
                 finally:
-                    last_end, last_n = time.monotonic(), len(jobs)
-                    pass_s = last_end - t0 if not pass_s else 0.8 * pass_s + 0.2 * (last_end - t0)
+                    now = time.monotonic()
+                    # the first answer's time: a request queued before it is another client's
+                    last_end = min((job.answered_at for job in jobs if job.answered_at), default=now)
+                    last_n = sum(1 for job in jobs if not job.cancelled)
+                    pass_s = now - t0 if not pass_s else 0.8 * pass_s + 0.2 * (now - t0)
                     with self._lock:
                         self._n_open -= len(jobs)
                     jobs = []
@@ -428,6 +431,7 @@ class Engine:
         thread is woken once, when the queue holds the jobs it waits for (not by each: a wake-up
         takes the GIL from the HTTP thread that is reading the next request)."""
         deadline = time.monotonic() + wait_s
+        self._work.acquire(False)  # a wake-up left by the jobs already taken
         try:
             while len(jobs) < want and not self._stopping:
                 left = deadline - time.monotonic()
@@ -500,19 +504,24 @@ class Engine:
         if not self.encoder:
             raise InvalidRequestError(f"the model {self.model_name} is not an embedding model")
         job = EmbedJob(seqs, pooling, normalize)
+        if not self._queue(job):
+            job.cancelled = True
+            job.finish(error=NotReadyError(f"the model {self.model_name} is being unloaded"))
+            job.result()  # raises it, and closes the job's watcher
+        return job
+
+    def _queue(self, job: EmbedJob) -> bool:
+        """Queue an embeddings job and wake the thread where it waits for as many (False: the
+        engine is stopping, nothing queued)."""
         with self._lock:
             stopping = self._stopping
             if not stopping:
                 self._jobs.append(job)
                 self._n_open += 1
             wake = stopping or len(self._jobs) >= self._wake_jobs
-        if stopping:
-            job.cancelled = True
-            job.finish(error=NotReadyError(f"the model {self.model_name} is being unloaded"))
-            job.result()  # raises it, and closes the job's watcher
         if wake:
             self._signal()
-        return job
+        return not stopping
 
     def _release(self) -> None:
         """Let go of the model and its cache (the thread is ending)."""

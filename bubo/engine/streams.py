@@ -214,6 +214,12 @@ class EmbedJob(Call):
         self.seqs, self.pooling, self.normalize = seqs, pooling, normalize
         self.n_tokens = sum(len(s) for s in seqs)
         self.queued_at = time.monotonic()  # when it joined the engine's queue
+        self.answered_at = 0.0  # when the engine thread answered it (0: not yet)
+
+    def finish(self, value: object = None, error: BaseException | None = None) -> None:
+        if not self.answered_at:
+            self.answered_at = time.monotonic()  # before its reader can send its next request
+        super().finish(value, error)
 
     def result(self) -> np.ndarray:
         vectors = super().result()

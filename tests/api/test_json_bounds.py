@@ -107,7 +107,8 @@ def test_arrays_write_each_float32_as_the_shortest_text_that_reads_back_as_it(mo
     assert np.array_equal(back, vecs)  # every value reads back as the same float32
     # float32's shortest text, not float64's: about half as long; written a slice of 8 vectors at a time
     assert len(data) < 0.7 * len(json.dumps([v.tolist() for v in vecs], separators=(",", ":")))
-    assert json.loads(jsonout.arrays({}, "v", np.array([0.1, -2.5e-8], np.float32), 1).get_data()) == {"v": [0.1, -2.5e-8]}
+    small = jsonout.arrays({}, "v", np.array([0.1, -2.5e-8], np.float32), 1).get_data()
+    assert json.loads(small) == {"v": [0.1, -2.5e-8]}
     assert calls and max(calls) <= 8
     # the bare list (llama-server's shape), a 2-D item, one vector as the list, no items
     bare = jsonout.arrays(None, "", [{"index": 0, "embedding": vecs[:1]}], 384).get_data()

@@ -10,7 +10,7 @@ import pytest
 
 from bubo import embed as embedding
 from bubo.engine import GenerationRequest, NotReadyError
-from bubo.engine.engine import EMBED_BATCH_TOKENS, linger_for
+from bubo.engine.engine import EMBED_BATCH_TOKENS
 
 from engines import start_engine
 
@@ -45,20 +45,11 @@ def test_jobs_queued_together_give_the_vectors_of_one_by_one(engine):
     assert engine.idle
 
 
-def test_linger_for_waits_only_where_clients_run_concurrently():
-    # the last batch (4 jobs) ended at 10.0; a pass takes 0.008 s
-    assert linger_for([10.001], 10.0, 4, 10.002, 0.008) == 4  # its clients come back: wait for all four
-    assert linger_for([9.99, 9.995], 10.0, 2, 10.001, 0.008) == 4  # two waited through it, two come back
-    assert linger_for([10.001], 10.0, 1, 10.002, 0.008) == 0  # a lone client's next request: no wait
-    assert linger_for([9.99], 10.0, 1, 10.001, 0.008) == 2  # one waited while the other's ran: two clients
-    assert linger_for([10.02], 10.0, 4, 10.02, 0.008) == 0  # idle for longer than a pass: no wait
-    assert linger_for([10.001], 0.0, 0, 10.002, 0.0) == 0  # the first batch
-
-
 def test_clients_in_step_share_passes_and_get_their_own_vectors(engine, monkeypatch):
     """Four clients each sending one input at a time (each after a moment's work on its answer, as
-    an HTTP client's round trip): the passes carry several clients' inputs (the thread lingers for
-    the ones whose answers just went out) and every vector is the one its input gets alone."""
+    an HTTP client's round trip), the thread lingering for them (test_embed_linger.py): passes
+    carry several clients' inputs, every input is embedded once, and every vector is the one its
+    input gets alone."""
     texts = [f"Sentence number {i} about {topic}." for i, topic in enumerate(["cats", "rain", "tea", "maps"] * 6)]
     seqs = _seqs(engine, texts)
     alone = [engine.embed([s]).result()[0] for s in seqs]
