@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.llama_bench:
         print(f"\nbubo / llama.cpp: {best_tps['bubo'] / best_tps['llama.cpp']:.2f}x")
     if level == "vnni":
-        print_ceiling(macs, attn, hp["with_min"], peak, best["q4_1"], best["fma"], args.threads)
+        print_ceiling(macs, attn, hp["with_min"], peak, best["q4_1"], best["fma"], args.threads, args.model)
         if hp["with_min"] == macs:
             c = ceiling_fraction(macs, attn, peak, best["q4_1"], best["fma"])
             print(f"\nbubo's pp512 is {100 * best_tps['bubo'] * macs / peak / c:.1f}% of that ceiling.")
@@ -325,11 +325,12 @@ def ceiling_fraction(macs: int, attn: int, peak: float, mix: float, fma: float) 
     return macs / (macs / mix + attn / fma) / peak
 
 
-def print_ceiling(macs: int, attn: int, with_min: int, peak: float, mix: float, fma: float, threads: int) -> None:
+def print_ceiling(macs: int, attn: int, with_min: int, peak: float, mix: float, fma: float, threads: int,
+                  model: str) -> None:
     """The most a pp512 can reach here without changing its results: the matrices at their block
     formula's instruction-mix ceiling (measured by the q4_1 loop) and attention's f32 work at the
     FMA peak, nothing else taking any time."""
-    print("\n### the ceiling: loops without memory\n")
+    print(f"\n### the ceiling: loops without memory, {model}\n")
     print(f"The best of every round, {threads} threads:\n")
     print("| loop | G multiply-adds/s | of the int8 peak |")
     print("| --- | ---: | ---: |")
