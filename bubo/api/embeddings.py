@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -129,15 +129,6 @@ def _encode(vec: np.ndarray, fmt: str) -> Any:
     return vec
 
 
-def answer(head: dict[str, Any] | None, key: str, n_items: int, values_per_item: int,
-           items: Callable[[], Sequence[Any] | np.ndarray]) -> Any:
-    """The JSON answer {**head, key: items()} (the list items() where head is None) whose n_items
-    items hold float32 vectors (jsonout.arrays): the items made (base64 included) and written on
-    the event loop when they are one slice of values, in the preparation pool past that."""
-    return offload.run(lambda: jsonout.arrays(head, key, items(), values_per_item), what="writing the answer",
-                       answer=True, small=n_items * values_per_item <= jsonout.SLICE_VALUES)
-
-
 def vectors_of(out: embedding.Embedded) -> np.ndarray:
     """The vectors as orjson writes them: float32, C-contiguous."""
     return np.ascontiguousarray(out.vectors, dtype=np.float32)
@@ -201,8 +192,8 @@ def openai_embeddings() -> Any:
         return items
 
     n_tokens = sum(out.n_tokens)
-    return answer({"object": "list", "model": name, "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}},
-                  "data", len(vectors), vectors.shape[1], data)
+    head = {"object": "list", "model": name, "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+    return jsonout.built_arrays(head, "data", len(vectors), vectors.shape[1], data)
 
 
 def _normalize_of(body: dict[str, Any]) -> bool:
@@ -243,8 +234,8 @@ def llama_embeddings() -> Any:
     out = run(engine, rt, items, truncate, normalize)
     # llama-server's shape: one entry per input, its pooled vector as a list of one row
     vectors = vectors_of(out)
-    return answer(None, "", len(vectors), vectors.shape[1],
-                  lambda: [{"index": i, "embedding": vectors[i:i + 1]} for i in range(len(vectors))])
+    return jsonout.built_arrays(None, "", len(vectors), vectors.shape[1],
+                                lambda: [{"index": i, "embedding": vectors[i:i + 1]} for i in range(len(vectors))])
 
 
 def ollama_embed(body: dict[str, Any], name: str, t0: float, load_s: float, engine: ServingEngine,
@@ -265,5 +256,6 @@ def ollama_embed(body: dict[str, Any], name: str, t0: float, load_s: float, engi
         vectors = vectors_of(out)
         n_tokens = sum(out.n_tokens)
     total_ns = int((time.monotonic() - t0) * 1e9)
-    return answer({"model": name, "total_duration": total_ns, "load_duration": int(load_s * 1e9),
-                   "prompt_eval_count": n_tokens}, "embeddings", len(vectors), vectors.shape[1], lambda: vectors)
+    return jsonout.built_arrays({"model": name, "total_duration": total_ns, "load_duration": int(load_s * 1e9),
+                                 "prompt_eval_count": n_tokens}, "embeddings", len(vectors), vectors.shape[1],
+                                lambda: vectors)

@@ -158,10 +158,20 @@ def built(fn: Callable[..., Any], *args: Any, what: str = "writing the answer", 
     """The JSON response of fn(*args, **kwargs), both built in the preparation pool
     (bubo.api.offload): for an answer whose size grows with the request; small: the caller knows
     it is small (offload.small_n of its tokens and values): built on the event loop."""
-    from bubo.api import offload
+    return _written(lambda: response(fn(*args, **kwargs)), what, small)
 
-    def job() -> Response:
-        return response(fn(*args, **kwargs))
+
+def built_arrays(head: dict[str, Any] | None, key: str, n_items: int, values_per_item: int,
+                 items: Callable[[], Sequence[Any] | np.ndarray]) -> Response:
+    """arrays(head, key, items(), values_per_item) of n_items items, the items made (base64
+    included) and written on the event loop when they are one slice of values, in the
+    preparation pool past that."""
+    return _written(lambda: arrays(head, key, items(), values_per_item), "writing the answer",
+                    n_items * values_per_item <= SLICE_VALUES)
+
+
+def _written(job: Callable[[], Response], what: str, small: bool) -> Response:
+    from bubo.api import offload
 
     out: Response = offload.run(job, what=what, answer=True, small=small)
     return out

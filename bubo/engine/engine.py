@@ -429,7 +429,7 @@ class Engine:
     def _linger(self, jobs: list[EmbedJob], n_tokens: int, want: int, wait_s: float) -> int:
         """Jobs that arrive within wait_s join the batch, until it has want jobs or is full. The
         thread is woken once, when the queue holds the jobs it waits for (not by each: a wake-up
-        takes the GIL from the HTTP thread that is reading the next request)."""
+        takes the GIL from the thread that is reading the next request)."""
         deadline = time.monotonic() + wait_s
         self._work.acquire(False)  # a wake-up left by the jobs already taken
         try:

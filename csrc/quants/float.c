@@ -483,11 +483,12 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block(
                 _mm512_add_ps(chain[0][r][t], chain[1][r][t]), _mm512_add_ps(chain[2][r][t], chain[3][r][t])));
 }
 
-/* a block of 4 rows and tokens t .. t + nt - 1, nt up to F512_TOKENS: each count its own code */
+/* a block of 4 rows and tokens t .. t + nt - 1, nt the rest up to F512_TOKENS: each count its own code */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_rows_tokens(int kind, int n, const void *const xs[F512_ROWS],
                                                                                    const uint8_t *yb, size_t y_stride,
-                                                                                   int t, int nt, float *s,
+                                                                                   int t, int n_tokens, float *s,
                                                                                    size_t s_stride) {
+    const int nt = n_tokens - t < F512_TOKENS ? n_tokens - t : F512_TOKENS;
     const float *ys[F512_TOKENS];
     for (int j = 0; j < nt; j++) ys[j] = (const float *)(yb + (size_t)(t + j) * y_stride);
     float *out = s + (size_t)t * s_stride;
@@ -522,15 +523,13 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_tile(i
         for (int r = 0; r < r4; r += F512_ROWS) {
             const void *const xs[F512_ROWS] = F512_XS(r);
             for (int t = 0; t < n_tokens; t += F512_TOKENS)
-                f512_rows_tokens(kind, n, xs, yb, y_stride, t, n_tokens - t < F512_TOKENS ? n_tokens - t : F512_TOKENS,
-                                 s + r, s_stride);
+                f512_rows_tokens(kind, n, xs, yb, y_stride, t, n_tokens, s + r, s_stride);
         }
     } else {
         for (int t = 0; t < n_tokens; t += F512_TOKENS)
             for (int r = 0; r < r4; r += F512_ROWS) {
                 const void *const xs[F512_ROWS] = F512_XS(r);
-                f512_rows_tokens(kind, n, xs, yb, y_stride, t, n_tokens - t < F512_TOKENS ? n_tokens - t : F512_TOKENS,
-                                 s + r, s_stride);
+                f512_rows_tokens(kind, n, xs, yb, y_stride, t, n_tokens, s + r, s_stride);
             }
     }
 #undef F512_XS

@@ -558,7 +558,7 @@ def embeddings_legacy() -> Any:
         return jsonify({"embedding": []})
     out = emb.run(engine, rt, [prompt], truncate=True, normalize=False)
     vector = emb.vectors_of(out)[0]
-    return emb.answer({}, "embedding", len(vector), 1, lambda: vector)
+    return jsonout.built_arrays({}, "embedding", len(vector), 1, lambda: vector)
 
 
 def _embedder(name: str, body: dict[str, Any], t0: float) -> tuple[ServingEngine, Runtime, float]:
