@@ -71,6 +71,34 @@ def rms_norm(x, w, float eps, isa=None):
     return out
 
 
+cdef const float *_row_or_null(object a, int64_t n, str name, list keep) except? NULL:
+    """a's data as one row of n floats (kept alive in keep), or NULL for None."""
+    if a is None:
+        return NULL
+    cdef const float[::1] v = _f32(a).reshape(-1)
+    if v.shape[0] != n:
+        raise ValueError(f"{name} has {v.shape[0]} elements, rows have {n}")
+    keep.append(v)
+    return &v[0]
+
+
+def layer_norm(x, w, b, float eps, isa=None):
+    """Each row of x (the last axis) centered and normalized, times w plus b (one row each, or
+    None)."""
+    cdef const bubo_ops *t = _ops(isa)
+    out = _f32(x).copy()
+    cdef int64_t n = out.shape[out.ndim - 1] if out.ndim else 1
+    cdef float[:, ::1] rows = out.reshape(-1, n)
+    keep: list = []
+    cdef const float *wp = _row_or_null(w, n, "w", keep)
+    cdef const float *bp = _row_or_null(b, n, "b", keep)
+    cdef Py_ssize_t r
+    with nogil:
+        for r in range(rows.shape[0]):
+            t.layer_norm(n, &rows[r, 0], &rows[r, 0], wp, bp, eps)
+    return out
+
+
 _ROPE_MODES = {"normal": BUBO_ROPE_NORMAL, "neox": BUBO_ROPE_NEOX}
 
 
@@ -217,6 +245,43 @@ def scale(x, float s, isa=None):
     if n:
         with nogil:
             t.scale(n, &yv[0], &xv[0], s)
+    return out
+
+
+def _strided_rows(rows, int length):
+    ra = _f32(rows)
+    if ra.ndim != 2 or ra.shape[1] < length:
+        raise ValueError(f"rows must be 2-D with at least {length} columns, not shape {ra.shape}")
+    return ra
+
+
+def dot_rows(x, rows, isa=None):
+    """[x . rows[j, :len(x)] for each row j]: rows is read with its row stride, the columns
+    past len(x) left alone."""
+    cdef const bubo_ops *t = _ops(isa)
+    cdef const float[::1] xv = _f32(x).reshape(-1)
+    cdef int length = xv.shape[0]
+    cdef const float[:, ::1] rv = _strided_rows(rows, length)
+    out = np.zeros(rv.shape[0], np.float32)
+    cdef float[::1] ov = out
+    if rv.shape[0] and length:
+        with nogil:
+            t.dot_rows(<int>rv.shape[0], length, &xv[0], &rv[0, 0], rv.shape[1], &ov[0])
+    return out
+
+
+def sum_rows(w, rows, int length, isa=None):
+    """sum over j of w[j] * rows[j, :length]: rows read with its row stride."""
+    cdef const bubo_ops *t = _ops(isa)
+    cdef const float[::1] wv = _f32(w).reshape(-1)
+    cdef const float[:, ::1] rv = _strided_rows(rows, length)
+    if wv.shape[0] != rv.shape[0]:
+        raise ValueError(f"{wv.shape[0]} weights for {rv.shape[0]} rows")
+    out = np.zeros(length, np.float32)
+    cdef float[::1] ov = out
+    if rv.shape[0] and length:
+        with nogil:
+            t.sum_rows(<int>rv.shape[0], length, &wv[0], &rv[0, 0], rv.shape[1], &ov[0])
     return out
 
 

@@ -23,6 +23,7 @@ cdef extern from "bubo/ops.h" nogil:
     ctypedef struct bubo_ops:
         bubo_isa isa
         void (*rms_norm)(int64_t n, float *y, const float *x, const float *w, float eps) noexcept nogil
+        void (*layer_norm)(int64_t n, float *y, const float *x, const float *w, const float *b, float eps) noexcept nogil
         void (*rope)(float *x, int64_t n_tokens, int n_heads, int head_dim, const int32_t *pos,
                      const bubo_rope_params *p) noexcept nogil
         void (*softmax)(int64_t n, float *x, float scale, const float *mask) noexcept nogil
@@ -34,6 +35,8 @@ cdef extern from "bubo/ops.h" nogil:
         void (*add)(int64_t n, float *z, const float *x, const float *y) noexcept nogil
         void (*mul)(int64_t n, float *z, const float *x, const float *y) noexcept nogil
         void (*scale)(int64_t n, float *y, const float *x, float s) noexcept nogil
+        void (*dot_rows)(int n_rows, int len, const float *x, const float *rows, int64_t stride, float *out) noexcept nogil
+        void (*sum_rows)(int n_rows, int len, const float *w, const float *rows, int64_t stride, float *out) noexcept nogil
 
     const bubo_ops *bubo_ops_for_isa(bubo_isa isa)
     const bubo_ops *bubo_ops_best()

@@ -10,10 +10,9 @@
  *     x     = LayerNorm(x + Wdown gelu(Wup x + b_up) + b_down, layer_out_norm)
  *   out[t] = x[t]
  *
- * GELU is the exact (erf) one BERT was trained with; LayerNorm sums in double, as ggml's norm
- * does. Matrix products go through bubo_matmul as the decoder's do; the per-token steps and
- * attention (one item per query row and head) are split over the pool. */
-#include <math.h>
+ * GELU is the exact (erf) one BERT was trained with. Matrix products go through bubo_matmul as the
+ * decoder's do, LayerNorm and the elementwise steps through the level's op table; the per-token
+ * steps and attention (one item per query row and head) are split over the pool. */
 #include <string.h>
 
 #include "model_internal.h"
@@ -28,20 +27,6 @@ typedef struct {
     const int32_t *seq_len; /* [n] length of each token's sequence */
 } enc_ctx;
 
-/* y = (x - mean) / sqrt(var + eps) * w + b */
-static void layer_norm(int64_t n, float *y, const float *x, const float *w, const float *b, float eps) {
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) sum += x[i];
-    const float mean = (float)(sum / (double)n);
-    double var = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        const float d = x[i] - mean;
-        var += (double)d * d;
-    }
-    const float inv = (float)(1.0 / sqrt(var / (double)n + (double)eps));
-    for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mean) * inv * w[i] + b[i];
-}
-
 static void enc_embed(const void *vc, int32_t t) {
     const enc_ctx *c = vc;
     const bubo_model *m = c->m;
@@ -52,7 +37,7 @@ static void enc_embed(const void *vc, int32_t t) {
     bubo_get_to_float(p->type)((const uint8_t *)p->data + (size_t)c->pos[t] * bubo_row_size(p->type, d), tmp, d);
     m->ops->add(d, x, x, tmp);
     m->ops->add(d, x, x, m->w.token_types); /* type 0: one segment */
-    layer_norm(d, x, x, m->w.embd_norm, m->w.embd_norm_b, m->hp.norm_eps);
+    m->ops->layer_norm(d, x, x, m->w.embd_norm, m->w.embd_norm_b, m->hp.norm_eps);
 }
 
 static void enc_qkv_bias(const void *vc, int32_t t) {
@@ -72,7 +57,7 @@ static void residual_norm(const bubo_model *m, int32_t t, const float *bias, con
     float *x = m->s.x + (size_t)t * d, *xb2 = m->s.xb2 + (size_t)t * d;
     m->ops->add(d, xb2, xb2, bias);
     m->ops->add(d, x, x, xb2);
-    layer_norm(d, x, x, w, b, m->hp.norm_eps);
+    m->ops->layer_norm(d, x, x, w, b, m->hp.norm_eps);
 }
 
 static void enc_attn_residual(const void *vc, int32_t t) {
@@ -96,18 +81,6 @@ static void enc_ffn_residual(const void *vc, int32_t t) {
     residual_norm(c->m, t, l->b_down, l->layer_out_norm, l->layer_out_norm_b);
 }
 
-/* q . k over one head, eight partial sums (which the compiler keeps in vector registers) */
-static float dot_head(const float *q, const float *k, int n) {
-    float acc[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int u = 0; u < 8; u++) acc[u] += q[i + u] * k[i + u];
-    float s = 0.0f;
-    for (; i < n; i++) s += q[i] * k[i];
-    for (int u = 0; u < 8; u++) s += acc[u];
-    return s;
-}
-
 /* one item: query row t, head h, over every token of t's sequence */
 static void enc_attention_share(void *vc, int ith, int nth) {
     const enc_ctx *c = vc;
@@ -120,15 +93,10 @@ static void enc_attention_share(void *vc, int ith, int nth) {
         const int32_t t = (int32_t)(item / hp->n_head);
         const int h = (int)(item % hp->n_head);
         const int32_t b = c->seq_beg[t], len = c->seq_len[t];
-        const float *q = m->s.q + (size_t)t * d + (size_t)h * hd;
-        for (int32_t j = 0; j < len; j++) scores[j] = dot_head(q, m->s.k + (size_t)(b + j) * d + (size_t)h * hd, hd);
+        const size_t head = (size_t)b * (size_t)d + (size_t)h * (size_t)hd;
+        m->ops->dot_rows(len, hd, m->s.q + (size_t)t * d + (size_t)h * hd, m->s.k + head, d, scores);
         m->ops->softmax(len, scores, hp->kq_scale, NULL);
-        float *out = m->s.att + (size_t)t * d + (size_t)h * hd;
-        memset(out, 0, (size_t)hd * sizeof *out);
-        for (int32_t j = 0; j < len; j++) {
-            const float p = scores[j], *v = m->s.v + (size_t)(b + j) * d + (size_t)h * hd;
-            for (int i = 0; i < hd; i++) out[i] += p * v[i];
-        }
+        m->ops->sum_rows(len, hd, scores, m->s.v + head, d, m->s.att + (size_t)t * d + (size_t)h * hd);
     }
 }
 

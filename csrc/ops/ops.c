@@ -15,6 +15,7 @@ static void init_tables(void) {
     bubo_register_act(tables);
     bubo_register_elementwise(tables);
     bubo_register_attention(tables);
+    bubo_register_rows(tables);
     best = &tables[BUBO_ISA_SCALAR];
     const bubo_isa chosen = bubo_cpu_best_isa();
     /* rms_norm stands for the whole table: every op file registers every level it builds */

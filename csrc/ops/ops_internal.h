@@ -13,5 +13,6 @@ void bubo_register_softmax(bubo_ops *tables);
 void bubo_register_act(bubo_ops *tables);
 void bubo_register_elementwise(bubo_ops *tables);
 void bubo_register_attention(bubo_ops *tables);
+void bubo_register_rows(bubo_ops *tables);
 
 #endif

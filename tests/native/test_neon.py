@@ -48,3 +48,4 @@ def test_neon_kernels_match_scalar(tmp_path, march):
     assert run.stdout.count("to_float+vec_dot neon") >= 13, run.stdout
     assert run.stdout.count("vec_dot_tile neon") >= 13, run.stdout
     assert run.stdout.count("ok attention neon") == 2, run.stdout
+    assert "ok encoder ops neon" in run.stdout, run.stdout

@@ -77,6 +77,64 @@ def test_rms_norm_eps_guards_a_zero_row(isa):
     assert np.array_equal(got, np.zeros(40, np.float32))
 
 
+# ---- LayerNorm --------------------------------------------------------------------------------
+
+
+def layer_norm_ref(x, w, b, eps):
+    x = x.astype(np.float64)
+    c = x - x.mean(axis=-1, keepdims=True)
+    y = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps)
+    return y * (w.astype(np.float64) if w is not None else 1) + (b.astype(np.float64) if b is not None else 0)
+
+
+@pytest.mark.parametrize("affine", ["w and b", "w", "none"])
+def test_layer_norm(isa, affine):
+    """Rows with a mean far from zero against their spread too (an offset of 30 spreads): the
+    centered values lose what rounding x - mean loses, about the offset's ulps over the spread,
+    in the double-summing scalar level as much as in the f32 lanes; the bound says so."""
+    rng = np.random.default_rng(3)
+    for n in SIZES:
+        spread = rng.uniform(0.01, 100, (4, 1))
+        offset = np.array([[0.0], [1.0], [-3.0], [30.0]]) * spread
+        x = (rng.standard_normal((4, n)) * spread + offset).astype(np.float32)
+        w = rng.standard_normal(n).astype(np.float32) if affine != "none" else None
+        b = rng.standard_normal(n).astype(np.float32) if affine == "w and b" else None
+        for eps in (1e-12, 1e-5):
+            want = layer_norm_ref(x, w, b, eps)
+            got = _ops.layer_norm(x, w, b, eps, isa=isa)
+            cond = 1 + np.abs(x).max(-1, keepdims=True) / np.maximum(x.std(-1, keepdims=True), 1e-30)
+            wabs = np.abs(w) if w is not None else 1.0
+            bound = 16 * F32_EPS * (cond * wabs + np.abs(want)) + TINY
+            assert (np.abs(got - want) <= bound).all(), f"{isa} n={n}: {np.abs(got - want).max()}"
+
+
+def test_layer_norm_of_a_constant_row_is_its_bias(isa):
+    b = np.arange(40, dtype=np.float32)
+    got = _ops.layer_norm(np.full(40, 7.5, np.float32), np.ones(40, np.float32), b, 1e-5, isa=isa)
+    assert np.array_equal(got, b)
+
+
+# ---- strided rows (an encoder's attention) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("n_rows,length,stride", [(1, 1, 1), (3, 7, 9), (4, 16, 16), (5, 32, 384), (20, 32, 384),
+                                                  (9, 64, 70), (13, 100, 128), (2, 129, 129)])
+def test_dot_rows_and_sum_rows(isa, n_rows, length, stride):
+    """Each row read at its stride, nothing past length: the columns past it hold NaN."""
+    rng = np.random.default_rng(n_rows * 1000 + length)
+    rows = np.full((n_rows, stride), np.nan, np.float32)
+    rows[:, :length] = rng.standard_normal((n_rows, length)) * rng.uniform(0.01, 10, (n_rows, 1))
+    x = rng.standard_normal(length).astype(np.float32)
+    w = rng.uniform(0, 1, n_rows).astype(np.float32)
+    body = rows[:, :length].astype(np.float64)
+    got = _ops.dot_rows(x, rows, isa=isa)
+    bound = 4 * length * F32_EPS * (np.abs(body) @ np.abs(x.astype(np.float64))) + TINY
+    assert (np.abs(got - body @ x.astype(np.float64)) <= bound).all(), isa
+    got = _ops.sum_rows(w, rows, length, isa=isa)
+    bound = 4 * n_rows * F32_EPS * (w.astype(np.float64) @ np.abs(body)) + TINY
+    assert (np.abs(got - w.astype(np.float64) @ body) <= bound).all(), isa
+
+
 # ---- activations ------------------------------------------------------------------------------
 
 ACT_X = np.concatenate([

@@ -57,6 +57,8 @@ typedef struct {
 
     /* y = x / sqrt(mean(x^2) + eps) * w; w [n] or NULL for no weight. */
     void (*rms_norm)(int64_t n, float *y, const float *x, const float *w, float eps);
+    /* y = (x - mean(x)) / sqrt(var(x) + eps) * w + b; w, b [n] or NULL for none. */
+    void (*layer_norm)(int64_t n, float *y, const float *x, const float *w, const float *b, float eps);
 
     /* In place over x [n_tokens][n_heads][head_dim]; pos [n_tokens]. The angles are computed as
      * llama.cpp's CPU backend does (a running product of base^(-2/n_rot) in f32), so they match
@@ -77,6 +79,12 @@ typedef struct {
     void (*add)(int64_t n, float *z, const float *x, const float *y); /* z = x + y */
     void (*mul)(int64_t n, float *z, const float *x, const float *y); /* z = x * y */
     void (*scale)(int64_t n, float *y, const float *x, float s);      /* y = x * s */
+
+    /* Strided f32 rows (row j at rows + j * stride), len floats each: out[j] = x . row j for
+     * j < n_rows; sum_rows: out[i] = sum over j of w[j] * row j [i], i < len. An encoder's
+     * attention over its own activation rows. */
+    void (*dot_rows)(int n_rows, int len, const float *x, const float *rows, int64_t stride, float *out);
+    void (*sum_rows)(int n_rows, int len, const float *w, const float *rows, int64_t stride, float *out);
 
     /* the paged attention's kernels of this level (csrc/ops/attention.c; bubo_attend_paged) */
     const struct bubo_attend_level *attend;

@@ -5,7 +5,8 @@
  * The NEON matrix-matrix tiles (vec_dot_tile) are checked pair by pair against the scalar
  * vec_dot, on a tile with rows, tokens and strides that are not multiples of anything. Paged
  * attention's NEON level must give the scalar level's bits (f16 and q8_0 caches, head sizes 64
- * and 128, windows that cut the position groups and span several chunks).
+ * and 128, windows that cut the position groups and span several chunks). The encoder's float ops
+ * (LayerNorm, strided dot products and weighted sums) within a few ulps of the scalar level.
  * Tolerances match tests/native/test_quants.py: dequantization within an ulp or two, the dot
  * product within 2e-6 of sum |w_i a_i|, activation quantization within one step. */
 #include <math.h>
@@ -165,10 +166,56 @@ static int check_attention(bubo_type type, int hd) {
     return ok;
 }
 
+/* The encoder's float ops (LayerNorm, strided dot products and weighted sums) at the NEON level
+ * against the scalar one: f32 lanes against double or eight-way sums, within a few ulps of the
+ * sums of magnitudes. */
+static int check_encoder_ops(void) {
+    enum { LEN = 100, ROWS = 23, STRIDE = 131 };
+    const bubo_ops *s = bubo_ops_for_isa(BUBO_ISA_SCALAR), *v = bubo_ops_for_isa(BUBO_ISA_NEON);
+    static float x[STRIDE * ROWS], w[LEN], b[LEN], y0[LEN], y1[LEN], o0[ROWS], o1[ROWS];
+    int ok = 1;
+    for (int i = 0; i < STRIDE * ROWS; i++) x[i] = rnd_normal() * 3.0f + 1.5f;
+    for (int i = 0; i < LEN; i++) w[i] = rnd_normal(), b[i] = rnd_normal();
+    for (int n = 1; n <= LEN; n += 11) {
+        s->layer_norm(n, y0, x, w, b, 1e-5f);
+        v->layer_norm(n, y1, x, w, b, 1e-5f);
+        for (int i = 0; i < n; i++, checks++)
+            if (fabsf(y0[i] - y1[i]) > 1e-5f * (fabsf(w[i]) * 4.0f + fabsf(y0[i]))) {
+                FAIL("layer_norm neon n=%d element %d: %g vs scalar %g", n, i, y1[i], y0[i]);
+                ok = 0;
+                break;
+            }
+        s->dot_rows(ROWS, n, w, x, STRIDE, o0);
+        v->dot_rows(ROWS, n, w, x, STRIDE, o1);
+        for (int j = 0; j < ROWS; j++, checks++) {
+            double mag = 0;
+            for (int i = 0; i < n; i++) mag += fabs((double)w[i] * x[(size_t)j * STRIDE + i]);
+            if (fabs((double)o0[j] - o1[j]) > 4e-6 * n * mag + 1e-30) {
+                FAIL("dot_rows neon n=%d row %d: %g vs scalar %g", n, j, o1[j], o0[j]);
+                ok = 0;
+                break;
+            }
+        }
+        s->sum_rows(ROWS, n, b, x, STRIDE, y0);
+        v->sum_rows(ROWS, n, b, x, STRIDE, y1);
+        for (int i = 0; i < n; i++, checks++) {
+            double mag = 0;
+            for (int j = 0; j < ROWS; j++) mag += fabs((double)b[j] * x[(size_t)j * STRIDE + i]);
+            if (fabs((double)y0[i] - y1[i]) > 4e-6 * ROWS * mag + 1e-30) {
+                FAIL("sum_rows neon n=%d element %d: %g vs scalar %g", n, i, y1[i], y0[i]);
+                ok = 0;
+                break;
+            }
+        }
+    }
+    return ok;
+}
+
 int main(void) {
     for (int hd = 64; hd <= 128; hd += 64)
         if (check_attention(BUBO_TYPE_F16, hd) && check_attention(BUBO_TYPE_Q8_0, hd))
             printf("ok attention neon, head size %d\n", hd);
+    if (check_encoder_ops()) printf("ok encoder ops neon\n");
 
     enum { N = 2048, ROWS = 8 };
     static uint8_t row[N * 8], act[N * 8], act2[N * 8];
