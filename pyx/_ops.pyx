@@ -51,26 +51,6 @@ cdef _f32(a):
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
-def rms_norm(x, w, float eps, isa=None):
-    """Each row of x (the last axis) normalized; w (one row) or None."""
-    cdef const bubo_ops *t = _ops(isa)
-    out = _f32(x).copy()
-    cdef int64_t n = out.shape[out.ndim - 1] if out.ndim else 1
-    cdef float[:, ::1] rows = out.reshape(-1, n)
-    cdef const float[::1] wv
-    cdef const float *wp = NULL
-    if w is not None:
-        wv = _f32(w).reshape(-1)
-        if wv.shape[0] != n:
-            raise ValueError(f"w has {wv.shape[0]} elements, rows have {n}")
-        wp = &wv[0]
-    cdef Py_ssize_t r
-    with nogil:
-        for r in range(rows.shape[0]):
-            t.rms_norm(n, &rows[r, 0], &rows[r, 0], wp, eps)
-    return out
-
-
 cdef const float *_row_or_null(object a, int64_t n, str name, list keep) except? NULL:
     """a's data as one row of n floats (kept alive in keep), or NULL for None."""
     if a is None:
@@ -80,6 +60,21 @@ cdef const float *_row_or_null(object a, int64_t n, str name, list keep) except?
         raise ValueError(f"{name} has {v.shape[0]} elements, rows have {n}")
     keep.append(v)
     return &v[0]
+
+
+def rms_norm(x, w, float eps, isa=None):
+    """Each row of x (the last axis) normalized; w (one row) or None."""
+    cdef const bubo_ops *t = _ops(isa)
+    out = _f32(x).copy()
+    cdef int64_t n = out.shape[out.ndim - 1] if out.ndim else 1
+    cdef float[:, ::1] rows = out.reshape(-1, n)
+    keep: list = []
+    cdef const float *wp = _row_or_null(w, n, "w", keep)
+    cdef Py_ssize_t r
+    with nogil:
+        for r in range(rows.shape[0]):
+            t.rms_norm(n, &rows[r, 0], &rows[r, 0], wp, eps)
+    return out
 
 
 def layer_norm(x, w, b, float eps, isa=None):

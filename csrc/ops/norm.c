@@ -16,6 +16,11 @@ static void rms_norm_scalar(int64_t n, float *y, const float *x, const float *w,
         for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale;
 }
 
+/* one element of LayerNorm's output: the scalar level's, and the SIMD levels' tails */
+static inline float layer_norm_one(float x, float mean, float inv, const float *w, const float *b, int64_t i) {
+    return (x - mean) * inv * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+}
+
 static void layer_norm_scalar(int64_t n, float *y, const float *x, const float *w, const float *b, float eps) {
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) sum += x[i];
@@ -26,7 +31,7 @@ static void layer_norm_scalar(int64_t n, float *y, const float *x, const float *
         var += (double)d * d;
     }
     const float inv = (float)(1.0 / sqrt(var / (double)n + (double)eps));
-    for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mean) * inv * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    for (int64_t i = 0; i < n; i++) y[i] = layer_norm_one(x[i], mean, inv, w, b, i);
 }
 
 #if defined(BUBO_X86)
@@ -106,7 +111,7 @@ BUBO_TARGET_AVX2 static void layer_norm_avx2(int64_t n, float *y, const float *x
         if (b) v = _mm256_add_ps(v, _mm256_loadu_ps(b + i));
         _mm256_storeu_ps(y + i, v);
     }
-    for (; i < n; i++) y[i] = (x[i] - mean) * inv * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    for (; i < n; i++) y[i] = layer_norm_one(x[i], mean, inv, w, b, i);
 }
 
 BUBO_TARGET_AVX512 static void layer_norm_avx512(int64_t n, float *y, const float *x, const float *w, const float *b,
@@ -195,7 +200,7 @@ static void layer_norm_neon(int64_t n, float *y, const float *x, const float *w,
         if (b) v = vaddq_f32(v, vld1q_f32(b + i));
         vst1q_f32(y + i, v);
     }
-    for (; i < n; i++) y[i] = (x[i] - mean) * inv * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    for (; i < n; i++) y[i] = layer_norm_one(x[i], mean, inv, w, b, i);
 }
 
 #endif

@@ -1,7 +1,8 @@
 /* Dot products of one vector with strided f32 rows, and the weighted sum of such rows: an
  * encoder's attention, whose keys and values are the chunk's own activation rows (row j of a
  * head at base + j * stride). The scalar level keeps eight partial sums per dot; the SIMD levels
- * sum a row in vector lanes, four rows' sums reduced together. */
+ * sum a row in vector lanes, four rows' sums reduced together by the tree each row's sum takes
+ * alone (a row's score does not depend on how many rows there are). */
 #include "ops_internal.h"
 
 static void dot_rows_scalar(int n_rows, int len, const float *x, const float *rows, int64_t stride, float *out) {
@@ -39,19 +40,27 @@ BUBO_TARGET_AVX2 static inline __m256 dot8_avx2(int len, const float *x, const f
     return acc;
 }
 
+/* {sum of a, of b, of c, of d}: pairs of lanes, then per half the pairs' pairs, then the halves */
+BUBO_TARGET_AVX2 static inline __m128 hsum4_avx2(__m256 a, __m256 b, __m256 c, __m256 d) {
+    /* {a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7}, likewise c and d; then per half
+     * {a, b, c, d} over that half's lanes */
+    const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+/* every row's sum by the same tree, the last rows' as the groups of four's */
 BUBO_TARGET_AVX2 static void dot_rows_avx2(int n_rows, int len, const float *x, const float *rows, int64_t stride,
                                            float *out) {
     int j = 0;
     for (; j + 4 <= n_rows; j += 4) {
         const float *r = rows + (size_t)j * (size_t)stride;
-        const __m256 a = dot8_avx2(len, x, r), b = dot8_avx2(len, x, r + stride);
-        const __m256 c = dot8_avx2(len, x, r + 2 * stride), d = dot8_avx2(len, x, r + 3 * stride);
-        /* {a0+a1, b0+b1, a2+a3, b2+b3 | the same of the high halves}, likewise c, d */
-        const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
-        const __m256 s = _mm256_hadd_ps(ab, cd); /* per half: a, b, c, d */
-        _mm_storeu_ps(out + j, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
+        _mm_storeu_ps(out + j, hsum4_avx2(dot8_avx2(len, x, r), dot8_avx2(len, x, r + stride),
+                                          dot8_avx2(len, x, r + 2 * stride), dot8_avx2(len, x, r + 3 * stride)));
     }
-    for (; j < n_rows; j++) out[j] = bubo_hsum_f32x8(dot8_avx2(len, x, rows + (size_t)j * (size_t)stride));
+    for (; j < n_rows; j++) {
+        const __m256 a = dot8_avx2(len, x, rows + (size_t)j * (size_t)stride);
+        out[j] = _mm_cvtss_f32(hsum4_avx2(a, a, a, a));
+    }
 }
 
 BUBO_TARGET_AVX2 static void sum_rows_avx2(int n_rows, int len, const float *w, const float *rows, int64_t stride,
@@ -84,22 +93,11 @@ BUBO_TARGET_AVX512 static void dot_rows_avx512(int n_rows, int len, const float 
     int j = 0;
     for (; j + 4 <= n_rows; j += 4) {
         const float *r = rows + (size_t)j * (size_t)stride;
-        const __m512 a = dot16_avx512(len, x, r), b = dot16_avx512(len, x, r + stride);
-        const __m512 c = dot16_avx512(len, x, r + 2 * stride), d = dot16_avx512(len, x, r + 3 * stride);
-        /* halves added: {a, b} and {c, d} in 8 lanes each, then quarters: a, b, c, d in 4 each */
-        const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
-                                        _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
-        const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
-                                        _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
-        const __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
-                                       _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
-        /* each quarter's four lanes: two horizontal adds leave its sum in every lane */
-        const __m512 p = _mm512_add_ps(q, _mm512_permute_ps(q, _MM_SHUFFLE(1, 0, 3, 2)));
-        const __m512 s = _mm512_add_ps(p, _mm512_permute_ps(p, _MM_SHUFFLE(2, 3, 0, 1)));
-        _mm_storeu_ps(out + j, _mm512_castps512_ps128(
-                                   _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s)));
+        _mm_storeu_ps(out + j, bubo_hsum4_f32x16(dot16_avx512(len, x, r), dot16_avx512(len, x, r + stride),
+                                                 dot16_avx512(len, x, r + 2 * stride),
+                                                 dot16_avx512(len, x, r + 3 * stride)));
     }
-    for (; j < n_rows; j++) out[j] = _mm512_reduce_add_ps(dot16_avx512(len, x, rows + (size_t)j * (size_t)stride));
+    for (; j < n_rows; j++) out[j] = bubo_hsum_f32x16(dot16_avx512(len, x, rows + (size_t)j * (size_t)stride));
 }
 
 BUBO_TARGET_AVX512 static void sum_rows_avx512(int n_rows, int len, const float *w, const float *rows, int64_t stride,

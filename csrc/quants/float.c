@@ -328,32 +328,6 @@ BUBO_TARGET_AVX512 static inline __m256i bf16x16_bits(__m512 v) {
 
 static inline __mmask16 tail_mask16(int64_t k) { return (__mmask16)((1u << k) - 1); }
 
-/* The sum of a vector's 16 lanes as a fixed tree: lanes j and j + 8, then j and j + 4, then j and
- * j + 2, then 0 and 1 (GCC's _mm512_reduce_add_ps, written out so that no compiler's choice of
- * tree can move a bit). f512_hsum4 sums four vectors with the same tree at once: the AVX-512 float
- * tiles' outputs have exactly vec_dot's bits. */
-BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) float f512_hsum(__m512 v) {
-    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    const __m128 p = _mm_add_ps(q, _mm_permute_ps(q, _MM_SHUFFLE(1, 0, 3, 2)));
-    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
-}
-
-/* {f512_hsum(a), f512_hsum(b), f512_hsum(c), f512_hsum(d)} */
-BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) __m128 f512_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-    /* lanes j + j + 8: quarters {a0+a2, a1+a3, b0+b2, b1+b3}, likewise c and d */
-    const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
-    /* j + j + 4: quarter k holds vector k's four partial sums */
-    const __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512 p = _mm512_add_ps(q, _mm512_permute_ps(q, _MM_SHUFFLE(1, 0, 3, 2))); /* j + j + 2 */
-    const __m512 r = _mm512_add_ps(p, _mm512_movehdup_ps(p));                        /* 0 + 1 */
-    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12), r));
-}
-
 BUBO_TARGET_AVX512 static void vec_dot_f32_f32_avx512(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
     const float *x = vx, *y = vy;
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -366,7 +340,7 @@ BUBO_TARGET_AVX512 static void vec_dot_f32_f32_avx512(int n, float *restrict s, 
         __mmask16 m = tail_mask16(n - i);
         acc[1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i), acc[1]);
     }
-    *s = f512_hsum(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+    *s = bubo_hsum_f32x16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
 BUBO_TARGET_AVX512 static void f16_to_float_avx512(const void *restrict vx, float *restrict y, int64_t n) {
@@ -409,7 +383,7 @@ BUBO_TARGET_AVX512 static void vec_dot_f16_f32_avx512(int n, float *restrict s, 
         __m512 w = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i));
         acc[1] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, y + i), acc[1]);
     }
-    *s = f512_hsum(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+    *s = bubo_hsum_f32x16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
 BUBO_TARGET_AVX512 static void bf16_to_float_avx512(const void *restrict vx, float *restrict y, int64_t n) {
@@ -445,7 +419,7 @@ BUBO_TARGET_AVX512 static void vec_dot_bf16_f32_avx512(int n, float *restrict s,
         __mmask16 m = tail_mask16(n - i);
         acc[1] = _mm512_fmadd_ps(maskz_load_bf16x16(m, x + i), _mm512_maskz_loadu_ps(m, y + i), acc[1]);
     }
-    *s = f512_hsum(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+    *s = bubo_hsum_f32x16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
 /* Float weights at AVX-512 (F32, F16, BF16). vec_dot keeps four 16-lane chains per output: chunk
@@ -507,7 +481,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block(
         __m512 sum[F512_ROWS];
         for (int r = 0; r < F512_ROWS; r++)
             sum[r] = _mm512_add_ps(_mm512_add_ps(chain[0][r][t], chain[1][r][t]), _mm512_add_ps(chain[2][r][t], chain[3][r][t]));
-        _mm_storeu_ps(s + (size_t)t * s_stride, f512_hsum4(sum[0], sum[1], sum[2], sum[3]));
+        _mm_storeu_ps(s + (size_t)t * s_stride, bubo_hsum4_f32x16(sum[0], sum[1], sum[2], sum[3]));
     }
 }
 
