@@ -2,7 +2,8 @@
 """Small requests: bubo's server beside llama-server on the lightest routes, where the HTTP path
 costs more than the engine. Both servers run the same GGUF with the same threads (-t), one at a
 time, started and stopped by this script, the order alternating round by round; each figure is
-the median over the rounds.
+the median over the rounds, and the ratio is also given per round (the two servers' runs of one
+round are minutes apart at most: the machine's drift moves that ratio least).
 
     python benchmarks/bench_small.py                 # 3 rounds of 2,000 requests per load
     python benchmarks/bench_small.py --rounds 5 --requests 4000 --save
@@ -176,14 +177,18 @@ def main(argv: list[str] | None = None) -> int:
     print("\n### the lightest routes, bubo against llama-server")
     print(f"\nSmall requests, {args.requests} per load, -t {args.threads}, median of {args.rounds} rounds, on "
           f"{cpu_name()}; models {models['gen'].name} and {models['embed'].name}\n")
-    print("| load | bubo req/s | llama-server req/s | bubo / llama-server | bubo CPU ms/req | of which outside "
-          "the engine | llama-server CPU ms/req |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| load | bubo req/s | llama-server req/s | bubo / llama-server | the same per round: median (range) | "
+          "bubo CPU ms/req | of which outside the engine | llama-server CPU ms/req |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, *_ in loads:
         b_rps, l_rps = (statistics.median(x[0] for x in got[w][name]) for w in ("bubo", "llama"))
         b_ms, l_ms = (statistics.median(x[1] for x in got[w][name]) for w in ("bubo", "llama"))
         b_out = statistics.median(x[2] for x in got["bubo"][name])
-        print(f"| {TITLES[name]} | {b_rps:.0f} | {l_rps:.0f} | {b_rps / l_rps:.2f}x | {b_ms:.3f} | {b_out:.3f} | "
+        # each round runs both servers one after the other: their ratio within a round is the
+        # least moved by the machine's drift between rounds
+        paired = [b[0] / max(lm[0], 1e-9) for b, lm in zip(got["bubo"][name], got["llama"][name])]
+        print(f"| {TITLES[name]} | {b_rps:.0f} | {l_rps:.0f} | {b_rps / l_rps:.2f}x | "
+              f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}) | {b_ms:.3f} | {b_out:.3f} | "
               f"{l_ms:.3f} |")
     return 0
 
