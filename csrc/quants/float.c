@@ -236,8 +236,18 @@ BUBO_TARGET_AVX2 static inline void f16_block_4x1(int n, const bubo_f16 *const x
 }
 
 /* Activations up to this size stay in L1/L2 while the weights stream past once (rows outer);
- * past it the weight chunk stays in L2 while the tokens go by three at a time (tokens outer). */
+ * past it the rows go in chunks of at most F16_TILE_CHUNK_BYTES of weights (half an AVX2 core's
+ * smallest L2, 512 KB on Zen 3), each chunk staying in L2 while the tokens go by a block at a
+ * time (tokens outer within the chunk). */
 #define F16_TILE_ROWS_OUTER_BYTES (96 * 1024)
+#define F16_TILE_CHUNK_BYTES (256 * 1024)
+#define F512_CHUNK_BYTES (512 * 1024) /* AVX-512 cores have 1-2 MB of L2 */
+
+/* rows per chunk: a multiple of the block's rows, at least one block */
+static inline int f16_tile_chunk_rows(int row_bytes, int chunk_bytes, int block_rows) {
+    const int rows = chunk_bytes / row_bytes / block_rows * block_rows;
+    return rows > block_rows ? rows : block_rows;
+}
 
 BUBO_TARGET_AVX2 static void tile_f16_f32_avx2(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                const void *restrict vx, size_t x_stride, const void *restrict vy,
@@ -256,18 +266,22 @@ BUBO_TARGET_AVX2 static void tile_f16_f32_avx2(int n, int n_rows, int n_tokens, 
             for (int t = t3; t < n_tokens; t++) f16_block_4x1(n, xs, YT(t), s + (size_t)t * s_stride + r);
         }
     } else {
-        for (int t = 0; t < t3; t += 3) {
-            const float *const ys[3] = {YT(t), YT(t + 1), YT(t + 2)};
-            for (int r = 0; r < r4; r += 4) {
-                const bubo_f16 *const xs[4] = {XR(r), XR(r + 1), XR(r + 2), XR(r + 3)};
-                f16_block_4x3(n, xs, ys, s + (size_t)t * s_stride + r, s_stride);
+        const int chunk = f16_tile_chunk_rows(n * 2, F16_TILE_CHUNK_BYTES, 4);
+        for (int r0 = 0; r0 < r4; r0 += chunk) {
+            const int r1 = r0 + chunk < r4 ? r0 + chunk : r4;
+            for (int t = 0; t < t3; t += 3) {
+                const float *const ys[3] = {YT(t), YT(t + 1), YT(t + 2)};
+                for (int r = r0; r < r1; r += 4) {
+                    const bubo_f16 *const xs[4] = {XR(r), XR(r + 1), XR(r + 2), XR(r + 3)};
+                    f16_block_4x3(n, xs, ys, s + (size_t)t * s_stride + r, s_stride);
+                }
             }
+            for (int t = t3; t < n_tokens; t++)
+                for (int r = r0; r < r1; r += 4) {
+                    const bubo_f16 *const xs[4] = {XR(r), XR(r + 1), XR(r + 2), XR(r + 3)};
+                    f16_block_4x1(n, xs, YT(t), s + (size_t)t * s_stride + r);
+                }
         }
-        for (int t = t3; t < n_tokens; t++)
-            for (int r = 0; r < r4; r += 4) {
-                const bubo_f16 *const xs[4] = {XR(r), XR(r + 1), XR(r + 2), XR(r + 3)};
-                f16_block_4x1(n, xs, YT(t), s + (size_t)t * s_stride + r);
-            }
     }
     for (int r = r4; r < n_rows; r++) /* the rows past the last four */
         for (int t = 0; t < n_tokens; t++) vec_dot_f16_f32_avx2(n, &s[(size_t)t * s_stride + r], XR(r), YT(t));
@@ -528,11 +542,17 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_tile(i
                 f512_rows_tokens(kind, n, xs, yb, y_stride, t, n_tokens, s + r, s_stride);
         }
     } else {
-        for (int t = 0; t < n_tokens; t += F512_TOKENS)
-            for (int r = 0; r < r4; r += F512_ROWS) {
-                const void *const xs[F512_ROWS] = F512_XS(r);
-                f512_rows_tokens(kind, n, xs, yb, y_stride, t, n_tokens, s + r, s_stride);
-            }
+        /* rows in chunks whose weights stay in L2 while the tokens go by, a block of tokens at a
+         * time (its activations in L1 across the chunk's rows) */
+        const int chunk = f16_tile_chunk_rows(n * (kind == F512_F32 ? 4 : 2), F512_CHUNK_BYTES, F512_ROWS);
+        for (int r0 = 0; r0 < r4; r0 += chunk) {
+            const int r1 = r0 + chunk < r4 ? r0 + chunk : r4;
+            for (int t = 0; t < n_tokens; t += F512_TOKENS)
+                for (int r = r0; r < r1; r += F512_ROWS) {
+                    const void *const xs[F512_ROWS] = F512_XS(r);
+                    f512_rows_tokens(kind, n, xs, yb, y_stride, t, n_tokens, s + r, s_stride);
+                }
+        }
     }
 #undef F512_XS
     for (int r = r4; r < n_rows; r++) /* the rows past the last four */

@@ -152,3 +152,18 @@ def test_float_tile_many_tokens_gives_vec_dot_bits(type_id, isa, rows, tokens):
     want = pairwise(type_id, w, y, n, isa)
     got = K.vec_dot_tile(type_id, n, w, y, isa=isa)
     assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("type_id,isa", [(t, i) for t in FLOAT_TYPES for i in K.type_info(t)["vec_dot_tile"]
+                                          if i in set(K.supported_isas())],
+                         ids=lambda v: K.type_info(v)["name"] if isinstance(v, int) else v)
+def test_float_tile_rows_in_chunks_give_vec_dot_bits(type_id, isa):
+    """Long rows (2053 elements: 4-8 KB each) and over 96 KiB of activations: the tokens-outer
+    order takes the rows in chunks of 256-512 KiB of weights (60-124 rows here, the last chunk
+    partial, two rows past the last block of four), every output still its vec_dot's bits."""
+    rng = np.random.default_rng(type_id + 7)
+    rows, tokens, n = 130, 13, 2053
+    w, y, _ = operands(type_id, rows, tokens, n, rng)
+    want = pairwise(type_id, w, y, n, isa)
+    got = K.vec_dot_tile(type_id, n, w, y, isa=isa)
+    assert np.array_equal(got, want)
