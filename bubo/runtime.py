@@ -113,6 +113,7 @@ class Runtime:
         self._pieces: list[bytes] | None = None
         self._vocab: Vocab | None = None
         self._grammar_pieces: list[bytes] | None = None
+        self._word_starts: frozenset[int] | None = None
         self._piece_index: PieceIndex | None = None
         self._shows_tools: bool | None = None
         self._eog: list[int] | None = None
@@ -295,6 +296,15 @@ class Runtime:
 
             self._pieces = vocab_pieces(self.tokenizer)
         return self._pieces
+
+    def word_starts(self) -> frozenset[int]:
+        """The tokens that begin a word: their text starts with a byte that is not an ASCII
+        letter or digit, nor part of a multi-byte character (a space, a newline, punctuation).
+        Prompt lookup's copies go on from them past a replaced word (bubo.engine.draft)."""
+        if self._word_starts is None:
+            self._word_starts = frozenset(i for i, p in enumerate(self.grammar_pieces())
+                                          if p and p[0] < 0x80 and not chr(p[0]).isalnum())
+        return self._word_starts
 
     def grammar_pieces(self) -> list[bytes]:
         """Every token's bytes as grammars see them (no bytes for control and unused tokens)."""

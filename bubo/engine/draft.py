@@ -33,7 +33,7 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -48,6 +48,8 @@ log = logging.getLogger("bubo.engine")
 
 NGRAM_SIZES = (4, 3, 2)  # the lengths of the tail looked up, longest first
 FOLLOW = 1  # prompt lookup's record key for a draft that goes on copying past a changed token
+RESYNC = 5  # ... and for one found again just past where a draft was refused
+RESYNC_WINDOW = 8  # how far past the refused source token (and for how many steps) it is looked for
 MODEL_PRIOR = 0.7  # a draft model sharing the vocabulary is expected to agree on most tokens at first
 PRIOR_WEIGHT = 2.0  # how many drafts the prior (the scheduler's record) is worth to a sequence
 DRAFT_OUT_VOCAB = 16384  # a draft model guesses among the first tokens of its vocabulary only
@@ -235,22 +237,34 @@ class NgramDrafter(Pacing):
     Where the tail is found nowhere, the copy goes on past a changed token: an edit's answer
     copies its prompt with a word replaced here and there (a renamed variable, a corrected
     spelling), and right after the replacement no n-gram of the tail occurs in the prompt. The
-    drafter remembers where its last draft was copied from and where the sequence stood then;
-    taking each token since as standing for one source token, it drafts what follows there
-    (its own record, FOLLOW, says how often such drafts are kept), until such a draft is refused
-    from its first token. Only a copy found by a tail of 3 tokens or more, or one whose drafts
-    were partly kept, goes on so (a 2-token tail, "of the", is found everywhere in free text)."""
+    drafter remembers where its last draft was copied from and where it was refused:
+    - the token the answer just wrote is looked for a few tokens past the refused one (RESYNC):
+      where the replacement has ended and the copy resumes ("prepared there" for "prepaired
+      there"), what follows it there is the draft;
+    - else the copy goes on (FOLLOW), at the next word of the source: word_starts, the tokens
+      that begin a word (a space, a newline or punctuation first), says where the refused source
+      word ends ("prep|aired there": at " there"), since a corrected word seldom has its
+      misspelling's token count; each token since then stands for one source token. Without
+      word_starts, the refused token alone is skipped.
+    Such a copy goes on until a draft of it is refused from its first token. Only a copy found by
+    a tail of 3 tokens or more, or one whose drafts were partly kept, goes on so (a 2-token tail,
+    "of the", is found everywhere in free text). FOLLOW and RESYNC keep their own records."""
 
-    def __init__(self, config: DraftConfig):
+    def __init__(self, config: DraftConfig, word_starts: Collection[int] | None = None):
         super().__init__(config)
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # tokens[:_indexed] are indexed (each n-gram ending before it)
         # a record per match length: a draft found by a 4-gram is kept far more often than one
         # found by a 2-gram, and its length is chosen by its own record
-        self._by_n = {n: Pacing(config) for n in (*NGRAM_SIZES, FOLLOW)}
-        self.matched = 0  # the match length of the last draft offered (FOLLOW: a copy going on; 0: none)
+        self._by_n = {n: Pacing(config) for n in (*NGRAM_SIZES, FOLLOW, RESYNC)}
+        self.word_starts = word_starts
+        self.matched = 0  # the match length of the last draft offered (FOLLOW, RESYNC: a copy going on; 0: none)
         self._copy: tuple[int, int] | None = None  # (source index, sequence length) of the last copy
         self._sure = False  # the last copy is one to go on with: found by 3 tokens or more, or partly kept
+        self._offered: tuple[int, int] | None = None  # (source index, sequence length) of the draft on offer
+        # (source index of the first refused token, sequence length after that step) of the last
+        # draft refused before its end
+        self._refused_at: tuple[int, int] | None = None
 
     def alpha(self, prior: float = 0.5) -> float:
         rec = self._by_n.get(self.matched)
@@ -260,6 +274,7 @@ class NgramDrafter(Pacing):
         super().idle()
         for rec in self._by_n.values():
             rec.idle()
+        self._offered = None
 
     def taken(self, n_drafted: int, n_accepted: int) -> None:
         super().taken(n_drafted, n_accepted)
@@ -270,6 +285,10 @@ class NgramDrafter(Pacing):
             self._sure = True
         elif self.matched == FOLLOW:
             self._copy = None  # the copy went astray: only a new match starts another
+        if self._offered is not None and 0 < n_drafted:
+            at, then = self._offered
+            self._refused_at = (at + n_accepted, then + n_accepted + 1) if n_accepted < n_drafted else None
+        self._offered = None
 
     def _update(self, tokens: list[int]) -> None:
         # index n-grams that end at positions < len(tokens) - 1: the sequence's tail itself must
@@ -281,11 +300,21 @@ class NgramDrafter(Pacing):
                     self._index[tuple(tokens[i + 1 - n:i + 1])] = i + 1
         self._indexed = max(self._indexed, end)
 
+    def _offer(self, tokens: list[int], at: int, k: int, matched: int) -> list[int]:
+        """tokens[at:at + k] as the draft, found by `matched`; [] if it is too short."""
+        draft = tokens[at:at + k]
+        if len(draft) < max(1, self.config.n_min):
+            return []
+        self.matched = matched
+        self._offered = (at, len(tokens))
+        return draft
+
     def propose(self, tokens: list[int], limit: int) -> list[int]:
         """What followed the tail of tokens where it last occurred before (at most `limit`
         tokens; [] for no match): the longest draft on offer, which the scheduler cuts."""
         k = limit
         self.matched = 0
+        self._offered = None
         if k < max(1, self.config.n_min):
             return []
         self._update(tokens)
@@ -293,22 +322,31 @@ class NgramDrafter(Pacing):
             if len(tokens) < n:
                 continue
             at = self._index.get(tuple(tokens[-n:]))
-            if at is not None:
-                draft = tokens[at:at + k]
-                if len(draft) >= max(1, self.config.n_min):
-                    self.matched = n
-                    self._copy, self._sure = (at, len(tokens)), n >= 3
+            if at is not None and (draft := self._offer(tokens, at, k, n)):
+                self._copy, self._sure = (at, len(tokens)), n >= 3
+                return draft
+        refused = self._refused_at
+        if refused is not None and len(tokens) - refused[1] <= RESYNC_WINDOW:
+            src = refused[0]
+            window = tokens[src:min(src + RESYNC_WINDOW, len(tokens) - 1)]
+            if tokens[-1] in window:  # the copy resumes just past the replacement
+                at = src + window.index(tokens[-1]) + 1
+                if draft := self._offer(tokens, at, k, RESYNC):
+                    self._copy, self._sure = (at, len(tokens)), True
                     return draft
         if self._copy is not None and self._sure:  # nothing found: go on copying where the last copy came from
             src, then = self._copy
             step = len(tokens) - then  # tokens since, each standing for one source token
             at = src + step
-            if 0 < step <= self.config.n_max + 1 and at < len(tokens):
-                draft = tokens[at:at + k]
-                if len(draft) >= max(1, self.config.n_min):
-                    self.matched = FOLLOW
-                    self._copy = (at, len(tokens))
-                    return draft
+            if refused is not None and refused[1] == len(tokens) and self.word_starts is not None:
+                # the step right after a refusal: on from the word after the refused source word
+                at = refused[0] + 1
+                while at < len(tokens) - 1 and tokens[at] not in self.word_starts:
+                    at += 1
+            if 0 < step <= self.config.n_max + 1 and at < len(tokens) and \
+                    (draft := self._offer(tokens, at, k, FOLLOW)):
+                self._copy = (at, len(tokens))
+                return draft
         self._copy = None
         return []
 

@@ -15,7 +15,7 @@ from bubo._grammar import Grammar
 from bubo.chat.schema import schema_to_gbnf
 from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
 from bubo.engine import scheduler as scheduler_module
-from bubo.engine.draft import FOLLOW, Costs, DraftConfig, NgramDrafter, Pacing, choose_lengths
+from bubo.engine.draft import FOLLOW, RESYNC, Costs, DraftConfig, NgramDrafter, Pacing, choose_lengths
 from bubo.sampling import SamplingParams
 
 from engines import THREADS, start_engine
@@ -75,6 +75,34 @@ def test_ngram_drafter_goes_on_copying_past_a_changed_token():
     seq += [77]
     assert d.propose(seq, 4) == []  # a tail found nowhere, and no copy going on: nothing
     assert d.propose([1, 2, 3], 4) == []  # never from another (shorter) sequence's record
+
+
+def test_ngram_drafter_resumes_its_copy_past_a_replaced_word():
+    """A misspelled word of two tokens (11 21) corrected to one (30): the copy goes on at the
+    source's next word (12: tokens 10-19 begin words, 20-29 go on one), not one token on (21);
+    where the answer takes two tokens (30 31) and the copy is refused, the answer's next token
+    found just past the refused place (12) resumes it."""
+    starts = set(range(10, 20))
+    prompt = [1, 2, 3, 10, 11, 21, 12, 13, 14, 15, 16, 17, 99]
+    for word_starts, want in ((starts, [12, 13, 14, 15]), (None, [21, 12, 13, 14])):
+        d = NgramDrafter(DraftConfig(n_max=8), word_starts)
+        seq = prompt + [1, 2]
+        assert d.propose(seq, 8) == [3, 10, 11, 21, 12, 13, 14, 15] and d.matched == 2
+        d.taken(8, 2)  # 3 and 10 kept; the answer says 30 where the prompt said 11 21
+        seq += [3, 10, 30]
+        assert d.propose(seq, 4) == want and d.matched == FOLLOW
+    d.taken(4, 0)  # the answer's word goes on (31): refused from its first token
+    seq += [31]
+    assert d.propose(seq, 4) == []  # 30 31 is found nowhere, and the copy went astray
+    d.idle()
+    seq += [12]
+    assert d.propose(seq, 4) == [13, 14, 15, 16] and d.matched == RESYNC  # 12, just past where it was refused
+    d.taken(4, 4)
+    seq += [13, 14, 15, 16, 88]  # 88 for 17: the copy goes on ...
+    assert d.propose(seq, 1) == [99] and d.matched == FOLLOW
+    d.taken(1, 0)  # ... and is refused (66 for 99)
+    seq += [66, 60, 61, 62, 63, 64, 65, 67, 68, 99]
+    assert d.propose(seq, 4) == [] and d.matched == 0  # too long since: 99 resumes nothing
 
 
 def test_pacing_learns_how_likely_a_drafted_token_is_kept_and_forgets_slowly():
