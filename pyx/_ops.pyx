@@ -62,24 +62,8 @@ cdef const float *_row_or_null(object a, int64_t n, str name, list keep) except?
     return &v[0]
 
 
-def rms_norm(x, w, float eps, isa=None):
-    """Each row of x (the last axis) normalized; w (one row) or None."""
-    cdef const bubo_ops *t = _ops(isa)
-    out = _f32(x).copy()
-    cdef int64_t n = out.shape[out.ndim - 1] if out.ndim else 1
-    cdef float[:, ::1] rows = out.reshape(-1, n)
-    keep: list = []
-    cdef const float *wp = _row_or_null(w, n, "w", keep)
-    cdef Py_ssize_t r
-    with nogil:
-        for r in range(rows.shape[0]):
-            t.rms_norm(n, &rows[r, 0], &rows[r, 0], wp, eps)
-    return out
-
-
-def layer_norm(x, w, b, float eps, isa=None):
-    """Each row of x (the last axis) centered and normalized, times w plus b (one row each, or
-    None)."""
+cdef _norm_rows(x, w, b, float eps, isa, bint centered):
+    """Each row of x (the last axis) through the level's rms_norm, or its layer_norm (centered)."""
     cdef const bubo_ops *t = _ops(isa)
     out = _f32(x).copy()
     cdef int64_t n = out.shape[out.ndim - 1] if out.ndim else 1
@@ -90,8 +74,22 @@ def layer_norm(x, w, b, float eps, isa=None):
     cdef Py_ssize_t r
     with nogil:
         for r in range(rows.shape[0]):
-            t.layer_norm(n, &rows[r, 0], &rows[r, 0], wp, bp, eps)
+            if centered:
+                t.layer_norm(n, &rows[r, 0], &rows[r, 0], wp, bp, eps)
+            else:
+                t.rms_norm(n, &rows[r, 0], &rows[r, 0], wp, eps)
     return out
+
+
+def rms_norm(x, w, float eps, isa=None):
+    """Each row of x (the last axis) normalized; w (one row) or None."""
+    return _norm_rows(x, w, None, eps, isa, False)
+
+
+def layer_norm(x, w, b, float eps, isa=None):
+    """Each row of x (the last axis) centered and normalized, times w plus b (one row each, or
+    None)."""
+    return _norm_rows(x, w, b, eps, isa, True)
 
 
 _ROPE_MODES = {"normal": BUBO_ROPE_NORMAL, "neox": BUBO_ROPE_NEOX}
