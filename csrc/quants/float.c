@@ -447,6 +447,7 @@ BUBO_TARGET_AVX512 static void vec_dot_bf16_f32_avx512(int n, float *restrict s,
 enum { F512_F32, F512_F16, F512_BF16 };
 #define F512_ROWS 4
 #define F512_TOKENS 6
+#define F512_PAIR_TOKENS 3 /* F16, BF16: f512_block_pairs */
 
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) __m512 f512_load(int kind, const void *x, int i) {
     if (kind == F512_F32) return _mm512_loadu_ps((const float *)x + i);
@@ -509,10 +510,10 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block_
                                                                                    const void *const x[F512_ROWS],
                                                                                    const float *const *y, float *s,
                                                                                    size_t s_stride) {
-    __m512 c01[F512_ROWS][3];
+    __m512 c01[F512_ROWS][F512_PAIR_TOKENS];
     const int n64 = n / 64 * 64, n16 = n / 16 * 16;
     for (int p = 0; p < 2; p++) {
-        __m512 a[F512_ROWS][F512_TOKENS], b[F512_ROWS][F512_TOKENS];
+        __m512 a[F512_ROWS][F512_TOKENS], b[F512_ROWS][F512_TOKENS]; /* f512_chunk's shape; nt used */
         for (int r = 0; r < F512_ROWS; r++)
             for (int t = 0; t < nt; t++) a[r][t] = b[r][t] = _mm512_setzero_ps();
         for (int i = 32 * p; i < n64; i += 64) {
@@ -541,9 +542,9 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_rows_t
     const float *ys[F512_TOKENS];
     for (int j = 0; j < nt; j++) ys[j] = (const float *)(yb + (size_t)(t + j) * y_stride);
     float *out = s + (size_t)t * s_stride;
-    if (kind != F512_F32) { /* F16, BF16: three tokens a block, the chains in pairs */
-        for (int j = 0; j < nt; j += 3) {
-            const int m = nt - j < 3 ? nt - j : 3;
+    if (kind != F512_F32) { /* F16, BF16: F512_PAIR_TOKENS a block, the chains in pairs */
+        for (int j = 0; j < nt; j += F512_PAIR_TOKENS) {
+            const int m = nt - j < F512_PAIR_TOKENS ? nt - j : F512_PAIR_TOKENS;
             if (m == 3) f512_block_pairs(kind, 3, n, xs, ys + j, out + (size_t)j * s_stride, s_stride);
             else if (m == 2) f512_block_pairs(kind, 2, n, xs, ys + j, out + (size_t)j * s_stride, s_stride);
             else f512_block_pairs(kind, 1, n, xs, ys + j, out + (size_t)j * s_stride, s_stride);
