@@ -28,12 +28,12 @@
  * draft check of 4 tokens and the pending one reads its weights once). */
 #define KQ2_TOKENS 4
 #define KQ2_KTOKENS 5
-/* Decode steps of up to this many tokens take a whole group at once (both halves, 16 rows: each
- * token's broadcast activations serve both halves' weights), the two halves' sums still in
- * registers at 3. In a loop alone, a broadcast per vpmaddubsw halves its rate; in the tile
- * (benchmarks/tile_bench.c, [1024, 1536] in L2, AMD EPYC Zen 5 at AVX2) steps of 1-3 tokens run
- * 1.05-1.1x as fast this way, 4-5 no faster (as 3 + 1-2), so those keep the halves' 5-token tile. */
-#define KQ2_PAIR_TOKENS 3
+/* A whole group at once (both halves, 16 rows: each token's broadcast activations serve both
+ * halves' weights) takes up to a type's pair_tokens tokens (kq2_tile_prepacked; at most 4, as
+ * KQ2_MICRO2_DISPATCH): decode steps of up to that many tokens, and prompts where the type's
+ * whole-group tile is the faster one. In a loop alone, a broadcast per vpmaddubsw halves its rate;
+ * in the tile (benchmarks/tile_bench.c, [1024, 1536] in L2, AMD EPYC Zen 5 at AVX2) steps of 1-3
+ * tokens run 1.05-1.1x as fast this way. */
 
 /* How far ahead a decode step prefetches (measured on an AMD EPYC, AVX2: 8 KiB streamed the packed
  * Q6_K rows as fast as the rows in place, 4 KiB and none did not). */
@@ -46,6 +46,7 @@ typedef struct {
     __m256i sc[16];    /* per unit of int16 sums (Q4_K: a 32-element group, Q6_K: 16 elements):
                           lane r = row r's scale as an int16 pair (scale, scale) */
     __m256i m_pair[8]; /* per subgroup pair i: lane r = (m[2i], m[2i+1]) of row r, int16 each */
+    __m256i m_quad[4]; /* Q4_K: per pair of 32-element groups j: lane r = (m[2j], m[2j+1]) of row r */
     __m256 dx, dm;
 } kq2_panel;
 
@@ -138,14 +139,22 @@ BUBO_TARGET_AVX2 static inline __m256i kq2_live(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n > 8 ? 8 : n), idx);
 }
 
-/* The chain's step for nt tokens of one super-block (isum, msum per token), into s. */
-#define KQ2_FINISH(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum)                                  \
+/* Dword j of v in every dword of out[j]: a broadcast made in registers from one load (in the
+ * tile, 1-2 loads and shuffles per token run faster than a broadcast load per pair of bsums). */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_dwords4(__m128i v, __m256i out[4]) {
+    const __m256i w = _mm256_broadcastsi128_si256(v);
+    out[0] = _mm256_shuffle_epi32(w, 0x00);
+    out[1] = _mm256_shuffle_epi32(w, 0x55);
+    out[2] = _mm256_shuffle_epi32(w, 0xAA);
+    out[3] = _mm256_shuffle_epi32(w, 0xFF);
+}
+
+/* The chain's step for nt tokens of one super-block (isum, msum per token, msum already summed),
+ * into s. */
+#define KQ2_STORE(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum)                                   \
     do {                                                                                                   \
         _Pragma("GCC unroll 8") for (int t_ = 0; t_ < (nt); t_++) {                                        \
             const block_q8_K *b_ = (const block_q8_K *)((yt) + (size_t)t_ * (y_stride));                   \
-            _Pragma("GCC unroll 8") for (int i_ = 0; i_ < 8; i_++)                                          \
-                msum[t_] = _mm256_add_epi32(msum[t_], _mm256_madd_epi16((p)->m_pair[i_],                    \
-                                                                         kq2_bcast4((const int8_t *)&b_->bsums[2 * i_]))); \
             const __m256 dy_ = _mm256_set1_ps(b_->d);                                                      \
             float *st_ = (s) + (size_t)t_ * (s_stride);                                                    \
             __m256 acc_ = (first) ? _mm256_setzero_ps() : _mm256_maskload_ps(st_, (live));                 \
@@ -155,27 +164,53 @@ BUBO_TARGET_AVX2 static inline __m256i kq2_live(int n) {
         }                                                                                                  \
     } while (0)
 
+/* The chain's step for nt tokens of one super-block, into s, msum from the panel's m_pair (one
+ * pair of int16 factors per pair of bsums). */
+#define KQ2_FINISH(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum)                                  \
+    do {                                                                                                   \
+        _Pragma("GCC unroll 8") for (int t_ = 0; t_ < (nt); t_++) {                                        \
+            const block_q8_K *b_ = (const block_q8_K *)((yt) + (size_t)t_ * (y_stride));                   \
+            __m256i bs_[8];                                                                                \
+            kq2_dwords4(_mm_loadu_si128((const __m128i *)b_->bsums), bs_);                                 \
+            kq2_dwords4(_mm_loadu_si128((const __m128i *)(b_->bsums + 8)), bs_ + 4);                       \
+            _Pragma("GCC unroll 8") for (int i_ = 0; i_ < 8; i_++)                                          \
+                msum[t_] = _mm256_add_epi32(msum[t_], _mm256_madd_epi16((p)->m_pair[i_], bs_[i_]));        \
+        }                                                                                                  \
+        KQ2_STORE(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum);                              \
+    } while (0)
+
+/* A Q8_K block's activation sums per 32 elements (two bsums each: |sum| <= 32 x 127 fits int16) as
+ * int16 pairs, pair j (groups 2j, 2j+1) in every dword of g[j]: for the types whose 32-element
+ * groups share one factor (Q4_K's mins), one vpmaddwd per two groups. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_group_sums(const block_q8_K *b, __m256i g[4]) {
+    const __m128i ones = _mm_set1_epi16(1);
+    const __m128i lo = _mm_madd_epi16(_mm_loadu_si128((const __m128i *)b->bsums), ones);
+    const __m128i hi = _mm_madd_epi16(_mm_loadu_si128((const __m128i *)(b->bsums + 8)), ones);
+    kq2_dwords4(_mm_packs_epi32(lo, hi), g);
+}
+
 /* A type's micro tile: nt (1..KQ2_KTOKENS) tokens of one half group's super-block (its values at
  * b), accumulated into s (from 0 when first). */
 typedef void (*kq2_micro_fn)(const kq2_panel *p, const uint8_t *b, int nt, int first, __m256i live, float *s,
                              size_t s_stride, const uint8_t *yt, size_t y_stride);
 
-/* A type's micro tile of a whole group (all 16 rows live): nt (1..KQ2_PAIR_TOKENS) tokens of the
+/* A type's micro tile of a whole group (all 16 rows live): nt (1..its pair_tokens) tokens of the
  * group's super-block at gb (half h's values at gb + h * values, its panel p[h]), into s's 16
  * outputs per token. Each output's chain is the half micro tile's, step for step. */
 typedef void (*kq2_micro2_fn)(const kq2_panel *p, const uint8_t *gb, size_t values, int nt, int first, float *s,
                               size_t s_stride, const uint8_t *yt, size_t y_stride);
 
 /* The tile over prepacked groups: a group's super-blocks in address order for a decode step (few
- * tokens: the weights stream once, the next piece prefetched; up to KQ2_PAIR_TOKENS tokens both
+ * tokens: the weights stream once, the next piece prefetched; up to pair_tokens tokens both
  * halves at once by micro2, else half by half), chunks of TILE_CHUNK tokens
  * super-block by super-block for a prompt (a half's panel serving the chunk's micro tiles, the
- * chunk's activations of one super-block in L1). values: the bytes of a half's values (the
- * second half's follow the first's); x_size: the block's bytes. */
+ * chunk's activations of one super-block in L1; whole groups by micro2, pair_tokens at a time,
+ * where pair_prompt). values: the bytes of a half's values (the second half's follow the
+ * first's); x_size: the block's bytes. */
 BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prepacked(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
     const void *restrict vy, size_t y_stride, size_t x_size, size_t values, kq2_panel_fn panel, kq2_micro_fn micro,
-    kq2_micro2_fn micro2) {
+    kq2_micro2_fn micro2, const int pair_tokens, const int pair_prompt) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK_K;
     if (nb == 0) {
@@ -183,22 +218,20 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
         return;
     }
     kq2_panel p __attribute__((aligned(32)));
+    kq2_panel p2[2] __attribute__((aligned(32)));
     const size_t group_block = (size_t)TILE_ROWS * x_size;
     if (n_tokens <= 2 * KQ2_KTOKENS) {
         const uint8_t *end = x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride;
-        kq2_panel p2[2] __attribute__((aligned(32)));
         for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
             const uint8_t *xr = x + (size_t)r0 * x_stride;
             for (int k = 0; k < nb; k++) {
                 prefetch_ahead(xr + (size_t)k * group_block, group_block, end, KQ2_AHEAD);
-                if (n_tokens <= KQ2_PAIR_TOKENS && r0 + TILE_ROWS <= n_rows) { /* a whole group at once */
+                if (n_tokens <= pair_tokens && r0 + TILE_ROWS <= n_rows) { /* a whole group at once */
                     const uint8_t *gb = xr + (size_t)k * group_block;
                     panel(&p2[0], gb, 0);
                     panel(&p2[1], gb, 1);
-                    for (int t = 0; t < n_tokens; t += KQ2_PAIR_TOKENS)
-                        micro2(p2, gb, values, n_tokens - t < KQ2_PAIR_TOKENS ? n_tokens - t : KQ2_PAIR_TOKENS, k == 0,
-                               s + (size_t)t * s_stride + r0, s_stride,
-                               y + (size_t)t * y_stride + (size_t)k * sizeof(block_q8_K), y_stride);
+                    micro2(p2, gb, values, n_tokens, k == 0, s + r0, s_stride, y + (size_t)k * sizeof(block_q8_K),
+                           y_stride);
                     continue;
                 }
                 for (int h = 0; h < 2 && r0 + KQ2_ROWS * h < n_rows; h++) {
@@ -218,13 +251,24 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
     for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
         const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
         for (int k = 0; k < nb; k++) {
-            for (int r0 = 0; r0 < n_rows; r0 += KQ2_ROWS) {
+            const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
+            int r0 = 0;
+            if (pair_prompt) /* whole groups both halves at once, then the rows left half by half */
+                for (; r0 + TILE_ROWS <= n_rows; r0 += TILE_ROWS) {
+                    const uint8_t *gb = x + (size_t)r0 * x_stride + (size_t)k * group_block;
+                    panel(&p2[0], gb, 0);
+                    panel(&p2[1], gb, 1);
+                    float *st = s + (size_t)t0 * s_stride + r0;
+                    for (int t = 0; t < nt; t += pair_tokens)
+                        micro2(p2, gb, values, nt - t < pair_tokens ? nt - t : pair_tokens, k == 0,
+                               st + (size_t)t * s_stride, s_stride, yt + (size_t)t * y_stride, y_stride);
+                }
+            for (; r0 < n_rows; r0 += KQ2_ROWS) {
                 const __m256i live = kq2_live(n_rows - r0);
                 const int h = r0 % TILE_ROWS ? 1 : 0;
                 const uint8_t *gb = x + (size_t)(r0 - KQ2_ROWS * h) * x_stride + (size_t)k * group_block;
                 const uint8_t *b = gb + (size_t)h * values;
                 panel(&p, gb, h);
-                const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
                 float *st = s + (size_t)t0 * s_stride + r0;
                 for (int t = 0; t < nt; t += KQ2_KTOKENS)
                     micro(&p, b, nt - t < KQ2_KTOKENS ? nt - t : KQ2_KTOKENS, k == 0, live, st + (size_t)t * s_stride,
@@ -247,15 +291,18 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
         }                                                                         \
     } while (0)
 
-/* A whole group's micro tile for nt a literal in each case. */
-#define KQ2_MICRO2_DISPATCH(fn, p, gb, values, nt, first, s, s_stride, yt, y_stride) \
-    do {                                                                             \
-        switch (nt) {                                                                \
-        case 1: fn(p, gb, values, 1, first, s, s_stride, yt, y_stride); break;       \
-        case 2: fn(p, gb, values, 2, first, s, s_stride, yt, y_stride); break;       \
-        case 3: fn(p, gb, values, 3, first, s, s_stride, yt, y_stride); break;       \
-        default: break;                                                              \
-        }                                                                            \
+/* A whole group's micro tile for nt a literal in each case, up to most (the type's pair_tokens). */
+#define KQ2_MICRO2_DISPATCH(fn, most, p, gb, values, nt, first, s, s_stride, yt, y_stride) \
+    do {                                                                                   \
+        switch (nt) {                                                                      \
+        case 1: fn(p, gb, values, 1, first, s, s_stride, yt, y_stride); break;             \
+        case 2: fn(p, gb, values, 2, first, s, s_stride, yt, y_stride); break;             \
+        case 3: fn(p, gb, values, 3, first, s, s_stride, yt, y_stride); break;             \
+        case 4:                                                                            \
+            if ((most) >= 4) fn(p, gb, values, 4, first, s, s_stride, yt, y_stride);       \
+            break;                                                                         \
+        default: break;                                                                    \
+        }                                                                                  \
     } while (0)
 
 #endif /* BUBO_X86 */

@@ -438,6 +438,11 @@ BUBO_TARGET_AVX2 static void kq2_micro_q6_K(const kq2_panel *p, const uint8_t *b
 #define KQ2_SL0(h) (h)
 #define KQ2_SR2(h) _mm256_srli_epi16(h, 2)
 
+/* Q6_K's whole-group tile takes up to 3 tokens, for decode steps only: for prompts, and at 4 tokens,
+ * its unpacking leaves too few registers (prompts 113 -> 103-106 G multiply-adds/s per thread
+ * against the half tile, [1536, 1536] x 512 on an AMD EPYC Zen 5 at AVX2). */
+#define Q6_K_PAIR_TOKENS 3
+
 /* kq2_micro_q6_K_body for both halves of a group, a pair of k-steps at a time: each broadcast
  * feeds one vpmaddubsw per half. Each 16 elements' sum is the same integer (the two pairs' scaled
  * sums added to isum one after the other instead of together), so every output has the same bits. */
@@ -446,7 +451,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro2_q6
     const uint8_t *yt, size_t y_stride) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m_hi = _mm256_set1_epi8(0x30), live = _mm256_set1_epi32(-1);
     const uint8_t *b0 = gb, *b1 = gb + values;
-    __m256i isum0[KQ2_PAIR_TOKENS], isum1[KQ2_PAIR_TOKENS], msum0[KQ2_PAIR_TOKENS], msum1[KQ2_PAIR_TOKENS];
+    __m256i isum0[Q6_K_PAIR_TOKENS], isum1[Q6_K_PAIR_TOKENS], msum0[Q6_K_PAIR_TOKENS], msum1[Q6_K_PAIR_TOKENS];
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = msum0[t] = msum1[t] = _mm256_setzero_si256();
     for (int g = 0; g < 16; g++) {
@@ -483,14 +488,14 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro2_q6
 
 BUBO_TARGET_AVX2 static void kq2_micro2_q6_K(const kq2_panel *p, const uint8_t *gb, size_t values, int nt, int first,
                                              float *s, size_t s_stride, const uint8_t *yt, size_t y_stride) {
-    KQ2_MICRO2_DISPATCH(kq2_micro2_q6_K_body, p, gb, values, nt, first, s, s_stride, yt, y_stride);
+    KQ2_MICRO2_DISPATCH(kq2_micro2_q6_K_body, Q6_K_PAIR_TOKENS, p, gb, values, nt, first, s, s_stride, yt, y_stride);
 }
 
 BUBO_TARGET_AVX2 static void q6_K_tile_prepacked_avx2(int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride,
                                                       const void *restrict x, size_t x_stride, const void *restrict y,
                                                       size_t y_stride) {
     kq2_tile_prepacked(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K), Q6_K_P2_VALUES,
-                       kq2_panel_q6_K, kq2_micro_q6_K, kq2_micro2_q6_K);
+                       kq2_panel_q6_K, kq2_micro_q6_K, kq2_micro2_q6_K, Q6_K_PAIR_TOKENS, 0);
 }
 #endif /* BUBO_X86 */
 
