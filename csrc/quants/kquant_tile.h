@@ -100,10 +100,12 @@ BUBO_TARGET_AVX512 static inline void kq_pack_avx512(packed_kq_avx512 *p, const 
     p->dm = _mm512_load_ps(dm);
 }
 
-/* nt tokens of one super-block, accumulated into s (from 0 when first). */
+/* nt tokens of one super-block, accumulated into s (from 0 when first). msum from the bsums, one
+ * vpdpwssd per pair of subgroups; or, for a type whose 32-element groups share one m (quad given:
+ * kq_quads), one per pair of groups from the tokens' group sums gs (kq_group_sums, 4 a token). */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_avx512(
     const packed_kq_avx512 *p, const int nt, int first, int n_rows, float *restrict s, size_t s_stride,
-    const uint8_t *yt, size_t y_stride) {
+    const uint8_t *yt, size_t y_stride, const __m512i *quad, const int32_t *gs) {
     const __mmask16 live = n_rows >= TILE_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << n_rows) - 1);
     __m512i isum[TILE_TOKENS], msum[TILE_TOKENS];
 #pragma GCC unroll 8
@@ -126,11 +128,17 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_av
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) {
         const block_q8_K *b = (const block_q8_K *)(yt + (size_t)t * y_stride);
+        if (quad) {
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                msum[t] = _mm512_dpwssd_epi32(msum[t], quad[j], _mm512_set1_epi32(gs[4 * t + j]));
+        } else {
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) {
-            int32_t pair;
-            memcpy(&pair, &b->bsums[2 * i], 4);
-            msum[t] = _mm512_dpwssd_epi32(msum[t], p->m_pair[i], _mm512_set1_epi32(pair));
+            for (int i = 0; i < 8; i++) {
+                int32_t pair;
+                memcpy(&pair, &b->bsums[2 * i], 4);
+                msum[t] = _mm512_dpwssd_epi32(msum[t], p->m_pair[i], _mm512_set1_epi32(pair));
+            }
         }
         const __m512 dy = _mm512_set1_ps(b->d);
         __m512 acc = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(live, s + (size_t)t * s_stride);
@@ -141,46 +149,70 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_av
 }
 
 /* The micro tile over nt (1..8) tokens with nt a literal in each case (its chains interleave). */
-#define KQ_MICRO_ANY(packed, nt, first, nr, st, s_stride, yt, y_stride)                       \
-    do {                                                                                     \
-        switch (nt) {                                                                        \
-        case 1: kq_micro_avx512(packed, 1, first, nr, st, s_stride, yt, y_stride); break;    \
-        case 2: kq_micro_avx512(packed, 2, first, nr, st, s_stride, yt, y_stride); break;    \
-        case 3: kq_micro_avx512(packed, 3, first, nr, st, s_stride, yt, y_stride); break;    \
-        case 4: kq_micro_avx512(packed, 4, first, nr, st, s_stride, yt, y_stride); break;    \
-        case 5: kq_micro_avx512(packed, 5, first, nr, st, s_stride, yt, y_stride); break;    \
-        case 6: kq_micro_avx512(packed, 6, first, nr, st, s_stride, yt, y_stride); break;    \
-        case 7: kq_micro_avx512(packed, 7, first, nr, st, s_stride, yt, y_stride); break;    \
-        case 8: kq_micro_avx512(packed, 8, first, nr, st, s_stride, yt, y_stride); break;    \
-        default: break;                                                                      \
-        }                                                                                    \
+#define KQ_MICRO_ANY(packed, nt, first, nr, st, s_stride, yt, y_stride, quad, gs)                       \
+    do {                                                                                               \
+        switch (nt) {                                                                                  \
+        case 1: kq_micro_avx512(packed, 1, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
+        case 2: kq_micro_avx512(packed, 2, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
+        case 3: kq_micro_avx512(packed, 3, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
+        case 4: kq_micro_avx512(packed, 4, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
+        case 5: kq_micro_avx512(packed, 5, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
+        case 6: kq_micro_avx512(packed, 6, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
+        case 7: kq_micro_avx512(packed, 7, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
+        case 8: kq_micro_avx512(packed, 8, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
+        default: break;                                                                                \
+        }                                                                                              \
     } while (0)
+
+/* A Q8_K block's activation sums per 32 elements (two bsums each: |sum| <= 32 x 127 fits int16),
+ * as 4 int16 pairs (groups 2j, 2j + 1) at gs. */
+BUBO_TARGET_AVX512 static inline void kq_group_sums(const block_q8_K *b, int32_t gs[4]) {
+    const __m128i ones = _mm_set1_epi16(1);
+    const __m128i lo = _mm_madd_epi16(_mm_loadu_si128((const __m128i *)b->bsums), ones);
+    const __m128i hi = _mm_madd_epi16(_mm_loadu_si128((const __m128i *)(b->bsums + 8)), ones);
+    _mm_storeu_si128((__m128i *)gs, _mm_packs_epi32(lo, hi));
+}
+
+/* For a type whose m_pair holds (m, m) per 32-element group (Q4_K): lane r = (m[2j], m[2j+1]) of
+ * row r in quad[j], the pairs kq_group_sums makes. */
+BUBO_TARGET_AVX512 static inline void kq_quads(const packed_kq_avx512 *p, __m512i quad[4]) {
+    for (int j = 0; j < 4; j++)
+        quad[j] = _mm512_mask_blend_epi16(0xAAAAAAAA, p->m_pair[2 * j], p->m_pair[2 * j + 1]);
+}
 
 /* The prompt path of both tiles: chunks of TILE_CHUNK tokens, super-block by super-block, each row
  * group's panel serving the chunk's micro tiles. The panel is packed from the rows in place by
- * unpack, or unpacked from prepacked groups by unpack_pp: exactly one of them is given. */
+ * unpack, or unpacked from prepacked groups by unpack_pp: exactly one of them is given. groups32:
+ * the type's m is one per 32-element group (Q4_K), the mins' sums taken a pair of groups at a
+ * time (the chunk's group sums made once per super-block): the same integers. */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prompt_avx512(
     int nb, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const uint8_t *x, size_t x_stride,
-    const uint8_t *y, size_t y_stride, size_t x_size, kq_unpack_fn unpack, kq_unpack_prepacked_fn unpack_pp) {
+    const uint8_t *y, size_t y_stride, size_t x_size, kq_unpack_fn unpack, kq_unpack_prepacked_fn unpack_pp,
+    const int groups32) {
     packed_kq_avx512 packed __attribute__((aligned(64)));
+    __m512i quad[4];
+    int32_t gs[TILE_CHUNK * 4] __attribute__((aligned(64)));
     for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
         const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
         for (int k = 0; k < nb; k++) {
+            const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
+            if (groups32)
+                for (int t = 0; t < nt; t++) kq_group_sums((const block_q8_K *)(yt + (size_t)t * y_stride), gs + 4 * t);
             for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
                 const int nr = n_rows - r0;
                 if (unpack_pp)
                     unpack_pp(&packed, x + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * x_size);
                 else
                     kq_pack_avx512(&packed, x + (size_t)r0 * x_stride, x_stride, nr, (size_t)k * x_size, unpack);
-                const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
+                if (groups32) kq_quads(&packed, quad);
                 float *st = s + (size_t)t0 * s_stride + r0;
                 int t = 0;
                 for (; t + TILE_TOKENS <= nt; t += TILE_TOKENS)
                     kq_micro_avx512(&packed, TILE_TOKENS, k == 0, nr, st + (size_t)t * s_stride, s_stride,
-                                    yt + (size_t)t * y_stride, y_stride);
+                                    yt + (size_t)t * y_stride, y_stride, groups32 ? quad : NULL, gs + 4 * t);
                 /* the tail as one micro tile of a constant width (its chains interleave) */
                 KQ_MICRO_ANY(&packed, nt - t, k == 0, nr, st + (size_t)t * s_stride, s_stride, yt + (size_t)t * y_stride,
-                             y_stride);
+                             y_stride, groups32 ? quad : NULL, gs + 4 * t);
             }
         }
     }
@@ -191,7 +223,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prompt_a
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
     const void *restrict vy, size_t y_stride, size_t x_size, kq_unpack_fn unpack, kq_rows_fn rows,
-    int pack_min_tokens) {
+    int pack_min_tokens, const int groups32) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK_K;
     if (nb == 0) {
@@ -208,7 +240,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
                      y_stride);
         return;
     }
-    kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, unpack, NULL);
+    kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, unpack, NULL, groups32);
 }
 
 /* ---- prepacked k-quants ------------------------------------------------------------------------
@@ -260,7 +292,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_load_nib
 
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant_prepacked_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
-    const void *restrict vy, size_t y_stride, size_t x_size, kq_unpack_prepacked_fn unpack) {
+    const void *restrict vy, size_t y_stride, size_t x_size, kq_unpack_prepacked_fn unpack, const int groups32) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK_K;
     if (nb == 0) {
@@ -278,18 +310,20 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
                 prefetch_prepacked(xr + (size_t)k * group_block, group_block,
                                    x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride);
                 unpack(&packed, xr + (size_t)k * group_block);
-                KQ_MICRO_ANY(&packed, n_tokens, k == 0, nr, s + r0, s_stride, y + (size_t)k * sizeof(block_q8_K), y_stride);
+                KQ_MICRO_ANY(&packed, n_tokens, k == 0, nr, s + r0, s_stride, y + (size_t)k * sizeof(block_q8_K), y_stride,
+                             NULL, NULL);
             }
         }
         return;
     }
-    kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, NULL, unpack);
+    kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, NULL, unpack, groups32);
 }
 
 /* A k-quant's prepack and its tile over prepacked groups, NAME_prepack_avx512 and
  * NAME_tile_prepacked_avx512, from its kq_unpack_NAME_avx512 (a kq_unpack_fn), kq_compress_NAME
- * (a kq_compress_fn) and kq_unpack_prepacked_NAME (a kq_unpack_prepacked_fn). */
-#define BUBO_PREPACKED_KQUANT(NAME, BLOCK)                                                                             \
+ * (a kq_compress_fn) and kq_unpack_prepacked_NAME (a kq_unpack_prepacked_fn); GROUPS32 as
+ * kq_prompt_avx512's. */
+#define BUBO_PREPACKED_KQUANT(NAME, BLOCK, GROUPS32)                                                                             \
     BUBO_TARGET_AVX512 static void NAME##_prepack_avx512(const void *restrict x, size_t x_stride, int64_t rows, int n, \
                                                          void *restrict dst) {                                        \
         kq_prepack_avx512(x, x_stride, rows, n / QK_K, dst, sizeof(BLOCK), kq_unpack_##NAME##_avx512,                 \
@@ -300,7 +334,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
                                                                 size_t x_stride, const void *restrict y,              \
                                                                 size_t y_stride) {                                    \
         tile_kquant_prepacked_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(BLOCK),       \
-                                     kq_unpack_prepacked_##NAME);                                                     \
+                                     kq_unpack_prepacked_##NAME, GROUPS32);                                           \
     }
 
 /* One super-block's step of the chain kq_micro_avx512 runs in each lane, for the AVX-512 vec_dots:

@@ -283,7 +283,7 @@ BUBO_TARGET_AVX512 static void tile_q6_K_q8_K_avx512(int n, int n_rows, int n_to
                                                    const void *restrict x, size_t x_stride, const void *restrict y,
                                                    size_t y_stride) {
     tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q6_K), kq_unpack_q6_K_avx512,
-                       kq_rows_q6_K_q8_K_avx512, Q6_K_PACK_MIN_TOKENS);
+                       kq_rows_q6_K_q8_K_avx512, Q6_K_PACK_MIN_TOKENS, 0);
 }
 
 /* Prepacked (kquant_tile.h), per group and super-block, 3360 bytes = 16 x 210: the low 4 bits of
@@ -335,7 +335,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_unpack_p
     p->dx = p->dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + Q6_K_PP_D)));
 }
 
-BUBO_PREPACKED_KQUANT(q6_K, block_q6_K)
+BUBO_PREPACKED_KQUANT(q6_K, block_q6_K, 0)
 
 /* Prepacked for AVX2 (kquant_tile_avx2.h), per group (16 rows) and super-block, 3360 bytes =
  * 16 x 210: per half h, 1536 bytes of values at 1536 h, in the order the micro tile reads them: per
