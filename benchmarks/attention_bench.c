@@ -33,6 +33,11 @@ int main(int argc, char **argv) {
     const bubo_type type = !strcmp(tname, "f32") ? BUBO_TYPE_F32 : !strcmp(tname, "q8_0") ? BUBO_TYPE_Q8_0 : BUBO_TYPE_F16;
     enum { TILE = 16, BS = 32 };
     const int HD = getenv("HEAD_DIM") ? atoi(getenv("HEAD_DIM")) : 64, NQ = getenv("NQ") ? atoi(getenv("NQ")) : 3;
+    if (HD < 1 || NQ < 1 || (type == BUBO_TYPE_Q8_0 && HD % 32) || n_prompt < 1 || depth < 0 || reps < 1) {
+        fprintf(stderr, "attention_bench: bad arguments (HEAD_DIM %d, NQ %d: positive, HEAD_DIM a multiple of 32 "
+                        "for q8_0)\n", HD, NQ);
+        return 2;
+    }
     const int n_pos = depth + n_prompt, n_blocks = (n_pos + BS - 1) / BS;
     const size_t head_bytes = bubo_row_size(type, HD);
     const size_t block_bytes = (size_t)BS * head_bytes; /* one KV head's blocks */

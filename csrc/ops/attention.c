@@ -352,8 +352,8 @@ BUBO_TARGET_AVX512 static void scores_avx512(const attend_keys *k, const uint8_t
         }
         return;
     }
-    if (hdk == 8 * G) { /* the general loop's steps for 128 dimensions, the query in registers: a third
-                           of its loads (attention 1.6x as fast for qwen2.5-coder:1.5b's heads on Zen 5) */
+    if (hdk == 8 * G) { /* the general loop's steps for 128 dimensions, the query in registers: half
+                           its loads (attention 1.6x as fast for qwen2.5-coder:1.5b's heads on Zen 5) */
         const __m512 zero = _mm512_setzero_ps();
         for (int h = 0; h < n_q; h++) {
             const float *qr = (const float *)(q + (size_t)h * q_stride);

@@ -12,7 +12,9 @@
  *   dot += dy * (dx * sum_j sc[j] * sum(q * qy over j) - dm * sum_j m[j] * bsum[j])
  *
  * The two integer sums are exact in int32 (as in the scalar kernels); sum_j m[j] * bsum[j] is
- * one vpdpwssd per pair of subgroups, the bsums broadcast straight from the Q8_K block.
+ * one vpdpwssd per pair of subgroups, the bsums broadcast straight from the Q8_K block, or, in
+ * Q4_K's prompt path (one m per 32-element group), one per pair of groups (kq_group_sums,
+ * kq_group_mins): the same integer.
  *
  * Per output the float work is fixed: per super-block in ascending order, acc += float(isum) *
  * (dx * dy), then acc -= float(msum) * (dm * dy), each one fma. The AVX-512 vec_dots and rows
@@ -101,11 +103,12 @@ BUBO_TARGET_AVX512 static inline void kq_pack_avx512(packed_kq_avx512 *p, const 
 }
 
 /* nt tokens of one super-block, accumulated into s (from 0 when first). msum from the bsums, one
- * vpdpwssd per pair of subgroups; or, for a type whose 32-element groups share one m (quad given:
- * kq_quads), one per pair of groups from the tokens' group sums gs (kq_group_sums, 4 a token). */
+ * vpdpwssd per pair of subgroups; or, for a type whose 32-element groups share one m (gm given:
+ * kq_group_mins), one per pair of groups from the tokens' group sums gs (kq_group_sums, 4 a
+ * token). */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_avx512(
     const packed_kq_avx512 *p, const int nt, int first, int n_rows, float *restrict s, size_t s_stride,
-    const uint8_t *yt, size_t y_stride, const __m512i *quad, const int32_t *gs) {
+    const uint8_t *yt, size_t y_stride, const __m512i *gm, const int32_t *gs) {
     const __mmask16 live = n_rows >= TILE_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << n_rows) - 1);
     __m512i isum[TILE_TOKENS], msum[TILE_TOKENS];
 #pragma GCC unroll 8
@@ -128,10 +131,10 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_av
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) {
         const block_q8_K *b = (const block_q8_K *)(yt + (size_t)t * y_stride);
-        if (quad) {
+        if (gm) {
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++)
-                msum[t] = _mm512_dpwssd_epi32(msum[t], quad[j], _mm512_set1_epi32(gs[4 * t + j]));
+                msum[t] = _mm512_dpwssd_epi32(msum[t], gm[j], _mm512_set1_epi32(gs[4 * t + j]));
         } else {
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++) {
@@ -149,17 +152,17 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_av
 }
 
 /* The micro tile over nt (1..8) tokens with nt a literal in each case (its chains interleave). */
-#define KQ_MICRO_ANY(packed, nt, first, nr, st, s_stride, yt, y_stride, quad, gs)                       \
+#define KQ_MICRO_ANY(packed, nt, first, nr, st, s_stride, yt, y_stride, gm, gs)                       \
     do {                                                                                               \
         switch (nt) {                                                                                  \
-        case 1: kq_micro_avx512(packed, 1, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
-        case 2: kq_micro_avx512(packed, 2, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
-        case 3: kq_micro_avx512(packed, 3, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
-        case 4: kq_micro_avx512(packed, 4, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
-        case 5: kq_micro_avx512(packed, 5, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
-        case 6: kq_micro_avx512(packed, 6, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
-        case 7: kq_micro_avx512(packed, 7, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
-        case 8: kq_micro_avx512(packed, 8, first, nr, st, s_stride, yt, y_stride, quad, gs); break;    \
+        case 1: kq_micro_avx512(packed, 1, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
+        case 2: kq_micro_avx512(packed, 2, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
+        case 3: kq_micro_avx512(packed, 3, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
+        case 4: kq_micro_avx512(packed, 4, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
+        case 5: kq_micro_avx512(packed, 5, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
+        case 6: kq_micro_avx512(packed, 6, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
+        case 7: kq_micro_avx512(packed, 7, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
+        case 8: kq_micro_avx512(packed, 8, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
         default: break;                                                                                \
         }                                                                                              \
     } while (0)
@@ -174,10 +177,11 @@ BUBO_TARGET_AVX512 static inline void kq_group_sums(const block_q8_K *b, int32_t
 }
 
 /* For a type whose m_pair holds (m, m) per 32-element group (Q4_K): lane r = (m[2j], m[2j+1]) of
- * row r in quad[j], the pairs kq_group_sums makes. */
-BUBO_TARGET_AVX512 static inline void kq_quads(const packed_kq_avx512 *p, __m512i quad[4]) {
+ * row r in gm[j] (two groups' mins, int16 each), to meet the pairs of group sums kq_group_sums
+ * makes. */
+BUBO_TARGET_AVX512 static inline void kq_group_mins(const packed_kq_avx512 *p, __m512i gm[4]) {
     for (int j = 0; j < 4; j++)
-        quad[j] = _mm512_mask_blend_epi16(0xAAAAAAAA, p->m_pair[2 * j], p->m_pair[2 * j + 1]);
+        gm[j] = _mm512_mask_blend_epi16(0xAAAAAAAA, p->m_pair[2 * j], p->m_pair[2 * j + 1]);
 }
 
 /* The prompt path of both tiles: chunks of TILE_CHUNK tokens, super-block by super-block, each row
@@ -190,7 +194,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prompt_a
     const uint8_t *y, size_t y_stride, size_t x_size, kq_unpack_fn unpack, kq_unpack_prepacked_fn unpack_pp,
     const int groups32) {
     packed_kq_avx512 packed __attribute__((aligned(64)));
-    __m512i quad[4];
+    __m512i gm[4];
     int32_t gs[TILE_CHUNK * 4] __attribute__((aligned(64)));
     for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
         const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
@@ -204,15 +208,15 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prompt_a
                     unpack_pp(&packed, x + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * x_size);
                 else
                     kq_pack_avx512(&packed, x + (size_t)r0 * x_stride, x_stride, nr, (size_t)k * x_size, unpack);
-                if (groups32) kq_quads(&packed, quad);
+                if (groups32) kq_group_mins(&packed, gm);
                 float *st = s + (size_t)t0 * s_stride + r0;
                 int t = 0;
                 for (; t + TILE_TOKENS <= nt; t += TILE_TOKENS)
                     kq_micro_avx512(&packed, TILE_TOKENS, k == 0, nr, st + (size_t)t * s_stride, s_stride,
-                                    yt + (size_t)t * y_stride, y_stride, groups32 ? quad : NULL, gs + 4 * t);
+                                    yt + (size_t)t * y_stride, y_stride, groups32 ? gm : NULL, gs + 4 * t);
                 /* the tail as one micro tile of a constant width (its chains interleave) */
                 KQ_MICRO_ANY(&packed, nt - t, k == 0, nr, st + (size_t)t * s_stride, s_stride, yt + (size_t)t * y_stride,
-                             y_stride, groups32 ? quad : NULL, gs + 4 * t);
+                             y_stride, groups32 ? gm : NULL, gs + 4 * t);
             }
         }
     }

@@ -45,8 +45,10 @@
 typedef struct {
     __m256i sc[16];    /* per unit of int16 sums (Q4_K: a 32-element group, Q6_K: 16 elements):
                           lane r = row r's scale as an int16 pair (scale, scale) */
-    __m256i m_pair[8]; /* per subgroup pair i: lane r = (m[2i], m[2i+1]) of row r, int16 each */
-    __m256i m_quad[4]; /* Q4_K: per pair of 32-element groups j: lane r = (m[2j], m[2j+1]) of row r */
+    __m256i m_pair[8];   /* Q6_K (KQ2_FINISH): per subgroup pair i: lane r = (m[2i], m[2i+1]) of row
+                            r, int16 each */
+    __m256i m_groups[4]; /* Q4_K instead (one m per 32-element group): per pair of groups j: lane r
+                            = (m[2j], m[2j+1]) of row r, int16 each, as kq2_group_sums pairs them */
     __m256 dx, dm;
 } kq2_panel;
 

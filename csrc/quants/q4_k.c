@@ -354,20 +354,20 @@ BUBO_TARGET_AVX2 static void kq2_panel_q4_K(kq2_panel *p, const uint8_t *gb, int
         p->sc[4 + g] = kq2_pair(sc_hi);
     }
     for (int j = 0; j < 4; j++) /* the mins (< 64) as int16 pairs, groups 2j and 2j + 1 */
-        p->m_quad[j] = _mm256_or_si256(mn[2 * j], _mm256_slli_epi32(mn[2 * j + 1], 16));
+        p->m_groups[j] = _mm256_or_si256(mn[2 * j], _mm256_slli_epi32(mn[2 * j + 1], 16));
     p->dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + Q4_K_P2_D + 2 * KQ2_ROWS * h)));
     p->dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + Q4_K_P2_DMIN + 2 * KQ2_ROWS * h)));
 }
 
 /* KQ2_STORE after Q4_K's mins: msum = sum over the 8 groups of m times the group's activation sum,
- * two groups per vpmaddwd (m_quad, kq2_group_sums); the same integer as KQ2_FINISH's. */
+ * two groups per vpmaddwd (m_groups, kq2_group_sums); the same integer as KQ2_FINISH's. */
 #define KQ2_FINISH_Q4_K(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum)                              \
     do {                                                                                                   \
         _Pragma("GCC unroll 8") for (int t_ = 0; t_ < (nt); t_++) {                                        \
             __m256i gs_[4];                                                                                \
             kq2_group_sums((const block_q8_K *)((yt) + (size_t)t_ * (y_stride)), gs_);                     \
             _Pragma("GCC unroll 4") for (int j_ = 0; j_ < 4; j_++)                                          \
-                msum[t_] = _mm256_add_epi32(msum[t_], _mm256_madd_epi16((p)->m_quad[j_], gs_[j_]));         \
+                msum[t_] = _mm256_add_epi32(msum[t_], _mm256_madd_epi16((p)->m_groups[j_], gs_[j_]));         \
         }                                                                                                  \
         KQ2_STORE(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum);                              \
     } while (0)
@@ -418,9 +418,11 @@ BUBO_TARGET_AVX2 static void kq2_micro_q4_K(const kq2_panel *p, const uint8_t *b
 }
 
 /* Q4_K's whole-group tile takes 4 tokens (its int32 sums in memory, the int16 ones in registers) and
- * serves prompts too: [1536, 1536] x 512 tokens on an AMD EPYC Zen 5 at AVX2, 148 -> 157 G
- * multiply-adds/s per thread against the half tile, decode steps of 4 tokens 126 -> 137. */
+ * serves prompts too: on an AMD EPYC Zen 5 at AVX2 (benchmarks/tile_bench.c, one thread, [1536,
+ * 1536] in L2), 512 tokens 148 -> 157 G multiply-adds/s against the half tile, decode steps of 4
+ * tokens 126 -> 137 G/s. */
 #define Q4_K_PAIR_TOKENS 4
+_Static_assert(Q4_K_PAIR_TOKENS >= 1 && Q4_K_PAIR_TOKENS <= 4, "KQ2_MICRO2_DISPATCH's cases");
 
 /* kq2_micro_q4_K_body for both halves of a group: each broadcast feeds one vpmaddubsw per half. */
 BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro2_q4_K_body(
@@ -455,8 +457,8 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro2_q4
         kq2_group_sums((const block_q8_K *)(yt + (size_t)t * y_stride), gs);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
-            msum0[t] = _mm256_add_epi32(msum0[t], _mm256_madd_epi16(p[0].m_quad[j], gs[j]));
-            msum1[t] = _mm256_add_epi32(msum1[t], _mm256_madd_epi16(p[1].m_quad[j], gs[j]));
+            msum0[t] = _mm256_add_epi32(msum0[t], _mm256_madd_epi16(p[0].m_groups[j], gs[j]));
+            msum1[t] = _mm256_add_epi32(msum1[t], _mm256_madd_epi16(p[1].m_groups[j], gs[j]));
         }
     }
     KQ2_STORE(&p[0], nt, first, live, s, s_stride, yt, y_stride, isum0, msum0);

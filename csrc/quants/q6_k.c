@@ -442,6 +442,7 @@ BUBO_TARGET_AVX2 static void kq2_micro_q6_K(const kq2_panel *p, const uint8_t *b
  * its unpacking leaves too few registers (prompts 113 -> 103-106 G multiply-adds/s per thread
  * against the half tile, [1536, 1536] x 512 on an AMD EPYC Zen 5 at AVX2). */
 #define Q6_K_PAIR_TOKENS 3
+_Static_assert(Q6_K_PAIR_TOKENS >= 1 && Q6_K_PAIR_TOKENS <= 4, "KQ2_MICRO2_DISPATCH's cases");
 
 /* kq2_micro_q6_K_body for both halves of a group, a pair of k-steps at a time: each broadcast
  * feeds one vpmaddubsw per half. Each 16 elements' sum is the same integer (the two pairs' scaled
