@@ -167,15 +167,6 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_av
         }                                                                                              \
     } while (0)
 
-/* A Q8_K block's activation sums per 32 elements (two bsums each: |sum| <= 32 x 127 fits int16),
- * as 4 int16 pairs (groups 2j, 2j + 1) at gs. */
-BUBO_TARGET_AVX512 static inline void kq_group_sums(const block_q8_K *b, int32_t gs[4]) {
-    const __m128i ones = _mm_set1_epi16(1);
-    const __m128i lo = _mm_madd_epi16(_mm_loadu_si128((const __m128i *)b->bsums), ones);
-    const __m128i hi = _mm_madd_epi16(_mm_loadu_si128((const __m128i *)(b->bsums + 8)), ones);
-    _mm_storeu_si128((__m128i *)gs, _mm_packs_epi32(lo, hi));
-}
-
 /* For a type whose m_pair holds (m, m) per 32-element group (Q4_K): lane r = (m[2j], m[2j+1]) of
  * row r in gm[j] (two groups' mins, int16 each), to meet the pairs of group sums kq_group_sums
  * makes. */
@@ -201,7 +192,8 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prompt_a
         for (int k = 0; k < nb; k++) {
             const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
             if (groups32)
-                for (int t = 0; t < nt; t++) kq_group_sums((const block_q8_K *)(yt + (size_t)t * y_stride), gs + 4 * t);
+                for (int t = 0; t < nt; t++)
+                    _mm_storeu_si128((__m128i *)(gs + 4 * t), kq_group_sums((const block_q8_K *)(yt + (size_t)t * y_stride)));
             for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
                 const int nr = n_rows - r0;
                 if (unpack_pp)

@@ -48,7 +48,7 @@ typedef struct {
     __m256i m_pair[8];   /* Q6_K (KQ2_FINISH): per subgroup pair i: lane r = (m[2i], m[2i+1]) of row
                             r, int16 each */
     __m256i m_groups[4]; /* Q4_K instead (one m per 32-element group): per pair of groups j: lane r
-                            = (m[2j], m[2j+1]) of row r, int16 each, as kq2_group_sums pairs them */
+                            = (m[2j], m[2j+1]) of row r, int16 each, as kq_group_sums pairs them */
     __m256 dx, dm;
 } kq2_panel;
 
@@ -180,16 +180,6 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_dwords4(_
         }                                                                                                  \
         KQ2_STORE(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum);                              \
     } while (0)
-
-/* A Q8_K block's activation sums per 32 elements (two bsums each: |sum| <= 32 x 127 fits int16) as
- * int16 pairs, pair j (groups 2j, 2j+1) in every dword of g[j]: for the types whose 32-element
- * groups share one factor (Q4_K's mins), one vpmaddwd per two groups. */
-BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_group_sums(const block_q8_K *b, __m256i g[4]) {
-    const __m128i ones = _mm_set1_epi16(1);
-    const __m128i lo = _mm_madd_epi16(_mm_loadu_si128((const __m128i *)b->bsums), ones);
-    const __m128i hi = _mm_madd_epi16(_mm_loadu_si128((const __m128i *)(b->bsums + 8)), ones);
-    kq2_dwords4(_mm_packs_epi32(lo, hi), g);
-}
 
 /* A type's micro tile: nt (1..KQ2_KTOKENS) tokens of one half group's super-block (its values at
  * b), accumulated into s (from 0 when first). */

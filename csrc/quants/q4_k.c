@@ -359,15 +359,24 @@ BUBO_TARGET_AVX2 static void kq2_panel_q4_K(kq2_panel *p, const uint8_t *gb, int
     p->dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + Q4_K_P2_DMIN + 2 * KQ2_ROWS * h)));
 }
 
-/* KQ2_STORE after Q4_K's mins: msum = sum over the 8 groups of m times the group's activation sum,
- * two groups per vpmaddwd (m_groups, kq2_group_sums); the same integer as KQ2_FINISH's. */
+/* Q4_K's msum for one token and half: the sum over the 8 groups of m times the group's activation
+ * sum, two groups per vpmaddwd (m_groups against gs, kq_group_sums' pairs in every dword); the
+ * same integer as KQ2_FINISH's. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) __m256i kq2_mins_q4_K(const kq2_panel *p,
+                                                                                   const __m256i gs[4]) {
+    /* a tree, not a chain: the halves' two sums of a whole-group tile overlap */
+    const __m256i m01 = _mm256_add_epi32(_mm256_madd_epi16(p->m_groups[0], gs[0]), _mm256_madd_epi16(p->m_groups[1], gs[1]));
+    const __m256i m23 = _mm256_add_epi32(_mm256_madd_epi16(p->m_groups[2], gs[2]), _mm256_madd_epi16(p->m_groups[3], gs[3]));
+    return _mm256_add_epi32(m01, m23);
+}
+
+/* KQ2_STORE after Q4_K's mins (kq2_mins_q4_K). */
 #define KQ2_FINISH_Q4_K(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum)                              \
     do {                                                                                                   \
         _Pragma("GCC unroll 8") for (int t_ = 0; t_ < (nt); t_++) {                                        \
             __m256i gs_[4];                                                                                \
-            kq2_group_sums((const block_q8_K *)((yt) + (size_t)t_ * (y_stride)), gs_);                     \
-            _Pragma("GCC unroll 4") for (int j_ = 0; j_ < 4; j_++)                                          \
-                msum[t_] = _mm256_add_epi32(msum[t_], _mm256_madd_epi16((p)->m_groups[j_], gs_[j_]));         \
+            kq2_dwords4(kq_group_sums((const block_q8_K *)((yt) + (size_t)t_ * (y_stride))), gs_);         \
+            msum[t_] = kq2_mins_q4_K(p, gs_);                                                              \
         }                                                                                                  \
         KQ2_STORE(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum);                              \
     } while (0)
@@ -380,7 +389,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro_q4_
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256i isum[KQ2_KTOKENS], msum[KQ2_KTOKENS];
 #pragma GCC unroll 8
-    for (int t = 0; t < nt; t++) isum[t] = msum[t] = _mm256_setzero_si256();
+    for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
     for (int g = 0; g < 8; g++) {
         __m256i acc[KQ2_KTOKENS];
 #pragma GCC unroll 8
@@ -432,7 +441,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro2_q4
     const uint8_t *b0 = gb, *b1 = gb + values;
     __m256i isum0[Q4_K_PAIR_TOKENS], isum1[Q4_K_PAIR_TOKENS], msum0[Q4_K_PAIR_TOKENS], msum1[Q4_K_PAIR_TOKENS];
 #pragma GCC unroll 4
-    for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = msum0[t] = msum1[t] = _mm256_setzero_si256();
+    for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = _mm256_setzero_si256();
     for (int g = 0; g < 8; g++) {
         __m256i acc0[Q4_K_PAIR_TOKENS], acc1[Q4_K_PAIR_TOKENS];
 #pragma GCC unroll 4
@@ -452,14 +461,11 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro2_q4
         }
     }
 #pragma GCC unroll 4
-    for (int t = 0; t < nt; t++) {
+    for (int t = 0; t < nt; t++) { /* the token's group sums serve both halves */
         __m256i gs[4];
-        kq2_group_sums((const block_q8_K *)(yt + (size_t)t * y_stride), gs);
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            msum0[t] = _mm256_add_epi32(msum0[t], _mm256_madd_epi16(p[0].m_groups[j], gs[j]));
-            msum1[t] = _mm256_add_epi32(msum1[t], _mm256_madd_epi16(p[1].m_groups[j], gs[j]));
-        }
+        kq2_dwords4(kq_group_sums((const block_q8_K *)(yt + (size_t)t * y_stride)), gs);
+        msum0[t] = kq2_mins_q4_K(&p[0], gs);
+        msum1[t] = kq2_mins_q4_K(&p[1], gs);
     }
     KQ2_STORE(&p[0], nt, first, live, s, s_stride, yt, y_stride, isum0, msum0);
     KQ2_STORE(&p[1], nt, first, live, s + KQ2_ROWS, s_stride, yt, y_stride, isum1, msum1);

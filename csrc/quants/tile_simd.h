@@ -31,6 +31,16 @@ static inline void prefetch_prepacked(const uint8_t *cur, size_t len, const uint
     prefetch_ahead(cur, len, end, PREPACKED_AHEAD);
 }
 
+/* A Q8_K block's activation sums per 32 elements (two bsums each: |sum| <= 32 x 127 fits int16),
+ * dword j = the int16 pair (groups 2j, 2j + 1): for the k-quants whose 32-element groups share one
+ * min (Q4_K), one vpmaddwd / vpdpwssd per two groups (kquant_tile.h, kquant_tile_avx2.h). */
+static inline __m128i kq_group_sums(const block_q8_K *b) {
+    const __m128i ones = _mm_set1_epi16(1);
+    const __m128i lo = _mm_madd_epi16(_mm_loadu_si128((const __m128i *)b->bsums), ones);
+    const __m128i hi = _mm_madd_epi16(_mm_loadu_si128((const __m128i *)(b->bsums + 8)), ones);
+    return _mm_packs_epi32(lo, hi);
+}
+
 /* Transposes 8 registers of [row i | row i+8] (32 bytes each) into q[g] = dword g of rows 0..15. */
 BUBO_TARGET_AVX512 static inline void transpose_rows_avx512(const __m512i z[8], __m512i q[8]) {
     __m512i t[8], u[8];
