@@ -13,9 +13,10 @@
  *      type's vec_dot_tile. The tile picks its own method by the token count (AVX-512): one
  *      token (the legacy types) or up to 3-4 (the k-quants) take a rows kernel that unpacks each
  *      weight block once for all the tokens; more take the packed matrix-matrix tile (see
- *      quants/legacy_tile.h), whose decode steps (up to 8 tokens) stream a row group's weights in
- *      order with the next group prefetched, and whose prompts keep the chunk's weights in L2
- *      across the token chunks and the quantized activations, shared by both threads, in L2/L3.
+ *      quants/legacy_tile.h), which for up to one chunk of 64 tokens (a decode step, a draft's
+ *      check, a short turn) streams a row group's weights in order with the next group
+ *      prefetched, and for longer prompts keeps the chunk's weights in L2 across the token chunks
+ *      and the quantized activations, shared by both threads, in L2/L3.
  *
  * Prepacked weights (bubo_matmul_prepacked): a model's Q4_0 ... Q8_0, Q4_K and Q6_K matrices are packed
  * once at load into the tiles' own layout (quants/legacy_tile.h, quants/kquant_tile.h; where AVX2 is

@@ -297,8 +297,12 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
     }
     packed_kq_avx512 packed __attribute__((aligned(64)));
     const size_t group_block = (size_t)TILE_ROWS * x_size; /* one super-block of a group */
-    if (n_tokens <= TILE_TOKENS) {
-        /* a decode step: the groups' super-blocks stream in address order */
+    if (n_tokens <= TILE_CHUNK) {
+        /* up to one token chunk (a decode step, a draft's check, a short turn): the groups'
+         * super-blocks stream in address order, each unpacked once for every token. The chunked
+         * prompt path below reuses a chunk's weights from L2 across token chunks; with one chunk
+         * it has nothing to reuse and reads the weights out of order (Q6_K [151936, 1536] x 9
+         * tokens from memory: 13.4 ms there, 6.1 ms here, Zen 5) */
         for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
             const int nr = n_rows - r0;
             const uint8_t *xr = x + (size_t)r0 * x_stride;
@@ -306,8 +310,10 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
                 prefetch_prepacked(xr + (size_t)k * group_block, group_block,
                                    x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride);
                 unpack(&packed, xr + (size_t)k * group_block);
-                KQ_MICRO_ANY(&packed, n_tokens, k == 0, nr, s + r0, s_stride, y + (size_t)k * sizeof(block_q8_K), y_stride,
-                             NULL, NULL);
+                for (int t = 0; t < n_tokens; t += TILE_TOKENS)
+                    KQ_MICRO_ANY(&packed, n_tokens - t < TILE_TOKENS ? n_tokens - t : TILE_TOKENS, k == 0, nr,
+                                 s + (size_t)t * s_stride + r0, s_stride,
+                                 y + (size_t)t * y_stride + (size_t)k * sizeof(block_q8_K), y_stride, NULL, NULL);
             }
         }
         return;

@@ -192,13 +192,39 @@ typedef void (*kq2_micro_fn)(const kq2_panel *p, const uint8_t *b, int nt, int f
 typedef void (*kq2_micro2_fn)(const kq2_panel *p, const uint8_t *gb, size_t values, int nt, int first, float *s,
                               size_t s_stride, const uint8_t *yt, size_t y_stride);
 
-/* The tile over prepacked groups: a group's super-blocks in address order for a decode step (few
- * tokens: the weights stream once, the next piece prefetched; up to pair_tokens tokens both
- * halves at once by micro2, else half by half), chunks of TILE_CHUNK tokens
- * super-block by super-block for a prompt (a half's panel serving the chunk's micro tiles, the
- * chunk's activations of one super-block in L1; whole groups by micro2, pair_tokens at a time,
- * where pair_prompt). values: the bytes of a half's values (the second half's follow the
- * first's); x_size: the block's bytes. */
+/* One group's super-block k (gb: its bytes; rows_left: the matrix's rows from the group's first)
+ * against nt tokens (yt: their block k; st: their outputs at the group's first row): both halves at
+ * once by micro2, pair_tokens at a time, where pair and the group is whole; else half by half, each
+ * half's panel serving KQ2_KTOKENS tokens a micro tile. */
+BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_group_step(
+    const uint8_t *gb, int rows_left, int k, int nt, const int pair, float *st, size_t s_stride, const uint8_t *yt,
+    size_t y_stride, size_t values, kq2_panel_fn panel, kq2_micro_fn micro, kq2_micro2_fn micro2, const int pair_tokens,
+    kq2_panel *p, kq2_panel *p2) {
+    if (pair && rows_left >= TILE_ROWS) {
+        panel(&p2[0], gb, 0);
+        panel(&p2[1], gb, 1);
+        for (int t = 0; t < nt; t += pair_tokens)
+            micro2(p2, gb, values, nt - t < pair_tokens ? nt - t : pair_tokens, k == 0, st + (size_t)t * s_stride, s_stride,
+                   yt + (size_t)t * y_stride, y_stride);
+        return;
+    }
+    for (int h = 0; h < 2 && KQ2_ROWS * h < rows_left; h++) {
+        const __m256i live = kq2_live(rows_left - KQ2_ROWS * h);
+        panel(p, gb, h);
+        for (int t = 0; t < nt; t += KQ2_KTOKENS)
+            micro(p, gb + (size_t)h * values, nt - t < KQ2_KTOKENS ? nt - t : KQ2_KTOKENS, k == 0, live,
+                  st + (size_t)t * s_stride + KQ2_ROWS * h, s_stride, yt + (size_t)t * y_stride, y_stride);
+    }
+}
+
+/* The tile over prepacked groups. Up to one chunk of TILE_CHUNK tokens (a decode step, a draft's
+ * check, a short turn), each group's super-blocks in address order: the weights stream once, the
+ * next piece prefetched, each panel serving every token (micro2 for up to pair_tokens tokens, and
+ * past 2 * KQ2_KTOKENS where pair_prompt). More tokens go in chunks of TILE_CHUNK, super-block by
+ * super-block (a super-block's panels serving the chunk's micro tiles, the chunk's activations of
+ * one super-block in L1, the chunk's weights in L2 for the next chunk; micro2 where pair_prompt).
+ * values: the bytes of a half's values (the second half's follow the first's); x_size: the
+ * block's bytes. */
 BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prepacked(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
     const void *restrict vy, size_t y_stride, size_t x_size, size_t values, kq2_panel_fn panel, kq2_micro_fn micro,
@@ -212,61 +238,27 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
     kq2_panel p __attribute__((aligned(32)));
     kq2_panel p2[2] __attribute__((aligned(32)));
     const size_t group_block = (size_t)TILE_ROWS * x_size;
-    if (n_tokens <= 2 * KQ2_KTOKENS) {
+    if (n_tokens <= TILE_CHUNK) {
+        const int pair = n_tokens <= pair_tokens || (pair_prompt && n_tokens > 2 * KQ2_KTOKENS);
         const uint8_t *end = x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride;
         for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
             const uint8_t *xr = x + (size_t)r0 * x_stride;
             for (int k = 0; k < nb; k++) {
                 prefetch_ahead(xr + (size_t)k * group_block, group_block, end, KQ2_AHEAD);
-                if (n_tokens <= pair_tokens && r0 + TILE_ROWS <= n_rows) { /* a whole group at once */
-                    const uint8_t *gb = xr + (size_t)k * group_block;
-                    panel(&p2[0], gb, 0);
-                    panel(&p2[1], gb, 1);
-                    micro2(p2, gb, values, n_tokens, k == 0, s + r0, s_stride, y + (size_t)k * sizeof(block_q8_K),
-                           y_stride);
-                    continue;
-                }
-                for (int h = 0; h < 2 && r0 + KQ2_ROWS * h < n_rows; h++) {
-                    const uint8_t *gb = xr + (size_t)k * group_block, *b = gb + (size_t)h * values;
-                    const int rh = r0 + KQ2_ROWS * h;
-                    const __m256i live = kq2_live(n_rows - rh);
-                    panel(&p, gb, h);
-                    for (int t = 0; t < n_tokens; t += KQ2_KTOKENS)
-                        micro(&p, b, n_tokens - t < KQ2_KTOKENS ? n_tokens - t : KQ2_KTOKENS, k == 0, live,
-                              s + (size_t)t * s_stride + rh, s_stride,
-                              y + (size_t)t * y_stride + (size_t)k * sizeof(block_q8_K), y_stride);
-                }
+                kq2_group_step(xr + (size_t)k * group_block, n_rows - r0, k, n_tokens, pair, s + r0, s_stride,
+                               y + (size_t)k * sizeof(block_q8_K), y_stride, values, panel, micro, micro2, pair_tokens, &p,
+                               p2);
             }
         }
         return;
     }
     for (int t0 = 0; t0 < n_tokens; t0 += TILE_CHUNK) {
         const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
-        for (int k = 0; k < nb; k++) {
-            const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
-            int r0 = 0;
-            if (pair_prompt) /* whole groups both halves at once, then the rows left half by half */
-                for (; r0 + TILE_ROWS <= n_rows; r0 += TILE_ROWS) {
-                    const uint8_t *gb = x + (size_t)r0 * x_stride + (size_t)k * group_block;
-                    panel(&p2[0], gb, 0);
-                    panel(&p2[1], gb, 1);
-                    float *st = s + (size_t)t0 * s_stride + r0;
-                    for (int t = 0; t < nt; t += pair_tokens)
-                        micro2(p2, gb, values, nt - t < pair_tokens ? nt - t : pair_tokens, k == 0,
-                               st + (size_t)t * s_stride, s_stride, yt + (size_t)t * y_stride, y_stride);
-                }
-            for (; r0 < n_rows; r0 += KQ2_ROWS) {
-                const __m256i live = kq2_live(n_rows - r0);
-                const int h = r0 % TILE_ROWS ? 1 : 0;
-                const uint8_t *gb = x + (size_t)(r0 - KQ2_ROWS * h) * x_stride + (size_t)k * group_block;
-                const uint8_t *b = gb + (size_t)h * values;
-                panel(&p, gb, h);
-                float *st = s + (size_t)t0 * s_stride + r0;
-                for (int t = 0; t < nt; t += KQ2_KTOKENS)
-                    micro(&p, b, nt - t < KQ2_KTOKENS ? nt - t : KQ2_KTOKENS, k == 0, live, st + (size_t)t * s_stride,
-                          s_stride, yt + (size_t)t * y_stride, y_stride);
-            }
-        }
+        for (int k = 0; k < nb; k++)
+            for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS)
+                kq2_group_step(x + (size_t)r0 * x_stride + (size_t)k * group_block, n_rows - r0, k, nt, pair_prompt,
+                               s + (size_t)t0 * s_stride + r0, s_stride, y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K),
+                               y_stride, values, panel, micro, micro2, pair_tokens, &p, p2);
     }
 }
 

@@ -385,11 +385,12 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
     }
 }
 
-/* The tile over prepacked groups. A decode step (up to 2 x KQ2_TOKENS tokens) streams each group's
- * panels in address order (steps of 1-2 tokens a whole group's blocks at once,
- * without a panel), prefetching KQ2_AHEAD bytes on, the activations' side data filled once
- * per column chunk of TILE_DECODE_BLOCKS blocks; a prompt goes in chunks of TILE_CHUNK tokens,
- * panel by panel, each half group's panel unpacked once for the chunk. */
+/* The tile over prepacked groups. Up to one chunk of TILE_CHUNK tokens (a decode step, a draft's
+ * check, a short turn) streams each group's panels in address order (steps of 1-2 tokens a whole
+ * group's blocks at once, without a panel), prefetching KQ2_AHEAD bytes on, each panel serving
+ * every token, the activations' side data filled once per column chunk of stream_side_blocks
+ * blocks; more tokens go in chunks of TILE_CHUNK tokens, panel by panel, each half group's panel
+ * unpacked once for the chunk. */
 BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void tile_legacy_prepacked_avx2(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
     const void *restrict vy, size_t y_stride, size_t x_size, int nbits, int with_min, int off) {
@@ -402,21 +403,20 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void tile_legacy_p
     const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const size_t group_block = (size_t)TILE_ROWS * x_size;
     legacy2_panel p __attribute__((aligned(32)));
-    if (n_tokens <= 2 * KQ2_TOKENS) {
-        q8_0_decode_side_avx512 dside;
+    if (n_tokens <= TILE_CHUNK) {
+        q8_0_stream_side side;
+        const int cb = stream_side_blocks(n_tokens);
         const uint8_t *end = x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride;
-        for (int c0 = 0; c0 < nb; c0 += TILE_DECODE_BLOCKS) {
-            const int c1 = nb - c0 < TILE_DECODE_BLOCKS ? nb : c0 + TILE_DECODE_BLOCKS;
-            if (!with_min)
-                legacy2_side_fill(&dside.d[0][0], &dside.off_sum[0][0], TILE_DECODE_BLOCKS, y, y_stride, n_tokens, c0,
-                                  c1 - c0, off);
+        for (int c0 = 0; c0 < nb; c0 += cb) {
+            const int c1 = nb - c0 < cb ? nb : c0 + cb;
+            if (!with_min) legacy2_side_fill(side.d, side.off_sum, cb, y, y_stride, n_tokens, c0, c1 - c0, off);
             for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
                 const uint8_t *xr = x + (size_t)r0 * x_stride;
                 for (int k0 = c0; k0 < c1; k0 += TILE_PANEL) {
                     const int kp = c1 - k0 < TILE_PANEL ? c1 - k0 : TILE_PANEL;
                     prefetch_ahead(xr + (size_t)k0 * group_block, (size_t)kp * group_block, end, KQ2_AHEAD);
                     if (n_tokens >= 1 && n_tokens <= LEGACY2_PAIR_TOKENS && r0 + TILE_ROWS <= n_rows) {
-                        const side_view sv = {&dside.d[0][k0 - c0], &dside.off_sum[0][k0 - c0], TILE_DECODE_BLOCKS};
+                        const side_view sv = {side.d + (k0 - c0), side.off_sum + (k0 - c0), cb};
                         if (n_tokens == 1)
                             legacy2_micro2(xr, k0, kp, x_size, 1, k0 == 0, s + r0, s_stride, y, y_stride,
                                            (size_t)k0 * y_size, nbits, with_min, sv);
@@ -432,7 +432,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void tile_legacy_p
                             legacy2_micro_any(&p, n_tokens - t < KQ2_TOKENS ? n_tokens - t : KQ2_TOKENS, kp, k0 == 0,
                                               kq2_live(n_rows - rh), s + (size_t)t * s_stride + rh, s_stride,
                                               y + (size_t)t * y_stride, y_stride, (size_t)k0 * y_size, nbits, with_min,
-                                              (side_view){&dside.d[t][k0 - c0], &dside.off_sum[t][k0 - c0], TILE_DECODE_BLOCKS});
+                                              (side_view){side.d + t * cb + (k0 - c0), side.off_sum + t * cb + (k0 - c0), cb});
                     }
                 }
             }

@@ -68,10 +68,12 @@ def test_vec_dot_equals_tile(type_id, isa):
     blck = block_of(type_id)
     n = blck * 3
     w = np.ascontiguousarray(realistic_rows(GT(type_id), 19, n, 1)).view(np.uint8).reshape(19, -1)
-    x = rng.standard_normal((9, n)).astype(np.float32)
+    x = rng.standard_normal((65, n)).astype(np.float32)
     vdt = K.type_info(type_id)["vec_dot_type"]
-    y = x.view(np.uint8).reshape(9, -1) if vdt == 0 else np.stack([K.quantize(vdt, row) for row in x])
-    for n_tokens in range(1, 10):  # the few-token kernels, the packed tile, every tail width
+    y = x.view(np.uint8).reshape(65, -1) if vdt == 0 else np.stack([K.quantize(vdt, row) for row in x])
+    # the few-token kernels, every tail width, the tile streaming up to one chunk of 64 tokens, and
+    # the chunked tile past it
+    for n_tokens in (*range(1, 10), 16, 33, 64, 65):
         tile = K.vec_dot_tile(type_id, n, w, y[:n_tokens], isa=isa)
         pairs = np.array([[K.vec_dot(type_id, wr.tobytes(), yt.tobytes(), isa=isa) for wr in w] for yt in y[:n_tokens]],
                          np.float32)

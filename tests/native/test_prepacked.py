@@ -67,8 +67,9 @@ def test_prepacked_matmul_is_the_same_bits(type_id, isa, native_env):
             packed = _ops.prepack(int(type_id), w, rows, cols)
             assert packed.nbytes == (rows + 15) // 16 * 16 * K.row_size(int(type_id), cols)
             x = rng.standard_normal((70, cols)).astype(np.float32)
-            # the micro tiles' widths (2, 3, 4, 5 at AVX2; 8 at AVX-512), a decode step's last count and past them
-            for n in (1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 17, 33, 70):
+            # the micro tiles' widths (2, 3, 4, 5 at AVX2; 8 at AVX-512) and past them, the last count
+            # that streams (one chunk of 64 tokens) and past it
+            for n in (1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 17, 33, 64, 65, 70):
                 for p in (None, pool):
                     want = _ops.matmul(p, int(type_id), w, rows, cols, x[:n])
                     got = _ops.matmul(p, int(type_id), packed, rows, cols, x[:n], prepacked=True)
