@@ -182,6 +182,8 @@ def main() -> int:
     ap.add_argument("--llama-bench", type=Path, help="an already built llama-bench")
     ap.add_argument("-d", "--depths", default="0", help="comma-separated depths (tokens already in the cache)")
     ap.add_argument("--cache-types", default="f16", help="comma-separated KV cache types (K and V alike)")
+    ap.add_argument("--title", default="bubo / llama.cpp",
+                    help="the summary table's title, which names its saved file (\"short prompts\" for -p 16 -n 0)")
     ap.add_argument("--level", choices=LEVELS, default="native",
                     help="avx2: both at the AVX2 level (bubo: BUBO_FORCE_ISA; llama.cpp built without AVX-512)")
     args = ap.parse_args()
@@ -214,7 +216,7 @@ def main() -> int:
                     if r["test"] in lt:
                         summary.append((name, ctype, r["test"], r["avg_ts"], lt[r["test"]]))
 
-    print(f"\n### bubo / llama.cpp, {args.threads} threads{at}\n")
+    print(f"\n### {args.title}, {args.threads} threads{at}\n")
     print(f"{cpu_name()}\n")
     print("| model | cache | test | bubo t/s | llama.cpp t/s | ratio |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
