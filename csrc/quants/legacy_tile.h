@@ -4,9 +4,9 @@
  * Layout: 16 weight rows sit in the 16 int32 lanes of one register and each token's activations
  * are broadcast 4 bytes at a time, so one vpdpbusd does 4 elements of 16 rows, a weight register
  * serves every token of the tile and an activation load every row of it. The weights of 16 rows
- * by a panel of blocks (up to TILE_PROMPT_PANEL in a prompt, TILE_PANEL in a decode step) are
- * unpacked once per chunk of TILE_CHUNK tokens into unsigned bytes, transposed so that lane r
- * holds row r:
+ * by a panel of blocks (up to TILE_PROMPT_PANEL in a prompt, TILE_PANEL in a streamed step of up to
+ * TILE_CHUNK tokens) are unpacked once per chunk of TILE_CHUNK tokens into unsigned bytes,
+ * transposed so that lane r holds row r:
  *
  *   packed.q[k][g]   lane r = elements 4g..4g+3 of block k of row r (u8)
  *   packed.d[k]      lane r = the row's scale of block k;  packed.m[k] its min (Q4_1, Q5_1)
@@ -35,7 +35,7 @@
 
 #if defined(BUBO_X86)
 
-#define TILE_PANEL 8   /* a decode step's blocks unpacked at once: 256 elements, 4.5 KiB packed, in L1 */
+#define TILE_PANEL 8   /* a streamed step's blocks unpacked at once: 256 elements, 4.5 KiB packed, in L1 */
 /* A prompt's panels: at most this many blocks (13.5 KiB packed), the row cut into equal panels, so
  * that each output is loaded and stored once per panel (576 columns: one panel of 18 blocks, not
  * 8 + 8 + 2; 1536: 24 + 24). Measured on the AMD EPYC Zen 5: 16 and 32 no better. */
@@ -62,7 +62,8 @@ typedef struct {
  * check, a short turn), filled once per column chunk of stream_side_blocks(n_tokens) blocks for
  * all the tokens (token j's block c0 + k at [j * that + k]), so that every row group reads it
  * instead of recomputing it. */
-#define TILE_STREAM_SIDE 4096 /* entries: a decode step's whole row up to 16384 columns */
+#define TILE_STREAM_SIDE 4096 /* entries: a whole row of up to 16384 columns for up to 8 tokens, 2048 for 64 */
+_Static_assert(TILE_STREAM_SIDE / TILE_CHUNK >= TILE_PANEL, "a streamed step's column chunk holds a panel");
 typedef struct {
     float d[TILE_STREAM_SIDE];
     int32_t off_sum[TILE_STREAM_SIDE];

@@ -143,7 +143,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void prepack_legac
  * memory). */
 #define LEGACY2_PAIR_TOKENS 2
 
-/* One half group's panel: up to TILE_PROMPT_PANEL blocks of 8 rows (TILE_PANEL in a decode step). q: the unsigned values (Q8_0: x);
+/* One half group's panel: up to TILE_PROMPT_PANEL blocks of 8 rows (TILE_PANEL in a streamed step). q: the unsigned values (Q8_0: x);
  * ax: Q8_0's |x|. */
 typedef struct {
     __m256i q[TILE_PROMPT_PANEL][8];

@@ -13,8 +13,9 @@
 
 static const uint8_t tile_zero_block[64] __attribute__((aligned(64)));
 
-/* Prepacked weights (legacy_tile.h, kquant_tile.h) stream in address order through a decode step,
- * group after group and block after block: each piece read prefetches the piece PREPACKED_AHEAD
+/* Prepacked weights (legacy_tile.h, kquant_tile.h) stream in address order through a step of up to
+ * TILE_CHUNK tokens (a decode step, a draft's check, a short turn), group after group and block
+ * after block: each piece read prefetches the piece PREPACKED_AHEAD
  * bytes further on, up to the stream's end. (A fixed distance: the next row group's same blocks,
  * as the in-place kernels prefetch, lie a whole row group away, 40+ KiB for long rows, and would
  * be evicted from L1 before their turn.) */
