@@ -14,6 +14,7 @@ import datetime
 import io
 import json
 import re
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,7 +137,7 @@ def saving(benchmark: str, enabled: bool) -> Iterator[None]:
         yield
     finally:
         sys.stdout = old
-    command = "python " + " ".join(["benchmarks/" + Path(sys.argv[0]).name, *sys.argv[1:]])
+    command = "python " + shlex.join(["benchmarks/" + Path(sys.argv[0]).name, *sys.argv[1:]])
     for table in parse_tables(tee.buf.getvalue()):
         print(f"saved {save(benchmark, table, command=command)}", file=sys.stderr)
 
