@@ -254,9 +254,17 @@ static void step_output_norm(const void *vc, int32_t j) {
  * are attended together, so each K/V row is read and widened once for all of them; a decode step
  * with few tokens slices the heads so that every thread gets work. A (token, head) result does
  * not depend on the tiling or the slicing (bubo_attend_paged), only the speed does. */
-/* Tokens per tile: a decode step of a few rows (typically one per sequence) takes one token per
- * item, so that its sequences spread over the threads. */
-static int attention_tile(const step_ctx *c) { return c->n < ATTN_TILE_TOKENS ? 1 : ATTN_TILE_TOKENS; }
+/* Tokens per tile: ATTN_TILE_TOKENS, so that consecutive tokens of one sequence (a prompt, a
+ * draft's check, a short turn) read each K/V row once for all of them; but a decode step of fewer
+ * tokens, none of them next to another of its sequence (one token per sequence), takes one token
+ * per item, so that its sequences spread over the threads (and a long one's positions,
+ * attention_chunks). */
+static int attention_tile(const step_ctx *c) {
+    if (c->n >= ATTN_TILE_TOKENS) return ATTN_TILE_TOKENS;
+    for (int32_t t = 1; t < c->n; t++)
+        if (c->seq_ids[t] == c->seq_ids[t - 1]) return ATTN_TILE_TOKENS;
+    return 1;
+}
 
 static int64_t attention_tiles(const step_ctx *c) { return (c->n + attention_tile(c) - 1) / attention_tile(c); }
 
