@@ -24,8 +24,8 @@ DOC = ROOT / "docs" / "benchmarks.md"
 BENCHMARKS: list[tuple[str, str, str]] = [
     ("bench_llamacpp", "Against llama.cpp",
      "`benchmarks/bench_llamacpp.py` runs `bubo bench` and llama.cpp's `llama-bench` on the same GGUF files "
-     "and thread count, alternating round by round: `pp512` decodes a 512-token prompt as one batch (`pp16`: a "
-     "16-token one, a short turn of a chat), `tg128` "
+     "and thread count, alternating round by round: `pp512` decodes a 512-token prompt as one batch (`pp16`, `pp8`: a "
+     "16- or 8-token one, a short turn of a chat), `tg128` "
      "generates 128 tokens one at a time (`@ dN`: after N tokens already in the cache), both from random "
      "tokens as llama-bench does. The ratio is bubo's tokens per second over llama.cpp's."),
     ("default_model", "The default model",
