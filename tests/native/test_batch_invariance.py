@@ -155,8 +155,9 @@ def test_attention_split_over_threads_is_the_same_bits(tmp_path, arch):
     positions over the threads and merges the chunks' partials in position order; a prompt runs
     the same chunks in one call. A 2,600-token sequence (3 chunks; gemma3's local layers have a
     window of 8, which crosses chunk ends too): its last 40 tokens' logits from the whole prompt in
-    one batch, decoded one at a time on 2 threads (split), on 1 thread (not split), and two at a
-    time beside another sequence at another depth, are the same bits."""
+    one batch, decoded one at a time on 2 threads (split), on 1 thread (not split), in steps of
+    2-15 tokens (a draft's check, a short turn: tiled, each K/V row read once for the step), and
+    two at a time beside another sequence at another depth, are the same bits."""
     chunk = _ops.ATTEND_CHUNK
     n, tail = 2600, 40
     assert n - tail > 2 * chunk
@@ -177,6 +178,14 @@ def test_attention_split_over_threads_is_the_same_bits(tmp_path, arch):
 
     assert np.array_equal(bits(one_by_one(two)), bits(whole))
     assert np.array_equal(bits(one_by_one(one)), bits(whole))
+    kv = KVCache(two, n_ctx=n)
+    two.decode(kv, tokens[:n - tail], np.arange(n - tail), np.zeros(n - tail), np.zeros(n - tail, bool))
+    steps, i = [], n - tail
+    for k in (2, 3, 5, 8, 15, 7):
+        steps.append(two.decode(kv, tokens[i:i + k], np.arange(i, i + k), np.zeros(k), np.ones(k, bool)))
+        i += k
+    assert i == n
+    assert np.array_equal(bits(np.concatenate(steps)), bits(whole))
     # two sequences per step: this one and another 1,500 positions behind it
     kv = KVCache(two, n_ctx=2 * n, n_seq_max=2)  # (the blocks of both sequences)
     two.decode(kv, tokens[:n - tail], np.arange(n - tail), np.zeros(n - tail), np.zeros(n - tail, bool))
