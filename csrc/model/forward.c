@@ -34,6 +34,7 @@ typedef struct {
     const int32_t *tokens, *pos, *seq_ids;
     const int32_t *out_rows; /* [n_out] chunk rows whose logits are wanted */
     int32_t n_out;
+    int attn_tile; /* tokens per attention tile (attention_tile_for), the same in every layer */
     void (*row_fn)(const void *step, int32_t t); /* the per-token step of a token run */
 } step_ctx;
 
@@ -259,12 +260,14 @@ static void step_output_norm(const void *vc, int32_t j) {
  * tokens, none of them next to another of its sequence (one token per sequence), takes one token
  * per item, so that its sequences spread over the threads (and a long one's positions,
  * attention_chunks). */
-static int attention_tile(const step_ctx *c) {
-    if (c->n >= ATTN_TILE_TOKENS) return ATTN_TILE_TOKENS;
-    for (int32_t t = 1; t < c->n; t++)
-        if (c->seq_ids[t] == c->seq_ids[t - 1]) return ATTN_TILE_TOKENS;
+static int attention_tile_for(int32_t n, const int32_t *seq_ids) {
+    if (n >= ATTN_TILE_TOKENS) return ATTN_TILE_TOKENS;
+    for (int32_t t = 1; t < n; t++)
+        if (seq_ids[t] == seq_ids[t - 1]) return ATTN_TILE_TOKENS;
     return 1;
 }
+
+static int attention_tile(const step_ctx *c) { return c->attn_tile; }
 
 static int64_t attention_tiles(const step_ctx *c) { return (c->n + attention_tile(c) - 1) / attention_tile(c); }
 
@@ -580,6 +583,7 @@ bubo_status bubo_model_decode_lora(bubo_model *m, bubo_kv *kv, int32_t n_tokens,
             .seq_ids = seq_ids + start,
             .out_rows = out_rows,
             .n_out = n_out,
+            .attn_tile = attention_tile_for(n, seq_ids + start),
         };
         /* after check_batch nothing can fail but a kernel refusing a shape load already checked */
         m->lora_scales = any_lora ? lora_scales + (size_t)start * BUBO_MAX_LORA : NULL;
