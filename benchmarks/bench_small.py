@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Small requests: bubo's server beside llama-server on the lightest routes, where the HTTP path
-costs more than the engine. Both servers run the same GGUF with the same threads (-t), one at a
-time, started and stopped by this script, the order alternating round by round; each figure is
-the median over the rounds, and the ratio is also given per round (the two servers' runs of one
-round are minutes apart at most: the machine's drift moves that ratio least).
+costs more than the engine. Both servers run the same GGUF with the same threads (-t), side by
+side (started together by this script, each idle while the other is asked: an idle server's
+threads sleep), and each load is sent to them in turn in bursts (--bursts, the order alternating
+burst by burst and round by round), so that the machine's drift, which moves a shared machine's
+speed by a third over minutes, hits both alike. Each figure is the median over the rounds, and
+the ratio is also given per round (its two servers' bursts seconds apart: the figure the drift
+moves least).
 
     python benchmarks/bench_small.py                 # 3 rounds of 2,000 requests per load
     python benchmarks/bench_small.py --rounds 5 --requests 4000 --save
@@ -24,6 +27,7 @@ varied prose (10-25 tokens), a different one per request of a load.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -88,9 +92,10 @@ def body_for(name: str, text: str) -> dict[str, Any] | None:
 
 
 def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: int, texts: list[str],
-             n_requests: int) -> tuple[float, float, float]:
-    """(requests per second, server CPU ms per request, of which outside bubo's engine) for
-    n_requests spread over n_clients."""
+             n_requests: int, start: int = 0, warm: bool = True) -> tuple[int, float, float, float]:
+    """(requests sent, seconds, server CPU seconds, of which outside bubo's engine) for n_requests
+    spread over n_clients, on texts[start:] (after a warm-up of 20 requests on one connection, on
+    the last 20 texts, with warm)."""
     per = n_requests // n_clients
     errors: list[BaseException] = []
 
@@ -98,7 +103,7 @@ def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: 
         conn = http.client.HTTPConnection(HOST, port, timeout=120)
         try:
             for i in range(count):  # each request its own text (no two clients send the same prompt)
-                body = body_for(name, texts[(i * stride + k) % len(texts)])
+                body = body_for(name, texts[(start + i * stride + k) % len(texts)])
                 conn.request(method, path, json.dumps(body) if body is not None else None,
                              {"Content-Type": "application/json"} if body is not None else {})
                 resp = conn.getresponse()
@@ -110,7 +115,8 @@ def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: 
         finally:
             conn.close()
 
-    client(len(texts) - 20, 20, 1)  # warm-up (one connection), on texts the load does not send
+    if warm:
+        client(len(texts) - 20 - start, 20, 1)  # on texts the load does not send
     threads = [threading.Thread(target=client, args=(k, per, n_clients)) for k in range(n_clients)]
     c0, t0 = cpu_seconds(pid), time.perf_counter()
     for t in threads:
@@ -120,9 +126,14 @@ def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: 
     dt, c1 = time.perf_counter() - t0, cpu_seconds(pid)
     if errors:
         raise errors[0]
-    n = per * n_clients
     total, outside = c1[0] - c0[0], c1[1] - c0[1]
-    return n / dt, total / n * 1000, min(outside, total) / n * 1000  # each thread's count is rounded to a tick
+    return per * n_clients, dt, total, min(outside, total)  # each thread's count is rounded to a tick
+
+
+def figures(runs: list[tuple[int, float, float, float]]) -> tuple[float, float, float]:
+    """(requests per second, CPU ms per request, of which outside the engine) over a load's bursts."""
+    n, dt, cpu, outside = (sum(x[i] for x in runs) for i in range(4))
+    return n / dt, cpu / n * 1000, outside / n * 1000
 
 
 def command(who: str, kind: str, args: argparse.Namespace, model: Path, port: int) -> list[str]:
@@ -147,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", "-t", type=int, default=2)
     ap.add_argument("--requests", type=int, default=2000, help="requests per load and round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bursts", type=int, default=4,
+                    help="per load and round, its requests go to the two servers in this many bursts each, in turn")
     ap.add_argument("--only", action="append", choices=[n for n, *_ in LOADS], help="these loads only")
     args = ap.parse_args(argv)
 
@@ -158,18 +171,28 @@ def main(argv: list[str] | None = None) -> int:
     loads = [x for x in LOADS if not args.only or x[0] in args.only]
     got: dict[str, dict[str, list[tuple[float, float, float]]]] = {w: {n: [] for n, *_ in loads}
                                                                     for w in ("bubo", "llama")}
+    per_burst = max(args.requests // args.bursts, 1)
     for r in range(args.rounds):
         for kind in ("gen", "embed"):
             mine = [x for x in loads if x[4] == kind]
             if not mine:
                 continue
-            for who in (("bubo", "llama") if r % 2 == 0 else ("llama", "bubo")):
-                port = free_port()
-                with Server(who, command(who, kind, args, models[kind], port), port) as srv:
+            ports = {who: free_port() for who in ("bubo", "llama")}
+            with contextlib.ExitStack() as stack:
+                pids = {}
+                for who in ("bubo", "llama"):  # one at a time: each loads its model alone
+                    srv = stack.enter_context(Server(who, command(who, kind, args, models[kind], ports[who]),
+                                                     ports[who]))
                     assert srv.proc is not None
-                    for name, method, path, n_clients, _ in mine:
-                        rps, ms, outside = run_load(port, srv.proc.pid, name, method, path, n_clients, texts,
-                                                    args.requests)
+                    pids[who] = srv.proc.pid
+                for name, method, path, n_clients, _ in mine:
+                    runs: dict[str, list[tuple[int, float, float, float]]] = {"bubo": [], "llama": []}
+                    for b in range(args.bursts):
+                        for who in (("bubo", "llama") if (r + b) % 2 == 0 else ("llama", "bubo")):
+                            runs[who].append(run_load(ports[who], pids[who], name, method, path, n_clients, texts,
+                                                      per_burst, start=b * per_burst, warm=b == 0))
+                    for who in ("bubo", "llama"):
+                        rps, ms, outside = figures(runs[who])
                         got[who][name].append((rps, ms, outside))
                         part = f" ({outside:.3f} outside the engine's threads)" if who == "bubo" else ""
                         print(f"round {r + 1} {LABEL[who]} {name}: {rps:.0f}/s, {ms:.3f} ms CPU/request{part}",
@@ -184,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         b_rps, l_rps = (statistics.median(x[0] for x in got[w][name]) for w in ("bubo", "llama"))
         b_ms, l_ms = (statistics.median(x[1] for x in got[w][name]) for w in ("bubo", "llama"))
         b_out = statistics.median(x[2] for x in got["bubo"][name])
-        # each round runs both servers one after the other: their ratio within a round is the
-        # least moved by the machine's drift between rounds
+        # a round's two servers take the load in alternating bursts seconds apart: their ratio
+        # within a round is the least moved by the machine's drift
         paired = [b[0] / max(lm[0], 1e-9) for b, lm in zip(got["bubo"][name], got["llama"][name])]
         print(f"| {TITLES[name]} | {b_rps:.0f} | {l_rps:.0f} | {b_rps / l_rps:.2f}x | "
               f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}) | {b_ms:.3f} | {b_out:.3f} | "

@@ -71,9 +71,9 @@ BENCHMARKS: list[tuple[str, str, str]] = [
     ("bench_small", "Small requests",
      "`benchmarks/bench_small.py`: the lightest routes (`/health`, `/tokenize`, a one-token `/completion`, a "
      "one-input `/v1/embeddings`) from several keep-alive clients, bubo and llama-server on the same GGUF and "
-     "threads, one server at a time, alternating rounds: requests per second, and the server's CPU time per "
-     "request (for bubo also the part outside its engine's threads: the HTTP path and the request's "
-     "preparation)."),
+     "threads, side by side, each load sent to them in turn in alternating bursts: requests per second, and the "
+     "server's CPU time per request (for bubo also the part outside its engine's threads: the HTTP path and the "
+     "request's preparation)."),
     ("bench_ray", "Replicas on Ray Serve",
      "`benchmarks/bench_ray.py`: streamed answers through `bubo ray-serve` against `bubo serve` alone, and "
      "prefix-aware routing against Ray Serve's default, on a local cluster."),
