@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Small requests: bubo's server beside llama-server on the lightest routes, where the HTTP path
 costs more than the engine. Both servers run the same GGUF with the same threads (-t), side by
-side (started together by this script, each idle while the other is asked: an idle server's
-threads sleep), and each load is sent to them in turn in bursts (--bursts, the order alternating
-burst by burst and round by round), so that the machine's drift, which moves a shared machine's
-speed by a third over minutes, hits both alike. Each figure is the median over the rounds, and
-the ratio is also given per round (its two servers' bursts seconds apart: the figure the drift
-moves least).
+side (started one after the other by this script and kept up together, each idle while the other
+is asked: an idle server's threads sleep), and each load is sent to them in turn in bursts
+(--bursts, the order alternating burst by burst and round by round), so that the machine's drift,
+which moves a shared machine's speed by a third over minutes, hits both alike. Each figure is the
+median over the rounds, and the ratio is also given per round (its two servers' bursts close in
+time: the figure the drift moves least).
 
     python benchmarks/bench_small.py                 # 3 rounds of 2,000 requests per load
     python benchmarks/bench_small.py --rounds 5 --requests 4000 --save
@@ -16,12 +16,13 @@ The loads, each from N client threads on keep-alive connections (as an SDK's con
 - POST /tokenize, one sentence, 8 clients;
 - POST /completion, one sentence, n_predict 1, 4 clients (llama-server -np 4; bubo -np 4);
 - POST /v1/embeddings, one input, 4 clients (both with --embedding on all-minilm:l6-v2).
-Each reports requests per second (wall time from the first request sent to the last answer)
-and the server process's CPU time per request (user + system from /proc), and for bubo the part
-outside its engine's threads (named bubo-engine and bubo-pool): the HTTP path and the request's
-preparation. The client threads run on the same
-machine and take CPU too, the same for both servers. The sentences are bench_serve.sentence's
-varied prose (10-25 tokens), a different one per request of a load.
+Each reports requests per second (per burst, wall time from the moment every client is connected
+and ready to the last answer; summed over the bursts) and the server process's CPU time per
+request (its threads' time on a CPU, from /proc's schedstat), and for bubo the part outside its
+engine's threads (named bubo-engine and bubo-pool): the HTTP path and the request's preparation.
+The client threads run on the same machine and take CPU too, the same for both servers. The
+sentences are bench_serve.sentence's varied prose (10-25 tokens), a different one per request of
+a load.
 """
 
 from __future__ import annotations
@@ -58,26 +59,31 @@ TITLES = {"health": "GET /health, 8 clients", "tokenize": "POST /tokenize, 8 cli
 ENGINE_THREADS = ("bubo-engine", "bubo-pool")  # bubo's engine thread and its compute pool (bubo.cpus.name_thread)
 
 
-def _stat_seconds(path: str) -> float:
-    with open(path) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> tuple[float, float]:
-    """A process's user + system CPU time so far: all its threads, and those outside bubo's
-    engine (every thread but ENGINE_THREADS: the HTTP work, the preparation pool's). A thread
-    that ended is counted in the total only."""
-    total = _stat_seconds(f"/proc/{pid}/stat")
-    outside = 0.0
+def cpu_by_thread(pid: int) -> dict[str, tuple[float, bool]]:
+    """Each live thread of a process: its CPU time so far (nanoseconds on a CPU, from schedstat:
+    stat's 10 ms ticks are coarse beside a burst of light requests) and whether it is outside
+    bubo's engine (every thread but ENGINE_THREADS: the HTTP work, the preparation pool's)."""
+    out: dict[str, tuple[float, bool]] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = f.read().strip()
-            if name not in ENGINE_THREADS:
-                outside += _stat_seconds(f"/proc/{pid}/task/{tid}/stat")
-        except OSError:
+        except (OSError, ValueError, IndexError):
             continue  # the thread ended meanwhile
+        out[tid] = (ns / 1e9, name not in ENGINE_THREADS)
+    return out
+
+
+def cpu_between(before: dict[str, tuple[float, bool]], after: dict[str, tuple[float, bool]]) -> tuple[float, float]:
+    """(all, outside the engine) CPU seconds that the threads alive at `after` spent since
+    `before` (one started meanwhile, from zero; one that ended meanwhile is not counted)."""
+    total = outside = 0.0
+    for tid, (seconds, is_outside) in after.items():
+        spent = seconds - before.get(tid, (0.0, is_outside))[0]
+        total += spent
+        outside += spent if is_outside else 0.0
     return total, outside
 
 
@@ -94,14 +100,19 @@ def body_for(name: str, text: str) -> dict[str, Any] | None:
 def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: int, texts: list[str],
              n_requests: int, start: int = 0, warm: bool = True) -> tuple[int, float, float, float]:
     """(requests sent, seconds, server CPU seconds, of which outside bubo's engine) for n_requests
-    spread over n_clients, on texts[start:] (after a warm-up of 20 requests on one connection, on
-    the last 20 texts, with warm)."""
+    (rounded down to a whole number per client) spread over n_clients, on texts[start:]; timed
+    from the moment every client is connected (after a warm-up of 20 requests on one connection,
+    on the last 20 texts, with warm)."""
     per = n_requests // n_clients
     errors: list[BaseException] = []
+    ready = threading.Barrier(n_clients + 1, timeout=120)
 
-    def client(k: int, count: int, stride: int) -> None:
+    def client(k: int, count: int, stride: int, barrier: threading.Barrier | None) -> None:
         conn = http.client.HTTPConnection(HOST, port, timeout=120)
         try:
+            conn.connect()
+            if barrier is not None:
+                barrier.wait()
             for i in range(count):  # each request its own text (no two clients send the same prompt)
                 body = body_for(name, texts[(start + i * stride + k) % len(texts)])
                 conn.request(method, path, json.dumps(body) if body is not None else None,
@@ -112,22 +123,27 @@ def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: 
                     raise RuntimeError(f"{path}: {resp.status} {data[:200]!r}")
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
+            if barrier is not None:
+                barrier.abort()  # the others stop waiting for this one
         finally:
             conn.close()
 
     if warm:
-        client(len(texts) - 20 - start, 20, 1)  # on texts the load does not send
-    threads = [threading.Thread(target=client, args=(k, per, n_clients)) for k in range(n_clients)]
-    c0, t0 = cpu_seconds(pid), time.perf_counter()
+        client(len(texts) - 20 - start, 20, 1, None)  # on texts the load does not send
+        if errors:
+            raise errors[0]
+    threads = [threading.Thread(target=client, args=(k, per, n_clients, ready)) for k in range(n_clients)]
     for t in threads:
         t.start()
+    with contextlib.suppress(threading.BrokenBarrierError):  # a client failed: reported below
+        ready.wait()
+    c0, t0 = cpu_by_thread(pid), time.perf_counter()
     for t in threads:
         t.join()
-    dt, c1 = time.perf_counter() - t0, cpu_seconds(pid)
+    dt, c1 = time.perf_counter() - t0, cpu_by_thread(pid)
     if errors:
-        raise errors[0]
-    total, outside = c1[0] - c0[0], c1[1] - c0[1]
-    return per * n_clients, dt, total, min(outside, total)  # each thread's count is rounded to a tick
+        raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
+    return (per * n_clients, dt, *cpu_between(c0, c1))
 
 
 def figures(runs: list[tuple[int, float, float, float]]) -> tuple[float, float, float]:
@@ -162,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="per load and round, its requests go to the two servers in this many bursts each, in turn")
     ap.add_argument("--only", action="append", choices=[n for n, *_ in LOADS], help="these loads only")
     args = ap.parse_args(argv)
+    most_clients = max(n for _, _, _, n, _ in LOADS)
+    if args.bursts < 1 or args.requests // args.bursts < most_clients:
+        ap.error(f"--requests / --bursts must leave at least {most_clients} requests a burst (one per client)")
 
     from bubo import store
 
@@ -177,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
             mine = [x for x in loads if x[4] == kind]
             if not mine:
                 continue
-            ports = {who: free_port() for who in ("bubo", "llama")}
+            ports = {"bubo": free_port(), "llama": free_port()}
+            while ports["llama"] == ports["bubo"]:  # a readiness check must not reach the other server
+                ports["llama"] = free_port()
             with contextlib.ExitStack() as stack:
                 pids = {}
                 for who in ("bubo", "llama"):  # one at a time: each loads its model alone
@@ -198,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"round {r + 1} {LABEL[who]} {name}: {rps:.0f}/s, {ms:.3f} ms CPU/request{part}",
                               file=sys.stderr)
     print("\n### the lightest routes, bubo against llama-server")
-    print(f"\nSmall requests, {args.requests} per load, -t {args.threads}, median of {args.rounds} rounds, on "
+    print(f"\nSmall requests, {args.requests} per load in {args.bursts} bursts a server (each a whole number per "
+          f"client), -t {args.threads}, median of {args.rounds} rounds, on "
           f"{cpu_name()}; models {models['gen'].name} and {models['embed'].name}\n")
     print("| load | bubo req/s | llama-server req/s | bubo / llama-server | the same per round: median (range) | "
           "bubo CPU ms/req | of which outside the engine | llama-server CPU ms/req |")
@@ -207,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         b_rps, l_rps = (statistics.median(x[0] for x in got[w][name]) for w in ("bubo", "llama"))
         b_ms, l_ms = (statistics.median(x[1] for x in got[w][name]) for w in ("bubo", "llama"))
         b_out = statistics.median(x[2] for x in got["bubo"][name])
-        # a round's two servers take the load in alternating bursts seconds apart: their ratio
+        # a round's two servers take the load in alternating bursts close in time: their ratio
         # within a round is the least moved by the machine's drift
         paired = [b[0] / max(lm[0], 1e-9) for b, lm in zip(got["bubo"][name], got["llama"][name])]
         print(f"| {TITLES[name]} | {b_rps:.0f} | {l_rps:.0f} | {b_rps / l_rps:.2f}x | "
