@@ -157,7 +157,8 @@ def test_attention_split_over_threads_is_the_same_bits(tmp_path, arch):
     window of 8, which crosses chunk ends too): its last 40 tokens' logits from the whole prompt in
     one batch, decoded one at a time on 2 threads (split), on 1 thread (not split), in steps of
     2-15 tokens (a draft's check, a short turn: tiled, each K/V row read once for the step), and
-    two at a time beside another sequence at another depth, are the same bits."""
+    beside another sequence at another depth, one or four tokens of each a step, are the same
+    bits."""
     chunk = _ops.ATTEND_CHUNK
     n, tail = 2600, 40
     assert n - tail > 2 * chunk
@@ -198,3 +199,21 @@ def test_attention_split_over_threads_is_the_same_bits(tmp_path, arch):
     alone = two.decode(KVCache(two, n_ctx=n), other[:n - lag], np.arange(n - lag), np.zeros(n - lag),
                        np.ones(n - lag, bool))[-tail:]
     assert np.array_equal(bits(np.stack([r[1] for r in rows])), bits(alone))
+    # several tokens of each sequence per step (two drafts checked together; past 16 tokens in all,
+    # a tile's end falls inside the second run): one attention tile holds both sequences' runs,
+    # each run attended on its own
+    kv = KVCache(two, n_ctx=2 * n, n_seq_max=2)
+    two.decode(kv, tokens[:n - tail], np.arange(n - tail), np.zeros(n - tail), np.zeros(n - tail, bool))
+    two.decode(kv, other[:n - tail - lag], np.arange(n - tail - lag), np.ones(n - tail - lag),
+               np.zeros(n - tail - lag, bool))
+    mine, theirs, i = [], [], n - tail
+    for k in (4, 10, 3, 9, 14):
+        out = two.decode(kv, np.concatenate([tokens[i:i + k], other[i - lag:i - lag + k]]),
+                         np.concatenate([np.arange(i, i + k), np.arange(i - lag, i - lag + k)]),
+                         np.array([0] * k + [1] * k), np.ones(2 * k, bool))
+        mine.append(out[:k])
+        theirs.append(out[k:])
+        i += k
+    assert i == n
+    assert np.array_equal(bits(np.concatenate(mine)), bits(whole))
+    assert np.array_equal(bits(np.concatenate(theirs)), bits(alone))
