@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     loads = [x for x in LOADS if not args.only or x[0] in args.only]
     got: dict[str, dict[str, list[tuple[float, float, float]]]] = {w: {n: [] for n, *_ in loads}
                                                                     for w in ("bubo", "llama")}
-    per_burst = max(args.requests // args.bursts, 1)
+    per_burst = args.requests // args.bursts  # at least most_clients
     for r in range(args.rounds):
         for kind in ("gen", "embed"):
             mine = [x for x in loads if x[4] == kind]

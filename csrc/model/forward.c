@@ -267,9 +267,7 @@ static int attention_tile_for(int32_t n, const int32_t *seq_ids) {
     return 1;
 }
 
-static int attention_tile(const step_ctx *c) { return c->attn_tile; }
-
-static int64_t attention_tiles(const step_ctx *c) { return (c->n + attention_tile(c) - 1) / attention_tile(c); }
+static int64_t attention_tiles(const step_ctx *c) { return (c->n + c->attn_tile - 1) / c->attn_tile; }
 
 static int attention_slices(const step_ctx *c, int nth) {
     const bubo_hparams *hp = &c->m->hp;
@@ -325,7 +323,7 @@ static void attention_share(void *vctx, int ith, int nth) {
     const bubo_hparams *hp = &m->hp;
     const int group = hp->n_head / hp->n_head_kv; /* query heads per KV head (GQA) */
     const int slices = attention_slices(c, bubo_pool_n_threads(m->pool));
-    const int tile_tokens = attention_tile(c);
+    const int tile_tokens = c->attn_tile;
     const int64_t n_items = attention_tiles(c) * hp->n_head_kv * slices;
     uint8_t *q_att = m->s.q_att + (size_t)ith * ATTN_TILE_TOKENS * group * m->s.q_att_stride; /* [tile][group] */
     float *scratch = m->s.v_tmp + (size_t)ith * bubo_attend_scratch_floats(ATTN_TILE_TOKENS, group, hp->head_dim_k, hp->head_dim_v);
@@ -362,7 +360,7 @@ static void attention_share(void *vctx, int ith, int nth) {
 
 /* The most chunks any token of the step spans in layer c->il (0: no split). */
 static int32_t attention_chunks(const step_ctx *c, int nth) {
-    if (nth < 2 || attention_tile(c) != 1) return 0;
+    if (nth < 2 || c->attn_tile != 1) return 0;
     int32_t most = 0;
     for (int32_t t = 0; t < c->n; t++) {
         int32_t b, e;

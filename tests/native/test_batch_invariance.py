@@ -188,11 +188,17 @@ def test_attention_split_over_threads_is_the_same_bits(tmp_path, arch):
     assert i == n
     assert np.array_equal(bits(np.concatenate(steps)), bits(whole))
     # two sequences per step: this one and another 1,500 positions behind it
-    kv = KVCache(two, n_ctx=2 * n, n_seq_max=2)  # (the blocks of both sequences)
-    two.decode(kv, tokens[:n - tail], np.arange(n - tail), np.zeros(n - tail), np.zeros(n - tail, bool))
     lag = 1500
-    two.decode(kv, other[:n - tail - lag], np.arange(n - tail - lag), np.ones(n - tail - lag),
-               np.zeros(n - tail - lag, bool))
+
+    def both() -> KVCache:
+        """A cache holding both sequences' prompts but their last `tail` tokens."""
+        kv = KVCache(two, n_ctx=2 * n, n_seq_max=2)  # (the blocks of both sequences)
+        two.decode(kv, tokens[:n - tail], np.arange(n - tail), np.zeros(n - tail), np.zeros(n - tail, bool))
+        two.decode(kv, other[:n - tail - lag], np.arange(n - tail - lag), np.ones(n - tail - lag),
+                   np.zeros(n - tail - lag, bool))
+        return kv
+
+    kv = both()
     rows = [two.decode(kv, np.array([tokens[i], other[i - lag]]), np.array([i, i - lag]), np.array([0, 1]),
                        np.ones(2, bool)) for i in range(n - tail, n)]
     assert np.array_equal(bits(np.stack([r[0] for r in rows])), bits(whole))
@@ -202,10 +208,7 @@ def test_attention_split_over_threads_is_the_same_bits(tmp_path, arch):
     # several tokens of each sequence per step (two drafts checked together; past 16 tokens in all,
     # a tile's end falls inside the second run): one attention tile holds both sequences' runs,
     # each run attended on its own
-    kv = KVCache(two, n_ctx=2 * n, n_seq_max=2)
-    two.decode(kv, tokens[:n - tail], np.arange(n - tail), np.zeros(n - tail), np.zeros(n - tail, bool))
-    two.decode(kv, other[:n - tail - lag], np.arange(n - tail - lag), np.ones(n - tail - lag),
-               np.zeros(n - tail - lag, bool))
+    kv = both()
     mine, theirs, i = [], [], n - tail
     for k in (4, 10, 3, 9, 14):
         out = two.decode(kv, np.concatenate([tokens[i:i + k], other[i - lag:i - lag + k]]),
