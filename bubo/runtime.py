@@ -114,6 +114,7 @@ class Runtime:
         self._vocab: Vocab | None = None
         self._grammar_pieces: list[bytes] | None = None
         self._word_starts: frozenset[int] | None = None
+        self._separators: frozenset[int] | None = None
         self._piece_index: PieceIndex | None = None
         self._shows_tools: bool | None = None
         self._eog: list[int] | None = None
@@ -305,6 +306,14 @@ class Runtime:
             self._word_starts = frozenset(i for i, p in enumerate(self.grammar_pieces())
                                           if p and p[0] < 0x80 and not chr(p[0]).isalnum())
         return self._word_starts
+
+    def separators(self) -> frozenset[int]:
+        """The tokens whose text is only ASCII punctuation and white space (", ", " |", ":\n"):
+        what separates the fields that prompt lookup's FieldLayout copies (bubo.engine.draft)."""
+        if self._separators is None:
+            self._separators = frozenset(i for i, p in enumerate(self.grammar_pieces())
+                                         if p and all(b < 0x80 and not chr(b).isalnum() for b in p))
+        return self._separators
 
     def grammar_pieces(self) -> list[bytes]:
         """Every token's bytes as grammars see them (no bytes for control and unused tokens)."""

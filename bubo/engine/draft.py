@@ -50,6 +50,10 @@ NGRAM_SIZES = (4, 3, 2)  # the lengths of the tail looked up, longest first
 FOLLOW = 1  # prompt lookup's record key for a draft that goes on copying past a changed token
 RESYNC = 5  # ... and for one found again just past where a draft was refused
 RESYNC_WINDOW = 8  # how far past the refused source token (and for how many steps) it is looked for
+FIELDS = 6  # ... and for the prompt's next fields laid out as the answer laid out its earlier ones (FieldLayout)
+LAYOUT_ITEMS = 8  # the most items (separators and fields) of the answer's tail matched to find where its layout repeats
+FIELD_MATCH = 3  # the most of the answer's last fields matched to the prompt's to find where the copy stands
+FIELD_CANDIDATES = 32  # the latest places in the prompt a field is looked at (a common one occurs often)
 MODEL_PRIOR = 0.7  # a draft model sharing the vocabulary is expected to agree on most tokens at first
 PRIOR_WEIGHT = 2.0  # how many drafts the prior (the scheduler's record) is worth to a sequence
 DRAFT_OUT_VOCAB = 16384  # a draft model guesses among the first tokens of its vocabulary only
@@ -230,6 +234,130 @@ def choose_lengths(alphas: list[float], caps: list[int], step_s: Callable[[int],
     return best_k
 
 
+class FieldLayout:
+    """Drafts for an answer that lays the prompt's fields out anew (a list turned into a table,
+    CSV into JSON, key: value lines into a form): the values come in the prompt's order, but
+    between them the answer writes its own separators, so no n-gram of its tail occurs in the
+    prompt. Tokens are separators (their text is only punctuation and white space: ", ", " |",
+    ":\n") or parts of fields (maximal runs of other tokens: "3", " kg"; "pe", "ars").
+
+    Where the copy stands: the answer's last field (perhaps still being written) is found among
+    the prompt's fields, the one whose preceding fields also match the answer's preceding ones
+    (up to FIELD_MATCH; at least 2 tokens matched in all). The layout: the answer's last items
+    (each separator itself, each field as "a field"; up to LAYOUT_ITEMS) are looked up where they
+    last occurred earlier in the answer; what followed there is the template. The draft is the
+    rest of the current field, then the template with each of its fields replaced by the
+    prompt's next one: after "| pears | " a table row's template "3 kg    | 4.50 EUR |\n| "
+    gives "2 kg    | 3.80 EUR |\n| ". With no template yet (the first row), it is the rest of the
+    current field, or the prompt's next field after a separator."""
+
+    def __init__(self, separators: Collection[int], source_end: int):
+        self.separators = separators
+        self.source_end = source_end  # tokens[:source_end] are the prompt whose fields are copied
+        self._fields: list[tuple[int, ...]] | None = None  # the prompt's fields, in order
+        self._by_field: dict[tuple[int, ...], list[int]] = {}  # field -> its indices in _fields
+        self._by_first: dict[int, list[int]] = {}  # first token -> the indices of the fields it begins
+        self._items: list[int] = []  # the answer's layout: a separator's token id, or -1 for a field
+        self._answer: list[list[int]] = []  # the answer's fields (the last one may still grow)
+        self._seen = source_end  # tokens[source_end:_seen] are in _items
+        self._layout: dict[tuple[int, ...], int] = {}  # items n-gram -> the item after its latest occurrence
+        self._indexed = 0  # _items[:_indexed] end n-grams in _layout
+
+    def _index_source(self, tokens: list[int]) -> None:
+        fields: list[tuple[int, ...]] = []
+        run: list[int] = []
+        for t in tokens[:self.source_end]:
+            if t in self.separators:
+                if run:
+                    fields.append(tuple(run))
+                    run = []
+            else:
+                run.append(t)
+        if run:
+            fields.append(tuple(run))
+        for i, f in enumerate(fields):
+            self._by_field.setdefault(f, []).append(i)
+            self._by_first.setdefault(f[0], []).append(i)
+        self._fields = fields
+
+    def _update(self, tokens: list[int]) -> None:
+        for t in tokens[self._seen:]:
+            if t in self.separators:
+                self._items.append(t)
+            elif self._items and self._items[-1] == -1:
+                self._answer[-1].append(t)
+            else:
+                self._items.append(-1)
+                self._answer.append([t])
+        self._seen = len(tokens)
+        # index the n-grams ending before the last item: the tail must not find itself
+        items = self._items
+        for j in range(self._indexed, len(items) - 1):
+            for m in range(2, LAYOUT_ITEMS + 1):
+                if j + 1 >= m:
+                    self._layout[tuple(items[j + 1 - m:j + 1])] = j + 1
+        self._indexed = max(self._indexed, len(items) - 1)
+
+    def _where(self, open_field: bool) -> int | None:
+        """The index of the prompt's field that the answer's last one copies (None: not found)."""
+        assert self._fields is not None
+        fields, last = self._fields, self._answer[-1]
+        if open_field:
+            n = len(last)
+            found = [i for i in self._by_first.get(last[0], [])[-FIELD_CANDIDATES:]
+                     if len(fields[i]) >= n and list(fields[i][:n]) == last]
+        else:
+            found = self._by_field.get(tuple(last), [])[-FIELD_CANDIDATES:]
+        best, where = 0, None
+        for i in found:
+            score, j = len(last), 1
+            while j < FIELD_MATCH and j < len(self._answer) and i - j >= 0 and \
+                    list(fields[i - j]) == self._answer[-1 - j]:
+                score += len(fields[i - j])
+                j += 1
+            if score >= best:  # the later place where it ties
+                best, where = score, i
+        return where if best >= 2 else None
+
+    def propose(self, tokens: list[int], limit: int) -> list[int]:
+        """The rest of the current field and the prompt's next fields in the answer's layout (at
+        most `limit` tokens; [] where the answer's last field is not the prompt's)."""
+        if self._fields is None:
+            self._index_source(tokens)
+        assert self._fields is not None
+        self._update(tokens)
+        if not self._answer or len(tokens) <= self.source_end:
+            return []
+        open_field = self._items[-1] == -1
+        i = self._where(open_field)
+        if i is None:
+            return []
+        fields = self._fields
+        draft = list(fields[i][len(self._answer[-1]):]) if open_field else []
+        nxt = i + 1
+        items = self._items
+        at = None
+        for m in range(min(LAYOUT_ITEMS, len(items) - 1), 1, -1):
+            at = self._layout.get(tuple(items[-m:]))
+            if at is not None:
+                break
+        if at is None:  # no layout to follow yet: the field, or the next one after a separator
+            if not open_field and nxt < len(fields):
+                draft = list(fields[nxt])
+            return draft[:limit]
+        for item in items[at:]:
+            if len(draft) >= limit:
+                break
+            if item != -1:
+                draft.append(item)
+            elif nxt < len(fields):
+                draft += fields[nxt]
+                nxt += 1
+            else:
+                break
+        return draft[:limit]
+
+
 class NgramDrafter(Pacing):
     """Prompt-lookup drafts for one sequence (see the module docstring). The index maps each
     n-gram of the sequence to where it last ended, updated as tokens are appended.
@@ -250,14 +378,18 @@ class NgramDrafter(Pacing):
     a tail of 3 tokens or more, or one whose drafts were partly kept, goes on so (a 2-token tail,
     "of the", is found everywhere in free text). FOLLOW and RESYNC keep their own records."""
 
-    def __init__(self, config: DraftConfig, word_starts: Collection[int] | None = None):
+    def __init__(self, config: DraftConfig, word_starts: Collection[int] | None = None,
+                 separators: Collection[int] | None = None, n_prompt: int | None = None):
         super().__init__(config)
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # tokens[:_indexed] are indexed (each n-gram ending before it)
         # a record per match length: a draft found by a 4-gram is kept far more often than one
         # found by a 2-gram, and its length is chosen by its own record
-        self._by_n = {n: Pacing(config) for n in (*NGRAM_SIZES, FOLLOW, RESYNC)}
+        self._by_n = {n: Pacing(config) for n in (*NGRAM_SIZES, FOLLOW, RESYNC, FIELDS)}
         self.word_starts = word_starts
+        self.separators = separators
+        self.n_prompt = n_prompt  # where the answer begins (None: the first sequence proposed for, less its last token)
+        self._layout: FieldLayout | None = None
         self.matched = 0  # the match length of the last draft offered (FOLLOW, RESYNC: a copy going on; 0: none)
         self._copy: tuple[int, int] | None = None  # (source index, sequence length) of the last copy
         self._sure = False  # the last copy is one to go on with: found by 3 tokens or more, or partly kept
@@ -309,6 +441,18 @@ class NgramDrafter(Pacing):
         self._offered = (at, len(tokens))
         return draft
 
+    def _fields(self, tokens: list[int], k: int) -> list[int]:
+        if self.separators is None:
+            return []
+        if self._layout is None:
+            self._layout = FieldLayout(self.separators, self.n_prompt if self.n_prompt is not None else len(tokens) - 1)
+        draft = self._layout.propose(tokens, k)
+        if len(draft) < max(1, self.config.n_min):
+            return []
+        self.matched = FIELDS
+        self._copy = None  # a copy of the prompt's tokens is not going on
+        return draft
+
     def propose(self, tokens: list[int], limit: int) -> list[int]:
         """What followed the tail of tokens where it last occurred before (at most `limit`
         tokens; [] for no match): the longest draft on offer, which the scheduler cuts."""
@@ -319,6 +463,8 @@ class NgramDrafter(Pacing):
             return []
         self._update(tokens)
         for n in NGRAM_SIZES:
+            if n == NGRAM_SIZES[1] and (draft := self._fields(tokens, k)):
+                return draft  # the longest tail found nowhere: the prompt's fields in the answer's layout?
             if len(tokens) < n:
                 continue
             at = self._index.get(tuple(tokens[-n:]))
