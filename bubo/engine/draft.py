@@ -7,7 +7,9 @@ changes the answer, only how many forward passes it takes.
 NgramDrafter is prompt-lookup decoding: the last few tokens of the sequence are looked up in
 its own earlier tokens (prompt and answer), and what followed them there is the draft. It pays
 where an answer repeats its prompt (an edit of a text, code that quotes its input, a summary
-that copies phrases) and costs nothing else: a sequence without a match drafts nothing.
+that copies phrases) and costs nothing else: a sequence without a match drafts nothing. Past a
+replaced word it goes on copying; where the answer lays the prompt's fields out anew (a list
+turned into a table), FieldLayout drafts the prompt's next fields in the answer's own layout.
 
 DraftModel drafts with a second, smaller model that shares the target's vocabulary (qwen2.5-coder
 0.5b for its 1.5b): it keeps one KV sequence per slot that follows the target's (the prompt
