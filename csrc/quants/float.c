@@ -380,24 +380,23 @@ BUBO_TARGET_AVX512 static void f16_from_float_avx512(const float *restrict x, vo
     }
 }
 
+/* F16 x F32 at AVX-512, as at AVX2: one 16-lane accumulator per output, stepped by 16 in order,
+ * the masked tail last, then its horizontal sum. (ggml sums in four chains; one chain lets the
+ * tile hold a block of 4 rows x 6 tokens of outputs in registers in one pass over the weights,
+ * where four chains take four passes or half the tokens: 1.05x as fast at 384 columns and 1.3x
+ * at 1,536 on Zen 5.) */
 BUBO_TARGET_AVX512 static void vec_dot_f16_f32_avx512(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
     const bubo_f16 *x = vx;
     const float *y = vy;
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 acc = _mm512_setzero_ps();
     int i = 0;
-    for (; i + 64 <= n; i += 64)
-        for (int k = 0; k < 4; k++) {
-            __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i + 16 * k)));
-            acc[k] = _mm512_fmadd_ps(w, _mm512_loadu_ps(y + i + 16 * k), acc[k]);
-        }
     for (; i + 16 <= n; i += 16)
-        acc[0] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))), _mm512_loadu_ps(y + i), acc[0]);
+        acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))), _mm512_loadu_ps(y + i), acc);
     if (i < n) {
         __mmask16 m = tail_mask16(n - i);
-        __m512 w = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i));
-        acc[1] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, y + i), acc[1]);
+        acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i)), _mm512_maskz_loadu_ps(m, y + i), acc);
     }
-    *s = bubo_hsum_f32x16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+    *s = bubo_hsum_f32x16(acc);
 }
 
 BUBO_TARGET_AVX512 static void bf16_to_float_avx512(const void *restrict vx, float *restrict y, int64_t n) {
@@ -436,18 +435,19 @@ BUBO_TARGET_AVX512 static void vec_dot_bf16_f32_avx512(int n, float *restrict s,
     *s = bubo_hsum_f32x16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
-/* Float weights at AVX-512 (F32, F16, BF16). vec_dot keeps four 16-lane chains per output: chunk
- * c of every 64 elements goes to chain c, the 16-element chunks past the last 64 to chain 0, the
- * masked tail to chain 1; then one reduce of (c0 + c1) + (c2 + c3). The chains are independent,
- * so the tile runs them one after the other (F32: a block of 4 rows x up to 6 tokens holds one
- * accumulator per output for the chain at hand) or two at a time (F16, BF16: 4 rows x up to 3
- * tokens), and each weight chunk, loaded (and converted) once, feeds up to 6 or 3 FMAs where
- * vec_dot gives it one. Every output keeps vec_dot's operations in vec_dot's order, so it has
- * vec_dot's bits whatever the tile's shape (batch invariance). */
+/* Float weights at AVX-512 (F32, F16, BF16). F32's and BF16's vec_dots keep four 16-lane chains
+ * per output (ggml's): chunk c of every 64 elements goes to chain c, the 16-element chunks past
+ * the last 64 to chain 0, the masked tail to chain 1; then one reduce of (c0 + c1) + (c2 + c3).
+ * The chains are independent, so the tile runs them one after the other (F32: a block of 4 rows x
+ * up to 6 tokens holds one accumulator per output for the chain at hand) or two at a time (BF16:
+ * 4 rows x up to 3 tokens). F16's has one chain, and its block of 4 rows x up to 6 tokens one
+ * pass. Each weight chunk, loaded (and converted) once, feeds up to 6 or 3 FMAs where vec_dot
+ * gives it one. Every output keeps vec_dot's operations in vec_dot's order, so it has vec_dot's
+ * bits whatever the tile's shape (batch invariance). */
 enum { F512_F32, F512_F16, F512_BF16 };
 #define F512_ROWS 4
 #define F512_TOKENS 6
-#define F512_PAIR_TOKENS 3 /* F16, BF16: f512_block_pairs */
+#define F512_PAIR_TOKENS 3 /* BF16: f512_block_pairs */
 
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) __m512 f512_load(int kind, const void *x, int i) {
     if (kind == F512_F32) return _mm512_loadu_ps((const float *)x + i);
@@ -503,8 +503,8 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block(
 
 /* f512_block for up to 3 tokens with the chains in pairs: chains 0 and 1 in one pass, their sum
  * kept in registers, then 2 and 3: the same operations per output in the same order, with half
- * the passes and a third of the spills. 7-9% faster for F16 and BF16 rows of 384 and 1536 on Zen
- * 5, whose half-width weights leave room for the second chain's loads; F32's full-width ones do
+ * the passes and a third of the spills. 7-9% faster for BF16 (and F16's four chains) rows of 384 and
+ * 1536 on Zen 5, whose half-width weights leave room for the second chain's loads; F32's full-width ones do
  * not (12% slower), so F32 keeps f512_block. */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block_pairs(int kind, int nt, int n,
                                                                                    const void *const x[F512_ROWS],
@@ -532,8 +532,24 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block_
         _mm_storeu_ps(s + (size_t)t * s_stride, bubo_hsum4_f32x16(c01[0][t], c01[1][t], c01[2][t], c01[3][t]));
 }
 
+/* f512_block for F16's one chain (vec_dot_f16_f32_avx512): a block of 4 rows x up to 6 tokens holds
+ * every output's accumulator in registers through one pass over the weights. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block_one(int kind, int nt, int n,
+                                                                                 const void *const x[F512_ROWS],
+                                                                                 const float *const *y, float *s,
+                                                                                 size_t s_stride) {
+    __m512 a[F512_ROWS][F512_TOKENS];
+    for (int r = 0; r < F512_ROWS; r++)
+        for (int t = 0; t < nt; t++) a[r][t] = _mm512_setzero_ps();
+    const int n16 = n / 16 * 16;
+    for (int i = 0; i < n16; i += 16) f512_chunk(kind, nt, i, 0, x, y, a);
+    if (n16 < n) f512_chunk(kind, nt, n16, tail_mask16(n - n16), x, y, a);
+    for (int t = 0; t < nt; t++)
+        _mm_storeu_ps(s + (size_t)t * s_stride, bubo_hsum4_f32x16(a[0][t], a[1][t], a[2][t], a[3][t]));
+}
+
 /* a block of 4 rows and tokens t .. t + nt - 1, nt the rest up to F512_TOKENS: each count its own
- * code (F16 and BF16: blocks of up to 3 tokens, f512_block_pairs) */
+ * code (F16: f512_block_one; BF16: blocks of up to 3 tokens, f512_block_pairs) */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_rows_tokens(int kind, int n, const void *const xs[F512_ROWS],
                                                                                    const uint8_t *yb, size_t y_stride,
                                                                                    int t, int n_tokens, float *s,
@@ -542,7 +558,18 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_rows_t
     const float *ys[F512_TOKENS];
     for (int j = 0; j < nt; j++) ys[j] = (const float *)(yb + (size_t)(t + j) * y_stride);
     float *out = s + (size_t)t * s_stride;
-    if (kind != F512_F32) { /* F16, BF16: F512_PAIR_TOKENS a block, the chains in pairs */
+    if (kind == F512_F16) { /* one chain: F512_TOKENS a block */
+        switch (nt) {
+        case 6: f512_block_one(kind, 6, n, xs, ys, out, s_stride); break;
+        case 5: f512_block_one(kind, 5, n, xs, ys, out, s_stride); break;
+        case 4: f512_block_one(kind, 4, n, xs, ys, out, s_stride); break;
+        case 3: f512_block_one(kind, 3, n, xs, ys, out, s_stride); break;
+        case 2: f512_block_one(kind, 2, n, xs, ys, out, s_stride); break;
+        default: f512_block_one(kind, 1, n, xs, ys, out, s_stride); break;
+        }
+        return;
+    }
+    if (kind != F512_F32) { /* BF16: F512_PAIR_TOKENS a block, the chains in pairs */
         for (int j = 0; j < nt; j += F512_PAIR_TOKENS) {
             const int m = nt - j < F512_PAIR_TOKENS ? nt - j : F512_PAIR_TOKENS;
             if (m == 3) f512_block_pairs(kind, 3, n, xs, ys + j, out + (size_t)j * s_stride, s_stride);
@@ -569,9 +596,10 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_tile(i
                                                                             size_t x_stride, const void *restrict vy,
                                                                             size_t y_stride) {
     const uint8_t *xb = vx, *yb = vy;
-    if (n_tokens == 1) {
+    if (n_tokens == 1 && kind != F512_F16) {
         /* a decode step: row by row, each row's chains side by side (the block's passes would
-         * read a long row's weights four times, from L2: 1.3x slower at 8192 columns) */
+         * read a long row's weights four times, from L2: 1.3x slower at 8192 columns; F16's one
+         * pass goes on to the blocks, four rows' chains side by side) */
         for (int r = 0; r < n_rows; r++) vec_dot(n, &s[r], xb + (size_t)r * x_stride, yb);
         return;
     }

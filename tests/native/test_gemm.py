@@ -123,15 +123,16 @@ FLOAT_TYPES = [0, 1, 30]  # F32, F16, BF16: one element per block, so the shapes
 @pytest.mark.parametrize("type_id,isa", [(t, i) for t in FLOAT_TYPES for i in K.type_info(t)["vec_dot_tile"]
                                           if i in set(K.supported_isas())],
                          ids=lambda v: K.type_info(v)["name"] if isinstance(v, int) else v)
-@pytest.mark.parametrize("rows,tokens", [(1, 1), (4, 3), (9, 7), (17, 10), (3, 2), (8, 13), (8, 8), (4, 6)],
+@pytest.mark.parametrize("rows,tokens", [(1, 1), (9, 1), (4, 3), (9, 7), (17, 10), (3, 2), (8, 13), (8, 8), (4, 6)],
                          ids=lambda v: str(v))
 @pytest.mark.parametrize("n", [5, 384, 389, 400, 421], ids=lambda v: f"n{v}")
 def test_float_tile_gives_vec_dot_bits_on_long_rows(type_id, isa, rows, tokens, n):
     """Rows shorter than one SIMD step (5), of whole 64-element steps (384), with a scalar or
     masked tail (389), of whole 16-element steps past the last 64 (400), and both (421): each
     tile output has its own vec_dot's bits at the same level, whatever its place in the tile (the
-    register-blocked tiles keep vec_dot's order per output: at AVX-512 its four chains, run one
-    after the other), and nothing is written outside the tile."""
+    register-blocked tiles keep vec_dot's order per output: at AVX-512 F32's and BF16's four
+    chains, run one after the other; F16's one chain, also for one token, four rows at a time),
+    and nothing is written outside the tile."""
     rng = np.random.default_rng(rows * 31 + tokens + n)
     w, y, _ = operands(type_id, rows, tokens, n, rng)
     want = pairwise(type_id, w, y, n, isa)
