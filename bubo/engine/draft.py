@@ -56,6 +56,7 @@ FIELDS = 6  # ... and for the prompt's next fields laid out as the answer laid o
 LAYOUT_ITEMS = 8  # the most items (separators and fields) of the answer's tail matched to find where its layout repeats
 FIELD_MATCH = 3  # the most of the answer's last fields matched to the prompt's to find where the copy stands
 FIELD_CANDIDATES = 32  # the latest places in the prompt a field is looked at (a common one occurs often)
+FIELD_LONGEST = 64  # an answer's field longer than this is prose, not a value (the n-gram lookup's work)
 MODEL_PRIOR = 0.7  # a draft model sharing the vocabulary is expected to agree on most tokens at first
 PRIOR_WEIGHT = 2.0  # how many drafts the prior (the scheduler's record) is worth to a sequence
 DRAFT_OUT_VOCAB = 16384  # a draft model guesses among the first tokens of its vocabulary only
@@ -238,7 +239,7 @@ def choose_lengths(alphas: list[float], caps: list[int], step_s: Callable[[int],
 
 class FieldLayout:
     """Drafts for an answer that lays the prompt's fields out anew (a list turned into a table,
-    CSV into JSON, key: value lines into a form): the values come in the prompt's order, but
+    "key: value" lines into rows): the values come in the prompt's order, but
     between them the answer writes its own separators, so no n-gram of its tail occurs in the
     prompt. Tokens are separators (their text is only punctuation and white space: ", ", " |",
     ":\n") or parts of fields (maximal runs of other tokens: "3", " kg"; "pe", "ars").
@@ -251,17 +252,19 @@ class FieldLayout:
     rest of the current field, then the template with each of its fields replaced by the
     prompt's next one: after "| pears | " a table row's template "3 kg    | 4.50 EUR |\n| "
     gives "2 kg    | 3.80 EUR |\n| ". With no template yet (the first row), it is the rest of the
-    current field, or the prompt's next field after a separator."""
+    current field, or the prompt's next field after a separator. (Fields that only the answer
+    writes, such as a JSON object's keys, are not drafted: every field of the template is taken
+    for one of the prompt's.)"""
 
     def __init__(self, separators: Collection[int], source_end: int):
         self.separators = separators
-        self.source_end = source_end  # tokens[:source_end] are the prompt whose fields are copied
+        self.source_end = max(0, source_end)  # tokens[:source_end] are the prompt whose fields are copied
         self._fields: list[tuple[int, ...]] | None = None  # the prompt's fields, in order
         self._by_field: dict[tuple[int, ...], list[int]] = {}  # field -> its indices in _fields
         self._by_first: dict[int, list[int]] = {}  # first token -> the indices of the fields it begins
         self._items: list[int] = []  # the answer's layout: a separator's token id, or -1 for a field
         self._answer: list[list[int]] = []  # the answer's fields (the last one may still grow)
-        self._seen = source_end  # tokens[source_end:_seen] are in _items
+        self._seen = self.source_end  # tokens[source_end:_seen] are in _items
         self._layout: dict[tuple[int, ...], int] = {}  # items n-gram -> the item after its latest occurrence
         self._indexed = 0  # _items[:_indexed] end n-grams in _layout
 
@@ -291,7 +294,7 @@ class FieldLayout:
             else:
                 self._items.append(-1)
                 self._answer.append([t])
-        self._seen = len(tokens)
+        self._seen = max(self._seen, len(tokens))
         # index the n-grams ending before the last item: the tail must not find itself
         items = self._items
         for j in range(self._indexed, len(items) - 1):
@@ -304,6 +307,8 @@ class FieldLayout:
         """The index of the prompt's field that the answer's last one copies (None: not found)."""
         assert self._fields is not None
         fields, last = self._fields, self._answer[-1]
+        if len(last) > FIELD_LONGEST:
+            return None
         if open_field:
             n = len(last)
             found = [i for i in self._by_first.get(last[0], [])[-FIELD_CANDIDATES:]
@@ -324,18 +329,21 @@ class FieldLayout:
     def propose(self, tokens: list[int], limit: int) -> list[int]:
         """The rest of the current field and the prompt's next fields in the answer's layout (at
         most `limit` tokens; [] where the answer's last field is not the prompt's)."""
+        if len(tokens) <= self.source_end:
+            return []  # no answer yet (and the prompt is indexed once it is whole)
         if self._fields is None:
             self._index_source(tokens)
         assert self._fields is not None
         self._update(tokens)
-        if not self._answer or len(tokens) <= self.source_end:
+        if not self._answer:
             return []
         open_field = self._items[-1] == -1
         i = self._where(open_field)
         if i is None:
             return []
         fields = self._fields
-        draft = list(fields[i][len(self._answer[-1]):]) if open_field else []
+        n = len(self._answer[-1])
+        draft = list(fields[i][n:n + limit]) if open_field else []
         nxt = i + 1
         items = self._items
         at = None
@@ -345,15 +353,16 @@ class FieldLayout:
                 break
         if at is None:  # no layout to follow yet: the field, or the next one after a separator
             if not open_field and nxt < len(fields):
-                draft = list(fields[nxt])
-            return draft[:limit]
-        for item in items[at:]:
+                draft = list(fields[nxt][:limit])
+            return draft
+        for j in range(at, len(items)):
             if len(draft) >= limit:
                 break
+            item = items[j]
             if item != -1:
                 draft.append(item)
             elif nxt < len(fields):
-                draft += fields[nxt]
+                draft += fields[nxt][:limit - len(draft)]
                 nxt += 1
             else:
                 break
@@ -378,7 +387,10 @@ class NgramDrafter(Pacing):
       word_starts, the refused token alone is skipped.
     Such a copy goes on until a draft of it is refused from its first token. Only a copy found by
     a tail of 3 tokens or more, or one whose drafts were partly kept, goes on so (a 2-token tail,
-    "of the", is found everywhere in free text). FOLLOW and RESYNC keep their own records."""
+    "of the", is found everywhere in free text). Where no 4-gram of the tail is found, and before
+    the shorter ones, FieldLayout drafts the prompt's next fields in the answer's own layout (given
+    separators; n_prompt: where the answer begins). FOLLOW, RESYNC and FIELDS keep their own
+    records."""
 
     def __init__(self, config: DraftConfig, word_starts: Collection[int] | None = None,
                  separators: Collection[int] | None = None, n_prompt: int | None = None):
@@ -390,7 +402,7 @@ class NgramDrafter(Pacing):
         self._by_n = {n: Pacing(config) for n in (*NGRAM_SIZES, FOLLOW, RESYNC, FIELDS)}
         self.word_starts = word_starts
         self.separators = separators
-        self.n_prompt = n_prompt  # where the answer begins (None: the first sequence proposed for, less its last token)
+        self.n_prompt = n_prompt  # where the answer begins (None: the first propose's sequence, less its last token)
         self._layout: FieldLayout | None = None
         self.matched = 0  # the match length of the last draft offered (FOLLOW, RESYNC: a copy going on; 0: none)
         self._copy: tuple[int, int] | None = None  # (source index, sequence length) of the last copy
@@ -443,11 +455,11 @@ class NgramDrafter(Pacing):
         self._offered = (at, len(tokens))
         return draft
 
-    def _fields(self, tokens: list[int], k: int) -> list[int]:
-        if self.separators is None:
+    def _field_draft(self, tokens: list[int], k: int) -> list[int]:
+        if self.separators is None or self.n_prompt is None:
             return []
         if self._layout is None:
-            self._layout = FieldLayout(self.separators, self.n_prompt if self.n_prompt is not None else len(tokens) - 1)
+            self._layout = FieldLayout(self.separators, self.n_prompt)
         draft = self._layout.propose(tokens, k)
         if len(draft) < max(1, self.config.n_min):
             return []
@@ -461,11 +473,13 @@ class NgramDrafter(Pacing):
         k = limit
         self.matched = 0
         self._offered = None
+        if self.n_prompt is None:
+            self.n_prompt = max(0, len(tokens) - 1)
         if k < max(1, self.config.n_min):
             return []
         self._update(tokens)
         for n in NGRAM_SIZES:
-            if n == NGRAM_SIZES[1] and (draft := self._fields(tokens, k)):
+            if n == NGRAM_SIZES[1] and (draft := self._field_draft(tokens, k)):
                 return draft  # the longest tail found nowhere: the prompt's fields in the answer's layout?
             if len(tokens) < n:
                 continue

@@ -29,7 +29,7 @@
  * lane p (a transpose as it adds: no horizontal sum per score). The lanes and the order of the
  * adds are those of one scalar formula per position, so every level gives the same bits:
  *   widened rows: lane l sums the products of elements l, l + 16, l + 32, l + 48 of each 64 as the
- *   kernel table's AVX-512 f16 x f32 vec_dot (and ggml's) does, then the lanes in sum16_tree's order;
+ *   AVX-512 f16 x f32 vec_dot of ggml does, then the lanes in sum16_tree's order;
  *   q8_0 rows against q8_0 queries: each 32-element block's products summed exactly as integers
  *   (the transpose adds integers, so its order does not matter), times (K scale x query scale) of
  *   the block (exact: two f16 values), the blocks added in order with fused multiply-adds.
@@ -124,7 +124,7 @@ static float sum16_tree(const float *p) {
 }
 
 /* The score of one widened K row against n f32 queries (rows q_stride floats apart), for head_dim_k
- * a multiple of 16, summed as the kernel table's AVX-512 f16 x f32 vec_dot (and ggml's) sums:
+ * a multiple of 16, summed as ggml's AVX-512 f16 x f32 vec_dot sums:
  * four accumulators of 16 lanes take the four 16-element chunks of each 64 elements, a chunk past
  * the last whole 64 goes to the first; then (acc0 + acc1) + (acc2 + acc3) lane by lane, and the
  * lanes in the tree order of sum16_tree. Every level keeps exactly these lanes and this order

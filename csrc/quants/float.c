@@ -383,8 +383,8 @@ BUBO_TARGET_AVX512 static void f16_from_float_avx512(const float *restrict x, vo
 /* F16 x F32 at AVX-512, as at AVX2: one 16-lane accumulator per output, stepped by 16 in order,
  * the masked tail last, then its horizontal sum. (ggml sums in four chains; one chain lets the
  * tile hold a block of 4 rows x 6 tokens of outputs in registers in one pass over the weights,
- * where four chains take four passes or half the tokens: 1.05x as fast at 384 columns and 1.3x
- * at 1,536 on Zen 5.) */
+ * where four chains take four passes or half the tokens: 1.25x as fast at 384 and 1,536 columns
+ * x 12 tokens on Zen 5.) */
 BUBO_TARGET_AVX512 static void vec_dot_f16_f32_avx512(int n, float *restrict s, const void *restrict vx, const void *restrict vy) {
     const bubo_f16 *x = vx;
     const float *y = vy;
@@ -503,8 +503,8 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block(
 
 /* f512_block for up to 3 tokens with the chains in pairs: chains 0 and 1 in one pass, their sum
  * kept in registers, then 2 and 3: the same operations per output in the same order, with half
- * the passes and a third of the spills. 7-9% faster for BF16 (and F16's four chains) rows of 384 and
- * 1536 on Zen 5, whose half-width weights leave room for the second chain's loads; F32's full-width ones do
+ * the passes and a third of the spills. 7-9% faster for BF16 rows (and F16's, when they had four chains) of
+ * 384 and 1536 on Zen 5, whose half-width weights leave room for the second chain's loads; F32's full-width ones do
  * not (12% slower), so F32 keeps f512_block. */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block_pairs(int kind, int nt, int n,
                                                                                    const void *const x[F512_ROWS],

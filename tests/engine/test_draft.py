@@ -129,6 +129,9 @@ def test_field_layout_drafts_the_prompts_next_fields_in_the_answers_layout():
     assert verbatim.propose(LIST + LIST[3:7], 4) == [100, 21, 102, 3] and verbatim.matched == 4
     plain = NgramDrafter(DraftConfig(n_max=16))
     assert plain.propose(LIST + TABLE[:11], 16) == []  # without separators, no n-gram of the tail is found
+    early = NgramDrafter(DraftConfig(n_max=16), separators=SEPS, n_prompt=len(LIST))
+    assert early.propose(LIST[:10], 16) == []  # asked before the prompt is whole: it is not indexed yet
+    assert early.propose(LIST + TABLE[:11], 16) == [12, 103, 22, 107, 106, 4, 5, 103]
 
 
 def test_field_layout_finds_a_repeated_field_by_the_fields_before_it():
