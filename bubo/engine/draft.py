@@ -238,23 +238,25 @@ def choose_lengths(alphas: list[float], caps: list[int], step_s: Callable[[int],
 
 
 class FieldLayout:
-    """Drafts for an answer that lays the prompt's fields out anew (a list turned into a table,
-    "key: value" lines into rows): the values come in the prompt's order, but
-    between them the answer writes its own separators, so no n-gram of its tail occurs in the
-    prompt. Tokens are separators (their text is only punctuation and white space: ", ", " |",
-    ":\n") or parts of fields (maximal runs of other tokens: "3", " kg"; "pe", "ars").
+    """Drafts for an answer that lays the prompt's fields out anew (a list turned into a table, into
+    JSON objects or YAML): the values come in the prompt's order, but between them the answer
+    writes its own separators (and keys), so no n-gram of its tail occurs in the prompt. Tokens
+    are separators (their text is only punctuation and white space: ", ", " |", ":\n") or parts
+    of fields (maximal runs of other tokens: "3", " kg"; "pe", "ars").
 
-    Where the copy stands: the answer's last field (perhaps still being written) is found among
-    the prompt's fields, the one whose preceding fields also match the answer's preceding ones
-    (up to FIELD_MATCH; at least 2 tokens matched in all). The layout: the answer's last items
-    (each separator itself, each field as "a field"; up to LAYOUT_ITEMS) are looked up where they
-    last occurred earlier in the answer; what followed there is the template. The draft is the
-    rest of the current field, then the template with each of its fields replaced by the
-    prompt's next one: after "| pears | " a table row's template "3 kg    | 4.50 EUR |\n| "
-    gives "2 kg    | 3.80 EUR |\n| ". With no template yet (the first row), it is the rest of the
-    current field, or the prompt's next field after a separator. (Fields that only the answer
-    writes, such as a JSON object's keys, are not drafted: every field of the template is taken
-    for one of the prompt's.)"""
+    The layout: the answer's last items (each separator itself, each field as "a field"; up to
+    LAYOUT_ITEMS) are looked up where they last occurred earlier in the answer; what followed
+    there is the template, one period back. A field that the answer wrote the same one period
+    earlier, and that the prompt does not have, is the answer's own (a JSON object's key, a
+    label); the others are values. Where the copy stands: the answer's latest value (perhaps
+    still being written) is found among the prompt's fields, the one whose preceding fields also
+    match the answer's preceding values (up to FIELD_MATCH; at least 2 tokens matched in all).
+    The draft is the rest of the current field (a value's from the prompt, a key's as written
+    before), then the template with each key as written and each value replaced by the prompt's
+    next one: after "| pears | " a table row's template "3 kg    | 4.50 EUR |\n| " gives
+    "2 kg    | 3.80 EUR |\n| "; after '"fruit": "pears", "' an object's '"quantity": "3 kg"}'
+    gives '"quantity": "2 kg"}'. With no template yet (the first row), it is the rest of the
+    current value, or the prompt's next field after a separator."""
 
     def __init__(self, separators: Collection[int], source_end: int):
         self.separators = separators
@@ -264,6 +266,7 @@ class FieldLayout:
         self._by_first: dict[int, list[int]] = {}  # first token -> the indices of the fields it begins
         self._items: list[int] = []  # the answer's layout: a separator's token id, or -1 for a field
         self._answer: list[list[int]] = []  # the answer's fields (the last one may still grow)
+        self._field_at: list[int] = []  # per item: its index in _answer (-1: a separator)
         self._seen = self.source_end  # tokens[source_end:_seen] are in _items
         self._layout: dict[tuple[int, ...], int] = {}  # items n-gram -> the item after its latest occurrence
         self._indexed = 0  # _items[:_indexed] end n-grams in _layout
@@ -289,10 +292,12 @@ class FieldLayout:
         for t in tokens[self._seen:]:
             if t in self.separators:
                 self._items.append(t)
+                self._field_at.append(-1)
             elif self._items and self._items[-1] == -1:
                 self._answer[-1].append(t)
             else:
                 self._items.append(-1)
+                self._field_at.append(len(self._answer))
                 self._answer.append([t])
         self._seen = max(self._seen, len(tokens))
         # index the n-grams ending before the last item: the tail must not find itself
@@ -303,13 +308,29 @@ class FieldLayout:
                     self._layout[tuple(items[j + 1 - m:j + 1])] = j + 1
         self._indexed = max(self._indexed, len(items) - 1)
 
-    def _where(self, open_field: bool) -> int | None:
-        """The index of the prompt's field that the answer's last one copies (None: not found)."""
+    def _repeats(self, j: int, period: int | None, whole: bool = True) -> bool:
+        """Item j is a field of the answer's own (a key, a label), not one of the prompt's values:
+        the answer wrote the same field one period before, and the prompt has no such field.
+        whole False: the field is still being written, and begins that one."""
+        if period is None or j < period:
+            return False
+        a, b = self._field_at[j], self._field_at[j - period]
+        if a < 0 or b < 0:
+            return False
+        mine, before = self._answer[a], self._answer[b]
+        if len(before) > FIELD_LONGEST or tuple(before) in self._by_field:
+            return False
+        return mine == before if whole else len(mine) < len(before) and before[:len(mine)] == mine
+
+    def _where(self, values: list[list[int]], open_last: bool) -> int | None:
+        """The index of the prompt's field that the answer's latest value (values[0], perhaps still
+        being written: open_last) copies, found where the values before it (values[1:]) precede
+        it too (None: not found)."""
         assert self._fields is not None
-        fields, last = self._fields, self._answer[-1]
+        fields, last = self._fields, values[0]
         if len(last) > FIELD_LONGEST:
             return None
-        if open_field:
+        if open_last:
             n = len(last)
             found = [i for i in self._by_first.get(last[0], [])[-FIELD_CANDIDATES:]
                      if len(fields[i]) >= n and list(fields[i][:n]) == last]
@@ -318,8 +339,7 @@ class FieldLayout:
         best, where = 0, None
         for i in found:
             score, j = len(last), 1
-            while j < FIELD_MATCH and j < len(self._answer) and i - j >= 0 and \
-                    list(fields[i - j]) == self._answer[-1 - j]:
+            while j < len(values) and i - j >= 0 and list(fields[i - j]) == values[j]:
                 score += len(fields[i - j])
                 j += 1
             if score >= best:  # the later place where it ties
@@ -328,7 +348,7 @@ class FieldLayout:
 
     def propose(self, tokens: list[int], limit: int) -> list[int]:
         """The rest of the current field and the prompt's next fields in the answer's layout (at
-        most `limit` tokens; [] where the answer's last field is not the prompt's)."""
+        most `limit` tokens; [] where the answer's last value is not the prompt's)."""
         if len(tokens) <= self.source_end:
             return []  # no answer yet (and the prompt is indexed once it is whole)
         if self._fields is None:
@@ -337,20 +357,36 @@ class FieldLayout:
         self._update(tokens)
         if not self._answer:
             return []
-        open_field = self._items[-1] == -1
-        i = self._where(open_field)
-        if i is None:
-            return []
-        fields = self._fields
-        n = len(self._answer[-1])
-        draft = list(fields[i][n:n + limit]) if open_field else []
-        nxt = i + 1
-        items = self._items
+        fields, items = self._fields, self._items
         at = None
         for m in range(min(LAYOUT_ITEMS, len(items) - 1), 1, -1):
             at = self._layout.get(tuple(items[-m:]))
             if at is not None:
                 break
+        period = len(items) - at if at is not None else None
+        last = len(items) - 1
+        open_field = items[last] == -1
+        n = len(self._answer[-1])
+        draft: list[int] = []
+        key = open_field and period is not None and self._repeats(last, period, whole=False)
+        if key:  # a key being written: its rest as the answer wrote it one period before
+            assert period is not None
+            draft = self._answer[self._field_at[last - period]][n:n + limit]
+        # where the copy stands: the answer's latest values (its fields less those it repeats)
+        values: list[list[int]] = []
+        open_value = False
+        j = last
+        while j >= 0 and len(values) < FIELD_MATCH and last - j < 4 * LAYOUT_ITEMS:
+            if items[j] == -1 and not (j == last and key) and not self._repeats(j, period):
+                open_value = open_value or (j == last and open_field)
+                values.append(self._answer[self._field_at[j]])
+            j -= 1
+        i = self._where(values, open_value) if values else None
+        if i is None:
+            return []
+        nxt = i + 1
+        if open_value:
+            draft = list(fields[i][n:n + limit])
         if at is None:  # no layout to follow yet: the field, or the next one after a separator
             if not open_field and nxt < len(fields):
                 draft = list(fields[nxt][:limit])
@@ -358,9 +394,10 @@ class FieldLayout:
         for j in range(at, len(items)):
             if len(draft) >= limit:
                 break
-            item = items[j]
-            if item != -1:
-                draft.append(item)
+            if items[j] != -1:
+                draft.append(items[j])
+            elif self._repeats(j, period):
+                draft += self._answer[self._field_at[j]][:limit - len(draft)]  # a key: as written before
             elif nxt < len(fields):
                 draft += fields[nxt][:limit - len(draft)]
                 nxt += 1

@@ -146,6 +146,23 @@ def test_field_layout_finds_a_repeated_field_by_the_fields_before_it():
     assert lone.propose(prompt + [106, 8], 16) == []
 
 
+def test_field_layout_writes_the_answers_own_keys_as_it_wrote_them():
+    """The list as JSON objects: keys 70 (fruit) and 71 72 (quantity) are the answer's own, written
+    in every record and found nowhere in the prompt; between them, the prompt's values. Separators
+    110 '{"', 111 '": "', 112 '",\n"', 113 '"}\n'."""
+    prompt = [60, 61, 101, 1, 2, 101, 11, 102, 3, 101, 12, 102, 4, 5, 101, 13]
+    records = [[110, 70, 111, *fruit, 112, 71, 72, 111, qty, 113]
+               for fruit, qty in (([1, 2], 11), ([3], 12), ([4, 5], 13))]
+    answer = [t for r in records for t in r]
+    third = len(records[0]) + len(records[1])
+    d = NgramDrafter(DraftConfig(n_max=16), separators=SEPS | {110, 111, 112, 113}, n_prompt=len(prompt))
+    # at the third record: its keys as the second wrote them, the prompt's next values between them
+    assert d.propose(prompt + answer[:third + 1], 16) == [70, 111, 4, 5, 112, 71, 72, 111, 13, 113, 110]
+    assert d.matched == FIELDS
+    # a key half written (71 of 71 72): its rest, then the layout
+    assert d.propose(prompt + answer[:third + 7], 16)[:5] == [72, 111, 13, 113, 110]
+
+
 ITEMS = ("apples: 3 kg, 4.50 EUR; pears: 2 kg, 3.80 EUR; plums: 1 kg, 2.90 EUR; cherries: 500 g, 5.20 EUR; "
          "grapes: 1.5 kg, 4.10 EUR; lemons: 6 pieces, 2.40 EUR")
 MARKDOWN_TABLE = "\n".join([
@@ -172,19 +189,28 @@ def passes_to_write(drafter, prompt, answer, cap=4):
     return passes, by_fields
 
 
+YAML = "\n\n".join(f"{f}: \n  name: {f}\n  quantity: {q}\n  price: {p}" for f, q, p in (
+    ("apples", "3 kg", "4.50 EUR"), ("pears", "2 kg", "3.80 EUR"), ("plums", "1 kg", "2.90 EUR"),
+    ("cherries", "500 g", "5.20 EUR"), ("grapes", "1.5 kg", "4.10 EUR"), ("lemons", "6 pieces", "2.40 EUR")))
+
+
 @pytest.mark.models
-def test_field_layout_on_a_real_vocabulary_a_list_turned_into_a_table(catalog_model):
-    """qwen2.5-coder's tokens for a list and the Markdown table its 1.5b writes of it: from the
-    second row on, the drafts of the prompt's fields in the table's layout are kept, and the
-    answer takes far fewer passes than with n-gram drafts alone."""
+@pytest.mark.parametrize("ask,answer,fewer", [("a Markdown table", MARKDOWN_TABLE, 0.75),
+                                              ("YAML with keys name, quantity and price", YAML, 0.9)],
+                         ids=["table", "yaml"])
+def test_field_layout_on_a_real_vocabulary_a_list_laid_out_anew(catalog_model, ask, answer, fewer):
+    """qwen2.5-coder's tokens for a list and what its 1.5b writes of it (a Markdown table; YAML,
+    whose keys are the answer's own): from the second row or mapping on, the drafts of the
+    prompt's values in the answer's layout are kept, and the answer takes fewer passes than with
+    n-gram drafts alone."""
     rt = Runtime(catalog_model("qwen2.5-coder:0.5b"), n_threads=1)
-    prompt = rt.tokenizer.encode("Turn this list into a Markdown table:\n\n" + ITEMS + "\n\n", True, False)
-    answer = rt.tokenizer.encode(MARKDOWN_TABLE, False, False)
-    n_gram = passes_to_write(NgramDrafter(DraftConfig(), rt.word_starts()), prompt, answer)
+    prompt = rt.tokenizer.encode(f"Turn this list into {ask}:\n\n" + ITEMS + "\n\n", True, False)
+    ids = rt.tokenizer.encode(answer, False, False)
+    n_gram = passes_to_write(NgramDrafter(DraftConfig(), rt.word_starts()), prompt, ids)
     fields = passes_to_write(NgramDrafter(DraftConfig(), rt.word_starts(), rt.separators(), len(prompt)),
-                             prompt, answer)
-    assert n_gram[1] == 0 and fields[1] >= len(answer) // 3, (n_gram, fields, len(answer))
-    assert fields[0] <= 0.75 * n_gram[0], (n_gram, fields, len(answer))
+                             prompt, ids)
+    assert n_gram[1] == 0 and fields[1] >= len(ids) // 4, (n_gram, fields, len(ids))
+    assert fields[0] <= fewer * n_gram[0], (n_gram, fields, len(ids))
 
 
 def test_pacing_learns_how_likely_a_drafted_token_is_kept_and_forgets_slowly():
