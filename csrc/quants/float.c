@@ -475,11 +475,31 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_chunk(
     }
 }
 
-/* outputs (rows x[0..3], tokens y[0..nt-1]) into s[t * s_stride + r] */
+/* f512_block for F16's one chain (vec_dot_f16_f32_avx512): a block of 4 rows x up to 6 tokens holds
+ * every output's accumulator in registers through one pass over the weights. */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block_one(int kind, int nt, int n,
+                                                                                 const void *const x[F512_ROWS],
+                                                                                 const float *const *y, float *s,
+                                                                                 size_t s_stride) {
+    __m512 a[F512_ROWS][F512_TOKENS];
+    for (int r = 0; r < F512_ROWS; r++)
+        for (int t = 0; t < nt; t++) a[r][t] = _mm512_setzero_ps();
+    const int n16 = n / 16 * 16;
+    for (int i = 0; i < n16; i += 16) f512_chunk(kind, nt, i, 0, x, y, a);
+    if (n16 < n) f512_chunk(kind, nt, n16, tail_mask16(n - n16), x, y, a);
+    for (int t = 0; t < nt; t++)
+        _mm_storeu_ps(s + (size_t)t * s_stride, bubo_hsum4_f32x16(a[0][t], a[1][t], a[2][t], a[3][t]));
+}
+
+/* outputs (rows x[0..3], tokens y[0..nt-1]) into s[t * s_stride + r], chain by chain (F16: its one) */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block(int kind, int nt, int n,
                                                                              const void *const x[F512_ROWS],
                                                                              const float *const *y, float *s,
                                                                              size_t s_stride) {
+    if (kind == F512_F16) {
+        f512_block_one(kind, nt, n, x, y, s, s_stride);
+        return;
+    }
     __m512 chain[4][F512_ROWS][F512_TOKENS];
     const int n64 = n / 64 * 64, n16 = n / 16 * 16;
     for (int c = 0; c < 4; c++) {
@@ -532,24 +552,8 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block_
         _mm_storeu_ps(s + (size_t)t * s_stride, bubo_hsum4_f32x16(c01[0][t], c01[1][t], c01[2][t], c01[3][t]));
 }
 
-/* f512_block for F16's one chain (vec_dot_f16_f32_avx512): a block of 4 rows x up to 6 tokens holds
- * every output's accumulator in registers through one pass over the weights. */
-BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block_one(int kind, int nt, int n,
-                                                                                 const void *const x[F512_ROWS],
-                                                                                 const float *const *y, float *s,
-                                                                                 size_t s_stride) {
-    __m512 a[F512_ROWS][F512_TOKENS];
-    for (int r = 0; r < F512_ROWS; r++)
-        for (int t = 0; t < nt; t++) a[r][t] = _mm512_setzero_ps();
-    const int n16 = n / 16 * 16;
-    for (int i = 0; i < n16; i += 16) f512_chunk(kind, nt, i, 0, x, y, a);
-    if (n16 < n) f512_chunk(kind, nt, n16, tail_mask16(n - n16), x, y, a);
-    for (int t = 0; t < nt; t++)
-        _mm_storeu_ps(s + (size_t)t * s_stride, bubo_hsum4_f32x16(a[0][t], a[1][t], a[2][t], a[3][t]));
-}
-
 /* a block of 4 rows and tokens t .. t + nt - 1, nt the rest up to F512_TOKENS: each count its own
- * code (F16: f512_block_one; BF16: blocks of up to 3 tokens, f512_block_pairs) */
+ * code (BF16: blocks of up to 3 tokens, f512_block_pairs) */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_rows_tokens(int kind, int n, const void *const xs[F512_ROWS],
                                                                                    const uint8_t *yb, size_t y_stride,
                                                                                    int t, int n_tokens, float *s,
@@ -558,18 +562,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_rows_t
     const float *ys[F512_TOKENS];
     for (int j = 0; j < nt; j++) ys[j] = (const float *)(yb + (size_t)(t + j) * y_stride);
     float *out = s + (size_t)t * s_stride;
-    if (kind == F512_F16) { /* one chain: F512_TOKENS a block */
-        switch (nt) {
-        case 6: f512_block_one(kind, 6, n, xs, ys, out, s_stride); break;
-        case 5: f512_block_one(kind, 5, n, xs, ys, out, s_stride); break;
-        case 4: f512_block_one(kind, 4, n, xs, ys, out, s_stride); break;
-        case 3: f512_block_one(kind, 3, n, xs, ys, out, s_stride); break;
-        case 2: f512_block_one(kind, 2, n, xs, ys, out, s_stride); break;
-        default: f512_block_one(kind, 1, n, xs, ys, out, s_stride); break;
-        }
-        return;
-    }
-    if (kind != F512_F32) { /* BF16: F512_PAIR_TOKENS a block, the chains in pairs */
+    if (kind == F512_BF16) { /* F512_PAIR_TOKENS a block, the chains in pairs */
         for (int j = 0; j < nt; j += F512_PAIR_TOKENS) {
             const int m = nt - j < F512_PAIR_TOKENS ? nt - j : F512_PAIR_TOKENS;
             if (m == 3) f512_block_pairs(kind, 3, n, xs, ys + j, out + (size_t)j * s_stride, s_stride);
@@ -578,7 +571,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_rows_t
         }
         return;
     }
-    switch (nt) {
+    switch (nt) { /* F32: four chains, F16: one (f512_block_one) */
     case 6: f512_block(kind, 6, n, xs, ys, out, s_stride); break;
     case 5: f512_block(kind, 5, n, xs, ys, out, s_stride); break;
     case 4: f512_block(kind, 4, n, xs, ys, out, s_stride); break;
