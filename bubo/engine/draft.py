@@ -248,15 +248,18 @@ class FieldLayout:
     LAYOUT_ITEMS) are looked up where they last occurred earlier in the answer; what followed
     there is the template, one period back. A field that the answer wrote the same one period
     earlier, and that the prompt does not have, is the answer's own (a JSON object's key, a
-    label); the others are values. Where the copy stands: the answer's latest value (perhaps
-    still being written) is found among the prompt's fields, the one whose preceding fields also
-    match the answer's preceding values (up to FIELD_MATCH; at least 2 tokens matched in all).
-    The draft is the rest of the current field (a value's from the prompt, a key's as written
-    before), then the template with each key as written and each value replaced by the prompt's
-    next one: after "| pears | " a table row's template "3 kg    | 4.50 EUR |\n| " gives
-    "2 kg    | 3.80 EUR |\n| "; after '"fruit": "pears", "' an object's '"quantity": "3 kg"}'
-    gives '"quantity": "2 kg"}'. With no template yet (the first row), it is the rest of the
-    current value, or the prompt's next field after a separator."""
+    label: known from the third record on, and not where the prompt has it as a field of its
+    own); the others are values, and so is any field longer than FIELD_LONGEST. Where the copy
+    stands: the answer's latest value (perhaps still being written) is found among the prompt's
+    fields, the one whose preceding fields also match the answer's preceding values (up to
+    FIELD_MATCH; at least 2 tokens matched in all). The draft is the rest of the current field (a
+    value's from the prompt, a key's as written before), then the template with each key as
+    written and each value replaced by the prompt's next one: after "| pears | " a table row's
+    template "3 kg    | 4.50 EUR |\n| " gives "2 kg    | 3.80 EUR |\n| "; after '"fruit":
+    "plums", "' an object's 'quantity": "2 kg"}' gives 'quantity": "1 kg"}'. With no template
+    yet (the first row), it is the rest of the current value, or the prompt's next field after a
+    separator. (The latest occurrence of the layout's last items sets the period: in objects of
+    four or more pairs alike, that is a pair, not an object, and keys are not told from values.)"""
 
     def __init__(self, separators: Collection[int], source_end: int):
         self.separators = separators
@@ -310,8 +313,9 @@ class FieldLayout:
 
     def _repeats(self, j: int, period: int | None, whole: bool = True) -> bool:
         """Item j is a field of the answer's own (a key, a label), not one of the prompt's values:
-        the answer wrote the same field one period before, and the prompt has no such field.
-        whole False: the field is still being written, and begins that one."""
+        the answer wrote the same field one period before (of at most FIELD_LONGEST tokens), and
+        the prompt has no such field. whole False: the field is still being written, and is a
+        strict beginning of that one."""
         if period is None or j < period:
             return False
         a, b = self._field_at[j], self._field_at[j - period]
@@ -339,7 +343,8 @@ class FieldLayout:
         best, where = 0, None
         for i in found:
             score, j = len(last), 1
-            while j < len(values) and i - j >= 0 and list(fields[i - j]) == values[j]:
+            while j < len(values) and i - j >= 0 and len(fields[i - j]) == len(values[j]) and \
+                    list(fields[i - j]) == values[j]:
                 score += len(fields[i - j])
                 j += 1
             if score >= best:  # the later place where it ties
@@ -396,8 +401,9 @@ class FieldLayout:
                 break
             if items[j] != -1:
                 draft.append(items[j])
-            elif self._repeats(j, period):
-                draft += self._answer[self._field_at[j]][:limit - len(draft)]  # a key: as written before
+            elif (j == last and key) or self._repeats(j, period):  # a key (perhaps the one being written)
+                assert period is not None
+                draft += self._answer[self._field_at[j - period]][:limit - len(draft)]  # as written before
             elif nxt < len(fields):
                 draft += fields[nxt][:limit - len(draft)]
                 nxt += 1
