@@ -150,17 +150,17 @@ def test_field_layout_writes_the_answers_own_keys_as_it_wrote_them():
     """The list as JSON objects: keys 70 (fruit) and 71 72 (quantity) are the answer's own, written
     in every record and found nowhere in the prompt; between them, the prompt's values. Separators
     110 '{"', 111 '": "', 112 '",\n"', 113 '"}\n'."""
-    prompt = [60, 61, 101, 1, 2, 101, 11, 102, 3, 101, 12, 102, 4, 5, 101, 13]
+    prompt = [60, 61, 101, 1, 2, 101, 11, 102, 3, 101, 12, 102, 4, 5, 101, 13, 102, 6, 101, 14]
     records = [[110, 70, 111, *fruit, 112, 71, 72, 111, qty, 113]
-               for fruit, qty in (([1, 2], 11), ([3], 12), ([4, 5], 13))]
+               for fruit, qty in (([1, 2], 11), ([3], 12), ([4, 5], 13), ([6], 14))]
     answer = [t for r in records for t in r]
     third = len(records[0]) + len(records[1])
     d = NgramDrafter(DraftConfig(n_max=16), separators=SEPS | {110, 111, 112, 113}, n_prompt=len(prompt))
     # at the third record: its keys as the second wrote them, the prompt's next values between them
-    assert d.propose(prompt + answer[:third + 1], 16) == [70, 111, 4, 5, 112, 71, 72, 111, 13, 113, 110]
+    assert d.propose(prompt + answer[:third + 1], 16)[:11] == [70, 111, 4, 5, 112, 71, 72, 111, 13, 113, 110]
     assert d.matched == FIELDS
-    # a key half written (71 of 71 72): its rest, then the layout
-    assert d.propose(prompt + answer[:third + 7], 16)[:5] == [72, 111, 13, 113, 110]
+    # a key half written (71 of 71 72): its rest, then the layout, where one record on it is whole
+    assert d.propose(prompt + answer[:third + 7], 16) == [72, 111, 13, 113, 110, 70, 111, 6, 112, 71, 72]
 
 
 ITEMS = ("apples: 3 kg, 4.50 EUR; pears: 2 kg, 3.80 EUR; plums: 1 kg, 2.90 EUR; cherries: 500 g, 5.20 EUR; "
