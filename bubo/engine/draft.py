@@ -54,6 +54,7 @@ RESYNC = 5  # ... and for one found again just past where a draft was refused
 RESYNC_WINDOW = 8  # how far past the refused source token (and for how many steps) it is looked for
 FIELDS = 6  # ... and for the prompt's next fields laid out as the answer laid out its earlier ones (FieldLayout)
 LAYOUT_ITEMS = 8  # the most items (separators and fields) of the answer's tail matched to find where its layout repeats
+LAYOUT_KEPT = 8  # the latest occurrences kept of each: the period is the nearest one under which a key repeats
 FIELD_MATCH = 3  # the most of the answer's last fields matched to the prompt's to find where the copy stands
 FIELD_CANDIDATES = 32  # the latest places in the prompt a field is looked at (a common one occurs often)
 FIELD_LONGEST = 64  # an answer's field longer than this is prose, not a value (the n-gram lookup's work)
@@ -246,7 +247,7 @@ class FieldLayout:
 
     The layout: the answer's last items (each separator itself, each field as "a field"; up to
     LAYOUT_ITEMS) are looked up where they last occurred earlier in the answer; what followed
-    there is the template, one period back. A field that the answer wrote the same one period
+    there is the template, one period back (see below). A field that the answer wrote the same one period
     earlier, and that the prompt does not have, is the answer's own (a JSON object's key, a
     label: known from the third record on, and not where the prompt has it as a field of its
     own); the others are values, and so is any field longer than FIELD_LONGEST. Where the copy
@@ -258,8 +259,9 @@ class FieldLayout:
     template "3 kg    | 4.50 EUR |\n| " gives "2 kg    | 3.80 EUR |\n| "; after '"fruit":
     "plums", "' an object's 'quantity": "2 kg"}' gives 'quantity": "1 kg"}'. With no template
     yet (the first row), it is the rest of the current value, or the prompt's next field after a
-    separator. (The latest occurrence of the layout's last items sets the period: in objects of
-    four or more pairs alike, that is a pair, not an object, and keys are not told from values.)"""
+    separator. Of the layout's last items' latest occurrences (LAYOUT_KEPT), the nearest under
+    which the answer's latest key repeats sets the period: in objects of "key": "value" pairs
+    alike, the tail occurs a pair back too, but the period is an object."""
 
     def __init__(self, separators: Collection[int], source_end: int):
         self.separators = separators
@@ -271,7 +273,7 @@ class FieldLayout:
         self._answer: list[list[int]] = []  # the answer's fields (the last one may still grow)
         self._field_at: list[int] = []  # per item: its index in _answer (-1: a separator)
         self._seen = self.source_end  # tokens[source_end:_seen] are in _items
-        self._layout: dict[tuple[int, ...], int] = {}  # items n-gram -> the item after its latest occurrence
+        self._layout: dict[tuple[int, ...], list[int]] = {}  # items n-gram -> the item after each latest occurrence
         self._indexed = 0  # _items[:_indexed] end n-grams in _layout
 
     def _index_source(self, tokens: list[int]) -> None:
@@ -308,7 +310,10 @@ class FieldLayout:
         for j in range(self._indexed, len(items) - 1):
             for m in range(2, LAYOUT_ITEMS + 1):
                 if j + 1 >= m:
-                    self._layout[tuple(items[j + 1 - m:j + 1])] = j + 1
+                    after = self._layout.setdefault(tuple(items[j + 1 - m:j + 1]), [])
+                    after.append(j + 1)
+                    if len(after) > LAYOUT_KEPT:
+                        del after[0]
         self._indexed = max(self._indexed, len(items) - 1)
 
     def _repeats(self, j: int, period: int | None, whole: bool = True) -> bool:
@@ -351,6 +356,28 @@ class FieldLayout:
                 best, where = score, i
         return where if best >= 2 else None
 
+    def _template(self, items: list[int]) -> int | None:
+        """Where the template starts: after an earlier occurrence of the answer's last items (the
+        longest found), the nearest one under which the answer's latest key repeats (the latest
+        field of the tail the prompt does not have); else the latest."""
+        for m in range(min(LAYOUT_ITEMS, len(items) - 1), 1, -1):
+            after = self._layout.get(tuple(items[-m:]))
+            if after is not None:
+                break
+        else:
+            return None
+        last = len(items) - 1
+        probe = next((j for j in range(last - 1, max(last - 4 * LAYOUT_ITEMS, -1), -1)
+                      if items[j] == -1 and len(self._answer[self._field_at[j]]) <= FIELD_LONGEST
+                      and tuple(self._answer[self._field_at[j]]) not in self._by_field), None)
+        if probe is not None:
+            for at in reversed(after):
+                j = probe - (len(items) - at)
+                if j >= 0 and self._field_at[j] >= 0 and \
+                        self._answer[self._field_at[j]] == self._answer[self._field_at[probe]]:
+                    return at
+        return after[-1]
+
     def propose(self, tokens: list[int], limit: int) -> list[int]:
         """The rest of the current field and the prompt's next fields in the answer's layout (at
         most `limit` tokens; [] where the answer's last value is not the prompt's)."""
@@ -363,11 +390,7 @@ class FieldLayout:
         if not self._answer:
             return []
         fields, items = self._fields, self._items
-        at = None
-        for m in range(min(LAYOUT_ITEMS, len(items) - 1), 1, -1):
-            at = self._layout.get(tuple(items[-m:]))
-            if at is not None:
-                break
+        at = self._template(items)
         period = len(items) - at if at is not None else None
         last = len(items) - 1
         open_field = items[last] == -1

@@ -163,6 +163,24 @@ def test_field_layout_writes_the_answers_own_keys_as_it_wrote_them():
     assert d.propose(prompt + answer[:third + 7], 16) == [72, 111, 13, 113, 110, 70, 111, 6, 112, 71, 72]
 
 
+def test_field_layout_finds_the_records_period_among_pairs_alike():
+    """Objects of five "key": "value" pairs with the same separators: the layout's last items
+    occur a pair back, two, ... and an object back; the period is the one under which the keys
+    repeat (a pair back, each key would be taken for a value and replaced by the prompt's)."""
+    values = [[1 + 10 * r + c] for r in range(4) for c in range(5)]  # 4 records of 5 one-token values
+    prompt = [60, 101] + [t for v in values for t in (*v, 100)]
+    answer = []
+    for r in range(4):
+        answer.append(110)
+        for c in range(5):
+            answer += [70 + c, 111, *values[5 * r + c], 112 if c < 4 else 113]
+    seps = SEPS | {110, 111, 112, 113}
+    d = NgramDrafter(DraftConfig(n_max=16), separators=seps, n_prompt=len(prompt))
+    third = 2 * 21 + 1 + 3 * 4  # two records, then the third's opening and three pairs
+    assert d.propose(prompt + answer[:third], 16)[:8] == [73, 111, 24, 112, 74, 111, 25, 113]
+    assert d.matched == FIELDS
+
+
 ITEMS = ("apples: 3 kg, 4.50 EUR; pears: 2 kg, 3.80 EUR; plums: 1 kg, 2.90 EUR; cherries: 500 g, 5.20 EUR; "
          "grapes: 1.5 kg, 4.10 EUR; lemons: 6 pieces, 2.40 EUR")
 MARKDOWN_TABLE = "\n".join([
