@@ -7,6 +7,8 @@ were checked and kept."""
 
 from __future__ import annotations
 
+import random
+
 import gevent
 import pytest
 
@@ -15,7 +17,17 @@ from bubo._grammar import Grammar
 from bubo.chat.schema import schema_to_gbnf
 from bubo.engine import FinishEvent, GenerationRequest, TokenEvent
 from bubo.engine import scheduler as scheduler_module
-from bubo.engine.draft import FIELDS, FOLLOW, RESYNC, Costs, DraftConfig, NgramDrafter, Pacing, choose_lengths
+from bubo.engine.draft import (
+    FIELDS,
+    FOLLOW,
+    RESYNC,
+    Costs,
+    DraftConfig,
+    FieldLayout,
+    NgramDrafter,
+    Pacing,
+    choose_lengths,
+)
 from bubo.runtime import Runtime
 from bubo.sampling import SamplingParams
 
@@ -179,6 +191,33 @@ def test_field_layout_finds_the_records_period_among_pairs_alike():
     third = 2 * 21 + 1 + 3 * 4  # two records, then the third's opening and three pairs
     assert d.propose(prompt + answer[:third], 16)[:8] == [73, 111, 24, 112, 74, 111, 25, 113]
     assert d.matched == FIELDS
+
+
+def test_field_layout_on_random_sequences_keeps_its_contract():
+    """Random prompts and answers (lists laid out anew with random separators, copies, noise),
+    proposed for at every length as they grow: every draft is at most `limit` tokens of the
+    sequence's own vocabulary, and the layout built step by step drafts what one built at once
+    over the same tokens drafts (its indexes follow the sequence exactly)."""
+    rng = random.Random(44)
+    for _ in range(150):
+        vocab = list(range(rng.choice([4, 12, 60])))
+        seps = set(rng.sample(vocab, rng.randint(1, len(vocab) // 2)))
+        words = [t for t in vocab if t not in seps]
+        fields = [[rng.choice(words) for _ in range(rng.randint(1, 3))] for _ in range(rng.randint(1, 8))]
+        prompt = [t for f in fields for t in (*f, rng.choice(list(seps)))]
+        layout = [rng.choice(list(seps)) for _ in range(rng.randint(1, 3))]
+        answer: list[int] = []
+        while len(answer) < 60:
+            r = rng.random()
+            answer += rng.choice(fields) + layout if r < 0.6 else [rng.choice(vocab)]
+        d = FieldLayout(seps, len(prompt))
+        for n in range(len(prompt) + 1, len(prompt) + len(answer)):
+            limit = rng.randint(0, 12)
+            seq = (prompt + answer)[:n]
+            draft = d.propose(seq, limit)
+            assert len(draft) <= limit and all(isinstance(t, int) and t in vocab for t in draft)
+            if n % 7 == 0:
+                assert FieldLayout(seps, len(prompt)).propose(seq, limit) == draft
 
 
 ITEMS = ("apples: 3 kg, 4.50 EUR; pears: 2 kg, 3.80 EUR; plums: 1 kg, 2.90 EUR; cherries: 500 g, 5.20 EUR; "
