@@ -311,8 +311,9 @@ class Runtime:
         """The tokens whose text is only ASCII punctuation and white space (", ", " |", ":\n"):
         what separates the fields that prompt lookup's FieldLayout copies (bubo.engine.draft)."""
         if self._separators is None:
+            punct = bytes(b for b in range(0x80) if not chr(b).isalnum())
             self._separators = frozenset(i for i, p in enumerate(self.grammar_pieces())
-                                         if p and all(b < 0x80 and not chr(b).isalnum() for b in p))
+                                         if p and not p.translate(None, punct))
         return self._separators
 
     def grammar_pieces(self) -> list[bytes]:
