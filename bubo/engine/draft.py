@@ -316,6 +316,11 @@ class FieldLayout:
                         del after[0]
         self._indexed = max(self._indexed, len(items) - 1)
 
+    def _own(self, field: list[int]) -> bool:
+        """A field the prompt does not have (and no longer than FIELD_LONGEST): the answer's own
+        text, a key or a label, where it repeats."""
+        return len(field) <= FIELD_LONGEST and tuple(field) not in self._by_field
+
     def _repeats(self, j: int, period: int | None, whole: bool = True) -> bool:
         """Item j is a field of the answer's own (a key, a label), not one of the prompt's values:
         the answer wrote the same field one period before (of at most FIELD_LONGEST tokens), and
@@ -327,7 +332,7 @@ class FieldLayout:
         if a < 0 or b < 0:
             return False
         mine, before = self._answer[a], self._answer[b]
-        if len(before) > FIELD_LONGEST or tuple(before) in self._by_field:
+        if not self._own(before):
             return False
         return mine == before if whole else len(mine) < len(before) and before[:len(mine)] == mine
 
@@ -368,8 +373,7 @@ class FieldLayout:
             return None
         last = len(items) - 1
         probe = next((j for j in range(last - 1, max(last - 4 * LAYOUT_ITEMS, -1), -1)
-                      if items[j] == -1 and len(self._answer[self._field_at[j]]) <= FIELD_LONGEST
-                      and tuple(self._answer[self._field_at[j]]) not in self._by_field), None)
+                      if items[j] == -1 and self._own(self._answer[self._field_at[j]])), None)
         if probe is not None:
             for at in reversed(after):
                 j = probe - (len(items) - at)
@@ -469,7 +473,7 @@ class NgramDrafter(Pacing):
         self.word_starts = word_starts
         self.separators = separators
         self.n_prompt = n_prompt  # where the answer begins (None: the first propose's sequence, less its last token)
-        self._layout: FieldLayout | None = None
+        self._field_layout: FieldLayout | None = None  # made at the first propose, given separators
         self.matched = 0  # the match length of the last draft offered (FOLLOW, RESYNC: a copy going on; 0: none)
         self._copy: tuple[int, int] | None = None  # (source index, sequence length) of the last copy
         self._sure = False  # the last copy is one to go on with: found by 3 tokens or more, or partly kept
@@ -522,11 +526,9 @@ class NgramDrafter(Pacing):
         return draft
 
     def _field_draft(self, tokens: list[int], k: int) -> list[int]:
-        if self.separators is None or self.n_prompt is None:
+        if self._field_layout is None:
             return []
-        if self._layout is None:
-            self._layout = FieldLayout(self.separators, self.n_prompt)
-        draft = self._layout.propose(tokens, k)
+        draft = self._field_layout.propose(tokens, k)
         if len(draft) < max(1, self.config.n_min):
             return []
         self.matched = FIELDS
@@ -539,8 +541,9 @@ class NgramDrafter(Pacing):
         k = limit
         self.matched = 0
         self._offered = None
-        if self.n_prompt is None:
-            self.n_prompt = max(0, len(tokens) - 1)
+        if self._field_layout is None and self.separators is not None:
+            start = self.n_prompt if self.n_prompt is not None else len(tokens) - 1
+            self._field_layout = FieldLayout(self.separators, start)
         if k < max(1, self.config.n_min):
             return []
         self._update(tokens)

@@ -523,9 +523,9 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block(
 
 /* f512_block for up to 3 tokens with the chains in pairs: chains 0 and 1 in one pass, their sum
  * kept in registers, then 2 and 3: the same operations per output in the same order, with half
- * the passes and a third of the spills. 7-9% faster for BF16 rows (and F16's, when they had four chains) of
- * 384 and 1536 on Zen 5, whose half-width weights leave room for the second chain's loads; F32's full-width ones do
- * not (12% slower), so F32 keeps f512_block. */
+ * the passes and a third of the spills. 7-9% faster for BF16 rows (and F16's, when they had four
+ * chains) of 384 and 1536 on Zen 5, whose half-width weights leave room for the second chain's
+ * loads; F32's full-width ones do not (12% slower), so F32 keeps f512_block. */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void f512_block_pairs(int kind, int nt, int n,
                                                                                    const void *const x[F512_ROWS],
                                                                                    const float *const *y, float *s,
