@@ -21,6 +21,7 @@ from bubo.api import callers
 from bubo.api.auth import check_api_key, check_host
 from bubo.api.config import ServerConfig
 from bubo.api.errors import ApiError, error_response
+from bubo.api.light import LightRoutes
 from bubo.api.offload import PreparePool
 from bubo.api.openai.stored import ResponseStore
 from bubo.api.request import ignored_fields, release_models
@@ -209,6 +210,7 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
                               ApiError(500, "internal_error", f"internal error: {type(err).__name__}: {err}"))
 
     _no_coroutines(app)
+    app.wsgi_app = LightRoutes(app, config)  # type: ignore[method-assign]  # bubo.api.light
     return app
 
 

@@ -20,6 +20,7 @@ from bubo.api import callers, errors, jsonout, offload, pipeline
 from bubo.api import fields as f
 from bubo.api import openapi as oa
 from bubo.api.errors import ApiError
+from bubo.api.light import Plain, light
 from bubo.api.llamacpp.shapes import prometheus, slots_json
 from bubo.api.request import (
     config,
@@ -86,8 +87,16 @@ def _health_doc(d: oa.Doc) -> oa.Op:
 
 @_route("/health", "/v1/health", "/healthz", doc=_health_doc)
 def health() -> Any:
-    problem = response_store().problem
-    return jsonify(status="ok", details={"responses_store": problem}) if problem else jsonify(status="ok")
+    return jsonify(_health(response_store().problem))
+
+
+@light(health)
+def _health_light(plain: Plain) -> bytes:
+    return jsonout.encode(_health(plain.config["BUBO_RESPONSES"].problem))
+
+
+def _health(problem: str | None) -> dict[str, Any]:
+    return {"status": "ok", "details": {"responses_store": problem}} if problem else {"status": "ok"}
 
 
 def _ready_doc(d: oa.Doc) -> oa.Op:
@@ -373,15 +382,36 @@ def _tokenize_doc(d: oa.Doc) -> oa.Op:
 def tokenize() -> Any:
     body = json_body()
     rt = runtime_of(use_model(optional_model(body)))
+    content, add_special, parse_special, with_pieces = _tokenize_fields(body)
+    return offload.run(_tokenized, rt, content, add_special, parse_special, with_pieces, what="tokenizing the content",
+                       small=offload.small(content) and not with_pieces)
+
+
+@light(tokenize, "POST")
+def _tokenize_light(plain: Plain) -> bytes | None:
+    """A short text's ids (no pieces) on the default model, asked with the route's fields only."""
+    assert plain.body is not None
+    try:
+        content, add_special, parse_special, with_pieces = _tokenize_fields(plain.body)
+    except ApiError:
+        return None
+    if plain.body.unread() or with_pieces or not offload.small(content):
+        return None
+    rt = plain.runtime()
+    if rt is None:
+        return None
+    ids = rt.tokenizer.encode(content, add_special=add_special, parse_special=parse_special)
+    return jsonout.encode({"tokens": ids})
+
+
+def _tokenize_fields(body: dict[str, Any]) -> tuple[str, bool, bool, bool]:
+    """(content, add_special, parse_special, with_pieces), with llama-server's defaults: no BOS
+    unless asked, special tokens parsed."""
     content = body.get("content")
     if not isinstance(content, str):
         raise ApiError(400, "invalid_request", 'tokenize needs "content": a string')
-    # llama-server's defaults: no BOS unless asked, special tokens parsed
-    add_special = f.bool_field(body, "add_special", False)
-    parse_special = f.bool_field(body, "parse_special", True)
-    with_pieces = f.bool_field(body, "with_pieces", False)
-    return offload.run(_tokenized, rt, content, add_special, parse_special, with_pieces, what="tokenizing the content",
-                       small=offload.small(content) and not with_pieces)
+    return (content, f.bool_field(body, "add_special", False), f.bool_field(body, "parse_special", True),
+            f.bool_field(body, "with_pieces", False))
 
 
 def _tokenized(rt: Runtime, content: str, add_special: bool, parse_special: bool, with_pieces: bool) -> Any:

@@ -79,9 +79,8 @@ def parse(text: str) -> Any:
     # length past MAX_NUMBER_CHARS), unless this Python has no such limit (3.10 before 3.10.7, or
     # PYTHONINTMAXSTRDIGITS=0): then a hook per integer; a hook per number with a fraction or an
     # exponent (few in a request), whose length nothing else would bound
-    limited = getattr(sys, "get_int_max_str_digits", lambda: 0)() > 0
     try:
-        value = json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=None if limited else _int)
+        value = _decoder().decode(text)
     except RecursionError:
         raise JSONInputError(f"the JSON nests arrays and objects deeper than {MAX_DEPTH} levels") from None
     except json.JSONDecodeError as e:
@@ -92,6 +91,20 @@ def parse(text: str) -> Any:
         raise JSONInputError(f"a number has more than 4300 digits; at most {MAX_NUMBER_CHARS} are accepted") from None
     check(value, strings="\\u" in text and _SURROGATE_ESCAPE.search(text) is not None)
     return value
+
+
+def _decoder() -> json.JSONDecoder:
+    """json's decoder with parse's hooks, made once per setting of the integer limit (json.loads
+    with hooks makes one per call: a few microseconds of a small request's time)."""
+    limited = getattr(sys, "get_int_max_str_digits", lambda: 0)() > 0
+    decoder = _DECODERS.get(limited)
+    if decoder is None:
+        decoder = _DECODERS[limited] = json.JSONDecoder(parse_constant=_constant, parse_float=_float,
+                                                        parse_int=None if limited else _int)
+    return decoder
+
+
+_DECODERS: dict[bool, json.JSONDecoder] = {}
 
 
 def _separators(text: str) -> int:

@@ -1,0 +1,199 @@
+"""Light routes: the plain case of a few routes whose work is a few microseconds (GET /health,
+POST /tokenize of a short text), answered beneath Flask's per-request machinery.
+
+Flask's request context, URL matching, hooks and Response object cost about 0.1 ms of CPU per
+request: more than the whole work of these routes, and, on the one thread that serves every
+connection, what bounds how many health checks or tokenizations a second the server answers.
+
+A light answer is declared beside its route's Flask view (light(view)) and is a function of the
+request's JSON body and the app; it returns the answer's bytes, or None for anything that is not
+its plain case. The request goes to Flask, which answers it as it always does, whenever it is not
+plain:
+  - the server is shutting down, has API keys, or its Host header is refused (the app's _auth);
+  - an Origin header (the app's CORS and foreign-origin checks), a query string;
+  - a body that is chunked, over LIGHT_BODY_BYTES, not a JSON object, or (the answer's call)
+    holds a field it does not take as given: a typo (X-Bubo-Ignored-Fields), a value of another
+    type (the route's 400), a model's name, a text long enough for the preparation pool;
+  - the default model is not loaded (loading, sleeping, failed);
+  - the app has a hook the light path does not stand in for (an embedding program's own).
+So a light answer is the answer Flask would give, byte for byte but for the Date header
+(tests/api/test_light.py sends the same requests both ways), and no error shape lives here.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from flask import Flask
+
+from bubo.api import callers
+from bubo.api.auth import host_allowed
+from bubo.api.config import ServerConfig
+from bubo.api.errors import ApiError
+from bubo.api.request import Body, json_object
+from bubo.engine.registry import ModelEntry, ModelStatus, Registry
+from bubo.runtime import Runtime
+
+log = logging.getLogger("bubo.api")
+
+LIGHT_BODY_BYTES = 16 * 1024  # a body past this goes through Flask (its work may be offloaded)
+
+# the app's hooks (bubo.api.app.create_app) and what a light answer does in their place, for a
+# plain request: _auth lets it in and names no caller; _count counts it for the unnamed caller
+# once it is written; _ignored and _cors add no header; _release lets go of the model it used
+STANDS_IN_FOR = {"before_request": ("_auth",), "after_request": ("_cors", "_ignored", "_count"),
+                 "teardown_request": ("_release",)}
+
+
+class Plain:
+    """A plain request, as a light answer sees it: its JSON body (None for a GET) and the app's
+    default model, held until the answer is written."""
+
+    def __init__(self, config: Mapping[str, Any], body: Body | None, record: dict[str, Any]):
+        self.config = config  # the app's (BUBO_MODELS, BUBO_RESPONSES, ...)
+        self.registry: Registry = config["BUBO_MODELS"]
+        self.body = body  # its lookups counted, as a route's (an unread field: not plain)
+        self.record = record  # the request's log fields (environ["bubo.log"])
+        self.held: list[ModelEntry] = []
+
+    def runtime(self) -> Runtime | None:
+        """The default model's runtime when it is loaded now (no wait, no load), else None."""
+        reg = self.registry
+        entry = reg.default
+        if reg.stopped or entry.status is not ModelStatus.LOADED:
+            return None
+        engine = reg.acquire(entry.name)  # loaded: counts a user and returns at once
+        self.held.append(entry)
+        self.record["model"] = entry.name
+        return engine.runtime
+
+    def release(self) -> None:
+        for entry in self.held:
+            self.registry.release(entry)
+        self.held.clear()
+
+
+Answer = Callable[[Plain], "bytes | None"]
+
+_ANSWERS: dict[Callable[..., Any], tuple[str, Answer]] = {}  # a Flask view -> (its method, its light answer)
+
+
+def light(view: Callable[..., Any], method: str = "GET") -> Callable[[Answer], Answer]:
+    """Declare the decorated function as view's light answer for its route's paths and method
+    (POST: the body is read and parsed first)."""
+    def register(answer: Answer) -> Answer:
+        _ANSWERS[view] = (method, answer)
+        return answer
+    return register
+
+
+class LightRoutes:
+    """The app's WSGI callable (Flask's wsgi_app, wrapped): light answers for plain requests,
+    Flask for the rest."""
+
+    def __init__(self, app: Flask, config: ServerConfig):
+        self.app = app
+        self.config = config
+        self.flask = app.wsgi_app
+        self.table: dict[tuple[str, str], Answer] = {}
+        for rule in app.url_map.iter_rules():
+            entry = _ANSWERS.get(app.view_functions.get(rule.endpoint))  # type: ignore[arg-type]
+            if entry is not None and not rule.arguments:
+                self.table[(entry[0], rule.rule)] = entry[1]
+        self.checked = False
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        answer = self.table.get((environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")))
+        if answer is None or not self._plain(environ):
+            return self.flask(environ, start_response)
+        raw = b""
+        body = None
+        if environ["REQUEST_METHOD"] == "POST":
+            try:
+                raw = environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"]))
+            except OSError:  # cut, or late: Flask finds it short of its length, and answers as it does
+                return self._flask(environ, start_response, b"")
+            done = environ.get("bubo.body_read")
+            if done is not None:
+                done()  # the HTTP server: at work now, not waiting on the client
+            body = _object(raw)
+            if body is None:
+                return self._flask(environ, start_response, raw)
+        plain = Plain(self.app.config, body, environ.setdefault("bubo.log", {}))
+        try:
+            data = answer(plain)
+        except Exception:  # a light answer that fails: Flask answers (and says what went wrong)
+            log.exception("the light answer of %s %s failed", environ["REQUEST_METHOD"], environ["PATH_INFO"])
+            data = None
+        finally:
+            plain.release()
+        if data is None:
+            return self._flask(environ, start_response, raw)
+        environ[callers.ENVIRON] = None  # the unnamed caller (_auth's callers.identify, with no keys)
+        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+        return _Counted(data, self.app.config["BUBO_CALLERS"], environ["bubo.log"])
+
+    def _flask(self, environ: dict[str, Any], start_response: Callable[..., Any], raw: bytes) -> Iterable[bytes]:
+        """Flask's answer, the body read here given to it again."""
+        environ["wsgi.input"] = io.BytesIO(raw)
+        return self.flask(environ, start_response)
+
+    def _plain(self, environ: dict[str, Any]) -> bool:
+        config = self.config
+        if config.draining or config.api_keys or environ.get("QUERY_STRING") or "HTTP_ORIGIN" in environ:
+            return False
+        if not host_allowed(environ.get("HTTP_HOST"), config.host, config.host_allow, False):
+            return False
+        if "HTTP_TRANSFER_ENCODING" in environ:
+            return False
+        length = environ.get("CONTENT_LENGTH") or ""
+        if environ["REQUEST_METHOD"] == "POST":
+            if not length.isdigit() or int(length) > min(LIGHT_BODY_BYTES, config.max_body_bytes):
+                return False
+        elif length not in ("", "0"):
+            return False
+        if not self.checked:
+            self.checked = True
+            if not own_hooks(self.app):
+                log.info("the app has hooks of its own: every request goes through Flask")
+                self.table = {}
+                return False
+        return True
+
+
+def own_hooks(app: Flask) -> bool:
+    """Whether app's hooks are create_app's and no others (STANDS_IN_FOR)."""
+    tables: dict[str, dict[Any, list[Any]]] = {
+        "before_request": app.before_request_funcs, "after_request": app.after_request_funcs,
+        "teardown_request": app.teardown_request_funcs}
+    for kind, table in tables.items():
+        if any(fns for scope, fns in table.items() if scope is not None):
+            return False  # a blueprint's own
+        if sorted(getattr(fn, "__name__", "") for fn in table.get(None, ())) != sorted(STANDS_IN_FOR[kind]):
+            return False
+    others = (app.url_value_preprocessors, app.url_default_functions)
+    return not app.teardown_appcontext_funcs and not any(fns for table in others for fns in table.values())
+
+
+def _object(raw: bytes) -> Body | None:
+    """The body's JSON object, or None (Flask says what is wrong with it)."""
+    try:
+        return Body(json_object(raw))
+    except ApiError:
+        return None
+
+
+class _Counted(list[bytes]):
+    """A light answer's body: once written (pywsgi closes it), the request counts for the
+    unnamed caller, as _count counts a request Flask answered."""
+
+    def __init__(self, data: bytes, counts: callers.Callers, record: dict[str, Any]):
+        super().__init__([data])
+        self.counts = counts
+        self.record = record
+
+    def close(self) -> None:
+        self.counts.finished(None, self.record)

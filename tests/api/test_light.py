@@ -1,0 +1,206 @@
+"""Light routes (bubo.api.light): a plain GET /health or POST /tokenize is answered beneath Flask,
+with the bytes Flask would answer; anything else goes through Flask as before."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from werkzeug.test import EnvironBuilder, run_wsgi_app
+
+from bubo.api import light
+from bubo.api.app import create_app
+from bubo.api.config import ServerConfig
+from bubo.engine.engine import Engine
+
+from engines import start_engine
+
+
+@pytest.fixture(scope="module")
+def engine(catalog_model) -> Iterator[Engine]:
+    e = start_engine(catalog_model("smollm2:135m"), n_ctx=512, n_threads=1)
+    try:
+        yield e
+    finally:
+        e.stop("test over")
+
+
+@pytest.fixture(scope="module")
+def app(engine):
+    return create_app(engine, ServerConfig(served_model_name="bubo", aliases=["smol"]))
+
+
+@pytest.fixture(autouse=True)
+def no_light_answer_fails(caplog):
+    """A light answer that raises is logged and left to Flask: each test fails on it too."""
+    yield
+    failed = [r.getMessage() for r in caplog.get_records("call")
+              if r.name == "bubo.api" and "light answer" in r.getMessage()]
+    assert not failed, failed
+
+
+@contextlib.contextmanager
+def flask_only(app) -> Iterator[None]:
+    routes: light.LightRoutes = app.wsgi_app
+    table, routes.table = routes.table, {}
+    try:
+        yield
+    finally:
+        routes.table = table
+
+
+def answered(app, method: str, path: str, **kw: Any) -> tuple[tuple[Any, ...], bool]:
+    """(status, headers but Date, body) of the request, and whether Flask answered it."""
+    routes: light.LightRoutes = app.wsgi_app
+    calls = []
+    inner = routes.flask
+
+    def counted(environ, start_response):
+        calls.append(environ["PATH_INFO"])
+        return inner(environ, start_response)
+
+    routes.flask = counted
+    try:
+        r = app.test_client().open(path, method=method, **kw)
+        data = r.get_data()
+        r.close()  # as the server does once the answer is written
+    finally:
+        routes.flask = inner
+    headers = sorted((k, v) for k, v in r.headers.items() if k != "Date")
+    return (r.status, headers, data), bool(calls)
+
+
+def same_both_ways(app, method: str, path: str, **kw: Any) -> tuple[bool, bytes]:
+    """Whether the light path answered, and the answer's body; fails unless Flask alone answers
+    with the same status, headers and bytes."""
+    got, by_flask = answered(app, method, path, **kw)
+    with flask_only(app):
+        want, _ = answered(app, method, path, **kw)
+    assert got == want, (method, path, kw)
+    return not by_flask, got[2]
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/health", "/healthz"])
+def test_health_is_light(app, path):
+    assert same_both_ways(app, "GET", path) == (True, b'{"status":"ok"}\n')
+
+
+TEXTS = ["Hello world", "", " ", "naïve café 🦉 — «quotes» \"and\" \\ back\nslash\t\u2028",
+         "<|im_start|>user\nhi<|im_end|>", "x" * 1024]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("fields", [{}, {"add_special": True}, {"parse_special": False}, {"parse_special": None},
+                                    {"add_special": False, "parse_special": True, "with_pieces": False}])
+def test_tokenize_is_light_with_the_routes_fields(app, engine, text, fields):
+    body = {"content": text, **fields}
+    light_answered, data = same_both_ways(app, "POST", "/tokenize", json=body)
+    assert light_answered
+    add_special = fields.get("add_special") is True
+    parse_special = fields.get("parse_special") is not False  # null: the default
+    want = engine.runtime.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+    assert json.loads(data) == {"tokens": want}
+
+
+@pytest.mark.parametrize("body", [
+    {"content": "Hello", "with_pieces": True},  # pieces: Flask
+    {"content": "Hello", "model": "bubo"},  # a model's name
+    {"content": "Hello", "model": "nope"},
+    {"content": "Hello", "typo": 1},  # X-Bubo-Ignored-Fields
+    {"content": 3},  # the route's 400
+    {"content": "Hello", "add_special": "yes"},
+    {},
+    {"content": "x" * 1025},  # past offload.SMALL_CHARS: Flask (the preparation pool)
+])
+def test_tokenize_that_is_not_plain_goes_through_flask(app, body):
+    light_answered, _ = same_both_ways(app, "POST", "/tokenize", json=body)
+    assert not light_answered
+
+
+@pytest.mark.parametrize("data", [b"", b"{", b"[1, 2]", b'"text"', b"\xff\xfe", b'{"content": "a", "content": "b"}',
+                                  b'{"content": "\\ud800"}', b'{"content": NaN}', b"[" * 200])
+def test_a_body_that_is_not_plain_json_goes_through_flask(app, data):
+    same_both_ways(app, "POST", "/tokenize", data=data, content_type="application/json")
+
+
+def test_requests_that_are_not_plain_go_through_flask(app):
+    cases = [
+        ("GET", "/health?x=1", {}),  # a query string
+        ("GET", "/health", {"headers": {"Origin": "http://example.com"}}),
+        ("GET", "/health", {"headers": {"Host": "attacker.example"}}),  # refused: DNS rebinding
+        ("GET", "/health", {"data": b"{}"}),  # a GET with a body
+        ("POST", "/tokenize", {"data": b'{"content": "hi"}', "headers": {"Transfer-Encoding": "chunked"}}),
+        ("POST", "/tokenize", {"json": {"content": "hi"}, "headers": {"Origin": "http://localhost"}}),
+        ("POST", "/health", {}),  # 405
+        ("HEAD", "/health", {}),
+    ]
+    for method, path, kw in cases:
+        light_answered, _ = same_both_ways(app, method, path, **kw)
+        assert not light_answered, (method, path, kw)
+
+
+def test_with_keys_draining_or_a_model_not_loaded_every_request_goes_through_flask(engine):
+    keyed = create_app(engine, ServerConfig(served_model_name="bubo", api_keys=["k"]))
+    for headers in ({}, {"Authorization": "Bearer k"}):
+        assert same_both_ways(keyed, "GET", "/health", headers=headers)[0] is False
+        assert same_both_ways(keyed, "POST", "/tokenize", json={"content": "hi"}, headers=headers)[0] is False
+    cfg = ServerConfig(served_model_name="bubo")
+    draining = create_app(engine, cfg)
+    cfg.draining = True
+    assert same_both_ways(draining, "GET", "/health")[0] is False
+    loading = create_app(Engine("smollm2:135m"), ServerConfig(served_model_name="bubo"))  # never started
+    assert same_both_ways(loading, "GET", "/health")[0] is True  # no model needed
+    assert same_both_ways(loading, "POST", "/tokenize", json={"content": "hi"})[0] is False  # Flask's 503
+
+
+def test_a_request_answered_light_counts_for_the_unnamed_caller_and_holds_no_model(app):
+    counts = app.config["BUBO_CALLERS"]
+    entry = app.config["BUBO_MODELS"].default
+    before = counts.counts["-"].requests if "-" in counts.counts else 0
+    assert same_both_ways(app, "POST", "/tokenize", json={"content": "hi"})[0]
+    assert counts.counts["-"].requests == before + 2  # once light, once by Flask
+    assert entry.users == 0
+
+
+def test_create_apps_hooks_are_the_ones_the_light_path_stands_in_for(app):
+    """A hook added to create_app must be taught to bubo.api.light (STANDS_IN_FOR), or light
+    answers would skip it."""
+    assert light.own_hooks(app)
+
+
+def test_an_app_with_a_hook_of_its_own_answers_every_request_through_flask(engine):
+    app = create_app(engine, ServerConfig(served_model_name="bubo"))
+    seen = []
+
+    @app.before_request
+    def mine() -> None:
+        seen.append(1)
+
+    c = app.test_client()
+    assert c.get("/health").status_code == 200 and c.post("/tokenize", json={"content": "hi"}).status_code == 200
+    assert seen == [1, 1]
+    assert not light.own_hooks(app)
+
+
+class _Broken(io.RawIOBase):
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        raise OSError("the connection was reset")
+
+
+def test_a_body_that_cannot_be_read_gets_flasks_answer(app):
+    def run(wsgi: Any) -> tuple[str, bytes]:
+        environ = EnvironBuilder("/tokenize", method="POST", content_type="application/json").get_environ()
+        environ["wsgi.input"], environ["CONTENT_LENGTH"] = _Broken(), "20"  # as the server's input, whose read fails
+        body, status, _ = run_wsgi_app(wsgi, environ, buffered=True)
+        return status, b"".join(body)
+
+    got, want = run(app.wsgi_app), run(app.wsgi_app.flask)
+    assert got == want
+    assert got[0].startswith("400") and json.loads(got[1])["error"]["code"] == "bad_request", got
