@@ -87,7 +87,7 @@ def _health_doc(d: oa.Doc) -> oa.Op:
 
 @_route("/health", "/v1/health", "/healthz", doc=_health_doc)
 def health() -> Any:
-    return jsonify(_health(response_store().problem))
+    return jsonout.response(_health(response_store().problem))
 
 
 @light(health)

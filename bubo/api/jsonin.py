@@ -80,6 +80,8 @@ def parse(text: str) -> Any:
     # PYTHONINTMAXSTRDIGITS=0): then a hook per integer; a hook per number with a fraction or an
     # exponent (few in a request), whose length nothing else would bound
     try:
+        if text.startswith("\ufeff"):  # json.loads's own check, which the decoder does not make
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
         value = _decoder().decode(text)
     except RecursionError:
         raise JSONInputError(f"the JSON nests arrays and objects deeper than {MAX_DEPTH} levels") from None

@@ -15,7 +15,9 @@ plain:
     holds a field it does not take as given: a typo (X-Bubo-Ignored-Fields), a value of another
     type (the route's 400), a model's name, a text long enough for the preparation pool;
   - the default model is not loaded (loading, sleeping, failed);
-  - the app has a hook the light path does not stand in for (an embedding program's own).
+  - the app has a hook the light path does not stand in for (an embedding program's own), a
+    receiver of Flask's request signals, a view of its own in the route's place, or JSON settings
+    of its own (debug mode's indented JSON included).
 So a light answer is the answer Flask would give, byte for byte but for the Date header
 (tests/api/test_light.py sends the same requests both ways), and no error shape lives here.
 """
@@ -27,13 +29,14 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import orjson
-from flask import Flask
+from flask import Flask, signals
+from flask.json.provider import DefaultJSONProvider
 
 from bubo.api import callers
 from bubo.api.auth import host_allowed
 from bubo.api.config import ServerConfig
-from bubo.api.request import Body
+from bubo.api.errors import ApiError
+from bubo.api.request import Body, json_object
 from bubo.engine.registry import ModelEntry, ModelStatus, Registry
 from bubo.runtime import Runtime
 
@@ -98,33 +101,36 @@ class LightRoutes:
         self.app = app
         self.config = config
         self.flask = app.wsgi_app
-        self.table: dict[tuple[str, str], Answer] = {}
+        # (method, path) -> (the light answer, the route's endpoint, its view)
+        self.table: dict[tuple[str, str], tuple[Answer, str, Callable[..., Any]]] = {}
         for rule in app.url_map.iter_rules():
-            entry = _ANSWERS.get(app.view_functions.get(rule.endpoint))  # type: ignore[arg-type]
-            if entry is not None and not rule.arguments:
-                self.table[(entry[0], rule.rule)] = entry[1]
+            view = app.view_functions.get(rule.endpoint)
+            entry = _ANSWERS.get(view) if view is not None else None
+            if entry is not None and view is not None and not rule.arguments:
+                self.table[(entry[0], rule.rule)] = (entry[1], rule.endpoint, view)
         self.checked = False
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        answer = self.table.get((environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")))
-        if answer is None or not self._plain(environ):
+        route = self.table.get((environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")))
+        if route is None or not self._plain(environ, route):
             return self.flask(environ, start_response)
         raw = b""
         body = None
         if environ["REQUEST_METHOD"] == "POST":
+            n = int(environ["CONTENT_LENGTH"])
             try:
-                raw = environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"]))
-            except OSError:  # cut, or late: Flask finds it short of its length, and answers as it does
+                raw = environ["wsgi.input"].read(n)
+            except OSError:  # late, or cut: Flask finds it short of its length, and answers as it does
                 return self._flask(environ, start_response, b"")
             done = environ.get("bubo.body_read")
             if done is not None:
                 done()  # the HTTP server: at work now, not waiting on the client
-            body = _object(raw)
+            body = _object(raw) if len(raw) == n else None
             if body is None:
                 return self._flask(environ, start_response, raw)
         plain = Plain(self.app.config, body, environ.setdefault("bubo.log", {}))
         try:
-            data = answer(plain)
+            data = route[0](plain)
         except Exception:  # a light answer that fails: Flask answers (and says what went wrong)
             log.exception("the light answer of %s %s failed", environ["REQUEST_METHOD"], environ["PATH_INFO"])
             data = None
@@ -137,12 +143,14 @@ class LightRoutes:
         return _Counted(data, self.app.config["BUBO_CALLERS"], environ["bubo.log"])
 
     def _flask(self, environ: dict[str, Any], start_response: Callable[..., Any], raw: bytes) -> Iterable[bytes]:
-        """Flask's answer, the body read here given to it again."""
+        """Flask's answer, given again the body read here: read to its Content-Length, as Flask
+        reads it from the server (a body cut short is one Flask could not read)."""
         environ["wsgi.input"] = io.BytesIO(raw)
+        environ.pop("wsgi.input_terminated", None)
         return self.flask(environ, start_response)
 
-    def _plain(self, environ: dict[str, Any]) -> bool:
-        config = self.config
+    def _plain(self, environ: dict[str, Any], route: tuple[Answer, str, Callable[..., Any]]) -> bool:
+        config, app = self.config, self.app
         if config.draining or config.api_keys or environ.get("QUERY_STRING") or "HTTP_ORIGIN" in environ:
             return False
         if not host_allowed(environ.get("HTTP_HOST"), config.host, config.host_allow, False):
@@ -151,21 +159,37 @@ class LightRoutes:
             return False
         length = environ.get("CONTENT_LENGTH") or ""
         if environ["REQUEST_METHOD"] == "POST":
-            if not length.isdigit() or int(length) > min(LIGHT_BODY_BYTES, config.max_body_bytes):
+            if not (length.isascii() and length.isdigit()):
+                return False
+            limit = app.config.get("MAX_CONTENT_LENGTH")  # Flask's 413 past it
+            if int(length) > (LIGHT_BODY_BYTES if limit is None else min(LIGHT_BODY_BYTES, limit)):
                 return False
         elif length not in ("", "0"):
             return False
+        if app.debug or app.view_functions.get(route[1]) is not route[2] or _signalled(app):
+            return False  # jsonify indents; a view replaced; a receiver of Flask's request signals
         if not self.checked:
             self.checked = True
-            if not own_hooks(self.app):
-                log.info("the app has hooks of its own: every request goes through Flask")
+            if not as_built(app):
+                log.info("the app has hooks or settings of its own: every request goes through Flask")
                 self.table = {}
                 return False
+            app._got_first_request = True  # as Flask's first request does: no hook may be added from now
         return True
 
 
-def own_hooks(app: Flask) -> bool:
-    """Whether app's hooks are create_app's and no others (STANDS_IN_FOR)."""
+def _signalled(app: Flask) -> bool:
+    """Whether a receiver listens to Flask's request signals from app (a light answer sends none)."""
+    return any(signal.receivers and any(True for _ in signal.receivers_for(app)) for signal in _REQUEST_SIGNALS)
+
+
+_REQUEST_SIGNALS = (signals.request_started, signals.request_finished, signals.got_request_exception,
+                    signals.request_tearing_down)
+
+
+def as_built(app: Flask) -> bool:
+    """Whether app's hooks are create_app's and no others (STANDS_IN_FOR), and its JSON is
+    written as create_app set it (jsonout's bytes)."""
     tables: dict[str, dict[Any, list[Any]]] = {
         "before_request": app.before_request_funcs, "after_request": app.after_request_funcs,
         "teardown_request": app.teardown_request_funcs}
@@ -175,21 +199,19 @@ def own_hooks(app: Flask) -> bool:
         if sorted(getattr(fn, "__name__", "") for fn in table.get(None, ())) != sorted(STANDS_IN_FOR[kind]):
             return False
     others = (app.url_value_preprocessors, app.url_default_functions)
-    return not app.teardown_appcontext_funcs and not any(fns for table in others for fns in table.values())
+    if app.teardown_appcontext_funcs or any(fns for table in others for fns in table.values()):
+        return False
+    js = app.json
+    return type(js) is DefaultJSONProvider and not js.sort_keys and not js.ensure_ascii and js.compact is not False
 
 
 def _object(raw: bytes) -> Body | None:
-    """The body's JSON object, or None (Flask says what is wrong with it). orjson reads it, in a
-    tenth of the time of bubo.api.jsonin's checked parse: what orjson takes (strict RFC 8259
-    JSON, valid UTF-8, no lone surrogate, no NaN, integers within 64 bits, nesting within 1,024)
-    jsonin takes as the same value, but for nesting past jsonin's MAX_DEPTH and numbers of more
-    than its MAX_NUMBER_CHARS digits, which no light answer takes (it takes texts, booleans and
-    nulls, and leaves a field it does not take to Flask)."""
+    """The body's JSON object, read as Flask's routes read it (bubo.api.jsonin), or None: Flask
+    says what is wrong with it."""
     try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        return Body(json_object(raw))
+    except ApiError:
         return None
-    return Body(value) if isinstance(value, dict) else None
 
 
 class _Counted(list[bytes]):

@@ -87,9 +87,9 @@ def json_body() -> dict[str, Any]:
     Content-Type is not checked: curl's default form type is common."""
     raw = _body_bytes()
     if len(raw) > INLINE_JSON_BYTES:
-        parsed = offload.run(_json_object, raw, what="reading the request's JSON")
+        parsed = offload.run(json_object, raw, what="reading the request's JSON")
     else:
-        parsed = _json_object(raw)
+        parsed = json_object(raw)
     body = Body(parsed)
     g.setdefault("bubo_bodies", []).append(body)
     g.bubo_body_bytes = len(raw)  # a chunked body's bytes cannot be read twice
@@ -123,7 +123,8 @@ def json_value() -> Any:
     return _json_value(_body_bytes(), "JSON")
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
+def json_object(raw: bytes) -> dict[str, Any]:
+    """The JSON object raw holds (json_body's parse, and its errors)."""
     body = _json_value(raw, "JSON object")
     if not isinstance(body, dict):
         raise ApiError(400, "parse_error", f"the request body must be a JSON object, not {type(body).__name__}")

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from gevent import pywsgi
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from bubo.api import light
@@ -121,8 +122,13 @@ def test_tokenize_that_is_not_plain_goes_through_flask(app, body):
     assert not light_answered
 
 
-@pytest.mark.parametrize("data", [b"", b"{", b"[1, 2]", b'"text"', b"\xff\xfe", b'{"content": "a", "content": "b"}',
-                                  b'{"content": "\\ud800"}', b'{"content": NaN}', b"[" * 200])
+@pytest.mark.parametrize("data", [
+    b"", b"{", b"[1, 2]", b'"text"', b"\xff\xfe", b'{"content": "a", "content": "b"}', b'{"content": "\\ud800"}',
+    b'{"content": NaN}', b"[" * 200, b"\xef\xbb\xbf{}",
+    # a field given twice: the last counts, but the one before must pass jsonin's checks too
+    b'{"content": 1.' + b"0" * 200 + b', "content": "hi"}',
+    b'{"content": ' + b"[" * 200 + b"]" * 200 + b', "content": "hi"}',
+])
 def test_a_body_that_is_not_plain_json_goes_through_flask(app, data):
     same_both_ways(app, "POST", "/tokenize", data=data, content_type="application/json")
 
@@ -169,7 +175,7 @@ def test_a_request_answered_light_counts_for_the_unnamed_caller_and_holds_no_mod
 def test_create_apps_hooks_are_the_ones_the_light_path_stands_in_for(app):
     """A hook added to create_app must be taught to bubo.api.light (STANDS_IN_FOR), or light
     answers would skip it."""
-    assert light.own_hooks(app)
+    assert light.as_built(app)
 
 
 def test_an_app_with_a_hook_of_its_own_answers_every_request_through_flask(engine):
@@ -183,7 +189,20 @@ def test_an_app_with_a_hook_of_its_own_answers_every_request_through_flask(engin
     c = app.test_client()
     assert c.get("/health").status_code == 200 and c.post("/tokenize", json={"content": "hi"}).status_code == 200
     assert seen == [1, 1]
-    assert not light.own_hooks(app)
+    assert not light.as_built(app)
+
+
+def _environ(path: str = "/tokenize", method: str = "POST", data: bytes = b"", **env: Any) -> dict[str, Any]:
+    """A request's environ as pywsgi makes it (its input says where the body ends)."""
+    environ = EnvironBuilder(path, method=method, data=data, content_type="application/json").get_environ()
+    environ["wsgi.input_terminated"] = True
+    environ.update(env)
+    return environ
+
+
+def _run(wsgi: Any, environ: dict[str, Any]) -> tuple[str, dict[str, str], bytes]:
+    body, status, headers = run_wsgi_app(wsgi, environ, buffered=True)
+    return status, {k: v for k, v in headers.items() if k != "Date"}, b"".join(body)
 
 
 class _Broken(io.RawIOBase):
@@ -194,13 +213,86 @@ class _Broken(io.RawIOBase):
         raise OSError("the connection was reset")
 
 
-def test_a_body_that_cannot_be_read_gets_flasks_answer(app):
-    def run(wsgi: Any) -> tuple[str, bytes]:
-        environ = EnvironBuilder("/tokenize", method="POST", content_type="application/json").get_environ()
-        environ["wsgi.input"], environ["CONTENT_LENGTH"] = _Broken(), "20"  # as the server's input, whose read fails
-        body, status, _ = run_wsgi_app(wsgi, environ, buffered=True)
-        return status, b"".join(body)
+def _pywsgi_input(data: bytes, length: int) -> Any:
+    """pywsgi's input over a socket whose client sent data and no more (a read past it fails)."""
+    return pywsgi.Input(io.BufferedReader(io.BytesIO(data)), length)  # type: ignore[no-untyped-call]
 
-    got, want = run(app.wsgi_app), run(app.wsgi_app.flask)
+
+@pytest.mark.parametrize("stream", [_Broken, lambda: _pywsgi_input(b'{"content": "hi"}', 40)])  # it fails; it is cut
+def test_a_body_that_cannot_be_read_whole_gets_flasks_answer(app, stream):
+    got, want = (_run(wsgi, _environ(**{"wsgi.input": stream(), "CONTENT_LENGTH": "40"}))
+                 for wsgi in (app.wsgi_app, app.wsgi_app.flask))
     assert got == want
-    assert got[0].startswith("400") and json.loads(got[1])["error"]["code"] == "bad_request", got
+    assert got[0].startswith("400") and json.loads(got[2])["error"]["code"] == "bad_request", got
+    assert got[1]["Connection"] == "close"
+
+
+def test_a_content_length_of_other_digits_goes_through_flask(app):
+    def environ() -> dict[str, Any]:
+        return _environ(data=b'{"content": "hi"}', CONTENT_LENGTH="\u00b2")  # a digit to str.isdigit, not to int
+
+    assert _run(app.wsgi_app, environ()) == _run(app.wsgi_app.flask, environ())
+
+
+def test_a_light_answer_logs_its_model_holds_it_and_counts_once_written(app):
+    counts = app.config["BUBO_CALLERS"]
+    entry = app.config["BUBO_MODELS"].default
+    before = counts.counts["-"].requests if "-" in counts.counts else 0
+    entry.last_used = 0.0
+    environ = _environ(data=b'{"content": "hi"}')
+    out = app.wsgi_app(environ, lambda status, headers: None)
+    assert isinstance(out, light._Counted)  # answered light
+    assert environ["bubo.log"]["model"] == "bubo"  # the log line names it
+    assert entry.last_used > 0 and entry.users == 0  # acquired (idle sleep sees it used), and let go
+    assert (counts.counts["-"].requests if "-" in counts.counts else 0) == before
+    out.close()  # pywsgi, once the answer is written
+    assert counts.counts["-"].requests == before + 1
+
+
+def test_health_names_a_problem_of_the_responses_store(app):
+    store = app.config["BUBO_RESPONSES"]
+    for problem in ("the store cannot be written", "a path with a lone surrogate \udcff"):
+        store.problem = problem
+        try:
+            light_answered, data = same_both_ways(app, "GET", "/health")
+        finally:
+            store.problem = None
+        assert light_answered and json.loads(data)["details"]["responses_store"] == problem
+
+
+def test_in_debug_mode_every_request_goes_through_flask(app):
+    app.debug = True  # jsonify indents
+    try:
+        assert same_both_ways(app, "GET", "/health")[0] is False
+    finally:
+        app.debug = False
+
+
+def test_receivers_of_flasks_request_signals_get_every_request(app):
+    from flask import request_started
+
+    seen = []
+
+    def started(sender: Any, **extra: Any) -> None:
+        seen.append(1)
+
+    request_started.connect(started, app)
+    try:
+        assert same_both_ways(app, "GET", "/health")[0] is False
+    finally:
+        request_started.disconnect(started, app)
+    assert seen == [1, 1]
+    assert same_both_ways(app, "GET", "/health")[0] is True
+
+
+def test_a_hook_cannot_be_added_once_a_light_request_was_answered(engine):
+    app = create_app(engine, ServerConfig(served_model_name="bubo"))
+    assert app.test_client().get("/health").status_code == 200
+    with pytest.raises(AssertionError):  # Flask's own refusal after its first request
+        app.before_request(lambda: None)
+
+
+def test_a_view_put_in_a_routes_place_answers(engine):
+    app = create_app(engine, ServerConfig(served_model_name="bubo"))
+    app.view_functions["core.health"] = lambda: {"status": "mine"}
+    assert app.test_client().get("/health").json == {"status": "mine"}
