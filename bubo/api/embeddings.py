@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from bubo.api import errors, jsonout, offload
 from bubo.api import openapi as oa
 from bubo.api.errors import ApiError
 from bubo.api.fields import invalid
+from bubo.api.light import Plain, light
 from bubo.api.request import json_body, optional_model, runtime_of, use_model
 from bubo.engine.protocol import ServingEngine
 from bubo.engine.types import EngineRefusal
@@ -171,15 +172,54 @@ def openai_embeddings() -> Any:
     if "input" not in body:
         raise invalid("'input' is required")
     items = offload.run(parse_inputs, body["input"], what="reading the inputs", small=offload.small(body["input"]))
+    fmt, truncate = _openai_fields(body)
+    engine, rt = encoder_of(name)
+    _dimensions(body, int(rt.hparams["n_embd"]))
+    out = run(engine, rt, items, truncate)
+    return jsonout.built_arrays(*_openai_answer(name, fmt, out))
+
+
+@light(openai_embeddings, "POST")
+def _openai_light(plain: Plain) -> bytes | None:
+    """One short text's vector from the default model, named or not (a base+adapter name is
+    Flask's), asked with the route's fields only."""
+    body, reg = plain.body, plain.registry
+    assert body is not None
+    given = body.get("model")
+    if reg.is_router or (isinstance(given, str) and reg.adapter_of(given) is not None):
+        return None
+    text = body.get("input")
+    if not isinstance(text, str) or not offload.small(text):
+        return None
+    try:
+        fmt, truncate = _openai_fields(body)
+        engine = plain.engine()
+        rt = engine.runtime if engine is not None else None
+        if engine is None or rt is None or not embedding.is_encoder(rt):
+            return None
+        _dimensions(body, int(rt.hparams["n_embd"]))
+        if body.unread():
+            return None
+        out = run(engine, rt, [text], truncate)
+    except ApiError:
+        return None
+    head, key, n, width, data = _openai_answer(reg.default.name, fmt, out)
+    return jsonout.array_bytes(head, key, data(), width)
+
+
+def _openai_fields(body: dict[str, Any]) -> tuple[str, bool]:
+    """(encoding_format, truncate) of an OpenAI embeddings request."""
     fmt = body.get("encoding_format", "float")
     if fmt is None:
         fmt = "float"
     if fmt not in ("float", "base64"):
         raise invalid(f"'encoding_format' must be \"float\" or \"base64\", not {fmt!r}")
-    truncate = _bool(body, "truncate", False)
-    engine, rt = encoder_of(name)
-    _dimensions(body, int(rt.hparams["n_embd"]))
-    out = run(engine, rt, items, truncate)
+    return fmt, _bool(body, "truncate", False)
+
+
+def _openai_answer(name: str, fmt: str, out: embedding.Embedded) -> tuple[
+        dict[str, Any], str, int, int, Callable[[], list[dict[str, Any]]]]:
+    """The answer's head, key, items, values per item and items' maker (jsonout.built_arrays's)."""
     vectors = vectors_of(out)
 
     def data() -> list[dict[str, Any]]:
@@ -193,7 +233,7 @@ def openai_embeddings() -> Any:
 
     n_tokens = sum(out.n_tokens)
     head = {"object": "list", "model": name, "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
-    return jsonout.built_arrays(head, "data", len(vectors), vectors.shape[1], data)
+    return head, "data", len(vectors), vectors.shape[1], data
 
 
 def _normalize_of(body: dict[str, Any]) -> bool:

@@ -105,6 +105,17 @@ def arrays(head: dict[str, Any] | None, key: str, items: Sequence[Any] | np.ndar
     items hold numpy float32 vectors (a vector, or dicts and lists around them): written by
     orjson, a slice of about SLICE_VALUES values per call (a NaN or an infinity as null, which
     JSON has no number for). The head's text is escaped to ASCII (a lone surrogate cannot fail)."""
+    return _response(_array_chunks(head, key, items, values_per_item), 200)
+
+
+def array_bytes(head: dict[str, Any] | None, key: str, items: Sequence[Any] | np.ndarray,
+                values_per_item: int) -> bytes:
+    """arrays()'s body, in one piece: for a few items."""
+    return b"".join(_array_chunks(head, key, items, values_per_item))
+
+
+def _array_chunks(head: dict[str, Any] | None, key: str, items: Sequence[Any] | np.ndarray,
+                  values_per_item: int) -> list[bytes]:
     out = ["[" if head is None else _dumps(head, True)[:-1] + ("," if head else "") + _dumps(key, True) + ":["]
     step = max(1, SLICE_VALUES // max(1, values_per_item))
     for start in range(0, len(items), step):
@@ -113,7 +124,7 @@ def arrays(head: dict[str, Any] | None, key: str, items: Sequence[Any] | np.ndar
         out.append(orjson.dumps(items[start:start + step], option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].decode())
         deadline.check()
     out.append("]\n" if head is None else "]}\n")
-    return _response(_chunked(out), 200)
+    return _chunked(out)
 
 
 def _dumps(value: Any, ascii: bool) -> str:

@@ -1,5 +1,6 @@
-"""Light routes: the plain case of a few routes whose work is a few microseconds (GET /health,
-POST /tokenize of a short text), answered beneath Flask's per-request machinery.
+"""Light routes: the plain case of a few routes whose work outside the engine is a few
+microseconds (GET /health, POST /tokenize of a short text, POST /v1/embeddings of one), answered
+beneath Flask's per-request machinery.
 
 Flask's request context, URL matching, hooks and Response object cost about 0.1 ms of CPU per
 request: more than the whole work of these routes, and, on the one thread that serves every
@@ -37,6 +38,7 @@ from bubo.api.auth import host_allowed
 from bubo.api.config import ServerConfig
 from bubo.api.errors import ApiError
 from bubo.api.request import Body, json_object
+from bubo.engine.protocol import ServingEngine
 from bubo.engine.registry import ModelEntry, ModelStatus, Registry
 from bubo.runtime import Runtime
 
@@ -62,8 +64,8 @@ class Plain:
         self.record = record  # the request's log fields (environ["bubo.log"])
         self.held: list[ModelEntry] = []
 
-    def runtime(self) -> Runtime | None:
-        """The default model's runtime when it is loaded now (no wait, no load), else None."""
+    def engine(self) -> ServingEngine | None:
+        """The default model's engine when it is loaded now (no wait, no load), else None."""
         reg = self.registry
         entry = reg.default
         if reg.stopped or entry.status is not ModelStatus.LOADED:
@@ -71,7 +73,12 @@ class Plain:
         engine = reg.acquire(entry.name)  # loaded: counts a user and returns at once
         self.held.append(entry)
         self.record["model"] = entry.name
-        return engine.runtime
+        return engine
+
+    def runtime(self) -> Runtime | None:
+        """The default model's runtime when it is loaded now, else None."""
+        engine = self.engine()
+        return engine.runtime if engine is not None else None
 
     def release(self) -> None:
         for entry in self.held:

@@ -296,3 +296,39 @@ def test_a_view_put_in_a_routes_place_answers(engine):
     app = create_app(engine, ServerConfig(served_model_name="bubo"))
     app.view_functions["core.health"] = lambda: {"status": "mine"}
     assert app.test_client().get("/health").json == {"status": "mine"}
+
+
+@pytest.fixture(scope="module")
+def encoder_app(catalog_model):
+    e = start_engine(catalog_model("all-minilm:l6-v2"), n_ctx=512, n_threads=1)
+    try:
+        yield create_app(e, ServerConfig(served_model_name="minilm", aliases=["emb"]))
+    finally:
+        e.stop("test over")
+
+
+@pytest.mark.parametrize("body", [
+    {"input": "The owl hunts at night."}, {"input": "", "model": "minilm"}, {"input": "naïve 🦉", "model": "emb"},
+    {"input": "x", "model": "not-served"},  # one model: the name is not looked at, as llama-server does
+    {"input": "Hello", "encoding_format": "base64"},  # what the openai SDK asks for by default
+    {"input": "Hello", "encoding_format": None, "truncate": True, "dimensions": 384, "model": None},
+])
+def test_one_short_input_to_v1_embeddings_is_light(encoder_app, body):
+    light_answered, data = same_both_ways(encoder_app, "POST", "/v1/embeddings", json=body)
+    assert light_answered
+    answer = json.loads(data)
+    assert answer["model"] == "minilm" and len(answer["data"]) == 1 and answer["usage"]["prompt_tokens"] > 0
+
+
+@pytest.mark.parametrize("body", [
+    {"input": ["a", "b"]}, {"input": [1, 2, 3]}, {"input": "Hello", "user": "me"},  # X-Bubo-Ignored-Fields
+    {"input": "Hello", "dimensions": 100}, {"input": "Hello", "encoding_format": "int8"}, {"input": None}, {},
+    {"input": "Hello", "truncate": "yes"}, {"input": "x" * 1025},
+])
+def test_v1_embeddings_that_are_not_plain_go_through_flask(encoder_app, body):
+    assert same_both_ways(encoder_app, "POST", "/v1/embeddings", json=body)[0] is False
+
+
+def test_v1_embeddings_on_a_text_model_is_flasks_501(app):
+    light_answered, data = same_both_ways(app, "POST", "/v1/embeddings", json={"input": "Hello"})
+    assert not light_answered and json.loads(data)["error"]["code"] == "not_implemented"
