@@ -20,7 +20,7 @@ from werkzeug.exceptions import HTTPException
 from bubo.api import callers
 from bubo.api.auth import check_api_key, check_host
 from bubo.api.config import ServerConfig
-from bubo.api.errors import ApiError, error_response
+from bubo.api.errors import ApiError, error_response, internal
 from bubo.api.light import LightRoutes
 from bubo.api.offload import PreparePool
 from bubo.api.openai.stored import ResponseStore
@@ -206,8 +206,7 @@ def create_app(models: Engine | Registry, config: ServerConfig | None = None) ->
     @app.errorhandler(Exception)
     def _unexpected(err: Exception) -> Any:
         log.exception("unexpected error in %s %s", request.method, request.path)
-        return error_response(request.path,
-                              ApiError(500, "internal_error", f"internal error: {type(err).__name__}: {err}"))
+        return error_response(request.path, internal(err))
 
     _no_coroutines(app)
     app.wsgi_app = LightRoutes(app, config)  # type: ignore[method-assign]  # bubo.api.light

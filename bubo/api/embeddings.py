@@ -198,12 +198,13 @@ def _openai_light(plain: Plain) -> bytes | None:
         if engine is None or rt is None or not embedding.is_encoder(rt):
             return None
         _dimensions(body, int(rt.hparams["n_embd"]))
-        if body.unread():
-            return None
-        out = run(engine, rt, [text], truncate)
     except ApiError:
         return None
-    head, key, n, width, data = _openai_answer(reg.default.name, fmt, out)
+    if body.unread():
+        return None
+    plain.commit()  # the checks and the job's errors (a text too long, a refusal) are its answer from here
+    out = run(engine, rt, [text], truncate)
+    head, key, _, width, data = _openai_answer(reg.default.name, fmt, out)
     return jsonout.array_bytes(head, key, data(), width)
 
 

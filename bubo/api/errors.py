@@ -202,6 +202,11 @@ def body_for(path: str | None, status: int, code: str, message: str, type: str |
     return openai_body(status, code, message, type)
 
 
+def internal(err: BaseException) -> ApiError:
+    """The 500 answer to an exception no route expected (the caller logs it)."""
+    return ApiError(500, "internal_error", f"internal error: {type(err).__name__}: {err}")
+
+
 def error_response(path: str, err: ApiError) -> Response:
     """err in the shape of the route at path (body_for). A type given for the other shape is not
     reused."""

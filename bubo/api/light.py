@@ -14,13 +14,16 @@ plain:
   - an Origin header (the app's CORS and foreign-origin checks), a query string;
   - a body that is chunked, over LIGHT_BODY_BYTES, not a JSON object, or (the answer's call)
     holds a field it does not take as given: a typo (X-Bubo-Ignored-Fields), a value of another
-    type (the route's 400), a model's name, a text long enough for the preparation pool;
+    type (the route's 400), a model's name where the route would look it up, a text long enough
+    for the preparation pool;
   - the default model is not loaded (loading, sleeping, failed);
   - the app has a hook the light path does not stand in for (an embedding program's own), a
     receiver of Flask's request signals, a view of its own in the route's place, or JSON settings
     of its own (debug mode's indented JSON included).
 So a light answer is the answer Flask would give, byte for byte but for the Date header
-(tests/api/test_light.py sends the same requests both ways), and no error shape lives here.
+(tests/api/test_light.py sends the same requests both ways). Once a light answer has queued work
+(Plain.commit), its errors are its answer, written by Flask's error shapes (bubo.api.errors), so
+that the work is not done twice; no error shape lives here.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from flask.json.provider import DefaultJSONProvider
 from bubo.api import callers
 from bubo.api.auth import host_allowed
 from bubo.api.config import ServerConfig
-from bubo.api.errors import ApiError
+from bubo.api.errors import ApiError, error_response, internal
 from bubo.api.request import Body, json_object
 from bubo.engine.protocol import ServingEngine
 from bubo.engine.registry import ModelEntry, ModelStatus, Registry
@@ -63,6 +66,14 @@ class Plain:
         self.body = body  # its lookups counted, as a route's (an unread field: not plain)
         self.record = record  # the request's log fields (environ["bubo.log"])
         self.held: list[ModelEntry] = []
+        self.committed = False
+
+    def commit(self) -> None:
+        """From here the request is the light answer's: its work has effects (a job queued on
+        the engine) that asking Flask would repeat, so what it raises is its answer, in Flask's
+        shapes (an ApiError as the route's error, anything else as the 500 of an unexpected one).
+        Before, a light answer returns None for whatever is not plain."""
+        self.committed = True
 
     def engine(self) -> ServingEngine | None:
         """The default model's engine when it is loaded now (no wait, no load), else None."""
@@ -136,16 +147,27 @@ class LightRoutes:
             if body is None:
                 return self._flask(environ, start_response, raw)
         plain = Plain(self.app.config, body, environ.setdefault("bubo.log", {}))
+        error: ApiError | None = None
         try:
             data = route[0](plain)
-        except Exception:  # a light answer that fails: Flask answers (and says what went wrong)
-            log.exception("the light answer of %s %s failed", environ["REQUEST_METHOD"], environ["PATH_INFO"])
+        except ApiError as e:
+            data, error = None, e
+        except Exception as e:
             data = None
+            if plain.committed:  # as Flask's handler of an unexpected exception
+                log.exception("unexpected error in %s %s", environ["REQUEST_METHOD"], environ["PATH_INFO"])
+                error = internal(e)
+            else:  # a light answer that fails before its work: Flask answers (and says what went wrong)
+                log.exception("the light answer of %s %s failed", environ["REQUEST_METHOD"], environ["PATH_INFO"])
         finally:
             plain.release()
+        if error is not None and plain.committed:
+            environ[callers.ENVIRON] = None  # the unnamed caller (_auth's callers.identify, with no keys)
+            data = b"".join(error_response(environ["PATH_INFO"], error)(environ, start_response))
+            return _Counted(data, self.app.config["BUBO_CALLERS"], environ["bubo.log"])
         if data is None:
             return self._flask(environ, start_response, raw)
-        environ[callers.ENVIRON] = None  # the unnamed caller (_auth's callers.identify, with no keys)
+        environ[callers.ENVIRON] = None
         start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
         return _Counted(data, self.app.config["BUBO_CALLERS"], environ["bubo.log"])
 

@@ -17,6 +17,7 @@ from bubo.api import light
 from bubo.api.app import create_app
 from bubo.api.config import ServerConfig
 from bubo.engine.engine import Engine
+from bubo.engine.registry import ModelSpec, Registry
 
 from engines import start_engine
 
@@ -299,12 +300,46 @@ def test_a_view_put_in_a_routes_place_answers(engine):
 
 
 @pytest.fixture(scope="module")
-def encoder_app(catalog_model):
+def encoder(catalog_model) -> Iterator[Engine]:
     e = start_engine(catalog_model("all-minilm:l6-v2"), n_ctx=512, n_threads=1)
     try:
-        yield create_app(e, ServerConfig(served_model_name="minilm", aliases=["emb"]))
+        yield e
     finally:
         e.stop("test over")
+
+
+@pytest.fixture(scope="module")
+def encoder_app(encoder):
+    return create_app(encoder, ServerConfig(served_model_name="minilm", aliases=["emb"]))
+
+
+@contextlib.contextmanager
+def embeds_counted(engine: Engine) -> Iterator[list[int]]:
+    """The engine's embedding jobs, counted while the block runs."""
+    calls: list[int] = []
+    inner = engine.embed
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        return inner(*args, **kw)
+
+    engine.embed = counted  # type: ignore[method-assign]
+    try:
+        yield calls
+    finally:
+        del engine.embed
+
+
+def same_work_both_ways(app, engine: Engine, body: dict[str, Any]) -> tuple[bool, bytes]:
+    """same_both_ways for POST /v1/embeddings, which must also embed as many times both ways."""
+    with embeds_counted(engine) as light_calls:
+        got, by_flask = answered(app, "POST", "/v1/embeddings", json=body)
+    with flask_only(app), embeds_counted(engine) as flask_calls:
+        want, _ = answered(app, "POST", "/v1/embeddings", json=body)
+    assert got == want, body
+    assert len(light_calls) == len(flask_calls), body  # no job twice
+    assert app.config["BUBO_MODELS"].default.users == 0  # let go
+    return not by_flask, got[2]
 
 
 @pytest.mark.parametrize("body", [
@@ -312,12 +347,18 @@ def encoder_app(catalog_model):
     {"input": "x", "model": "not-served"},  # one model: the name is not looked at, as llama-server does
     {"input": "Hello", "encoding_format": "base64"},  # what the openai SDK asks for by default
     {"input": "Hello", "encoding_format": None, "truncate": True, "dimensions": 384, "model": None},
+    {"input": "a " * 512, "truncate": True},  # past the context (514 tokens of 512): cut, and said so
+    {"input": "a " * 512},  # its 400 context_length_exceeded, answered by the light answer
 ])
-def test_one_short_input_to_v1_embeddings_is_light(encoder_app, body):
-    light_answered, data = same_both_ways(encoder_app, "POST", "/v1/embeddings", json=body)
+def test_one_short_input_to_v1_embeddings_is_light(encoder_app, encoder, body):
+    light_answered, data = same_work_both_ways(encoder_app, encoder, body)
     assert light_answered
     answer = json.loads(data)
+    if "error" in answer:
+        assert answer["error"]["code"] == "context_length_exceeded"
+        return
     assert answer["model"] == "minilm" and len(answer["data"]) == 1 and answer["usage"]["prompt_tokens"] > 0
+    assert answer["data"][0].get("truncated", False) is (len(body["input"]) > 1000)  # the one past the context
 
 
 @pytest.mark.parametrize("body", [
@@ -325,10 +366,36 @@ def test_one_short_input_to_v1_embeddings_is_light(encoder_app, body):
     {"input": "Hello", "dimensions": 100}, {"input": "Hello", "encoding_format": "int8"}, {"input": None}, {},
     {"input": "Hello", "truncate": "yes"}, {"input": "x" * 1025},
 ])
-def test_v1_embeddings_that_are_not_plain_go_through_flask(encoder_app, body):
-    assert same_both_ways(encoder_app, "POST", "/v1/embeddings", json=body)[0] is False
+def test_v1_embeddings_that_are_not_plain_go_through_flask(encoder_app, encoder, body):
+    assert same_work_both_ways(encoder_app, encoder, body)[0] is False
 
 
 def test_v1_embeddings_on_a_text_model_is_flasks_501(app):
     light_answered, data = same_both_ways(app, "POST", "/v1/embeddings", json={"input": "Hello"})
     assert not light_answered and json.loads(data)["error"]["code"] == "not_implemented"
+
+
+def test_with_several_models_v1_embeddings_goes_through_flask(encoder):
+    reg = Registry([ModelSpec("minilm", encoder.model_name), ModelSpec("other", "/nowhere/other.gguf")])
+    reg.entries[0].engine = encoder  # loaded: the default model
+    app = create_app(reg, ServerConfig(served_model_name="minilm"))
+    for body in ({"input": "Hello"}, {"input": "Hello", "model": "minilm"}, {"input": "Hello", "model": "other"}):
+        assert same_work_both_ways(app, encoder, body)[0] is False
+
+
+def test_an_embedding_job_that_fails_is_answered_once(encoder_app, encoder, caplog):
+    """Once the job is queued, its failure is the light answer's 500, as Flask's: not a second job."""
+    def broken(*args: Any, **kw: Any) -> Any:
+        raise RuntimeError("the forward pass failed")
+
+    encoder.embed = broken  # type: ignore[method-assign]
+    try:
+        got, by_flask = answered(encoder_app, "POST", "/v1/embeddings", json={"input": "Hello"})
+        with flask_only(encoder_app):
+            want, _ = answered(encoder_app, "POST", "/v1/embeddings", json={"input": "Hello"})
+    finally:
+        del encoder.embed
+    assert got == want and not by_flask
+    assert got[0].startswith("500") and json.loads(got[2])["error"]["code"] == "internal_error"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == \
+        ["unexpected error in POST /v1/embeddings"] * 2  # once each way
