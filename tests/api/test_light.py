@@ -22,13 +22,17 @@ from bubo.engine.registry import ModelSpec, Registry
 from engines import start_engine
 
 
-@pytest.fixture(scope="module")
-def engine(catalog_model) -> Iterator[Engine]:
-    e = start_engine(catalog_model("smollm2:135m"), n_ctx=512, n_threads=1)
+def _started(path: Any) -> Iterator[Engine]:
+    e = start_engine(path, n_ctx=512, n_threads=1)
     try:
         yield e
     finally:
         e.stop("test over")
+
+
+@pytest.fixture(scope="module")
+def engine(catalog_model) -> Iterator[Engine]:
+    yield from _started(catalog_model("smollm2:135m"))
 
 
 @pytest.fixture(scope="module")
@@ -301,11 +305,7 @@ def test_a_view_put_in_a_routes_place_answers(engine):
 
 @pytest.fixture(scope="module")
 def encoder(catalog_model) -> Iterator[Engine]:
-    e = start_engine(catalog_model("all-minilm:l6-v2"), n_ctx=512, n_threads=1)
-    try:
-        yield e
-    finally:
-        e.stop("test over")
+    yield from _started(catalog_model("all-minilm:l6-v2"))
 
 
 @pytest.fixture(scope="module")
