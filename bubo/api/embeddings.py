@@ -191,12 +191,12 @@ def _openai_light(plain: Plain) -> bytes | None:
     text = body.get("input")
     if not isinstance(text, str) or not offload.small(text):
         return None
+    engine = plain.engine()
+    rt = engine.runtime if engine is not None else None
+    if engine is None or rt is None or not embedding.is_encoder(rt):
+        return None
     try:
         fmt, truncate = _openai_fields(body)
-        engine = plain.engine()
-        rt = engine.runtime if engine is not None else None
-        if engine is None or rt is None or not embedding.is_encoder(rt):
-            return None
         _dimensions(body, int(rt.hparams["n_embd"]))
     except ApiError:
         return None

@@ -150,25 +150,23 @@ class LightRoutes:
         error: ApiError | None = None
         try:
             data = route[0](plain)
-        except ApiError as e:
-            data, error = None, e
         except Exception as e:
             data = None
-            if plain.committed:  # as Flask's handler of an unexpected exception
-                log.exception("unexpected error in %s %s", environ["REQUEST_METHOD"], environ["PATH_INFO"])
-                error = internal(e)
-            else:  # a light answer that fails before its work: Flask answers (and says what went wrong)
-                log.exception("the light answer of %s %s failed", environ["REQUEST_METHOD"], environ["PATH_INFO"])
+            if plain.committed:  # its work ran: its error is its answer (else Flask answers)
+                error = e if isinstance(e, ApiError) else internal(e)
+            if not isinstance(e, ApiError):  # committed: as the app's handler of an unexpected exception logs it
+                log.exception("unexpected error in %s %s" if plain.committed else "the light answer of %s %s failed",
+                              environ["REQUEST_METHOD"], environ["PATH_INFO"])
         finally:
             plain.release()
-        if error is not None and plain.committed:
+        if error is not None:
             environ[callers.ENVIRON] = None  # the unnamed caller (_auth's callers.identify, with no keys)
             data = b"".join(error_response(environ["PATH_INFO"], error)(environ, start_response))
-            return _Counted(data, self.app.config["BUBO_CALLERS"], environ["bubo.log"])
-        if data is None:
+        elif data is not None:
+            environ[callers.ENVIRON] = None
+            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+        else:
             return self._flask(environ, start_response, raw)
-        environ[callers.ENVIRON] = None
-        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
         return _Counted(data, self.app.config["BUBO_CALLERS"], environ["bubo.log"])
 
     def _flask(self, environ: dict[str, Any], start_response: Callable[..., Any], raw: bytes) -> Iterable[bytes]:
