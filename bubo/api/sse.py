@@ -111,7 +111,7 @@ def _events(gen: Iterator[Any], stream: Stream | None, ping: float | None, sock:
             stream.cancel()
         producer.kill(block=False)
 
-    watcher = gevent.spawn(_watch_disconnect, sock, gone) if sock is not None else None
+    watcher = _DisconnectWatch(sock, gone) if sock is not None else None
     try:
         while True:
             try:
@@ -125,7 +125,7 @@ def _events(gen: Iterator[Any], stream: Stream | None, ping: float | None, sock:
     finally:
         # normal end, or GeneratorExit: the server closes the app iterator when a write fails
         if watcher is not None:
-            watcher.kill(block=False)
+            watcher.close()
         if not producer.dead:
             producer.kill(block=False)
         if stream is not None:
@@ -159,20 +159,48 @@ class _Buffered:
         return item
 
 
-def _watch_disconnect(sock: socket.socket, on_disconnect: Callable[[], None]) -> None:
-    """Call on_disconnect when the client closes its end (EOF on a read), without waiting for
-    the next write to fail. Any bytes the client sends are left unread (peeked)."""
-    from gevent.socket import wait_read
+class _DisconnectWatch:
+    """Calls on_disconnect (in a greenlet of its own) when the client closes its end (EOF on a
+    read), without waiting for the next write to fail. Any bytes the client sends are left
+    unread (peeked): a pipelined request is looked at again every RECHECK_SECONDS. A watcher of
+    the hub's loop, not a greenlet: most answers end before their client goes, and a greenlet
+    spawned and killed per answer cost more than the answer's own socket work. close() it when
+    the answer ends."""
 
-    try:
-        while True:
-            wait_read(sock.fileno())
-            if not sock.recv(1, socket.MSG_PEEK):
-                break
-            gevent.sleep(0.05)  # data, not EOF (a pipelined request): look again later
-    except OSError:
-        pass
-    on_disconnect()
+    RECHECK_SECONDS = 0.05
+
+    def __init__(self, sock: socket.socket, on_disconnect: Callable[[], None]):
+        self._sock = getattr(sock, "_sock", sock)  # gevent's socket would wait in the hub: the OS's
+        self._on_disconnect: Callable[[], None] | None = on_disconnect
+        loop = gevent.get_hub().loop
+        self._io = loop.io(sock.fileno(), 1)  # 1: readable
+        self._timer = loop.timer(self.RECHECK_SECONDS)
+        self._io.start(self._readable)
+
+    def _readable(self) -> None:
+        try:
+            eof = not self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:  # woken for nothing
+            return
+        except OSError:
+            eof = True
+        self._io.stop()
+        if eof:
+            self._gone()
+        else:  # data, not EOF (a pipelined request): look again later
+            self._timer.start(self._io.start, self._readable)
+
+    def _gone(self) -> None:
+        on_disconnect, self._on_disconnect = self._on_disconnect, None
+        if on_disconnect is not None:
+            gevent.spawn(on_disconnect)
+
+    def close(self) -> None:
+        self._on_disconnect = None
+        self._io.stop()
+        self._timer.stop()
+        self._io.close()
+        self._timer.close()
 
 
 @contextlib.contextmanager
@@ -185,9 +213,9 @@ def cancel_on_disconnect(stream: Stream) -> Iterator[Stream]:
             for ev in events: ...
     """
     sock = request.environ.get("bubo.socket")
-    watcher = gevent.spawn(_watch_disconnect, sock, stream.cancel) if sock is not None else None
+    watcher = _DisconnectWatch(sock, stream.cancel) if sock is not None else None
     try:
         yield stream
     finally:
         if watcher is not None:
-            watcher.kill(block=False)
+            watcher.close()

@@ -391,6 +391,37 @@ def test_disconnect_during_a_non_streamed_answer_frees_the_slot(server):
     assert server.alive()
 
 
+def test_a_pipelined_request_does_not_cancel_the_answer_before_it(server):
+    """The disconnect watch peeks at the socket: a client's next request, sent while its first
+    answer is generated, is data, not the end of the connection. Both are answered, in order."""
+    u = urlsplit(server.url)
+    s = socket.create_connection((u.hostname, u.port))
+    try:
+        sent = []
+        for n in (24, 3):
+            data = json.dumps({"prompt": "Count: 1, 2, 3,", "n_predict": n, "temperature": 0, **NO_DRAFT}).encode()
+            sent.append(b"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(data)
+                        + data)
+        s.sendall(sent[0])
+        deadline = time.monotonic() + 30
+        while not slot(server.url)["is_processing"]:  # the first is read: the second waits in the socket
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        s.sendall(sent[1])
+        got = []
+        for _ in range(2):
+            r = http.client.HTTPResponse(s)
+            r.begin()
+            got.append((r.status, json.loads(r.read())))
+        r.close()
+        assert [status for status, _ in got] == [200, 200], got
+        assert [body["tokens_predicted"] for _, body in got] == [24, 3]
+        assert [body["stop_type"] for _, body in got] == ["limit", "limit"]
+    finally:
+        s.close()
+    wait_slot_idle(server.url)
+
+
 def test_disconnect_during_a_long_prompt_stops_it_at_the_next_chunk(server):
     u = urlsplit(server.url)
     n_prompt = 2000  # four chunks of -ub 512 tokens
