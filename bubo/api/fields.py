@@ -115,7 +115,10 @@ def sampling_params(body: Mapping[str, Any], n_probs: int = 0) -> SamplingParams
     """The sampling fields of a request (null or absent: the server's --temp, --top-k, ... if
     given, else llama-server's defaults)."""
     given: dict[str, Any] = dict(server_defaults()[0])
+    present = body.keys()  # looked up without counting as read (Body): only a field there is read
     for name in _SAMPLING_FIELDS:
+        if name not in present:
+            continue
         v = body.get(name)
         if v is None:
             continue

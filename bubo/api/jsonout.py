@@ -31,16 +31,17 @@ _SMALL_LIST = 256  # a list this short whose items are small is encoded in one c
 _SAMPLES = 8  # items of a long list looked at to judge the size of its items
 
 
-def response(value: Any, status: int = 200) -> Response:
-    """A JSON response holding value, encoded in slices."""
-    return _response(_chunks(value), status)
+def response(value: Any, status: int = 200, small: bool = False) -> Response:
+    """A JSON response holding value, encoded in slices; small: the caller knows value holds
+    far fewer than SLICE_VALUES values (built()'s small), encoded in one call without counting them."""
+    return _response(_chunks(value, small), status)
 
 
-def _chunks(value: Any) -> list[bytes]:
+def _chunks(value: Any, small: bool = False) -> list[bytes]:
     try:
-        return _encode(value, ascii=False)
+        return [(_dumps(value, False) + "\n").encode("utf-8")] if small else _encode(value, ascii=False)
     except UnicodeEncodeError:  # a lone surrogate quoted from a request: escaped instead
-        return _encode(value, ascii=True)
+        return [(_dumps(value, True) + "\n").encode("ascii")] if small else _encode(value, ascii=True)
 
 
 def encode(value: Any) -> bytes:
@@ -186,7 +187,7 @@ def built(fn: Callable[..., Any], *args: Any, what: str = "writing the answer", 
     """The JSON response of fn(*args, **kwargs), both built in the preparation pool
     (bubo.api.offload): for an answer whose size grows with the request; small: the caller knows
     it is small (offload.small_n of its tokens and values): built on the event loop."""
-    return _written(lambda: response(fn(*args, **kwargs)), what, small)
+    return _written(lambda: response(fn(*args, **kwargs), small=small), what, small)
 
 
 def built_arrays(head: dict[str, Any] | None, key: str, n_items: int, values_per_item: int,

@@ -64,11 +64,14 @@ def test_large_answers_are_the_bytes_flask_writes():
     with app.app_context():
         for v in _values():
             assert jsonout.response(v).get_data() == jsonify(v).get_data()
+            # a caller that knows its answer is small: one call, the same bytes
+            assert jsonout.response(v, small=True).get_data() == jsonify(v).get_data()
 
 
-def test_a_lone_surrogate_in_an_answer_is_escaped():
-    out = jsonout.response({"text": "a\ud800b"}).get_data()
-    assert json.loads(out) == {"text": "a\ud800b"} and b"\\ud800" in out
+@pytest.mark.parametrize("small", [False, True])
+def test_a_lone_surrogate_in_an_answer_is_escaped(small):
+    out = jsonout.response({"text": "a\ud800b", "ok": "é"}, small=small).get_data()
+    assert json.loads(out) == {"text": "a\ud800b", "ok": "é"} and b"\\ud800" in out
 
 
 def test_a_listing_is_the_object_it_lists_made_a_slice_at_a_time():
