@@ -17,9 +17,11 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from flask import current_app, has_app_context
+
 from bubo import limits
 from bubo.api import jsonin
-from bubo.api.config import REASONING_FORMATS
+from bubo.api.config import REASONING_FORMATS, ServerConfig
 from bubo.api.errors import ApiError
 from bubo.chat import request as rq
 from bubo.chat.constrain import OutputSpec, schema_spec
@@ -101,10 +103,6 @@ def _token_id(tok: object) -> int:
 def server_defaults() -> tuple[dict[str, Any], int | None]:
     """The server's defaults for requests that leave a field out: its sampling flags (--temp,
     --top-k, ...) and -n; none outside a request (a test building requests by hand)."""
-    from flask import current_app, has_app_context
-
-    from bubo.api.config import ServerConfig
-
     cfg = current_app.config.get("BUBO_CONFIG") if has_app_context() else None
     if isinstance(cfg, ServerConfig):
         return cfg.sampling_defaults, cfg.n_predict

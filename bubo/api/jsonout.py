@@ -24,6 +24,7 @@ import orjson
 from flask import Response
 
 from bubo import deadline
+from bubo.api import offload
 
 SLICE_VALUES = 16384  # values encoded in one call of the C encoder (a few milliseconds)
 CHUNK_BYTES = 256 * 1024  # the body's pieces
@@ -200,7 +201,5 @@ def built_arrays(head: dict[str, Any] | None, key: str, n_items: int, values_per
 
 
 def _written(job: Callable[[], Response], what: str, small: bool) -> Response:
-    from bubo.api import offload
-
     out: Response = offload.run(job, what=what, answer=True, small=small)
     return out

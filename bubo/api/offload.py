@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import gevent
 import gevent.threadpool
+from flask import current_app, g, has_app_context, has_request_context
 from gevent.monkey import get_original
 
 from bubo import deadline
@@ -171,8 +172,6 @@ def run(fn: Callable[..., T], *args: Any, what: str, answer: bool = False, small
     for what its preparation spent). small: the caller knows the work is bounded by a small input
     (SMALL_CHARS): it runs inline, as a worker's hand-off (two thread switches and a wait for the
     GIL: about 40 us of CPU) would cost more than the work."""
-    from flask import current_app, g, has_app_context, has_request_context
-
     if small:
         return fn(*args, **kwargs)
     pool = current_app.config.get("BUBO_PREPARE") if has_app_context() else None

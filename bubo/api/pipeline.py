@@ -20,7 +20,7 @@ from flask import g, has_request_context, request
 
 from bubo._grammar import Grammar
 from bubo.api import callers, errors, offload, receipts
-from bubo.api.fields import RequestErrors, invalid
+from bubo.api.fields import RequestErrors, invalid, lora_field
 from bubo.chat import prepare as prep
 from bubo.chat.constrain import OutputSpec
 from bubo.chat.parsers import OutputParser, Part, ToolCall
@@ -171,8 +171,6 @@ def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | N
 def lora_asked(rt: Runtime) -> tuple[tuple[int, float], ...]:
     """The adapters in force for this request's generation (bubo.api.lora): its body's `lora`
     field, else the global scales; a 400 for a field that names no adapter of the model."""
-    from bubo.api.fields import lora_field
-
     bodies = g.get("bubo_bodies") or []
     raw = bodies[0].get("lora") if bodies else None
     named = g.get("bubo_adapter")  # the request named a base+adapter model

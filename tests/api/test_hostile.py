@@ -257,6 +257,20 @@ def test_bad_framing_is_400_and_closes_the_connection(hostile, head, body, why):
     assert data.count(b"HTTP/1.1 ") == 1  # nothing left over ran as a second request
 
 
+@pytest.mark.parametrize("path", ["/completion", "/tokenize", "/v1/chat/completions"])
+def test_a_body_cut_short_is_400_and_closes_the_connection(hostile, path):
+    body = json.dumps({"prompt": "Hello", "content": "Hello", **CHAT}).encode()
+    s = connect(hostile)
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\n" % path.encode() + RAW_AUTH
+              + b"Content-Length: %d\r\n\r\n" % (len(body) + 10) + body)
+    s.shutdown(socket.SHUT_WR)  # ten bytes short, and no more will come
+    data, took = read_until_closed(s)
+    assert status_of(data) == 400 and took < SLACK_S, data
+    assert b'"code":"bad_request"' in data and b"could not be read" in data and b"Connection: close" in data
+    status, _ = call_json(hostile.url + "/tokenize", "POST", {"content": "hi"}, headers=AUTH)
+    assert status == 200
+
+
 def test_chunked_bodies_count_against_the_limit(hostile):
     def chunked(payload: bytes, piece: int = 1 << 20) -> bytes:
         out = b"".join(b"%x\r\n%s\r\n" % (len(payload[i:i + piece]), payload[i:i + piece])
