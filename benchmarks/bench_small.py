@@ -34,6 +34,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -152,6 +153,50 @@ def figures(runs: list[tuple[int, float, float, float]]) -> tuple[float, float, 
     return n / dt, cpu / n * 1000, outside / n * 1000
 
 
+def floor(model: Path, threads: int, n_requests: int, texts: list[str]) -> float:
+    """CPU ms per request of the one-token completion's own steps, with no HTTP and no Flask: in
+    a process of its own (monkey-patched as the server's), 4 greenlets on one engine (-np 4)
+    each read the request's fields, tokenize, check and submit, read the events and write the
+    answer's bytes, with the route's functions; the main thread's CPU time over n_requests."""
+    code = f"""
+from gevent import monkey; monkey.patch_all()
+import json, sys, time, gevent
+from bubo.api import jsonout, pipeline
+from bubo.api.llamacpp import completion as nc
+from bubo.api.request import Body
+from bubo.engine.engine import Engine
+from bubo.engine.types import GenerationRequest
+texts = json.loads(sys.stdin.read())
+engine = Engine({str(model)!r}, n_ctx=4096, n_threads={threads}, n_parallel=4)
+engine.start()
+while not engine.ready:
+    assert not engine.load_error, engine.load_error
+    gevent.sleep(0.05)
+rt = engine.runtime
+def one(text):
+    req = nc.parse_native_request(Body({{"prompt": text, "n_predict": 1, "temperature": 0}}))
+    ids = pipeline.prompt_tokens(rt, req.prompt)
+    stream = pipeline.submit(engine, GenerationRequest(ids, req.params, req.n_predict, req.stop, req.n_probs,
+                                                       req.cache_prompt, req.ignore_eos))
+    out = pipeline.Output()
+    pipeline.gather(out, pipeline.run_events(stream, None))
+    answer = nc.native_response(model="m", content=out.content, fin=out.finished, tokens=None, probs=None,
+                                prompt_text=text, settings=nc.generation_settings(req, 4096))
+    return jsonout.response(answer, small=True).get_data()
+def client(k, todo):
+    for text in todo[k::4]:
+        one(text)
+gevent.joinall([gevent.spawn(client, k, texts[-40:]) for k in range(4)])  # warm-up
+t0 = time.thread_time()
+gevent.joinall([gevent.spawn(client, k, texts[:{n_requests}]) for k in range(4)])
+print(json.dumps((time.thread_time() - t0) / {n_requests} * 1000))
+engine.stop()
+"""
+    run = subprocess.run([sys.executable, "-c", code], input=json.dumps(texts), capture_output=True, text=True,
+                         timeout=600, check=True)
+    return float(json.loads(run.stdout.strip().splitlines()[-1]))
+
+
 def command(who: str, kind: str, args: argparse.Namespace, model: Path, port: int) -> list[str]:
     common = ["-m", str(model), "--host", HOST, "--port", str(port), "-t", str(args.threads)]
     if kind == "embed":
@@ -191,7 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     got: dict[str, dict[str, list[tuple[float, float, float]]]] = {w: {n: [] for n, *_ in loads}
                                                                     for w in ("bubo", "llama")}
     per_burst = args.requests // args.bursts  # at least most_clients
+    floors: list[float] = []
     for r in range(args.rounds):
+        if any(x[0] == "completion" for x in loads):
+            floors.append(floor(models["gen"], args.threads, args.requests, texts))
+            print(f"round {r + 1} the completion's own steps in-process: {floors[-1]:.3f} ms CPU/request",
+                  file=sys.stderr)
         for kind in ("gen", "embed"):
             mine = [x for x in loads if x[4] == kind]
             if not mine:
@@ -235,6 +285,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {TITLES[name]} | {b_rps:.0f} | {l_rps:.0f} | {b_rps / l_rps:.2f}x | "
               f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}) | {b_ms:.3f} | {b_out:.3f} | "
               f"{l_ms:.3f} |")
+    if floors:
+        print(f"\nThe one-token completion's own steps without HTTP or Flask (its fields read, its prompt "
+              f"tokenized, checked and submitted, its events read, its answer's bytes written, by the route's "
+              f"functions; 4 greenlets on one engine with -np 4, in one process): "
+              f"{statistics.median(floors):.3f} ms of CPU per request (median of {len(floors)} rounds, "
+              f"{min(floors):.3f}-{max(floors):.3f}).")
     return 0
 
 
