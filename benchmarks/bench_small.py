@@ -154,10 +154,12 @@ def figures(runs: list[tuple[int, float, float, float]]) -> tuple[float, float, 
 
 
 def floor(model: Path, threads: int, n_requests: int, texts: list[str]) -> float:
-    """CPU ms per request of the one-token completion's own steps, with no HTTP and no Flask: in
-    a process of its own (monkey-patched as the server's), 4 greenlets on one engine (-np 4)
-    each read the request's fields, tokenize, check and submit, read the events and write the
-    answer's bytes, with the route's functions; the main thread's CPU time over n_requests."""
+    """CPU ms per request of the core of the one-token completion's steps, with no HTTP server
+    and no Flask request: in a process of its own (monkey-patched as the server's), 4 greenlets
+    on one engine (-np 4) each read the request's fields, tokenize, check and submit (outside a
+    request: no caller, receipt or log record), read the events (no disconnect watch) and write
+    the answer's bytes (its werkzeug Response), with the route's functions; the main thread's CPU
+    time over n_requests, after a warm-up on other prompts."""
     code = f"""
 from gevent import monkey; monkey.patch_all()
 import json, sys, time, gevent
@@ -186,7 +188,7 @@ def one(text):
 def client(k, todo):
     for text in todo[k::4]:
         one(text)
-gevent.joinall([gevent.spawn(client, k, texts[-40:]) for k in range(4)])  # warm-up
+gevent.joinall([gevent.spawn(client, k, [f"Warm-up number {{i}}." for i in range(40)]) for k in range(4)])
 t0 = time.thread_time()
 gevent.joinall([gevent.spawn(client, k, texts[:{n_requests}]) for k in range(4)])
 print(json.dumps((time.thread_time() - t0) / {n_requests} * 1000))
@@ -286,9 +288,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}) | {b_ms:.3f} | {b_out:.3f} | "
               f"{l_ms:.3f} |")
     if floors:
-        print(f"\nThe one-token completion's own steps without HTTP or Flask (its fields read, its prompt "
-              f"tokenized, checked and submitted, its events read, its answer's bytes written, by the route's "
-              f"functions; 4 greenlets on one engine with -np 4, in one process): "
+        print(f"\nThe core of the one-token completion's steps without an HTTP server or a Flask request (its "
+              f"fields read, its prompt tokenized, checked and submitted, its events read, its answer's bytes "
+              f"written, by the route's functions; no caller, receipt, log record or disconnect watch; 4 "
+              f"greenlets on one engine with -np 4, in one process): "
               f"{statistics.median(floors):.3f} ms of CPU per request (median of {len(floors)} rounds, "
               f"{min(floors):.3f}-{max(floors):.3f}).")
     return 0

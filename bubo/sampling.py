@@ -121,7 +121,8 @@ class SamplingParams:
     # ---- validation ------------------------------------------------------------------------
 
     def _validate(self) -> None:
-        for f, default in _NUMBERS:
+        numbers = _NUMBERS if type(self) is SamplingParams else _numbers(type(self), check_all=True)
+        for f, default in numbers:
             if getattr(self, f.name) is not default:  # a default is checked once, below the class
                 self._check_number(f)
         if len(self.dry_sequence_breakers) > MAX_DRY_BREAKERS:
@@ -214,7 +215,13 @@ class SamplingParams:
 
 # the numeric fields and their defaults: a field left at its default is checked once, here, not
 # per request (a tenth of a small request's reading)
-_NUMBERS = tuple((f, f.default) for f in dataclasses.fields(SamplingParams) if f.type in ("float", "int"))
+def _numbers(cls: type, check_all: bool = False) -> tuple[tuple[dataclasses.Field[Any], object], ...]:
+    """cls's numeric fields, each with its default (check_all: with a value no field holds)."""
+    return tuple((f, object() if check_all else f.default) for f in dataclasses.fields(cls)
+                 if f.type in ("float", "int"))
+
+
+_NUMBERS = _numbers(SamplingParams)
 for _f, _ in _NUMBERS:
     SamplingParams()._check_number(_f)
 

@@ -80,6 +80,23 @@ def test_the_validators_keep_the_declared_bounds(f):
 
 
 @pytest.mark.parametrize("f", NUMERIC, ids=[f.name for f in NUMERIC])
+def test_a_value_equal_to_the_default_but_of_another_type_is_checked(f):
+    """A field left at its default is not checked per request (its default was, once): a value
+    that only compares equal to it (True for 1, 0.0 for 0) is still a value to check."""
+    other = {bool: [], int: [float(f.default), bool(f.default)], float: [bool(f.default)]}[type(f.default)]
+    if f.type == "float" and f.default in (0, 1):  # an int where a float is meant is taken (1 for 1.0)
+        other.append(int(f.default))
+    for value in other:
+        if f.type == "float" and not isinstance(value, bool):
+            assert SamplingParams(**{f.name: value}).replace(**{f.name: value})
+            continue
+        with pytest.raises(ValueError, match=f.name):
+            SamplingParams(**{f.name: value})
+        with pytest.raises(ValueError, match=f.name):
+            SamplingParams().replace(**{f.name: value})
+
+
+@pytest.mark.parametrize("f", NUMERIC, ids=[f.name for f in NUMERIC])
 def test_the_openapi_document_has_the_declared_bounds(f):
     if f.name == "n_probs":
         assert "n_probs" not in openapi.SAMPLING

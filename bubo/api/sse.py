@@ -111,8 +111,9 @@ def _events(gen: Iterator[Any], stream: Stream | None, ping: float | None, sock:
             stream.cancel()
         producer.kill(block=False)
 
-    watcher = _DisconnectWatch(sock, gone) if sock is not None else None
+    watcher = None
     try:
+        watcher = _DisconnectWatch(sock, gone) if sock is not None else None
         while True:
             try:
                 item = q.get(timeout=ping)
@@ -161,29 +162,39 @@ class _Buffered:
 
 class _DisconnectWatch:
     """Calls on_disconnect (in a greenlet of its own) when the client closes its end (EOF on a
-    read), without waiting for the next write to fail. Any bytes the client sends are left
-    unread (peeked): a pipelined request is looked at again every RECHECK_SECONDS. A watcher of
-    the hub's loop, not a greenlet: most answers end before their client goes, and a greenlet
-    spawned and killed per answer cost more than the answer's own socket work. close() it when
-    the answer ends."""
+    read), without waiting for the next write to fail, or when the socket is closed here. Any
+    bytes the client sends are left unread (peeked): a pipelined request is looked at again
+    every RECHECK_SECONDS. A watcher of the hub's loop, not a greenlet that waits: most answers
+    end before their client goes, and a greenlet spawned and killed per answer cost more than the
+    answer's own socket work. close() it when the answer ends: a call not yet run is dropped."""
 
     RECHECK_SECONDS = 0.05
 
     def __init__(self, sock: socket.socket, on_disconnect: Callable[[], None]):
-        self._sock = getattr(sock, "_sock", sock)  # gevent's socket would wait in the hub: the OS's
+        self._sock = sock
+        self._raw = getattr(sock, "_sock", sock)  # gevent's socket would wait in the hub: the OS's
         self._on_disconnect: Callable[[], None] | None = on_disconnect
+        self._call: gevent.Greenlet[Any, Any] | None = None
         loop = gevent.get_hub().loop
-        self._io = loop.io(sock.fileno(), 1)  # 1: readable
         self._timer = loop.timer(self.RECHECK_SECONDS)
-        self._io.start(self._readable)
+        fd = sock.fileno()
+        self._io = loop.io(fd, 1) if fd >= 0 else None  # 1: readable
+        if self._io is None:  # closed already
+            self._gone()
+        else:
+            self._io.start(self._readable)
 
     def _readable(self) -> None:
-        try:
-            eof = not self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:  # woken for nothing
-            return
-        except OSError:
+        if self._sock.fileno() < 0:  # closed here (its number may be another connection's by now)
             eof = True
+        else:
+            try:
+                eof = not self._raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:  # woken for nothing
+                return
+            except OSError:
+                eof = True
+        assert self._io is not None  # it called
         self._io.stop()
         if eof:
             self._gone()
@@ -193,13 +204,17 @@ class _DisconnectWatch:
     def _gone(self) -> None:
         on_disconnect, self._on_disconnect = self._on_disconnect, None
         if on_disconnect is not None:
-            gevent.spawn(on_disconnect)
+            self._call = gevent.spawn(on_disconnect)
 
     def close(self) -> None:
+        """Idempotent."""
         self._on_disconnect = None
-        self._io.stop()
+        if self._call is not None and not self._call.dead:
+            self._call.kill(block=False)  # the answer ended before it ran
+        if self._io is not None:
+            self._io.stop()
+            self._io.close()
         self._timer.stop()
-        self._io.close()
         self._timer.close()
 
 

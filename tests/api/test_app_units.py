@@ -262,3 +262,42 @@ def test_a_small_body_is_read_inline_unless_it_holds_a_schema(app):
     assert not judged(b'{"messages": [], "tools": []}')
     assert not judged(json.dumps({"prompt": "x" * offload.SMALL_CHARS}).encode())
     assert not judged(json.dumps({"prompt": "x" * offload.SMALL_CHARS}).encode(), chunked=True)
+
+
+class _Input:
+    """A server's body input as pywsgi's reports it: read(n) gives what arrived, or fails."""
+
+    def __init__(self, data: bytes, error: BaseException | None = None):
+        self.data, self.error, self.reads = data, error, 0
+
+    def read(self, n: int = -1) -> bytes:
+        self.reads += 1
+        if self.error is not None:
+            raise self.error
+        out, self.data = self.data[:n], self.data[n:]
+        return out
+
+
+@pytest.mark.parametrize("arrived,error,want", [
+    (b'{"prompt": "hi"}', None, 200),
+    (b'{"prompt": "hi"', None, 400),  # cut short: one byte of 16 never came
+    (b"", OSError("timed out"), 400),  # the server's read deadline
+    (b"", ValueError("I/O operation on closed file"), 400),
+], ids=["whole", "cut short", "read deadline", "closed"])
+def test_a_body_of_a_known_length_is_read_once_from_the_servers_input(app, arrived, error, want):
+    """request._sized_body: a Content-Length body from a server that ends its input (pywsgi's
+    wsgi.input_terminated) is read in one call; what cannot be read whole is the 400 that closes
+    the connection (as werkzeug's reading reports it); a second look gives the same bytes."""
+    from bubo.api.request import _body_bytes
+
+    given = _Input(arrived, error)
+    with app.test_request_context("/completion", method="POST", content_length=16, content_type="application/json",
+                                  environ_overrides={"wsgi.input": given, "wsgi.input_terminated": True}):
+        try:
+            raw = _body_bytes()
+        except ApiError as e:
+            assert want == 400 and e.status == 400 and e.code == "bad_request", e
+            assert "could not be read: it did not arrive in time" in e.message and e.headers == {"Connection": "close"}
+            return
+        assert want == 200 and raw == b'{"prompt": "hi"}'
+        assert _body_bytes() == raw and given.reads == 1
