@@ -10,6 +10,7 @@ time: the figure the drift moves least).
 
     python benchmarks/bench_small.py                 # 3 rounds of 2,000 requests per load
     python benchmarks/bench_small.py --rounds 5 --requests 4000 --save
+    python benchmarks/bench_small.py --floor-only --rounds 5 --save   # the completion's core alone
 
 The loads, each from N client threads on keep-alive connections (as an SDK's connection pool):
 - GET /health, 8 clients;
@@ -22,7 +23,9 @@ request (its threads' time on a CPU, from /proc's schedstat), and for bubo the p
 engine's threads (named bubo-engine and bubo-pool): the HTTP path and the request's preparation.
 The client threads run on the same machine and take CPU too, the same for both servers. The
 sentences are bench_serve.sentence's varied prose (10-25 tokens), a different one per request of
-a load.
+a load. Each round also runs the completion's core steps in a process of their own, with no
+HTTP server or Flask request (floor()): the part of its CPU outside the engine that no HTTP
+path could remove.
 """
 
 from __future__ import annotations
@@ -224,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bursts", type=int, default=4,
                     help="per load and round, its requests go to the two servers in this many bursts each, in turn")
     ap.add_argument("--only", action="append", choices=[n for n, *_ in LOADS], help="these loads only")
+    ap.add_argument("--floor-only", action="store_true",
+                    help="only the completion's core steps in-process (no servers, no llama-server)")
     args = ap.parse_args(argv)
     most_clients = max(n for _, _, _, n, _ in LOADS)
     if args.bursts < 1 or args.requests // args.bursts < most_clients:
@@ -235,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(11)
     texts = [sentence(rng) for _ in range(args.requests + 20)]
     loads = [x for x in LOADS if not args.only or x[0] in args.only]
+    if args.floor_only:
+        print_floor([floor(models["gen"], args.threads, args.requests, texts) for _ in range(args.rounds)], args,
+                    models)
+        return 0
     got: dict[str, dict[str, list[tuple[float, float, float]]]] = {w: {n: [] for n, *_ in loads}
                                                                     for w in ("bubo", "llama")}
     per_burst = args.requests // args.bursts  # at least most_clients
@@ -288,13 +297,21 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}) | {b_ms:.3f} | {b_out:.3f} | "
               f"{l_ms:.3f} |")
     if floors:
-        print(f"\nThe core of the one-token completion's steps without an HTTP server or a Flask request (its "
-              f"fields read, its prompt tokenized, checked and submitted, its events read, its answer's bytes "
-              f"written, by the route's functions; no caller, receipt, log record or disconnect watch; 4 "
-              f"greenlets on one engine with -np 4, in one process): "
-              f"{statistics.median(floors):.3f} ms of CPU per request (median of {len(floors)} rounds, "
-              f"{min(floors):.3f}-{max(floors):.3f}).")
+        print_floor(floors, args, models)
     return 0
+
+
+def print_floor(floors: list[float], args: argparse.Namespace, models: dict[str, Path]) -> None:
+    print("\n### a one-token completion's core steps, without HTTP")
+    print(f"\nThe core of POST /completion's steps (n_predict 1) without an HTTP server or a Flask request: its "
+          f"fields read, its prompt tokenized, checked and submitted, its events read and its answer's bytes "
+          f"written, by the route's functions (no caller, receipt, log record or disconnect watch); 4 greenlets "
+          f"on one engine with -np 4 and -t {args.threads}, in one process; {args.requests} requests a round, "
+          f"median of {len(floors)} rounds, on {cpu_name()}; model {models['gen'].name}\n")
+    print("| steps | CPU ms/req, the main thread | rounds' range |")
+    print("|---|---:|---:|")
+    print(f"| the completion's core, in-process | {statistics.median(floors):.3f} | "
+          f"{min(floors):.3f}-{max(floors):.3f} |")
 
 
 if __name__ == "__main__":
