@@ -222,8 +222,9 @@ def _numbers(cls: type, check_all: bool = False) -> tuple[tuple[dataclasses.Fiel
 
 
 _NUMBERS = _numbers(SamplingParams)
+_DEFAULTS = SamplingParams()
 for _f, _ in _NUMBERS:
-    SamplingParams()._check_number(_f)
+    _DEFAULTS._check_number(_f)
 
 
 class SamplingOptions(TypedDict, total=False):

@@ -39,10 +39,15 @@ def response(value: Any, status: int = 200, small: bool = False) -> Response:
 
 
 def _chunks(value: Any, small: bool = False) -> list[bytes]:
+    write = _whole if small else _encode
     try:
-        return [(_dumps(value, False) + "\n").encode("utf-8")] if small else _encode(value, ascii=False)
+        return write(value, ascii=False)
     except UnicodeEncodeError:  # a lone surrogate quoted from a request: escaped instead
-        return [(_dumps(value, True) + "\n").encode("ascii")] if small else _encode(value, ascii=True)
+        return write(value, ascii=True)
+
+
+def _whole(value: Any, ascii: bool) -> list[bytes]:
+    return [(_dumps(value, ascii) + "\n").encode("utf-8")]
 
 
 def encode(value: Any) -> bytes:

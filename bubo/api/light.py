@@ -40,7 +40,7 @@ from bubo.api import callers
 from bubo.api.auth import host_allowed
 from bubo.api.config import ServerConfig
 from bubo.api.errors import ApiError, error_response, internal
-from bubo.api.request import Body, json_object
+from bubo.api.request import Body, declared_length, json_object
 from bubo.engine.protocol import ServingEngine
 from bubo.engine.registry import ModelEntry, ModelStatus, Registry
 from bubo.runtime import Runtime
@@ -184,14 +184,11 @@ class LightRoutes:
             return False
         if "HTTP_TRANSFER_ENCODING" in environ:
             return False
-        length = environ.get("CONTENT_LENGTH") or ""
         if environ["REQUEST_METHOD"] == "POST":
-            if not (length.isascii() and length.isdigit()):
-                return False
             limit = app.config.get("MAX_CONTENT_LENGTH")  # Flask's 413 past it
-            if int(length) > (LIGHT_BODY_BYTES if limit is None else min(LIGHT_BODY_BYTES, limit)):
+            if declared_length(environ, LIGHT_BODY_BYTES if limit is None else min(LIGHT_BODY_BYTES, limit)) is None:
                 return False
-        elif length not in ("", "0"):
+        elif (environ.get("CONTENT_LENGTH") or "") not in ("", "0"):
             return False
         if app.debug or app.view_functions.get(route[1]) is not route[2] or _signalled(app):
             return False  # jsonify indents; a view replaced; a receiver of Flask's request signals

@@ -182,12 +182,9 @@ def _sized_body(env: dict[str, Any]) -> bytes:
     cached = env.get("bubo.body")
     if cached is not None:
         return cast(bytes, cached)
-    length = env.get("CONTENT_LENGTH") or ""
-    limit = current_app.config.get("MAX_CONTENT_LENGTH")
-    if not (length.isascii() and length.isdigit() and env.get("wsgi.input_terminated")) or \
-            (limit is not None and int(length) > limit):
+    n = declared_length(env, current_app.config.get("MAX_CONTENT_LENGTH"))
+    if n is None or not env.get("wsgi.input_terminated"):
         return request.get_data(cache=True)
-    n = int(length)
     try:
         raw: bytes = env["wsgi.input"].read(n)
     except (OSError, ValueError) as e:
@@ -196,6 +193,16 @@ def _sized_body(env: dict[str, Any]) -> bytes:
         raise ClientDisconnected()
     env["bubo.body"] = raw
     return raw
+
+
+def declared_length(env: dict[str, Any], most: int | None) -> int | None:
+    """The request's Content-Length when it is plain ASCII digits and at most `most` (None: no
+    bound); else None (absent, malformed, or past it: werkzeug's reading and its errors)."""
+    length = env.get("CONTENT_LENGTH") or ""
+    if not (length.isascii() and length.isdigit()):
+        return None
+    n = int(length)
+    return n if most is None or n <= most else None
 
 
 def _unknown(name: str) -> ApiError:

@@ -26,15 +26,19 @@ def watch(sock: socket.socket) -> tuple[_DisconnectWatch, list[int]]:
     return _DisconnectWatch(sock, lambda: hits.append(1)), hits
 
 
+def called(hits: list[int]) -> None:
+    with gevent.Timeout(5):
+        while not hits:
+            gevent.sleep(0.005)
+
+
 def test_the_clients_eof_calls_once():
     a, b = pair()
     w, hits = watch(a)
     gevent.sleep(0.02)
     assert hits == []
     b.close()
-    with gevent.Timeout(5):
-        while not hits:
-            gevent.sleep(0.005)
+    called(hits)
     gevent.sleep(0.1)
     assert hits == [1]
     w.close()
@@ -51,9 +55,7 @@ def test_bytes_are_not_eof_are_left_unread_and_are_looked_at_again():
     assert w._io is not None and not w._io.active and w._timer.active  # not woken again at once, for ever
     assert a.recv(100) == b"GET /health HTTP/1.1\r\n\r\n"  # peeked only
     b.close()
-    with gevent.Timeout(5):  # seen once the timer has started the watch again
-        while not hits:
-            gevent.sleep(0.005)
+    called(hits)  # seen once the timer has started the watch again
     assert hits == [1]
     w.close()
     a.close()
