@@ -7,10 +7,13 @@ refuses all of these with JSONInputError, whose message names the limit and, for
 it is (a JSON path such as `messages[0].content`).
 
 It also bounds what one call of the C parser may cost: json.loads holds the GIL from start to end
-(a 16 MB body of small values takes 150-300 ms, during which no other thread runs), so a body
-holds at most MAX_VALUES values, counted before it is parsed. The checks after the parse (depth,
-strings) walk the values in Python, calling bubo.deadline.check() now and then: in a worker
-thread, a loop that lets the others run."""
+(4 MB of small values takes 60 ms here, during which no other thread runs). A body holds at most
+MAX_VALUES values, counted before it is parsed, and a text of SPLIT_CHARS or more is parsed in
+pieces: bubo._jsonsplit finds its large arrays and objects without the GIL and cuts them into runs
+of whole members of about RUN_CHARS; each run is one call of the parser, the text between them
+(commas, the keys of large members) is checked here, and bubo.deadline.check() between the calls
+lets the other threads run. The value, and the message of an error inside a run, are json's. The
+checks after the parse (depth, strings) walk the values in Python the same way."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import re
 import sys
 from typing import Any
 
-from bubo import deadline
+from bubo import _jsonsplit, deadline
 
 MAX_DEPTH = 128  # nesting of arrays and objects: far past any request's or schema's
 MAX_NUMBER_CHARS = 100  # an integer of more digits means nothing to any field
@@ -28,6 +31,10 @@ MAX_NUMBER_CHARS = 100  # an integer of more digits means nothing to any field
 # of 100,000 values, logit_bias at its maximum), and what json.loads parses in about 50 ms on a
 # slow core, the time the event loop may wait for it
 MAX_VALUES = 500_000
+# a text this long is parsed in pieces, runs of about RUN_CHARS (a few milliseconds each); an array
+# or object shorter than RUN_CHARS is parsed whole, inside a run
+SPLIT_CHARS = 256 * 1024
+RUN_CHARS = 64 * 1024
 
 
 class JSONInputError(ValueError):
@@ -82,7 +89,7 @@ def parse(text: str) -> Any:
     try:
         if text.startswith("\ufeff"):  # json.loads's own check, which the decoder does not make
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
-        value = _decoder().decode(text)
+        value = _decoder().decode(text) if len(text) < SPLIT_CHARS else _pieces(text)
     except RecursionError:
         raise JSONInputError(f"the JSON nests arrays and objects deeper than {MAX_DEPTH} levels") from None
     except json.JSONDecodeError as e:
@@ -107,6 +114,139 @@ def _decoder() -> json.JSONDecoder:
 
 
 _DECODERS: dict[bool, json.JSONDecoder] = {}
+
+
+def _pieces(text: str, large: int = RUN_CHARS, run: int = RUN_CHARS) -> Any:
+    """parse's value of text, read a run of members at a time (the module docstring): the value
+    of one call of the decoder, or for malformed text a JSONDecodeError (or JSONInputError), at
+    the same place and with json's message where the error is inside a run."""
+    pieces, why, where = _jsonsplit.split(text.encode("utf-8", "surrogatepass"), large, run, MAX_DEPTH + 1)
+    if why:
+        raise _unsplit(text, why, where)
+    decoder = _decoder()
+    if not pieces:  # no large array or object: one call
+        return decoder.decode(text)
+    first = _skip(text, 0)
+    if first != pieces[0][1]:  # a value before the first large one, which is extra data
+        _, end = decoder.raw_decode(text, first)
+        raise _error("Extra data", text, _skip(text, end))
+    stack: list[_Open] = []
+    for kind, a, b in pieces:
+        if kind == _jsonsplit.OPEN:
+            opened = _Open(text, a)
+            if stack:
+                stack[-1].add(opened.value, stack[-1].glue_before(a, decoder))
+            stack.append(opened)
+        elif kind == _jsonsplit.RUN:
+            stack[-1].run(a, b, decoder)
+            deadline.check()
+        else:
+            done = stack.pop()
+            done.close(a)
+            if stack:
+                stack[-1].pos, stack[-1].first = a + 1, False
+                continue
+            end = _skip(text, a + 1)
+            if end != len(text):
+                raise _error("Extra data", text, end)
+            return done.value
+    raise AssertionError("the pieces of a JSON text end inside it")  # the split closes what it opens
+
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _skip(text: str, i: int) -> int:
+    m = _WHITESPACE.match(text, i)
+    return m.end() if m else i
+
+
+def _error(msg: str, text: str, pos: int) -> json.JSONDecodeError:
+    return json.JSONDecodeError(msg, text, pos)
+
+
+class _Open:
+    """A large array or object being read (_pieces): its value so far, and how far its text is
+    read (pos: the next character not read; first: no member read yet)."""
+
+    def __init__(self, text: str, at: int):
+        self.text, self.is_object = text, text[at] == "{"
+        self.value: Any = {} if self.is_object else []
+        self.pos, self.first = at + 1, True
+
+    def add(self, value: Any, key: str | None) -> None:
+        if self.is_object:
+            self.value[key] = value
+        else:
+            self.value.append(value)
+
+    def glue_before(self, at: int, decoder: json.JSONDecoder) -> str | None:
+        """Read the text up to a large member at `at`: the comma before it, and in an object its
+        key and colon; the key."""
+        text = self.text
+        i = self._comma()
+        key = None
+        if self.is_object:
+            if text[i:i + 1] != '"':
+                raise _error("Expecting property name enclosed in double quotes", text, i)
+            key, i = decoder.raw_decode(text, i)  # a string: it starts with a quote
+            i = _skip(text, i)
+            if text[i:i + 1] != ":":
+                raise _error("Expecting ':' delimiter", text, i)
+            i = _skip(text, i + 1)
+        if i != at:  # a member with no comma after it
+            _, end = decoder.raw_decode(text, i)
+            raise _error("Expecting ',' delimiter", text, _skip(text, end))
+        return key
+
+    def run(self, a: int, b: int, decoder: json.JSONDecoder) -> None:
+        """Read the members in text[a:b]: a is just past this one's bracket or one of its commas,
+        b at one of its commas or its closing bracket."""
+        if not self.first:
+            self._comma()  # its own comma, at a - 1
+        opener, closer = ("{", "}") if self.is_object else ("[", "]")
+        try:
+            part = decoder.decode(opener + self.text[a:b] + closer)
+        except json.JSONDecodeError as e:  # the same place in the whole text
+            raise _error(e.msg, self.text, a - 1 + e.pos) from None
+        if not part and (not self.first or self.text[b] == ","):  # only whitespace before or after a comma
+            raise self._trailing(_skip(self.text, a))
+        if self.is_object:
+            self.value.update(part)
+        else:
+            self.value.extend(part)
+        self.pos, self.first = b, False
+
+    def close(self, at: int) -> None:
+        i = _skip(self.text, self.pos)
+        if i != at and self.text[i] == ",":
+            raise self._trailing(_skip(self.text, i + 1))
+        if i != at:
+            raise _error("Expecting ',' delimiter", self.text, i)
+
+    def _comma(self) -> int:
+        """Past the comma before the next member (none before the first): where it starts."""
+        i = _skip(self.text, self.pos)
+        if self.first:
+            return i
+        if self.text[i:i + 1] != ",":
+            raise _error("Expecting ',' delimiter", self.text, i)
+        return _skip(self.text, i + 1)
+
+    def _trailing(self, at: int) -> json.JSONDecodeError:
+        return _error("Expecting property name enclosed in double quotes" if self.is_object else "Expecting value",
+                      self.text, at)
+
+
+def _unsplit(text: str, why: int, where: int) -> json.JSONDecodeError | JSONInputError:
+    """The error for a text whose brackets or strings do not close (_jsonsplit's why)."""
+    if why == _jsonsplit.TOO_DEEP:
+        return JSONInputError(f"the JSON nests arrays and objects deeper than {MAX_DEPTH} levels")
+    if why == _jsonsplit.UNTERMINATED_STRING:
+        return _error("Unterminated string starting at", text, where)
+    if why == _jsonsplit.UNMATCHED:
+        return _error(f"Unmatched '{text[where]}'", text, where)
+    return _error(f"Unclosed '{text[where]}'", text, where)
 
 
 def _separators(text: str) -> int:
