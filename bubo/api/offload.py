@@ -11,11 +11,20 @@ request is answered with 400 `too_costly` naming the step it was in, and the wor
 (it stops at its next bubo.deadline.check(); a native call it is in finishes first, and its
 result is dropped). Outside a gevent hub's thread (a WSGI host without gevent) the work runs
 inline, under the same cooperative checks but no deadline the caller could act on.
+
+While the pool works, the cyclic garbage collector stands still (_CollectorPause): a job that
+builds a large graph of objects (a schema of 100,000 properties and its converter's rules) makes
+the collector walk all of it again and again as it grows, in whichever thread allocates, holding
+the GIL for 20-50 ms each time. What the job leaves unreachable is freed by reference counting as
+it ends; cycles wait for the collector, which runs again once no job is left, or once it has
+stood still for a request's whole budget (jobs of several requests may follow each other without
+a gap).
 """
 
 from __future__ import annotations
 
 import contextvars
+import gc
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -32,6 +41,7 @@ from bubo.errors import RequestError
 
 T = TypeVar("T")
 _thread_ident = get_original("_thread", "get_ident")
+_allocate_lock = get_original("_thread", "allocate_lock")
 
 # Worker threads: preparation is mostly Python (one GIL), so more threads than this would not go
 # faster; a few let a request's native step (tokenizing a long prompt) run beside another's.
@@ -41,6 +51,45 @@ DEFAULT_PREPARE_TIMEOUT_S = 5.0
 # read on the event loop: under a millisecond whatever the text (the worst measured, 1,024 random
 # characters on gemma3's tokenizer: 0.6 ms; a worker's hand-off costs 0.04 ms of every request)
 SMALL_CHARS = 1024
+
+
+class _CollectorPause:
+    """The garbage collector off while jobs run (the module docstring): on with the first job,
+    back on when the last one ends, or at a job's start or end once it has been off for most_s;
+    then off again only after a moment with no job. A collector that something else turned off
+    is left as it is."""
+
+    def __init__(self) -> None:
+        self.jobs = 0
+        self.since: float | None = None  # when this turned the collector off; None: it did not
+        self.clock = time.monotonic
+        self._lock = _allocate_lock()  # the pools of several hubs (threads) share the collector
+
+    def enter(self, most_s: float) -> None:
+        with self._lock:
+            self.jobs += 1
+            if self.jobs == 1 and gc.isenabled():
+                gc.disable()
+                self.since = self.clock()
+            else:
+                self._past(most_s)
+
+    def leave(self, most_s: float) -> None:
+        with self._lock:
+            self.jobs -= 1
+            if self.jobs == 0 and self.since is not None:
+                gc.enable()
+                self.since = None
+            else:
+                self._past(most_s)
+
+    def _past(self, most_s: float) -> None:
+        if self.since is not None and self.clock() - self.since >= most_s:
+            gc.enable()
+            self.since = None
+
+
+_PAUSE = _CollectorPause()
 
 
 class PreparePool:
@@ -94,8 +143,9 @@ class PreparePool:
                 return inner()
             except deadline.Abandoned:
                 raise too_costly(budget.what, self.timeout_s) from None
-        result = pool.spawn(job)
+        _PAUSE.enter(self.timeout_s)
         try:
+            result = pool.spawn(job)
             while True:
                 started = budget.started
                 wait = left if started is None else started + left - time.monotonic()
@@ -115,6 +165,7 @@ class PreparePool:
                 finally:
                     value = None  # no cycle through this frame (see _shed)
         finally:
+            _PAUSE.leave(self.timeout_s)
             if budget.started is not None:
                 spent[0] += min(time.monotonic() - budget.started, left)
         budget.abandoned = True

@@ -4,6 +4,7 @@ it was in, and the work stops at its next deadline check."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -122,3 +123,61 @@ def test_small_work_runs_inline_and_large_work_in_a_worker():
             assert offload.run(where, what="x") != here
 
     gevent.spawn(run).get(timeout=10)
+
+
+def test_the_collector_stands_still_while_jobs_run():
+    pool = PreparePool(timeout_s=5)
+    assert gc.isenabled()
+    assert pool.run(gc.isenabled, what="x") is False
+    assert gc.isenabled()  # back on as the last job ends
+    # two jobs of two requests overlap: on only once both ended
+    first = gevent.spawn(pool.run, lambda: spin(0.3, "first", []) and gc.isenabled(), what="first")
+    gevent.sleep(0.1)
+    assert pool.run(gc.isenabled, what="second") is False
+    assert not gc.isenabled()
+    assert first.get() is False
+    assert gc.isenabled()
+    # a job that fails, or runs past its budget, ends the pause all the same
+    def refuse() -> None:
+        raise ApiError(400, "invalid_value", "no")
+
+    with pytest.raises(ApiError):
+        pool.run(refuse, what="x")
+    with pytest.raises(ApiError):
+        PreparePool(timeout_s=0.1).run(spin, 1.0, "spinning", [], what="x")
+    assert gc.isenabled()
+    # a collector turned off by someone else stays off
+    gc.disable()
+    try:
+        assert pool.run(gc.isenabled, what="x") is False
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_the_collector_runs_again_after_a_whole_budget_of_jobs_without_a_gap():
+    pause = offload._CollectorPause()
+    now = [100.0]
+    pause.clock = lambda: now[0]
+    try:
+        pause.enter(5.0)
+        assert not gc.isenabled()
+        now[0] += 3.0
+        pause.enter(5.0)  # a second request's job
+        pause.leave(5.0)
+        assert not gc.isenabled()
+        now[0] += 2.0  # off for 5 s, jobs still running: on at the next start or end
+        pause.enter(5.0)
+        assert gc.isenabled()
+        pause.leave(5.0)
+        pause.enter(5.0)
+        assert gc.isenabled()  # not off again while jobs run
+        pause.leave(5.0)
+        pause.leave(5.0)
+        assert gc.isenabled() and pause.jobs == 0
+        pause.enter(5.0)  # after a moment with no job: off again
+        assert not gc.isenabled()
+        pause.leave(5.0)
+        assert gc.isenabled()
+    finally:
+        gc.enable()
