@@ -98,7 +98,7 @@ def parse(text: str) -> Any:
         raise  # NaN or Infinity (_constant)
     except ValueError:  # an integer past Python's 4,300 digits
         raise JSONInputError(f"a number has more than 4300 digits; at most {MAX_NUMBER_CHARS} are accepted") from None
-    check(value, strings="\\u" in text and _SURROGATE_ESCAPE.search(text) is not None)
+    check(value, strings="\\u" in text and _surrogate_escape(text))
     return value
 
 
@@ -247,6 +247,16 @@ def _unsplit(text: str, why: int, where: int) -> json.JSONDecodeError | JSONInpu
     if why == _jsonsplit.UNMATCHED:
         return _error(f"Unmatched '{text[where]}'", text, where)
     return _error(f"Unclosed '{text[where]}'", text, where)
+
+
+def _surrogate_escape(text: str) -> bool:
+    """Whether text holds a \\u escape of a surrogate, searched a chunk at a time (one search
+    over 16 MB holds the GIL for 15 ms); chunks overlap by the escape's length less one."""
+    for start in range(0, len(text), _SCAN_CHUNK):
+        if _SURROGATE_ESCAPE.search(text, max(start - 3, 0), start + _SCAN_CHUNK):
+            return True
+        deadline.check()
+    return False
 
 
 def _separators(text: str) -> int:

@@ -119,3 +119,11 @@ def test_arrays_write_each_float32_as_the_shortest_text_that_reads_back_as_it(mo
     one = json.loads(jsonout.arrays({}, "embedding", vecs[0], 1).get_data())
     assert np.array_equal(np.array(one["embedding"], np.float32), vecs[0])
     assert json.loads(jsonout.arrays({"m": 1}, "embeddings", vecs[:0], 384).get_data()) == {"m": 1, "embeddings": []}
+
+
+def test_a_surrogate_escape_is_found_across_the_chunks_searched(monkeypatch):
+    monkeypatch.setattr(jsonin, "_SCAN_CHUNK", 8)
+    for i in range(24):  # the escape at every place across two chunks' edge
+        with pytest.raises(jsonin.JSONInputError, match="lone UTF-16 surrogate"):
+            jsonin.parse(json.dumps(["a" * i]).replace('"]', '\\ud800"]'))
+        assert jsonin.parse(json.dumps(["a" * i + "\u0800\ud7ff"], ensure_ascii=True)) == ["a" * i + "\u0800\ud7ff"]
