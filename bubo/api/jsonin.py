@@ -12,8 +12,9 @@ MAX_VALUES values, counted before it is parsed, and a text of SPLIT_CHARS or mor
 pieces: bubo._jsonsplit finds its large arrays and objects without the GIL and cuts them into runs
 of whole members of about RUN_CHARS; each run is one call of the parser, the text between them
 (commas, the keys of large members) is checked here, and bubo.deadline.check() between the calls
-lets the other threads run. The value, and the message of an error inside a run, are json's. The
-checks after the parse (depth, strings) walk the values in Python the same way."""
+lets the other threads run. The value, and the message of an error inside a run, are json's. (A
+member that is no array or object, a long string, is still read in one call: a 16 MB string in
+about 10 ms.) The checks after the parse (depth, strings) walk the values in Python the same way."""
 
 from __future__ import annotations
 

@@ -163,8 +163,7 @@ static int cut_at(void *ctx, unsigned char c, int64_t pos) {
             if (top->run_start >= 0 && pos > top->run_start && !emit(st, BUBO_JSON_RUN, top->run_start, pos))
                 return 0;
             if (!emit(st, BUBO_JSON_CLOSE, pos, pos)) return 0;
-            st->n_frames--;
-            if (st->n_frames) st->frames[st->n_frames - 1].run_start = -1;
+            st->n_frames--; /* the parent's run_start is -1 since this one opened */
         }
         st->depth--;
     } else if (top && top->depth == st->depth) { /* one of its own commas */

@@ -18,8 +18,9 @@ SPLIT_NAMES = ("Unmatched", "Unclosed", "Unterminated string")
 
 
 def outcome(parse, text):
+    """("ok", the value as JSON text: its keys' order and its numbers' types count), or the error."""
     try:
-        return "ok", parse(text)
+        return "ok", json.dumps(parse(text))
     except json.JSONDecodeError as e:
         return "error", e.msg, e.pos
     except jsonin.JSONInputError as e:
@@ -96,6 +97,9 @@ CASES = [
     "[" + "1, " * 30 + "]",  # a comma after the last member
     '{"a": [' + "1," * 30 + '1], "b": 2,}',
     '{"a": 1, "a": [' + "2," * 30 + '2], "b": 3, "a": 4}',  # the last of a repeated key, in the first one's place
+    '{"a": 1, "b": 0, "a": [' + "2," * 30 + "2]}",
+    '{"a": [' + "2," * 30 + '2], "b": 0, "a": 1}',
+    '{"z": 0, "y": [' + "2," * 30 + '2], "x": 1, "w": {' + '"v": 1,' * 30 + '"u": 2}}',
     "[" + "1, " * 30 + "[" + "2," * 30 + "2]]",
     "[" + "1, " * 30 + "2 [" + "2," * 30 + "2]]",  # no comma before a large member
     "[[" + "2," * 30 + "2] 3, 4]",  # nor after it
@@ -152,6 +156,15 @@ def test_the_split_counts_characters_not_bytes():
     assert _jsonsplit.split(b"[1, 2]", 100, 100, 2) == ([], 0, -1)  # nothing large: one call
     with pytest.raises(ValueError):
         _jsonsplit.split(b"[]", 0, 1, 2)
+
+
+def test_large_means_at_least_large_characters_and_a_run_ends_at_run_characters():
+    # "[1]" is 3 characters: large at 3 cuts it, at 4 it is one piece
+    assert _jsonsplit.split(b"[1]", 3, 1, 2)[0] == [(0, 0, 2), (1, 1, 2), (2, 2, 2)]
+    assert _jsonsplit.split(b"[1]", 4, 1, 2)[0] == []
+    # a run ends at the first of its own commas run or more characters past its start
+    assert _jsonsplit.split(b"[11,2,3]", 1, 2, 2)[0] == [(0, 0, 7), (1, 1, 3), (1, 4, 7), (2, 7, 7)]
+    assert _jsonsplit.split(b"[11,2,3]", 1, 3, 2)[0] == [(0, 0, 7), (1, 1, 5), (1, 6, 7), (2, 7, 7)]
 
 
 def test_a_large_body_is_parsed_a_bounded_run_at_a_time(monkeypatch):

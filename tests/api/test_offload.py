@@ -146,6 +146,15 @@ def test_the_collector_stands_still_while_jobs_run():
     with pytest.raises(ApiError):
         PreparePool(timeout_s=0.1).run(spin, 1.0, "spinning", [], what="x")
     assert gc.isenabled()
+    # a caller killed or timed out while it waits: the same
+    waiting = gevent.spawn(pool.run, spin, 0.5, "killed", [], what="x")
+    gevent.sleep(0.1)
+    assert not gc.isenabled()
+    waiting.kill()
+    assert gc.isenabled()
+    with pytest.raises(gevent.Timeout), gevent.Timeout(0.1):
+        pool.run(spin, 0.5, "timed out", [], what="x")
+    assert gc.isenabled() and offload._PAUSE.jobs == 0
     # a collector turned off by someone else stays off
     gc.disable()
     try:

@@ -387,7 +387,9 @@ def test_disconnect_during_a_non_streamed_answer_frees_the_slot(server):
     n_before_close = slot(server.url)["next_token"]["n_decoded"]
     s.close()
     after = wait_slot_idle(server.url)
-    assert after["next_token"]["n_decoded"] <= n_before_close + 2
+    # stopped within a few steps of the close (on a loaded machine a step is ~10 ms and the close
+    # is seen a few of them later; left running, the answer would fill the context)
+    assert after["next_token"]["n_decoded"] <= n_before_close + 16
     assert server.alive()
 
 

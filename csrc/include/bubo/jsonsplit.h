@@ -44,7 +44,7 @@ typedef enum {
 /* The pieces of text (len bytes of UTF-8) in order, in *pieces (malloc'd, the caller frees it;
  * NULL and *n = 0 when nothing is large). A text whose brackets or strings do not close, or
  * that nests deeper than max_depth, sets *why and *where (a character position) and returns
- * BUBO_OK with no pieces. BUBO_ERR_INVALID for large < 1 or run < 1, BUBO_ERR_NOMEM. */
+ * BUBO_OK with no pieces. BUBO_ERR_INVALID for large, run or max_depth < 1; BUBO_ERR_NOMEM. */
 bubo_status bubo_json_split(const char *text, size_t len, int64_t large, int64_t run, int max_depth,
                             bubo_json_piece **pieces, size_t *n, int *why, int64_t *where, bubo_err *err);
 
