@@ -5,7 +5,7 @@ kernel table can be called by name, so tests compare each SIMD variant with the 
 import numpy as np
 
 from libc.stdint cimport int64_t, uint8_t, uint16_t
-from cpu cimport (bubo_isa, bubo_config_reload, bubo_cpu_supports, bubo_cpu_best_isa, bubo_isa_name,
+from cpu cimport (bubo_isa, bubo_config_get, bubo_config_reload, bubo_cpu_supports, bubo_cpu_best_isa, bubo_isa_name,
                   BUBO_ISA_SCALAR, BUBO_ISA_COUNT)
 from quants cimport *
 
@@ -42,10 +42,16 @@ def best_isa():
 
 
 def reload_config():
-    """Read BUBO_FORCE_ISA and BUBO_NO_PREPACK again (the C core reads them once, when first
-    needed): for tests that change them between calls. The op tables, picked once, keep their
-    level."""
+    """Read BUBO_FORCE_ISA, BUBO_NO_PREPACK and BUBO_PREFETCH_AHEAD again (the C core reads them
+    once, when first needed): for tests that change them between calls. The op tables, picked
+    once, keep their level."""
     bubo_config_reload()
+
+
+def prefetch_ahead():
+    """Whether the prepacked tiles prefetch a tuned distance ahead (else the piece at hand):
+    BUBO_PREFETCH_AHEAD, or this CPU's default (csrc/include/bubo/cpu.h)."""
+    return bool(bubo_config_get().prefetch_ahead)
 
 
 def type_ids():

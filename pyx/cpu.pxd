@@ -14,6 +14,7 @@ cdef extern from "bubo/cpu.h" nogil:
     ctypedef struct bubo_config:
         int force_isa
         int no_prepack
+        int prefetch_ahead
 
     const bubo_config *bubo_config_get()
     void bubo_config_reload()

@@ -303,12 +303,13 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
          * prompt path below reuses a chunk's weights from L2 across token chunks; with one chunk
          * it has nothing to reuse and reads the weights out of order (Q6_K [151936, 1536] x 9
          * tokens from memory: 13.4 ms there, 6.1 ms here, Zen 5) */
+        const size_t ahead = prefetch_distance(PREPACKED_AHEAD);
         for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
             const int nr = n_rows - r0;
             const uint8_t *xr = x + (size_t)r0 * x_stride;
             for (int k = 0; k < nb; k++) {
-                prefetch_prepacked(xr + (size_t)k * group_block, group_block,
-                                   x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride);
+                prefetch_ahead(xr + (size_t)k * group_block, group_block,
+                               x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride, ahead);
                 unpack(&packed, xr + (size_t)k * group_block);
                 for (int t = 0; t < n_tokens; t += TILE_TOKENS)
                     KQ_MICRO_ANY(&packed, n_tokens - t < TILE_TOKENS ? n_tokens - t : TILE_TOKENS, k == 0, nr,

@@ -35,8 +35,9 @@
  * in the tile (benchmarks/tile_bench.c, [1024, 1536] in L2, AMD EPYC Zen 5 at AVX2) steps of 1-3
  * tokens run 1.05-1.1x as fast this way. */
 
-/* How far ahead a streamed step prefetches (measured on an AMD EPYC, AVX2: 8 KiB streamed the packed
- * Q6_K rows as fast as the rows in place, 4 KiB and none did not). */
+/* How far ahead a streamed step prefetches (measured on an AMD EPYC Zen 5, AVX2: 8 KiB streamed the
+ * packed Q6_K rows as fast as the rows in place, 4 KiB and none did not; on a Zen 4 the piece at
+ * hand is faster still: bubo_config's prefetch_ahead, tile_simd.h). */
 #ifndef KQ2_AHEAD
 #define KQ2_AHEAD 8192
 #endif
@@ -241,10 +242,11 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
     if (n_tokens <= TILE_CHUNK) {
         const int pair = n_tokens <= pair_tokens || (pair_prompt && n_tokens > 2 * KQ2_KTOKENS);
         const uint8_t *end = x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride;
+        const size_t ahead = prefetch_distance(KQ2_AHEAD);
         for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
             const uint8_t *xr = x + (size_t)r0 * x_stride;
             for (int k = 0; k < nb; k++) {
-                prefetch_ahead(xr + (size_t)k * group_block, group_block, end, KQ2_AHEAD);
+                prefetch_ahead(xr + (size_t)k * group_block, group_block, end, ahead);
                 kq2_group_step(xr + (size_t)k * group_block, n_rows - r0, k, n_tokens, pair, s + r0, s_stride,
                                y + (size_t)k * sizeof(block_q8_K), y_stride, values, panel, micro, micro2, pair_tokens, &p,
                                p2);

@@ -328,6 +328,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
         q8_0_stream_side side;
         const int cb = stream_side_blocks(n_tokens);
         const uint8_t *end = x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride;
+        const size_t ahead = prefetch_distance(PREPACKED_AHEAD);
         for (int c0 = 0; c0 < nb; c0 += cb) {
             const int c1 = nb - c0 < cb ? nb : c0 + cb;
             if (!with_min) q8_0_side_fill_avx512(side.d, side.off_sum, cb, y, y_stride, n_tokens, c0, c1 - c0, off);
@@ -337,7 +338,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_legacy
                 for (int k0 = c0; k0 < c1; k0 += TILE_PANEL) {
                     const int kp = c1 - k0 < TILE_PANEL ? c1 - k0 : TILE_PANEL;
                     if (prepacked)
-                        prefetch_prepacked(xr + (size_t)k0 * TILE_ROWS * x_size, (size_t)kp * TILE_ROWS * x_size, end);
+                        prefetch_ahead(xr + (size_t)k0 * TILE_ROWS * x_size, (size_t)kp * TILE_ROWS * x_size, end, ahead);
                     else
                         prefetch_next_group(xr, x_stride, nr, k0, k0 + kp, nb);
                     pack(&packed, xr, x_stride, nr, k0, kp);

@@ -407,6 +407,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void tile_legacy_p
         q8_0_stream_side side;
         const int cb = stream_side_blocks(n_tokens);
         const uint8_t *end = x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride;
+        const size_t ahead = prefetch_distance(KQ2_AHEAD);
         for (int c0 = 0; c0 < nb; c0 += cb) {
             const int c1 = nb - c0 < cb ? nb : c0 + cb;
             if (!with_min) legacy2_side_fill(side.d, side.off_sum, cb, y, y_stride, n_tokens, c0, c1 - c0, off);
@@ -414,7 +415,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void tile_legacy_p
                 const uint8_t *xr = x + (size_t)r0 * x_stride;
                 for (int k0 = c0; k0 < c1; k0 += TILE_PANEL) {
                     const int kp = c1 - k0 < TILE_PANEL ? c1 - k0 : TILE_PANEL;
-                    prefetch_ahead(xr + (size_t)k0 * group_block, (size_t)kp * group_block, end, KQ2_AHEAD);
+                    prefetch_ahead(xr + (size_t)k0 * group_block, (size_t)kp * group_block, end, ahead);
                     if (n_tokens >= 1 && n_tokens <= LEGACY2_PAIR_TOKENS && r0 + TILE_ROWS <= n_rows) {
                         const side_view sv = {side.d + (k0 - c0), side.off_sum + (k0 - c0), cb};
                         if (n_tokens == 1)

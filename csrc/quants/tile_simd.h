@@ -3,6 +3,7 @@
 #ifndef BUBO_TILE_SIMD_H
 #define BUBO_TILE_SIMD_H
 
+#include "bubo/cpu.h"
 #include "quants_internal.h"
 
 #if defined(BUBO_X86)
@@ -18,18 +19,19 @@ static const uint8_t tile_zero_block[64] __attribute__((aligned(64)));
  * after block: each piece read prefetches the piece PREPACKED_AHEAD
  * bytes further on, up to the stream's end. (A fixed distance: the next row group's same blocks,
  * as the in-place kernels prefetch, lie a whole row group away, 40+ KiB for long rows, and would
- * be evicted from L1 before their turn.) */
+ * be evicted from L1 before their turn.) Where bubo_config's prefetch_ahead is off (AMD Zen 4),
+ * the distance is 0: each piece's lines are asked for all at once as the tile comes to it, which
+ * streams faster there than any distance ahead or no prefetch at all (csrc/cpu/cpu.c). */
 #ifndef PREPACKED_AHEAD
 #define PREPACKED_AHEAD 4096
 #endif
+/* A tile's prefetch distance for this run: tuned, or 0 (the piece at hand) where bubo_config says. */
+static inline size_t prefetch_distance(size_t tuned) { return bubo_config_get()->prefetch_ahead ? tuned : 0; }
 static inline void prefetch_ahead(const uint8_t *cur, size_t len, const uint8_t *end, size_t ahead) {
     uintptr_t a = ((uintptr_t)cur + ahead) & ~(uintptr_t)63;
     uintptr_t to = (uintptr_t)cur + ahead + len;
     if (to > (uintptr_t)end) to = (uintptr_t)end;
     for (; a < to; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
-}
-static inline void prefetch_prepacked(const uint8_t *cur, size_t len, const uint8_t *end) {
-    prefetch_ahead(cur, len, end, PREPACKED_AHEAD);
 }
 
 /* A Q8_K block's activation sums per 32 elements (two bsums each: |sum| <= 32 x 127 fits int16),

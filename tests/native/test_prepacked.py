@@ -210,3 +210,43 @@ def test_vec_dots_of_avx2_and_avx512_are_the_same_bits(type_id):
                 a = K.vec_dot(int(type_id), w[r].tobytes(), y.tobytes(), isa="avx2")
                 b = K.vec_dot(int(type_id), w[r].tobytes(), y.tobytes(), isa="avx512")
                 assert np.float32(a).view(np.uint32) == np.float32(b).view(np.uint32), (n_blocks, r, a, b)
+
+
+def _zen4() -> bool:
+    """This CPU is an AMD Zen 4 (family 25, models 0x10-0x1f and 0x60-0xaf), from /proc/cpuinfo."""
+    try:
+        info = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    fields = dict(line.split(":", 1) for line in info.split("\n\n")[0].splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    if fields.get("vendor_id") != "AuthenticAMD" or fields.get("cpu family") != "25":
+        return False
+    model = int(fields.get("model", "0"))
+    return 0x10 <= model <= 0x1F or 0x60 <= model <= 0xAF
+
+
+@pytest.mark.parametrize("isa", PACKING_LEVELS)
+def test_prefetching_ahead_or_at_hand_is_the_same_bits(isa, native_env):
+    """BUBO_PREFETCH_AHEAD (the tiles' tuned distance, or each piece as they come to it, the
+    default on Zen 4) moves no output bit, for every packed type and the token counts that stream."""
+    if not HAS_KERNELS:
+        pytest.skip(f"no prepacked kernels at this CPU's level ({K.best_isa()})")
+    assert K.prefetch_ahead() is not _zen4()  # this CPU's default
+    native_env.setenv("BUBO_FORCE_ISA", isa)
+    rng = np.random.default_rng(5)
+    pool = _ops.ThreadPool(2)
+    for type_id in PREPACKED:
+        blck = K.type_info(int(type_id))["blck_size"]
+        rows, cols = 300, blck * (19 if blck == 256 else 129)
+        w = np.ascontiguousarray(realistic_rows(type_id, rows, cols, int(rng.integers(1 << 30)))).view(np.uint8)
+        w = w.reshape(-1)
+        packed = _ops.prepack(int(type_id), w, rows, cols)
+        x = rng.standard_normal((64, cols)).astype(np.float32)
+        want = {n: _ops.matmul(pool, int(type_id), w, rows, cols, x[:n]) for n in (1, 3, 9, 64)}
+        for ahead in ("0", "1"):
+            native_env.setenv("BUBO_PREFETCH_AHEAD", ahead)
+            assert K.prefetch_ahead() is (ahead == "1")
+            for n, y in want.items():
+                got = _ops.matmul(pool, int(type_id), packed, rows, cols, x[:n], prepacked=True)
+                assert np.array_equal(bits(got), bits(y)), (type_id.name, ahead, n)
