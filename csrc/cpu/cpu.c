@@ -10,7 +10,7 @@
 #include <cpuid.h>
 
 /* AMD Zen 4 (family 19h, models 10h-1Fh and 60h-AFh): there a streamed prepacked matrix reads
- * faster when each piece is prefetched as the tile comes to it than at the distances tuned on Zen 5
+ * faster when each piece is prefetched as the tile comes to it than at the tiles' tuned distances
  * (benchmarks/tile_bench.c, Q6_K [151936, 1536] x 1 token from memory, 2 threads, AVX2 tile:
  * 5.8-6.8 ms, against 12.3-14.8 ms 8 KiB ahead and 20-22 ms with no prefetch; a decode step of
  * qwen2.5-coder:1.5b at the AVX2 level about 1.6x as fast, at AVX-512 1.0-1.2x). */

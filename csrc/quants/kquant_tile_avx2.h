@@ -35,7 +35,7 @@
  * in the tile (benchmarks/tile_bench.c, [1024, 1536] in L2, AMD EPYC Zen 5 at AVX2) steps of 1-3
  * tokens run 1.05-1.1x as fast this way. */
 
-/* How far ahead a streamed step prefetches (measured on an AMD EPYC Zen 5, AVX2: 8 KiB streamed the
+/* How far ahead a streamed step prefetches (measured on an AMD EPYC, AVX2: 8 KiB streamed the
  * packed Q6_K rows as fast as the rows in place, 4 KiB and none did not; on a Zen 4 the piece at
  * hand is faster still: bubo_config's prefetch_ahead, tile_simd.h). */
 #ifndef KQ2_AHEAD
