@@ -172,8 +172,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--save", action="store_true",
                     help="also write the tables to benchmarks/results/ (benchmarks/report.py makes docs/benchmarks.md)")
-    ap.add_argument("-m", "--models", default=",".join(store.CATALOG),
-                    help="comma-separated catalog names or GGUF paths")
+    # the catalog's models that generate (an embedding model converted from BERT has no tg128)
+    generating = [n for n, m in store.CATALOG.items() if m.convert is None or m.convert.converter != "bert"]
+    ap.add_argument("-m", "--models", default=",".join(generating),
+                    help="comma-separated catalog names or GGUF paths (default: the catalog's generating models)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
