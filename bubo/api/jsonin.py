@@ -76,8 +76,9 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SCAN_CHUNK = 1 << 16  # characters scanned between deadline checks
 
 
-def parse(text: str) -> Any:
-    """The value of a JSON text, checked as the module docstring says."""
+def parse(text: str, utf8: bytes | None = None) -> Any:
+    """The value of a JSON text, checked as the module docstring says; utf8: the text's UTF-8
+    bytes where the caller has them (a request's body), which a large text's split reads."""
     # the members of arrays and objects are separated by commas and colons: their count bounds
     # the values (commas in strings count too; only past the limit are strings told apart)
     if text.count(",") + text.count(":") >= MAX_VALUES and _separators(text) >= MAX_VALUES:
@@ -90,7 +91,7 @@ def parse(text: str) -> Any:
     try:
         if text.startswith("\ufeff"):  # json.loads's own check, which the decoder does not make
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
-        value = _decoder().decode(text) if len(text) < SPLIT_CHARS else _pieces(text)
+        value = _decoder().decode(text) if len(text) < SPLIT_CHARS else _pieces(text, utf8=utf8)
     except RecursionError:
         raise JSONInputError(f"the JSON nests arrays and objects deeper than {MAX_DEPTH} levels") from None
     except json.JSONDecodeError as e:
@@ -117,11 +118,13 @@ def _decoder() -> json.JSONDecoder:
 _DECODERS: dict[bool, json.JSONDecoder] = {}
 
 
-def _pieces(text: str, large: int = RUN_CHARS, run: int = RUN_CHARS) -> Any:
+def _pieces(text: str, large: int = RUN_CHARS, run: int = RUN_CHARS, utf8: bytes | None = None) -> Any:
     """parse's value of text, read a run of members at a time (the module docstring): the value
     of one call of the decoder, or for malformed text a JSONDecodeError (or JSONInputError), at
     the same place and with json's message where the error is inside a run."""
-    pieces, why, where = _jsonsplit.split(text.encode("utf-8", "surrogatepass"), large, run, MAX_DEPTH + 1)
+    if utf8 is None:
+        utf8 = text.encode("utf-8", "surrogatepass")
+    pieces, why, where = _jsonsplit.split(utf8, large, run, MAX_DEPTH + 1)
     if why:
         raise _unsplit(text, why, where)
     decoder = _decoder()
@@ -130,7 +133,7 @@ def _pieces(text: str, large: int = RUN_CHARS, run: int = RUN_CHARS) -> Any:
     first = _skip(text, 0)
     if first != pieces[0][1]:  # a value before the first large one, which is extra data
         _, end = decoder.raw_decode(text, first)
-        raise _error("Extra data", text, _skip(text, end))
+        raise json.JSONDecodeError("Extra data", text, _skip(text, end))
     stack: list[_Open] = []
     for kind, a, b in pieces:
         if kind == _jsonsplit.OPEN:
@@ -149,7 +152,7 @@ def _pieces(text: str, large: int = RUN_CHARS, run: int = RUN_CHARS) -> Any:
                 continue
             end = _skip(text, a + 1)
             if end != len(text):
-                raise _error("Extra data", text, end)
+                raise json.JSONDecodeError("Extra data", text, end)
             return done.value
     raise AssertionError("the pieces of a JSON text end inside it")  # the split closes what it opens
 
@@ -160,10 +163,6 @@ _WHITESPACE = re.compile(r"[ \t\n\r]*")
 def _skip(text: str, i: int) -> int:
     m = _WHITESPACE.match(text, i)
     return m.end() if m else i
-
-
-def _error(msg: str, text: str, pos: int) -> json.JSONDecodeError:
-    return json.JSONDecodeError(msg, text, pos)
 
 
 class _Open:
@@ -189,15 +188,15 @@ class _Open:
         key = None
         if self.is_object:
             if text[i:i + 1] != '"':
-                raise _error("Expecting property name enclosed in double quotes", text, i)
+                raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, i)
             key, i = decoder.raw_decode(text, i)  # a string: it starts with a quote
             i = _skip(text, i)
             if text[i:i + 1] != ":":
-                raise _error("Expecting ':' delimiter", text, i)
+                raise json.JSONDecodeError("Expecting ':' delimiter", text, i)
             i = _skip(text, i + 1)
         if i != at:  # a member with no comma after it
             _, end = decoder.raw_decode(text, i)
-            raise _error("Expecting ',' delimiter", text, _skip(text, end))
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, _skip(text, end))
         return key
 
     def run(self, a: int, b: int, decoder: json.JSONDecoder) -> None:
@@ -209,7 +208,7 @@ class _Open:
         try:
             part = decoder.decode(opener + self.text[a:b] + closer)
         except json.JSONDecodeError as e:  # the same place in the whole text
-            raise _error(e.msg, self.text, a - 1 + e.pos) from None
+            raise json.JSONDecodeError(e.msg, self.text, a - 1 + e.pos) from None
         if not part and (not self.first or self.text[b] == ","):  # only whitespace before or after a comma
             raise self._trailing(_skip(self.text, a))
         if self.is_object:
@@ -223,7 +222,7 @@ class _Open:
         if i != at and self.text[i] == ",":
             raise self._trailing(_skip(self.text, i + 1))
         if i != at:
-            raise _error("Expecting ',' delimiter", self.text, i)
+            raise json.JSONDecodeError("Expecting ',' delimiter", self.text, i)
 
     def _comma(self) -> int:
         """Past the comma before the next member (none before the first): where it starts."""
@@ -231,12 +230,12 @@ class _Open:
         if self.first:
             return i
         if self.text[i:i + 1] != ",":
-            raise _error("Expecting ',' delimiter", self.text, i)
+            raise json.JSONDecodeError("Expecting ',' delimiter", self.text, i)
         return _skip(self.text, i + 1)
 
     def _trailing(self, at: int) -> json.JSONDecodeError:
-        return _error("Expecting property name enclosed in double quotes" if self.is_object else "Expecting value",
-                      self.text, at)
+        msg = "Expecting property name enclosed in double quotes" if self.is_object else "Expecting value"
+        return json.JSONDecodeError(msg, self.text, at)
 
 
 def _unsplit(text: str, why: int, where: int) -> json.JSONDecodeError | JSONInputError:
@@ -244,10 +243,10 @@ def _unsplit(text: str, why: int, where: int) -> json.JSONDecodeError | JSONInpu
     if why == _jsonsplit.TOO_DEEP:
         return JSONInputError(f"the JSON nests arrays and objects deeper than {MAX_DEPTH} levels")
     if why == _jsonsplit.UNTERMINATED_STRING:
-        return _error("Unterminated string starting at", text, where)
+        return json.JSONDecodeError("Unterminated string starting at", text, where)
     if why == _jsonsplit.UNMATCHED:
-        return _error(f"Unmatched '{text[where]}'", text, where)
-    return _error(f"Unclosed '{text[where]}'", text, where)
+        return json.JSONDecodeError(f"Unmatched '{text[where]}'", text, where)
+    return json.JSONDecodeError(f"Unclosed '{text[where]}'", text, where)
 
 
 def _surrogate_escape(text: str) -> bool:

@@ -140,7 +140,7 @@ def _json_value(raw: bytes, kind: str) -> Any:
         raise ApiError(400, "parse_error",
                        f"the request body is not valid UTF-8 (byte {e.start}: {e.reason})") from None
     try:
-        body = jsonin.parse(text)
+        body = jsonin.parse(text, raw)
     except jsonin.JSONInputError as e:
         if e.surrogate:
             raise ApiError(400, "invalid_value", f"the request body: {e.message}") from None
