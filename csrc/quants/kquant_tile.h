@@ -63,8 +63,17 @@ typedef struct {
 typedef void (*kq_unpack_fn)(const void *block, uint8_t q[QK_K], int32_t sc[16], int16_t m[16], float *dx,
                              float *dm);
 
-/* The panel of a prepacked group's super-block at b (see "prepacked k-quants" below). */
-typedef void (*kq_unpack_prepacked_fn)(packed_kq_avx512 *p, const uint8_t *b);
+/* The panel of a prepacked group's super-block at b (see "prepacked k-quants" below) without its
+ * values: the scales, mins and factors (sc, m_pair, dx, dm). */
+typedef void (*kq_panel_fn)(packed_kq_avx512 *p, const uint8_t *b);
+
+/* A type's 4 value registers of subgroup j (elements 16j..16j+15) of a prepacked group's
+ * super-block at b, as kq_pack_avx512 places them at p->q[j / 2][4 * (j % 2)]: the micro tile
+ * unpacks them in registers as it reads them. Storing the panel's values and loading them back
+ * cost more than unpacking them again for every 8 tokens (AMD EPYC Zen 4, tile_bench.c, one
+ * thread in L2: Q4_K 1 token 40 -> 72 G multiply-adds/s, 8 tokens 117 -> 142, 512 tokens
+ * 136 -> 148; Q6_K 26 -> 54, 98 -> 133, 126 -> 135). */
+typedef void (*kq_values_fn)(const uint8_t *b, int j, __m512i q[4]);
 
 BUBO_TARGET_AVX512 static inline void kq_pack_avx512(packed_kq_avx512 *p, const uint8_t *x, size_t x_stride,
                                                      int n_rows, size_t block_offset, kq_unpack_fn unpack) {
@@ -105,16 +114,21 @@ BUBO_TARGET_AVX512 static inline void kq_pack_avx512(packed_kq_avx512 *p, const 
 /* nt tokens of one super-block, accumulated into s (from 0 when first). msum from the bsums, one
  * vpdpwssd per pair of subgroups; or, for a type whose 32-element groups share one m (gm given:
  * kq_group_mins), one per pair of groups from the tokens' group sums gs (kq_group_sums, 4 a
- * token). */
+ * token). The values from p->q, or, with values given, from the prepacked super-block at b. */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_avx512(
     const packed_kq_avx512 *p, const int nt, int first, int n_rows, float *restrict s, size_t s_stride,
-    const uint8_t *yt, size_t y_stride, const __m512i *gm, const int32_t *gs) {
+    const uint8_t *yt, size_t y_stride, const __m512i *gm, const int32_t *gs, kq_values_fn values, const uint8_t *b) {
     const __mmask16 live = n_rows >= TILE_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << n_rows) - 1);
     __m512i isum[TILE_TOKENS], msum[TILE_TOKENS];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) isum[t] = msum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 16; j++) {
-        const __m512i *q = &p->q[j / 2][4 * (j % 2)];
+        __m512i qv[4];
+        const __m512i *q = qv;
+        if (values)
+            values(b, j, qv);
+        else
+            q = &p->q[j / 2][4 * (j % 2)];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) {
             const int8_t *qy = ((const block_q8_K *)(yt + (size_t)t * y_stride))->qs + 16 * j;
@@ -152,19 +166,19 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_av
 }
 
 /* The micro tile over nt (1..8) tokens with nt a literal in each case (its chains interleave). */
-#define KQ_MICRO_ANY(packed, nt, first, nr, st, s_stride, yt, y_stride, gm, gs)                       \
-    do {                                                                                               \
-        switch (nt) {                                                                                  \
-        case 1: kq_micro_avx512(packed, 1, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
-        case 2: kq_micro_avx512(packed, 2, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
-        case 3: kq_micro_avx512(packed, 3, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
-        case 4: kq_micro_avx512(packed, 4, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
-        case 5: kq_micro_avx512(packed, 5, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
-        case 6: kq_micro_avx512(packed, 6, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
-        case 7: kq_micro_avx512(packed, 7, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
-        case 8: kq_micro_avx512(packed, 8, first, nr, st, s_stride, yt, y_stride, gm, gs); break;    \
-        default: break;                                                                                \
-        }                                                                                              \
+#define KQ_MICRO_ANY(packed, nt, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b)                   \
+    do {                                                                                                     \
+        switch (nt) {                                                                                        \
+        case 1: kq_micro_avx512(packed, 1, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
+        case 2: kq_micro_avx512(packed, 2, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
+        case 3: kq_micro_avx512(packed, 3, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
+        case 4: kq_micro_avx512(packed, 4, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
+        case 5: kq_micro_avx512(packed, 5, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
+        case 6: kq_micro_avx512(packed, 6, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
+        case 7: kq_micro_avx512(packed, 7, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
+        case 8: kq_micro_avx512(packed, 8, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
+        default: break;                                                                                      \
+        }                                                                                                    \
     } while (0)
 
 /* For a type whose m_pair holds (m, m) per 32-element group (Q4_K): lane r = (m[2j], m[2j+1]) of
@@ -177,12 +191,13 @@ BUBO_TARGET_AVX512 static inline void kq_group_mins(const packed_kq_avx512 *p, _
 
 /* The prompt path of both tiles: chunks of TILE_CHUNK tokens, super-block by super-block, each row
  * group's panel serving the chunk's micro tiles. The panel is packed from the rows in place by
- * unpack, or unpacked from prepacked groups by unpack_pp: exactly one of them is given. groups32:
- * the type's m is one per 32-element group (Q4_K), the mins' sums taken a pair of groups at a
- * time (the chunk's group sums made once per super-block): the same integers. */
+ * unpack, or, from prepacked groups, made by panel with the values by values: either unpack or
+ * panel and values are given. groups32: the type's m is one per 32-element group (Q4_K), the
+ * mins' sums taken a pair of groups at a time (the chunk's group sums made once per super-block):
+ * the same integers. */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prompt_avx512(
     int nb, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const uint8_t *x, size_t x_stride,
-    const uint8_t *y, size_t y_stride, size_t x_size, kq_unpack_fn unpack, kq_unpack_prepacked_fn unpack_pp,
+    const uint8_t *y, size_t y_stride, size_t x_size, kq_unpack_fn unpack, kq_panel_fn panel, kq_values_fn values,
     const int groups32) {
     packed_kq_avx512 packed __attribute__((aligned(64)));
     __m512i gm[4];
@@ -196,8 +211,9 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prompt_a
                     _mm_storeu_si128((__m128i *)(gs + 4 * t), kq_group_sums((const block_q8_K *)(yt + (size_t)t * y_stride)));
             for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
                 const int nr = n_rows - r0;
-                if (unpack_pp)
-                    unpack_pp(&packed, x + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * x_size);
+                const uint8_t *b = x + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * x_size;
+                if (panel)
+                    panel(&packed, b);
                 else
                     kq_pack_avx512(&packed, x + (size_t)r0 * x_stride, x_stride, nr, (size_t)k * x_size, unpack);
                 if (groups32) kq_group_mins(&packed, gm);
@@ -205,10 +221,10 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prompt_a
                 int t = 0;
                 for (; t + TILE_TOKENS <= nt; t += TILE_TOKENS)
                     kq_micro_avx512(&packed, TILE_TOKENS, k == 0, nr, st + (size_t)t * s_stride, s_stride,
-                                    yt + (size_t)t * y_stride, y_stride, groups32 ? gm : NULL, gs + 4 * t);
+                                    yt + (size_t)t * y_stride, y_stride, groups32 ? gm : NULL, gs + 4 * t, values, b);
                 /* the tail as one micro tile of a constant width (its chains interleave) */
                 KQ_MICRO_ANY(&packed, nt - t, k == 0, nr, st + (size_t)t * s_stride, s_stride, yt + (size_t)t * y_stride,
-                             y_stride, groups32 ? gm : NULL, gs + 4 * t);
+                             y_stride, groups32 ? gm : NULL, gs + 4 * t, values, b);
             }
         }
     }
@@ -236,7 +252,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
                      y_stride);
         return;
     }
-    kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, unpack, NULL, groups32);
+    kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, unpack, NULL, NULL, groups32);
 }
 
 /* ---- prepacked k-quants ------------------------------------------------------------------------
@@ -275,20 +291,21 @@ BUBO_TARGET_AVX512 static inline void kq_store_nibbles(const packed_kq_avx512 *p
                                                 _mm512_slli_epi16(_mm512_and_si512(p->q[g][2 * i + 1], low), 4)));
 }
 
-BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_load_nibbles(packed_kq_avx512 *p,
-                                                                                    const uint8_t *b) {
+/* The low 4 bits of values q[i] (i < 4) of subgroup j, from the two stores of kq_store_nibbles
+ * they come from: a kq_values_fn of the 4-bit types (and the low bits of Q6_K's). */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_nibble_values(const uint8_t *b, int j,
+                                                                                     __m512i q[4]) {
     const __m512i low = _mm512_set1_epi8(0x0F);
-    for (int g = 0; g < 8; g++)
-        for (int i = 0; i < 4; i++) {
-            const __m512i z = _mm512_loadu_si512(b + 64 * (4 * g + i));
-            p->q[g][2 * i] = _mm512_and_si512(z, low);
-            p->q[g][2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low);
-        }
+    for (int i = 0; i < 2; i++) {
+        const __m512i z = _mm512_loadu_si512(b + 64 * (4 * (j / 2) + 2 * (j % 2) + i));
+        q[2 * i] = _mm512_and_si512(z, low);
+        q[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low);
+    }
 }
 
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant_prepacked_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
-    const void *restrict vy, size_t y_stride, size_t x_size, kq_unpack_prepacked_fn unpack, const int groups32) {
+    const void *restrict vy, size_t y_stride, size_t x_size, kq_panel_fn panel, kq_values_fn values, const int groups32) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK_K;
     if (nb == 0) {
@@ -299,33 +316,35 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
     const size_t group_block = (size_t)TILE_ROWS * x_size; /* one super-block of a group */
     if (n_tokens <= TILE_CHUNK) {
         /* up to one token chunk (a decode step, a draft's check, a short turn): the groups'
-         * super-blocks stream in address order, each unpacked once for every token. The chunked
-         * prompt path below reuses a chunk's weights from L2 across token chunks; with one chunk
-         * it has nothing to reuse and reads the weights out of order (Q6_K [151936, 1536] x 9
+         * super-blocks stream in address order, the panel unpacked once for every token. The
+         * chunked prompt path below reuses a chunk's weights from L2 across token chunks; with one
+         * chunk it has nothing to reuse and reads the weights out of order (Q6_K [151936, 1536] x 9
          * tokens from memory: 13.4 ms there, 6.1 ms here, Zen 5) */
         const size_t ahead = prefetch_distance(PREPACKED_AHEAD);
+        const uint8_t *end = x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride;
         for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
             const int nr = n_rows - r0;
             const uint8_t *xr = x + (size_t)r0 * x_stride;
             for (int k = 0; k < nb; k++) {
-                prefetch_ahead(xr + (size_t)k * group_block, group_block,
-                               x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride, ahead);
-                unpack(&packed, xr + (size_t)k * group_block);
+                const uint8_t *b = xr + (size_t)k * group_block;
+                prefetch_ahead(b, group_block, end, ahead);
+                touch_lines(b, group_block);
+                panel(&packed, b);
                 for (int t = 0; t < n_tokens; t += TILE_TOKENS)
                     KQ_MICRO_ANY(&packed, n_tokens - t < TILE_TOKENS ? n_tokens - t : TILE_TOKENS, k == 0, nr,
                                  s + (size_t)t * s_stride + r0, s_stride,
-                                 y + (size_t)t * y_stride + (size_t)k * sizeof(block_q8_K), y_stride, NULL, NULL);
+                                 y + (size_t)t * y_stride + (size_t)k * sizeof(block_q8_K), y_stride, NULL, NULL, values, b);
             }
         }
         return;
     }
-    kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, NULL, unpack, groups32);
+    kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, NULL, panel, values, groups32);
 }
 
 /* A k-quant's prepack and its tile over prepacked groups, NAME_prepack_avx512 and
  * NAME_tile_prepacked_avx512, from its kq_unpack_NAME_avx512 (a kq_unpack_fn), kq_compress_NAME
- * (a kq_compress_fn) and kq_unpack_prepacked_NAME (a kq_unpack_prepacked_fn); GROUPS32 as
- * kq_prompt_avx512's. */
+ * (a kq_compress_fn), kq_panel_prepacked_NAME (a kq_panel_fn) and kq_values_prepacked_NAME (a
+ * kq_values_fn); GROUPS32 as kq_prompt_avx512's. */
 #define BUBO_PREPACKED_KQUANT(NAME, BLOCK, GROUPS32)                                                                             \
     BUBO_TARGET_AVX512 static void NAME##_prepack_avx512(const void *restrict x, size_t x_stride, int64_t rows, int n, \
                                                          void *restrict dst) {                                        \
@@ -337,7 +356,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
                                                                 size_t x_stride, const void *restrict y,              \
                                                                 size_t y_stride) {                                    \
         tile_kquant_prepacked_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(BLOCK),       \
-                                     kq_unpack_prepacked_##NAME, GROUPS32);                                           \
+                                     kq_panel_prepacked_##NAME, kq_values_prepacked_##NAME, GROUPS32);                \
     }
 
 /* One super-block's step of the chain kq_micro_avx512 runs in each lane, for the AVX-512 vec_dots:

@@ -284,10 +284,10 @@ BUBO_TARGET_AVX512 static void kq_compress_q4_K(const packed_kq_avx512 *p, const
     }
 }
 
-/* kq_unpack_scales_mins, 16 rows at once: plane i holds byte i of each row's packed scales. */
-BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_unpack_prepacked_q4_K(packed_kq_avx512 *p,
-                                                                                              const uint8_t *b) {
-    kq_load_nibbles(p, b);
+/* kq_unpack_scales_mins, 16 rows at once: plane i holds byte i of each row's packed scales. The
+ * panel without its values (those kq_values_prepacked_q4_K gives). */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_panel_prepacked_q4_K(packed_kq_avx512 *p,
+                                                                                             const uint8_t *b) {
     __m512i plane[K_SCALE_SIZE];
     for (int i = 0; i < K_SCALE_SIZE; i++)
         plane[i] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + Q4_K_PP_SCALES + 16 * i)));
@@ -305,6 +305,11 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_unpack_p
     }
     p->dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + Q4_K_PP_D)));
     p->dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + Q4_K_PP_DMIN)));
+}
+
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_values_prepacked_q4_K(const uint8_t *b, int j,
+                                                                                              __m512i q[4]) {
+    kq_nibble_values(b, j, q);
 }
 
 BUBO_PREPACKED_KQUANT(q4_K, block_q4_K, 1)
@@ -335,7 +340,7 @@ static void q4_K_prepack_avx2(const void *restrict x, size_t x_stride, int64_t r
     kq2_prepack(x, x_stride, rows, n, dst, sizeof(block_q4_K), q4_K_pack_row_avx2);
 }
 
-/* kq_unpack_scales_mins, 8 rows at once (kq_unpack_prepacked_q4_K's planes). */
+/* kq_unpack_scales_mins, 8 rows at once (kq_panel_prepacked_q4_K's planes). */
 BUBO_TARGET_AVX2 static void kq2_panel_q4_K(kq2_panel *p, const uint8_t *gb, int h) {
     __m256i plane[K_SCALE_SIZE];
     const uint8_t *planes = gb + Q4_K_P2_SCALES + KQ2_ROWS * K_SCALE_SIZE * h;

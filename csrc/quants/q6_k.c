@@ -314,18 +314,9 @@ BUBO_TARGET_AVX512 static void kq_compress_q6_K(const packed_kq_avx512 *p, const
     }
 }
 
-BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_unpack_prepacked_q6_K(packed_kq_avx512 *p,
-                                                                                              const uint8_t *b) {
-    kq_load_nibbles(p, b);
-    const __m512i m_hi = _mm512_set1_epi8(0x30);
-    for (int g = 0; g < 8; g++)
-        for (int h = 0; h < 2; h++) {
-            const __m512i z = _mm512_loadu_si512(b + Q6_K_PP_HIGH + 64 * (2 * g + h));
-            /* bits 2i..2i+1 of each byte to bits 4-5 (epi16 shifts: the mask drops what crosses a byte) */
-            const __m512i hi[4] = {_mm512_slli_epi16(z, 4), _mm512_slli_epi16(z, 2), z, _mm512_srli_epi16(z, 2)};
-            for (int i = 0; i < 4; i++)
-                p->q[g][4 * h + i] = _mm512_ternarylogic_epi32(p->q[g][4 * h + i], hi[i], m_hi, 0xF8); /* a | (b & c) */
-        }
+/* The panel without its values (those kq_values_prepacked_q6_K gives). */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_panel_prepacked_q6_K(packed_kq_avx512 *p,
+                                                                                             const uint8_t *b) {
     const __m512i low16 = _mm512_set1_epi32(0xFFFF);
     for (int j = 0; j < 16; j++)
         p->sc[j] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + Q6_K_PP_SCALES + 16 * j)));
@@ -333,6 +324,17 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_unpack_p
         p->m_pair[i] = _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi32(p->sc[2 * i], 5), low16),
                                        _mm512_slli_epi32(p->sc[2 * i + 1], 21));
     p->dx = p->dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + Q6_K_PP_D)));
+}
+
+/* The low 4 bits as the 4-bit types', then the high 2 bits (their store holds dwords 4h + i of group
+ * g, bits 2i..2i+1 of each byte) into bits 4-5 (epi16 shifts: the mask drops what crosses a byte). */
+BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_values_prepacked_q6_K(const uint8_t *b, int j,
+                                                                                              __m512i q[4]) {
+    kq_nibble_values(b, j, q);
+    const __m512i m_hi = _mm512_set1_epi8(0x30);
+    const __m512i z = _mm512_loadu_si512(b + Q6_K_PP_HIGH + 64 * (2 * (j / 2) + j % 2));
+    const __m512i hi[4] = {_mm512_slli_epi16(z, 4), _mm512_slli_epi16(z, 2), z, _mm512_srli_epi16(z, 2)};
+    for (int i = 0; i < 4; i++) q[i] = _mm512_ternarylogic_epi32(q[i], hi[i], m_hi, 0xF8); /* a | (b & c) */
 }
 
 BUBO_PREPACKED_KQUANT(q6_K, block_q6_K, 0)

@@ -34,6 +34,15 @@ static inline void prefetch_ahead(const uint8_t *cur, size_t len, const uint8_t 
     for (; a < to; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
 }
 
+/* Reads each cache line of [p, p + len) once, in address order: a piece's lines asked of memory
+ * as demand loads, ahead of the arithmetic that reads them in another order (a k-quant tile that
+ * unpacks its values as it goes reads a piece's scales, at its end, first). AMD EPYC Zen 4,
+ * qwen2.5-coder:1.5b tg64 at 2 threads: 41-43 t/s without, 45-47 with. */
+static inline void touch_lines(const uint8_t *p, size_t len) {
+    for (uintptr_t a = (uintptr_t)p & ~(uintptr_t)63; a < (uintptr_t)p + len; a += 64)
+        (void)*(volatile const uint8_t *)a;
+}
+
 /* A Q8_K block's activation sums per 32 elements (two bsums each: |sum| <= 32 x 127 fits int16),
  * dword j = the int16 pair (groups 2j, 2j + 1): for the k-quants whose 32-element groups share one
  * min (Q4_K), one vpmaddwd / vpdpwssd per two groups (kquant_tile.h, kquant_tile_avx2.h). */
