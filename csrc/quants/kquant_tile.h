@@ -29,6 +29,12 @@
 
 #define KQ_ROWS_MAX_TOKENS 8 /* tokens one kq_rows_fn call takes */
 
+/* What a k-quant's tile may rely on (its flags): */
+#define KQ_GROUPS32 1 /* one m per 32-element group (Q4_K): the mins' sums a pair of groups at a time */
+#define KQ_DOT16 2    /* a subgroup's 16 products sum within int16 (Q4_K: 16 x 15 x 127 < 2^15): the
+                         scale's multiply and the add are one vpdpwssd, the scale the low half of its
+                         int32 lane (< 64), the sum's high half (its sign) times the zero above it */
+
 /* One weight row x against nt (1..KQ_ROWS_MAX_TOKENS) tokens of Q8_K activations y (y_stride
  * bytes apart): s[t * s_stride] = vec_dot(x, y_t), each with vec_dot's bits; the weights are
  * unpacked once per super-block for all nt tokens. */
@@ -117,7 +123,8 @@ BUBO_TARGET_AVX512 static inline void kq_pack_avx512(packed_kq_avx512 *p, const 
  * token). The values from p->q, or, with values given, from the prepacked super-block at b. */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_avx512(
     const packed_kq_avx512 *p, const int nt, int first, int n_rows, float *restrict s, size_t s_stride,
-    const uint8_t *yt, size_t y_stride, const __m512i *gm, const int32_t *gs, kq_values_fn values, const uint8_t *b) {
+    const uint8_t *yt, size_t y_stride, const __m512i *gm, const int32_t *gs, kq_values_fn values, const uint8_t *b,
+    const int flags) {
     const __mmask16 live = n_rows >= TILE_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << n_rows) - 1);
     __m512i isum[TILE_TOKENS], msum[TILE_TOKENS];
 #pragma GCC unroll 8
@@ -139,7 +146,9 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_av
                 memcpy(&four, qy + 4 * g, 4);
                 dot = _mm512_dpbusd_epi32(dot, q[g], _mm512_set1_epi32(four));
             }
-            isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dot, p->sc[j]));
+            /* (one vpdpwssd a step is a chain of its latency: for a few tokens, not enough chains) */
+            isum[t] = (flags & KQ_DOT16) && nt >= 4 ? _mm512_dpwssd_epi32(isum[t], dot, p->sc[j])
+                                                    : _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dot, p->sc[j]));
         }
     }
 #pragma GCC unroll 8
@@ -166,17 +175,17 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_micro_av
 }
 
 /* The micro tile over nt (1..8) tokens with nt a literal in each case (its chains interleave). */
-#define KQ_MICRO_ANY(packed, nt, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b)                   \
+#define KQ_MICRO_ANY(packed, nt, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b, flags)                   \
     do {                                                                                                     \
         switch (nt) {                                                                                        \
-        case 1: kq_micro_avx512(packed, 1, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
-        case 2: kq_micro_avx512(packed, 2, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
-        case 3: kq_micro_avx512(packed, 3, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
-        case 4: kq_micro_avx512(packed, 4, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
-        case 5: kq_micro_avx512(packed, 5, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
-        case 6: kq_micro_avx512(packed, 6, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
-        case 7: kq_micro_avx512(packed, 7, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
-        case 8: kq_micro_avx512(packed, 8, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b); break; \
+        case 1: kq_micro_avx512(packed, 1, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b, flags); break; \
+        case 2: kq_micro_avx512(packed, 2, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b, flags); break; \
+        case 3: kq_micro_avx512(packed, 3, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b, flags); break; \
+        case 4: kq_micro_avx512(packed, 4, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b, flags); break; \
+        case 5: kq_micro_avx512(packed, 5, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b, flags); break; \
+        case 6: kq_micro_avx512(packed, 6, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b, flags); break; \
+        case 7: kq_micro_avx512(packed, 7, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b, flags); break; \
+        case 8: kq_micro_avx512(packed, 8, first, nr, st, s_stride, yt, y_stride, gm, gs, values, b, flags); break; \
         default: break;                                                                                      \
         }                                                                                                    \
     } while (0)
@@ -192,13 +201,12 @@ BUBO_TARGET_AVX512 static inline void kq_group_mins(const packed_kq_avx512 *p, _
 /* The prompt path of both tiles: chunks of TILE_CHUNK tokens, super-block by super-block, each row
  * group's panel serving the chunk's micro tiles. The panel is packed from the rows in place by
  * unpack, or, from prepacked groups, made by panel with the values by values: either unpack or
- * panel and values are given. groups32: the type's m is one per 32-element group (Q4_K), the
- * mins' sums taken a pair of groups at a time (the chunk's group sums made once per super-block):
- * the same integers. */
+ * panel and values are given. flags: the type's KQ_ flags; with KQ_GROUPS32 the chunk's group
+ * sums are made once per super-block: the same integers. */
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prompt_avx512(
     int nb, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const uint8_t *x, size_t x_stride,
     const uint8_t *y, size_t y_stride, size_t x_size, kq_unpack_fn unpack, kq_panel_fn panel, kq_values_fn values,
-    const int groups32) {
+    const int flags) {
     packed_kq_avx512 packed __attribute__((aligned(64)));
     __m512i gm[4];
     int32_t gs[TILE_CHUNK * 4] __attribute__((aligned(64)));
@@ -206,7 +214,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prompt_a
         const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
         for (int k = 0; k < nb; k++) {
             const uint8_t *yt = y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K);
-            if (groups32)
+            if (flags & KQ_GROUPS32)
                 for (int t = 0; t < nt; t++)
                     _mm_storeu_si128((__m128i *)(gs + 4 * t), kq_group_sums((const block_q8_K *)(yt + (size_t)t * y_stride)));
             for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
@@ -216,15 +224,16 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prompt_a
                     panel(&packed, b);
                 else
                     kq_pack_avx512(&packed, x + (size_t)r0 * x_stride, x_stride, nr, (size_t)k * x_size, unpack);
-                if (groups32) kq_group_mins(&packed, gm);
+                if (flags & KQ_GROUPS32) kq_group_mins(&packed, gm);
                 float *st = s + (size_t)t0 * s_stride + r0;
                 int t = 0;
                 for (; t + TILE_TOKENS <= nt; t += TILE_TOKENS)
                     kq_micro_avx512(&packed, TILE_TOKENS, k == 0, nr, st + (size_t)t * s_stride, s_stride,
-                                    yt + (size_t)t * y_stride, y_stride, groups32 ? gm : NULL, gs + 4 * t, values, b);
+                                    yt + (size_t)t * y_stride, y_stride, (flags & KQ_GROUPS32) ? gm : NULL, gs + 4 * t,
+                                    values, b, flags);
                 /* the tail as one micro tile of a constant width (its chains interleave) */
                 KQ_MICRO_ANY(&packed, nt - t, k == 0, nr, st + (size_t)t * s_stride, s_stride, yt + (size_t)t * y_stride,
-                             y_stride, groups32 ? gm : NULL, gs + 4 * t, values, b);
+                             y_stride, (flags & KQ_GROUPS32) ? gm : NULL, gs + 4 * t, values, b, flags);
             }
         }
     }
@@ -235,7 +244,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prompt_a
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
     const void *restrict vy, size_t y_stride, size_t x_size, kq_unpack_fn unpack, kq_rows_fn rows,
-    int pack_min_tokens, const int groups32) {
+    int pack_min_tokens, const int flags) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK_K;
     if (nb == 0) {
@@ -252,7 +261,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
                      y_stride);
         return;
     }
-    kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, unpack, NULL, NULL, groups32);
+    kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, unpack, NULL, NULL, flags);
 }
 
 /* ---- prepacked k-quants ------------------------------------------------------------------------
@@ -305,7 +314,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_nibble_v
 
 BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant_prepacked_avx512(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
-    const void *restrict vy, size_t y_stride, size_t x_size, kq_panel_fn panel, kq_values_fn values, const int groups32) {
+    const void *restrict vy, size_t y_stride, size_t x_size, kq_panel_fn panel, kq_values_fn values, const int flags) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK_K;
     if (nb == 0) {
@@ -333,19 +342,19 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
                 for (int t = 0; t < n_tokens; t += TILE_TOKENS)
                     KQ_MICRO_ANY(&packed, n_tokens - t < TILE_TOKENS ? n_tokens - t : TILE_TOKENS, k == 0, nr,
                                  s + (size_t)t * s_stride + r0, s_stride,
-                                 y + (size_t)t * y_stride + (size_t)k * sizeof(block_q8_K), y_stride, NULL, NULL, values, b);
+                                 y + (size_t)t * y_stride + (size_t)k * sizeof(block_q8_K), y_stride, NULL, NULL, values, b, flags);
             }
         }
         return;
     }
-    kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, NULL, panel, values, groups32);
+    kq_prompt_avx512(nb, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, x_size, NULL, panel, values, flags);
 }
 
 /* A k-quant's prepack and its tile over prepacked groups, NAME_prepack_avx512 and
  * NAME_tile_prepacked_avx512, from its kq_unpack_NAME_avx512 (a kq_unpack_fn), kq_compress_NAME
  * (a kq_compress_fn), kq_panel_prepacked_NAME (a kq_panel_fn) and kq_values_prepacked_NAME (a
- * kq_values_fn); GROUPS32 as kq_prompt_avx512's. */
-#define BUBO_PREPACKED_KQUANT(NAME, BLOCK, GROUPS32)                                                                             \
+ * kq_values_fn); FLAGS its KQ_ flags. */
+#define BUBO_PREPACKED_KQUANT(NAME, BLOCK, FLAGS)                                                                                \
     BUBO_TARGET_AVX512 static void NAME##_prepack_avx512(const void *restrict x, size_t x_stride, int64_t rows, int n, \
                                                          void *restrict dst) {                                        \
         kq_prepack_avx512(x, x_stride, rows, n / QK_K, dst, sizeof(BLOCK), kq_unpack_##NAME##_avx512,                 \
@@ -356,7 +365,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
                                                                 size_t x_stride, const void *restrict y,              \
                                                                 size_t y_stride) {                                    \
         tile_kquant_prepacked_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(BLOCK),       \
-                                     kq_panel_prepacked_##NAME, kq_values_prepacked_##NAME, GROUPS32);                \
+                                     kq_panel_prepacked_##NAME, kq_values_prepacked_##NAME, FLAGS);                   \
     }
 
 /* One super-block's step of the chain kq_micro_avx512 runs in each lane, for the AVX-512 vec_dots:

@@ -262,7 +262,7 @@ BUBO_TARGET_AVX512 static void tile_q4_K_q8_K_avx512(int n, int n_rows, int n_to
                                                    const void *restrict x, size_t x_stride, const void *restrict y,
                                                    size_t y_stride) {
     tile_kquant_avx512(n, n_rows, n_tokens, s, s_stride, x, x_stride, y, y_stride, sizeof(block_q4_K), kq_unpack_q4_K_avx512,
-                       kq_rows_q4_K_q8_K_avx512, Q4_K_PACK_MIN_TOKENS, 1);
+                       kq_rows_q4_K_q8_K_avx512, Q4_K_PACK_MIN_TOKENS, KQ_GROUPS32 | KQ_DOT16);
 }
 
 /* Prepacked (kquant_tile.h), per group and super-block, 2304 bytes = 16 x 144: the values two a
@@ -312,7 +312,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_values_p
     kq_nibble_values(b, j, q);
 }
 
-BUBO_PREPACKED_KQUANT(q4_K, block_q4_K, 1)
+BUBO_PREPACKED_KQUANT(q4_K, block_q4_K, KQ_GROUPS32 | KQ_DOT16)
 
 /* Prepacked for AVX2 (kquant_tile_avx2.h), per group (16 rows) and super-block, 2304 bytes =
  * 16 x 144: per half h, 32 value registers m (1024 at 1024 h: element 8m + i of the half's row r
