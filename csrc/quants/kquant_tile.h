@@ -219,7 +219,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void kq_prompt_a
                     _mm_storeu_si128((__m128i *)(gs + 4 * t), kq_group_sums((const block_q8_K *)(yt + (size_t)t * y_stride)));
             for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
                 const int nr = n_rows - r0;
-                const uint8_t *b = x + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * x_size;
+                const uint8_t *b = panel ? x + (size_t)r0 * x_stride + (size_t)k * TILE_ROWS * x_size : NULL;
                 if (panel)
                     panel(&packed, b);
                 else
@@ -266,9 +266,10 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
 
 /* ---- prepacked k-quants ------------------------------------------------------------------------
  * As legacy_tile.h does for the 32-element types: a model's matrices are packed once at load, per
- * group of 16 rows and super-block, into a form that unpacks into packed_kq_avx512 with a few
- * loads, masks and shifts (the values transposed into the lanes, 4-bit pairs a byte, the scales
- * and factors as per-row planes), exactly as many bytes as the 16 rows' super-blocks; group g
+ * group of 16 rows and super-block, into a form whose values a micro tile unpacks in registers
+ * with a few loads, masks and shifts (kq_values_fn: transposed into the lanes, 4-bit pairs a byte)
+ * and whose scales and factors (per-row planes) make the rest of the panel (kq_panel_fn), exactly
+ * as many bytes as the 16 rows' super-blocks; group g
  * starts at row 16 g's offset, the last group padded. Every token count takes the tile (one too):
  * the same bits as the rows in place (the chain is kq_chain_step's either way). */
 
