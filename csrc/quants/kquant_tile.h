@@ -326,7 +326,7 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
     const size_t group_block = (size_t)TILE_ROWS * x_size; /* one super-block of a group */
     if (n_tokens <= TILE_CHUNK) {
         /* up to one token chunk (a decode step, a draft's check, a short turn): the groups'
-         * super-blocks stream in address order, the panel unpacked once for every token. The
+         * super-blocks stream in address order, each piece's scales unpacked once for every token. The
          * chunked prompt path below reuses a chunk's weights from L2 across token chunks; with one
          * chunk it has nothing to reuse and reads the weights out of order (Q6_K [151936, 1536] x 9
          * tokens from memory: 13.4 ms there, 6.1 ms here, Zen 5) */
@@ -343,7 +343,8 @@ BUBO_TARGET_AVX512 static inline __attribute__((always_inline)) void tile_kquant
                 for (int t = 0; t < n_tokens; t += TILE_TOKENS)
                     KQ_MICRO_ANY(&packed, n_tokens - t < TILE_TOKENS ? n_tokens - t : TILE_TOKENS, k == 0, nr,
                                  s + (size_t)t * s_stride + r0, s_stride,
-                                 y + (size_t)t * y_stride + (size_t)k * sizeof(block_q8_K), y_stride, NULL, NULL, values, b, flags);
+                                 y + (size_t)t * y_stride + (size_t)k * sizeof(block_q8_K), y_stride, NULL, NULL, values, b,
+                                 flags);
             }
         }
         return;
