@@ -88,19 +88,19 @@ class _Headers:
 
     def __init__(self, fields: list[tuple[str, str]]):
         self._headers = fields
+        self._first: dict[str, str] = {}  # a lower-case name -> its first field's value
+        for k, v in reversed(fields):
+            self._first[k.lower()] = v
 
     def get(self, name: str, default: Any = None) -> Any:
-        name = name.lower()
-        for k, v in self._headers:
-            if k.lower() == name:
-                return v
-        return default
+        return self._first.get(name.lower(), default)
 
     getheader = get
 
     def __delitem__(self, name: str) -> None:
         name = name.lower()
         self._headers = [(k, v) for k, v in self._headers if k.lower() != name]
+        self._first.pop(name, None)
 
     def items(self) -> list[tuple[str, str]]:
         return list(self._headers)

@@ -15,7 +15,7 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 log = logging.getLogger("bubo.request")
 
@@ -28,6 +28,7 @@ REQUEST_FIELDS = ("method", "path", "status", "model", "prompt_tokens", "generat
 class _State:
     fmt = "text"
     disabled = False
+    handler: logging.StreamHandler[Any] | None = None  # setup()'s, on the root logger
 
 
 def level_of(verbose: bool, verbosity: int | None) -> int:
@@ -53,6 +54,7 @@ def setup(*, verbose: bool = False, disabled: bool = False, fmt: str = "text", v
     for h in list(root.handlers):
         root.removeHandler(h)
     root.addHandler(handler)
+    _State.handler = handler
     root.setLevel(level_of(verbose, verbosity))
     # neither format shows the caller's file and line, thread or process: not looked up for each
     # record (the logging HOWTO's "Optimization"; a fifth of a light request's log line)
@@ -67,6 +69,11 @@ class TextFormatter(logging.Formatter):
     """logging's Formatter, with the time's text made once a second (a line per request)."""
 
     _cached: tuple[int, str] = (-1, "")  # (a second, its text), replaced as one
+
+    def line(self, created: float, levelname: str, name: str, msg: str, fields: dict[str, Any]) -> str:
+        """format()'s text of a record made at `created` with no exception (TEXT_FORMAT), made
+        without the record."""
+        return f"{self.formatTime(cast(logging.LogRecord, _Stamp(created)), self.datefmt)} {levelname} {name}: {msg}"
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
         if datefmt is None:  # the text ends in milliseconds
@@ -83,16 +90,37 @@ class JsonFormatter(logging.Formatter):
     fields (method, path, status, model, prompt_tokens, generated_tokens, ms, client, caller)."""
 
     def format(self, record: logging.LogRecord) -> str:
+        exc = self.formatException(record.exc_info) if record.exc_info else None
+        return self._json(record.created, record.levelname, record.name, record.getMessage(), record.__dict__, exc)
+
+    def line(self, created: float, levelname: str, name: str, msg: str, fields: dict[str, Any]) -> str:
+        """format()'s text of a record made at `created` with these fields and no exception,
+        made without the record."""
+        return self._json(created, levelname, name, msg, fields, None)
+
+    @staticmethod
+    def _json(created: float, levelname: str, name: str, msg: str, fields: dict[str, Any], exc: str | None) -> str:
+        msecs = int((created - int(created)) * 1000)  # as a LogRecord's msecs
         out: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage(),
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{msecs:03d}Z",
+            "level": levelname.lower(), "logger": name, "msg": msg,
         }
         for key in REQUEST_FIELDS:
-            if key in record.__dict__:
-                out[key] = record.__dict__[key]
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            if key in fields:
+                out[key] = fields[key]
+        if exc:
+            out["exc"] = exc
         return json.dumps(out, ensure_ascii=False)
+
+
+class _Stamp:
+    """What Formatter.formatTime reads of a record."""
+
+    __slots__ = ("created", "msecs")
+
+    def __init__(self, created: float):
+        self.created = created
+        self.msecs = int((created - int(created)) * 1000)
 
 
 def plural(n: int, word: str) -> str:
@@ -135,4 +163,40 @@ def request_line(fields: dict[str, Any]) -> None:
         parts.append(f"client={fields['client']}")
     if fields.get("caller"):
         parts.append(f"caller={fields['caller']}")  # a named key's (bubo.api.callers)
-    log.log(level, " ".join(parts), extra={k: fields[k] for k in REQUEST_FIELDS if k in fields})
+    msg, extra = " ".join(parts), {k: fields[k] for k in REQUEST_FIELDS if k in fields}
+    handler = _alone(level)
+    if handler is None:
+        log.log(level, msg, extra=extra)
+        return
+    # the line setup()'s handler would write, written as it writes it, without the LogRecord
+    # and the walk through logging's loggers and filters: most of a light request's log line
+    line = cast(_Formatter, handler.formatter).line(time.time(), logging.getLevelName(level), log.name, msg, extra)
+    handler.acquire()
+    try:
+        handler.stream.write(line + handler.terminator)
+        handler.flush()
+    except Exception:  # noqa: BLE001 - as StreamHandler.emit: the handler says so on stderr, the server goes on
+        handler.handleError(log.makeRecord(log.name, level, "", 0, msg, (), None, extra=extra))
+    finally:
+        handler.release()
+
+
+_Formatter = TextFormatter | JsonFormatter
+
+
+def _alone(level: int) -> logging.StreamHandler[Any] | None:
+    """setup()'s handler when a request line at this level would reach it and no other handler,
+    filter or record factory: the process's logging as setup() left it (an embedding program that
+    configures logging of its own gets logging's own path)."""
+    handler = _State.handler
+    if (handler is None or handler.filters or level < handler.level or log.filters
+            or type(handler.formatter) not in (TextFormatter, JsonFormatter)
+            or (isinstance(handler.formatter, TextFormatter) and handler.formatter._fmt != TEXT_FORMAT)
+            or logging.getLogRecordFactory() is not logging.LogRecord):
+        return None
+    node = log
+    while node.parent is not None:  # the loggers between the request log and the root
+        if node.handlers or not node.propagate:
+            return None
+        node = node.parent
+    return handler if node.handlers == [handler] else None

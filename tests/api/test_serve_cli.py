@@ -324,6 +324,69 @@ def test_a_startup_line_is_one_write(monkeypatch):
     assert json.loads(writes[0])["weights_bytes"] == 1
 
 
+@pytest.fixture
+def process_logging(monkeypatch):
+    """logs.setup() changes the process's logging: put it back after the test."""
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, logs._State.handler, logs._State.fmt, logs._State.disabled)
+    monkeypatch.setattr(logging, "_srcfile", logging._srcfile)
+    for flag in ("logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, flag, getattr(logging, flag))
+    yield
+    root.handlers[:], level, logs._State.handler, logs._State.fmt, logs._State.disabled = saved
+    root.setLevel(level)
+    logging.disable(logging.NOTSET)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_request_line_is_written_as_logging_writes_it(monkeypatch, process_logging, fmt):
+    """With setup()'s handler alone, a request line is written without a LogRecord: the same
+    text as logging's own path (taken once a filter is on the handler), and logging's path
+    whenever an embedding program adds a handler of its own."""
+    out: list[str] = []
+
+    class Err:
+        def write(self, s: str) -> int:
+            out.append(s)
+            return len(s)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Err())
+    now = 1_765_100_000.25
+    monkeypatch.setattr(time, "time", lambda: now)
+    monkeypatch.setattr(time, "time_ns", lambda: int(now * 1e9))
+    logs.setup(fmt=fmt)
+    fields = {"method": "POST", "path": "/v1/chat/completions", "status": "200", "model": "smollm2:135m",
+              "prompt_tokens": 25, "generated_tokens": 7, "ms": 431.2, "client": "127.0.0.1", "other": 1}
+    handler = logs._State.handler
+    assert handler is not None and logs._alone(logging.INFO) is handler
+    logs.request_line(dict(fields))
+    handler.addFilter(lambda record: True)  # logging's own path from here
+    assert logs._alone(logging.INFO) is None
+    logs.request_line(dict(fields))
+    assert len(out) == 2 and out[0] == out[1] and out[0].endswith("\n") and out[0].count("\n") == 1, out
+    if fmt == "json":
+        record = json.loads(out[0])
+        assert record["ts"].endswith(".250Z") and record["generated_tokens"] == 7 and "other" not in record
+    else:
+        assert " INFO bubo.request: POST /v1/chat/completions 200 model=smollm2:135m prompt=25 generated=7 431 ms " \
+               "client=127.0.0.1\n" in out[0]
+    handler.filters.clear()
+    seen: list[logging.LogRecord] = []
+    mine = logging.Handler()
+    mine.emit = seen.append  # type: ignore[method-assign]
+    logs.log.addHandler(mine)
+    try:
+        assert logs._alone(logging.INFO) is None
+        logs.request_line(dict(fields))
+    finally:
+        logs.log.removeHandler(mine)
+    assert len(seen) == 1 and seen[0].getMessage().startswith("POST /v1/chat/completions 200 model=smollm2:135m")
+    assert len(out) == 3 and out[2] == out[0]  # and the root's handler still writes it
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
