@@ -73,7 +73,7 @@ def _left_over(msg: Any) -> bool:
 # a header field's name (RFC 9110's token)
 _FIELD_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # a header line read by hand (read_headers): a name, a colon, a value with no CR or LF in it
-_PLAIN_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):([^\r\n]*)\r?\n")
+_PLAIN_LINE = re.compile(b"(" + _FIELD_NAME.pattern.encode("ascii") + rb"):([^\r\n]*)\r?\n")
 MAX_HEADER_LINE = 65536  # http.client's limits, which pywsgi's parser applies
 MAX_HEADERS = 100
 
@@ -341,7 +341,8 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
     limits (the module docstring)."""
 
     _raw_headers: list[tuple[str, str]] = []
-    _header_timer: gevent.Timeout | None = None
+    _header_timer: gevent.Timeout | None = None  # the header clock while it runs
+    _clocks: tuple[gevent.Timeout, gevent.Timeout] | None = None
     _dropped = False
     wsgi_input: Any = None
     provided_date: Any = None  # pywsgi's: the app's own Date header
@@ -373,6 +374,8 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
+            for clock in self._clocks or ():
+                clock.close()
             server.conns.pop(self, None)
 
     def drop(self) -> None:
@@ -503,18 +506,23 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
         if not self._drained():
             return ""  # its last answer is still unread: no next one
         self._phase(IDLE)
+        if self._clocks is None:  # the connection's two timers, armed again for each request
+            self._clocks = (gevent.Timeout(limits.keepalive_s), gevent.Timeout(limits.header_s, _HeaderTimeout))
+        idle, headers = self._clocks
+        idle.start()
         try:
-            with gevent.Timeout(limits.keepalive_s):
-                if not self.rfile.peek(1):
-                    return ""  # the client closed the connection
+            if not self.rfile.peek(1):
+                return ""  # the client closed the connection
         except (gevent.Timeout, OSError, ValueError):
             return ""  # idle too long, or closed for a newcomer: close
+        finally:
+            idle.cancel()
         if self._dropped:
             return ""
         # a request has begun: its line and headers must come within header_s
         self._phase(RECEIVING)
-        self._header_timer = gevent.Timeout(limits.header_s, _HeaderTimeout)
-        self._header_timer.start()
+        self._header_timer = headers
+        headers.start()
         try:
             line: str = super().read_requestline()
         except _HeaderTimeout:
@@ -549,15 +557,16 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
         return msg
 
     def _check_framing(self) -> None:
-        if _left_over(self.headers):
-            # a line that is no header field ends Python's header parser early: what follows it
-            # would be read as the body, or as the next request
-            raise _Framing("a header line is malformed")
-        for k, v in self._raw_headers:
-            if not _FIELD_NAME.fullmatch(k):
-                raise _Framing(f"a header name is malformed: {k[:40]!r}")
-            if "\n" in v or "\r" in v:
-                raise _Framing("folded header lines are not accepted")
+        if not isinstance(self.headers, _Headers):  # read_headers' plain lines passed these checks as read
+            if _left_over(self.headers):
+                # a line that is no header field ends Python's header parser early: what follows it
+                # would be read as the body, or as the next request
+                raise _Framing("a header line is malformed")
+            for k, v in self._raw_headers:
+                if not _FIELD_NAME.fullmatch(k):
+                    raise _Framing(f"a header name is malformed: {k[:40]!r}")
+                if "\n" in v or "\r" in v:
+                    raise _Framing("folded header lines are not accepted")
         names = [k.lower() for k, _ in self._raw_headers]
         n_cl, n_te = names.count("content-length"), names.count("transfer-encoding")
         if n_cl > 1:

@@ -173,8 +173,10 @@ def request_line(fields: dict[str, Any]) -> None:
     line = cast(_Formatter, handler.formatter).line(time.time(), logging.getLevelName(level), log.name, msg, extra)
     handler.acquire()
     try:
-        handler.stream.write(line + handler.terminator)
-        handler.flush()
+        stream = handler.stream
+        stream.write(line + handler.terminator)
+        if not getattr(stream, "line_buffering", False):  # stderr's own write flushed the line
+            stream.flush()
     except Exception:  # noqa: BLE001 - as StreamHandler.emit: the handler says so on stderr, the server goes on
         handler.handleError(log.makeRecord(log.name, level, "", 0, msg, (), None, extra=extra))
     finally:

@@ -153,6 +153,13 @@ def test_idle_and_half_sent_sockets_are_closed_after_their_deadlines(hostile):
     s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
     data, took = read_until_closed(s)
     assert status_of(data) == 408 and b"request_timeout" in data and took < HEADER_S + SLACK_S
+    # ... and after one answered request on the same connection (its clocks armed again)
+    s = connect(hostile)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH + b"\r\n")
+    time.sleep(0.2)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+    data, took = read_until_closed(s)
+    assert data.count(b"HTTP/1.1 200") == 1 and b"request_timeout" in data and took < HEADER_S + SLACK_S + 0.2
     # a body that does not come: 400 once its deadline (header timeout + length at 64 KiB/s) is past
     s = connect(hostile)
     s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH +
