@@ -507,13 +507,16 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
             return ""  # its last answer is still unread: no next one
         self._phase(IDLE)
         if self._clocks is None:  # the connection's two timers, armed again for each request
-            self._clocks = (gevent.Timeout(limits.keepalive_s), gevent.Timeout(limits.header_s, _HeaderTimeout))
+            # each raises an exception of its own class: a timer that raised itself would hold the
+            # handler's frame in its traceback, and the handler the timer (a cycle per connection)
+            self._clocks = (gevent.Timeout(limits.keepalive_s, _IdleTimeout),
+                            gevent.Timeout(limits.header_s, _HeaderTimeout))
         idle, headers = self._clocks
         idle.start()
         try:
             if not self.rfile.peek(1):
                 return ""  # the client closed the connection
-        except (gevent.Timeout, OSError, ValueError):
+        except (_IdleTimeout, OSError, ValueError):
             return ""  # idle too long, or closed for a newcomer: close
         finally:
             idle.cancel()
@@ -645,6 +648,10 @@ class Handler(pywsgi.WSGIHandler):  # type: ignore[misc]
 
 
 class _HeaderTimeout(BaseException):
+    pass
+
+
+class _IdleTimeout(BaseException):
     pass
 
 

@@ -170,9 +170,9 @@ def request_line(fields: dict[str, Any]) -> None:
         return
     # the line setup()'s handler would write, written as it writes it, without the LogRecord
     # and the walk through logging's loggers and filters: most of a light request's log line
-    line = cast(_Formatter, handler.formatter).line(time.time(), logging.getLevelName(level), log.name, msg, extra)
     handler.acquire()
     try:
+        line = cast(_Formatter, handler.formatter).line(time.time(), logging.getLevelName(level), log.name, msg, extra)
         stream = handler.stream
         stream.write(line + handler.terminator)
         if not getattr(stream, "line_buffering", False):  # stderr's own write flushed the line

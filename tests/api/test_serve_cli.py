@@ -329,12 +329,15 @@ def process_logging(monkeypatch):
     """logs.setup() changes the process's logging: put it back after the test."""
     root = logging.getLogger()
     saved = (root.handlers[:], root.level, logs._State.handler, logs._State.fmt, logs._State.disabled)
+    noisy = {name: logging.getLogger(name).level for name in ("werkzeug", "geventwebsocket")}
     monkeypatch.setattr(logging, "_srcfile", logging._srcfile)
     for flag in ("logThreads", "logProcesses", "logMultiprocessing"):
         monkeypatch.setattr(logging, flag, getattr(logging, flag))
     yield
     root.handlers[:], level, logs._State.handler, logs._State.fmt, logs._State.disabled = saved
     root.setLevel(level)
+    for name, was in noisy.items():
+        logging.getLogger(name).setLevel(was)
     logging.disable(logging.NOTSET)
 
 
