@@ -24,16 +24,19 @@
 
 #define KQ2_ROWS 8    /* rows per half group: one per int32 lane of a ymm */
 /* Tokens per micro tile, their int16 and int32 sums in registers: 4 for the legacy types
- * (legacy_tile_avx2.h), 5 for Q4_K and Q6_K, whose sums still fit in the 16 ymm registers at 5 (a
- * draft check of 4 tokens and the pending one reads its weights once). */
+ * (legacy_tile_avx2.h), 5 for the half tiles of Q4_K and Q6_K, whose sums still fit in the 16 ymm
+ * registers at 5 (Q6_K's steps past its pair_tokens: a draft check of 4 tokens and the pending one
+ * reads its weights once; a group's last rows where fewer than 16). */
 #define KQ2_TOKENS 4
 #define KQ2_KTOKENS 5
 /* A whole group at once (both halves, 16 rows: each token's broadcast activations serve both
  * halves' weights) takes up to a type's pair_tokens tokens (kq2_tile_prepacked; at most 4, as
- * KQ2_MICRO2_DISPATCH): decode steps of up to that many tokens, and prompts where the type's
- * whole-group tile is the faster one. In a loop alone, a broadcast per vpmaddubsw halves its rate;
- * in the tile (benchmarks/tile_bench.c, [1024, 1536] in L2, AMD EPYC Zen 5 at AVX2) steps of 1-3
- * tokens run 1.05-1.1x as fast this way. */
+ * KQ2_MICRO2_DISPATCH): decode steps of up to that many tokens, and every token count where the
+ * type's whole-group tile is the faster one (pair_all), pair_tokens at a time. In a loop alone,
+ * a broadcast per vpmaddubsw halves its rate; in the tile (benchmarks/tile_bench.c, [1024, 1536]
+ * in L2, AMD EPYC Zen 5 at AVX2) steps of 1-3 tokens run 1.05-1.1x as fast this way. Q4_K's draft
+ * checks of 6-10 tokens as 4 + 4 + ... instead of half tiles of 5 (Zen 4 at AVX2, [8960, 1536]
+ * from memory, 2 threads): 6 tokens 79 -> 88 G multiply-adds/s per thread, 8 tokens 81 -> 85. */
 
 /* How far ahead a streamed step prefetches (measured on an AMD EPYC, AVX2: 8 KiB streamed the
  * packed Q6_K rows as fast as the rows in place, 4 KiB and none did not; on a Zen 4 the piece at
@@ -221,15 +224,15 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_group_ste
 /* The tile over prepacked groups. Up to one chunk of TILE_CHUNK tokens (a decode step, a draft's
  * check, a short turn), each group's super-blocks in address order: the weights stream once, the
  * next piece prefetched, each panel serving every token (micro2 for up to pair_tokens tokens, and
- * past 2 * KQ2_KTOKENS where pair_prompt). More tokens go in chunks of TILE_CHUNK, super-block by
+ * for any count where pair_all). More tokens go in chunks of TILE_CHUNK, super-block by
  * super-block (a super-block's panels serving the chunk's micro tiles, the chunk's activations of
- * one super-block in L1, the chunk's weights in L2 for the next chunk; micro2 where pair_prompt).
+ * one super-block in L1, the chunk's weights in L2 for the next chunk; micro2 where pair_all).
  * values: the bytes of a half's values (the second half's follow the first's); x_size: the
  * block's bytes. */
 BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prepacked(
     int n, int n_rows, int n_tokens, float *restrict s, size_t s_stride, const void *restrict vx, size_t x_stride,
     const void *restrict vy, size_t y_stride, size_t x_size, size_t values, kq2_panel_fn panel, kq2_micro_fn micro,
-    kq2_micro2_fn micro2, const int pair_tokens, const int pair_prompt) {
+    kq2_micro2_fn micro2, const int pair_tokens, const int pair_all) {
     const uint8_t *x = vx, *y = vy;
     const int nb = n / QK_K;
     if (nb == 0) {
@@ -240,7 +243,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
     kq2_panel p2[2] __attribute__((aligned(32)));
     const size_t group_block = (size_t)TILE_ROWS * x_size;
     if (n_tokens <= TILE_CHUNK) {
-        const int pair = n_tokens <= pair_tokens || (pair_prompt && n_tokens > 2 * KQ2_KTOKENS);
+        const int pair = n_tokens <= pair_tokens || pair_all;
         const uint8_t *end = x + (size_t)((n_rows + TILE_ROWS - 1) / TILE_ROWS) * TILE_ROWS * x_stride;
         const size_t ahead = prefetch_distance(KQ2_AHEAD);
         for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
@@ -259,7 +262,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
         const int nt = n_tokens - t0 < TILE_CHUNK ? n_tokens - t0 : TILE_CHUNK;
         for (int k = 0; k < nb; k++)
             for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS)
-                kq2_group_step(x + (size_t)r0 * x_stride + (size_t)k * group_block, n_rows - r0, k, nt, pair_prompt,
+                kq2_group_step(x + (size_t)r0 * x_stride + (size_t)k * group_block, n_rows - r0, k, nt, pair_all,
                                s + (size_t)t0 * s_stride + r0, s_stride, y + (size_t)t0 * y_stride + (size_t)k * sizeof(block_q8_K),
                                y_stride, values, panel, micro, micro2, pair_tokens, &p, p2);
     }

@@ -432,9 +432,9 @@ BUBO_TARGET_AVX2 static void kq2_micro_q4_K(const kq2_panel *p, const uint8_t *b
 }
 
 /* Q4_K's whole-group tile takes 4 tokens (its int32 sums in memory, the int16 ones in registers) and
- * serves prompts too: on an AMD EPYC Zen 5 at AVX2 (benchmarks/tile_bench.c, one thread, [1536,
- * 1536] in L2), 512 tokens 148 -> 157 G multiply-adds/s against the half tile, decode steps of 4
- * tokens 126 -> 137 G/s. */
+ * serves every token count, 4 at a time (kq2_tile_prepacked's pair_all): on an AMD EPYC Zen 5 at
+ * AVX2 (benchmarks/tile_bench.c, one thread, [1536, 1536] in L2), 512 tokens 148 -> 157 G
+ * multiply-adds/s against the half tile, decode steps of 4 tokens 126 -> 137 G/s. */
 #define Q4_K_PAIR_TOKENS 4
 _Static_assert(Q4_K_PAIR_TOKENS >= 1 && Q4_K_PAIR_TOKENS <= 4, "KQ2_MICRO2_DISPATCH's cases");
 
