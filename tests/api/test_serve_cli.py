@@ -302,21 +302,27 @@ def test_log_verbosity_1_keeps_the_start_up_lines_and_drops_the_request_lines():
     assert "listening on http://" in log and "POST /v1/chat/completions" not in log and " INFO " not in log
 
 
+class Writes:
+    """A stream that keeps each write apart."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.writes.append(s)
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
 def test_a_startup_line_is_one_write(monkeypatch):
     """A start-up line goes out with its newline in one write: a log record that another thread
     writes to the same pipe (`2>&1`) cannot land inside it. print wrote the two apart, and once a
     JSON ready line and the engine's debug record came out joined on one line."""
-    writes: list[str] = []
-
-    class Out:
-        def write(self, s: str) -> int:
-            writes.append(s)
-            return len(s)
-
-        def flush(self) -> None:
-            pass
-
-    monkeypatch.setattr(sys, "stdout", Out())
+    out = Writes()
+    writes = out.writes
+    monkeypatch.setattr(sys, "stdout", out)
     monkeypatch.setattr(logs._State, "fmt", "json")
     monkeypatch.setattr(logs._State, "disabled", False)
     logs.say("ready: m.gguf", weights_bytes=1)
@@ -346,17 +352,9 @@ def test_a_request_line_is_written_as_logging_writes_it(monkeypatch, process_log
     """With setup()'s handler alone, a request line is written without a LogRecord: the same
     text as logging's own path (taken once a filter is on the handler), and logging's path
     whenever an embedding program adds a handler of its own."""
-    out: list[str] = []
-
-    class Err:
-        def write(self, s: str) -> int:
-            out.append(s)
-            return len(s)
-
-        def flush(self) -> None:
-            pass
-
-    monkeypatch.setattr(sys, "stderr", Err())
+    err = Writes()
+    out = err.writes
+    monkeypatch.setattr(sys, "stderr", err)
     now = 1_765_100_000.25
     monkeypatch.setattr(time, "time", lambda: now)
     monkeypatch.setattr(time, "time_ns", lambda: int(now * 1e9))
