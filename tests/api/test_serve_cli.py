@@ -336,6 +336,8 @@ def process_logging(monkeypatch):
     root = logging.getLogger()
     saved = (root.handlers[:], root.level, logs._State.handler, logs._State.fmt, logs._State.disabled)
     noisy = {name: logging.getLogger(name).level for name in ("werkzeug", "geventwebsocket")}
+    factory = logging.getLogRecordFactory()  # importing ray sets one of its own, process-wide
+    logging.setLogRecordFactory(logging.LogRecord)
     monkeypatch.setattr(logging, "_srcfile", logging._srcfile)
     for flag in ("logThreads", "logProcesses", "logMultiprocessing"):
         monkeypatch.setattr(logging, flag, getattr(logging, flag))
@@ -345,6 +347,7 @@ def process_logging(monkeypatch):
     for name, was in noisy.items():
         logging.getLogger(name).setLevel(was)
     logging.disable(logging.NOTSET)
+    logging.setLogRecordFactory(factory)
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
@@ -375,6 +378,9 @@ def test_a_request_line_is_written_as_logging_writes_it(monkeypatch, process_log
         assert " INFO bubo.request: POST /v1/chat/completions 200 model=smollm2:135m prompt=25 generated=7 431 ms " \
                "client=127.0.0.1\n" in out[0]
     handler.filters.clear()
+    logging.setLogRecordFactory(lambda *args, **kwargs: logging.LogRecord(*args, **kwargs))
+    assert logs._alone(logging.INFO) is None  # a record factory of another library's: logging's path
+    logging.setLogRecordFactory(logging.LogRecord)
     seen: list[logging.LogRecord] = []
     mine = logging.Handler()
     mine.emit = seen.append  # type: ignore[method-assign]
