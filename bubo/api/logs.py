@@ -71,9 +71,10 @@ class TextFormatter(logging.Formatter):
     _cached: tuple[int, str] = (-1, "")  # (a second, its text), replaced as one
 
     def line(self, created: float, levelname: str, name: str, msg: str, fields: dict[str, Any]) -> str:
-        """format()'s text of a record made at `created` with no exception (TEXT_FORMAT), made
-        without the record."""
-        return f"{self.formatTime(cast(logging.LogRecord, _Stamp(created)), self.datefmt)} {levelname} {name}: {msg}"
+        """format()'s text of a record made at `created` with no exception, made without the
+        record: the format's fields (TEXT_FORMAT's) filled from these."""
+        asctime = self.formatTime(cast(logging.LogRecord, _Stamp(created)), self.datefmt)
+        return self._style._fmt % {"asctime": asctime, "levelname": levelname, "name": name, "message": msg}
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
         if datefmt is None:  # the text ends in milliseconds
@@ -100,9 +101,8 @@ class JsonFormatter(logging.Formatter):
 
     @staticmethod
     def _json(created: float, levelname: str, name: str, msg: str, fields: dict[str, Any], exc: str | None) -> str:
-        msecs = int((created - int(created)) * 1000)  # as a LogRecord's msecs
         out: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{msecs:03d}Z",
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{_Stamp(created).msecs:03d}Z",
             "level": levelname.lower(), "logger": name, "msg": msg,
         }
         for key in REQUEST_FIELDS:
@@ -114,7 +114,8 @@ class JsonFormatter(logging.Formatter):
 
 
 class _Stamp:
-    """What Formatter.formatTime reads of a record."""
+    """What Formatter.formatTime reads of a record: its time and, as a LogRecord counts them, its
+    milliseconds."""
 
     __slots__ = ("created", "msecs")
 

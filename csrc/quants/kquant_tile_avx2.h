@@ -250,7 +250,8 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_tile_prep
             const uint8_t *xr = x + (size_t)r0 * x_stride;
             for (int k = 0; k < nb; k++) {
                 prefetch_ahead(xr + (size_t)k * group_block, group_block, end, ahead);
-                touch_lines(xr + (size_t)k * group_block, group_block); /* the panel reads the scales, at its end, first */
+                /* in address order: the panel reads the scales, at the piece's end, first */
+                touch_lines(xr + (size_t)k * group_block, group_block);
                 kq2_group_step(xr + (size_t)k * group_block, n_rows - r0, k, n_tokens, pair, s + r0, s_stride,
                                y + (size_t)k * sizeof(block_q8_K), y_stride, values, panel, micro, micro2, pair_tokens, &p,
                                p2);

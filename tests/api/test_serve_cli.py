@@ -249,6 +249,7 @@ def wait_for(server, text: str, timeout: float = 10.0) -> str:
 def test_start_up_lines_and_one_line_per_request(habits):
     log = "".join(habits.log)
     assert f"bubo serve: chat page: {habits.url}/ (open it in a browser)" in log
+    wait_for(habits, "bubo serve: ready:")  # said by a watcher that polls: maybe after /health answers
     ready = next(line for line in habits.log if line.startswith("bubo serve: ready:"))
     threads = plural(THREADS, "thread") + (" (2 for prompts)" if THREADS != 2 else "")  # -tb 2
     for part in ("weights ", " MiB", "KV cache ", "context 8192 tokens", "1 slot;", threads, " s;"):
