@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from client import call, call_json
@@ -140,47 +141,53 @@ def test_half_open_and_slowloris_connections_past_the_cap_do_not_lock_a_client_o
 
 
 def test_idle_and_half_sent_sockets_are_closed_after_their_deadlines(hostile):
-    # a socket that never sends a request
-    data, took = read_until_closed(connect(hostile))
+    """Each case on a connection of its own, all at once (each deadline is its connection's)."""
+    def sent(*parts: bytes, pause_s: float = 0.0) -> tuple[bytes, float]:
+        s = connect(hostile)
+        for i, part in enumerate(parts):
+            if i:
+                time.sleep(pause_s)
+            s.sendall(part)
+        return read_until_closed(s)
+
+    health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH + b"\r\n"
+    half = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+    post = b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH
+    cases = {
+        "never sends a request": (),
+        "kept alive after one request": (health,),
+        "headers begun and never finished": (half,),
+        "the same after one answered request (its clocks armed again)": (health, half),
+        "a body that does not come": (post + b"Content-Length: 1000\r\n\r\n{\"content\"",),
+        "50 MB announced": (post + b"Content-Length: 50000000\r\n\r\n{\"content\"",),
+    }
+    with ThreadPoolExecutor(len(cases)) as pool:
+        futures = {name: pool.submit(sent, *parts, pause_s=0.2) for name, parts in cases.items()}
+        got = {name: f.result() for name, f in futures.items()}
+    data, took = got["never sends a request"]
     assert data == b"" and took < KEEPALIVE_S + SLACK_S
-    # a kept-alive socket after one request
-    s = connect(hostile)
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH + b"\r\n")
-    data, took = read_until_closed(s)
+    data, took = got["kept alive after one request"]
     assert status_of(data) == 200 and data.count(b"HTTP/1.1 ") == 1 and took < KEEPALIVE_S + SLACK_S
-    # headers begun and never finished: 408
-    s = connect(hostile)
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
-    data, took = read_until_closed(s)
+    data, took = got["headers begun and never finished"]  # 408
     assert status_of(data) == 408 and b"request_timeout" in data and took < HEADER_S + SLACK_S
-    # ... and after one answered request on the same connection (its clocks armed again)
-    s = connect(hostile)
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH + b"\r\n")
-    time.sleep(0.2)
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
-    data, took = read_until_closed(s)
+    data, took = got["the same after one answered request (its clocks armed again)"]
     assert data.count(b"HTTP/1.1 200") == 1 and b"request_timeout" in data and took < HEADER_S + SLACK_S + 0.2
-    # a body that does not come: 400 once its deadline (header timeout + length at 64 KiB/s) is past
-    s = connect(hostile)
-    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH +
-              b"Content-Length: 1000\r\n\r\n{\"content\"")
-    data, took = read_until_closed(s)
+    # 400 once its deadline (header timeout + length at 64 KiB/s) is past
+    data, took = got["a body that does not come"]
     assert status_of(data) == 400 and took < HEADER_S + SLACK_S + 1
-    # 50 MB announced: 413 at once, and the connection closes without reading the body
-    s = connect(hostile)
-    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + RAW_AUTH +
-              b"Content-Length: 50000000\r\n\r\n{\"content\"")
-    data, took = read_until_closed(s)
+    # 413 at once, and the connection closes without reading the body
+    data, took = got["50 MB announced"]
     assert status_of(data) == 413 and b"Connection: close" in data and took < SLACK_S
 
 
 def test_a_large_body_sent_steadily_is_read(hostile):
     """Longer in all than the header timeout, no gap as long, faster than 64 KiB/s: accepted,
-    with Content-Length and chunked."""
+    with Content-Length and chunked (the two at once)."""
     content = "word " * 60_000  # 300 KB
     body = json.dumps({"content": content}).encode()
     thirds = [body[i * len(body) // 3:(i + 1) * len(body) // 3] for i in range(3)]
-    for chunked in (False, True):
+
+    def send(chunked: bool) -> bytes:
         s = connect(hostile, timeout=60)
         head = b"Transfer-Encoding: chunked\r\n" if chunked else b"Content-Length: %d\r\n" % len(body)
         s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + RAW_AUTH + head + b"\r\n")
@@ -189,8 +196,11 @@ def test_a_large_body_sent_steadily_is_read(hostile):
             s.sendall(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
         if chunked:
             s.sendall(b"0\r\n\r\n")
-        data, _ = read_until_closed(s)
-        assert status_of(data) == 200 and b'"tokens"' in data, data[:300]
+        return read_until_closed(s)[0]
+
+    with ThreadPoolExecutor(2) as pool:
+        for data in pool.map(send, (False, True)):
+            assert status_of(data) == 200 and b'"tokens"' in data, data[:300]
 
 
 def test_the_canned_answers_are_well_formed():

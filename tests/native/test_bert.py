@@ -15,6 +15,7 @@ from bubo._model import Model as NativeModel
 
 from engines import THREADS
 from reference.bert import BertReference
+from reference.reader import reader
 from reference.tiny import write_tiny_model
 
 # at least 50 varied sentences: plain, accents, CJK, emoji, code, numbers, punctuation
@@ -228,7 +229,6 @@ def test_native_encode_checks(minilm_gguf, tmp_path):
 def test_decoder_hidden_rows_are_what_the_output_multiplies(tmp_path, arch):
     """A decoder's embeddings are its final normed hidden rows: times the output matrix (read
     with the gguf package) they give decode's own logits."""
-    import gguf
 
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, types="F32")
     m = NativeModel(path, 2)
@@ -239,8 +239,8 @@ def test_decoder_hidden_rows_are_what_the_output_multiplies(tmp_path, arch):
     hidden = m.decode(KVCache(m, n_ctx=n, type="f32"), tokens, pos, seq, np.ones(n, bool))
     m.output_hidden = False
     assert hidden.shape == (n, m.hparams["n_embd"])
-    reader = gguf.GGUFReader(path)
-    t = {t.name: t for t in reader.tensors}
+    gguf_file = reader(path)
+    t = {t.name: t for t in gguf_file.tensors}
     out = np.asarray((t.get("output.weight") or t["token_embd.weight"]).data, dtype=np.float64)
     mine = hidden.astype(np.float64) @ out.T
     if m.hparams["final_logit_softcap"]:

@@ -17,6 +17,7 @@ from bubo.gguf import SUPPORTED_ARCHITECTURES, GGUFFile, TensorInfo, check_model
 
 import ggufbuild as gb
 from ggufbuild import ARRAY, BOOL, FLOAT32, FLOAT64, INT8, INT16, INT32, INT64, STRING, UINT8, UINT16, UINT32, UINT64
+from reference.reader import reader
 
 Q = gguf.GGMLQuantizationType
 VT = gguf.GGUFValueType
@@ -38,7 +39,7 @@ def reader_value(field):
 
 
 def assert_same_as_reader(f: GGUFFile, source) -> gguf.GGUFReader:
-    r = gguf.GGUFReader(source)
+    r = reader(source)
     md = f.metadata
     # GGUFReader adds the header fields as pseudo-keys
     fields = {k: v for k, v in r.fields.items() if not k.startswith("GGUF.")}
@@ -576,7 +577,7 @@ def real_model(request):
     from bubo import store
 
     path = store.pull(request.param)
-    return path, GGUFFile(path), gguf.GGUFReader(path)
+    return path, GGUFFile(path), reader(path)
 
 
 @pytest.mark.models

@@ -16,6 +16,7 @@ from gguf import quants as gq
 from bubo import _kernels as K
 
 from blocks import random_blocks, realistic_rows
+from reference.reader import reader
 
 WEIGHT_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
                 T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -187,12 +188,10 @@ REAL = {
 @pytest.mark.models
 @pytest.mark.parametrize("model", list(REAL))
 def test_real_tensors(model, catalog_model):
-    from gguf import GGUFReader
-
-    reader = GGUFReader(catalog_model(model))
+    gguf_file = reader(catalog_model(model))
     rng = np.random.default_rng(0)
     for t in REAL[model]:
-        tensor = next(x for x in reader.tensors if x.tensor_type == t and len(x.shape) == 2)
+        tensor = next(x for x in gguf_file.tensors if x.tensor_type == t and len(x.shape) == 2)
         raw = np.asarray(tensor.data)
         rows = raw.view(np.uint8).reshape(raw.shape[0], -1)[:8]
         expected = gq.dequantize(rows, t).astype(np.float32)

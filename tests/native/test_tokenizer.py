@@ -25,6 +25,7 @@ from bubo._tokenizer import (
 from bubo.errors import GGUFError, UnsupportedError
 
 import tokvocab as tv
+from reference.reader import reader
 from tokvocab import TT, VT, bl
 
 DATA = pathlib.Path(__file__).resolve().parent.parent / "data"
@@ -154,9 +155,7 @@ def test_catalog_streaming_never_splits_a_character(catalog):
 @pytest.fixture(scope="module")
 def smollm_metadata():
     """SmolLM2's tokenizer.* metadata, read with gguf.GGUFReader."""
-    import gguf
-
-    r = gguf.GGUFReader(store.pull("smollm2:135m"))
+    r = reader(store.pull("smollm2:135m"))
     kv = {}
     for key, field in r.fields.items():
         if key.startswith("tokenizer.") and key != "tokenizer.chat_template":

@@ -35,6 +35,8 @@ import gguf
 import numpy as np
 from gguf import quants
 
+from .reader import reader
+
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 NEOX_ARCHS = ("qwen2", "qwen3", "gemma3")
 
@@ -241,7 +243,7 @@ class Layer:
 class RefModel:
     def __init__(self, path: str):
         self.path = str(path)
-        self.reader = gguf.GGUFReader(self.path)
+        self.reader = reader(self.path)
         self.hp = read_hparams(self.reader)
         self.tensors = {t.name: t for t in self.reader.tensors}
         hp = self.hp

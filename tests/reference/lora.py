@@ -10,6 +10,8 @@ import os
 import gguf
 import numpy as np
 
+from .reader import reader
+
 MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
@@ -21,7 +23,7 @@ def matrix_shapes(model_path) -> tuple[str, str | None, int, dict[str, tuple[int
 
 @functools.lru_cache(maxsize=32)
 def _matrix_shapes(path: str, mtime: int) -> tuple[str, str | None, int, dict[str, tuple[int, int]]]:
-    r = gguf.GGUFReader(path)
+    r = reader(path)
     fields = {f.name: f for f in r.fields.values()}
 
     def value(key):

@@ -4,12 +4,12 @@ ray-serve --address ...` as a user runs it:
 
 - two replicas of smollm2:135m, one thread each, one per node, answer the openai SDK (streamed and
   not) with the tokens a single `bubo serve` gives, behind the same API key check;
-- prefix-aware routing against Ray Serve's default (power of two choices), in one run: 40 requests
-  of 4 conversations with long system prompts, interleaved; cached prompt tokens (usage) and time
-  to first token printed for both; prefix-aware must find at least 75% of the prompt tokens
-  cached (the ideal is 84%: only each conversation's first request is new) and at least 1.5x as
-  many as the default (which routes at random here: both replicas idle; simulated with the
-  cache's 32-token LRU blocks, its share is 23% at the median and 51% in one run of 1000);
+- prefix-aware routing: 28 requests of 4 conversations with long system prompts, interleaved;
+  cached prompt tokens (usage) and time to first token printed; at least 75% of the prompt tokens
+  must be found cached (the ideal is 84%: only each conversation's first request is new). Ray
+  Serve's default (power of two choices) routes at random here, both replicas idle: simulated with
+  the cache's 32-token LRU blocks, its share is 23% at the median and 51% in the best of 1000 runs,
+  so 75% is out of its reach; benchmarks/bench_ray.py runs the two side by side (docs/benchmarks.md);
 - a replica's process killed under 8 concurrent clients: no client hangs, each failed request is a
   503 with Retry-After (or, where a stream's 200 had gone out, the in-band error), the service
   answers from a new replica within 30 s, and nothing else fails;
@@ -291,23 +291,11 @@ def conversations(url: str) -> dict[str, float]:
     return {"prompt": prompt, "cached": cached, "ttft": statistics.median(ttfts)}
 
 
-def test_prefix_aware_routing_caches_more_than_rays_default(cluster, app):
-    prefix = conversations(app.url)
-    app.stop()
-    pow2 = RayServe(cluster.address, "--replicas", "2", "-t", "1", "--one-per-node", "-c", str(CTX),
-                    "--api-key", KEY, "--router", "pow2", "--app-name", "bubo-pow2")
-    try:
-        default = conversations(pow2.url)
-    finally:
-        pow2.stop()
-    print(f"\n{'routing':<28}{'prompt tokens':>14}{'cached':>9}{'share':>8}{'median TTFT':>13}")
-    for name, r in (("prefix-aware (bubo)", prefix), ("power of two (Ray default)", default)):
-        print(f"{name:<28}{r['prompt']:>14}{r['cached']:>9}{r['cached'] / r['prompt']:>8.0%}{r['ttft']:>12.3f}s")
-    print(f"cached tokens: {prefix['cached'] / max(default['cached'], 1):.2f}x; "
-          f"median TTFT: {default['ttft'] / prefix['ttft']:.2f}x lower with prefix-aware routing")
-    assert prefix["prompt"] == default["prompt"]
-    assert prefix["cached"] >= 0.75 * prefix["prompt"], (prefix, default)
-    assert prefix["cached"] >= 1.5 * default["cached"], (prefix, default)
+def test_prefix_aware_routing_finds_each_conversation_cached(app):
+    r = conversations(app.url)
+    print(f"\nprefix-aware routing: {r['prompt']} prompt tokens, {r['cached']} cached "
+          f"({r['cached'] / r['prompt']:.0%}), median TTFT {r['ttft']:.3f}s")
+    assert r["cached"] >= 0.75 * r["prompt"], r
 
 
 def test_too_few_cpus_for_the_replicas_is_a_clear_error(cluster):
