@@ -65,7 +65,7 @@ def ray_serve(args: argparse.Namespace) -> int:
         ray.init(logging_level=logging.WARNING, include_dashboard=False)  # a new cluster on this machine, ours
     check_resources(opts)  # before Serve starts: a refusal leaves nothing behind on the cluster
     serve.start(proxy_location=args.proxy_location, http_options={"host": args.host, "port": args.port})
-    _check_proxy(args)
+    _check_serve(args, opts)
     print(f"bubo ray-serve: starting {opts.least_replicas} replica(s) of `bubo serve {' '.join(opts.serve_argv)}` "
           f"({opts.threads} thread(s) each, router {opts.router})", flush=True)
     try:
@@ -105,9 +105,10 @@ def _shutdown_if_idle() -> None:
         serve.shutdown()  # type: ignore[no-untyped-call]
 
 
-def _check_proxy(args: argparse.Namespace) -> None:
-    """Ray Serve already running on the cluster keeps its proxy's address: say so rather than
-    print an address nothing listens on."""
+def _check_serve(args: argparse.Namespace, opts: Options) -> None:
+    """Ray Serve already running on the cluster keeps its proxy's address, and another
+    application on the route prefix keeps it: say so rather than print an address nothing
+    listens on, or Serve's own traceback."""
     from ray.serve.context import _get_global_client
 
     client = _get_global_client()
@@ -116,3 +117,8 @@ def _check_proxy(args: argparse.Namespace) -> None:
         raise ValueError(f"Ray Serve already runs on this cluster with its HTTP proxy on {http.host}:{http.port}; "
                          f"stop it first (`serve shutdown`), or give --host {http.host} --port {http.port} to "
                          f"serve there (an application of the same --app-name is replaced)")
+    details = client.get_serve_details() if client is not None else {}
+    for name, app in (details.get("applications") or {}).items():
+        if name != opts.name and isinstance(app, dict) and app.get("route_prefix") == opts.route_prefix:
+            raise ValueError(f"the application {name!r} already serves {opts.route_prefix} on this cluster's Ray "
+                             f"Serve: give --app-name {name} to replace it, or stop the ray-serve that runs it first")
