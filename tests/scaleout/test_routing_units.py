@@ -241,6 +241,32 @@ def test_bad_flags_are_refused_before_any_cluster_starts(args, says):
     assert "pip install" not in p.stderr  # refused before Ray was needed
 
 
+def test_serve_already_running_elsewhere_or_another_application_at_the_prefix_is_a_clear_error(monkeypatch):
+    """Against the Serve instance a cluster already runs (its client: the proxy's address and the
+    applications' route prefixes), before anything is deployed."""
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'bubo[ray]'")
+    import argparse
+    import types
+
+    from ray.serve import context
+
+    from bubo.cli.ray_serve import _check_serve
+    from bubo.rayserve import Options
+
+    apps = {"bubo": {"route_prefix": "/"}, "docs": {"route_prefix": "/docs"}}
+    client = types.SimpleNamespace(http_config=types.SimpleNamespace(host="127.0.0.1", port=8000),
+                                   get_serve_details=lambda: {"applications": apps})
+    monkeypatch.setattr(context, "_get_global_client", lambda: client)
+    here = argparse.Namespace(host="127.0.0.1", port=8000)
+    _check_serve(here, Options(serve_argv=[], name="bubo"))  # the same name: replaced, as Serve does
+    _check_serve(here, Options(serve_argv=[], name="bubo-2", route_prefix="/two"))
+    with pytest.raises(ValueError, match=r"^the application 'bubo' already serves / on this cluster's Ray Serve: "
+                                         r"give --app-name bubo to replace it, or stop the ray-serve that runs it"):
+        _check_serve(here, Options(serve_argv=[], name="bubo-2"))
+    with pytest.raises(ValueError, match="HTTP proxy on 127.0.0.1:8000; stop it first"):
+        _check_serve(argparse.Namespace(host="127.0.0.1", port=9000), Options(serve_argv=[], name="bubo"))
+
+
 # --- what is deployed --------------------------------------------------------------------------
 
 
