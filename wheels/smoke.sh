@@ -5,7 +5,8 @@ set -euo pipefail
 wheel="$(realpath "$1")"
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="$(mktemp -d)/venv"
-python -m venv "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "$wheel"
+# no pip of its own (ensurepip costs seconds): this Python's pip installs into it
+python -m venv --without-pip "$venv"
+python -m pip --python "$venv/bin/python" install -q --disable-pip-version-check "$wheel"
 cd "$(dirname "$venv")"
 "$venv/bin/python" "$here/smoke.py"

@@ -148,6 +148,24 @@ def test_writer_file_matches_reader(writer_file):
         assert_same_as_reader(f, writer_file)
 
 
+def test_the_tests_faster_reader_reads_what_gguf_reads(writer_file):
+    """tests/reference/reader.py's Reader (plain array views of the mapping) gives the gguf
+    package's own GGUFReader's fields, parts and tensors, every value type included."""
+    from reference.reader import Reader
+
+    theirs, ours = gguf.GGUFReader(writer_file), Reader(writer_file)
+    assert list(ours.fields) == list(theirs.fields)
+    for a, b in zip(theirs.fields.values(), ours.fields.values(), strict=True):
+        assert (b.offset, b.types, b.data) == (a.offset, a.types, a.data), a.name
+        assert b.contents() == a.contents(), a.name
+        assert all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a.parts, b.parts, strict=True)), a.name
+    assert len(ours.tensors) == len(theirs.tensors) > 0
+    for a, b in zip(theirs.tensors, ours.tensors, strict=True):
+        assert (b.name, b.tensor_type, list(b.shape), b.data_offset) == (a.name, a.tensor_type, list(a.shape),
+                                                                          a.data_offset)
+        assert b.data.dtype == a.data.dtype and np.array_equal(b.data, a.data), a.name
+
+
 def test_metadata_values(writer_file):
     md = GGUFFile(writer_file).metadata
     assert md["general.architecture"] == "llama"
