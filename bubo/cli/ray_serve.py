@@ -119,6 +119,7 @@ def _check_serve(args: argparse.Namespace, opts: Options) -> None:
                          f"serve there (an application of the same --app-name is replaced)")
     details = client.get_serve_details() if client is not None else {}
     for name, app in (details.get("applications") or {}).items():
-        if name != opts.name and isinstance(app, dict) and app.get("route_prefix") == opts.route_prefix:
+        if (name != opts.name and isinstance(app, dict) and app.get("route_prefix") == opts.route_prefix
+                and app.get("status") != "DELETING"):  # one going away (a stop under way) is no conflict
             raise ValueError(f"the application {name!r} already serves {opts.route_prefix} on this cluster's Ray "
                              f"Serve: give --app-name {name} to replace it, or stop the ray-serve that runs it first")

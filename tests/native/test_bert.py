@@ -229,7 +229,6 @@ def test_native_encode_checks(minilm_gguf, tmp_path):
 def test_decoder_hidden_rows_are_what_the_output_multiplies(tmp_path, arch):
     """A decoder's embeddings are its final normed hidden rows: times the output matrix (read
     with the gguf package) they give decode's own logits."""
-
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, types="F32")
     m = NativeModel(path, 2)
     n = 12

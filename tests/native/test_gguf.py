@@ -1,4 +1,5 @@
-"""The GGUF reader against gguf.GGUFReader (an independent implementation) on files written by
+"""The GGUF reader against gguf.GGUFReader (an independent implementation; the tests open it
+through reference.reader, which gives the same fields and tensors faster) on files written by
 gguf.GGUFWriter and by hand, and its errors on malformed input."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from bubo.gguf import SUPPORTED_ARCHITECTURES, GGUFFile, TensorInfo, check_model
 
 import ggufbuild as gb
 from ggufbuild import ARRAY, BOOL, FLOAT32, FLOAT64, INT8, INT16, INT32, INT64, STRING, UINT8, UINT16, UINT32, UINT64
-from reference.reader import reader
+from reference.reader import Reader, reader
 
 Q = gguf.GGMLQuantizationType
 VT = gguf.GGUFValueType
@@ -151,8 +152,6 @@ def test_writer_file_matches_reader(writer_file):
 def test_the_tests_faster_reader_reads_what_gguf_reads(writer_file):
     """tests/reference/reader.py's Reader (plain array views of the mapping) gives the gguf
     package's own GGUFReader's fields, parts and tensors, every value type included."""
-    from reference.reader import Reader
-
     theirs, ours = gguf.GGUFReader(writer_file), Reader(writer_file)
     assert list(ours.fields) == list(theirs.fields)
     for a, b in zip(theirs.fields.values(), ours.fields.values(), strict=True):

@@ -154,7 +154,7 @@ def test_catalog_streaming_never_splits_a_character(catalog):
 
 @pytest.fixture(scope="module")
 def smollm_metadata():
-    """SmolLM2's tokenizer.* metadata, read with gguf.GGUFReader."""
+    """SmolLM2's tokenizer.* metadata, read with gguf.GGUFReader (reference.reader's)."""
     r = reader(store.pull("smollm2:135m"))
     kv = {}
     for key, field in r.fields.items():

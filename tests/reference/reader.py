@@ -39,6 +39,6 @@ def reader(path: str | os.PathLike[str]) -> gguf.GGUFReader:
     return _kept(path, st.st_mtime_ns, st.st_size)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=3)  # a real model's parsed vocabulary: hundreds of MB
 def _kept(path: str, mtime_ns: int, size: int) -> gguf.GGUFReader:
     return Reader(path)

@@ -13,8 +13,9 @@ ray-serve --address ...` as a user runs it:
 - a replica's process killed under 8 concurrent clients: no client hangs, each failed request is a
   503 with Retry-After (or, where a stream's 200 had gone out, the in-band error), the service
   answers from a new replica within 30 s, and nothing else fails;
-- too few CPUs for the replicas asked, or a model file the replicas cannot find: a clear error,
-  not a hang."""
+- too few CPUs for the replicas asked, a model file the replicas cannot find, or a second
+  application at the route prefix of one running: a clear error, not a hang; the command stops on
+  SIGTERM with its application taken off the cluster."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -74,7 +76,8 @@ class RayServe(Process):
 def cluster():
     from ray.cluster_utils import Cluster
 
-    # a node's processes cost seconds to start: the head holds a replica too (as a small cluster's does)
+    # a node's processes cost seconds to start: the head holds a replica too (docs/features.md's
+    # several-machine cluster keeps its head for the proxy; here the two nodes are one machine anyway)
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
         c.add_node(num_cpus=1)
@@ -83,8 +86,12 @@ def cluster():
         c.shutdown()
 
 
+_APP_STARTED: list[bool] = []  # the module's application was started (test_a_model_the_replicas_cannot_load_...)
+
+
 @pytest.fixture(scope="module")
 def app(cluster):
+    _APP_STARTED.append(True)
     a = RayServe(cluster.address, "--replicas", "2", "-t", "1", "--one-per-node", "-c", str(CTX),
                  "--api-key", KEY)
     try:
@@ -111,6 +118,7 @@ def _post(url: str, body: dict, key: str | None = KEY) -> tuple[int, dict[str, s
 def test_a_model_the_replicas_cannot_load_is_a_clear_error(cluster, tmp_path):
     """First, before the module's application: on a cluster that runs no Serve yet (the command
     starts it, and stops it again when the deploy fails: it serves nothing)."""
+    assert not _APP_STARTED, "this test runs before the module's application (the file's order; not with -k or --ff)"
     missing = tmp_path / "missing.gguf"
     proc = subprocess.run([sys.executable, "-m", "bubo", "ray-serve", "--address", cluster.address, "--port",
                            str(free_port()), "--replicas", "1", "-t", "1", "-m", str(missing),
@@ -317,3 +325,19 @@ def test_too_few_cpus_for_the_replicas_is_a_clear_error(cluster):
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "3 replicas of 1 thread need 3 CPUs" in proc.stderr and "room for 2" in proc.stderr, proc.stderr
+
+
+def test_a_second_application_at_the_same_prefix_is_refused_and_the_first_stops_cleanly(cluster, app):
+    """Last: on the module's application's Serve instance, another --app-name at its route prefix
+    is refused before anything is deployed, naming the one there; then the module's `ray-serve`
+    stops on SIGTERM with its application taken off the cluster, exit code 0."""
+    port = str(urllib.parse.urlsplit(app.url).port)
+    proc = subprocess.run([sys.executable, "-m", "bubo", "ray-serve", "--address", cluster.address, "--port", port,
+                           "--replicas", "1", "-t", "1", "-m", MODEL, "--app-name", "bubo-other"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "bubo ray-serve: error: the application 'bubo' already serves / on this cluster's Ray Serve: give --app-name "
+        "bubo to replace it, or stop the ray-serve that runs it first"), proc.stderr
+    app.stop()
+    assert app.proc.returncode == 0, "".join(app.log[-20:])
