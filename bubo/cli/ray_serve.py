@@ -112,13 +112,14 @@ def _check_serve(args: argparse.Namespace, opts: Options) -> None:
     from ray.serve.context import _get_global_client
 
     client = _get_global_client()
-    http = client.http_config if client is not None else None
+    if client is None:
+        return
+    http = client.http_config
     if http is not None and (http.port != args.port or http.host != args.host):
         raise ValueError(f"Ray Serve already runs on this cluster with its HTTP proxy on {http.host}:{http.port}; "
                          f"stop it first (`serve shutdown`), or give --host {http.host} --port {http.port} to "
                          f"serve there (an application of the same --app-name is replaced)")
-    details = client.get_serve_details() if client is not None else {}
-    for name, app in (details.get("applications") or {}).items():
+    for name, app in (client.get_serve_details().get("applications") or {}).items():
         if (name != opts.name and isinstance(app, dict) and app.get("route_prefix") == opts.route_prefix
                 and app.get("status") != "DELETING"):  # one going away (a stop under way) is no conflict
             raise ValueError(f"the application {name!r} already serves {opts.route_prefix} on this cluster's Ray "

@@ -4,7 +4,6 @@ catalog models can be fetched here."""
 
 from __future__ import annotations
 
-import functools
 import os
 
 import gguf
@@ -16,18 +15,12 @@ MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_
 
 
 def matrix_shapes(model_path) -> tuple[str, str | None, int, dict[str, tuple[int, int]]]:
-    """(architecture, general.name, layers, matrix name -> (rows, cols)) of a model file (read once
-    per file and process: gguf's reader parses the whole vocabulary, seconds for a real model)."""
-    return _matrix_shapes(os.fspath(model_path), os.stat(model_path).st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=32)
-def _matrix_shapes(path: str, mtime: int) -> tuple[str, str | None, int, dict[str, tuple[int, int]]]:
-    r = reader(path)
-    fields = {f.name: f for f in r.fields.values()}
+    """(architecture, general.name, layers, matrix name -> (rows, cols)) of a model file (a real
+    model's reader is opened once per process: reference.reader)."""
+    r = reader(model_path)
 
     def value(key):
-        f = fields.get(key)
+        f = r.fields.get(key)
         return None if f is None else f.contents()
     arch = value("general.architecture")
     n_layer = int(value(f"{arch}.block_count"))

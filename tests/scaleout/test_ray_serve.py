@@ -72,6 +72,12 @@ class RayServe(Process):
                          start_new_session=True)
 
 
+def ray_serve_once(cluster, *flags: str, port: int | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m bubo ray-serve` against the cluster, one thread a replica, run to its end (a refusal)."""
+    return subprocess.run([sys.executable, "-m", "bubo", "ray-serve", "--address", cluster.address, "--port",
+                           str(port or free_port()), "-t", "1", *flags], capture_output=True, text=True, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def cluster():
     from ray.cluster_utils import Cluster
@@ -120,9 +126,7 @@ def test_a_model_the_replicas_cannot_load_is_a_clear_error(cluster, tmp_path):
     starts it, and stops it again when the deploy fails: it serves nothing)."""
     assert not _APP_STARTED, "this test runs before the module's application (the file's order; not with -k or --ff)"
     missing = tmp_path / "missing.gguf"
-    proc = subprocess.run([sys.executable, "-m", "bubo", "ray-serve", "--address", cluster.address, "--port",
-                           str(free_port()), "--replicas", "1", "-t", "1", "-m", str(missing),
-                           "--app-name", "bubo-missing"], capture_output=True, text=True, timeout=300)
+    proc = ray_serve_once(cluster, "--replicas", "1", "-m", str(missing), "--app-name", "bubo-missing")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("bubo ray-serve: error: the replicas did not start:"), proc.stderr
@@ -320,9 +324,7 @@ def test_prefix_aware_routing_finds_each_conversation_cached(app):
 
 
 def test_too_few_cpus_for_the_replicas_is_a_clear_error(cluster):
-    proc = subprocess.run([sys.executable, "-m", "bubo", "ray-serve", "--address", cluster.address, "--port",
-                           str(free_port()), "--replicas", "3", "-t", "1", "-m", MODEL],
-                          capture_output=True, text=True, timeout=180)
+    proc = ray_serve_once(cluster, "--replicas", "3", "-m", MODEL)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "3 replicas of 1 thread need 3 CPUs" in proc.stderr and "room for 2" in proc.stderr, proc.stderr
 
@@ -331,10 +333,8 @@ def test_a_second_application_at_the_same_prefix_is_refused_and_the_first_stops_
     """Last: on the module's application's Serve instance, another --app-name at its route prefix
     is refused before anything is deployed, naming the one there; then the module's `ray-serve`
     stops on SIGTERM with its application taken off the cluster, exit code 0."""
-    port = str(urllib.parse.urlsplit(app.url).port)
-    proc = subprocess.run([sys.executable, "-m", "bubo", "ray-serve", "--address", cluster.address, "--port", port,
-                           "--replicas", "1", "-t", "1", "-m", MODEL, "--app-name", "bubo-other"],
-                          capture_output=True, text=True, timeout=180)
+    proc = ray_serve_once(cluster, "--replicas", "1", "-m", MODEL, "--app-name", "bubo-other",
+                          port=urllib.parse.urlsplit(app.url).port)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         "bubo ray-serve: error: the application 'bubo' already serves / on this cluster's Ray Serve: give --app-name "
