@@ -20,12 +20,15 @@ The loads, each from N client threads on keep-alive connections (as an SDK's con
 Each reports requests per second (per burst, wall time from the moment every client is connected
 and ready to the last answer; summed over the bursts) and the server process's CPU time per
 request (its threads' time on a CPU, from /proc's schedstat), and for bubo the part outside its
-engine's threads (named bubo-engine and bubo-pool): the HTTP path and the request's preparation.
+engine's threads (named bubo-engine and bubo-pool): the HTTP path and the request's preparation,
+and how often per request those threads went to sleep (waiting on the engine, or for the GIL).
 The client threads run on the same machine and take CPU too, the same for both servers. The
 sentences are bench_serve.sentence's varied prose (10-25 tokens), a different one per request of
 a load. Each round also runs the completion's core steps in a process of their own, with no
 HTTP server or Flask request (floor()): the part of its CPU outside the engine that no HTTP
-path could remove.
+path could remove; and what a sleep costs the event loop's thread on this machine (wake_costs()):
+its CPU for a wait of a few milliseconds and for the work right after it, paid again at each of
+the sleeps counted above.
 """
 
 from __future__ import annotations
@@ -63,32 +66,42 @@ TITLES = {"health": "GET /health, 8 clients", "tokenize": "POST /tokenize, 8 cli
 ENGINE_THREADS = ("bubo-engine", "bubo-pool")  # bubo's engine thread and its compute pool (bubo.cpus.name_thread)
 
 
-def cpu_by_thread(pid: int) -> dict[str, tuple[float, bool]]:
+def cpu_by_thread(pid: int) -> dict[str, tuple[float, bool, int]]:
     """Each live thread of a process: its CPU time so far (nanoseconds on a CPU, from schedstat:
-    stat's 10 ms ticks are coarse beside a burst of light requests) and whether it is outside
-    bubo's engine (every thread but ENGINE_THREADS: the HTTP work, the preparation pool's)."""
-    out: dict[str, tuple[float, bool]] = {}
+    stat's 10 ms ticks are coarse beside a burst of light requests), whether it is outside
+    bubo's engine (every thread but ENGINE_THREADS: the HTTP work, the preparation pool's), and
+    how many times it has gone to sleep (status' voluntary context switches: waits for the
+    event loop's next event, for the GIL)."""
+    out: dict[str, tuple[float, bool, int]] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                 ns = int(f.read().split()[0])
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = f.read().strip()
-        except (OSError, ValueError, IndexError):
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                sleeps = next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+        except (OSError, ValueError, IndexError, StopIteration):
             continue  # the thread ended meanwhile
-        out[tid] = (ns / 1e9, name not in ENGINE_THREADS)
+        out[tid] = (ns / 1e9, name not in ENGINE_THREADS, sleeps)
     return out
 
 
-def cpu_between(before: dict[str, tuple[float, bool]], after: dict[str, tuple[float, bool]]) -> tuple[float, float]:
+def cpu_between(before: dict[str, tuple[float, bool, int]],
+                after: dict[str, tuple[float, bool, int]]) -> tuple[float, float, int]:
     """(all, outside the engine) CPU seconds that the threads alive at `after` spent since
-    `before` (one started meanwhile, from zero; one that ended meanwhile is not counted)."""
+    `before`, and how often the threads outside the engine went to sleep meanwhile (one started
+    meanwhile, from zero; one that ended meanwhile is not counted)."""
     total = outside = 0.0
-    for tid, (seconds, is_outside) in after.items():
-        spent = seconds - before.get(tid, (0.0, is_outside))[0]
+    sleeps = 0
+    for tid, (seconds, is_outside, slept) in after.items():
+        was = before.get(tid, (0.0, is_outside, 0))
+        spent = seconds - was[0]
         total += spent
-        outside += spent if is_outside else 0.0
-    return total, outside
+        if is_outside:
+            outside += spent
+            sleeps += slept - was[2]
+    return total, outside, sleeps
 
 
 def body_for(name: str, text: str) -> dict[str, Any] | None:
@@ -102,8 +115,9 @@ def body_for(name: str, text: str) -> dict[str, Any] | None:
 
 
 def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: int, texts: list[str],
-             n_requests: int, start: int = 0, warm: bool = True) -> tuple[int, float, float, float]:
-    """(requests sent, seconds, server CPU seconds, of which outside bubo's engine) for n_requests
+             n_requests: int, start: int = 0, warm: bool = True) -> tuple[int, float, float, float, int]:
+    """(requests sent, seconds, server CPU seconds, of which outside bubo's engine, and the times
+    the threads outside the engine went to sleep) for n_requests
     (rounded down to a whole number per client) spread over n_clients, on texts[start:]; timed
     from the moment every client is connected (after a warm-up of 20 requests on one connection,
     on the last 20 texts, with warm)."""
@@ -139,9 +153,12 @@ def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: 
     threads = [threading.Thread(target=client, args=(k, per, n_clients, ready)) for k in range(n_clients)]
     for t in threads:
         t.start()
+    # the server's threads read before the clients are let go (it is idle until then): reading a
+    # server of many threads takes long enough that a short burst would be over meanwhile
+    c0 = cpu_by_thread(pid)
     with contextlib.suppress(threading.BrokenBarrierError):  # a client failed: reported below
         ready.wait()
-    c0, t0 = cpu_by_thread(pid), time.perf_counter()
+    t0 = time.perf_counter()
     for t in threads:
         t.join()
     dt, c1 = time.perf_counter() - t0, cpu_by_thread(pid)
@@ -150,10 +167,11 @@ def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: 
     return (per * n_clients, dt, *cpu_between(c0, c1))
 
 
-def figures(runs: list[tuple[int, float, float, float]]) -> tuple[float, float, float]:
-    """(requests per second, CPU ms per request, of which outside the engine) over a load's bursts."""
-    n, dt, cpu, outside = (sum(x[i] for x in runs) for i in range(4))
-    return n / dt, cpu / n * 1000, outside / n * 1000
+def figures(runs: list[tuple[int, float, float, float, int]]) -> tuple[float, float, float, float]:
+    """(requests per second, CPU ms per request, of which outside the engine, sleeps outside the
+    engine per request) over a load's bursts."""
+    n, dt, cpu, outside, sleeps = (sum(x[i] for x in runs) for i in range(5))
+    return n / dt, cpu / n * 1000, outside / n * 1000, sleeps / n
 
 
 def floor(model: Path, threads: int, n_requests: int, texts: list[str]) -> float:
@@ -202,6 +220,43 @@ engine.stop()
     return float(json.loads(run.stdout.strip().splitlines()[-1]))
 
 
+WAKE_GAPS_MS = (0.0, 1.0, 3.0, 10.0)
+
+
+def wake_costs(n: int) -> list[tuple[float, float, float]]:
+    """What going idle costs the event loop's thread on this machine, per idle gap of
+    WAKE_GAPS_MS: the CPU microseconds of a gevent.sleep of the gap (0: a yield to the loop,
+    which does not sleep) and of the same small piece of work done right after it (a JSON round
+    trip of an answer's size); n of each, in a process of its own (monkey-patched as the
+    server's), after a warm-up. A request that waits on the engine leaves the server's main
+    thread idle for about a batch's time (a few ms): this is the part of its CPU outside the
+    engine that the waiting costs."""
+    code = f"""
+from gevent import monkey; monkey.patch_all()
+import gevent, json, time
+DATA = {{"object": "list", "model": "m", "data": [{{"object": "embedding", "index": 0, "embedding": [0.0123] * 64}}]}}
+def work():
+    json.loads(json.dumps(DATA))
+for _ in range(2000):
+    work()
+out = []
+for gap in {WAKE_GAPS_MS!r}:
+    woke = did = 0.0
+    for _ in range({n}):
+        t0 = time.thread_time()
+        gevent.sleep(gap / 1000)
+        t1 = time.thread_time()
+        work()
+        t2 = time.thread_time()
+        woke += t1 - t0
+        did += t2 - t1
+    out.append((gap, woke / {n} * 1e6, did / {n} * 1e6))
+print(json.dumps(out))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
+    return [tuple(x) for x in json.loads(run.stdout.strip().splitlines()[-1])]
+
+
 def command(who: str, kind: str, args: argparse.Namespace, model: Path, port: int) -> list[str]:
     common = ["-m", str(model), "--host", HOST, "--port", str(port), "-t", str(args.threads)]
     if kind == "embed":
@@ -240,15 +295,21 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(11)
     texts = [sentence(rng) for _ in range(args.requests + 20)]
     loads = [x for x in LOADS if not args.only or x[0] in args.only]
+    wakes: list[list[tuple[float, float, float]]] = []
     if args.floor_only:
-        print_floor([floor(models["gen"], args.threads, args.requests, texts) for _ in range(args.rounds)], args,
-                    models)
+        floors = []
+        for _ in range(args.rounds):
+            floors.append(floor(models["gen"], args.threads, args.requests, texts))
+            wakes.append(wake_costs(WAKE_N))
+        print_floor(floors, args, models)
+        print_wakes(wakes)
         return 0
-    got: dict[str, dict[str, list[tuple[float, float, float]]]] = {w: {n: [] for n, *_ in loads}
-                                                                    for w in ("bubo", "llama")}
+    got: dict[str, dict[str, list[tuple[float, float, float, float]]]] = {w: {n: [] for n, *_ in loads}
+                                                                          for w in ("bubo", "llama")}
     per_burst = args.requests // args.bursts  # at least most_clients
     floors: list[float] = []
     for r in range(args.rounds):
+        wakes.append(wake_costs(WAKE_N))
         if any(x[0] == "completion" for x in loads):
             floors.append(floor(models["gen"], args.threads, args.requests, texts))
             print(f"round {r + 1} the completion's own steps in-process: {floors[-1]:.3f} ms CPU/request",
@@ -268,15 +329,16 @@ def main(argv: list[str] | None = None) -> int:
                     assert srv.proc is not None
                     pids[who] = srv.proc.pid
                 for name, method, path, n_clients, _ in mine:
-                    runs: dict[str, list[tuple[int, float, float, float]]] = {"bubo": [], "llama": []}
+                    runs: dict[str, list[tuple[int, float, float, float, int]]] = {"bubo": [], "llama": []}
                     for b in range(args.bursts):
                         for who in (("bubo", "llama") if (r + b) % 2 == 0 else ("llama", "bubo")):
                             runs[who].append(run_load(ports[who], pids[who], name, method, path, n_clients, texts,
                                                       per_burst, start=b * per_burst, warm=b == 0))
                     for who in ("bubo", "llama"):
-                        rps, ms, outside = figures(runs[who])
-                        got[who][name].append((rps, ms, outside))
-                        part = f" ({outside:.3f} outside the engine's threads)" if who == "bubo" else ""
+                        rps, ms, outside, sleeps = figures(runs[who])
+                        got[who][name].append((rps, ms, outside, sleeps))
+                        part = f" ({outside:.3f} outside the engine's threads, {sleeps:.2f} sleeps)" if who == "bubo" \
+                            else ""
                         print(f"round {r + 1} {LABEL[who]} {name}: {rps:.0f}/s, {ms:.3f} ms CPU/request{part}",
                               file=sys.stderr)
     print("\n### the lightest routes, bubo against llama-server")
@@ -284,20 +346,23 @@ def main(argv: list[str] | None = None) -> int:
           f"client), -t {args.threads}, median of {args.rounds} rounds, on "
           f"{cpu_name()}; models {models['gen'].name} and {models['embed'].name}\n")
     print("| load | bubo req/s | llama-server req/s | bubo / llama-server | the same per round: median (range) | "
-          "bubo CPU ms/req | of which outside the engine | llama-server CPU ms/req |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "bubo CPU ms/req | of which outside the engine | bubo's sleeps/req outside the engine | "
+          "llama-server CPU ms/req |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, *_ in loads:
         b_rps, l_rps = (statistics.median(x[0] for x in got[w][name]) for w in ("bubo", "llama"))
         b_ms, l_ms = (statistics.median(x[1] for x in got[w][name]) for w in ("bubo", "llama"))
         b_out = statistics.median(x[2] for x in got["bubo"][name])
+        b_sleeps = statistics.median(x[3] for x in got["bubo"][name])
         # a round's two servers take the load in alternating bursts close in time: their ratio
         # within a round is the least moved by the machine's drift
         paired = [b[0] / max(lm[0], 1e-9) for b, lm in zip(got["bubo"][name], got["llama"][name])]
         print(f"| {TITLES[name]} | {b_rps:.0f} | {l_rps:.0f} | {b_rps / l_rps:.2f}x | "
               f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}) | {b_ms:.3f} | {b_out:.3f} | "
-              f"{l_ms:.3f} |")
+              f"{b_sleeps:.2f} | {l_ms:.3f} |")
     if floors:
         print_floor(floors, args, models)
+    print_wakes(wakes)
     return 0
 
 
@@ -312,6 +377,24 @@ def print_floor(floors: list[float], args: argparse.Namespace, models: dict[str,
     print("|---|---:|---:|")
     print(f"| the completion's core, in-process | {statistics.median(floors):.3f} | "
           f"{min(floors):.3f}-{max(floors):.3f} |")
+
+
+WAKE_N = 300  # waits of each gap per round (10 ms gaps: 3 s)
+
+
+def print_wakes(wakes: list[list[tuple[float, float, float]]]) -> None:
+    print("\n### the event loop's thread after an idle gap")
+    print(f"\nA gevent.sleep of each gap (0: a yield to the event loop, no sleep), then the same small piece of work "
+          f"(a JSON round trip of an answer's size), in a process of its own: the thread's CPU microseconds for "
+          f"the wait and for the work right after it; {WAKE_N} of each a round, median of {len(wakes)} rounds, on "
+          f"{cpu_name()}. Each time the server's main thread sleeps (the sleeps column above: it waits on the "
+          f"engine, or for the GIL), it pays about this gap's figures again.\n")
+    print("| idle gap | CPU µs, the wait | CPU µs, the work after it |")
+    print("|---|---:|---:|")
+    for i, gap in enumerate(WAKE_GAPS_MS):
+        woke = statistics.median(w[i][1] for w in wakes)
+        did = statistics.median(w[i][2] for w in wakes)
+        print(f"| {gap:g} ms | {woke:.1f} | {did:.1f} |")
 
 
 if __name__ == "__main__":

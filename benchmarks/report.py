@@ -73,8 +73,9 @@ BENCHMARKS: list[tuple[str, str, str]] = [
      "one-input `/v1/embeddings`) from several keep-alive clients, bubo and llama-server on the same GGUF and "
      "threads, side by side, each load sent to them in turn in alternating bursts: requests per second, and the "
      "server's CPU time per request (for bubo also the part outside its engine's threads: the HTTP path and the "
-     "request's preparation); and the one-token completion's core steps called in-process, with no HTTP server "
-     "or Flask request: the part of its CPU outside the engine that no HTTP path could remove."),
+     "request's preparation, and how often those threads slept); the one-token completion's core steps called "
+     "in-process, with no HTTP server or Flask request: the part of its CPU outside the engine that no HTTP path "
+     "could remove; and what a sleep of the event loop's thread costs on the machine."),
     ("bench_ray", "Replicas on Ray Serve",
      "`benchmarks/bench_ray.py`: streamed answers through `bubo ray-serve` against `bubo serve` alone, and "
      "prefix-aware routing against Ray Serve's default, on a local cluster."),
