@@ -10,7 +10,7 @@ time: the figure the drift moves least).
 
     python benchmarks/bench_small.py                 # 3 rounds of 2,000 requests per load
     python benchmarks/bench_small.py --rounds 5 --requests 4000 --save
-    python benchmarks/bench_small.py --floor-only --rounds 5 --save   # the completion's core alone
+    python benchmarks/bench_small.py --floor-only --rounds 5 --save   # in-process only (the two floors)
 
 The loads, each from N client threads on keep-alive connections (as an SDK's connection pool):
 - GET /health, 8 clients;
@@ -27,8 +27,9 @@ sentences are bench_serve.sentence's varied prose (10-25 tokens), a different on
 a load. Each round also runs the completion's core steps in a process of their own, with no
 HTTP server or Flask request (floor()): the part of its CPU outside the engine that no HTTP
 path could remove; and what a sleep costs the event loop's thread on this machine (wake_costs()):
-its CPU for a wait of a few milliseconds and for the work right after it, paid again at each of
-the sleeps counted above.
+its CPU for a wait of a few milliseconds and for the same work right after it, which runs slower
+than without the sleep. A request that waits on the engine sleeps the server's thread in this
+way; a wait for the GIL, which the sleeps counted above also hold, is a shorter one.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ def cpu_by_thread(pid: int) -> dict[str, tuple[float, bool, int]]:
     """Each live thread of a process: its CPU time so far (nanoseconds on a CPU, from schedstat:
     stat's 10 ms ticks are coarse beside a burst of light requests), whether it is outside
     bubo's engine (every thread but ENGINE_THREADS: the HTTP work, the preparation pool's), and
-    how many times it has gone to sleep (status' voluntary context switches: waits for the
-    event loop's next event, for the GIL)."""
+    how many times it has gone to sleep (status' voluntary context switches: any blocking
+    wait, e.g. for the event loop's next event, for the GIL, an idle pool's next job)."""
     out: dict[str, tuple[float, bool, int]] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -117,20 +118,29 @@ def body_for(name: str, text: str) -> dict[str, Any] | None:
 def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: int, texts: list[str],
              n_requests: int, start: int = 0, warm: bool = True) -> tuple[int, float, float, float, int]:
     """(requests sent, seconds, server CPU seconds, of which outside bubo's engine, and the times
-    the threads outside the engine went to sleep) for n_requests
-    (rounded down to a whole number per client) spread over n_clients, on texts[start:]; timed
-    from the moment every client is connected (after a warm-up of 20 requests on one connection,
-    on the last 20 texts, with warm)."""
+    the threads outside the engine went to sleep) for n_requests (rounded down to a whole number
+    per client) spread over n_clients, on texts[start:]; after a warm-up of 20 requests on one
+    connection, on the last 20 texts, with warm. The window opens once every client is connected
+    and closes once every one has its last answer (its connection still open): the server's
+    threads are read there, while no client runs (reading a server of many threads takes long
+    enough that a short burst would be partly over meanwhile), and no connection's opening or
+    closing falls inside it."""
     per = n_requests // n_clients
     errors: list[BaseException] = []
-    ready = threading.Barrier(n_clients + 1, timeout=120)
+    window: list[Any] = []  # (the threads' CPU, the clock) as it opens, then as it closes
 
-    def client(k: int, count: int, stride: int, barrier: threading.Barrier | None) -> None:
+    def mark() -> None:  # a barrier's action: the last party runs it before any is let go
+        window.append((cpu_by_thread(pid), time.perf_counter()))
+
+    ready = threading.Barrier(n_clients + 1, action=mark, timeout=120)
+    done = threading.Barrier(n_clients, action=mark, timeout=120)
+
+    def client(k: int, count: int, stride: int, timed: bool) -> None:
         conn = http.client.HTTPConnection(HOST, port, timeout=120)
         try:
             conn.connect()
-            if barrier is not None:
-                barrier.wait()
+            if timed:
+                ready.wait()
             for i in range(count):  # each request its own text (no two clients send the same prompt)
                 body = body_for(name, texts[(start + i * stride + k) % len(texts)])
                 conn.request(method, path, json.dumps(body) if body is not None else None,
@@ -139,32 +149,37 @@ def run_load(port: int, pid: int, name: str, method: str, path: str, n_clients: 
                 data = resp.read()
                 if resp.status != 200:
                     raise RuntimeError(f"{path}: {resp.status} {data[:200]!r}")
+            if timed:
+                done.wait()
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
-            if barrier is not None:
-                barrier.abort()  # the others stop waiting for this one
+            if timed:
+                ready.abort()  # the others stop waiting for this one
+                done.abort()
         finally:
             conn.close()
 
     if warm:
-        client(len(texts) - 20 - start, 20, 1, None)  # on texts the load does not send
+        client(len(texts) - 20 - start, 20, 1, False)  # on texts the load does not send
         if errors:
             raise errors[0]
-    threads = [threading.Thread(target=client, args=(k, per, n_clients, ready)) for k in range(n_clients)]
+    threads = [threading.Thread(target=client, args=(k, per, n_clients, True)) for k in range(n_clients)]
     for t in threads:
         t.start()
-    # the server's threads read before the clients are let go (it is idle until then): reading a
-    # server of many threads takes long enough that a short burst would be over meanwhile
-    c0 = cpu_by_thread(pid)
-    with contextlib.suppress(threading.BrokenBarrierError):  # a client failed: reported below
+    try:
         ready.wait()
-    t0 = time.perf_counter()
+    except threading.BrokenBarrierError:
+        pass  # a client failed: reported below
+    except BaseException:
+        ready.abort()  # reading the server's threads failed here: the clients stop waiting
+        done.abort()
+        raise
     for t in threads:
         t.join()
-    dt, c1 = time.perf_counter() - t0, cpu_by_thread(pid)
     if errors:
         raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
-    return (per * n_clients, dt, *cpu_between(c0, c1))
+    (c0, t0), (c1, t1) = window
+    return (per * n_clients, t1 - t0, *cpu_between(c0, c1))
 
 
 def figures(runs: list[tuple[int, float, float, float, int]]) -> tuple[float, float, float, float]:
@@ -283,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="per load and round, its requests go to the two servers in this many bursts each, in turn")
     ap.add_argument("--only", action="append", choices=[n for n, *_ in LOADS], help="these loads only")
     ap.add_argument("--floor-only", action="store_true",
-                    help="only the completion's core steps in-process (no servers, no llama-server)")
+                    help="only what runs in-process: the completion's core steps and the event loop's sleeps (no "
+                         "servers, no llama-server)")
     args = ap.parse_args(argv)
     most_clients = max(n for _, _, _, n, _ in LOADS)
     if args.bursts < 1 or args.requests // args.bursts < most_clients:
@@ -296,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     texts = [sentence(rng) for _ in range(args.requests + 20)]
     loads = [x for x in LOADS if not args.only or x[0] in args.only]
     wakes: list[list[tuple[float, float, float]]] = []
+    floors: list[float] = []
     if args.floor_only:
-        floors = []
         for _ in range(args.rounds):
             floors.append(floor(models["gen"], args.threads, args.requests, texts))
             wakes.append(wake_costs(WAKE_N))
@@ -307,7 +323,6 @@ def main(argv: list[str] | None = None) -> int:
     got: dict[str, dict[str, list[tuple[float, float, float, float]]]] = {w: {n: [] for n, *_ in loads}
                                                                           for w in ("bubo", "llama")}
     per_burst = args.requests // args.bursts  # at least most_clients
-    floors: list[float] = []
     for r in range(args.rounds):
         wakes.append(wake_costs(WAKE_N))
         if any(x[0] == "completion" for x in loads):
@@ -387,14 +402,16 @@ def print_wakes(wakes: list[list[tuple[float, float, float]]]) -> None:
     print(f"\nA gevent.sleep of each gap (0: a yield to the event loop, no sleep), then the same small piece of work "
           f"(a JSON round trip of an answer's size), in a process of its own: the thread's CPU microseconds for "
           f"the wait and for the work right after it; {WAKE_N} of each a round, median of {len(wakes)} rounds, on "
-          f"{cpu_name()}. Each time the server's main thread sleeps (the sleeps column above: it waits on the "
-          f"engine, or for the GIL), it pays about this gap's figures again.\n")
+          f"{cpu_name()}. A sleep costs about the wait, plus what the work takes beyond its 0 ms figure. The "
+          f"server's thread sleeps in this way when a request waits on the engine (the sleeps column of the "
+          f"lightest routes' table counts these, and the shorter waits for the GIL).\n")
     print("| idle gap | CPU µs, the wait | CPU µs, the work after it |")
     print("|---|---:|---:|")
     for i, gap in enumerate(WAKE_GAPS_MS):
         woke = statistics.median(w[i][1] for w in wakes)
         did = statistics.median(w[i][2] for w in wakes)
-        print(f"| {gap:g} ms | {woke:.1f} | {did:.1f} |")
+        label = f"{gap:g} ms" if gap else "0 ms (a yield to the loop, no sleep)"
+        print(f"| {label} | {woke:.1f} | {did:.1f} |")
 
 
 if __name__ == "__main__":
