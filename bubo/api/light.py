@@ -1,10 +1,11 @@
-"""Light routes: the plain case of a few routes whose work outside the engine is a few
-microseconds (GET /health, POST /tokenize of a short text, POST /v1/embeddings of one), answered
-beneath Flask's per-request machinery.
+"""Light routes: the plain case of a few routes whose work outside the engine is small (GET
+/health, POST /tokenize of a short text, POST /v1/embeddings of one, POST /completion of a short
+text prompt, not streamed), answered beneath Flask's per-request machinery.
 
 Flask's request context, URL matching, hooks and Response object cost about 0.1 ms of CPU per
-request: more than the whole work of these routes, and, on the one thread that serves every
-connection, what bounds how many health checks or tokenizations a second the server answers.
+request: more than the whole work of these routes but a completion's, and, on the one thread
+that serves every connection, what bounds how many health checks or tokenizations a second the
+server answers (a fifth of a one-token completion's CPU outside the engine).
 
 A light answer is declared beside its route's Flask view (light(view)) and is a function of the
 request's JSON body and the app; it returns the answer's bytes, or None for anything that is not
@@ -60,11 +61,12 @@ class Plain:
     """A plain request, as a light answer sees it: its JSON body (None for a GET) and the app's
     default model, held until the answer is written."""
 
-    def __init__(self, config: Mapping[str, Any], body: Body | None, record: dict[str, Any]):
+    def __init__(self, config: Mapping[str, Any], body: Body | None, record: dict[str, Any], sock: Any = None):
         self.config = config  # the app's (BUBO_MODELS, BUBO_RESPONSES, ...)
         self.registry: Registry = config["BUBO_MODELS"]
         self.body = body  # its lookups counted, as a route's (an unread field: not plain)
         self.record = record  # the request's log fields (environ["bubo.log"])
+        self.socket = sock  # the client's (environ["bubo.socket"]): an answer that waits watches it
         self.held: list[ModelEntry] = []
         self.committed = False
 
@@ -146,7 +148,7 @@ class LightRoutes:
             body = _object(raw) if len(raw) == n else None
             if body is None:
                 return self._flask(environ, start_response, raw)
-        plain = Plain(self.app.config, body, environ.setdefault("bubo.log", {}))
+        plain = Plain(self.app.config, body, environ.setdefault("bubo.log", {}), environ.get("bubo.socket"))
         error: ApiError | None = None
         try:
             data = route[0](plain)

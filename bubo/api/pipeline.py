@@ -168,6 +168,22 @@ def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | N
     return _Watched(stream, record, hold, rec)
 
 
+def submit_unnamed(engine: ServingEngine, req: GenerationRequest, counts: callers.Callers,
+                   record: dict[str, Any]) -> Stream:
+    """submit() for a request answered outside a Flask request (a light answer, bubo.api.light)
+    from the unnamed caller, with no receipt and no adapter asked: the generation is the unnamed
+    caller's (429 past --caller-max-slots), and its stream counts its tokens into record."""
+    hold = counts.take(None)
+    try:
+        stream = _submit(engine, req, None)
+    except BaseException:
+        hold.release()
+        raise
+    record["prompt_tokens"] = record.get("prompt_tokens", 0) + len(req.prompt)
+    record.setdefault("generated_tokens", 0)
+    return _Watched(stream, record, hold, None)
+
+
 def lora_asked(rt: Runtime) -> tuple[tuple[int, float], ...]:
     """The adapters in force for this request's generation (bubo.api.lora): its body's `lora`
     field, else the global scales; a 400 for a field that names no adapter of the model."""
@@ -297,15 +313,15 @@ def run_events(events: Iterable[Event], parser: OutputParser | None,
     raise errors.from_reason(Reason.CANCELLED, "the generation was cancelled before it finished")
 
 
-def collect(stream: Stream, parser: OutputParser | None) -> Output:
+def collect(stream: Stream, parser: OutputParser | None, sock: Any = None) -> Output:
     """A non-streamed answer: the engine stream's events, gathered. A client that goes away
     meanwhile cancels the stream (its slot is freed at the engine's next step); run_events then
-    raises for an answer nobody will read."""
+    raises for an answer nobody will read. sock: the client's, outside a Flask request."""
     from bubo.api.sse import cancel_on_disconnect
 
     out = Output()
     try:
-        with cancel_on_disconnect(stream) as events:
+        with cancel_on_disconnect(stream, sock) as events:
             gather(out, run_events(events, parser, stream.end))
     finally:
         stream.cancel()  # nothing once the stream ended; else (an error here) its slot is freed

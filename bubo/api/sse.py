@@ -29,7 +29,7 @@ from typing import Any
 import gevent
 import gevent.event
 import gevent.queue
-from flask import Response, request
+from flask import Response, has_request_context, request
 
 from bubo.api.errors import ApiError, StreamShape, dumps, stream_error
 from bubo.engine.protocol import Stream
@@ -219,15 +219,17 @@ class _DisconnectWatch:
 
 
 @contextlib.contextmanager
-def cancel_on_disconnect(stream: Stream) -> Iterator[Stream]:
+def cancel_on_disconnect(stream: Stream, sock: Any = None) -> Iterator[Stream]:
     """For a non-streamed answer: while the handler collects `stream`, a client that goes away
     cancels it (the slot is freed at the engine's next step; iterating the stream then stops
-    without a final event).
+    without a final event). sock: the client's socket, for an answer outside a Flask request (a
+    light answer's); else the request's.
 
         with cancel_on_disconnect(engine_stream) as events:
             for ev in events: ...
     """
-    sock = request.environ.get("bubo.socket")
+    if sock is None and has_request_context():
+        sock = request.environ.get("bubo.socket")
     watcher = _DisconnectWatch(sock, stream.cancel) if sock is not None else None
     try:
         yield stream

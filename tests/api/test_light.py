@@ -1,5 +1,7 @@
-"""Light routes (bubo.api.light): a plain GET /health or POST /tokenize is answered beneath Flask,
-with the bytes Flask would answer; anything else goes through Flask as before."""
+"""Light routes (bubo.api.light): a plain GET /health, POST /tokenize, /v1/embeddings or
+/completion is answered beneath Flask, with the bytes Flask would answer (a completion's, but for
+what it says of its run: its times, its cached tokens, its slot); anything else goes through
+Flask as before."""
 
 from __future__ import annotations
 
@@ -125,6 +127,77 @@ def test_tokenize_is_light_with_the_routes_fields(app, engine, text, fields):
 def test_tokenize_that_is_not_plain_goes_through_flask(app, body):
     light_answered, _ = same_both_ways(app, "POST", "/tokenize", json=body)
     assert not light_answered
+
+
+# what a completion's answer says of its run, not of the request: its times, the prompt tokens
+# found cached (the same prompt sent twice), the slot it ran in
+_RUN_FIELDS = ("timings", "tokens_cached", "id_slot")
+
+
+def _completion_both_ways(app, body: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
+    """Whether the light path answered, and the answer; fails unless Flask alone gives the same
+    status, headers (the length aside) and JSON, but for the fields of the run (_RUN_FIELDS)."""
+    def comparable(got: tuple[Any, ...]) -> tuple[Any, ...]:
+        status, headers, data = got
+        assert dict(headers)["Content-Length"] == str(len(data))
+        value = json.loads(data)
+        if isinstance(value, dict):
+            for key in _RUN_FIELDS:
+                value.pop(key, None)
+        return status, [(k, v) for k, v in headers if k != "Content-Length"], value
+
+    got, by_flask = answered(app, "POST", "/completion", json=body)
+    with flask_only(app):
+        want, _ = answered(app, "POST", "/completion", json=body)
+    assert comparable(got) == comparable(want), body
+    return not by_flask, json.loads(got[2])
+
+
+@pytest.mark.parametrize("body", [
+    {"prompt": "The capital of France is", "n_predict": 4, "temperature": 0},
+    {"prompt": "Hello", "n_predict": 3, "temperature": 0, "return_tokens": True, "stop": ["\n", "."]},
+    {"prompt": "Once upon a time", "n_predict": 3, "temperature": 0.8, "seed": 7, "top_k": 5, "cache_prompt": False},
+    {"prompt": "naïve café 🦉", "n_predict": 1, "temperature": 0},  # (no seed: each answer would draw its own)
+    {"prompt": "Count: one, two,", "n_predict": 2, "ignore_eos": True, "min_p": 0.1, "temperature": 0},
+    {"prompt": "", "n_predict": 2},  # its 400 (an empty prompt), answered by the light answer
+])
+def test_a_plain_completion_is_light_with_flasks_answer(app, body):
+    light_answered, answer = _completion_both_ways(app, body)
+    assert light_answered
+    assert app.config["BUBO_MODELS"].default.users == 0  # let go
+    if body["prompt"]:
+        assert answer is not None and answer["model"] == "bubo" and answer["stop"] is True
+
+
+@pytest.mark.parametrize("body", [
+    {"prompt": "Hello", "n_predict": 2, "stream": True},  # a stream: Flask's SSE
+    {"prompt": "Hello", "n_predict": 2, "model": "bubo"},  # a model's name
+    {"prompt": "Hello", "n_predict": 2, "n_probs": 2},
+    {"prompt": "Hello", "n_predict": 2, "json_schema": {"type": "object"}},  # a grammar
+    {"prompt": "Hello", "n_predict": 2, "receipt": False},
+    {"prompt": "Hello", "n_predict": 2, "draft_max": 2},
+    {"prompt": [1, 2, 3], "n_predict": 2},  # token ids
+    {"prompt": "Hello", "n_predict": 2, "typo": 1},  # X-Bubo-Ignored-Fields
+    {"prompt": "Hello", "n_predict": "two"},  # the route's 400s
+    {"prompt": "Hello", "n_predict": 0},
+    {"prompt": "x" * 1025, "n_predict": 1},  # past offload.SMALL_CHARS: Flask (the preparation pool)
+])
+def test_a_completion_that_is_not_plain_goes_through_flask(app, body):
+    _, by_flask = answered(app, "POST", "/completion", json=body)
+    assert by_flask
+
+
+def test_a_light_completion_counts_its_tokens_for_the_log_line_and_the_unnamed_caller(app):
+    counts = app.config["BUBO_CALLERS"]
+    before = counts.counts["-"].generated_tokens if "-" in counts.counts else 0
+    environ = _environ("/completion", data=b'{"prompt": "One, two,", "n_predict": 3, "temperature": 0}')
+    out = app.wsgi_app(environ, lambda status, headers: None)
+    assert isinstance(out, light._Counted)  # answered light
+    record = environ["bubo.log"]
+    assert record["model"] == "bubo" and record["prompt_tokens"] > 0 and record["generated_tokens"] == 3
+    assert counts.counts["-"].running == 0  # the generation's hold given back
+    out.close()
+    assert counts.counts["-"].generated_tokens == before + 3
 
 
 @pytest.mark.parametrize("data", [

@@ -14,6 +14,7 @@ from bubo.api import fields as f
 from bubo.api import openapi as oa
 from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.fields import invalid
+from bubo.api.light import Plain, light
 from bubo.api.llamacpp import completion as nc
 from bubo.api.request import json_body, optional_model, runtime_of, small_body, use_model, with_fields
 from bubo.api.sse import sse_response
@@ -71,6 +72,43 @@ def completion() -> Any:
     # token ids are decoded for the answer once the engine has taken them (it checks them)
     return _answer(req, model, engine, rt, tokens, req.prompt if isinstance(req.prompt, str) else None, draft_max,
                    ctx, claimed, rec)
+
+
+@light(completion, "POST")
+def _completion_light(plain: Plain) -> bytes | None:
+    """A short text prompt's answer from the default model, not streamed, asked with the fields
+    parse_native_request reads and no others (a receipt, a context, a draft length, a grammar,
+    probabilities or a model's name are Flask's), from a server without adapters, signing key,
+    debug hooks or defaults of its own for the request's fields (sampling flags, -n: read from
+    the app's context, which a light answer has none of): the route's steps, beneath Flask's
+    request."""
+    body, reg = plain.body, plain.registry
+    assert body is not None
+    config = plain.config["BUBO_CONFIG"]
+    if (reg.is_router or config.debug_routes_enabled or "BUBO_SIGNER" in plain.config or config.sampling_defaults
+            or config.n_predict is not None):
+        return None
+    try:
+        req = nc.parse_native_request(body)
+    except ApiError:
+        return None
+    if (body.unread() or req.stream or req.n_probs or req.output is not None or not isinstance(req.prompt, str)
+            or not offload.small(req.prompt)):
+        return None
+    engine = plain.engine()
+    rt = engine.runtime if engine is not None else None
+    if engine is None or rt is None or rt.adapters:
+        return None
+    plain.commit()  # from here its errors are its answer (a prompt too long, a full queue)
+    tokens = pipeline.prompt_tokens(rt, req.prompt)
+    gen = GenerationRequest(tokens, req.params, req.n_predict, req.stop, req.n_probs, req.cache_prompt,
+                            req.ignore_eos)
+    stream = pipeline.submit_unnamed(engine, gen, plain.config["BUBO_CALLERS"], plain.record)
+    out = pipeline.collect(stream, None, plain.socket)
+    answer = nc.native_response(model=reg.default.name, content=out.content, fin=out.finished,
+                                tokens=[t.token for t in out.tokens] if req.return_tokens else None, probs=None,
+                                prompt_text=req.prompt, settings=nc.generation_settings(req, engine.n_ctx or 0))
+    return jsonout.response(answer, small=True).get_data()  # the route's bytes (jsonout.built's, small)
 
 
 def _infill_doc(d: oa.Doc) -> oa.Op:
