@@ -61,10 +61,12 @@ class Plain:
     """A plain request, as a light answer sees it: its JSON body (None for a GET) and the app's
     default model, held until the answer is written."""
 
-    def __init__(self, config: Mapping[str, Any], body: Body | None, record: dict[str, Any], sock: Any = None):
+    def __init__(self, config: Mapping[str, Any], body: Body | None, record: dict[str, Any], sock: Any = None,
+                 size: int = 0):
         self.config = config  # the app's (BUBO_MODELS, BUBO_RESPONSES, ...)
         self.registry: Registry = config["BUBO_MODELS"]
         self.body = body  # its lookups counted, as a route's (an unread field: not plain)
+        self.size = size  # the body's bytes
         self.record = record  # the request's log fields (environ["bubo.log"])
         self.socket = sock  # the client's (environ["bubo.socket"]): an answer that waits watches it
         self.held: list[ModelEntry] = []
@@ -148,7 +150,7 @@ class LightRoutes:
             body = _object(raw) if len(raw) == n else None
             if body is None:
                 return self._flask(environ, start_response, raw)
-        plain = Plain(self.app.config, body, environ.setdefault("bubo.log", {}), environ.get("bubo.socket"))
+        plain = Plain(self.app.config, body, environ.setdefault("bubo.log", {}), environ.get("bubo.socket"), len(raw))
         error: ApiError | None = None
         try:
             data = route[0](plain)

@@ -129,9 +129,8 @@ def test_tokenize_that_is_not_plain_goes_through_flask(app, body):
     assert not light_answered
 
 
-# what a completion's answer says of its run, not of the request: its times, the prompt tokens
-# found cached (the same prompt sent twice), the slot it ran in
-_RUN_FIELDS = ("timings", "tokens_cached", "id_slot")
+# what a completion's answer says of its run, not of the request: its times
+_RUN_FIELDS = ("timings",)
 
 
 def _completion_both_ways(app, body: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
@@ -159,14 +158,18 @@ def _completion_both_ways(app, body: dict[str, Any]) -> tuple[bool, dict[str, An
     {"prompt": "Once upon a time", "n_predict": 3, "temperature": 0.8, "seed": 7, "top_k": 5, "cache_prompt": False},
     {"prompt": "naïve café 🦉", "n_predict": 1, "temperature": 0},  # (no seed: each answer would draw its own)
     {"prompt": "Count: one, two,", "n_predict": 2, "ignore_eos": True, "min_p": 0.1, "temperature": 0},
-    {"prompt": "", "n_predict": 2},  # its 400 (an empty prompt), answered by the light answer
+    {"prompt": "", "n_predict": 2},  # its 400s, answered by the light answer: an empty prompt,
+    {"prompt": "1" * 980, "n_predict": 1},  # one past the context (a token per digit)
 ])
 def test_a_plain_completion_is_light_with_flasks_answer(app, body):
     light_answered, answer = _completion_both_ways(app, body)
     assert light_answered
     assert app.config["BUBO_MODELS"].default.users == 0  # let go
-    if body["prompt"]:
-        assert answer is not None and answer["model"] == "bubo" and answer["stop"] is True
+    assert answer is not None
+    if body["prompt"] and len(body["prompt"]) < 512:
+        assert answer["model"] == "bubo" and answer["stop"] is True
+    else:  # its error (an empty prompt, one past the context)
+        assert answer["error"]["code"] in ("invalid_value", "context_length_exceeded")
 
 
 @pytest.mark.parametrize("body", [
@@ -175,7 +178,13 @@ def test_a_plain_completion_is_light_with_flasks_answer(app, body):
     {"prompt": "Hello", "n_predict": 2, "n_probs": 2},
     {"prompt": "Hello", "n_predict": 2, "json_schema": {"type": "object"}},  # a grammar
     {"prompt": "Hello", "n_predict": 2, "receipt": False},
-    {"prompt": "Hello", "n_predict": 2, "draft_max": 2},
+    {"prompt": "Hello", "n_predict": 2, "speculative.n_max": 2},  # drafting's
+    {"prompt": "Hello", "n_predict": 2, "lora": [{"id": 0, "scale": 1.0}]},
+    {"prompt": "Hello", "n_predict": 2, "context_id": "c1"},
+    {"prompt": "Hello", "n_predict": 2, "grammar": ""},  # a field compiled in the preparation pool
+    {"prompt": "Hello", "n_predict": 2, "dry_multiplier": 0.8},  # DRY: every token's text (the pool)
+    {"prompt": "Hello"},  # no n_predict: an answer of any length
+    {"prompt": "Hello", "n_predict": 1100},  # an answer too long to write on the event loop
     {"prompt": [1, 2, 3], "n_predict": 2},  # token ids
     {"prompt": "Hello", "n_predict": 2, "typo": 1},  # X-Bubo-Ignored-Fields
     {"prompt": "Hello", "n_predict": "two"},  # the route's 400s
@@ -184,6 +193,15 @@ def test_a_plain_completion_is_light_with_flasks_answer(app, body):
 ])
 def test_a_completion_that_is_not_plain_goes_through_flask(app, body):
     _, by_flask = answered(app, "POST", "/completion", json=body)
+    assert by_flask
+
+
+@pytest.mark.parametrize("config", [{"n_predict": 5}, {"sampling_defaults": {"temperature": 0.2}},
+                                    {"debug_hooks": True}])
+def test_a_server_with_defaults_of_its_own_answers_completions_through_flask(engine, config):
+    """A server's -n and sampling flags are read in the app's context, which a light answer has not."""
+    app = create_app(engine, ServerConfig(served_model_name="bubo", **config))
+    _, by_flask = answered(app, "POST", "/completion", json={"prompt": "Hello", "n_predict": 2, "temperature": 0})
     assert by_flask
 
 

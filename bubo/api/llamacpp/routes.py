@@ -16,7 +16,7 @@ from bubo.api.errors import ApiError, StreamShape, stream_error
 from bubo.api.fields import invalid
 from bubo.api.light import Plain, light
 from bubo.api.llamacpp import completion as nc
-from bubo.api.request import json_body, optional_model, runtime_of, small_body, use_model, with_fields
+from bubo.api.request import COMPILED_FIELDS, json_body, optional_model, runtime_of, small_body, use_model, with_fields
 from bubo.api.sse import sse_response
 from bubo.chat.fim import fim_prompt, fim_tokens, no_fim
 from bubo.engine.protocol import ServingEngine
@@ -76,24 +76,33 @@ def completion() -> Any:
 
 @light(completion, "POST")
 def _completion_light(plain: Plain) -> bytes | None:
-    """A short text prompt's answer from the default model, not streamed, asked with the fields
-    parse_native_request reads and no others (a receipt, a context, a draft length, a grammar,
-    probabilities or a model's name are Flask's), from a server without adapters, signing key,
-    debug hooks or defaults of its own for the request's fields (sampling flags, -n: read from
-    the app's context, which a light answer has none of): the route's steps, beneath Flask's
-    request."""
+    """A short text prompt's answer of at most a few hundred tokens from the default model, not
+    streamed, asked with the fields parse_native_request reads and no others (a receipt, a
+    context, drafting's, a grammar, probabilities or a model's name are Flask's), from a server
+    without adapters, signing key, debug hooks or defaults of its own for the request's fields
+    (sampling flags, -n: read from the app's context, which a light answer has none of): the
+    route's steps, beneath Flask's request. All of its work is bounded by offload.SMALL_CHARS, as
+    the work Flask's route runs inline is: the body's fields read (small_body), the engine's
+    check (no DRY matching of every token's text; prompt, stop strings and biases within it) and
+    the answer written (its prompt and its tokens)."""
     body, reg = plain.body, plain.registry
     assert body is not None
     config = plain.config["BUBO_CONFIG"]
     if (reg.is_router or config.debug_routes_enabled or "BUBO_SIGNER" in plain.config or config.sampling_defaults
-            or config.n_predict is not None):
+            or config.n_predict is not None or not offload.small_n(plain.size)
+            or not COMPILED_FIELDS.isdisjoint(body.keys())):
         return None
     try:
         req = nc.parse_native_request(body)
     except ApiError:
         return None
     if (body.unread() or req.stream or req.n_probs or req.output is not None or not isinstance(req.prompt, str)
-            or not offload.small(req.prompt)):
+            or req.params.matches_token_text or req.n_predict is None or req.n_predict < 1):
+        return None
+    # the prompt's tokens are at most its UTF-8 bytes and a BOS
+    prompt_n = len(req.prompt.encode("utf-8", "surrogatepass")) + 1
+    if not offload.small_n(prompt_n + len(req.params.logit_bias or {}) + sum(len(x) for x in req.stop)
+                           + req.n_predict):
         return None
     engine = plain.engine()
     rt = engine.runtime if engine is not None else None
