@@ -156,16 +156,7 @@ def submit(engine: ServingEngine, req: GenerationRequest, mem_available: int | N
         req = rec.submitted(engine, req)
     # a prefill yields to every request (it is ended when one comes): it holds no slot of its caller's
     hold = callers.take() if not req.prefill else None
-    try:
-        stream = _submit(engine, req, mem_available)
-    except BaseException:
-        if hold is not None:
-            hold.release()
-        raise
-    record = request.environ.setdefault("bubo.log", {})
-    record["prompt_tokens"] = record.get("prompt_tokens", 0) + len(req.prompt)
-    record.setdefault("generated_tokens", 0)
-    return _Watched(stream, record, hold, rec)
+    return _held(engine, req, mem_available, hold, request.environ.setdefault("bubo.log", {}), rec)
 
 
 def submit_unnamed(engine: ServingEngine, req: GenerationRequest, counts: callers.Callers,
@@ -173,15 +164,22 @@ def submit_unnamed(engine: ServingEngine, req: GenerationRequest, counts: caller
     """submit() for a request answered outside a Flask request (a light answer, bubo.api.light)
     from the unnamed caller, with no receipt and no adapter asked: the generation is the unnamed
     caller's (429 past --caller-max-slots), and its stream counts its tokens into record."""
-    hold = counts.take(None)
+    return _held(engine, req, None, counts.take(None), record, None)
+
+
+def _held(engine: ServingEngine, req: GenerationRequest, mem_available: int | None, hold: callers.Hold | None,
+          record: dict[str, Any], rec: receipts.Recorder | None) -> Stream:
+    """_submit with the caller's hold given back if it is refused; the stream counts its tokens
+    into record (and rec's receipt)."""
     try:
-        stream = _submit(engine, req, None)
+        stream = _submit(engine, req, mem_available)
     except BaseException:
-        hold.release()
+        if hold is not None:
+            hold.release()
         raise
     record["prompt_tokens"] = record.get("prompt_tokens", 0) + len(req.prompt)
     record.setdefault("generated_tokens", 0)
-    return _Watched(stream, record, hold, None)
+    return _Watched(stream, record, hold, rec)
 
 
 def lora_asked(rt: Runtime) -> tuple[tuple[int, float], ...]:
