@@ -383,7 +383,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) __m256i kq2_mins_q
             kq2_dwords4(kq_group_sums((const block_q8_K *)((yt) + (size_t)t_ * (y_stride))), gs_);         \
             msum[t_] = kq2_mins_q4_K(p, gs_);                                                              \
         }                                                                                                  \
-        KQ2_STORE(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum);                              \
+        KQ2_STORE(p, nt, first, live, 0, s, s_stride, yt, y_stride, isum, msum);                              \
     } while (0)
 
 /* Per 32-element group: its 8 k-steps' products add up in int16 (8 x 2 x 15 x 127 < 2^15), then
@@ -472,8 +472,8 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro2_q4
         msum0[t] = kq2_mins_q4_K(&p[0], gs);
         msum1[t] = kq2_mins_q4_K(&p[1], gs);
     }
-    KQ2_STORE(&p[0], nt, first, live, s, s_stride, yt, y_stride, isum0, msum0);
-    KQ2_STORE(&p[1], nt, first, live, s + KQ2_ROWS, s_stride, yt, y_stride, isum1, msum1);
+    KQ2_STORE(&p[0], nt, first, live, 1, s, s_stride, yt, y_stride, isum0, msum0);
+    KQ2_STORE(&p[1], nt, first, live, 1, s + KQ2_ROWS, s_stride, yt, y_stride, isum1, msum1);
 }
 
 BUBO_TARGET_AVX2 static void kq2_micro2_q4_K(const kq2_panel *p, const uint8_t *gb, size_t values, int nt, int first,

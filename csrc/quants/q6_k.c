@@ -420,7 +420,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro_q6_
             KQ2_KEEP(isum[t]);
         }
     }
-    KQ2_FINISH(p, nt, first, live, s, s_stride, yt, y_stride, isum, msum);
+    KQ2_FINISH(p, nt, first, live, 0, s, s_stride, yt, y_stride, isum, msum);
 }
 
 BUBO_TARGET_AVX2 static void kq2_micro_q6_K(const kq2_panel *p, const uint8_t *b, int nt, int first, __m256i live,
@@ -485,8 +485,8 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_micro2_q6
             }
         }
     }
-    KQ2_FINISH(&p[0], nt, first, live, s, s_stride, yt, y_stride, isum0, msum0);
-    KQ2_FINISH(&p[1], nt, first, live, s + KQ2_ROWS, s_stride, yt, y_stride, isum1, msum1);
+    KQ2_FINISH(&p[0], nt, first, live, 1, s, s_stride, yt, y_stride, isum0, msum0);
+    KQ2_FINISH(&p[1], nt, first, live, 1, s + KQ2_ROWS, s_stride, yt, y_stride, isum1, msum1);
 }
 
 BUBO_TARGET_AVX2 static void kq2_micro2_q6_K(const kq2_panel *p, const uint8_t *gb, size_t values, int nt, int first,
