@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -216,6 +217,29 @@ def test_a_light_completion_counts_its_tokens_for_the_log_line_and_the_unnamed_c
     assert counts.counts["-"].running == 0  # the generation's hold given back
     out.close()
     assert counts.counts["-"].generated_tokens == before + 3
+
+
+@pytest.mark.parametrize("by_flask", [False, True])
+def test_a_client_gone_before_its_completion_is_answered_stops_the_generation(app, by_flask):
+    """The answer's wait watches the client's socket (environ["bubo.socket"]), light or not: a
+    client whose end is closed cancels its job within a step, and the slot is free for the next."""
+    mine, theirs = socket.socketpair()
+    theirs.close()  # gone: the first look at the socket reads its end
+    body = b'{"prompt": "Count: one, two,", "n_predict": 400, "ignore_eos": true, "temperature": 0}'
+    environ = _environ("/completion", data=body, **{"bubo.socket": mine})
+    try:
+        with flask_only(app) if by_flask else contextlib.nullcontext():
+            out = app.wsgi_app(environ, lambda status, headers: None)
+            assert isinstance(out, light._Counted) != by_flask  # answered the way asked
+            b"".join(out)
+            out.close()
+    finally:
+        mine.close()
+    assert environ["bubo.log"]["generated_tokens"] <= 4, environ["bubo.log"]  # not 400
+    assert app.config["BUBO_MODELS"].default.users == 0
+    # the next answer is whole
+    ok = app.test_client().post("/completion", json={"prompt": "One, two,", "n_predict": 3, "temperature": 0})
+    assert ok.status_code == 200 and ok.json["tokens_predicted"] == 3, ok.json
 
 
 @pytest.mark.parametrize("data", [
