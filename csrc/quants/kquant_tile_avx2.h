@@ -155,10 +155,11 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_dwords4(_
     out[3] = _mm256_shuffle_epi32(w, 0xFF);
 }
 
-/* A micro tile's 8 outputs of one token: plain loads and stores where all 8 rows are there (whole,
- * a literal, or every lane of live set), the masked forms only for a half group's last rows (on
- * AMD's cores a masked store costs many times a plain one: the tile of 4 tokens from memory ran
- * 10% faster without them on a Zen 4 at AVX2). */
+/* A micro tile's 8 outputs of one token, loaded and stored: plainly where all 8 rows are there
+ * (whole: a literal 1 in the whole-group tiles; else every lane of live set), with the masked forms
+ * only for a half group's last rows. On AMD's cores a masked store costs several plain ones: the
+ * plain forms cut q4_K [8960, 1536] x 2-5 tokens from memory by 10-12% (2 threads, AMD EPYC Zen 4 at
+ * AVX2). */
 BUBO_TARGET_AVX2 static inline int kq2_all_live(__m256i live, const int whole) {
     return whole || _mm256_movemask_ps(_mm256_castsi256_ps(live)) == 0xFF;
 }
@@ -175,14 +176,14 @@ BUBO_TARGET_AVX2 static inline void kq2_store_out(float *p, __m256i live, const 
 }
 
 /* The chain's step for nt tokens of one super-block (isum, msum per token, msum already summed),
- * into s. */
-#define KQ2_STORE(p, nt, first, live, whole, s, s_stride, yt, y_stride, isum, msum)                                 \
+ * into s (whole: kq2_load_out's). */
+#define KQ2_STORE(p, nt, first, live, whole, s, s_stride, yt, y_stride, isum, msum)                        \
     do {                                                                                                   \
         _Pragma("GCC unroll 8") for (int t_ = 0; t_ < (nt); t_++) {                                        \
             const block_q8_K *b_ = (const block_q8_K *)((yt) + (size_t)t_ * (y_stride));                   \
             const __m256 dy_ = _mm256_set1_ps(b_->d);                                                      \
             float *st_ = (s) + (size_t)t_ * (s_stride);                                                    \
-            __m256 acc_ = (first) ? _mm256_setzero_ps() : kq2_load_out(st_, (live), (whole));                \
+            __m256 acc_ = (first) ? _mm256_setzero_ps() : kq2_load_out(st_, (live), (whole));              \
             acc_ = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t_]), _mm256_mul_ps((p)->dx, dy_), acc_);       \
             acc_ = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[t_]), _mm256_mul_ps((p)->dm, dy_), acc_);      \
             kq2_store_out(st_, (live), (whole), acc_);                                                     \
@@ -190,8 +191,8 @@ BUBO_TARGET_AVX2 static inline void kq2_store_out(float *p, __m256i live, const 
     } while (0)
 
 /* The chain's step for nt tokens of one super-block, into s, msum from the panel's m_pair (one
- * pair of int16 factors per pair of bsums). */
-#define KQ2_FINISH(p, nt, first, live, whole, s, s_stride, yt, y_stride, isum, msum)                                \
+ * pair of int16 factors per pair of bsums; whole: kq2_load_out's). */
+#define KQ2_FINISH(p, nt, first, live, whole, s, s_stride, yt, y_stride, isum, msum)                       \
     do {                                                                                                   \
         _Pragma("GCC unroll 8") for (int t_ = 0; t_ < (nt); t_++) {                                        \
             const block_q8_K *b_ = (const block_q8_K *)((yt) + (size_t)t_ * (y_stride));                   \
@@ -201,7 +202,7 @@ BUBO_TARGET_AVX2 static inline void kq2_store_out(float *p, __m256i live, const 
             _Pragma("GCC unroll 8") for (int i_ = 0; i_ < 8; i_++)                                          \
                 msum[t_] = _mm256_add_epi32(msum[t_], _mm256_madd_epi16((p)->m_pair[i_], bs_[i_]));        \
         }                                                                                                  \
-        KQ2_STORE(p, nt, first, live, whole, s, s_stride, yt, y_stride, isum, msum);                          \
+        KQ2_STORE(p, nt, first, live, whole, s, s_stride, yt, y_stride, isum, msum);                       \
     } while (0)
 
 /* A type's micro tile: nt (1..KQ2_KTOKENS) tokens of one half group's super-block (its values at

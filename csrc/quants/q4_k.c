@@ -383,7 +383,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) __m256i kq2_mins_q
             kq2_dwords4(kq_group_sums((const block_q8_K *)((yt) + (size_t)t_ * (y_stride))), gs_);         \
             msum[t_] = kq2_mins_q4_K(p, gs_);                                                              \
         }                                                                                                  \
-        KQ2_STORE(p, nt, first, live, 0, s, s_stride, yt, y_stride, isum, msum);                              \
+        KQ2_STORE(p, nt, first, live, 0, s, s_stride, yt, y_stride, isum, msum);                           \
     } while (0)
 
 /* Per 32-element group: its 8 k-steps' products add up in int16 (8 x 2 x 15 x 127 < 2^15), then
