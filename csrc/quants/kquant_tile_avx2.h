@@ -157,9 +157,10 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void kq2_dwords4(_
 
 /* A micro tile's 8 outputs of one token, loaded and stored: plainly where all 8 rows are there
  * (whole: a literal 1 in the whole-group tiles; else every lane of live set), with the masked forms
- * only for a half group's last rows. On AMD's cores a masked store costs several plain ones: the
- * plain forms cut q4_K [8960, 1536] x 2-5 tokens from memory by 10-12% (2 threads, AMD EPYC Zen 4 at
- * AVX2). */
+ * only for a half group's last rows (the legacy tiles' as well, legacy_tile_avx2.h). On AMD's cores
+ * a masked store costs several plain ones: the plain forms cut q4_K [8960, 1536] x 2-5 tokens from
+ * memory by 10-12% (2 threads, AMD EPYC Zen 4 at AVX2), and q4_K and q6_K [1536, 1536] x 512 in L2
+ * by 15% and 10%. */
 BUBO_TARGET_AVX2 static inline int kq2_all_live(__m256i live, const int whole) {
     return whole || _mm256_movemask_ps(_mm256_castsi256_ps(live)) == 0xFF;
 }

@@ -213,7 +213,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
     const size_t y_size = with_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     __m256 acc[KQ2_TOKENS];
 #pragma GCC unroll 4
-    for (int t = 0; t < nt; t++) acc[t] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(s + (size_t)t * s_stride, live);
+    for (int t = 0; t < nt; t++) acc[t] = first ? _mm256_setzero_ps() : kq2_load_out(s + (size_t)t * s_stride, live, 0);
     for (int k = 0; k < kp; k++) {
         const int8_t *qy[KQ2_TOKENS];
         __m256i isum[KQ2_TOKENS];
@@ -266,7 +266,7 @@ BUBO_TARGET_AVX2 static inline __attribute__((always_inline)) void legacy2_micro
         }
     }
 #pragma GCC unroll 4
-    for (int t = 0; t < nt; t++) _mm256_maskstore_ps(s + (size_t)t * s_stride, live, acc[t]);
+    for (int t = 0; t < nt; t++) kq2_store_out(s + (size_t)t * s_stride, live, 0, acc[t]);
 }
 
 /* legacy2_micro with nt a literal in each case. */
