@@ -124,7 +124,7 @@ cdef class Sampler:
         self._top = <bubo_token_logprob *>malloc((self._n_probs + 1) * sizeof(bubo_token_logprob))
         if self._top == NULL:
             raise MemoryError()
-        self._mask_buf = np.zeros(n_vocab, dtype=np.uint8)
+        self._mask_buf = None  # made at the first mask given as ids (most requests have none)
 
     def __dealloc__(self):
         if self.s != NULL:
@@ -168,7 +168,10 @@ cdef class Sampler:
         if ids.size and (ids.min() < 0 or ids.max() >= n):
             bad = ids[(ids < 0) | (ids >= n)][0]
             raise ValueError(f"mask token {bad} is out of range (vocabulary of {n})")
-        self._mask_buf[:] = 0
+        if self._mask_buf is None:
+            self._mask_buf = np.zeros(n, dtype=np.uint8)
+        else:
+            self._mask_buf[:] = 0
         self._mask_buf[ids] = 1
         return self._mask_buf
 

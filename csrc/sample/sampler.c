@@ -41,13 +41,13 @@ struct bubo_sampler {
     int32_t *hist;
     uint32_t hist_cap, hist_len, hist_head;
     int32_t *recent;    /* [hist_cap] scratch: the history, newest first */
-    int32_t *pen_count; /* [n_vocab] occurrences in the last repeat_last_n tokens */
-    uint32_t *stamp;    /* [n_vocab] penalties applied this step when == stamp_now */
+    int32_t *pen_count; /* [n_vocab] occurrences in the last repeat_last_n tokens (NULL: penalties off) */
+    uint32_t *stamp;    /* [n_vocab] penalties applied this step when == stamp_now (NULL: penalties off) */
     uint32_t stamp_now;
     bubo_dry *dry; /* NULL: off */
 
-    float *work;     /* [n_vocab] logits after mask, bias, penalties, DRY */
-    bubo_cand *cand; /* [n_vocab] */
+    float *work;     /* [n_vocab] logits after mask, bias, penalties, DRY (NULL until a step needs it) */
+    bubo_cand *cand; /* [reach], or [n_vocab] where the chain may need every token (reach 0) */
     size_t n_cand, n_sorted;
     int probs_normalized; /* cand[].p holds the final probabilities (after the pick) */
 
@@ -560,15 +560,19 @@ bubo_status bubo_sampler_create(uint32_t n_vocab, const bubo_sampler_params *par
     s->bias = malloc((s->n_bias ? s->n_bias : 1) * sizeof *s->bias);
     s->hist = malloc((s->hist_cap ? s->hist_cap : 1) * sizeof *s->hist);
     s->recent = malloc((s->hist_cap ? s->hist_cap : 1) * sizeof *s->recent);
-    s->pen_count = calloc(n_vocab, sizeof *s->pen_count);
-    s->stamp = calloc(n_vocab, sizeof *s->stamp);
-    s->work = malloc((size_t)n_vocab * sizeof *s->work);
-    s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+    /* Only what the parameters need is allocated here, on the thread that builds the request
+     * (the server's): a vocabulary-sized buffer is 0.6 MB per 150k tokens, and zeroing four of them
+     * cost a one-token answer 0.1 ms of the server's CPU. The copy of the logits waits for a step
+     * that needs one (a mask, a bias, a history stage). */
+    const int penalties = penalties_on(&s->p);
+    s->pen_count = penalties ? calloc(n_vocab, sizeof *s->pen_count) : NULL;
+    s->stamp = penalties ? calloc(n_vocab, sizeof *s->stamp) : NULL;
     s->reach = chain_reach(&s->p);
+    s->cand = malloc((s->reach ? s->reach : (size_t)n_vocab) * sizeof *s->cand);
     s->isa = bubo_cpu_best_isa();
     const size_t n_heap = (size_t)s->p.n_probs > s->reach ? (size_t)s->p.n_probs : s->reach;
     s->heap = malloc((n_heap + 1) * sizeof *s->heap);
-    if (!s->bias || !s->hist || !s->recent || !s->pen_count || !s->stamp || !s->work || !s->cand || !s->heap) {
+    if (!s->bias || !s->hist || !s->recent || (penalties && (!s->pen_count || !s->stamp)) || !s->cand || !s->heap) {
         bubo_sampler_free(s);
         return bubo_set_err(err, BUBO_ERR_NOMEM, "out of memory for a sampler over %u tokens", n_vocab);
     }
@@ -605,8 +609,9 @@ uint64_t bubo_sampler_seed(const bubo_sampler *s) { return s->p.seed; }
 double bubo_sampler_mirostat_mu(const bubo_sampler *s) { return s->mu; }
 
 void bubo_sampler_reset(bubo_sampler *s) {
-    for (uint32_t i = 0; i < s->hist_len; i++)
-        s->pen_count[s->hist[i]] = 0;
+    if (s->pen_count)
+        for (uint32_t i = 0; i < s->hist_len; i++)
+            s->pen_count[s->hist[i]] = 0;
     s->hist_len = 0;
     s->hist_head = 0;
     s->mu = 2.0 * (double)s->p.mirostat_tau;
@@ -621,7 +626,7 @@ bubo_status bubo_sampler_accept(bubo_sampler *s, int32_t token, bubo_err *err) {
     if (s->hist_cap == 0)
         return BUBO_OK;
     const uint32_t pen_n = (uint32_t)s->p.repeat_last_n;
-    if (pen_n > 0) {
+    if (pen_n > 0 && s->pen_count) {
         if (s->hist_len >= pen_n) { /* the token leaving the penalty window */
             uint32_t oldest = (s->hist_head + s->hist_cap - pen_n) % s->hist_cap;
             s->pen_count[s->hist[oldest]]--;
@@ -669,6 +674,8 @@ bubo_status bubo_sampler_sample(bubo_sampler *s, const float *logits, const uint
     const float *row = logits;
     const int history_stages = p->mirostat == 0 && s->hist_len > 0 && (penalties_on(p) || s->dry);
     if (allowed || s->n_bias || history_stages) {
+        if (!s->work && !(s->work = malloc((size_t)n * sizeof *s->work)))
+            return bubo_set_err(err, BUBO_ERR_NOMEM, "out of memory for a sampler's step over %u tokens", n);
         memcpy(s->work, logits, (size_t)n * sizeof *s->work);
         if (allowed)
             for (uint32_t t = 0; t < n; t++)

@@ -17,14 +17,15 @@ int main(void) {
     srand(1);
     for (int cfg = 0; cfg < 60; cfg++) {
         bubo_sampler_params p = {0};
-        p.repeat_last_n = cfg % 3 * 20; p.repeat_penalty = 1.2f; p.frequency_penalty = 0.1f; p.presence_penalty = 0.1f;
+        p.repeat_last_n = cfg % 3 * 20; /* every fourth: a window with no penalty in it (none allocated) */
+        p.repeat_penalty = cfg % 4 == 1 ? 1.0f : 1.2f; p.frequency_penalty = p.presence_penalty = cfg % 4 == 1 ? 0 : 0.1f;
         p.dry_multiplier = cfg % 2 ? 0.8f : 0; p.dry_base = 1.75f; p.dry_allowed_length = cfg % 3; p.dry_penalty_last_n = 50;
         p.dry_breakers = brk; p.dry_breaker_lens = bl; p.n_dry_breakers = 4; p.vocab_pieces = text; p.vocab_offsets = off;
         p.top_n_sigma = cfg % 4 == 0 ? 1.0f : -1; p.top_k = cfg % 5 * 30; p.typical_p = cfg % 7 == 0 ? 0.5f : 1; p.top_p = cfg % 3 ? 0.9f : 1;
         p.min_p = 0.05f; p.xtc_probability = cfg % 2 ? 0.5f : 0; p.xtc_threshold = 0.02f; p.min_keep = cfg % 4;
         p.temperature = cfg % 6 == 0 ? 0 : 0.9f; p.dynatemp_range = cfg % 5 == 0 ? 0.3f : 0; p.dynatemp_exponent = 1;
         p.mirostat = cfg % 9 == 0 ? 1 : cfg % 9 == 1 ? 2 : 0; p.mirostat_tau = 5; p.mirostat_eta = 0.1f;
-        p.logit_bias = bias; p.n_logit_bias = 2; p.n_probs = cfg * 7; p.seed = cfg;
+        p.logit_bias = bias; p.n_logit_bias = cfg % 5 == 2 ? 0 : 2; /* without: some steps copy no logits */ p.n_probs = cfg * 7; p.seed = cfg;
         bubo_sampler *s;
         if (bubo_sampler_create(n, &p, &s, &err)) { printf("create: %s\n", err.msg); return 1; }
         for (int step = 0; step < 200; step++) {
