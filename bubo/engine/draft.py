@@ -455,6 +455,10 @@ class NgramDrafter(Pacing):
       word ends ("prep|aired there": at " there"), since a corrected word seldom has its
       misspelling's token count; each token since then stands for one source token. Without
       word_starts, the refused token alone is skipped.
+    A token the answer wrote as another, one for one (the copy refused there and kept right after
+    it: a renamed variable), is remembered as renamed: later copies draft it as the answer wrote
+    it (" value" as " amount" at each of its places), until a draft refused at a renamed token
+    says the answer kept the source's there.
     Such a copy goes on until a draft of it is refused from its first token. Only a copy found by
     a tail of 3 tokens or more, or one whose drafts were partly kept, goes on so (a 2-token tail,
     "of the", is found everywhere in free text). Where no 4-gram of the tail is found, and before
@@ -481,6 +485,9 @@ class NgramDrafter(Pacing):
         # (source index of the first refused token, sequence length after that step) of the last
         # draft refused before its end
         self._refused_at: tuple[int, int] | None = None
+        self._renamed: dict[int, int] = {}  # a source token -> the token the answer writes for it
+        self._rename: tuple[int, int] | None = None  # (source, answer) token: kept if the copy after it is
+        self._offered_renamed: dict[int, int] = {}  # the draft on offer: its renamed places -> source tokens
 
     def alpha(self, prior: float = 0.5) -> float:
         rec = self._by_n.get(self.matched)
@@ -499,8 +506,14 @@ class NgramDrafter(Pacing):
             rec.taken(n_drafted, n_accepted)
         if n_accepted > 0:
             self._sure = True
+            if self._rename is not None and self._rename[0] != self._rename[1]:
+                self._renamed[self._rename[0]] = self._rename[1]  # the copy goes on past it: one for one
         elif self.matched == FOLLOW:
             self._copy = None  # the copy went astray: only a new match starts another
+        if n_accepted < n_drafted and n_accepted in self._offered_renamed:
+            self._renamed.pop(self._offered_renamed[n_accepted], None)  # the answer kept the source's there
+        self._rename = None
+        self._offered_renamed = {}
         if self._offered is not None and 0 < n_drafted:
             at, then = self._offered
             self._refused_at = (at + n_accepted, then + n_accepted + 1) if n_accepted < n_drafted else None
@@ -517,12 +530,16 @@ class NgramDrafter(Pacing):
         self._indexed = max(self._indexed, end)
 
     def _offer(self, tokens: list[int], at: int, k: int, matched: int) -> list[int]:
-        """tokens[at:at + k] as the draft, found by `matched`; [] if it is too short."""
+        """tokens[at:at + k] as the draft, found by `matched`, its renamed tokens as the answer
+        writes them; [] if it is too short."""
         draft = tokens[at:at + k]
         if len(draft) < max(1, self.config.n_min):
             return []
         self.matched = matched
         self._offered = (at, len(tokens))
+        if self._renamed:
+            self._offered_renamed = {j: t for j, t in enumerate(draft) if t in self._renamed}
+            draft = [self._renamed.get(t, t) for t in draft]
         return draft
 
     def _field_draft(self, tokens: list[int], k: int) -> list[int]:
@@ -541,6 +558,8 @@ class NgramDrafter(Pacing):
         k = limit
         self.matched = 0
         self._offered = None
+        self._rename = None
+        self._offered_renamed = {}
         if self._field_layout is None and self.separators is not None:
             start = self.n_prompt if self.n_prompt is not None else len(tokens) - 1
             self._field_layout = FieldLayout(self.separators, start)
@@ -577,6 +596,8 @@ class NgramDrafter(Pacing):
             if 0 < step <= self.config.n_max + 1 and at < len(tokens) and \
                     (draft := self._offer(tokens, at, k, FOLLOW)):
                 self._copy = (at, len(tokens))
+                if refused is not None and refused[1] == len(tokens) and at == refused[0] + 1:
+                    self._rename = (tokens[refused[0]], tokens[-1])  # one token for one, if the copy is kept
                 return draft
         self._copy = None
         return []

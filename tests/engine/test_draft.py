@@ -118,6 +118,30 @@ def test_ngram_drafter_resumes_its_copy_past_a_replaced_word():
     assert d.propose(seq, 4) == [] and d.matched == 0  # too long since: 99 resumes nothing
 
 
+def test_ngram_drafter_drafts_a_renamed_token_as_the_answer_writes_it():
+    """A variable renamed (40 written as 41): once the copy is refused at it and kept right after
+    it, later copies draft 41 at each of 40's places, until the answer keeps a 40."""
+    prompt = [1, 2, 3, 40, 5, 6, 40, 7, 8, 40, 9, 40, 10, 99]
+    d = NgramDrafter(DraftConfig(n_max=8))
+    seq = prompt + [1, 2]
+    assert d.propose(seq, 8) == [3, 40, 5, 6, 40, 7, 8, 40]
+    d.taken(8, 1)  # 3 kept, 41 written for 40
+    seq += [3, 41]
+    assert d.propose(seq, 8) == [5, 6, 40, 7, 8, 40, 9, 40] and d.matched == FOLLOW  # not yet known as renamed
+    d.taken(8, 2)  # the copy kept right after 41: one token for one; 41 for 40 again
+    seq += [5, 6, 41]
+    assert d.propose(seq, 8) == [7, 8, 41, 9, 41, 10, 99, 1] and d.matched == FOLLOW  # drafted as renamed
+    d.taken(8, 2)  # ... but here the answer keeps 40: the rename is forgotten
+    seq += [7, 8, 40]
+    assert d.propose(seq, 8) == [9, 40, 10, 99, 1, 2, 3, 41] and d.matched == 3
+    fresh = NgramDrafter(DraftConfig(n_max=8))
+    fresh.propose(prompt + [1, 2], 8)
+    fresh.taken(8, 1)
+    fresh.propose(prompt + [1, 2, 3, 41], 8)
+    fresh.taken(8, 0)  # the copy refused from its first token: 41 may stand for more than 40
+    assert fresh.propose(prompt + [1, 2, 3, 41, 77, 5, 6], 8)[:3] == [40, 7, 8]  # nothing learned
+
+
 # A list turned into a table: separators 100 ", ", 101 ": ", 102 "; ", 103 " | ", 106 "| ",
 # 107 " |\n"; fields apples (1 2), pears (3), plums (4 5), quantities 11-13, prices 21-23
 SEPS = {100, 101, 102, 103, 106, 107}
