@@ -115,6 +115,7 @@ class Runtime:
         self._grammar_pieces: list[bytes] | None = None
         self._word_starts: frozenset[int] | None = None
         self._separators: frozenset[int] | None = None
+        self._space_runs: dict[int, int] | None = None
         self._piece_index: PieceIndex | None = None
         self._shows_tools: bool | None = None
         self._eog: list[int] | None = None
@@ -315,6 +316,17 @@ class Runtime:
             self._separators = frozenset(i for i, p in enumerate(self.grammar_pieces())
                                          if p and not p.translate(None, punct))
         return self._separators
+
+    def space_runs(self) -> dict[int, int]:
+        """The tokens whose text is a run of spaces, by its width (the lowest id of each width):
+        FieldLayout pads a table's values with them (bubo.engine.draft)."""
+        if self._space_runs is None:
+            runs: dict[int, int] = {}
+            for i, p in enumerate(self.grammar_pieces()):
+                if p and not p.strip(b" "):
+                    runs.setdefault(len(p), i)
+            self._space_runs = runs
+        return self._space_runs
 
     def grammar_pieces(self) -> list[bytes]:
         """Every token's bytes as grammars see them (no bytes for control and unused tokens)."""

@@ -35,7 +35,7 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -263,8 +263,15 @@ class FieldLayout:
     which the answer's latest key repeats sets the period: in objects of "key": "value" pairs
     alike, the tail occurs a pair back too, but the period is an object."""
 
-    def __init__(self, separators: Collection[int], source_end: int):
+    def __init__(self, separators: Collection[int], source_end: int, pieces: Sequence[bytes] | None = None,
+                 spaces: Mapping[int, int] | None = None):
         self.separators = separators
+        # with every token's text (pieces) and the tokens that are runs of spaces (spaces: width
+        # -> token): a run that pads a value to its column's width (a Markdown table's
+        # "| 3 kg     |") is drafted to the same width after another value
+        self._pieces = pieces
+        self._pad_token = dict(spaces) if pieces is not None and spaces else {}
+        self._pad_width = {t: w for w, t in self._pad_token.items()}
         self.source_end = max(0, source_end)  # tokens[:source_end] are the prompt whose fields are copied
         self._fields: list[tuple[int, ...]] | None = None  # the prompt's fields, in order
         self._by_field: dict[tuple[int, ...], list[int]] = {}  # field -> its indices in _fields
@@ -423,20 +430,43 @@ class FieldLayout:
             if not open_field and nxt < len(fields):
                 draft = list(fields[nxt][:limit])
             return draft
+        value = fields[i] if open_field and not key else None  # the value the next item follows
         for j in range(at, len(items)):
             if len(draft) >= limit:
                 break
             if items[j] != -1:
-                draft.append(items[j])
+                draft += self._padded(items, j, value)
+                value = None
             elif (j == last and key) or self._repeats(j, period):  # a key (perhaps the one being written)
                 assert period is not None
                 draft += self._answer[self._field_at[j - period]][:limit - len(draft)]  # as written before
+                value = None
             elif nxt < len(fields):
                 draft += fields[nxt][:limit - len(draft)]
+                value = fields[nxt]
                 nxt += 1
             else:
                 break
         return draft[:limit]
+
+    def _width(self, field: Sequence[int]) -> int:
+        """A field's width in characters (UTF-8 continuation bytes not counted)."""
+        assert self._pieces is not None
+        return sum(1 for t in field for b in self._pieces[t] if b & 0xC0 != 0x80)
+
+    def _padded(self, items: list[int], j: int, value: Sequence[int] | None) -> list[int]:
+        """The template's separator items[j] after value (the prompt's field just drafted, or None):
+        a run of spaces right after a value pads it to the template value's width (none where
+        value is as wide or wider, the template's own where no token has the spaces wanted)."""
+        sep = items[j]
+        pad = self._pad_width.get(sep)
+        if pad is None or value is None or j == 0 or items[j - 1] != -1:
+            return [sep]
+        width = self._width(self._answer[self._field_at[j - 1]]) + pad - self._width(value)
+        if width <= 0:
+            return []
+        tok = self._pad_token.get(width)
+        return [tok] if tok is not None else [sep]
 
 
 class NgramDrafter(Pacing):
@@ -467,8 +497,10 @@ class NgramDrafter(Pacing):
     records."""
 
     def __init__(self, config: DraftConfig, word_starts: Collection[int] | None = None,
-                 separators: Collection[int] | None = None, n_prompt: int | None = None):
+                 separators: Collection[int] | None = None, n_prompt: int | None = None,
+                 pieces: Sequence[bytes] | None = None, spaces: Mapping[int, int] | None = None):
         super().__init__(config)
+        self.pieces, self.spaces = pieces, spaces  # FieldLayout's, to pad values to their column's width
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # tokens[:_indexed] are indexed (each n-gram ending before it)
         # a record per match length: a draft found by a 4-gram is kept far more often than one
@@ -562,7 +594,7 @@ class NgramDrafter(Pacing):
         self._offered_renamed = {}
         if self._field_layout is None and self.separators is not None:
             start = self.n_prompt if self.n_prompt is not None else len(tokens) - 1
-            self._field_layout = FieldLayout(self.separators, start)
+            self._field_layout = FieldLayout(self.separators, start, self.pieces, self.spaces)
         if k < max(1, self.config.n_min):
             return []
         self._update(tokens)

@@ -112,7 +112,8 @@ class Task:
         if draft is not None and model_drafts:
             self.drafter = Pacing(draft)
         elif draft is not None and draft.ngram:
-            self.drafter = NgramDrafter(draft, runtime.word_starts(), runtime.separators(), len(req.prompt))
+            self.drafter = NgramDrafter(draft, runtime.word_starts(), runtime.separators(), len(req.prompt),
+                                        runtime.grammar_pieces(), runtime.space_runs())
         self.draft: list[int] = []  # drafted tokens after the pending one, in this step's plan
         self.checking = (0, 0)  # the draft being checked: (drafted, kept so far), for an answer ending in it
         self.tokens: list[int] = list(req.prompt)

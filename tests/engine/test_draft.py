@@ -170,6 +170,23 @@ def test_field_layout_drafts_the_prompts_next_fields_in_the_answers_layout():
     assert early.propose(LIST + TABLE[:11], 16) == [12, 103, 22, 107, 106, 4, 5, 103]
 
 
+def test_field_layout_pads_each_value_to_its_columns_width():
+    """A table whose quantities are padded with spaces (110-113: 1-4 of them) to one width: after
+    "3 kg" and 2 spaces, "10 kg" is drafted with 1 and "100 kg" with none; without the tokens'
+    texts, the template's 2 spaces."""
+    texts = {1: b"app", 2: b"les", 3: b"pears", 4: b"pl", 5: b"ums", 11: b"3 kg", 12: b"10 kg", 13: b"100 kg",
+             21: b"4 EUR", 22: b"3 EUR", 23: b"2 EUR", 60: b"List", 61: b" of", 100: b", ", 101: b": ",
+             102: b"; ", 103: b" | ", 106: b"| ", 107: b" |\n", 110: b" ", 111: b"  ", 112: b"   ", 113: b"    "}
+    pieces = [texts.get(i, b"x") for i in range(120)]
+    seps, spaces = SEPS | {110, 111, 112, 113}, {1: 110, 2: 111, 3: 112, 4: 113}
+    row1 = [106, 1, 2, 103, 11, 111, 103, 21, 107]
+    seq = LIST + row1 + [106, 3, 103]
+    assert FieldLayout(seps, len(LIST), pieces, spaces).propose(seq, 8) == [12, 110, 103, 22, 107, 106, 4, 5]
+    assert FieldLayout(seps, len(LIST)).propose(seq, 8) == [12, 111, 103, 22, 107, 106, 4, 5]
+    seq += [12, 110, 103, 22, 107, 106, 4, 5, 103]
+    assert FieldLayout(seps, len(LIST), pieces, spaces).propose(seq, 4) == [13, 103, 23, 107]
+
+
 def test_field_layout_finds_a_repeated_field_by_the_fields_before_it():
     """A value that occurs three times in the prompt (2): the place whose preceding fields match
     the answer's is the one copied, not the latest."""
