@@ -318,13 +318,16 @@ class Runtime:
         return self._separators
 
     def space_runs(self) -> dict[int, int]:
-        """The tokens whose text is a run of spaces, by its width (the lowest id of each width):
+        """The token the tokenizer writes for a run of spaces, by the run's width (widths it
+        writes as one token that is the run alone; not a byte token that no text encodes to):
         FieldLayout pads a table's values with them (bubo.engine.draft)."""
         if self._space_runs is None:
             runs: dict[int, int] = {}
-            for i, p in enumerate(self.grammar_pieces()):
-                if p and not p.strip(b" "):
-                    runs.setdefault(len(p), i)
+            widths = {len(p) for p in self.grammar_pieces() if p and not p.strip(b" ")}
+            for w in sorted(widths):
+                ids = self.tokenizer.encode(" " * w, add_special=False)
+                if len(ids) == 1 and self.grammar_pieces()[ids[0]] == b" " * w:
+                    runs[w] = ids[0]
             self._space_runs = runs
         return self._space_runs
 

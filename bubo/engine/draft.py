@@ -271,7 +271,6 @@ class FieldLayout:
         # "| 3 kg     |") is drafted to the same width after another value
         self._pieces = pieces
         self._pad_token = dict(spaces) if pieces is not None and spaces else {}
-        self._pad_width = {t: w for w, t in self._pad_token.items()}
         self.source_end = max(0, source_end)  # tokens[:source_end] are the prompt whose fields are copied
         self._fields: list[tuple[int, ...]] | None = None  # the prompt's fields, in order
         self._by_field: dict[tuple[int, ...], list[int]] = {}  # field -> its indices in _fields
@@ -430,7 +429,7 @@ class FieldLayout:
             if not open_field and nxt < len(fields):
                 draft = list(fields[nxt][:limit])
             return draft
-        value = fields[i] if open_field and not key else None  # the value the next item follows
+        value = fields[i] if open_value else None  # the value the next item follows
         for j in range(at, len(items)):
             if len(draft) >= limit:
                 break
@@ -459,10 +458,13 @@ class FieldLayout:
         a run of spaces right after a value pads it to the template value's width (none where
         value is as wide or wider, the template's own where no token has the spaces wanted)."""
         sep = items[j]
-        pad = self._pad_width.get(sep)
-        if pad is None or value is None or j == 0 or items[j - 1] != -1:
+        if not self._pad_token or value is None or j == 0 or items[j - 1] != -1:
             return [sep]
-        width = self._width(self._answer[self._field_at[j - 1]]) + pad - self._width(value)
+        assert self._pieces is not None
+        piece = self._pieces[sep]
+        if not piece or piece.strip(b" "):
+            return [sep]  # not a run of spaces
+        width = self._width(self._answer[self._field_at[j - 1]]) + len(piece) - self._width(value)
         if width <= 0:
             return []
         tok = self._pad_token.get(width)
@@ -530,6 +532,8 @@ class NgramDrafter(Pacing):
         for rec in self._by_n.values():
             rec.idle()
         self._offered = None
+        self._rename = None
+        self._offered_renamed = {}
 
     def taken(self, n_drafted: int, n_accepted: int) -> None:
         super().taken(n_drafted, n_accepted)
@@ -569,9 +573,10 @@ class NgramDrafter(Pacing):
             return []
         self.matched = matched
         self._offered = (at, len(tokens))
-        if self._renamed:
-            self._offered_renamed = {j: t for j, t in enumerate(draft) if t in self._renamed}
-            draft = [self._renamed.get(t, t) for t in draft]
+        if self._renamed:  # in a copy of the prompt (the answer's own text has its names as written)
+            end = len(draft) if self.n_prompt is None else max(0, min(len(draft), self.n_prompt - at))
+            self._offered_renamed = {j: t for j, t in enumerate(draft[:end]) if t in self._renamed}
+            draft = [self._renamed.get(t, t) if j in self._offered_renamed else t for j, t in enumerate(draft)]
         return draft
 
     def _field_draft(self, tokens: list[int], k: int) -> list[int]:

@@ -185,6 +185,13 @@ def test_field_layout_pads_each_value_to_its_columns_width():
     assert FieldLayout(seps, len(LIST)).propose(seq, 8) == [12, 111, 103, 22, 107, 106, 4, 5]
     seq += [12, 110, 103, 22, 107, 106, 4, 5, 103]
     assert FieldLayout(seps, len(LIST), pieces, spaces).propose(seq, 4) == [13, 103, 23, 107]
+    # records of a key (70 "qty") padded, then a value: the key's padding is the template's
+    pieces[70], pieces[108] = b"qty", b"\n"
+    listed = [60, 61, 101, 11, 100, 12, 100, 13]
+    seq = listed + [70, 111, 101, 11, 108, 70, 111, 101, 12, 108, 70]
+    plain = FieldLayout(seps | {108}, len(listed)).propose(seq, 5)
+    assert plain[:3] == [111, 101, 13]
+    assert FieldLayout(seps | {108}, len(listed), pieces, spaces).propose(seq, 5) == plain
 
 
 def test_field_layout_finds_a_repeated_field_by_the_fields_before_it():
