@@ -243,7 +243,8 @@ class FieldLayout:
     JSON objects or YAML): the values come in the prompt's order, but between them the answer
     writes its own separators (and keys), so no n-gram of its tail occurs in the prompt. Tokens
     are separators (their text is only punctuation and white space: ", ", " |", ":\n") or parts
-    of fields (maximal runs of other tokens: "3", " kg"; "pe", "ars").
+    of fields (maximal runs of other tokens: "3", " kg"; "pe", "ars"; given the tokens' texts, a "."
+    right after a digit goes on its number's field: "1.5 kg").
 
     The layout: the answer's last items (each separator itself, each field as "a field"; up to
     LAYOUT_ITEMS) are looked up where they last occurred earlier in the answer; what followed
@@ -286,7 +287,7 @@ class FieldLayout:
         fields: list[tuple[int, ...]] = []
         run: list[int] = []
         for t in tokens[:self.source_end]:
-            if t in self.separators:
+            if t in self.separators and not self._decimal_point(run, t):
                 if run:
                     fields.append(tuple(run))
                     run = []
@@ -301,7 +302,8 @@ class FieldLayout:
 
     def _update(self, tokens: list[int]) -> None:
         for t in tokens[self._seen:]:
-            if t in self.separators:
+            if t in self.separators and not (self._items and self._items[-1] == -1
+                                             and self._decimal_point(self._answer[-1], t)):
                 self._items.append(t)
                 self._field_at.append(-1)
             elif self._items and self._items[-1] == -1:
@@ -447,6 +449,12 @@ class FieldLayout:
             else:
                 break
         return draft[:limit]
+
+    def _decimal_point(self, run: Sequence[int], t: int) -> bool:
+        """Whether t is a "." right after a digit, which goes on the field run ("1.5 kg" is one
+        value, not "1" and "5 kg"); known only with the tokens' texts."""
+        return self._pieces is not None and bool(run) and self._pieces[t] == b"." \
+            and self._pieces[run[-1]][-1:].isdigit()
 
     def _width(self, field: Sequence[int]) -> int:
         """A field's width in characters (UTF-8 continuation bytes not counted)."""

@@ -185,6 +185,11 @@ def test_field_layout_pads_each_value_to_its_columns_width():
     assert FieldLayout(seps, len(LIST)).propose(seq, 8) == [12, 111, 103, 22, 107, 106, 4, 5]
     seq += [12, 110, 103, 22, 107, 106, 4, 5, 103]
     assert FieldLayout(seps, len(LIST), pieces, spaces).propose(seq, 4) == [13, 103, 23, 107]
+    # a decimal point goes on its number's field: "1.5 kg" (15 16 17) is one value, as wide as "3 kg" and 2 spaces
+    pieces[15], pieces[16], pieces[17] = b"1", b".", b"5 kg"
+    decimal = LIST[:12] + [15, 16, 17] + LIST[13:]
+    seq = decimal + row1 + [106, 3, 103]
+    assert FieldLayout(seps | {16}, len(decimal), pieces, spaces).propose(seq, 8) == [15, 16, 17, 103, 22, 107, 106, 4]
     # records of a key (70 "qty") padded, then a value: the key's padding is the template's
     pieces[70], pieces[108] = b"qty", b"\n"
     listed = [60, 61, 101, 11, 100, 12, 100, 13]
