@@ -1,0 +1,163 @@
+"""Prompt lookup replayed: what drafting saves on bench_spec's prompts, counted rather than timed.
+
+Each prompt's greedy answer is generated once without drafting; then bubo's own drafter
+(NgramDrafter, choose_lengths and the scheduler's probes, as bubo.engine.scheduler runs them for
+one sequence) drafts that answer again token by token, each draft checked against the answer as
+the target's pass would check it. What a pass of n rows costs is measured in this process first
+(the best of --reps runs of each count: a shared machine only ever runs slower than its
+hardware). Per answer it prints the target's passes, the rows they checked, the drafted tokens
+kept, and the speed-up those costs give (plain: one pass a token); per task the speed-up over
+all its answers (summed time, as bench_spec sums it).
+
+The machine's drift does not move these counts, so two drafting policies can be told apart
+here where an end-to-end run (bench_spec.py, bubo beside llama-server) cannot. What it leaves
+out is everything but the passes: the scheduler's own work per step, sampling, HTTP.
+
+    python benchmarks/lookup_replay.py [--model qwen2.5-coder:1.5b] [--level avx2] [--tasks edit,free] [-v]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_spec import TASKS  # noqa: E402
+from results import cpu_name  # noqa: E402
+
+MAX_ROWS = 8  # pass sizes measured; a larger one is extrapolated by the last row's cost
+
+
+def step_costs(model: Any, reps: int) -> list[float]:
+    """Seconds for a pass of 1..MAX_ROWS rows (every row's logits, as a draft's check), after a
+    short prompt: the best of reps runs of each, the counts alternating."""
+    import numpy as np
+
+    from bubo._model import KVCache
+
+    rt = model._loaded.runtime
+    kv = KVCache(rt.native, 1024, n_seq_max=1)
+    toks = rt.tokenizer.encode("def add(a, b):\n    return a + b\n" * 8)
+    n0 = len(toks)
+    rt.native.decode(kv, np.asarray(toks, np.int32), np.arange(n0, dtype=np.int32), np.zeros(n0, np.int32),
+                     np.zeros(n0, bool))
+    best = [float("inf")] * (MAX_ROWS + 1)
+    for _ in range(reps):
+        for n in range(1, MAX_ROWS + 1):
+            t0 = time.perf_counter()
+            rt.native.decode(kv, np.asarray(toks[:n], np.int32), np.arange(n0, n0 + n, dtype=np.int32),
+                             np.zeros(n, np.int32), np.ones(n, bool))
+            best[n] = min(best[n], time.perf_counter() - t0)
+            kv.truncate(0, n0)
+    return best
+
+
+def replay(prompt: list[int], answer: list[int], rt: Any, costs: Any, cost: Any, max_tokens: int,
+           trace: bool) -> tuple[float, float, int, int, int, int]:
+    """(plain seconds, drafted seconds, passes, rows, drafted, kept) of one answer drafted again."""
+    from bubo.engine import draft as D
+
+    d = D.NgramDrafter(D.DEFAULT_DRAFT, rt.word_starts(), rt.separators(), len(prompt), rt.grammar_pieces(),
+                       rt.space_runs())
+    tokens = prompt + answer[:1]  # the first token comes from the prompt's pass
+    i, spent, passes, rows, drafted, kept = 1, 0.0, 0, 0, 0, 0
+    while i < len(answer):
+        limit = max(0, min(d.config.n_max, max_tokens - i - 1))
+        offer = d.propose(tokens, limit) if limit > 0 else []
+        k = D.choose_lengths([d.alpha(costs.alpha)], [len(offer)], lambda m: cost(1 + m), 0.0)[0]
+        if k == 0:
+            costs.idle()
+            if d.since >= D.PROBE_EVERY:
+                k = min(len(offer), D.PROBE_LENGTH)
+        draft = offer[:k] if k >= max(1, d.config.n_min) else []
+        if not draft:
+            d.idle()
+        n = 0
+        while n < len(draft) and i + n < len(answer) and draft[n] == answer[i + n]:
+            n += 1
+        spent += cost(1 + len(draft))
+        passes += 1
+        rows += 1 + len(draft)
+        if draft:
+            d.taken(len(draft), n)
+            costs.record(len(draft), n)
+            drafted += len(draft)
+            kept += n
+        if trace:
+            print(f"    {i:4d} {rt.tokenizer.decode(answer[i:i + n + 1])!r:32} drafted {len(draft)} kept {n}"
+                  f" (kind {d.matched if draft else '-'})")
+        tokens += answer[i:i + n + 1]
+        i += n + 1
+    return (len(answer) - 1) * cost(1), spent, passes, rows, drafted, kept
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder:1.5b")
+    ap.add_argument("--level", choices=["native", "avx2"], default="native",
+                    help="avx2: bubo at the AVX2 level (BUBO_FORCE_ISA) on a CPU that has more")
+    ap.add_argument("--tasks", default="edit,free", help="comma-separated, of bench_spec's")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=7, help="runs of each pass size measured")
+    ap.add_argument("--costs", default=None,
+                    help=f"milliseconds for passes of 1..{MAX_ROWS} rows, comma-separated, instead of measuring them "
+                         "(the same figures for two versions of the drafter)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="every pass of every answer")
+    args = ap.parse_args(argv)
+    if args.level == "avx2":
+        os.environ["BUBO_FORCE_ISA"] = "avx2"  # before the library is loaded
+
+    from bubo.engine import draft as D
+    from bubo.llm import Model
+
+    model = Model(args.model, n_ctx=4096, n_threads=args.threads)
+    rt = model._loaded.runtime
+    if args.costs:
+        best = [0.0] + [float(x) / 1e3 for x in args.costs.split(",")]
+        if len(best) != MAX_ROWS + 1:
+            raise SystemExit(f"--costs needs {MAX_ROWS} figures")
+    else:
+        best = step_costs(model, args.reps)
+
+    def cost(n: int) -> float:
+        return best[n] if n <= MAX_ROWS else best[MAX_ROWS] + (n - MAX_ROWS) * (best[MAX_ROWS] - best[MAX_ROWS - 1])
+
+    level = " at the AVX2 level" if args.level == "avx2" else ""
+    print(f"### prompt lookup replayed, {args.model}{level}\n")
+    print(f"{cpu_name()}, -t {args.threads}; a pass of n rows against one "
+          f"({'given' if args.costs else f'best of {args.reps}'}): "
+          + ", ".join(f"{n}: {best[n] / best[1]:.2f}x" for n in range(2, MAX_ROWS + 1))
+          + f" (one row: {best[1] * 1e3:.1f} ms)\n")
+    print("| task | prompt | tokens | passes | rows checked | drafted tokens kept | speed-up |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    costs = D.Costs()  # the scheduler's record, over the answers in turn (as one server's)
+    summary = []
+    for task in args.tasks.split(","):
+        plain_s = drafted_s = 0.0
+        for text in TASKS[task]:
+            messages = [{"role": "user", "content": text}]
+            plain = model.chat(messages, max_tokens=args.max_tokens, temperature=0, draft_max=0)
+            prompt = rt.tokenizer.encode(rt.chat_prompt(messages), add_special=True, parse_special=True)
+            if len(prompt) != plain.prompt_tokens:
+                raise SystemExit(f"the prompt's tokens differ from the engine's: {len(prompt)} against "
+                                 f"{plain.prompt_tokens}")
+            p, s, passes, rows, drafted, kept = replay(prompt, list(plain.tokens), rt, costs, cost,
+                                                       args.max_tokens, args.verbose)
+            plain_s, drafted_s = plain_s + p, drafted_s + s
+            words = " ".join(text.split()[:5])
+            print(f"| {task} | {words} ... | {len(plain.tokens)} | {passes} | {rows} | {kept}/{drafted}"
+                  f" ({kept / max(drafted, 1):.0%}) | {p / s:.2f}x |")
+        summary.append(f"| {task} | {plain_s / drafted_s:.2f}x |")
+    print("\n| task | speed-up over its answers |\n| --- | ---: |")
+    print("\n".join(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
