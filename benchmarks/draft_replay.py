@@ -32,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_spec import TASKS  # noqa: E402
-from lookup_replay import MAX_ROWS, step_costs  # noqa: E402
+from lookup_replay import describe_costs, replay_args, target_costs  # noqa: E402
 from results import cpu_name  # noqa: E402
 
 K_MAX = 5  # the fixed draft lengths weighed
@@ -86,17 +86,8 @@ def replay(hit: list[bool], prob: list[float], k: int | None, step: Any, draft_s
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="qwen2.5-coder:1.5b")
+    replay_args(ap, "code")
     ap.add_argument("--draft-model", default="qwen2.5-coder:0.5b")
-    ap.add_argument("--level", choices=["native", "avx2"], default="native",
-                    help="avx2: bubo at the AVX2 level (BUBO_FORCE_ISA) on a CPU that has more")
-    ap.add_argument("--tasks", default="code", help="comma-separated, of bench_spec's")
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=7, help="runs of each pass measured")
-    ap.add_argument("--costs", default=None,
-                    help=f"milliseconds for the target's passes of 1..{MAX_ROWS} rows, comma-separated, instead of "
-                         "measuring them")
     ap.add_argument("--draft-ms", type=float, default=None, help="milliseconds for a pass of the draft model")
     args = ap.parse_args(argv)
     if args.level == "avx2":
@@ -114,12 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     rt = model._loaded.runtime
     draft = Runtime(store.resolve(args.draft_model), n_threads=args.threads, requant=DEFAULT_DRAFT.requant)
     draft.native.out_vocab = n_vocab = min(rt.n_vocab, draft.n_vocab, DRAFT_OUT_VOCAB)  # as DraftModel drafts
-    if args.costs:
-        best = [0.0] + [float(x) / 1e3 for x in args.costs.split(",")]
-        if len(best) != MAX_ROWS + 1:
-            raise SystemExit(f"--costs needs {MAX_ROWS} figures")
-    else:
-        best = step_costs(model, args.reps)
+    cost = target_costs(model, args)
     if args.draft_ms is not None:
         draft_s = args.draft_ms / 1e3
     else:  # one row after a short prompt, the best of reps
@@ -137,14 +123,12 @@ def main(argv: list[str] | None = None) -> int:
             kv.truncate(0, n0)
 
     def step(m: int) -> float:  # the target's pass with m drafted rows
-        n = 1 + m
-        return best[n] if n <= MAX_ROWS else best[MAX_ROWS] + (n - MAX_ROWS) * (best[MAX_ROWS] - best[MAX_ROWS - 1])
+        return cost(1 + m)
 
     level = " at the AVX2 level" if args.level == "avx2" else ""
     print(f"### draft model {args.draft_model} for {args.model}{level}, replayed\n")
-    print(f"{cpu_name()}, -t {args.threads}; the target's pass of one row {best[1] * 1e3:.1f} ms, of n rows against "
-          "one: " + ", ".join(f"{n}: {best[n] / best[1]:.2f}x" for n in range(2, MAX_ROWS + 1))
-          + f"; a draft pass {draft_s * 1e3:.1f} ms ({'given' if args.costs or args.draft_ms else 'measured'})\n")
+    print(f"{cpu_name()}, -t {args.threads}; {describe_costs(cost, args)}; a draft pass {draft_s * 1e3:.1f} ms "
+          f"({'given' if args.draft_ms is not None else 'measured'})\n")
     head = " | ".join(f"k = {k}" for k in range(1, K_MAX + 1))
     print(f"| task | prompt | tokens | guesses right | {head} | the draft's own cut |")
     print("| --- | --- | ---: | ---: |" + " ---: |" * (K_MAX + 1))

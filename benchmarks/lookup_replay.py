@@ -22,6 +22,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,43 @@ def step_costs(model: Any, reps: int) -> list[float]:
             best[n] = min(best[n], time.perf_counter() - t0)
             kv.truncate(0, n0)
     return best
+
+
+def replay_args(ap: argparse.ArgumentParser, tasks: str) -> None:
+    """The options of both replays (this one and draft_replay.py)."""
+    ap.add_argument("--model", default="qwen2.5-coder:1.5b")
+    ap.add_argument("--level", choices=["native", "avx2"], default="native",
+                    help="avx2: bubo at the AVX2 level (BUBO_FORCE_ISA) on a CPU that has more")
+    ap.add_argument("--tasks", default=tasks, help="comma-separated, of bench_spec's")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=7, help="runs of each pass measured")
+    ap.add_argument("--costs", default=None,
+                    help=f"milliseconds for the target's passes of 1..{MAX_ROWS} rows, comma-separated, instead of "
+                         "measuring them (the same figures for two versions of the drafter)")
+
+
+def target_costs(model: Any, args: argparse.Namespace) -> Callable[[int], float]:
+    """Seconds for the target's pass of n rows: --costs, or measured (step_costs); past MAX_ROWS
+    each row costs what the last one measured did."""
+    if args.costs:
+        best = [0.0] + [float(x) / 1e3 for x in args.costs.split(",")]
+        if len(best) != MAX_ROWS + 1:
+            raise SystemExit(f"--costs needs {MAX_ROWS} figures")
+    else:
+        best = step_costs(model, args.reps)
+
+    def cost(n: int) -> float:
+        return best[n] if n <= MAX_ROWS else best[MAX_ROWS] + (n - MAX_ROWS) * (best[MAX_ROWS] - best[MAX_ROWS - 1])
+
+    return cost
+
+
+def describe_costs(cost: Callable[[int], float], args: argparse.Namespace) -> str:
+    """The costs as the tables' heading gives them."""
+    return (f"the target's pass of one row {cost(1) * 1e3:.1f} ms, of n rows against one "
+            f"({'given' if args.costs else f'best of {args.reps}'}): "
+            + ", ".join(f"{n}: {cost(n) / cost(1):.2f}x" for n in range(2, MAX_ROWS + 1)))
 
 
 def replay(prompt: list[int], answer: list[int], rt: Any, costs: Any, cost: Any, max_tokens: int,
@@ -98,16 +136,7 @@ def replay(prompt: list[int], answer: list[int], rt: Any, costs: Any, cost: Any,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="qwen2.5-coder:1.5b")
-    ap.add_argument("--level", choices=["native", "avx2"], default="native",
-                    help="avx2: bubo at the AVX2 level (BUBO_FORCE_ISA) on a CPU that has more")
-    ap.add_argument("--tasks", default="edit,free", help="comma-separated, of bench_spec's")
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=7, help="runs of each pass size measured")
-    ap.add_argument("--costs", default=None,
-                    help=f"milliseconds for passes of 1..{MAX_ROWS} rows, comma-separated, instead of measuring them "
-                         "(the same figures for two versions of the drafter)")
+    replay_args(ap, "edit,free")
     ap.add_argument("-v", "--verbose", action="store_true", help="every pass of every answer")
     args = ap.parse_args(argv)
     if args.level == "avx2":
@@ -118,22 +147,11 @@ def main(argv: list[str] | None = None) -> int:
 
     model = Model(args.model, n_ctx=4096, n_threads=args.threads)
     rt = model._loaded.runtime
-    if args.costs:
-        best = [0.0] + [float(x) / 1e3 for x in args.costs.split(",")]
-        if len(best) != MAX_ROWS + 1:
-            raise SystemExit(f"--costs needs {MAX_ROWS} figures")
-    else:
-        best = step_costs(model, args.reps)
-
-    def cost(n: int) -> float:
-        return best[n] if n <= MAX_ROWS else best[MAX_ROWS] + (n - MAX_ROWS) * (best[MAX_ROWS] - best[MAX_ROWS - 1])
+    cost = target_costs(model, args)
 
     level = " at the AVX2 level" if args.level == "avx2" else ""
     print(f"### prompt lookup replayed, {args.model}{level}\n")
-    print(f"{cpu_name()}, -t {args.threads}; a pass of n rows against one "
-          f"({'given' if args.costs else f'best of {args.reps}'}): "
-          + ", ".join(f"{n}: {best[n] / best[1]:.2f}x" for n in range(2, MAX_ROWS + 1))
-          + f" (one row: {best[1] * 1e3:.1f} ms)\n")
+    print(f"{cpu_name()}, -t {args.threads}; {describe_costs(cost, args)}\n")
     print("| task | prompt | tokens | passes | rows checked | drafted tokens kept | speed-up |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     costs = D.Costs()  # the scheduler's record, over the answers in turn (as one server's)
