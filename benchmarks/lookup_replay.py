@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_spec import TASKS  # noqa: E402
 from results import cpu_name  # noqa: E402
 
-MAX_ROWS = 8  # pass sizes measured; a larger one is extrapolated by the last row's cost
+MAX_ROWS = 17  # pass sizes measured: the longest draft (n_max 16) and its pending token
 
 
 def step_costs(model: Any, reps: int) -> list[float]:
@@ -68,22 +68,25 @@ def replay_args(ap: argparse.ArgumentParser, tasks: str) -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=7, help="runs of each pass measured")
     ap.add_argument("--costs", default=None,
-                    help=f"milliseconds for the target's passes of 1..{MAX_ROWS} rows, comma-separated, instead of "
-                         "measuring them (the same figures for two versions of the drafter)")
+                    help="milliseconds for the target's passes of 1, 2, ... rows, comma-separated, instead of "
+                         "measuring them (the same figures for two versions of the drafter; past the last, each "
+                         "row costs what the last one did)")
 
 
 def target_costs(model: Any, args: argparse.Namespace) -> Callable[[int], float]:
-    """Seconds for the target's pass of n rows: --costs, or measured (step_costs); past MAX_ROWS
-    each row costs what the last one measured did."""
+    """Seconds for the target's pass of n rows: --costs, or measured (step_costs); past the last
+    figure each row costs what the last one did (never less than nothing)."""
     if args.costs:
         best = [0.0] + [float(x) / 1e3 for x in args.costs.split(",")]
-        if len(best) != MAX_ROWS + 1:
-            raise SystemExit(f"--costs needs {MAX_ROWS} figures")
+        if len(best) < 3:
+            raise SystemExit("--costs needs the passes of 1 and 2 rows at least")
     else:
         best = step_costs(model, args.reps)
+    last = len(best) - 1
+    row = max(0.0, best[last] - best[last - 1])
 
     def cost(n: int) -> float:
-        return best[n] if n <= MAX_ROWS else best[MAX_ROWS] + (n - MAX_ROWS) * (best[MAX_ROWS] - best[MAX_ROWS - 1])
+        return best[n] if n <= last else best[last] + (n - last) * row
 
     return cost
 
@@ -92,7 +95,7 @@ def describe_costs(cost: Callable[[int], float], args: argparse.Namespace) -> st
     """The costs as the tables' heading gives them."""
     return (f"the target's pass of one row {cost(1) * 1e3:.1f} ms, of n rows against one "
             f"({'given' if args.costs else f'best of {args.reps}'}): "
-            + ", ".join(f"{n}: {cost(n) / cost(1):.2f}x" for n in range(2, MAX_ROWS + 1)))
+            + ", ".join(f"{n}: {cost(n) / cost(1):.2f}x" for n in range(2, 9)))
 
 
 def replay(prompt: list[int], answer: list[int], rt: Any, costs: Any, cost: Any, max_tokens: int,

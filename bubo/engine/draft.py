@@ -244,7 +244,7 @@ class FieldLayout:
     writes its own separators (and keys), so no n-gram of its tail occurs in the prompt. Tokens
     are separators (their text is only punctuation and white space: ", ", " |", ":\n") or parts
     of fields (maximal runs of other tokens: "3", " kg"; "pe", "ars"; given the tokens' texts, a "."
-    right after a digit goes on its number's field: "1.5 kg").
+    between digits goes on its number's field: "1.5 kg", but "1. apples" is two).
 
     The layout: the answer's last items (each separator itself, each field as "a field"; up to
     LAYOUT_ITEMS) are looked up where they last occurred earlier in the answer; what followed
@@ -282,12 +282,15 @@ class FieldLayout:
         self._seen = self.source_end  # tokens[source_end:_seen] are in _items
         self._layout: dict[tuple[int, ...], list[int]] = {}  # items n-gram -> the item after each latest occurrence
         self._indexed = 0  # _items[:_indexed] end n-grams in _layout
+        self._point: int | None = None  # the answer's last token: a "." on its number's field, if a digit follows
 
     def _index_source(self, tokens: list[int]) -> None:
         fields: list[tuple[int, ...]] = []
         run: list[int] = []
-        for t in tokens[:self.source_end]:
-            if t in self.separators and not self._decimal_point(run, t):
+        source = tokens[:self.source_end]
+        for i, t in enumerate(source):
+            if t in self.separators and not (self._decimal_point(run, t) and i + 1 < len(source)
+                                             and self._starts_digit(source[i + 1])):
                 if run:
                     fields.append(tuple(run))
                     run = []
@@ -302,11 +305,18 @@ class FieldLayout:
 
     def _update(self, tokens: list[int]) -> None:
         for t in tokens[self._seen:]:
+            if self._point is not None and not self._starts_digit(t):  # it ended a number: a separator
+                self._answer[-1].pop()
+                self._items.append(self._point)
+                self._field_at.append(-1)
+            self._point = None
             if t in self.separators and not (self._items and self._items[-1] == -1
                                              and self._decimal_point(self._answer[-1], t)):
                 self._items.append(t)
                 self._field_at.append(-1)
             elif self._items and self._items[-1] == -1:
+                if t in self.separators:
+                    self._point = t  # a "." after a digit: the number's if a digit follows
                 self._answer[-1].append(t)
             else:
                 self._items.append(-1)
@@ -451,10 +461,14 @@ class FieldLayout:
         return draft[:limit]
 
     def _decimal_point(self, run: Sequence[int], t: int) -> bool:
-        """Whether t is a "." right after a digit, which goes on the field run ("1.5 kg" is one
-        value, not "1" and "5 kg"); known only with the tokens' texts."""
+        """Whether t is a "." right after a digit, which goes on the field run where a digit
+        follows it ("1.5 kg" is one value, not "1" and "5 kg"; "1. apples" stays two); known only
+        with the tokens' texts."""
         return self._pieces is not None and bool(run) and self._pieces[t] == b"." \
             and self._pieces[run[-1]][-1:].isdigit()
+
+    def _starts_digit(self, t: int) -> bool:
+        return self._pieces is not None and self._pieces[t][:1].isdigit()
 
     def _width(self, field: Sequence[int]) -> int:
         """A field's width in characters (UTF-8 continuation bytes not counted)."""

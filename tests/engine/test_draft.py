@@ -190,6 +190,13 @@ def test_field_layout_pads_each_value_to_its_columns_width():
     decimal = LIST[:12] + [15, 16, 17] + LIST[13:]
     seq = decimal + row1 + [106, 3, 103]
     assert FieldLayout(seps | {16}, len(decimal), pieces, spaces).propose(seq, 8) == [15, 16, 17, 103, 22, 107, 106, 4]
+    # ... but a "." that ends a number is a separator, in the prompt and in the answer: "1. apples"
+    fl = FieldLayout(seps | {16}, 6, pieces, spaces)
+    fl.propose([15, 16, 1, 2, 101, 11, 106, 15, 16, 1, 2], 4)
+    assert fl._fields == [(15,), (1, 2), (11,)] and fl._items == [106, -1, 16, -1]
+    fl = FieldLayout(seps | {16}, 6, pieces, spaces)
+    fl.propose([15, 16, 17, 101, 11, 106, 15, 16], 4)
+    assert fl._fields == [(15, 16, 17), (11,)] and fl._answer == [[15, 16]]  # the number may go on
     # records of a key (70 "qty") padded, then a value: the key's padding is the template's
     pieces[70], pieces[108] = b"qty", b"\n"
     listed = [60, 61, 101, 11, 100, 12, 100, 13]
