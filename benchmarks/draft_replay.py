@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_spec import TASKS  # noqa: E402
-from lookup_replay import describe_costs, replay_args, target_costs  # noqa: E402
+from lookup_replay import describe_costs, greedy_answer, replay_args, target_costs  # noqa: E402
 from results import cpu_name  # noqa: E402
 
 K_MAX = 5  # the fixed draft lengths weighed
@@ -138,13 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     for task in args.tasks.split(","):
         plain_s, spent = 0.0, [0.0] * (K_MAX + 1)
         for text in TASKS[task]:
-            messages = [{"role": "user", "content": text}]
-            plain = model.chat(messages, max_tokens=args.max_tokens, temperature=0, draft_max=0)
-            prompt = rt.tokenizer.encode(rt.chat_prompt(messages), add_special=True, parse_special=True)
-            if len(prompt) != plain.prompt_tokens:
-                raise SystemExit(f"the prompt's tokens differ from the engine's: {len(prompt)} against "
-                                 f"{plain.prompt_tokens}")
-            hit, prob = guesses(draft, prompt, list(plain.tokens), n_vocab)
+            prompt, answer = greedy_answer(model, text, args.max_tokens)
+            hit, prob = guesses(draft, prompt, answer, n_vocab)
             p = (len(hit) - 1) * step(0)
             plain_s += p
             row = []

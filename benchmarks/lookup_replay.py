@@ -91,6 +91,18 @@ def target_costs(model: Any, args: argparse.Namespace) -> Callable[[int], float]
     return cost
 
 
+def greedy_answer(model: Any, text: str, max_tokens: int) -> tuple[list[int], list[int]]:
+    """(the prompt's tokens, the greedy answer's tokens, end of generation included) of a chat
+    question, asked without drafting."""
+    rt = model._loaded.runtime
+    messages = [{"role": "user", "content": text}]
+    plain = model.chat(messages, max_tokens=max_tokens, temperature=0, draft_max=0)
+    prompt = rt.tokenizer.encode(rt.chat_prompt(messages), add_special=True, parse_special=True)
+    if len(prompt) != plain.prompt_tokens:
+        raise SystemExit(f"the prompt's tokens differ from the engine's: {len(prompt)} against {plain.prompt_tokens}")
+    return prompt, list(plain.tokens)
+
+
 def describe_costs(cost: Callable[[int], float], args: argparse.Namespace) -> str:
     """The costs as the tables' heading gives them."""
     return (f"the target's pass of one row {cost(1) * 1e3:.1f} ms, of n rows against one "
@@ -162,17 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     for task in args.tasks.split(","):
         plain_s = drafted_s = 0.0
         for text in TASKS[task]:
-            messages = [{"role": "user", "content": text}]
-            plain = model.chat(messages, max_tokens=args.max_tokens, temperature=0, draft_max=0)
-            prompt = rt.tokenizer.encode(rt.chat_prompt(messages), add_special=True, parse_special=True)
-            if len(prompt) != plain.prompt_tokens:
-                raise SystemExit(f"the prompt's tokens differ from the engine's: {len(prompt)} against "
-                                 f"{plain.prompt_tokens}")
-            p, s, passes, rows, drafted, kept = replay(prompt, list(plain.tokens), rt, costs, cost,
+            prompt, answer = greedy_answer(model, text, args.max_tokens)
+            p, s, passes, rows, drafted, kept = replay(prompt, answer, rt, costs, cost,
                                                        args.max_tokens, args.verbose)
             plain_s, drafted_s = plain_s + p, drafted_s + s
             words = " ".join(text.split()[:5])
-            print(f"| {task} | {words} ... | {len(plain.tokens)} | {passes} | {rows} | {kept}/{drafted}"
+            print(f"| {task} | {words} ... | {len(answer)} | {passes} | {rows} | {kept}/{drafted}"
                   f" ({kept / max(drafted, 1):.0%}) | {p / s:.2f}x |")
         summary.append(f"| {task} | {plain_s / drafted_s:.2f}x |")
     print("\n| task | speed-up over its answers |\n| --- | ---: |")
