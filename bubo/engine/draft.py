@@ -271,7 +271,7 @@ class FieldLayout:
         # -> token): a run that pads a value to its column's width (a Markdown table's
         # "| 3 kg     |") is drafted to the same width after another value
         self._pieces = pieces
-        self._pad_token = dict(spaces) if pieces is not None and spaces else {}
+        self._pad_token: Mapping[int, int] = spaces if pieces is not None and spaces else {}
         self.source_end = max(0, source_end)  # tokens[:source_end] are the prompt whose fields are copied
         self._fields: list[tuple[int, ...]] | None = None  # the prompt's fields, in order
         self._by_field: dict[tuple[int, ...], list[int]] = {}  # field -> its indices in _fields
@@ -553,6 +553,10 @@ class NgramDrafter(Pacing):
         super().idle()
         for rec in self._by_n.values():
             rec.idle()
+        self._forget_offer()
+
+    def _forget_offer(self) -> None:
+        """The draft on offer is spent (checked, or not drafted): its place and renames go."""
         self._offered = None
         self._rename = None
         self._offered_renamed = {}
@@ -570,12 +574,10 @@ class NgramDrafter(Pacing):
             self._copy = None  # the copy went astray: only a new match starts another
         if n_accepted < n_drafted and n_accepted in self._offered_renamed:
             self._renamed.pop(self._offered_renamed[n_accepted], None)  # the answer kept the source's there
-        self._rename = None
-        self._offered_renamed = {}
         if self._offered is not None and 0 < n_drafted:
             at, then = self._offered
             self._refused_at = (at + n_accepted, then + n_accepted + 1) if n_accepted < n_drafted else None
-        self._offered = None
+        self._forget_offer()
 
     def _update(self, tokens: list[int]) -> None:
         # index n-grams that end at positions < len(tokens) - 1: the sequence's tail itself must
@@ -616,9 +618,7 @@ class NgramDrafter(Pacing):
         tokens; [] for no match): the longest draft on offer, which the scheduler cuts."""
         k = limit
         self.matched = 0
-        self._offered = None
-        self._rename = None
-        self._offered_renamed = {}
+        self._forget_offer()
         if self._field_layout is None and self.separators is not None:
             start = self.n_prompt if self.n_prompt is not None else len(tokens) - 1
             self._field_layout = FieldLayout(self.separators, start, self.pieces, self.spaces)
