@@ -66,6 +66,7 @@ RECORD_DECAY = 0.95  # ... and the scheduler's record over every sequence
 IDLE_DECAY = 0.9  # ... and each step without one (the record fades: drafting is tried again)
 COST_WINDOW = 9  # a pass's cost: the median of its last runs
 COST_SURE = 3  # runs before a cost is taken as known
+ROW_COST_ROWS = 16  # a pass of at least this many rows (a prompt's chunk) bounds what a row's arithmetic costs
 EXPLORE_SLOPE = 0.1  # a row count not run yet: each row past the largest run costs this much of one
 PROBE_EVERY = 32  # a sequence that has not drafted for this many steps drafts PROBE_LENGTH tokens anyway
 PROBE_LENGTH = 2  # (what a pass costs and what drafts are kept is only learned by drafting)
@@ -147,7 +148,11 @@ class Costs:
     target (by n) and for one pass of the draft model. A row count not run yet is estimated
     optimistically (a tenth of a one-row pass per row past the nearest count run below it, or
     between its neighbours if that is less), so that a draft of that length is tried and then
-    known; a count is known once it has run COST_SURE times (until then the optimistic guess
+    known; but never under its rows' arithmetic: n times what a row of a prompt's chunk cost
+    (row_s; a pass of many rows costs what its rows compute, one of few what its weights take to
+    read, and a drafted row computes a prompt row's work and its logits), so that a CPU whose
+    rows cost a tenth of a pass past the first few is not asked to try every longer draft to
+    learn it. A count is known once it has run COST_SURE times (until then the optimistic guess
     wins where it is less: one slow pass on a shared machine must not rule a length out). Each
     figure is the median of the last COST_WINDOW passes. prior: the chance a drafted token is
     kept before any draft was checked."""
@@ -157,6 +162,8 @@ class Costs:
         self._t: dict[int, float] = {}
         self._draft_runs: collections.deque[float] = collections.deque(maxlen=COST_WINDOW)
         self.draft_s: float | None = None
+        self._row_runs: collections.deque[float] = collections.deque(maxlen=COST_WINDOW)
+        self.row_s: float | None = None
         self._prior = prior
         self._kept = 0.0  # every sequence's drafts: tokens kept and drafts refused (decayed)
         self._refused = 0.0
@@ -182,6 +189,13 @@ class Costs:
         runs.append(seconds)
         self._t[n_rows] = statistics.median(runs)
 
+    def observe_rows(self, n_rows: int, seconds: float) -> None:
+        """A pass whose rows do not all give logits (a prompt's chunk, perhaps beside other
+        sequences' rows): seconds / n_rows bounds a row's arithmetic from above (a pass costs at
+        least that of its rows), so the least of the recent ones is the estimate."""
+        self._row_runs.append(seconds / n_rows)
+        self.row_s = min(self._row_runs)
+
     def observe_draft(self, seconds: float) -> None:
         self._draft_runs.append(seconds)
         self.draft_s = statistics.median(self._draft_runs)
@@ -205,6 +219,8 @@ class Costs:
             return t[min(above)]
         lo = max(below)
         guess = t[lo] + (n - lo) * EXPLORE_SLOPE * t[min(t)]  # optimistic: a count not run is tried once
+        if self.row_s is not None:
+            guess = max(guess, n * self.row_s)  # ... but not below its rows' arithmetic
         if above:
             hi = min(above)
             guess = min(guess, t[lo] + (t[hi] - t[lo]) * (n - lo) / (hi - lo))

@@ -53,6 +53,7 @@ from bubo.engine.draft import (
     MODEL_PRIOR,
     PROBE_EVERY,
     PROBE_LENGTH,
+    ROW_COST_ROWS,
     Costs,
     DraftConfig,
     DraftModel,
@@ -707,6 +708,8 @@ class Scheduler:
             logits = self.native.decode(self.kv, toks, pos, seq, want, lora_scales=lora)
             if want.all():  # rows that all give logits, as a drafting step's do (prompt chunks' cost less)
                 self.costs.observe(n_rows, time.perf_counter() - t0)
+            elif n_rows >= ROW_COST_ROWS:  # a prompt's chunk: what a row's arithmetic costs at most
+                self.costs.observe_rows(n_rows, time.perf_counter() - t0)
         except MemoryError as e:
             log.warning("the KV cache could not grow: %s", e)
             for s, _ in plan:

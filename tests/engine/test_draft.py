@@ -387,6 +387,12 @@ def test_costs_estimate_row_counts_not_run_yet():
     assert c.target(3) == 0.085  # ... three do (the median of the recent runs)
     c.observe(4, 0.500)  # and one outlier among known runs moves nothing
     assert c.target(4) == 0.070
+    # a prompt's chunk of 32 rows in 0.48 s: a row computes in 15 ms at most, so 8 rows cost at
+    # least 0.120 s (not the 0.090 the tenth-of-a-pass slope says); 2 rows stay on the slope
+    c.observe_rows(32, 0.640)
+    c.observe_rows(32, 0.480)  # the least of the recent chunks' rows
+    assert c.row_s == pytest.approx(0.015)
+    assert c.target(8) == pytest.approx(8 * 0.015) and c.target(2) == pytest.approx(0.055)
     assert c.alpha == 0.5 and Costs(0.7).alpha == pytest.approx(0.7)
     c.record(4, 4)
     assert c.alpha > 0.5
@@ -519,6 +525,9 @@ def test_drafting_on_in_some_slots_and_off_in_others_keeps_every_answer(engine):
         if i < 2:
             assert fin.timings.draft_n == 0, i  # drafting off for this request
     assert jobs[2].value[2].timings.draft_n_accepted > 0  # the copying prompt drafted beside them
+    # the prompts' chunks told the pacing what a row's arithmetic costs at most
+    costs = engine._sched.costs
+    assert costs.row_s is not None and 0 < costs.row_s < costs.target(1)
 
 
 def cancel_after(engine, req, n_tokens):
