@@ -9,17 +9,28 @@ hardware). Per answer it prints the target's passes, the rows they checked, the 
 kept, and the speed-up those costs give (plain: one pass a token); per task the speed-up over
 all its answers (summed time, as bench_spec sums it).
 
+With --learn SPREAD the pacing does not know the costs: it learns them as the scheduler does
+(bubo.engine.draft.Costs, a fresh one as a server starts, over the answers in turn), each pass
+observed at its cost times a log-normal factor of that spread, and the prompt's pass observed
+as rows (what a row of a prompt's chunk costs, measured here, or --row-ms; a drafted row costs
+that times logits_row_factor); the times are
+summed over LEARN_SEEDS draws of that noise, the counts averaged. What the passes cost is still the given costs, so
+the speed-up lost against the plain replay is what learning them costs: trying counts not run
+yet, and choosing by noisy medians.
+
 The machine's drift does not move these counts, so two drafting policies can be told apart
 here where an end-to-end run (bench_spec.py, bubo beside llama-server) cannot. What it leaves
 out is everything but the passes: the scheduler's own work per step, sampling, HTTP.
 
     python benchmarks/lookup_replay.py [--model qwen2.5-coder:1.5b] [--level avx2] [--tasks edit,free] [-v]
+        [--costs 31.0,32.2,36.7,...] [--learn 0.1 [--row-ms 9.3]]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +43,8 @@ from bench_spec import TASKS  # noqa: E402
 from results import cpu_name  # noqa: E402
 
 MAX_ROWS = 17  # pass sizes measured: the longest draft (n_max 16) and its pending token
+LEARN_SEEDS = 6  # --learn: draws of the passes' noise, summed
+CHUNK_ROWS = 64  # the prompt chunk timed for what a row of it costs
 
 
 def step_costs(model: Any, reps: int) -> list[float]:
@@ -56,6 +69,25 @@ def step_costs(model: Any, reps: int) -> list[float]:
             best[n] = min(best[n], time.perf_counter() - t0)
             kv.truncate(0, n0)
     return best
+
+
+def chunk_row_cost(model: Any, reps: int) -> float:
+    """Seconds per row of a prompt's chunk of CHUNK_ROWS rows (no logits): the best of reps runs."""
+    import numpy as np
+
+    from bubo._model import KVCache
+
+    rt = model._loaded.runtime
+    kv = KVCache(rt.native, 1024, n_seq_max=1)
+    toks = np.asarray((rt.tokenizer.encode("def add(a, b):\n    return a + b\n" * 16))[:CHUNK_ROWS], np.int32)
+    n = len(toks)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        rt.native.decode(kv, toks, np.arange(n, dtype=np.int32), np.zeros(n, np.int32), np.zeros(n, bool))
+        best = min(best, time.perf_counter() - t0)
+        kv.truncate(0, 0)
+    return best / n
 
 
 def replay_args(ap: argparse.ArgumentParser, tasks: str) -> None:
@@ -111,29 +143,40 @@ def describe_costs(cost: Callable[[int], float], args: argparse.Namespace) -> st
 
 
 def replay(prompt: list[int], answer: list[int], rt: Any, costs: Any, cost: Any, max_tokens: int,
-           trace: bool) -> tuple[float, float, int, int, int, int]:
-    """(plain seconds, drafted seconds, passes, rows, drafted, kept) of one answer drafted again."""
+           trace: bool, learn: tuple[float, random.Random, float] | None = None
+           ) -> tuple[float, float, int, int, int, int]:
+    """(plain seconds, drafted seconds, passes, rows, drafted, kept) of one answer drafted again.
+    learn: (spread, random numbers, seconds per row of a prompt's chunk): the pacing learns the
+    costs in `costs` as the scheduler does (see the module's text) instead of knowing them."""
     from bubo.engine import draft as D
 
     d = D.NgramDrafter(D.DEFAULT_DRAFT, rt.word_starts(), rt.separators(), len(prompt), rt.grammar_pieces(),
                        rt.space_runs())
+    if learn is not None and len(prompt) >= D.ROW_COST_ROWS:
+        costs.observe_rows(len(prompt), len(prompt) * learn[2] * learn[1].lognormvariate(0.0, learn[0]))
     tokens = prompt + answer[:1]  # the first token comes from the prompt's pass
     i, spent, passes, rows, drafted, kept = 1, 0.0, 0, 0, 0, 0
     while i < len(answer):
         limit = max(0, min(d.config.n_max, max_tokens - i - 1))
         offer = d.propose(tokens, limit) if limit > 0 else []
-        k = D.choose_lengths([d.alpha(costs.alpha)], [len(offer)], lambda m: cost(1 + m), 0.0)[0]
-        if k == 0:
-            costs.idle()
-            if d.since >= D.PROBE_EVERY:
-                k = min(len(offer), D.PROBE_LENGTH)
-        draft = offer[:k] if k >= max(1, d.config.n_min) else []
-        if not draft:
-            d.idle()
+        one = cost(1) if learn is None else costs.target(1)
+        draft: list[int] = []
+        if one is not None:  # the scheduler's first step, with nothing measured yet, is plain
+            step = (lambda m: cost(1 + m)) if learn is None else (lambda m: costs.target(1 + m) or one)
+            k = D.choose_lengths([d.alpha(costs.alpha)], [len(offer)], step, 0.0)[0]
+            if k == 0:
+                costs.idle()
+                if d.since >= D.PROBE_EVERY:
+                    k = min(len(offer), D.PROBE_LENGTH)
+            draft = offer[:k] if k >= max(1, d.config.n_min) else []
+            if not draft:
+                d.idle()
         n = 0
         while n < len(draft) and i + n < len(answer) and draft[n] == answer[i + n]:
             n += 1
         spent += cost(1 + len(draft))
+        if learn is not None:
+            costs.observe(1 + len(draft), cost(1 + len(draft)) * learn[1].lognormvariate(0.0, learn[0]))
         passes += 1
         rows += 1 + len(draft)
         if draft:
@@ -153,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     replay_args(ap, "edit,free")
     ap.add_argument("-v", "--verbose", action="store_true", help="every pass of every answer")
+    ap.add_argument("--learn", type=float, default=None, metavar="SPREAD",
+                    help="the pacing learns the costs, each pass observed with a log-normal noise of this spread "
+                         "(0.1: a tenth), summed over several draws")
+    ap.add_argument("--row-ms", type=float, default=None,
+                    help="with --learn: milliseconds per row of a prompt's chunk (default: measured here)")
     args = ap.parse_args(argv)
     if args.level == "avx2":
         os.environ["BUBO_FORCE_ISA"] = "avx2"  # before the library is loaded
@@ -167,23 +215,34 @@ def main(argv: list[str] | None = None) -> int:
     level = " at the AVX2 level" if args.level == "avx2" else ""
     print(f"### prompt lookup replayed, {args.model}{level}\n")
     print(f"{cpu_name()}, -t {args.threads}; {describe_costs(cost, args)}\n")
+    row_s = None
+    if args.learn is not None:
+        row_s = args.row_ms / 1e3 if args.row_ms else chunk_row_cost(model, args.reps)
+        print(f"Costs learned: each pass observed with a spread of {args.learn}, a prompt's row {row_s * 1e3:.2f} ms "
+              f"({'given' if args.row_ms else f'a chunk of {CHUNK_ROWS}, best of {args.reps}'}); {LEARN_SEEDS} draws "
+              "summed.\n")
     print("| task | prompt | tokens | passes | rows checked | drafted tokens kept | speed-up |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    costs = D.Costs()  # the scheduler's record, over the answers in turn (as one server's)
-    summary = []
-    for task in args.tasks.split(","):
-        plain_s = drafted_s = 0.0
-        for text in TASKS[task]:
-            prompt, answer = greedy_answer(model, text, args.max_tokens)
-            p, s, passes, rows, drafted, kept = replay(prompt, answer, rt, costs, cost,
-                                                       args.max_tokens, args.verbose)
-            plain_s, drafted_s = plain_s + p, drafted_s + s
-            words = " ".join(text.split()[:5])
-            print(f"| {task} | {words} ... | {len(answer)} | {passes} | {rows} | {kept}/{drafted}"
-                  f" ({kept / max(drafted, 1):.0%}) | {p / s:.2f}x |")
-        summary.append(f"| {task} | {plain_s / drafted_s:.2f}x |")
+    answers = [(task, text, *greedy_answer(model, text, args.max_tokens))
+               for task in args.tasks.split(",") for text in TASKS[task]]
+    draws = LEARN_SEEDS if row_s is not None else 1
+    sums = [[0.0, 0.0, 0, 0, 0, 0] for _ in answers]
+    for seed in range(draws):
+        # the scheduler's record, over the answers in turn (as one server's)
+        costs = D.Costs(row_factor=D.logits_row_factor(rt.native.hparams, rt.native.out_vocab))
+        learn = (args.learn, random.Random(seed), row_s) if row_s is not None else None
+        for (_, _, prompt, answer), acc in zip(answers, sums):
+            got = replay(prompt, answer, rt, costs, cost, args.max_tokens, args.verbose, learn)
+            acc[:] = [a + b for a, b in zip(acc, got)]
+    summary: dict[str, list[float]] = {}
+    for (task, text, _, answer), (p, s, passes, rows, drafted, kept) in zip(answers, sums):
+        words = " ".join(text.split()[:5])  # the counts: per draw, on average
+        print(f"| {task} | {words} ... | {len(answer)} | {passes / draws:.0f} | {rows / draws:.0f} | "
+              f"{kept / draws:.0f}/{drafted / draws:.0f} ({kept / max(drafted, 1):.0%}) | {p / s:.2f}x |")
+        total = summary.setdefault(task, [0.0, 0.0])
+        total[0], total[1] = total[0] + p, total[1] + s
     print("\n| task | speed-up over its answers |\n| --- | ---: |")
-    print("\n".join(summary))
+    print("\n".join(f"| {task} | {p / s:.2f}x |" for task, (p, s) in summary.items()))
     return 0
 
 

@@ -36,7 +36,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -148,21 +148,22 @@ class Costs:
     target (by n) and for one pass of the draft model. A row count not run yet is estimated
     optimistically (a tenth of a one-row pass per row past the nearest count run below it, or
     between its neighbours if that is less), so that a draft of that length is tried and then
-    known; but never under its rows' arithmetic: n times what a row of a prompt's chunk cost
-    (row_s; a pass of many rows costs what its rows compute, one of few what its weights take to
-    read, and a drafted row computes a prompt row's work and its logits), so that a CPU whose
-    rows cost a tenth of a pass past the first few is not asked to try every longer draft to
-    learn it. A count is known once it has run COST_SURE times (until then the optimistic guess
-    wins where it is less: one slow pass on a shared machine must not rule a length out). Each
-    figure is the median of the last COST_WINDOW passes. prior: the chance a drafted token is
-    kept before any draft was checked."""
+    known; but never under its rows' arithmetic: n times what a row of a prompt's chunk cost,
+    times row_factor (row_s; a pass of many rows costs what its rows compute, one of few what its
+    weights take to read, and a drafted row computes a prompt row's work and its logits:
+    logits_row_factor), so that a CPU whose rows cost a third of a pass past the first few is not
+    asked to try every longer draft to learn it. A count is known once it has run COST_SURE times
+    (until then the optimistic guess wins where it is less: one slow pass on a shared machine must
+    not rule a length out). Each figure is the median of the last COST_WINDOW passes. prior: the
+    chance a drafted token is kept before any draft was checked."""
 
-    def __init__(self, prior: float = 0.5) -> None:
+    def __init__(self, prior: float = 0.5, row_factor: float = 1.0) -> None:
         self._runs: dict[int, collections.deque[float]] = {}
         self._t: dict[int, float] = {}
         self._draft_runs: collections.deque[float] = collections.deque(maxlen=COST_WINDOW)
         self.draft_s: float | None = None
         self._row_runs: collections.deque[float] = collections.deque(maxlen=COST_WINDOW)
+        self._row_factor = row_factor
         self.row_s: float | None = None
         self._prior = prior
         self._kept = 0.0  # every sequence's drafts: tokens kept and drafts refused (decayed)
@@ -192,9 +193,10 @@ class Costs:
     def observe_rows(self, n_rows: int, seconds: float) -> None:
         """A pass whose rows do not all give logits (a prompt's chunk, perhaps beside other
         sequences' rows): seconds / n_rows bounds a row's arithmetic from above (a pass costs at
-        least that of its rows), so the least of the recent ones is the estimate."""
+        least that of its rows), so the least of the recent ones is the estimate (a drafted row's:
+        times row_factor)."""
         self._row_runs.append(seconds / n_rows)
-        self.row_s = min(self._row_runs)
+        self.row_s = min(self._row_runs) * self._row_factor
 
     def observe_draft(self, seconds: float) -> None:
         self._draft_runs.append(seconds)
@@ -225,6 +227,20 @@ class Costs:
             hi = min(above)
             guess = min(guess, t[lo] + (t[hi] - t[lo]) * (n - lo) / (hi - lo))
         return guess
+
+
+def logits_row_factor(hparams: Mapping[str, Any], out_vocab: int) -> float:
+    """What a row that gives logits computes against a prompt's row that does not: the layers'
+    matrices and the output's over the layers' alone (qwen2.5-coder 1.5b: 1.18), 1.0 where the
+    hyperparameters do not say."""
+    try:
+        d, ff = int(hparams["n_embd"]), int(hparams["n_ff"])
+        nq, no = hparams["n_head"] * hparams["head_dim"], hparams["n_head"] * hparams["head_dim_v"]
+        nk, nv = hparams["n_head_kv"] * hparams["head_dim"], hparams["n_head_kv"] * hparams["head_dim_v"]
+        layers = int(hparams["n_layer"]) * d * (nq + nk + nv + no + 3 * ff)
+    except (KeyError, TypeError, ValueError):
+        return 1.0
+    return (layers + out_vocab * d) / layers if layers > 0 else 1.0
 
 
 def choose_lengths(alphas: list[float], caps: list[int], step_s: Callable[[int], float], draft_s: float) -> list[int]:

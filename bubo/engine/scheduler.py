@@ -60,6 +60,7 @@ from bubo.engine.draft import (
     NgramDrafter,
     Pacing,
     choose_lengths,
+    logits_row_factor,
 )
 from bubo.engine.generation import STOP, Generation, GrammarStuck, NoTokenLeft
 from bubo.engine.metrics import Histogram
@@ -229,7 +230,8 @@ class Scheduler:
         self.ttft = Histogram()
         self.queue_wait = Histogram()
         # what a forward pass of n rows costs and how drafts fare, for the draft lengths
-        self.costs = Costs(MODEL_PRIOR if self.draft_model is not None else 0.5)
+        self.costs = Costs(MODEL_PRIOR if self.draft_model is not None else 0.5,
+                           logits_row_factor(self.native.hparams, self.native.out_vocab))
 
     # --- the queue (add, close and the counts: any thread, under the scheduler's lock) -------
 

@@ -27,6 +27,7 @@ from bubo.engine.draft import (
     NgramDrafter,
     Pacing,
     choose_lengths,
+    logits_row_factor,
 )
 from bubo.runtime import Runtime
 from bubo.sampling import SamplingParams
@@ -396,6 +397,19 @@ def test_costs_estimate_row_counts_not_run_yet():
     assert c.alpha == 0.5 and Costs(0.7).alpha == pytest.approx(0.7)
     c.record(4, 4)
     assert c.alpha > 0.5
+    # a drafted row computes its logits too: the prompt's row times the model's factor
+    c = Costs(row_factor=1.5)
+    c.observe_rows(32, 0.320)
+    assert c.row_s == pytest.approx(0.015)
+
+
+def test_a_row_with_logits_computes_the_output_matrix_besides_the_layers():
+    hp = {"n_layer": 28, "n_embd": 1536, "n_ff": 8960, "n_head": 12, "n_head_kv": 2, "head_dim": 128,
+          "head_dim_v": 128}  # qwen2.5-coder:1.5b
+    layers = 28 * 1536 * (12 * 128 * 2 + 2 * 128 * 2 + 3 * 8960)
+    assert logits_row_factor(hp, 151936) == pytest.approx((layers + 151936 * 1536) / layers)  # 1.18
+    assert logits_row_factor(hp, 16384) < logits_row_factor(hp, 151936)  # a draft model's fewer logits
+    assert logits_row_factor({"n_embd": 8}, 100) == 1.0  # hyperparameters that do not say
 
 
 def test_draft_config_bounds():
