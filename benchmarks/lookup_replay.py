@@ -10,13 +10,13 @@ kept, and the speed-up those costs give (plain: one pass a token); per task the 
 all its answers (summed time, as bench_spec sums it).
 
 With --learn SPREAD the pacing does not know the costs: it learns them as the scheduler does
-(bubo.engine.draft.Costs, a fresh one as a server starts, over the answers in turn), each pass
-observed at its cost times a log-normal factor of that spread, and the prompt's pass observed
-as rows (what a row of a prompt's chunk costs, measured here, or --row-ms; a drafted row costs
-that times logits_row_factor); the times are
-summed over LEARN_SEEDS draws of that noise, the counts averaged. What the passes cost is still the given costs, so
-the speed-up lost against the plain replay is what learning them costs: trying counts not run
-yet, and choosing by noisy medians.
+(bubo.engine.draft.Costs, a fresh one as a server starts, over the answers in turn). Each pass
+is observed at its cost times exp(|x|), x drawn from a normal of that spread (a shared machine
+only ever runs slower than its hardware), and each prompt's pass as one chunk of rows (what a
+row of a prompt's chunk costs: measured here, or --row-ms, which --costs needs: the costs'
+machine's). The times are summed over LEARN_SEEDS draws of that noise, the counts averaged.
+What the passes cost is still the given costs, so the speed-up lost against the plain replay is
+what learning them costs: trying counts not run yet, and choosing by noisy medians.
 
 The machine's drift does not move these counts, so two drafting policies can be told apart
 here where an end-to-end run (bench_spec.py, bubo beside llama-server) cannot. What it leaves
@@ -29,6 +29,7 @@ out is everything but the passes: the scheduler's own work per step, sampling, H
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import sys
@@ -152,8 +153,12 @@ def replay(prompt: list[int], answer: list[int], rt: Any, costs: Any, cost: Any,
 
     d = D.NgramDrafter(D.DEFAULT_DRAFT, rt.word_starts(), rt.separators(), len(prompt), rt.grammar_pieces(),
                        rt.space_runs())
-    if learn is not None and len(prompt) >= D.ROW_COST_ROWS:
-        costs.observe_rows(len(prompt), len(prompt) * learn[2] * learn[1].lognormvariate(0.0, learn[0]))
+    def slower(seconds: float) -> float:  # learn's noise: a pass observed slower than it runs
+        assert learn is not None
+        return seconds * math.exp(abs(learn[1].gauss(0.0, learn[0])))
+
+    if learn is not None and len(prompt) - 1 >= D.ROW_COST_ROWS:  # its last row gives logits
+        costs.observe_rows(len(prompt), 1, slower((len(prompt) - 1 + costs.row_factor) * learn[2]))
     tokens = prompt + answer[:1]  # the first token comes from the prompt's pass
     i, spent, passes, rows, drafted, kept = 1, 0.0, 0, 0, 0, 0
     while i < len(answer):
@@ -176,7 +181,7 @@ def replay(prompt: list[int], answer: list[int], rt: Any, costs: Any, cost: Any,
             n += 1
         spent += cost(1 + len(draft))
         if learn is not None:
-            costs.observe(1 + len(draft), cost(1 + len(draft)) * learn[1].lognormvariate(0.0, learn[0]))
+            costs.observe(1 + len(draft), slower(cost(1 + len(draft))))
         passes += 1
         rows += 1 + len(draft)
         if draft:
@@ -216,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"### prompt lookup replayed, {args.model}{level}\n")
     print(f"{cpu_name()}, -t {args.threads}; {describe_costs(cost, args)}\n")
     row_s = None
+    if args.learn is not None and args.costs and not args.row_ms:
+        raise SystemExit("--learn with --costs needs --row-ms: a prompt row's cost on the costs' machine")
     if args.learn is not None:
         row_s = args.row_ms / 1e3 if args.row_ms else chunk_row_cost(model, args.reps)
         print(f"Costs learned: each pass observed with a spread of {args.learn}, a prompt's row {row_s * 1e3:.2f} ms "
@@ -229,10 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     sums = [[0.0, 0.0, 0, 0, 0, 0] for _ in answers]
     for seed in range(draws):
         # the scheduler's record, over the answers in turn (as one server's)
-        costs = D.Costs(row_factor=D.logits_row_factor(rt.native.hparams, rt.native.out_vocab))
+        costs = D.Costs(row_factor=D.logits_row_factor(rt.native))
         learn = (args.learn, random.Random(seed), row_s) if row_s is not None else None
         for (_, _, prompt, answer), acc in zip(answers, sums):
-            got = replay(prompt, answer, rt, costs, cost, args.max_tokens, args.verbose, learn)
+            got = replay(prompt, answer, rt, costs, cost, args.max_tokens, args.verbose and seed == 0, learn)
             acc[:] = [a + b for a, b in zip(acc, got)]
     summary: dict[str, list[float]] = {}
     for (task, text, _, answer), (p, s, passes, rows, drafted, kept) in zip(answers, sums):

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bubo._model import LORA_MATS
 from bubo._model import REQUANT_TYPES as REQUANT_TYPES  # the types a draft can be requantized to
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ RECORD_DECAY = 0.95  # ... and the scheduler's record over every sequence
 IDLE_DECAY = 0.9  # ... and each step without one (the record fades: drafting is tried again)
 COST_WINDOW = 9  # a pass's cost: the median of its last runs
 COST_SURE = 3  # runs before a cost is taken as known
+ROW_SURE = 2  # prompt chunks seen before what a row costs is taken from them (a first may be slow)
 ROW_COST_ROWS = 16  # a pass of at least this many rows (a prompt's chunk) bounds what a row's arithmetic costs
 EXPLORE_SLOPE = 0.1  # a row count not run yet: each row past the largest run costs this much of one
 PROBE_EVERY = 32  # a sequence that has not drafted for this many steps drafts PROBE_LENGTH tokens anyway
@@ -148,14 +150,17 @@ class Costs:
     target (by n) and for one pass of the draft model. A row count not run yet is estimated
     optimistically (a tenth of a one-row pass per row past the nearest count run below it, or
     between its neighbours if that is less), so that a draft of that length is tried and then
-    known; but never under its rows' arithmetic: n times what a row of a prompt's chunk cost,
-    times row_factor (row_s; a pass of many rows costs what its rows compute, one of few what its
-    weights take to read, and a drafted row computes a prompt row's work and its logits:
-    logits_row_factor), so that a CPU whose rows cost a third of a pass past the first few is not
-    asked to try every longer draft to learn it. A count is known once it has run COST_SURE times
-    (until then the optimistic guess wins where it is less: one slow pass on a shared machine must
-    not rule a length out). Each figure is the median of the last COST_WINDOW passes. prior: the
-    chance a drafted token is kept before any draft was checked."""
+    known; but not under n rows' arithmetic (row_s each: a pass of many rows costs what its rows
+    compute, one of few what its weights take to read), so that a CPU whose rows cost a third of
+    a pass past the first few is not asked to try every longer draft to learn it. What a row with
+    logits computes is bounded from above by every pass run: a prompt's chunk (its time over its
+    rows, a row with logits counted row_factor times a prompt row: logits_row_factor) and each
+    count run (its time over its rows); row_s is the least of those bounds, once ROW_SURE chunks
+    have been seen (a first chunk may be slow: memory touched for the first time). A count is
+    known once it has run COST_SURE times (until then the optimistic guess wins where it is less:
+    one slow pass on a shared machine must not rule a length out). Each figure is the median of
+    the last COST_WINDOW passes. prior: the chance a drafted token is kept before any draft was
+    checked."""
 
     def __init__(self, prior: float = 0.5, row_factor: float = 1.0) -> None:
         self._runs: dict[int, collections.deque[float]] = {}
@@ -163,8 +168,7 @@ class Costs:
         self._draft_runs: collections.deque[float] = collections.deque(maxlen=COST_WINDOW)
         self.draft_s: float | None = None
         self._row_runs: collections.deque[float] = collections.deque(maxlen=COST_WINDOW)
-        self._row_factor = row_factor
-        self.row_s: float | None = None
+        self.row_factor = row_factor
         self._prior = prior
         self._kept = 0.0  # every sequence's drafts: tokens kept and drafts refused (decayed)
         self._refused = 0.0
@@ -190,13 +194,19 @@ class Costs:
         runs.append(seconds)
         self._t[n_rows] = statistics.median(runs)
 
-    def observe_rows(self, n_rows: int, seconds: float) -> None:
+    def observe_rows(self, n_rows: int, n_logits: int, seconds: float) -> None:
         """A pass whose rows do not all give logits (a prompt's chunk, perhaps beside other
-        sequences' rows): seconds / n_rows bounds a row's arithmetic from above (a pass costs at
-        least that of its rows), so the least of the recent ones is the estimate (a drafted row's:
-        times row_factor)."""
-        self._row_runs.append(seconds / n_rows)
-        self.row_s = min(self._row_runs) * self._row_factor
+        sequences' rows, n_logits of its rows giving logits): a pass costs at least its rows'
+        arithmetic, so it bounds what a row with logits computes from above."""
+        self._row_runs.append(seconds * self.row_factor / (n_rows - n_logits + n_logits * self.row_factor))
+
+    @property
+    def row_s(self) -> float | None:
+        """What a row with logits computes at most: the least of the bounds (see the class's
+        text); None before ROW_SURE chunks."""
+        if len(self._row_runs) < ROW_SURE:
+            return None
+        return min([*self._row_runs, *(t / n for n, t in self._t.items())])
 
     def observe_draft(self, seconds: float) -> None:
         self._draft_runs.append(seconds)
@@ -221,26 +231,27 @@ class Costs:
             return t[min(above)]
         lo = max(below)
         guess = t[lo] + (n - lo) * EXPLORE_SLOPE * t[min(t)]  # optimistic: a count not run is tried once
-        if self.row_s is not None:
-            guess = max(guess, n * self.row_s)  # ... but not below its rows' arithmetic
+        row = self.row_s
+        if row is not None:
+            guess = max(guess, n * row)  # ... but not below its rows' arithmetic
         if above:
             hi = min(above)
             guess = min(guess, t[lo] + (t[hi] - t[lo]) * (n - lo) / (hi - lo))
         return guess
 
 
-def logits_row_factor(hparams: Mapping[str, Any], out_vocab: int) -> float:
-    """What a row that gives logits computes against a prompt's row that does not: the layers'
-    matrices and the output's over the layers' alone (qwen2.5-coder 1.5b: 1.18), 1.0 where the
-    hyperparameters do not say."""
+def logits_row_factor(native: Any) -> float:
+    """What a row that gives logits multiplies against a prompt's row that does not: the layers'
+    matrices (bubo._model.Model.matrix_shape) and the output's over the layers' alone, counted in
+    multiply-adds (qwen2.5-coder 1.5b: 1.18, smollm2 135m: 1.27, gemma3 270m: 2.67; attention and
+    the types' different speeds left out); 1.0 for a model that does not say."""
     try:
-        d, ff = int(hparams["n_embd"]), int(hparams["n_ff"])
-        nq, no = hparams["n_head"] * hparams["head_dim"], hparams["n_head"] * hparams["head_dim_v"]
-        nk, nv = hparams["n_head_kv"] * hparams["head_dim"], hparams["n_head_kv"] * hparams["head_dim_v"]
-        layers = int(hparams["n_layer"]) * d * (nq + nk + nv + no + 3 * ff)
-    except (KeyError, TypeError, ValueError):
+        layer = sum(rows * cols for rows, cols in (native.matrix_shape(0, m) for m in range(len(LORA_MATS))))
+        layers = int(native.hparams["n_layer"]) * layer
+        out = int(native.out_vocab) * int(native.hparams["n_embd"])
+    except (AttributeError, KeyError, TypeError, ValueError):
         return 1.0
-    return (layers + out_vocab * d) / layers if layers > 0 else 1.0
+    return (layers + out) / layers if layers > 0 else 1.0
 
 
 def choose_lengths(alphas: list[float], caps: list[int], step_s: Callable[[int], float], draft_s: float) -> list[int]:

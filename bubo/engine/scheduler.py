@@ -230,8 +230,7 @@ class Scheduler:
         self.ttft = Histogram()
         self.queue_wait = Histogram()
         # what a forward pass of n rows costs and how drafts fare, for the draft lengths
-        self.costs = Costs(MODEL_PRIOR if self.draft_model is not None else 0.5,
-                           logits_row_factor(self.native.hparams, self.native.out_vocab))
+        self.costs = Costs(MODEL_PRIOR if self.draft_model is not None else 0.5, logits_row_factor(self.native))
 
     # --- the queue (add, close and the counts: any thread, under the scheduler's lock) -------
 
@@ -708,10 +707,11 @@ class Scheduler:
         try:
             t0 = time.perf_counter()
             logits = self.native.decode(self.kv, toks, pos, seq, want, lora_scales=lora)
-            if want.all():  # rows that all give logits, as a drafting step's do (prompt chunks' cost less)
-                self.costs.observe(n_rows, time.perf_counter() - t0)
-            elif n_rows >= ROW_COST_ROWS:  # a prompt's chunk: what a row's arithmetic costs at most
-                self.costs.observe_rows(n_rows, time.perf_counter() - t0)
+            seconds, n_logits = time.perf_counter() - t0, int(want.sum())
+            if n_logits == n_rows:  # rows that all give logits, as a drafting step's do
+                self.costs.observe(n_rows, seconds)
+            elif n_rows - n_logits >= ROW_COST_ROWS:  # a prompt's chunk: what a row's arithmetic costs at most
+                self.costs.observe_rows(n_rows, n_logits, seconds)
         except MemoryError as e:
             log.warning("the KV cache could not grow: %s", e)
             for s, _ in plan:

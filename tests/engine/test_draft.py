@@ -388,28 +388,39 @@ def test_costs_estimate_row_counts_not_run_yet():
     assert c.target(3) == 0.085  # ... three do (the median of the recent runs)
     c.observe(4, 0.500)  # and one outlier among known runs moves nothing
     assert c.target(4) == 0.070
-    # a prompt's chunk of 32 rows in 0.48 s: a row computes in 15 ms at most, so 8 rows cost at
-    # least 0.120 s (not the 0.090 the tenth-of-a-pass slope says); 2 rows stay on the slope
-    c.observe_rows(32, 0.640)
-    c.observe_rows(32, 0.480)  # the least of the recent chunks' rows
-    assert c.row_s == pytest.approx(0.015)
+    # prompts' chunks: 32 rows (one giving logits) in 0.48 s or more bound a row with logits at
+    # 15 ms (row_factor 1: as much as a prompt's row), so 8 rows cost at least 0.120 s (not the
+    # 0.090 the tenth-of-a-pass slope says); 2 rows stay on the slope
+    c.observe_rows(32, 1, 0.640)
+    assert c.row_s is None and c.target(8) == pytest.approx(0.090)  # a first chunk may be slow: not yet
+    c.observe_rows(32, 1, 0.480)
+    assert c.row_s == pytest.approx(0.015)  # the least of the recent chunks' bounds
     assert c.target(8) == pytest.approx(8 * 0.015) and c.target(2) == pytest.approx(0.055)
+    # a count run bounds it too: 5 rows in 0.06 s, 12 ms a row
+    for _ in range(3):
+        c.observe(5, 0.060)
+    assert c.row_s == pytest.approx(0.012) and c.target(8) == pytest.approx(8 * 0.012)
     assert c.alpha == 0.5 and Costs(0.7).alpha == pytest.approx(0.7)
     c.record(4, 4)
     assert c.alpha > 0.5
-    # a drafted row computes its logits too: the prompt's row times the model's factor
+    # a row with logits computes row_factor times a prompt's row: 30 prompt rows and 2 with logits
+    # (1.5 each) in 0.33 s: 10 ms a prompt row, 15 ms one with logits
     c = Costs(row_factor=1.5)
-    c.observe_rows(32, 0.320)
+    for _ in range(2):
+        c.observe_rows(32, 2, 0.330)
     assert c.row_s == pytest.approx(0.015)
 
 
 def test_a_row_with_logits_computes_the_output_matrix_besides_the_layers():
-    hp = {"n_layer": 28, "n_embd": 1536, "n_ff": 8960, "n_head": 12, "n_head_kv": 2, "head_dim": 128,
-          "head_dim_v": 128}  # qwen2.5-coder:1.5b
-    layers = 28 * 1536 * (12 * 128 * 2 + 2 * 128 * 2 + 3 * 8960)
-    assert logits_row_factor(hp, 151936) == pytest.approx((layers + 151936 * 1536) / layers)  # 1.18
-    assert logits_row_factor(hp, 16384) < logits_row_factor(hp, 151936)  # a draft model's fewer logits
-    assert logits_row_factor({"n_embd": 8}, 100) == 1.0  # hyperparameters that do not say
+    import types
+
+    shapes = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
+    smollm2 = types.SimpleNamespace(hparams={"n_layer": 30, "n_embd": 576}, out_vocab=49152,
+                                    matrix_shape=lambda layer, mat: shapes[mat])
+    assert logits_row_factor(smollm2) == pytest.approx(1.2667, abs=1e-4)  # 28.3 M multiply-adds over 106.2 M
+    smollm2.out_vocab = 16384  # a draft model's trimmed output: fewer logits
+    assert logits_row_factor(smollm2) == pytest.approx(1.0889, abs=1e-4)
+    assert logits_row_factor(types.SimpleNamespace(hparams={})) == 1.0  # a model that does not say
 
 
 def test_draft_config_bounds():
@@ -539,9 +550,11 @@ def test_drafting_on_in_some_slots_and_off_in_others_keeps_every_answer(engine):
         if i < 2:
             assert fin.timings.draft_n == 0, i  # drafting off for this request
     assert jobs[2].value[2].timings.draft_n_accepted > 0  # the copying prompt drafted beside them
-    # the prompts' chunks told the pacing what a row's arithmetic costs at most
+    # the prompts' chunks told the pacing what a row's arithmetic costs at most, a row with logits
+    # counted as smollm2's layers and output matrix over its layers alone
     costs = engine._sched.costs
     assert costs.row_s is not None and 0 < costs.row_s < costs.target(1)
+    assert costs.row_factor == pytest.approx(1.2667, abs=1e-4)
 
 
 def cancel_after(engine, req, n_tokens):
