@@ -153,6 +153,7 @@ def replay(prompt: list[int], answer: list[int], rt: Any, costs: Any, cost: Any,
 
     d = D.NgramDrafter(D.DEFAULT_DRAFT, rt.word_starts(), rt.separators(), len(prompt), rt.grammar_pieces(),
                        rt.space_runs())
+
     def slower(seconds: float) -> float:  # learn's noise: a pass observed slower than it runs
         assert learn is not None
         return seconds * math.exp(abs(learn[1].gauss(0.0, learn[0])))
@@ -202,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     replay_args(ap, "edit,free")
     ap.add_argument("-v", "--verbose", action="store_true", help="every pass of every answer")
     ap.add_argument("--learn", type=float, default=None, metavar="SPREAD",
-                    help="the pacing learns the costs, each pass observed with a log-normal noise of this spread "
-                         "(0.1: a tenth), summed over several draws")
+                    help="the pacing learns the costs, each pass observed slower than it runs by exp(|x|), x normal "
+                         "of this spread (0.1: a tenth), summed over several draws")
     ap.add_argument("--row-ms", type=float, default=None,
                     help="with --learn: milliseconds per row of a prompt's chunk (default: measured here)")
     args = ap.parse_args(argv)

@@ -67,8 +67,8 @@ RECORD_DECAY = 0.95  # ... and the scheduler's record over every sequence
 IDLE_DECAY = 0.9  # ... and each step without one (the record fades: drafting is tried again)
 COST_WINDOW = 9  # a pass's cost: the median of its last runs
 COST_SURE = 3  # runs before a cost is taken as known
-ROW_SURE = 2  # prompt chunks seen before what a row costs is taken from them (a first may be slow)
-ROW_COST_ROWS = 16  # a pass of at least this many rows (a prompt's chunk) bounds what a row's arithmetic costs
+ROW_SURE = 2  # prompt chunks seen before row_s (from them and from the counts run) is used (a first may be slow)
+ROW_COST_ROWS = 16  # a pass with at least this many rows without logits (a prompt's chunk) bounds a row's arithmetic
 EXPLORE_SLOPE = 0.1  # a row count not run yet: each row past the largest run costs this much of one
 PROBE_EVERY = 32  # a sequence that has not drafted for this many steps drafts PROBE_LENGTH tokens anyway
 PROBE_LENGTH = 2  # (what a pass costs and what drafts are kept is only learned by drafting)
@@ -153,7 +153,7 @@ class Costs:
     known; but not under n rows' arithmetic (row_s each: a pass of many rows costs what its rows
     compute, one of few what its weights take to read), so that a CPU whose rows cost a third of
     a pass past the first few is not asked to try every longer draft to learn it. What a row with
-    logits computes is bounded from above by every pass run: a prompt's chunk (its time over its
+    logits computes is bounded from above by the passes run: a prompt's chunk (its time over its
     rows, a row with logits counted row_factor times a prompt row: logits_row_factor) and each
     count run (its time over its rows); row_s is the least of those bounds, once ROW_SURE chunks
     have been seen (a first chunk may be slow: memory touched for the first time). A count is
@@ -197,7 +197,9 @@ class Costs:
     def observe_rows(self, n_rows: int, n_logits: int, seconds: float) -> None:
         """A pass whose rows do not all give logits (a prompt's chunk, perhaps beside other
         sequences' rows, n_logits of its rows giving logits): a pass costs at least its rows'
-        arithmetic, so it bounds what a row with logits computes from above."""
+        arithmetic, so it bounds what a row with logits computes from above, each such row
+        weighing row_factor prompt rows. The last COST_WINDOW bounds are kept; row_s takes their
+        least."""
         self._row_runs.append(seconds * self.row_factor / (n_rows - n_logits + n_logits * self.row_factor))
 
     @property
